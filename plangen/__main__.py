@@ -1,0 +1,3 @@
+from plangen.cli import main
+
+main()

@@ -1,0 +1,61 @@
+"""A parallel plan as data.
+
+A plan stays data (pattern, style name, keyword arguments, the reason) until the runtime turns it
+into torch ``ParallelStyle`` objects with :func:`build_parallel_styles`. The same data renders the
+generated plan file, feeds the checks, and applies at run time, so the three cannot disagree.
+
+Keyword values are plain Python values or torch placements (``Shard(1)``, ``Replicate()``), and
+tuples of those; ``None`` is kept where a style takes it for a non-tensor argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+# Where a plan came from, in the order of priority used by the runtime.
+PlanSource = Literal["custom", "hand-written", "synthesized", "hf"]
+
+# Groups in the order the generated file lists them.
+GROUPS = ("embeddings", "attention", "mlp", "norms", "output", "other")
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One plan line: modules matching ``pattern`` get style ``style(**kwargs)``."""
+
+    pattern: str
+    style: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    group: str = "other"
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """A module the plan leaves replicated on purpose, and why (shown, commented out, in files)."""
+
+    pattern: str
+    why: str
+    group: str = "other"
+
+
+@dataclass(frozen=True)
+class Plan:
+    entries: tuple[PlanEntry, ...]
+    source: PlanSource
+    replicated: tuple[Replicated, ...] = ()
+    sequence_parallel: bool = False
+
+    def patterns(self) -> list[str]:
+        return [e.pattern for e in self.entries]
+
+
+def build_parallel_styles(plan: Plan) -> dict[str, "ParallelStyle"]:
+    """Turn plan data into the ``{pattern: ParallelStyle}`` dict that ``parallelize_module`` takes."""
+    from plangen.styles import build_style
+
+    return {e.pattern: build_style(e.style, e.kwargs) for e in plan.entries}
