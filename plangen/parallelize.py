@@ -1,0 +1,358 @@
+"""The runtime: apply a parallel plan through DTensor TP, then FSDP2.
+
+A drop-in for NeMo RL's ``nemo_rl.models.dtensor.parallelize`` (same names and signatures, its
+misspelled aliases included), correct where that one is not: tied embeddings stay tied, per-head
+norms get their gradient summed over TP, the gradient norm counts TP-replicated weights once, and
+bad input fails before any collective with the numbers.
+
+Order of work in :func:`parallelize_model`:
+  1. resolve the plan (custom > hand-written for the class > Hugging Face), pure, logged;
+  2. check it against the model (keys that match nothing, head counts vs TP size), still local;
+  3. apply TP (``parallelize_module``), then re-tie tied embeddings that TP split apart;
+  4. activation checkpointing of the decoder layers;
+  5. FSDP2: each decoder layer, then the root without resharding after forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from math import gcd
+from typing import Callable, Mapping, Optional, Union
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
+from plangen.matching import find_matching_modules, find_unmatched_keys
+from plangen.plan import build_parallel_styles
+from plangen.plan_source import PlanLike, load_custom_plan
+from plangen.plans import HAND_WRITTEN
+from plangen.styles import RotaryEmbedParallel
+
+logger = logging.getLogger("plangen")
+
+PlanFunction = Callable[[nn.Module, bool], dict[str, ParallelStyle]]
+
+
+class PlanError(ValueError):
+    """The plan cannot be applied to this model at this TP size."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Level 2 of the priority: hand-written plans by class, NeMo RL's registry shape.
+
+
+def _styles_from_registry(class_name: str) -> PlanFunction:
+    def plan_function(model: nn.Module, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
+        return build_parallel_styles(HAND_WRITTEN[class_name](model, sequence_parallel))
+
+    plan_function.__name__ = f"parallelize_{class_name}"
+    return plan_function
+
+
+def _build_parallelize_functions() -> dict[type, PlanFunction]:
+    import transformers
+
+    functions: dict[type, PlanFunction] = {}
+    for class_name in HAND_WRITTEN:
+        cls = getattr(transformers, class_name, None)
+        if cls is not None:
+            functions[cls] = _styles_from_registry(class_name)
+    return functions
+
+
+PARALLELIZE_FUNCTIONS: dict[type, PlanFunction] = _build_parallelize_functions()
+PARALLIZE_FUNCTIONS = PARALLELIZE_FUNCTIONS  # NeMo RL's spelling
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Resolve
+
+
+@dataclass(frozen=True)
+class ResolvedPlan:
+    styles: dict[str, ParallelStyle]
+    source: str  # "custom" | "optimized" | "hf"
+    reason: str
+
+
+def resolve_parallel_plan(
+    model: nn.Module,
+    sequence_parallel: bool = False,
+    custom_parallel_plan: Optional[PlanLike] = None,
+) -> ResolvedPlan:
+    """Pick the plan by priority: custom, then the class's optimized plan, then Hugging Face's."""
+    cls = type(model)
+    if custom_parallel_plan is not None:
+        styles = load_custom_plan(custom_parallel_plan)
+        what = custom_parallel_plan if isinstance(custom_parallel_plan, str) else type(custom_parallel_plan).__name__
+        return ResolvedPlan(styles, "custom", f"custom_parallel_plan given ({what})")
+    if cls in PARALLELIZE_FUNCTIONS:
+        styles = PARALLELIZE_FUNCTIONS[cls](model, sequence_parallel)
+        return ResolvedPlan(styles, "optimized", f"optimized plan registered for {cls.__name__}")
+    if sequence_parallel:
+        raise PlanError(
+            f"sequence_parallel=True but {cls.__name__} has no optimized plan and Hugging Face plans have no "
+            "sequence parallel: pass a custom_parallel_plan (plangen init) or sequence_parallel=False"
+        )
+    from plangen.hf_plan import get_hf_tp_plan
+
+    styles = get_hf_tp_plan(model)
+    return ResolvedPlan(styles, "hf", f"no custom or optimized plan for {cls.__name__}: using its Hugging Face plan")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Check (no collectives: every rank fails the same way, before any rank communicates)
+
+
+def largest_legal_tp_size(num_heads: int, num_kv_heads: int, limit: int | None = None) -> int:
+    """The largest TP size dividing both head counts (at most ``limit`` when given)."""
+    common = gcd(num_heads, num_kv_heads)
+    candidates = [d for d in range(1, common + 1) if common % d == 0 and (limit is None or d <= limit)]
+    return max(candidates)
+
+
+def check_heads_divisible(model: nn.Module, tp_size: int) -> None:
+    config = model.config.get_text_config() if hasattr(model, "config") else None
+    heads = getattr(config, "num_attention_heads", None)
+    if not heads:
+        return
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for what, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if count % tp_size:
+            legal = largest_legal_tp_size(heads, kv_heads, tp_size)
+            raise PlanError(
+                f"{what}={count} is not divisible by the TP size {tp_size}: "
+                f"the largest legal TP size for {type(model).__name__} is {legal}"
+            )
+
+
+def _shards_attention(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
+    for pattern, style in styles.items():
+        if isinstance(style, (ColwiseParallel, RowwiseParallel)):
+            if any(("attn" in n or "attention" in n) for n in find_matching_modules(model, pattern)):
+                return True
+    return False
+
+
+def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
+    unmatched = find_unmatched_keys(model, styles)
+    if unmatched:
+        raise PlanError(
+            f"plan key(s) match no module of {type(model).__name__}: {', '.join(unmatched)} "
+            "(torch would only warn and leave those modules unsharded)"
+        )
+    if _shards_attention(model, styles):
+        check_heads_divisible(model, tp_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. Apply TP, keeping tied embeddings one parameter
+
+
+def _tied_embeddings(model: nn.Module) -> tuple[str, str] | None:
+    """Module paths of (input embedding, output head) when their weights are one parameter."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        return None
+    emb, head = get_in(), get_out()
+    if emb is None or head is None or emb.weight is not head.weight:
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    return names[id(emb)], names[id(head)]
+
+
+def _covering_style(model: nn.Module, styles: Mapping[str, ParallelStyle], path: str) -> ParallelStyle | None:
+    from plangen.matching import key_matches
+
+    found = [s for p, s in styles.items() if key_matches(p, path)]
+    return found[-1] if found else None
+
+
+def resolve_tied_styles(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> dict[str, ParallelStyle]:
+    """Give both ends of a tied embedding a vocabulary sharding, so the tie survives TP.
+
+    A plan that shards only one end (Hugging Face's plans shard ``lm_head`` alone) would leave one
+    weight a DTensor and the other a plain tensor: one parameter cannot be both.
+    """
+    tied = _tied_embeddings(model)
+    styles = dict(styles)
+    if tied is None:
+        return styles
+    emb_path, head_path = tied
+    emb_style, head_style = _covering_style(model, styles, emb_path), _covering_style(model, styles, head_path)
+    if head_style is not None and emb_style is None:
+        logger.info("plangen: %s is tied to %s: sharding it on the vocabulary too", emb_path, head_path)
+        styles[emb_path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    elif emb_style is not None and head_style is None:
+        logger.info("plangen: %s is tied to %s: sharding it on the vocabulary too", head_path, emb_path)
+        styles[head_path] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    return styles
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, styles: Mapping[str, ParallelStyle]) -> None:
+    tied = _tied_embeddings(model)
+    parallelize_module(model, tp_mesh, dict(styles))
+    if tied is not None:
+        apply_retie(model, *tied)
+
+
+def apply_retie(model: nn.Module, emb_path: str, head_path: str) -> None:
+    """``parallelize_module`` replaces each weight by its own DTensor parameter: make them one again."""
+    emb, head = model.get_submodule(emb_path), model.get_submodule(head_path)
+    if head.weight is emb.weight:
+        return
+    e, h = emb.weight, head.weight
+    same_layout = (
+        isinstance(e, DTensor) == isinstance(h, DTensor)
+        and e.shape == h.shape
+        and (not isinstance(e, DTensor) or tuple(e.placements) == tuple(h.placements))
+    )
+    if not same_layout:
+        raise PlanError(
+            f"tied weights {emb_path}.weight and {head_path}.weight got different layouts "
+            f"({getattr(e, 'placements', 'plain')} vs {getattr(h, 'placements', 'plain')}): shard both on the vocabulary"
+        )
+    head.weight = emb.weight
+
+
+def apply_sequence_length_check(model: nn.Module, tp_size: int) -> None:
+    """Sequence parallel needs the sequence length to divide by the TP size: say so before it breaks."""
+
+    def check(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        if tokens is None:
+            tokens = kwargs.get("inputs_embeds")
+        if isinstance(tokens, torch.Tensor) and tokens.dim() >= 2 and tokens.shape[1] % tp_size:
+            raise ValueError(
+                f"sequence parallel: sequence length {tokens.shape[1]} is not divisible by the TP size {tp_size}; "
+                "pad the batch to a multiple of it"
+            )
+
+    model.register_forward_pre_hook(check, with_kwargs=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-5. Activation checkpointing and FSDP2
+
+
+def find_transformer_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks (decoder layers, vision blocks) wherever the class keeps them.
+
+    Hugging Face lists them by class name in ``_no_split_modules`` (also what its own FSDP
+    auto-wrapping uses); the outermost matches are the FSDP2 units.
+    """
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    layers: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if type(module).__name__ in names:
+            layers.append(module)
+            inside.update(id(m) for m in module.modules())
+    if layers:
+        return layers
+    # No declaration: fall back to the children of every ModuleList.
+    return [child for module in model.modules() if isinstance(module, nn.ModuleList) for child in module]
+
+
+def apply_activation_checkpointing(layers: list[nn.Module]) -> None:
+    from torch.distributed._composable import checkpoint
+
+    # The composable API keeps parameter names unchanged (a wrapper module would rename them).
+    for layer in layers:
+        checkpoint(layer)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    layers: list[nn.Module],
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    cpu_offload: bool = False,
+) -> FSDPModule:
+    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    offload_policy: OffloadPolicy = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
+    # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
+    for layer in layers:
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+    # The root's parameters (embeddings, head) are used again at once in backward: keep them.
+    return fully_shard(
+        model, mesh=dp_mesh, mp_policy=mp_policy, offload_policy=offload_policy, reshard_after_forward=False
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The orchestrator
+
+
+def parallelize_model(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    tp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    sequence_parallel: bool = False,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    custom_parallel_plan: Optional[PlanLike] = None,
+) -> FSDPModule:
+    """Apply TP with the plan of highest priority, then FSDP2; returns the FSDP2-wrapped model."""
+    tp_size = tp_mesh.size()
+    layers = find_transformer_layers(model)
+    if tp_size > 1:
+        resolved = resolve_parallel_plan(model, sequence_parallel, custom_parallel_plan)
+        logger.info("plangen: using the %s plan: %s", resolved.source, resolved.reason)
+        styles = resolve_tied_styles(model, resolved.styles)
+        check_plan_fits(model, styles, tp_size)
+        apply_tp(model, tp_mesh, styles)
+        if sequence_parallel:
+            apply_sequence_length_check(model, tp_size)
+    elif custom_parallel_plan is not None:
+        logger.info("plangen: TP size is 1: the custom plan is not applied")
+    if activation_checkpointing:
+        apply_activation_checkpointing(layers)
+    return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
+
+
+_parallelize_model = parallelize_model  # NeMo RL's name
+
+__all__ = [
+    "PARALLELIZE_FUNCTIONS",
+    "PARALLIZE_FUNCTIONS",
+    "PlanError",
+    "ResolvedPlan",
+    "RotaryEmbedParallel",
+    "_parallelize_model",
+    "apply_fsdp",
+    "apply_tp",
+    "clip_grad_by_total_norm_",
+    "get_grad_norm",
+    "get_hf_tp_plan",
+    "parallelize_model",
+    "resolve_parallel_plan",
+    "to_local_if_dtensor",
+    "translate_parallel_style",
+]
+
+
+def get_hf_tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
+    """The model's Hugging Face plan as torch styles (see :mod:`plangen.hf_plan`)."""
+    from plangen.hf_plan import get_hf_tp_plan as _get
+
+    return _get(model)
+
+
+def translate_parallel_style(style: str) -> ParallelStyle:
+    """A Hugging Face style name as a torch style (see :mod:`plangen.styles`)."""
+    from plangen.styles import translate_parallel_style as _translate
+
+    return _translate(style)

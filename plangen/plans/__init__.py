@@ -1,0 +1,41 @@
+"""The registry of hand-written ("optimized") plans, keyed by model class name.
+
+Plans are data (:class:`plangen.plan.Plan`); the runtime turns them into styles. Keying by class
+*name* keeps this module free of transformers' modeling imports, so the CLI can list and render
+plans without loading every architecture.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from torch import nn
+
+from plangen.plan import Plan
+
+PlanBuilder = Callable[[nn.Module, bool], Plan]
+
+HAND_WRITTEN: dict[str, PlanBuilder] = {}
+
+
+def register_plan(*class_names: str) -> Callable[[PlanBuilder], PlanBuilder]:
+    """Register ``builder(model, sequence_parallel) -> Plan`` for each class name."""
+
+    def decorate(builder: PlanBuilder) -> PlanBuilder:
+        for name in class_names:
+            if name in HAND_WRITTEN:
+                raise ValueError(f"a plan for {name} is already registered")
+            HAND_WRITTEN[name] = builder
+        return builder
+
+    return decorate
+
+
+def build_optimized_plan(model: nn.Module, sequence_parallel: bool) -> Plan | None:
+    """The hand-written plan for ``model``'s class, or None when there is none."""
+    builder = HAND_WRITTEN.get(type(model).__name__)
+    return None if builder is None else builder(model, sequence_parallel)
+
+
+# Importing the families registers their plans.
+from plangen.plans import dense  # noqa: E402,F401

@@ -1,0 +1,189 @@
+"""Hand-written Megatron-style plans for dense decoder families (Llama, Mistral, Qwen2/3, Gemma3).
+
+Without sequence parallel (SP), each decoder layer costs two all-reduces in the forward (after
+``o_proj`` and ``down_proj``). With SP the residual stream stays a sequence-sharded DTensor
+(``Shard(1)``, global shape visible to the model, so rotary positions and masks stay right): each
+block gathers its input once (``PrepareModuleInput`` on ``self_attn`` and ``mlp``) and
+reduce-scatters its output once (row-parallel ``o_proj``/``down_proj`` with ``Shard(1)`` output):
+two all-gathers and two reduce-scatters per layer, the Megatron minimum.
+
+The output head is vocabulary-parallel: logits leave as a DTensor sharded on the vocabulary, to be
+consumed by :func:`plangen.loss.vocab_parallel_cross_entropy` (no full-vocabulary gather).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+
+from plangen.plan import Plan, PlanEntry, Replicated
+from plangen.plans import register_plan
+
+SEQ = Shard(1)
+
+
+def build_dense_decoder_plan(
+    prefix: str,
+    *,
+    sequence_parallel: bool,
+    layer_norms: tuple[str, ...],
+    per_head_norms: bool,
+    lm_head: str | None = "lm_head",
+) -> Plan:
+    """A plan for ``{prefix}.embed_tokens``, ``{prefix}.layers.*``, ``{prefix}.norm`` and the head.
+
+    ``per_head_norms`` adds ``self_attn.q_norm``/``k_norm``: they see only this rank's heads, so
+    their weight gradient must be summed over TP.
+    """
+    p = f"{prefix}." if prefix else ""
+    layer = f"{p}layers.*"
+    sp = sequence_parallel
+    entries: list[PlanEntry] = []
+    replicated: list[Replicated] = []
+
+    def add(pattern: str, style: str, group: str, why: str, **kwargs: object) -> None:
+        entries.append(PlanEntry(pattern, style, kwargs, group, why))
+
+    add(
+        f"{p}embed_tokens",
+        "RowwiseParallel",
+        "embeddings",
+        "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"),
+        input_layouts=Replicate(),
+        output_layouts=SEQ if sp else Replicate(),
+        use_local_output=not sp,
+    )
+    if sp:
+        add(
+            f"{layer}.self_attn",
+            "PrepareModuleInput",
+            "attention",
+            "one all-gather of the sequence per attention block; attention computes on local tensors",
+            input_layouts=None,
+            desired_input_layouts=None,
+            input_kwarg_layouts={"hidden_states": SEQ},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=True,
+        )
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        add(
+            f"{layer}.self_attn.{proj}",
+            "ColwiseParallel",
+            "attention",
+            "column-parallel: each rank computes its own heads",
+            input_layouts=Replicate(),
+            output_layouts=Shard(-1),
+            use_local_output=True,
+        )
+    if per_head_norms:
+        for norm in ("q_norm", "k_norm"):
+            add(
+                f"{layer}.self_attn.{norm}",
+                "ReplicatedWithGradAllReduce",
+                "attention",
+                "per-head norm sees only local heads: its weight gradient is summed over TP",
+                sequence_dim=2,
+                use_local_output=True,
+            )
+    add(
+        f"{layer}.self_attn.o_proj",
+        "RowwiseParallel",
+        "attention",
+        "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
+        input_layouts=Shard(-1),
+        output_layouts=SEQ if sp else Replicate(),
+        use_local_output=not sp,
+    )
+    if sp:
+        add(
+            f"{layer}.mlp",
+            "PrepareModuleInput",
+            "mlp",
+            "one all-gather of the sequence per MLP block",
+            input_layouts=(SEQ,),
+            desired_input_layouts=(Replicate(),),
+            use_local_output=True,
+        )
+    for proj in ("gate_proj", "up_proj"):
+        add(
+            f"{layer}.mlp.{proj}",
+            "ColwiseParallel",
+            "mlp",
+            "column-parallel",
+            input_layouts=Replicate(),
+            output_layouts=Shard(-1),
+            use_local_output=True,
+        )
+    add(
+        f"{layer}.mlp.down_proj",
+        "RowwiseParallel",
+        "mlp",
+        "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
+        input_layouts=Shard(-1),
+        output_layouts=SEQ if sp else Replicate(),
+        use_local_output=not sp,
+    )
+    for norm in (*(f"{layer}.{n}" for n in layer_norms), f"{p}norm"):
+        if sp:
+            add(norm, "SequenceParallel", "norms", "norm on the local sequence shard", sequence_dim=1, use_local_output=False)
+        else:
+            replicated.append(Replicated(norm, "sees the full hidden state on every rank: nothing to shard", "norms"))
+    if lm_head is not None:
+        add(
+            lm_head,
+            "ColwiseParallel",
+            "output",
+            "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+            input_layouts=SEQ if sp else Replicate(),
+            output_layouts=Shard(-1),
+            use_local_output=False,
+        )
+    return Plan(tuple(entries), "hand-written", tuple(replicated), sequence_parallel)
+
+
+def _text_prefix(model: nn.Module) -> str:
+    """Where the decoder stack lives: ``model`` for causal LMs, deeper for multimodal classes."""
+    for prefix in ("model.language_model", "language_model.model", "model"):
+        module: nn.Module | None = model
+        for part in prefix.split("."):
+            module = getattr(module, part, None)
+            if not isinstance(module, nn.Module):
+                break
+        else:
+            if hasattr(module, "layers") and hasattr(module, "embed_tokens"):
+                return prefix
+    raise ValueError(f"cannot find the decoder stack of {type(model).__name__}")
+
+
+LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+GEMMA3_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+@register_plan(
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "LlavaForConditionalGeneration",
+    "LlavaNextForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
+)
+def plan_llama_like(model: nn.Module, sequence_parallel: bool) -> Plan:
+    return build_dense_decoder_plan(
+        _text_prefix(model), sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS, per_head_norms=False
+    )
+
+
+@register_plan("Qwen3ForCausalLM")
+def plan_qwen3(model: nn.Module, sequence_parallel: bool) -> Plan:
+    return build_dense_decoder_plan(
+        _text_prefix(model), sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS, per_head_norms=True
+    )
+
+
+@register_plan("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+def plan_gemma3(model: nn.Module, sequence_parallel: bool) -> Plan:
+    return build_dense_decoder_plan(
+        _text_prefix(model), sequence_parallel=sequence_parallel, layer_norms=GEMMA3_NORMS, per_head_norms=True
+    )

@@ -1,0 +1,109 @@
+"""Worker side of the multi-process tests: run many parity cases in one launch.
+
+Every case builds the same tiny random model on every rank (same seed), keeps an unsharded copy
+as the reference, parallelizes the other copy with plangen, runs one forward/backward on the same
+batch (split over DP ranks), and reports the largest differences: logits, loss, every parameter
+gradient, and the gradient norm.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for dotted custom plans
+
+from tiny_configs import build_tiny  # noqa: E402
+
+from plangen.loss import vocab_parallel_cross_entropy  # noqa: E402
+from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
+
+BATCH, SEQ = 4, 8
+
+
+def build_meshes(kind: str):
+    """dp2tp2: 2x2 mesh. tp2: TP=2 with DP=1, replicated twice to use all four ranks."""
+    if kind == "dp2tp2":
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    elif kind == "tp2":
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 1, 2), mesh_dim_names=("rep", "dp", "tp"))
+    else:
+        raise ValueError(kind)
+    return mesh["dp"], mesh["tp"]
+
+
+def full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    # Vocabulary-parallel logits: the loss is computed without gathering the vocabulary.
+    return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
+
+
+def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
+    model = build_tiny(case["model"], seed=0)
+    reference = copy.deepcopy(model)
+    ids = torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    dp, dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
+    rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
+
+    ref_logits = reference(input_ids=ids).logits
+    # FSDP2 averages gradients over DP ranks: the reference loss is the mean of per-slice losses.
+    ref_loss = torch.stack([next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean()
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
+    ref_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in ref_grads.values()])).item()
+
+    plan = case.get("plan")
+    sharded = parallelize_model(
+        model, dp_mesh, tp_mesh, torch.float32,
+        sequence_parallel=case.get("sp", False),
+        activation_checkpointing=case.get("ac", False),
+        custom_parallel_plan=plan,
+    )
+    logits = sharded(input_ids=ids[rows]).logits
+    loss = next_token_loss(logits, ids[rows])
+    loss.backward()
+
+    grads = {n: p.grad for n, p in sharded.named_parameters()}
+    norm = get_grad_norm(list(sharded.parameters()), dp_mesh.get_group(), tp_mesh.get_group())
+    norm_inf = get_grad_norm(list(sharded.parameters()), dp_mesh.get_group(), tp_mesh.get_group(), norm_type="inf")
+    ref_norm_inf = max(g.abs().max().item() for g in ref_grads.values())
+    grad_diffs = {n: (full(grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads and grads[n] is not None}
+    worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
+    ref_slice_loss = next_token_loss(ref_logits[rows], ids[rows]).item()
+    return {
+        "logits_type": "DTensor" if isinstance(logits, DTensor) else "Tensor",
+        "logits_placements": [str(p) for p in logits.placements] if isinstance(logits, DTensor) else None,
+        "logits": (full(logits) - ref_logits[rows]).abs().max().item(),
+        "loss": abs(loss.item() - ref_slice_loss),
+        "grad": grad_diffs[worst] if worst else None,
+        "worst_grad": worst,
+        "missing_grads": sorted(set(ref_grads) - {n for n, g in grads.items() if g is not None}),
+        "extra_params": sorted(set(grads) - set(ref_grads)),
+        "grad_norm": abs(norm - ref_norm),
+        "grad_norm_inf": abs(norm_inf - ref_norm_inf),
+        "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
+    }
+
+
+def run_cases(payload: dict[str, Any]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for mesh_kind, cases in payload.items():
+        dp_mesh, tp_mesh = build_meshes(mesh_kind)
+        for case in cases:
+            try:
+                results[f"{mesh_kind}/{case['name']}"] = run_case(case, dp_mesh, tp_mesh)
+            except Exception as err:  # report per case: one broken case must not hide the others
+                import traceback
+
+                results[f"{mesh_kind}/{case['name']}"] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+    return results

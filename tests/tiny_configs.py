@@ -1,0 +1,32 @@
+"""Tiny random models of real architectures, identical on every process for the same seed."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+COMMON = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, use_cache=False,
+)
+
+TINY = {
+    "llama": dict(model_type="llama", **COMMON),
+    "llama-tied": dict(model_type="llama", tie_word_embeddings=True, **COMMON),
+    "mistral": dict(model_type="mistral", sliding_window=None, **COMMON),
+    "qwen2": dict(model_type="qwen2", **COMMON),
+    "qwen3": dict(model_type="qwen3", **COMMON),
+    "qwen3-tied": dict(model_type="qwen3", tie_word_embeddings=True, **COMMON),
+    "gemma3": dict(
+        model_type="gemma3_text", tie_word_embeddings=True, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8, **COMMON,
+    ),
+}
+
+
+def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    kwargs = dict(TINY[name])
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
