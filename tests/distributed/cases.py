@@ -80,7 +80,9 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     grad_diffs = {n: (full(grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads and grads[n] is not None}
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
     ref_slice_loss = next_token_loss(ref_logits[rows], ids[rows]).item()
+    param_drift = train_steps(reference, sharded, ids, rows, dp, case.get("steps", 3))
     return {
+        "param_drift": param_drift,
         "logits_type": "DTensor" if isinstance(logits, DTensor) else "Tensor",
         "logits_placements": [str(p) for p in logits.placements] if isinstance(logits, DTensor) else None,
         "logits": (full(logits) - ref_logits[rows]).abs().max().item(),
@@ -93,6 +95,28 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "grad_norm_inf": abs(norm_inf - ref_norm_inf),
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
+
+
+def train_steps(reference, sharded, ids, rows, dp: int, steps: int) -> float | None:
+    """Continue from the gradients already computed: ``steps`` AdamW steps on both models, then
+    (Adam divides by sqrt(v): on near-zero gradients fp32 rounding moves a weight by up to lr, so
+    lr stays at a realistic 1e-3 for a 1e-5 tolerance)
+    the largest parameter difference (optimizer state sharded by FSDP2 must not change the result)."""
+    if steps <= 0:
+        return None
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3, foreach=False)
+    for step in range(steps):
+        if step:
+            for m in (reference, sharded):
+                m.zero_grad(set_to_none=True)
+            ref_logits = reference(input_ids=ids).logits
+            torch.stack([next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean().backward()
+            next_token_loss(sharded(input_ids=ids[rows]).logits, ids[rows]).backward()
+        ref_opt.step()
+        opt.step()
+    ref_params = dict(reference.named_parameters())
+    return max((full(p.detach()) - ref_params[n].detach()).abs().max().item() for n, p in sharded.named_parameters())
 
 
 def run_cases(payload: dict[str, Any]) -> dict[str, Any]:

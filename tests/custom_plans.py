@@ -1,0 +1,38 @@
+"""Custom plans in the three shapes a user may point custom_parallel_plan at."""
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+from plangen.styles import ReplicatedWithGradAllReduce
+
+_LAYER = "model.layers.*"
+
+# A dict at a dotted path; lm_head gathers the logits, so the model returns plain full logits.
+llama_gathered_logits = {
+    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+    **{f"{_LAYER}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")},
+    f"{_LAYER}.self_attn.o_proj": RowwiseParallel(),
+    **{f"{_LAYER}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")},
+    f"{_LAYER}.mlp.down_proj": RowwiseParallel(),
+    "lm_head": ColwiseParallel(output_layouts=Replicate()),
+}
+
+
+def qwen3_plan_function():
+    """A zero-argument function returning the plan (loaded from this file by path)."""
+    plan = {k: v for k, v in llama_gathered_logits.items() if k != "lm_head"}
+    plan[f"{_LAYER}.self_attn.q_norm"] = ReplicatedWithGradAllReduce()
+    plan[f"{_LAYER}.self_attn.k_norm"] = ReplicatedWithGradAllReduce()
+    plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    return plan
+
+
+def hf_plan_of_llama():
+    """Llama's Hugging Face plan, translated: exercises the translation under FSDP2 + TP."""
+    from plangen.styles import translate_parallel_style
+    from transformers import LlamaConfig
+
+    return {
+        ("model." + k if not k.startswith("lm_head") else k): translate_parallel_style(v)
+        for k, v in {**LlamaConfig.base_model_tp_plan, "lm_head": "colwise_gather_output"}.items()
+    }
