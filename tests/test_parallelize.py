@@ -1,0 +1,214 @@
+"""The runtime without processes: plan priority, plan loading, checks before any collective."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+
+import plangen.parallelize as P
+from conftest import DATA
+from plangen.plan_source import PlanLoadError, load_custom_plan
+from tiny_configs import TINY
+
+
+def meta_model(name: str):
+    kwargs = dict(TINY[name])
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def meta_from_file(name: str):
+    d = json.loads((DATA / "model-configs" / f"{name}.json").read_text())
+    config = AutoConfig.for_model(d.pop("model_type"), **{k: v for k, v in d.items() if k != "architectures"})
+    config.num_hidden_layers = 2
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+# --- NeMo RL surface -------------------------------------------------------------------------
+
+
+def test_nemo_rl_names_are_kept_as_aliases():
+    assert P._parallelize_model is P.parallelize_model
+    assert P.PARALLIZE_FUNCTIONS is P.PARALLELIZE_FUNCTIONS
+    import transformers
+
+    for cls in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"):
+        assert getattr(transformers, cls) in P.PARALLELIZE_FUNCTIONS
+    for name in ("RotaryEmbedParallel", "to_local_if_dtensor", "clip_grad_by_total_norm_", "get_grad_norm",
+                 "get_hf_tp_plan", "translate_parallel_style"):
+        assert callable(getattr(P, name))
+
+
+def test_optimized_plan_function_returns_styles_for_every_module_it_names():
+    model = meta_model("qwen3")
+    plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, True)
+    assert all(isinstance(s, ParallelStyle) for s in plan.values())
+    assert P.find_unmatched_keys(model, plan) == []
+    assert "model.layers.*.self_attn.q_norm" in plan
+
+
+# --- priority ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "custom_plans.llama_gathered_logits",  # dotted path to a dict
+        "custom_plans.qwen3_plan_function",  # dotted path to a function
+        "tests/custom_plans.py:qwen3_plan_function",  # file path with a name
+    ],
+)
+def test_custom_plan_wins_over_optimized(spec):
+    model = meta_model("qwen3")
+    resolved = P.resolve_parallel_plan(model, False, spec)
+    assert resolved.source == "custom" and spec in resolved.reason
+    assert resolved.styles.keys() == load_custom_plan(spec).keys()
+
+
+def test_custom_plan_as_dict_and_callable():
+    plan = {"model.layers.*.mlp.up_proj": ColwiseParallel()}
+    model = meta_model("llama")
+    assert P.resolve_parallel_plan(model, False, plan).styles == plan
+    assert P.resolve_parallel_plan(model, False, lambda: plan).styles == plan
+
+
+def test_generated_style_module_path_uses_its_custom_parallel_plan(tmp_path, monkeypatch):
+    (tmp_path / "myplans").mkdir()
+    (tmp_path / "myplans" / "__init__.py").write_text("")
+    (tmp_path / "myplans" / "llama_plan.py").write_text(
+        "from torch.distributed.tensor.parallel import ColwiseParallel\n"
+        "custom_parallel_plan = {'model.layers.*.mlp.up_proj': ColwiseParallel()}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    styles = load_custom_plan("myplans.llama_plan")
+    assert list(styles) == ["model.layers.*.mlp.up_proj"]
+    assert load_custom_plan("myplans.llama_plan.custom_parallel_plan") .keys() == styles.keys()
+    assert load_custom_plan(str(tmp_path / "myplans" / "llama_plan.py")).keys() == styles.keys()
+
+
+def test_optimized_plan_wins_over_hf():
+    resolved = P.resolve_parallel_plan(meta_model("llama"), True, None)
+    assert resolved.source == "optimized" and "LlamaForCausalLM" in resolved.reason
+
+
+def test_hf_plan_without_optimized_plan_refuses_sequence_parallel():
+    config = AutoConfig.for_model("olmo", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(P.PlanError, match="sequence_parallel=True but OlmoForCausalLM has no optimized plan"):
+        P.resolve_parallel_plan(model, True, None)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("custom_plans.no_such_plan", "custom_plans has no attribute 'no_such_plan'"),
+        ("no_such_package.plan", "not an importable dotted path"),
+        ("missing_file.py", "no such plan file"),
+        ("custom_plans", "defines no custom_parallel_plan"),
+    ],
+)
+def test_bad_custom_plan_paths_are_one_line_errors(spec, message):
+    with pytest.raises(PlanLoadError, match=message) as err:
+        load_custom_plan(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_plan_values_must_be_styles_and_functions_take_no_arguments():
+    with pytest.raises(PlanLoadError, match=r"plan\['lm_head'\] is a str, not a ParallelStyle .*translate_parallel_style"):
+        load_custom_plan({"lm_head": "colwise"})
+    with pytest.raises(PlanLoadError, match="must take no arguments, this one needs model"):
+        load_custom_plan(lambda model: {})
+    with pytest.raises(PlanLoadError, match="expected a dict of ParallelStyle, got list"):
+        load_custom_plan(lambda: [])
+
+
+# --- checks before any collective -------------------------------------------------------------
+
+
+def test_unmatched_plan_key_is_an_error_naming_it():
+    plan = {"model.layers.*.self_attn.qkv_proj": ColwiseParallel(), "model.layers.*.mlp.up_proj": ColwiseParallel()}
+    with pytest.raises(P.PlanError, match=r"match no module of LlamaForCausalLM: model\.layers\.\*\.self_attn\.qkv_proj \("):
+        P.check_plan_fits(meta_model("llama"), plan, 2)
+
+
+@pytest.mark.parametrize(
+    "config, tp, message",
+    [
+        ("qwen2.5-1.5b", 4, "num_key_value_heads=2 is not divisible by the TP size 4: the largest legal TP size for Qwen2ForCausalLM is 2"),
+        ("gemma-3-1b", 2, "num_key_value_heads=1 is not divisible by the TP size 2: the largest legal TP size for Gemma3ForCausalLM is 1"),
+        ("qwen2.5-7b", 8, "num_attention_heads=28 is not divisible by the TP size 8: the largest legal TP size for Qwen2ForCausalLM is 4"),
+    ],
+)
+def test_heads_not_divisible_names_the_largest_legal_tp_size(config, tp, message):
+    model = meta_from_file(config)
+    styles = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
+    with pytest.raises(P.PlanError, match=message):
+        P.check_plan_fits(model, styles, tp)
+
+
+def test_largest_legal_tp_size():
+    assert P.largest_legal_tp_size(32, 8) == 8
+    assert P.largest_legal_tp_size(12, 2, limit=8) == 2
+    assert P.largest_legal_tp_size(28, 4, limit=8) == 4
+
+
+def test_bad_plan_fails_before_any_collective(fake_pg):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+    model = meta_from_file("qwen2.5-1.5b")  # 2 KV heads: TP 4 is not legal
+    with CommDebugMode() as comm:
+        with pytest.raises(P.PlanError, match="largest legal TP size for Qwen2ForCausalLM is 2"):
+            P.parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32)
+    assert comm.get_total_counts() == 0
+    # Nothing was converted: the failure left the model as it was.
+    assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+# --- tied embeddings ----------------------------------------------------------------------------
+
+
+def test_tied_head_sharded_alone_gets_its_embedding_sharded_too():
+    model = meta_model("llama-tied")
+    styles = P.resolve_tied_styles(model, {"lm_head": ColwiseParallel(output_layouts=torch.distributed.tensor.Replicate())})
+    assert isinstance(styles["model.embed_tokens"], RowwiseParallel)
+    untied = meta_model("llama")
+    assert "model.embed_tokens" not in P.resolve_tied_styles(untied, {"lm_head": ColwiseParallel()})
+
+
+def test_transformer_layers_found_in_multimodal_classes():
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    config = Gemma3Config(
+        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=28, patch_size=14),
+        mm_tokens_per_image=4,
+    )
+    with torch.device("meta"):
+        model = Gemma3ForConditionalGeneration(config)
+    names = sorted(type(m).__name__ for m in P.find_transformer_layers(model))
+    assert names.count("Gemma3DecoderLayer") == 2
+    assert names.count("SiglipEncoderLayer") == 3
+    llama = meta_model("llama")
+    assert P.find_transformer_layers(llama) == list(llama.model.layers)
+
+
+# --- gradient norm and clipping (single process: plain tensors) -------------------------------
+
+
+def test_clip_scales_low_precision_gradients_in_place():
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    p.grad = torch.full((4,), 2.0, dtype=torch.bfloat16)
+    P.clip_grad_by_total_norm_([p], max_grad_norm=1.0, total_norm=4.0)
+    # NeMo RL's version scales a float32 copy and leaves a bf16 gradient unchanged.
+    assert torch.allclose(p.grad.float(), torch.full((4,), 0.5), atol=1e-2)
