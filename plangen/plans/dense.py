@@ -102,6 +102,8 @@ def build_dense_decoder_plan(
             "one all-gather of the sequence per MLP block",
             input_layouts=(SEQ,),
             desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts=None,
+            desired_input_kwarg_layouts=None,
             use_local_output=True,
         )
     for proj in ("gate_proj", "up_proj"):
