@@ -3,14 +3,26 @@
 Plans name their styles (``"ColwiseParallel"``) so that a plan can be data, rendered and checked
 without torch; :func:`build_style` turns a name and its keyword arguments into the object. Every
 style here is one of torch's own or a small subclass of one, documented below.
+
+Hugging Face plans name their styles with transformers' strings (``"colwise"``,
+``"embedding_rowwise"``, ...). :data:`HF_STYLE_SPECS` translates each string, as data, into a style
+name of :data:`STYLE_CLASSES` and its keyword arguments, with the same semantics as transformers'
+own ``TensorParallelLayer`` of that name (see the table's comments); :data:`HF_UNSUPPORTED_STYLES`
+lists, with the reason, the strings that torch's parallel styles cannot honour. They raise
+:class:`UnsupportedStyleError` rather than being skipped, because a skipped rule leaves a model
+that runs and computes something else.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -20,6 +32,7 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
+from torch.distributed.tensor.placement_types import _StridedShard
 
 
 class RotaryEmbedParallel(SequenceParallel):
@@ -55,6 +68,230 @@ class ReplicatedWithGradAllReduce(SequenceParallel):
         super().__init__(sequence_dim=sequence_dim, use_local_output=use_local_output)
 
 
+def _all_reduce_grad(tensor: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
+    """Identity in forward; in backward, the gradient is summed over ``device_mesh``.
+
+    Labelling the gradient ``Partial`` makes ``from_local``'s backward redistribute it to the
+    forward's ``Replicate`` (an all-reduce), with no division: DTensor's documented guarantee.
+    """
+    replicated = DTensor.from_local(tensor, device_mesh, (Replicate(),), run_check=False)
+    return replicated.to_local(grad_placements=(Partial(),))
+
+
+class AllReduceParamGrads(ParallelStyle):
+    """Replicated parameters used on rank-local data: the forward is untouched, parameter grads are summed.
+
+    transformers' ``replicated_with_grad_allreduce``: a norm between a colwise and a rowwise layer
+    (Qwen3's per-head ``q_norm``) sees only this rank's heads, so each rank's weight gradient covers
+    its heads only and the true gradient is their sum. The parameters stay plain tensors, identical on
+    every rank, and the module's forward runs on local tensors whatever the input layout is (unlike
+    :class:`ReplicatedWithGradAllReduce`, which assumes the heads dimension). During the forward each
+    own parameter is swapped for an identity view whose backward all-reduces the gradient, so the
+    summed gradient lands in ``param.grad`` before any optimizer or FSDP reduce-scatter reads it.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        swapped: dict[str, torch.Tensor] = {}
+
+        def swap_in(mod: nn.Module, args: Any) -> None:
+            if not torch.is_grad_enabled():
+                return
+            for name, param in list(mod._parameters.items()):
+                if param is None or not param.requires_grad:
+                    continue
+                swapped[name] = param
+                local = param.to_local() if isinstance(param, DTensor) else param
+                mod._parameters[name] = _all_reduce_grad(local, device_mesh)  # type: ignore[assignment]
+
+        def swap_back(mod: nn.Module, args: Any, output: Any) -> None:
+            mod._parameters.update(swapped)  # type: ignore[arg-type]
+            swapped.clear()
+
+        module.register_forward_pre_hook(swap_in)
+        # always_call: an exception inside forward must not leave views in place of the parameters.
+        module.register_forward_hook(swap_back, always_call=True)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class LeaveUnsharded(ParallelStyle):
+    """Apply nothing: every TP rank keeps the full parameters and runs the module as is.
+
+    transformers' ``replicate`` (5.x): a rule that exists so that a module keeps no other rule, e.g.
+    ``embed_tokens`` where transformers would otherwise add ``embedding_rowwise``.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _strided_shard(dim: int, split_factor: int) -> _StridedShard:
+    return _StridedShard(dim, split_factor=split_factor)
+
+
+def _check_packed(param: torch.Tensor, dim: int, split_factor: int, device_mesh: DeviceMesh, what: str) -> None:
+    # Uneven strided shards would mix the packed parts on the last rank: refuse instead.
+    parts = split_factor * device_mesh.size()
+    if param.shape[dim] % parts:
+        raise ValueError(
+            f"{what}: dim {dim} of size {param.shape[dim]} packs {split_factor} parts that must each split "
+            f"evenly over {device_mesh.size()} TP ranks"
+        )
+
+
+class PackedColwiseParallel(ColwiseParallel):
+    """Column-wise for a fused ``nn.Linear`` whose output packs ``split_factor`` equal parts ([gate; up]).
+
+    transformers' ``packed_colwise``. Each part is sharded on its own, so rank ``r`` holds
+    ``[gate_r; up_r]`` and the module's own ``chunk(2, -1)`` of its local output still separates gate
+    from up. The weight and bias are ``_StridedShard(0, split_factor)`` DTensors: a faithful view of
+    the original tensor (``full_tensor()`` and DCP state dicts give the checkpoint's layout back), and
+    DTensor's linear propagates it to a ``_StridedShard`` output without communication. Input is
+    replicated like :class:`ColwiseParallel`; its gradient is all-reduced by DTensor.
+
+    TP only: FSDP2 (torch 2.13) over such a parameter runs a correct forward but builds a wrong 2-D
+    spec for it (``_StridedShard`` on both mesh dims), so ``full_tensor()``, state dicts and
+    checkpoints of the FSDP-sharded parameter come back permuted. Keep packed layers at DP=1.
+    """
+
+    def __init__(
+        self,
+        *,
+        split_factor: int = 2,
+        input_layouts: Any = None,
+        use_local_output: bool = True,
+    ) -> None:
+        super().__init__(input_layouts=input_layouts, use_local_output=use_local_output)
+        self.split_factor = split_factor
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        placement = _strided_shard(0, self.split_factor)
+        for param_name, param in module.named_parameters():
+            _check_packed(param, 0, self.split_factor, device_mesh, f"{type(self).__name__} {param_name}")
+            dist_param = nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad,
+            )
+            module.register_parameter(param_name, dist_param)
+
+    def _partition_embedding_fn(self, name, module, device_mesh):
+        raise NotImplementedError(f"{type(self).__name__} shards nn.Linear only")
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        # The strided output is already what the module's consumers expect locally; a redistribute
+        # to a plain Shard(-1) would interleave the parts across ranks.
+        return outputs.to_local() if use_local_output else outputs
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(split_factor={self.split_factor}, input_layouts={self.input_layouts}, "
+            f"use_local_output={self.use_local_output})"
+        )
+
+
+class PackedRowwiseParallel(RowwiseParallel):
+    """Row-wise for an ``nn.Linear`` whose input packs ``split_factor`` equal parts, each sharded on its own.
+
+    transformers' ``packed_rowwise`` layout: weight ``_StridedShard(1, split_factor)`` (the input
+    features), bias replicated. transformers uses it only as a parameter layout (MoE expert weights run
+    by ``moe_tp_experts``) and installs no forward; a module needs one under torch, so this one is the
+    row-wise forward that matches the layout: the local input is this rank's ``[a_r; b_r]`` (what
+    :class:`PackedColwiseParallel` outputs), the partial output is summed to ``output_layouts``.
+    """
+
+    def __init__(
+        self,
+        *,
+        split_factor: int = 2,
+        output_layouts: Any = None,
+        use_local_output: bool = True,
+    ) -> None:
+        super().__init__(output_layouts=output_layouts, use_local_output=use_local_output)
+        self.split_factor = split_factor
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        _check_packed(module.weight, 1, self.split_factor, device_mesh, f"{type(self).__name__} weight")
+        module.register_parameter(
+            "weight",
+            nn.Parameter(
+                distribute_tensor(
+                    module.weight,
+                    device_mesh,
+                    [_strided_shard(1, self.split_factor)],
+                    src_data_rank=self.src_data_rank,
+                ),
+                requires_grad=module.weight.requires_grad,
+            ),
+        )
+        if getattr(module, "bias", None) is not None:
+            module.register_parameter(
+                "bias",
+                nn.Parameter(
+                    distribute_tensor(module.bias, device_mesh, [Replicate()], src_data_rank=self.src_data_rank),
+                    requires_grad=module.bias.requires_grad,
+                ),
+            )
+
+    @staticmethod
+    def _prepare_packed_input_fn(split_factor, mod, inputs, device_mesh):
+        x = inputs[0]
+        placement = (_strided_shard(x.ndim - 1, split_factor),)
+        if not isinstance(x, DTensor):
+            return DTensor.from_local(x, device_mesh, placement, run_check=False)
+        if x.placements != placement:
+            x = x.redistribute(placements=placement)
+        return x
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, nn.Linear):
+            raise NotImplementedError(f"{type(self).__name__} shards nn.Linear only")
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition_linear_fn,
+            partial(self._prepare_packed_input_fn, self.split_factor),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(split_factor={self.split_factor}, output_layouts={self.output_layouts}, "
+            f"use_local_output={self.use_local_output})"
+        )
+
+
+class MlaKvAProjParallel(ParallelStyle):
+    """Multi-head latent attention's ``kv_a_proj_with_mqa``: all-reduce the gradient of its rope tail.
+
+    transformers' ``mla_kv_a_proj``. The output is ``[kv_lora_rank + rope_dim]``; the first part
+    feeds ``kv_b_proj`` (colwise, whose input gradient DTensor already all-reduces), the last
+    ``rope_dim`` features go straight to the rank-local attention heads, so their gradient is partial
+    per rank and must be summed. Forward unchanged; parameters stay replicated plain tensors.
+    """
+
+    def __init__(self, *, rope_dim: int) -> None:
+        super().__init__()
+        self.rope_dim = rope_dim
+
+    @staticmethod
+    def _all_reduce_rope_grad(rope_dim, device_mesh, mod, inputs, output):
+        passthrough, rope = output.split([output.shape[-1] - rope_dim, rope_dim], dim=-1)
+        return torch.cat([passthrough, _all_reduce_grad(rope, device_mesh)], dim=-1)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.register_forward_hook(partial(self._all_reduce_rope_grad, self.rope_dim, device_mesh))
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rope_dim={self.rope_dim})"
+
+
 # Every style a plan may name. Keys are the class names written in plan files.
 STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
     cls.__name__: cls
@@ -67,6 +304,11 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         PrepareModuleInputOutput,
         RotaryEmbedParallel,
         ReplicatedWithGradAllReduce,
+        AllReduceParamGrads,
+        LeaveUnsharded,
+        PackedColwiseParallel,
+        PackedRowwiseParallel,
+        MlaKvAProjParallel,
     )
 }
 
@@ -81,12 +323,186 @@ def build_style(name: str, kwargs: Mapping[str, Any] | None = None) -> ParallelS
     return cls(**dict(kwargs or {}))
 
 
+# ---------------------------------------------------------------------------------------------
+# Hugging Face style strings
+# ---------------------------------------------------------------------------------------------
+
+
+class UnsupportedStyleError(ValueError):
+    """A transformers style string that torch's parallel styles cannot honour, on a named module."""
+
+    def __init__(self, style: str, module_name: str | None, reason: str) -> None:
+        self.style = style
+        self.module_name = module_name
+        self.reason = reason
+        where = repr(module_name) if module_name else "an unnamed module"
+        super().__init__(
+            f"transformers parallel style {style!r} on {where} is not supported by plangen: {reason}. "
+            "Pass a custom_parallel_plan for this model, or use TP=1."
+        )
+
+
+@dataclass(frozen=True)
+class HfStyleSpec:
+    """A transformers style string as a plangen style: ``STYLE_CLASSES[style](**kwargs)``.
+
+    ``config_kwargs`` maps a keyword argument to the text-config attribute it is read from when the
+    style is resolved (transformers reads the same attribute from the model's config).
+    """
+
+    style: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    config_kwargs: Mapping[str, str] = field(default_factory=dict)
+
+
+# transformers' names (transformers/distributed/tensor_parallel.py, 5.x, and the 4.x names still in
+# user plans) with the same input/output layouts, parameter shards and gradient reductions as
+# transformers' own TensorParallelLayer of that name. use_local_output is True everywhere because
+# transformers always returns local tensors.
+HF_STYLE_SPECS: dict[str, HfStyleSpec] = {
+    # Linear, weight (and bias) Shard(0); replicated input (its grad all-reduced); output stays
+    # sharded on the last dim.
+    "colwise": HfStyleSpec(
+        "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Shard(-1), "use_local_output": True}
+    ),
+    # As colwise, then the output is all-gathered (lm_head's full-vocabulary logits).
+    "colwise_gather_output": HfStyleSpec(
+        "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # 4.x name of colwise_gather_output, same registration in 5.x.
+    "colwise_rep": HfStyleSpec(
+        "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # Linear, weight Shard(1), bias replicated (added once, after the sum); input sharded on the
+    # last dim; partial output all-reduced.
+    "rowwise": HfStyleSpec(
+        "RowwiseParallel", {"input_layouts": Shard(-1), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # As rowwise, but the input arrives replicated and each rank takes its slice.
+    "rowwise_split_input": HfStyleSpec(
+        "RowwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # 4.x name of rowwise_split_input, same registration in 5.x.
+    "rowwise_rep": HfStyleSpec(
+        "RowwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # Vocab-parallel embedding: weight Shard(0), ids replicated, the partial lookups summed.
+    # torch's RowwiseParallel on an nn.Embedding does exactly this.
+    "embedding_rowwise": HfStyleSpec(
+        "RowwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # Hidden-dim-parallel embedding: weight Shard(1), ids replicated, the slices all-gathered.
+    # torch's ColwiseParallel on an nn.Embedding does exactly this.
+    "embedding_colwise": HfStyleSpec(
+        "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # Fused [gate; up] Linear: each part sharded on its own (see PackedColwiseParallel).
+    "packed_colwise": HfStyleSpec("PackedColwiseParallel", {"split_factor": 2, "use_local_output": True}),
+    "packed_rowwise": HfStyleSpec(
+        "PackedRowwiseParallel", {"split_factor": 2, "output_layouts": Replicate(), "use_local_output": True}
+    ),
+    # Params replicated, local input taken as sharded on the sequence dim, local output (5.x;
+    # 4.x gathered the output instead).
+    "sequence_parallel": HfStyleSpec("SequenceParallel", {"sequence_dim": 1, "use_local_output": True}),
+    "replicated_with_grad_allreduce": HfStyleSpec("AllReduceParamGrads"),
+    # Forward all-reduce of the module's partial output, identity backward.
+    "all_reduce": HfStyleSpec(
+        "PrepareModuleOutput",
+        {"output_layouts": Partial(), "desired_output_layouts": Replicate(), "use_local_output": True},
+    ),
+    "mla_kv_a_proj": HfStyleSpec("MlaKvAProjParallel", config_kwargs={"rope_dim": "qk_rope_head_dim"}),
+    # 5.x: nothing happens (4.x made the params Replicate DTensors: the same numbers).
+    "replicate": HfStyleSpec("LeaveUnsharded"),
+}
+
+_MOE = "torch's module styles here shard dense layers only"
+_LOCAL_4X = (
+    "a transformers 4.x style that keeps plain local shards with no DTensor and no gradient "
+    "synchronisation, for inference-only MoE expert regions"
+)
+
+# transformers' names that torch's parallel styles cannot honour, and why.
+HF_UNSUPPORTED_STYLES: dict[str, str] = {
+    "moe_tp_experts": (
+        "runs the fused experts module on local 3-D expert weight shards set by parameter-level rules and "
+        f"all-reduces the partial outputs, which torch's module-level styles cannot express; {_MOE}"
+    ),
+    "moe_identity_expert": (
+        "divides a zero-expert's input by the TP size to cancel moe_tp_experts' all-reduce, so it is only "
+        f"correct together with that unsupported style; {_MOE}"
+    ),
+    "grouped_gemm": f"shards MoE expert weights by expert for expert parallelism; {_MOE}",
+    "ep_dispatch_experts": f"dispatches tokens to expert-parallel ranks; {_MOE}",
+    "ep_router": f"a transformers 4.x expert-parallel router that masks the other ranks' experts; {_MOE}",
+    "local_params": (
+        "runs a module on its own parameters sharded by parameter-level rules (attention sinks), "
+        "and torch's parallelize_module shards modules, not single parameters"
+    ),
+    "local_colwise": f"{_LOCAL_4X}; the DTensor equivalent is 'colwise'",
+    "local_rowwise": f"{_LOCAL_4X}; the DTensor equivalent is 'rowwise'",
+    "local_packed_rowwise": f"{_LOCAL_4X}; the DTensor equivalent is 'packed_rowwise'",
+    "local": f"{_LOCAL_4X} (isolates a module from DTensor inputs)",
+    "gather": f"{_LOCAL_4X} (all-reduces the first output in place, no autograd); the nearest is 'all_reduce'",
+}
+
+
+def known_hf_styles() -> list[str]:
+    """Every transformers style string plangen knows, supported or not."""
+    return sorted({*HF_STYLE_SPECS, *HF_UNSUPPORTED_STYLES})
+
+
+def resolve_hf_style(
+    style: str, module_name: str | None = None, *, config: Any = None
+) -> tuple[str, dict[str, Any]]:
+    """The plangen style name and keyword arguments for transformers' ``style`` on ``module_name``.
+
+    ``config`` (the model's text config) supplies the arguments transformers reads from it
+    (``mla_kv_a_proj``'s rope width). Raises :class:`UnsupportedStyleError` for a style that cannot
+    be honoured and ``ValueError`` for a string transformers never had.
+    """
+    if style in HF_UNSUPPORTED_STYLES:
+        raise UnsupportedStyleError(style, module_name, HF_UNSUPPORTED_STYLES[style])
+    spec = HF_STYLE_SPECS.get(style)
+    if spec is None:
+        where = f" on {module_name!r}" if module_name else ""
+        raise ValueError(
+            f"unknown transformers parallel style {style!r}{where}; known styles: {', '.join(known_hf_styles())}"
+        )
+    kwargs = dict(spec.kwargs)
+    for kwarg, attribute in spec.config_kwargs.items():
+        value = getattr(config, attribute, None)
+        if value is None:
+            raise UnsupportedStyleError(
+                style, module_name, f"needs `{attribute}` from the model's text config (pass config=)"
+            )
+        kwargs[kwarg] = value
+    return spec.style, kwargs
+
+
+def translate_parallel_style(style: str, module_name: str | None = None, *, config: Any = None) -> ParallelStyle:
+    """The torch ``ParallelStyle`` for transformers' ``style`` (NeMo RL's name); see :func:`resolve_hf_style`."""
+    name, kwargs = resolve_hf_style(style, module_name, config=config)
+    return build_style(name, kwargs)
+
+
 __all__ = [
+    "HF_STYLE_SPECS",
+    "HF_UNSUPPORTED_STYLES",
     "STYLE_CLASSES",
+    "AllReduceParamGrads",
+    "HfStyleSpec",
+    "LeaveUnsharded",
+    "MlaKvAProjParallel",
+    "PackedColwiseParallel",
+    "PackedRowwiseParallel",
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
     "Replicate",
     "Shard",
+    "UnsupportedStyleError",
     "build_style",
+    "known_hf_styles",
+    "resolve_hf_style",
     "torch",
+    "translate_parallel_style",
 ]

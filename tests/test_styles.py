@@ -1,0 +1,461 @@
+"""transformers' style strings → torch parallel styles: coverage, layouts, and numerical parity.
+
+Coverage is checked against the installed transformers' own registry, enumerated at test time, so a
+style added by a new transformers fails here until it is translated or refused on purpose.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import types
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import ParallelStyle
+
+from plangen.styles import (
+    HF_STYLE_SPECS,
+    HF_UNSUPPORTED_STYLES,
+    STYLE_CLASSES,
+    UnsupportedStyleError,
+    build_style,
+    known_hf_styles,
+    resolve_hf_style,
+    translate_parallel_style,
+)
+
+# Names that transformers 4.x plans used and 5.x dropped; user plans copied from then still carry them.
+LEGACY_4X_STYLES = (
+    "colwise_rep", "rowwise_rep", "local_colwise", "local_rowwise", "local_packed_rowwise", "local", "gather",
+    "sequence_parallel", "replicate", "grouped_gemm", "ep_router",
+)
+MLA_CONFIG = types.SimpleNamespace(qk_rope_head_dim=2)
+
+
+def transformers_style_names() -> list[str]:
+    """Every name in the installed transformers' parallel-style registry."""
+    import transformers.distributed as distributed
+
+    # Each submodule registers its own styles at import: import them all, not only today's two.
+    for info in pkgutil.iter_modules(distributed.__path__):
+        try:
+            importlib.import_module(f"{distributed.__name__}.{info.name}")
+        except ImportError:
+            pass
+    from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES
+
+    return sorted(ALL_PARALLEL_STYLES.keys())
+
+
+# --------------------------------------------------------------------------------------------
+# Coverage: every string translated or refused, never skipped
+# --------------------------------------------------------------------------------------------
+
+
+def test_registry_is_enumerated():
+    names = transformers_style_names()
+    assert {"colwise", "rowwise", "embedding_rowwise", "moe_tp_experts"} <= set(names)
+
+
+@pytest.mark.parametrize("style", transformers_style_names())
+def test_every_transformers_style_is_translated_or_refused(style):
+    module_name = "model.layers.*.some_module"
+    assert style in HF_STYLE_SPECS or style in HF_UNSUPPORTED_STYLES, f"{style!r} is not in plangen's tables"
+    try:
+        translated = translate_parallel_style(style, module_name, config=MLA_CONFIG)
+    except UnsupportedStyleError as err:
+        assert style in HF_UNSUPPORTED_STYLES
+        assert err.style == style and err.module_name == module_name
+        assert repr(style) in str(err) and module_name in str(err)
+    else:
+        assert isinstance(translated, ParallelStyle)
+
+
+@pytest.mark.parametrize("style", LEGACY_4X_STYLES)
+def test_legacy_styles_are_known(style):
+    assert style in known_hf_styles()
+
+
+def test_tables_are_disjoint_and_name_registered_styles():
+    assert not set(HF_STYLE_SPECS) & set(HF_UNSUPPORTED_STYLES)
+    for spec in HF_STYLE_SPECS.values():
+        assert spec.style in STYLE_CLASSES
+
+
+def test_unknown_string_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown transformers parallel style 'colwize'") as info:
+        translate_parallel_style("colwize", "model.layers.*.mlp.up_proj")
+    assert not isinstance(info.value, UnsupportedStyleError)
+    assert "colwise" in str(info.value) and "moe_tp_experts" in str(info.value)
+    assert "model.layers.*.mlp.up_proj" in str(info.value)
+
+
+def test_unknown_style_class_still_raises():
+    with pytest.raises(ValueError, match="unknown parallel style 'Nope'; known styles: "):
+        build_style("Nope")
+
+
+def test_mla_needs_the_rope_width_from_the_config():
+    with pytest.raises(UnsupportedStyleError, match="qk_rope_head_dim") as info:
+        resolve_hf_style("mla_kv_a_proj", "model.layers.*.self_attn.kv_a_proj_with_mqa")
+    assert "kv_a_proj_with_mqa" in str(info.value)
+    assert resolve_hf_style("mla_kv_a_proj", config=MLA_CONFIG) == ("MlaKvAProjParallel", {"rope_dim": 2})
+
+
+def test_resolved_kwargs_are_fresh_copies():
+    name, kwargs = resolve_hf_style("colwise")
+    kwargs["use_local_output"] = False
+    assert resolve_hf_style("colwise")[1]["use_local_output"] is True
+    assert name == "ColwiseParallel"
+
+
+# --------------------------------------------------------------------------------------------
+# Layouts under a single-process fake process group (TP=2)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tp_mesh():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("fake", rank=0, world_size=2)
+    # Another module's fake group may be larger: a 2-rank mesh over its first ranks works in both cases.
+    mesh = init_device_mesh("cpu", (2,)) if dist.get_world_size() == 2 else DeviceMesh("cpu", [0, 1])
+    yield mesh
+    if owned:
+        dist.destroy_process_group()
+
+
+def apply_style(module: nn.Module, style: str, mesh) -> nn.Module:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    holder = nn.Module()
+    holder.m = module
+    parallelize_module(holder, mesh, {"m": translate_parallel_style(style, "m", config=MLA_CONFIG)})
+    return holder.m
+
+
+def placements(param) -> tuple:
+    from torch.distributed.tensor import DTensor
+
+    return tuple(param.placements) if isinstance(param, DTensor) else ()
+
+
+def local(t):
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def collectives(fn: Callable[[], Any]) -> dict[str, int]:
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as comm:
+        result = fn()
+        if isinstance(result, torch.Tensor):
+            result.sum()  # waits on an async collective, which a discarded output never would
+    return {str(op).split(".")[-1]: count for op, count in comm.get_comm_counts().items()}
+
+
+def test_colwise_layouts(tp_mesh):
+    from torch.distributed.tensor import Shard
+
+    m = apply_style(nn.Linear(8, 6), "colwise", tp_mesh)
+    assert placements(m.weight) == (Shard(0),) and local(m.weight).shape == (3, 8)
+    assert placements(m.bias) == (Shard(0),) and local(m.bias).shape == (3,)
+    out = m(torch.randn(2, 5, 8))
+    assert type(out) is torch.Tensor and out.shape == (2, 5, 3)
+
+
+@pytest.mark.parametrize("style", ["colwise_gather_output", "colwise_rep"])
+def test_colwise_gathered_layouts(tp_mesh, style):
+    m = apply_style(nn.Linear(8, 6), style, tp_mesh)
+    assert local(m.weight).shape == (3, 8)
+    x = torch.randn(2, 5, 8)
+    assert m(x).shape == (2, 5, 6)
+    assert collectives(lambda: m(x)) == {"all_gather_into_tensor": 1}
+
+
+def test_rowwise_layouts(tp_mesh):
+    from torch.distributed.tensor import Replicate, Shard
+
+    m = apply_style(nn.Linear(8, 6), "rowwise", tp_mesh)
+    assert placements(m.weight) == (Shard(1),) and local(m.weight).shape == (6, 4)
+    assert placements(m.bias) == (Replicate(),) and local(m.bias).shape == (6,)
+    x = torch.randn(2, 5, 4)
+    assert m(x).shape == (2, 5, 6)
+    assert collectives(lambda: m(x)) == {"all_reduce": 1}
+
+
+@pytest.mark.parametrize("style", ["rowwise_split_input", "rowwise_rep"])
+def test_rowwise_split_input_layouts(tp_mesh, style):
+    m = apply_style(nn.Linear(8, 6), style, tp_mesh)
+    x = torch.randn(2, 5, 8)  # replicated: each rank takes its half, no communication for that
+    assert m(x).shape == (2, 5, 6)
+    assert collectives(lambda: m(x)) == {"all_reduce": 1}
+
+
+def test_embedding_rowwise_layouts(tp_mesh):
+    from torch.distributed.tensor import Shard
+
+    m = apply_style(nn.Embedding(16, 8), "embedding_rowwise", tp_mesh)
+    assert placements(m.weight) == (Shard(0),) and local(m.weight).shape == (8, 8)
+    ids = torch.randint(0, 16, (2, 5))
+    assert m(ids).shape == (2, 5, 8)
+    assert collectives(lambda: m(ids)) == {"all_reduce": 1}
+
+
+def test_embedding_colwise_layouts(tp_mesh):
+    from torch.distributed.tensor import Shard
+
+    m = apply_style(nn.Embedding(16, 8), "embedding_colwise", tp_mesh)
+    assert placements(m.weight) == (Shard(1),) and local(m.weight).shape == (16, 4)
+    ids = torch.randint(0, 16, (2, 5))
+    assert m(ids).shape == (2, 5, 8)
+    assert collectives(lambda: m(ids)) == {"all_gather_into_tensor": 1}
+
+
+def test_packed_colwise_shards_each_part(tp_mesh):
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    full = nn.Linear(8, 12)
+    weight, bias = full.weight.detach().clone(), full.bias.detach().clone()
+    m = apply_style(full, "packed_colwise", tp_mesh)
+    assert placements(m.weight) == (_StridedShard(0, split_factor=2),)
+    # rank 0 of 2 holds the first half of the gate rows and the first half of the up rows
+    assert torch.equal(local(m.weight), torch.cat([weight[0:3], weight[6:9]]))
+    assert torch.equal(local(m.bias), torch.cat([bias[0:3], bias[6:9]]))
+    x = torch.randn(2, 5, 8)
+    out = m(x)
+    assert type(out) is torch.Tensor and out.shape == (2, 5, 6)
+    gate, up = (x @ weight.T + bias).chunk(2, dim=-1)
+    torch.testing.assert_close(out, torch.cat([gate[..., :3], up[..., :3]], dim=-1))
+    assert collectives(lambda: m(x)) == {}
+
+
+def test_packed_colwise_refuses_parts_that_do_not_split(tp_mesh):
+    with pytest.raises(ValueError, match="must each split evenly"):
+        apply_style(nn.Linear(8, 6), "packed_colwise", tp_mesh)
+
+
+def test_packed_rowwise_layouts(tp_mesh):
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    full = nn.Linear(8, 6)
+    weight = full.weight.detach().clone()
+    m = apply_style(full, "packed_rowwise", tp_mesh)
+    assert placements(m.weight) == (_StridedShard(1, split_factor=2),)
+    assert torch.equal(local(m.weight), torch.cat([weight[:, 0:2], weight[:, 4:6]], dim=1))
+    assert placements(m.bias) == (Replicate(),)
+    x = torch.randn(2, 5, 4)  # this rank's [a_0; b_0]
+    assert m(x).shape == (2, 5, 6)
+    assert collectives(lambda: m(x)) == {"all_reduce": 1}
+
+
+def test_sequence_parallel_layouts(tp_mesh):
+    from torch.distributed.tensor import Replicate
+
+    m = apply_style(nn.LayerNorm(8), "sequence_parallel", tp_mesh)
+    assert placements(m.weight) == (Replicate(),)
+    out = m(torch.randn(2, 3, 8))  # this rank's half of a 6-token sequence
+    assert type(out) is torch.Tensor and out.shape == (2, 3, 8)
+
+
+def test_replicated_with_grad_allreduce_keeps_plain_params(tp_mesh):
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    m = apply_style(Qwen3RMSNorm(4), "replicated_with_grad_allreduce", tp_mesh)
+    x = torch.randn(2, 3, 1, 4, requires_grad=True)  # [batch, seq, local heads, head_dim]
+    out = m(x)
+    assert type(out) is torch.Tensor and out.shape == x.shape
+    assert isinstance(m.weight, nn.Parameter) and placements(m.weight) == ()
+    assert collectives(lambda: m(x).sum().backward()) == {"all_reduce": 1}
+    assert isinstance(m.weight, nn.Parameter) and m.weight.grad is not None
+    with torch.no_grad():
+        assert collectives(lambda: m(x)) == {}
+
+
+def test_all_reduce_layouts(tp_mesh):
+    m = apply_style(nn.Linear(4, 6, bias=False), "all_reduce", tp_mesh)
+    x = torch.randn(2, 4)
+    out = m(x)
+    assert type(out) is torch.Tensor and out.shape == (2, 6)
+    assert placements(m.weight) == ()
+    assert collectives(lambda: m(x)) == {"all_reduce": 1}
+
+
+def test_mla_kv_a_proj_layouts(tp_mesh):
+    m = apply_style(nn.Linear(4, 6), "mla_kv_a_proj", tp_mesh)
+    x = torch.randn(2, 4, requires_grad=True)
+    assert m(x).shape == (2, 6) and placements(m.weight) == ()
+    assert collectives(lambda: m(x)) == {}
+    assert collectives(lambda: m(x).sum().backward()) == {"all_reduce": 1}
+
+
+def test_replicate_leaves_the_module_alone(tp_mesh):
+    m = apply_style(nn.Embedding(16, 8), "replicate", tp_mesh)
+    assert placements(m.weight) == () and local(m.weight).shape == (16, 8)
+    assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+# --------------------------------------------------------------------------------------------
+# Numerical parity at TP=2 on gloo: plangen's style vs transformers' own layer vs the unsharded module
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.distributed
+def test_styles_match_transformers_and_unsharded_at_tp2():
+    from plangen.launch import run_distributed
+
+    results = run_distributed(f"{__file__}:gloo_parity_worker", 2, timeout=120)
+    for rank, diffs in enumerate(results):
+        bad = {case: d for case, d in diffs.items() if d > 1e-5}
+        assert not bad, f"rank {rank}: {bad}"
+    # Every translated style was exercised against the unsharded module.
+    assert {case.split("/")[0] for case in results[0]} >= set(HF_STYLE_SPECS)
+
+
+def gloo_parity_worker(payload: Any) -> dict[str, float]:
+    """One rank: every translated style on a tiny module, max abs differences keyed 'style/what/against'."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    diffs: dict[str, float] = {}
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    def chunk(t: torch.Tensor, dim: int) -> torch.Tensor:
+        return t.chunk(world, dim=dim)[rank]
+
+    def packed_chunk(t: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.cat([chunk(part, dim) for part in t.chunk(2, dim=dim)], dim=dim)
+
+    def sharded(style: str, module: nn.Module, impl: str) -> nn.Module:
+        holder = nn.Module()
+        holder.m = module
+        holder.config = types.SimpleNamespace(qk_rope_head_dim=MLA_CONFIG.qk_rope_head_dim)
+        holder.config.get_text_config = lambda: holder.config
+        if impl == "plangen":
+            parallelize_module(holder, mesh, {"m": translate_parallel_style(style, "m", config=MLA_CONFIG)})
+        else:  # transformers' own layer, given its expanded plan: parameters first, then the module
+            plan = {f"m.{name}": style for name, _ in module.named_parameters(recurse=False)}
+            apply_tensor_parallelism(holder, mesh, {**plan, "m": style})
+        return holder.m
+
+    def make_copy(reference: nn.Module) -> nn.Module:
+        clone = copy.deepcopy(reference)
+        clone.zero_grad(set_to_none=True)
+        return clone
+
+    def compare(
+        case: str,
+        make: Callable[[], nn.Module],
+        x: torch.Tensor,
+        *,
+        local_in: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+        local_out: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+        against_hf: bool = True,
+    ) -> None:
+        """Global loss sum(out * c); each rank feeds local_in(x) and weighs its output with local_out(c)."""
+        style = case.split("/")[0]
+        torch.manual_seed(1)
+        reference = make()
+        float_input = x.is_floating_point()
+        x_ref = x.clone().requires_grad_(float_input)
+        out_ref = reference(x_ref)
+        c = torch.randn_like(out_ref)
+        (out_ref * c).sum().backward()
+        for impl in ("plangen", "transformers") if against_hf else ("plangen",):
+            module = sharded(style, make_copy(reference), impl)
+            x_local = local_in(x.clone()).requires_grad_(float_input)
+            out = module(x_local)
+            (out * local_out(c)).sum().backward()
+            key = f"{case}/{impl}"
+            diffs[f"{key}/out"] = (out - local_out(out_ref)).abs().max().item()
+            for name, param in reference.named_parameters():
+                got = full(dict(module.named_parameters())[name].grad)
+                diffs[f"{key}/grad_{name}"] = (got - param.grad).abs().max().item()
+            if float_input:
+                diffs[f"{key}/grad_input"] = (x_local.grad - local_in(x_ref.grad)).abs().max().item()
+
+    torch.manual_seed(0)
+    x8 = torch.randn(2, 3, 8)
+    ids = torch.randint(0, 16, (2, 3))
+    last = lambda t: chunk(t, -1)  # noqa: E731
+    for style in ("colwise",):
+        compare(style, lambda: nn.Linear(8, 6), x8, local_out=last)
+    for style in ("colwise_gather_output", "colwise_rep"):
+        compare(style, lambda: nn.Linear(8, 6), x8)
+    compare("rowwise", lambda: nn.Linear(8, 6), x8, local_in=last)
+    for style in ("rowwise_split_input", "rowwise_rep"):
+        compare(style, lambda: nn.Linear(8, 6), x8)
+    for style in ("embedding_rowwise", "embedding_colwise"):
+        compare(style, lambda: nn.Embedding(16, 8), ids)
+    packed_out = lambda t: packed_chunk(t, -1)  # noqa: E731
+    # transformers shards a packed bias as a plain Shard(0) (gate on one rank, up on the other):
+    # compared with transformers without a bias, with the unsharded module with one.
+    compare("packed_colwise/nobias", lambda: nn.Linear(8, 12, bias=False), x8, local_out=packed_out)
+    compare("packed_colwise/bias", lambda: nn.Linear(8, 12), x8, local_out=packed_out, against_hf=False)
+    # transformers' packed_rowwise shards parameters only and installs no forward.
+    compare("packed_rowwise", lambda: nn.Linear(8, 6), x8, local_in=packed_out, against_hf=False)
+    seq = lambda t: chunk(t, 1)  # noqa: E731
+    compare("sequence_parallel", lambda: nn.LayerNorm(8), torch.randn(2, 4, 8), local_in=seq, local_out=seq)
+    heads = lambda t: chunk(t, 2)  # noqa: E731
+    compare(
+        "replicated_with_grad_allreduce", lambda: Qwen3RMSNorm(4), torch.randn(2, 3, 4, 4),
+        local_in=heads, local_out=heads,
+    )
+    compare("replicate", lambda: nn.Linear(8, 6), x8)
+
+    # all_reduce: each rank's module output is partial; the sum is every rank's output.
+    torch.manual_seed(1)
+    reference = nn.Linear(8, 6, bias=False)
+    xs = torch.randn(world, 2, 8)
+    c = torch.randn(2, 6)
+    expected = sum(reference(xs[r]) for r in range(world))
+    grads = {}
+    for impl in ("plangen", "transformers"):
+        module = sharded("all_reduce", make_copy(reference), impl)
+        x_local = xs[rank].clone().requires_grad_()
+        out = module(x_local)
+        (out * c).sum().backward()
+        diffs[f"all_reduce/{impl}/out"] = (out - expected).abs().max().item()
+        grads[impl] = (module.weight.grad, x_local.grad)
+    # identity backward: each rank's grads are its own, the same as transformers'
+    diffs["all_reduce/plangen-vs-transformers/grad_weight"] = (grads["plangen"][0] - grads["transformers"][0]).abs().max().item()
+    diffs["all_reduce/plangen-vs-transformers/grad_input"] = (grads["plangen"][1] - grads["transformers"][1]).abs().max().item()
+    diffs["all_reduce/grad_input_is_local"] = (grads["plangen"][1] - c @ reference.weight).abs().max().item()
+
+    # mla_kv_a_proj: the rope tail's gradient is summed over ranks, the rest is left to kv_b_proj.
+    torch.manual_seed(1)
+    reference = nn.Linear(8, 6)
+    x = torch.randn(2, 8)
+    cs = torch.randn(world, 2, 6)  # each rank's attention heads weigh the output differently
+    rope = MLA_CONFIG.qk_rope_head_dim
+    expected_grad_out = torch.cat([cs[rank][:, :-rope], cs.sum(0)[:, -rope:]], dim=-1)
+    for impl in ("plangen", "transformers"):
+        module = sharded("mla_kv_a_proj", make_copy(reference), impl)
+        x_local = x.clone().requires_grad_()
+        out = module(x_local)
+        (out * cs[rank]).sum().backward()
+        diffs[f"mla_kv_a_proj/{impl}/out"] = (out - reference(x)).abs().max().item()
+        diffs[f"mla_kv_a_proj/{impl}/grad_input"] = (
+            x_local.grad - expected_grad_out @ reference.weight
+        ).abs().max().item()
+    return diffs
