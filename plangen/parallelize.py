@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from math import gcd
 from typing import Callable, Mapping, Optional, Union
 
 import torch
@@ -28,6 +27,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
+from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.matching import find_matching_modules, find_unmatched_keys
 from plangen.plan import build_parallel_styles
 from plangen.plan_source import PlanLike, load_custom_plan
@@ -110,26 +110,12 @@ def resolve_parallel_plan(
 # 2. Check (no collectives: every rank fails the same way, before any rank communicates)
 
 
-def largest_legal_tp_size(num_heads: int, num_kv_heads: int, limit: int | None = None) -> int:
-    """The largest TP size dividing both head counts (at most ``limit`` when given)."""
-    common = gcd(num_heads, num_kv_heads)
-    candidates = [d for d in range(1, common + 1) if common % d == 0 and (limit is None or d <= limit)]
-    return max(candidates)
-
-
 def check_heads_divisible(model: nn.Module, tp_size: int) -> None:
-    config = model.config.get_text_config() if hasattr(model, "config") else None
-    heads = getattr(config, "num_attention_heads", None)
-    if not heads:
+    if not hasattr(model, "config"):
         return
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    for what, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-        if count % tp_size:
-            legal = largest_legal_tp_size(heads, kv_heads, tp_size)
-            raise PlanError(
-                f"{what}={count} is not divisible by the TP size {tp_size}: "
-                f"the largest legal TP size for {type(model).__name__} is {legal}"
-            )
+    problem = tp_size_problem(model.config, tp_size, type(model).__name__)
+    if problem is not None:
+        raise PlanError(problem)
 
 
 def _shards_attention(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
