@@ -53,18 +53,20 @@ def build_dense_decoder_plan(
         output_layouts=SEQ if sp else Replicate(),
         use_local_output=not sp,
     )
-    if sp:
-        add(
-            f"{layer}.self_attn",
-            "PrepareModuleInput",
-            "attention",
-            "one all-gather of the sequence per attention block; attention computes on local tensors",
-            input_layouts=None,
-            desired_input_layouts=None,
-            input_kwarg_layouts={"hidden_states": SEQ},
-            desired_input_kwarg_layouts={"hidden_states": Replicate()},
-            use_local_output=True,
-        )
+    # The block input enters as one Replicate DTensor shared by q/k/v (and gate/up): their input
+    # gradients add up as Partial and are reduced once per block, not once per projection.
+    add(
+        f"{layer}.self_attn",
+        "PrepareModuleInput",
+        "attention",
+        ("one all-gather of the sequence per attention block" if sp else "no communication")
+        + "; one gradient reduction per block in backward",
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": SEQ if sp else Replicate()},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=False,
+    )
     for proj in ("q_proj", "k_proj", "v_proj"):
         add(
             f"{layer}.self_attn.{proj}",
@@ -94,18 +96,18 @@ def build_dense_decoder_plan(
         output_layouts=SEQ if sp else Replicate(),
         use_local_output=not sp,
     )
-    if sp:
-        add(
-            f"{layer}.mlp",
-            "PrepareModuleInput",
-            "mlp",
-            "one all-gather of the sequence per MLP block",
-            input_layouts=(SEQ,),
-            desired_input_layouts=(Replicate(),),
-            input_kwarg_layouts=None,
-            desired_input_kwarg_layouts=None,
-            use_local_output=True,
-        )
+    add(
+        f"{layer}.mlp",
+        "PrepareModuleInput",
+        "mlp",
+        ("one all-gather of the sequence per MLP block" if sp else "no communication")
+        + "; one gradient reduction per block in backward",
+        input_layouts=(SEQ if sp else Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output=False,
+    )
     for proj in ("gate_proj", "up_proj"):
         add(
             f"{layer}.mlp.{proj}",

@@ -1,0 +1,61 @@
+"""Counting collectives: torch's ``CommDebugMode``, made robust for every Hugging Face model.
+
+``CommDebugMode`` also attributes each collective to the module that issued it; that module
+tracker fails on some models (Gemma3's forward leaves its parent stack empty). The counts do not
+depend on it, so :class:`CollectiveCounter` keeps ``CommDebugMode``'s counting and replaces the
+tracker with a flat one that attributes everything to ``Global``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.debug._comm_mode import NATIVE_TO_PY_MAPPING, c10d_collective_ops
+
+
+class _FlatTracker:
+    name = "Global"
+    is_bw = False
+    activation_checkpointing = False
+    module_parents_dict = {"Global": set()}
+    module_helper_dict: dict = {}
+    parent_dict: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        return None
+
+
+class CollectiveCounter(CommDebugMode):
+    """``with CollectiveCounter() as c: ...`` then ``c.counts()``: ``{"all_reduce": 5, ...}``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.advanced_module_tracker = _FlatTracker()
+        # (collective name, bytes of its result) in issue order, for size checks and cost models.
+        self.records: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        packet = func._overloadpacket
+        if packet in self.comm_registry or packet in c10d_collective_ops:
+            packet = NATIVE_TO_PY_MAPPING.get(packet, packet)
+            result = out[0] if isinstance(out, (tuple, list)) else out
+            size = result.numel() * result.element_size() if isinstance(result, torch.Tensor) else 0
+            self.records.append((_short_name(packet), size))
+        return out
+
+    def counts(self) -> dict[str, int]:
+        """Collective counts by short name (``all_reduce``, ``all_gather_into_tensor``, ...)."""
+        out: Counter[str] = Counter()
+        for op, n in self.get_comm_counts().items():
+            out[_short_name(op)] += n
+        return dict(out)
+
+
+def _short_name(op) -> str:
+    return getattr(op, "__name__", str(op)).split(".")[0]

@@ -1,0 +1,85 @@
+"""Communication of the hand-written plans at the Megatron minimum, counted exactly.
+
+A single-process fake process group runs TP at any size; ``CollectiveCounter`` (torch's
+``CommDebugMode``) counts the collectives that DTensor issues, with the same numbers as gloo.
+Counts at 2 and 4 layers give the per-layer cost and the fixed cost (embedding, head).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from plangen.comm import CollectiveCounter
+from plangen.loss import vocab_parallel_cross_entropy
+from plangen.parallelize import apply_tp, resolve_parallel_plan, resolve_tied_styles
+from tiny_configs import TINY
+
+BATCH, SEQ = 2, 8
+AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
+
+
+def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2):
+    kwargs = dict(TINY[name], num_hidden_layers=layers)
+    if "layer_types" in kwargs:
+        kwargs["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    mesh = DeviceMesh("cpu", torch.arange(tp))
+    resolved = resolve_parallel_plan(model, sequence_parallel)
+    assert resolved.source == "optimized"
+    apply_tp(model, mesh, resolve_tied_styles(model, resolved.styles))
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with CollectiveCounter() as forward:
+        logits = model(input_ids=ids).logits
+    loss = vocab_parallel_cross_entropy(logits, ids)
+    with CollectiveCounter() as backward:
+        loss.backward()
+    return config, logits, forward, backward
+
+
+def per_layer(name: str, sequence_parallel: bool):
+    _, _, f2, b2 = run_step(name, 2, sequence_parallel)
+    _, _, f4, b4 = run_step(name, 4, sequence_parallel)
+    diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    return diff(f2.counts(), f4.counts()), diff(b2.counts(), b4.counts()), f2.counts(), b2.counts()
+
+
+DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_tensor_parallel_costs_two_all_reduces_per_layer(fake_pg, name):
+    forward, backward, total_forward, total_backward = per_layer(name, False)
+    assert forward == {AR: 2}
+    assert backward == {AR: 2}  # one input-gradient reduction per block, not one per projection
+    # Fixed cost: the embedding's all-reduce forward, the head's input-gradient reduction backward.
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_sequence_parallel_gathers_once_per_block(fake_pg, name):
+    forward, backward, total_forward, total_backward = per_layer(name, True)
+    assert forward == {AG: 2, RS: 2}
+    assert backward == {AG: 2, RS: 2}
+    # Fixed: the embedding reduce-scatters into the sequence-sharded stream, the head gathers it.
+    # Gemma3 scales its embedding inside the module: DTensor all-reduces before the scale instead.
+    embedding = {AR: 1} if name == "gemma3" else {RS: 1}
+    expected = {AG: 2 * 2 + 1, RS: 2 * 2}
+    for k, v in embedding.items():
+        expected[k] = expected.get(k, 0) + v
+    assert total_forward == expected
+    assert total_backward == {AG: 2 * 2 + 1, RS: 2 * 2 + 1}
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_no_collective_moves_the_vocabulary(fake_pg, sequence_parallel):
+    config, logits, forward, backward = run_step("llama", 2, sequence_parallel)
+    hidden_bytes = BATCH * SEQ * config.hidden_size * 4
+    for name, size in forward.records + backward.records:
+        assert size <= hidden_bytes, f"{name} moves {size} bytes; the hidden state is {hidden_bytes}"
+    assert logits.placements[0].is_shard(-1) or logits.placements[0].is_shard(2)
+    assert logits.to_local().shape[-1] == config.vocab_size // 2
