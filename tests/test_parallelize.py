@@ -212,3 +212,31 @@ def test_clip_scales_low_precision_gradients_in_place():
     P.clip_grad_by_total_norm_([p], max_grad_norm=1.0, total_norm=4.0)
     # NeMo RL's version scales a float32 copy and leaves a bf16 gradient unchanged.
     assert torch.allclose(p.grad.float(), torch.full((4,), 0.5), atol=1e-2)
+
+
+# --- sequence parallel input checks, hybrid plans -----------------------------------------------
+
+
+def test_sequence_length_not_divisible_by_tp_is_a_clear_error(fake_pg):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from tiny_configs import build_tiny
+
+    model = build_tiny("llama")
+    mesh = DeviceMesh("cpu", torch.arange(2))
+    resolved = P.resolve_parallel_plan(model, True)
+    P.apply_tp(model, mesh, resolved.styles)
+    P.apply_sequence_length_check(model, 2)
+    with pytest.raises(ValueError, match="sequence length 7 is not divisible by the TP size 2; pad the batch"):
+        model(input_ids=torch.zeros(1, 7, dtype=torch.long))
+
+
+def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
+    model = meta_model("nemotron_h")
+    plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
+    assert P.find_unmatched_keys(model, plan) == []
+    sharded = {n for key in plan for n in P.find_matching_modules(model, key)}
+    assert "model.layers.1.mixer.up_proj" in sharded and "model.layers.2.mixer.q_proj" in sharded
+    assert not any(n.startswith("model.layers.0.") for n in sharded)  # the Mamba block
+    with pytest.raises(ValueError, match="no sequence-parallel plan"):
+        P.resolve_parallel_plan(model, True)

@@ -23,7 +23,13 @@ def _cases():
         {"name": "qwen3-custom-file", "model": "qwen3", "plan": "tests/custom_plans.py:qwen3_plan_function"},
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
     ]
-    return {"tp2": cases, "dp2tp2": cases + extra}
+    # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
+    masked = [
+        {"name": f"{m}-{attn}-padded-sp", "model": m, "sp": True, "pad": True, "attn": attn}
+        for m in ("llama", "qwen3", "gemma3") for attn in ("eager", "sdpa")
+    ]
+    cases += [{"name": "nemotron_h", "model": "nemotron_h"}]
+    return {"tp2": cases + masked, "dp2tp2": cases + extra + masked}
 
 
 CASES = _cases()

@@ -30,3 +30,11 @@ def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> t
     config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+TINY["nemotron_h"] = dict(
+    model_type="nemotron_h", vocab_size=128, hidden_size=32, intermediate_size=64,
+    layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=16,
+    ssm_state_size=8, n_groups=2, chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
+)

@@ -38,4 +38,4 @@ def build_optimized_plan(model: nn.Module, sequence_parallel: bool) -> Plan | No
 
 
 # Importing the families registers their plans.
-from plangen.plans import dense  # noqa: E402,F401
+from plangen.plans import dense, hybrid  # noqa: E402,F401

@@ -49,13 +49,17 @@ def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
-    model = build_tiny(case["model"], seed=0)
+    model = build_tiny(case["model"], seed=0, attn_implementation=case.get("attn", "sdpa"))
     reference = copy.deepcopy(model)
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     dp, dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
     rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
+    mask = torch.ones_like(ids)
+    if case.get("pad"):
+        mask[0, :3] = 0  # left padding in the first row of every DP slice
+        mask[BATCH // 2, :5] = 0
 
-    ref_logits = reference(input_ids=ids).logits
+    ref_logits = reference(input_ids=ids, attention_mask=mask).logits
     # FSDP2 averages gradients over DP ranks: the reference loss is the mean of per-slice losses.
     ref_loss = torch.stack([next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean()
     ref_loss.backward()
@@ -69,7 +73,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         activation_checkpointing=case.get("ac", False),
         custom_parallel_plan=plan,
     )
-    logits = sharded(input_ids=ids[rows]).logits
+    logits = sharded(input_ids=ids[rows], attention_mask=mask[rows]).logits
     loss = next_token_loss(logits, ids[rows])
     loss.backward()
 
@@ -80,7 +84,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     grad_diffs = {n: (full(grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads and grads[n] is not None}
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
     ref_slice_loss = next_token_loss(ref_logits[rows], ids[rows]).item()
-    param_drift = train_steps(reference, sharded, ids, rows, dp, case.get("steps", 3))
+    param_drift = train_steps(reference, sharded, ids, mask, rows, dp, case.get("steps", 3))
     return {
         "param_drift": param_drift,
         "logits_type": "DTensor" if isinstance(logits, DTensor) else "Tensor",
@@ -97,7 +101,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     }
 
 
-def train_steps(reference, sharded, ids, rows, dp: int, steps: int) -> float | None:
+def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int) -> float | None:
     """Continue from the gradients already computed: ``steps`` AdamW steps on both models, then
     (Adam divides by sqrt(v): on near-zero gradients fp32 rounding moves a weight by up to lr, so
     lr stays at a realistic 1e-3 for a 1e-5 tolerance)
@@ -110,9 +114,9 @@ def train_steps(reference, sharded, ids, rows, dp: int, steps: int) -> float | N
         if step:
             for m in (reference, sharded):
                 m.zero_grad(set_to_none=True)
-            ref_logits = reference(input_ids=ids).logits
+            ref_logits = reference(input_ids=ids, attention_mask=mask).logits
             torch.stack([next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean().backward()
-            next_token_loss(sharded(input_ids=ids[rows]).logits, ids[rows]).backward()
+            next_token_loss(sharded(input_ids=ids[rows], attention_mask=mask[rows]).logits, ids[rows]).backward()
         ref_opt.step()
         opt.step()
     ref_params = dict(reference.named_parameters())
