@@ -137,6 +137,21 @@ def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_si
         check_heads_divisible(model, tp_size)
 
 
+def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelStyle], dp_size: int) -> None:
+    """Packed (strided) shards compute right under FSDP2 but gather back permuted: checkpoints and
+    ``full_tensor()`` would be wrong, silently. Refuse until FSDP2 lays them out faithfully."""
+    from plangen.styles import PackedColwiseParallel, PackedRowwiseParallel
+
+    if dp_size <= 1:
+        return
+    packed = [p for p, s in styles.items() if isinstance(s, (PackedColwiseParallel, PackedRowwiseParallel))]
+    if packed:
+        raise PlanError(
+            f"packed (fused) projections {', '.join(packed)} cannot be sharded by FSDP2 as well (DP size {dp_size}): "
+            "their state dict would come back permuted; use DP size 1 or leave them replicated"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. Apply TP, keeping tied embeddings one parameter
 
@@ -299,6 +314,7 @@ def parallelize_model(
         logger.info("plangen: using the %s plan: %s", resolved.source, resolved.reason)
         styles = resolve_tied_styles(model, resolved.styles)
         check_plan_fits(model, styles, tp_size)
+        check_packed_without_fsdp(model, styles, dp_mesh.size())
         apply_tp(model, tp_mesh, styles)
         if sequence_parallel:
             apply_sequence_length_check(model, tp_size)

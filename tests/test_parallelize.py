@@ -240,3 +240,12 @@ def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
     assert not any(n.startswith("model.layers.0.") for n in sharded)  # the Mamba block
     with pytest.raises(ValueError, match="no sequence-parallel plan"):
         P.resolve_parallel_plan(model, True)
+
+
+def test_packed_projections_refuse_fsdp_sharding():
+    from plangen.styles import PackedColwiseParallel
+
+    styles = {"model.layers.*.mlp.up_proj": PackedColwiseParallel(split_factor=2)}
+    with pytest.raises(P.PlanError, match=r"packed \(fused\) projections model\.layers\.\*\.mlp\.up_proj cannot be sharded by FSDP2"):
+        P.check_packed_without_fsdp(meta_model("llama"), styles, 2)
+    P.check_packed_without_fsdp(meta_model("llama"), styles, 1)
