@@ -1,0 +1,125 @@
+"""Tensor-parallel plan for Gemma3ForConditionalGeneration, made by `plangen init`: edit it freely.
+
+Model:       gemma3 (Gemma3ForConditionalGeneration), TP size 2, sequence parallel on
+Seed:        the hand-written plan for Gemma3ForConditionalGeneration
+Regenerate:  plangen init gemma3 -o generated/gemma3_sp_plan.py --tp-size 2 --sequence-parallel --force
+Made with:   plangen 0.1.0, transformers 5.24.0, torch 2.13.0+cpu
+
+Each entry maps a module pattern (torch's fnmatch rule, one name per dot) to a ParallelStyle with
+every argument written out. Commented-out patterns are left replicated on purpose. Use it with
+
+    parallelize_model(..., custom_parallel_plan="generated.gemma3_sp_plan.custom_parallel_plan")
+
+and check it after editing with `plangen verify generated/gemma3_sp_plan.py`.
+"""
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from plangen.styles import ReplicatedWithGradAllReduce
+
+# Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
+PLANGEN_MODEL = "gemma3"
+PLANGEN_TP_SIZE = 2
+PLANGEN_SEQUENCE_PARALLEL = True
+
+custom_parallel_plan: dict[str, ParallelStyle] = {
+    # Embeddings
+    # 1 × Gemma3TextScaledWordEmbedding [262208, 2304] → local [131104, 2304] at TP=2
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual
+    "model.language_model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+
+    # Attention
+    # 26 × Gemma3Attention: one all-gather of the sequence per attention block; one gradient reduction per block in
+    # backward
+    "model.language_model.layers.*.self_attn": PrepareModuleInput(
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=False,
+    ),
+    # 26 × Linear [2048, 2304] → local [1024, 2304] at TP=2; column-parallel: each rank computes its own heads
+    "model.language_model.layers.*.self_attn.q_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2; column-parallel: each rank computes its own heads
+    "model.language_model.layers.*.self_attn.k_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2; column-parallel: each rank computes its own heads
+    "model.language_model.layers.*.self_attn.v_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 26 × Gemma3RMSNorm [256], replicated at TP=2
+    # per-head norm sees only local heads: its weight gradient is summed over TP
+    "model.language_model.layers.*.self_attn.q_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),
+    # 26 × Gemma3RMSNorm [256], replicated at TP=2
+    # per-head norm sees only local heads: its weight gradient is summed over TP
+    "model.language_model.layers.*.self_attn.k_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),
+    # 26 × Linear [2304, 2048] → local [2304, 1024] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.language_model.layers.*.self_attn.o_proj": RowwiseParallel(
+        input_layouts=Shard(-1),
+        output_layouts=Shard(1),
+        use_local_output=False,
+    ),
+
+    # MLP
+    # 26 × Gemma3MLP: one all-gather of the sequence per MLP block; one gradient reduction per block in backward
+    "model.language_model.layers.*.mlp": PrepareModuleInput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output=False,
+    ),
+    # 26 × Linear [9216, 2304] → local [4608, 2304] at TP=2; column-parallel
+    "model.language_model.layers.*.mlp.gate_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 26 × Linear [9216, 2304] → local [4608, 2304] at TP=2; column-parallel
+    "model.language_model.layers.*.mlp.up_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 26 × Linear [2304, 9216] → local [2304, 4608] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.language_model.layers.*.mlp.down_proj": RowwiseParallel(
+        input_layouts=Shard(-1),
+        output_layouts=Shard(1),
+        use_local_output=False,
+    ),
+
+    # Norms
+    # 26 × Gemma3RMSNorm [2304], replicated at TP=2; norm on the local sequence shard
+    "model.language_model.layers.*.input_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 26 × Gemma3RMSNorm [2304], replicated at TP=2; norm on the local sequence shard
+    "model.language_model.layers.*.post_attention_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 26 × Gemma3RMSNorm [2304], replicated at TP=2; norm on the local sequence shard
+    "model.language_model.layers.*.pre_feedforward_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 26 × Gemma3RMSNorm [2304], replicated at TP=2; norm on the local sequence shard
+    "model.language_model.layers.*.post_feedforward_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 1 × Gemma3RMSNorm [2304], replicated at TP=2; norm on the local sequence shard
+    "model.language_model.norm": SequenceParallel(sequence_dim=1, use_local_output=False),
+
+    # Output head
+    # 1 × Linear [262208, 2304] → local [131104, 2304] at TP=2
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+}
