@@ -1,0 +1,243 @@
+"""What the static checks know about parallel styles and placements, written down without torch.
+
+Level 1 must not import torch (it is slow and plan files are checked before anything runs), so the
+keyword parameters of every style a plan may use are copied here. ``tests/test_check_static.py``
+compares this table with ``inspect.signature`` of the real classes and with
+``plangen.styles.STYLE_CLASSES``, so a torch upgrade or a new plangen style cannot leave it stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ValueKind:
+    """The type a keyword argument accepts, as far as a literal in the source can show it.
+
+    ``base`` is ``"placement"``, ``"placement_dict"``, ``"bool"`` or ``"int"``; a tuple of the base
+    type is accepted when ``allows_tuple``, and ``None`` at top level / inside the tuple when the
+    flags say so.
+    """
+
+    name: str
+    base: str
+    allows_none: bool = False
+    allows_tuple: bool = False
+    tuple_allows_none: bool = False
+
+
+# One kind per annotation torch uses; the names are what the drift test maps annotations to.
+PLACEMENT_OR_NONE = ValueKind("Placement | None", "placement", allows_none=True)
+PLACEMENTS_OR_NONE = ValueKind(
+    "Placement | tuple[Placement | None, ...] | None",
+    "placement",
+    allows_none=True,
+    allows_tuple=True,
+    tuple_allows_none=True,
+)
+PLACEMENTS = ValueKind(
+    "Placement | tuple[Placement | None, ...]", "placement", allows_tuple=True, tuple_allows_none=True
+)
+PLACEMENTS_STRICT = ValueKind("Placement | tuple[Placement, ...]", "placement", allows_tuple=True)
+# The values of the kwarg-layout dicts.
+PLACEMENT = ValueKind("Placement", "placement")
+PLACEMENT_DICT_OR_NONE = ValueKind("dict[str, Placement] | None", "placement_dict", allows_none=True)
+BOOL = ValueKind("bool", "bool")
+INT = ValueKind("int", "int")
+
+VALUE_KINDS: tuple[ValueKind, ...] = (
+    PLACEMENT_OR_NONE,
+    PLACEMENTS_OR_NONE,
+    PLACEMENTS,
+    PLACEMENTS_STRICT,
+    PLACEMENT_DICT_OR_NONE,
+    BOOL,
+    INT,
+)
+
+# Marks a keyword argument without a default.
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class StyleParam:
+    name: str
+    kind: ValueKind
+    default: object = REQUIRED
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class StyleSpec:
+    """A style class: its keyword-only parameters and the modules a plan may import it from."""
+
+    name: str
+    params: tuple[StyleParam, ...]
+    modules: tuple[str, ...]
+
+    def param(self, name: str) -> StyleParam | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    @property
+    def import_hint(self) -> str:
+        return f"from {self.modules[0]} import {self.name}"
+
+
+TORCH_PARALLEL = "torch.distributed.tensor.parallel"
+# plangen.styles imports torch's styles too, so ``from plangen.styles import ColwiseParallel`` works.
+TORCH_STYLE_MODULES = (TORCH_PARALLEL, f"{TORCH_PARALLEL}.style", "plangen.styles")
+PLANGEN_STYLE_MODULES = ("plangen.styles",)
+
+_LAYOUTS = (
+    StyleParam("input_layouts", PLACEMENT_OR_NONE, None),
+    StyleParam("output_layouts", PLACEMENT_OR_NONE, None),
+    StyleParam("use_local_output", BOOL, True),
+)
+_INPUT_PREPARATION = (
+    StyleParam("input_layouts", PLACEMENTS_OR_NONE, None),
+    StyleParam("desired_input_layouts", PLACEMENTS_OR_NONE, None),
+    StyleParam("input_kwarg_layouts", PLACEMENT_DICT_OR_NONE, None),
+    StyleParam("desired_input_kwarg_layouts", PLACEMENT_DICT_OR_NONE, None),
+)
+_OUTPUT_PREPARATION = (
+    StyleParam("output_layouts", PLACEMENTS),
+    StyleParam("desired_output_layouts", PLACEMENTS_STRICT),
+)
+
+STYLES: dict[str, StyleSpec] = {
+    spec.name: spec
+    for spec in (
+        StyleSpec("ColwiseParallel", _LAYOUTS, TORCH_STYLE_MODULES),
+        StyleSpec("RowwiseParallel", _LAYOUTS, TORCH_STYLE_MODULES),
+        StyleSpec(
+            "SequenceParallel",
+            (StyleParam("sequence_dim", INT, 1), StyleParam("use_local_output", BOOL, False)),
+            TORCH_STYLE_MODULES,
+        ),
+        StyleSpec(
+            "PrepareModuleInput",
+            (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False)),
+            TORCH_STYLE_MODULES,
+        ),
+        StyleSpec(
+            "PrepareModuleOutput",
+            (*_OUTPUT_PREPARATION, StyleParam("use_local_output", BOOL, True)),
+            TORCH_STYLE_MODULES,
+        ),
+        StyleSpec(
+            "PrepareModuleInputOutput",
+            (
+                *_INPUT_PREPARATION,
+                StyleParam("use_local_input", BOOL, False),
+                *_OUTPUT_PREPARATION,
+                StyleParam("use_local_output", BOOL, True),
+            ),
+            TORCH_STYLE_MODULES,
+        ),
+        StyleSpec(
+            "RotaryEmbedParallel",
+            (StyleParam("sequence_dim", INT, 1), StyleParam("use_local_output", BOOL, False)),
+            PLANGEN_STYLE_MODULES,
+        ),
+        StyleSpec(
+            "ReplicatedWithGradAllReduce",
+            (StyleParam("sequence_dim", INT, 2), StyleParam("use_local_output", BOOL, True)),
+            PLANGEN_STYLE_MODULES,
+        ),
+        StyleSpec("AllReduceParamGrads", (), PLANGEN_STYLE_MODULES),
+        StyleSpec("LeaveUnsharded", (), PLANGEN_STYLE_MODULES),
+        # The layouts are annotated Any there and passed on to ColwiseParallel / RowwiseParallel.
+        StyleSpec(
+            "PackedColwiseParallel",
+            (
+                StyleParam("split_factor", INT, 2),
+                StyleParam("input_layouts", PLACEMENT_OR_NONE, None),
+                StyleParam("use_local_output", BOOL, True),
+            ),
+            PLANGEN_STYLE_MODULES,
+        ),
+        StyleSpec(
+            "PackedRowwiseParallel",
+            (
+                StyleParam("split_factor", INT, 2),
+                StyleParam("output_layouts", PLACEMENT_OR_NONE, None),
+                StyleParam("use_local_output", BOOL, True),
+            ),
+            PLANGEN_STYLE_MODULES,
+        ),
+        StyleSpec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),), PLANGEN_STYLE_MODULES),
+    )
+}
+
+# Public placements and where they can be imported from.
+PLACEMENT_MODULES: dict[str, tuple[str, ...]] = {
+    "Shard": ("torch.distributed.tensor", "torch.distributed.tensor.placement_types", "plangen.styles"),
+    "Replicate": ("torch.distributed.tensor", "torch.distributed.tensor.placement_types", "plangen.styles"),
+    "Partial": ("torch.distributed.tensor", "torch.distributed.tensor.placement_types", "plangen.styles"),
+}
+# Private placements: they exist, but their behaviour and constructor change between torch releases.
+PRIVATE_PLACEMENTS = ("_StridedShard", "_MaskPartial", "_Partial")
+# ``torch.distributed._tensor`` is the deprecated alias of ``torch.distributed.tensor``.
+PLACEMENT_MODULE_ALIASES = {"torch.distributed._tensor": "torch.distributed.tensor"}
+# ``Partial.ALL_REDUCE_OPS`` in torch.
+PARTIAL_REDUCE_OPS = ("sum", "avg", "min", "max", "product")
+
+# Modules whose contents are fully known here: a name from one of them that is not in the tables
+# is certainly wrong, whereas a name from any other module may be a user's own style.
+KNOWN_MODULES = frozenset(
+    {*TORCH_STYLE_MODULES, *PLANGEN_STYLE_MODULES}
+    | {m for modules in PLACEMENT_MODULES.values() for m in modules}
+    | set(PLACEMENT_MODULE_ALIASES)
+    | {f"{m}.placement_types" for m in PLACEMENT_MODULE_ALIASES}
+)
+
+# What a style's module computes before it is redistributed to ``output_layouts``: torch refuses to
+# redistribute to a Partial placement unless the tensor is already in that very placement.
+PRODUCED_OUTPUT: dict[str, str] = {
+    "ColwiseParallel": "Shard(-1)",
+    "RowwiseParallel": "Partial(sum)",
+    "PackedRowwiseParallel": "Partial(sum)",
+}
+
+# Hugging Face ``tp_plan`` strings and the plangen style with the same semantics, as code
+# (``plangen.styles.HF_STYLE_SPECS``; a test builds both and compares them).
+# ``qk_rope_head_dim`` is the model config's attribute of that name.
+HF_STYLE_EQUIVALENTS: dict[str, str] = {
+    "colwise": "ColwiseParallel()",
+    "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
+    "colwise_rep": "ColwiseParallel(output_layouts=Replicate())",
+    "rowwise": "RowwiseParallel()",
+    "rowwise_split_input": "RowwiseParallel(input_layouts=Replicate())",
+    "rowwise_rep": "RowwiseParallel(input_layouts=Replicate())",
+    "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate())",
+    "embedding_colwise": "ColwiseParallel(output_layouts=Replicate())",
+    "packed_colwise": "PackedColwiseParallel()",
+    "packed_rowwise": "PackedRowwiseParallel()",
+    "sequence_parallel": "SequenceParallel(use_local_output=True)",
+    "replicated_with_grad_allreduce": "AllReduceParamGrads()",
+    "all_reduce": "PrepareModuleOutput(output_layouts=Partial(), desired_output_layouts=Replicate())",
+    "mla_kv_a_proj": "MlaKvAProjParallel(rope_dim=qk_rope_head_dim)",
+    "replicate": "LeaveUnsharded()",
+}
+# Hugging Face strings that no torch style can honour (``plangen.styles.HF_UNSUPPORTED_STYLES``).
+HF_UNSUPPORTED_STYLES = (
+    "moe_tp_experts",
+    "moe_identity_expert",
+    "grouped_gemm",
+    "ep_dispatch_experts",
+    "ep_router",
+    "local_params",
+    "local_colwise",
+    "local_rowwise",
+    "local_packed_rowwise",
+    "local",
+    "gather",
+)
+
+
+def placement_import_hint(name: str) -> str:
+    return f"from {PLACEMENT_MODULES[name][0]} import {name}"
