@@ -164,9 +164,8 @@ def _resolve_cached_hub_id(spec: str, repo_id: str) -> ResolvedModel:
     if not isinstance(cached, str):
         raise ModelSpecError(
             f"{repo_id} is neither a local path nor in the local Hugging Face cache, and plangen "
-            f"never downloads; "
-            f"pass a model_type (e.g. llama), a model class (e.g. LlamaForCausalLM), or a path "
-            f"to its config.json"
+            f"never downloads; pass a model_type (e.g. llama), a model class (e.g. "
+            f"LlamaForCausalLM), or a path to its config.json"
         )
     config = _load_config_file(Path(cached))
     model_class = resolve_model_class(config)
@@ -523,11 +522,14 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     if head_dim is None:  # attention-free (Mamba, RWKV): only the width matters
         head_dim, hidden = _MIN_HEAD_DIM, _round_up(_TARGET_HIDDEN, tp)
 
-    old_rotary = _rotary_dim(values, aliases)
+    old_head_size = _head_size(values, aliases)
     for name in _HEAD_DIM_KEYS:
         # head_dim is written even where the config left it None (derived), to be explicit.
         if (k := key(name, allow_none=name == "head_dim")) is not None:
             values[k] = head_dim
+    if "head_dim" not in values and key("num_attention_heads") and key("hidden_size"):
+        # Stated even where the config class derives it, so checks can read config.head_dim.
+        values["head_dim"] = head_dim
     _shrink_latent_attention(values, head_dim)
     for name in _HIDDEN_KEYS:
         if (k := key(name)) is not None:
@@ -554,8 +556,9 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     for name in list(values):
         if "vocab_size" in name and key(name) is not None:
             values[name] = _round_up(TINY_VOCAB, tp)
-    if (k := key("rotary_dim")) is not None and old_rotary:
-        values[k] = max(2, _round_up(head_dim * values[k] // max(old_rotary, 1), 2))
+    if (k := key("rotary_dim")) is not None and old_head_size:
+        # Partial rotary (GPT-J, CodeGen): keep the rotated fraction of each head.
+        values[k] = max(2, _round_up(head_dim * values[k] // old_head_size, 2))
     _shrink_rope(values, head_dim)
     _shrink_layers(values, key, original)
     for name in _OTHER_LAYER_COUNT_KEYS:
@@ -611,13 +614,16 @@ def _tiny_head_counts(heads: int, kv: int, tp: int) -> tuple[int, int]:
     return max(new_kv, _round_up(new_kv * heads // kv, new_kv)), new_kv
 
 
-def _rotary_dim(values: dict[str, Any], aliases: dict[str, str]) -> int | None:
-    for name in ("head_dim", "attention_head_dim"):
-        if isinstance(values.get(aliases.get(name, name)), int):
-            return values[aliases.get(name, name)]
-    hidden = next((values[k] for k in _HIDDEN_KEYS if isinstance(values.get(k), int)), None)
-    heads = next((values[k] for k in ("num_attention_heads", "n_head") if isinstance(values.get(k), int)), None)
-    return hidden // heads if hidden and heads else None
+def _head_size(values: dict[str, Any], aliases: dict[str, str]) -> int | None:
+    """The attention head size a config states or implies (hidden / heads)."""
+
+    def first_int(names: tuple[str, ...]) -> int | None:
+        found = (values.get(aliases.get(n, n)) for n in names)
+        return next((v for v in found if isinstance(v, int) and not isinstance(v, bool)), None)
+
+    stated = first_int(("head_dim", "attention_head_dim"))
+    hidden, heads = first_int(_HIDDEN_KEYS), first_int(("num_attention_heads", "n_head"))
+    return stated or (hidden // heads if hidden and heads else None)
 
 
 def _shrink_latent_attention(values: dict[str, Any], head_dim: int) -> None:
@@ -652,13 +658,13 @@ def _shrink_rope(values: dict[str, Any], head_dim: int) -> None:
 
 def _add_default_mrope_sections(values: dict[str, Any]) -> None:
     params = values.get("rope_parameters")
-    head_dim = values.get("head_dim") or _rotary_dim(values, {})
+    head_dim = _head_size(values, {})
     if not isinstance(params, dict) or not head_dim:
         return
     for p in [p for p in params.values() if isinstance(p, dict)] or [params]:
         if "mrope_section" not in p:
-            factor = p.get("partial_rotary_factor", 1.0) or 1.0
-            p["mrope_section"] = _rescale_sections([16, 24, 24], max(3, int(head_dim * factor) // 2))
+            half = int(head_dim * (p.get("partial_rotary_factor") or 1.0)) // 2
+            p["mrope_section"] = _rescale_sections([16, 24, 24], max(3, half))
 
 
 def _rescale_sections(sections: list[int], total: int) -> list[int]:
@@ -746,7 +752,9 @@ def _is_layer_index_list(value: Any, count: int) -> bool:
     return all(a < b for a, b in zip(value, value[1:])) and all(0 <= i < count for i in value)
 
 
-def _scaled_override(override: dict[str, Any], values: dict[str, Any], original: dict[str, Any]) -> dict:
+def _scaled_override(
+    override: dict[str, Any], values: dict[str, Any], original: dict[str, Any]
+) -> dict[str, Any]:
     """A per-layer override keeps its ratio to the (shrunk) model-wide value it replaces."""
     scaled = {}
     for name, value in override.items():
