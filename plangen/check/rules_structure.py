@@ -1,0 +1,213 @@
+"""Level-1 rules about the file's structure (PG0xx): it parses, defines ``custom_parallel_plan``
+as a dict (or a function returning one), and its keys are distinct strings."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterator
+
+import libcst as cst
+import libcst.matchers as m
+
+from plangen.check.diagnostics import Diagnostic
+from plangen.check.plan_file import (
+    TP_IMPORT,
+    Finding,
+    Invalid,
+    PlanFile,
+    Rule,
+    collect_returns,
+    string_value,
+)
+
+_NOT_A_DICT = m.OneOf(
+    m.Integer(),
+    m.Float(),
+    m.Imaginary(),
+    m.SimpleString(),
+    m.ConcatenatedString(),
+    m.FormattedString(),
+    m.List(),
+    m.Tuple(),
+    m.Set(),
+    m.ListComp(),
+    m.SetComp(),
+    m.GeneratorExp(),
+    m.Name("None"),
+    m.Name("True"),
+    m.Name("False"),
+    m.Ellipsis(),
+)
+
+
+class SyntaxErrorRule(Rule):
+    """Not run on a tree: :func:`check_syntax` runs it before parsing with libcst."""
+
+    code = "PG001"
+    message = "syntax error: {error}"
+    VALID = ("custom_parallel_plan = (\n    {}\n)\n",)
+    INVALID = (
+        Invalid("custom_parallel_plan = {\n    'a': ColwiseParallel(,\n}\n", 3, 1, "does not match"),
+        Invalid("x = (\n", 1, 5, "was never closed"),
+        Invalid("f(a=1, a=2)\n", 1, 8, "keyword argument repeated"),
+        Invalid("return 5\n", 1, 1, "'return' outside function"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        return iter(())
+
+
+def check_syntax(source: str, path: str) -> Diagnostic | None:
+    """Compile (never run) the source so that errors carry Python's own message and position."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. SyntaxWarning for "\d"; not our business
+            compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        message = SyntaxErrorRule.message.format(error=error.msg)
+        return Diagnostic(path, error.lineno or 1, error.offset or 1, SyntaxErrorRule.code, message)
+    except ValueError as error:  # null bytes
+        return Diagnostic(path, 1, 1, SyntaxErrorRule.code, SyntaxErrorRule.message.format(error=error))
+    return None
+
+
+class MissingPlanRule(Rule):
+    code = "PG002"
+    message = "no module-level `custom_parallel_plan`: assign a dict or define a function returning one"
+    VALID = (
+        "custom_parallel_plan = {}\n",
+        "custom_parallel_plan: dict = {}\n",
+        "def custom_parallel_plan():\n    return {}\n",
+        "if True:\n    custom_parallel_plan = {}\n",
+        "from elsewhere import custom_parallel_plan\n",
+        "from elsewhere import *\n",
+    )
+    INVALID = (
+        Invalid("plan = {}\n", 1, 1),
+        Invalid("custom_parallel_plan: dict\n", 1, 1),
+        Invalid("def f():\n    custom_parallel_plan = {}\n", 1, 1),
+        Invalid("class C:\n    custom_parallel_plan = {}\n", 1, 1),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        if not plan.is_defined and not plan.other_binding and not plan.star_imports:
+            yield None, self.message
+
+
+class PlanFunctionArgumentsRule(Rule):
+    code = "PG003"
+    message = "`custom_parallel_plan()` is called without arguments, but `{name}` has no default"
+    VALID = (
+        "def custom_parallel_plan(model=None, *args, **kwargs):\n    return {}\n",
+        "def custom_parallel_plan(*, tp_size=2):\n    return {}\n",
+    )
+    INVALID = (
+        Invalid("def custom_parallel_plan(model):\n    return {}\n", 1, 26, "`model`"),
+        Invalid("def custom_parallel_plan(a=1, *, tp_size):\n    return {}\n", 1, 34, "`tp_size`"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        for function in plan.functions:
+            params = function.params
+            for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+                if param.default is None:
+                    yield param.name, self.message.format(name=param.name.value)
+                    break
+
+
+class PlanNotADictRule(Rule):
+    code = "PG004"
+    message = "`custom_parallel_plan` must be a dict of pattern → style, not {what}"
+    VALID = (
+        "custom_parallel_plan = {}\n",
+        "custom_parallel_plan = dict(lm_head=None)\n",
+        "custom_parallel_plan = build()\n",
+        "def custom_parallel_plan():\n    plan = {}\n    return plan\n",
+        "def custom_parallel_plan():\n    def inner():\n        return 1\n    return {}\n",
+    )
+    INVALID = (
+        Invalid("custom_parallel_plan = [('lm_head', None)]\n", 1, 24, "a list"),
+        Invalid("custom_parallel_plan = None\n", 1, 24, "None"),
+        Invalid("def custom_parallel_plan():\n    return ()\n", 2, 12, "a tuple"),
+        Invalid("def custom_parallel_plan():\n    plan = {}\n", 1, 5, "returns None"),
+        Invalid("def custom_parallel_plan():\n    yield {}\n", 1, 5, "generator"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        for value in plan.assignments:
+            if m.matches(value, _NOT_A_DICT):
+                yield value, self.message.format(what=_describe_literal(value))
+        for function in plan.functions:
+            collected = collect_returns(function)
+            if collected.yields:
+                yield function.name, self.message.format(what="a generator: `custom_parallel_plan()` uses yield")
+            elif not any(r.value is not None for r in collected.returns):
+                yield function.name, self.message.format(what="None: `custom_parallel_plan()` returns None")
+            for ret in collected.returns:
+                if ret.value is not None and m.matches(ret.value, _NOT_A_DICT):
+                    yield ret.value, self.message.format(what=_describe_literal(ret.value))
+
+
+def _describe_literal(node: cst.BaseExpression) -> str:
+    if m.matches(node, m.Name("None")):
+        return "None"
+    kind = type(node).__name__
+    names = {"List": "a list", "Tuple": "a tuple", "Set": "a set", "ListComp": "a list", "SetComp": "a set"}
+    return names.get(kind, f"a {kind.lower()} literal")
+
+
+class KeyNotAStringRule(Rule):
+    code = "PG005"
+    message = "plan keys are module name patterns (str), not {what}"
+    VALID = (
+        f"{TP_IMPORT} ColwiseParallel as C\nPATTERN, BASE = 'b', {{}}\n"
+        "custom_parallel_plan = {'a': C(), f'layers.{0}.mlp': C(), PATTERN: C(), **BASE}\n",
+        f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'model.' 'norm': C()}}\n",
+    )
+    INVALID = (
+        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    0: C(),\n}}\n", 3, 5, "an int"),
+        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{('a', 'b'): C()}}\n", 2, 25, "a tuple"),
+        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{b'lm_head': C()}}\n", 2, 25, "bytes"),
+        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ndef custom_parallel_plan():\n    return {{None: C()}}\n", 3, 13, "None"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        for entry in plan.entries:
+            value = plan.classify(entry.key)
+            if value.category in ("none", "bool", "int", "float", "bytes", "tuple", "dict", "set"):
+                yield entry.key, self.message.format(what=value.describe(plan.code(entry.key)))
+
+
+class DuplicateKeyRule(Rule):
+    code = "PG006"
+    message = "duplicate key {key!r} (first at line {line}): the dict keeps only the last value"
+    VALID = (f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a': C(), 'b': C()}}\n",)
+    INVALID = (
+        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    'a': C(),\n    \"a\": C(),\n}}\n", 4, 5, "line 3"),
+        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a.b': C(), 'a.' 'b': C()}}\n", 2, 37, "'a.b'"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        for plan_dict in plan.dicts:
+            first_seen: dict[str, cst.BaseExpression] = {}
+            for element in plan_dict.elements:
+                if not isinstance(element, cst.DictElement):
+                    continue
+                key = string_value(element.key)
+                if not isinstance(key, str):
+                    continue
+                if key in first_seen:
+                    line = plan.position(first_seen[key])[0]
+                    yield element.key, self.message.format(key=key, line=line)
+                else:
+                    first_seen[key] = element.key
+
+
+STRUCTURE_RULES: tuple[Rule, ...] = (
+    SyntaxErrorRule(),
+    MissingPlanRule(),
+    PlanFunctionArgumentsRule(),
+    PlanNotADictRule(),
+    KeyNotAStringRule(),
+    DuplicateKeyRule(),
+)

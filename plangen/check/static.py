@@ -1,0 +1,89 @@
+"""Level 1 of ``plangen verify``: check a plan file's source without importing or running it.
+
+The file is compiled (to get Python's own syntax errors) and parsed with libcst, never executed: a
+plan whose top level writes files or raises is checked safely, and torch is not imported, so the
+check is fast enough for editors, pre-commit hooks and CI. Rules live in
+:mod:`plangen.check.rules_structure` (PG0xx) and :mod:`plangen.check.rules_styles` (PG1xx), in the
+style of Fixit: each with its code, message and valid/invalid examples.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from plangen.check.diagnostics import Diagnostic, drop_ignored
+from plangen.check.plan_file import PlanFile, Rule
+from plangen.check.rules_structure import STRUCTURE_RULES, SyntaxErrorRule, check_syntax
+from plangen.check.rules_styles import STYLE_RULES
+
+RULES: tuple[Rule, ...] = (*STRUCTURE_RULES, *STYLE_RULES)
+
+
+def decode_source(data: bytes) -> str:
+    """Decode like Python's import system does (coding cookie, BOM, universal newlines)."""
+    return importlib.util.decode_source(data)
+
+
+def check_static_source(source: str | bytes, path: str = "<plan>") -> list[Diagnostic]:
+    """Level-1 findings for one plan file's source, sorted; the source is parsed, never run."""
+    if isinstance(source, bytes):
+        try:
+            source = decode_source(source)
+        except (UnicodeDecodeError, SyntaxError) as error:
+            return [Diagnostic(path, 1, 1, SyntaxErrorRule.code, f"syntax error: cannot decode the file: {error}")]
+    syntax_error = check_syntax(source, path)
+    if syntax_error is not None:
+        return [syntax_error]
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as error:  # Python accepts what libcst cannot parse (rare)
+        return [
+            Diagnostic(path, error.editor_line, error.editor_column, SyntaxErrorRule.code, f"libcst cannot parse the file: {error.message}")
+        ]
+    plan = PlanFile(module)
+    findings = [(rule.code, node, message) for rule in RULES for node, message in rule.check(plan)]
+    if not findings:
+        return []
+    diagnostics = [Diagnostic(path, *plan.position(node), code, message) for code, node, message in findings]
+    return sorted(set(drop_ignored(diagnostics, plan.ignore_comments())))
+
+
+def check_static(path: str | Path) -> list[Diagnostic]:
+    """Level-1 findings for the plan file at ``path``; raises OSError if it cannot be read."""
+    return check_static_source(Path(path).read_bytes(), str(path))
+
+
+def read_plan_metadata(path: str | Path) -> dict[str, Any]:
+    """The ``PLANGEN_*`` constants a generated plan file carries, read without running it.
+
+    Only module-level assignments of literals count (``PLANGEN_TP_SIZE = 2``); anything else, and a
+    file that does not parse, yields no entry.
+    """
+    return read_plan_metadata_source(Path(path).read_bytes())
+
+
+def read_plan_metadata_source(source: str | bytes) -> dict[str, Any]:
+    try:
+        tree = ast.parse(decode_source(source) if isinstance(source, bytes) else source)
+    except (SyntaxError, ValueError, UnicodeDecodeError):
+        return {}
+    metadata: dict[str, Any] = {}
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign):
+            targets, value = statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets, value = [statement.target], statement.value
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id.startswith("PLANGEN_"):
+                try:
+                    metadata[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    metadata.pop(target.id, None)  # no longer a known constant
+    return metadata
