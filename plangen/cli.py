@@ -45,6 +45,50 @@ def _root(
     """Generate, verify and apply FSDP2 + tensor-parallel plans for Hugging Face causal LMs."""
 
 
+@app.command()
+def verify(
+    plans: list[str] = typer.Argument(..., metavar="PLAN.py...", help="Plan files to check.", show_default=False),
+    model: str | None = typer.Option(
+        None, "--model", help="Model id or path for the checks against a model (level 2)."
+    ),
+    tp_size: int | None = typer.Option(None, "--tp-size", min=1, help="The TP size the plan is for (level 2)."),
+    sequence_parallel: bool = typer.Option(
+        False, "--sequence-parallel", help="The plan is for sequence parallelism (level 2)."
+    ),
+    static: bool = typer.Option(False, "--static", help="Only the static checks: the files are read, never run."),
+    run: bool = typer.Option(False, "--run", help="Also run the plan on CPU worker processes (level 3)."),
+    output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
+) -> None:
+    """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
+
+    Exit status: 0 no findings, 1 findings, 2 usage or internal error.
+    """
+    # Level 1 needs no torch: these imports stay light, and the levels import what they need.
+    import os
+
+    from plangen.check import VerifyOptions, verify_plan_files
+    from plangen.check.diagnostics import OutputFormat, render
+
+    if static and run:
+        fail("--static and --run exclude each other")
+    if output_format not in {f.value for f in OutputFormat}:
+        fail(f"--format must be one of: {', '.join(f.value for f in OutputFormat)}")
+    for plan in plans:
+        if not os.path.isfile(plan):
+            fail(f"{plan}: {'not a file' if os.path.exists(plan) else 'no such file'}")
+    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run)
+    try:
+        report = verify_plan_files(plans, options)
+    except OSError as error:
+        fail(f"cannot read {error.filename}: {error.strerror}")
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while checking: {type(error).__name__}: {error}")
+    for note in report.notes:
+        typer.echo(f"plangen: note: {note}", err=True)
+    typer.echo(render(report.diagnostics, output_format), nl=False)
+    raise typer.Exit(EXIT_FINDINGS if report.diagnostics else EXIT_OK)
+
+
 def main() -> None:
     app()
 
