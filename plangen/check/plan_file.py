@@ -503,9 +503,22 @@ class Rule:
         raise NotImplementedError
 
 
-def plan_source(value: str, imports: str = "") -> str:
-    """A one-entry plan file for examples: ``imports``, a blank line, then the plan with ``value``."""
-    return f'{imports}\n\ncustom_parallel_plan = {{"lm_head": {value}}}\n'
+def plan_source(value: str, *imports: str) -> str:
+    """A one-entry plan file for examples: the imports, a blank line, then the plan with ``value``.
+
+    Each import is a line of code, or the name of a known style or placement, imported from its
+    usual module (names from the same module share one line, in the order given).
+    """
+    lines: dict[str, list[str]] = {}
+    for item in imports:
+        style = known.STYLES.get(item)
+        module = style.modules[0] if style else known.PLACEMENT_MODULES.get(item, ("",))[0]
+        if module:
+            lines.setdefault(f"from {module} import", []).append(item)
+        else:
+            lines[item] = []
+    header = "\n".join(f"{line} {', '.join(names)}" if names else line for line, names in lines.items())
+    return f'{header}\n\ncustom_parallel_plan = {{"lm_head": {value}}}\n'
 
 
 TP_IMPORT = "from torch.distributed.tensor.parallel import"

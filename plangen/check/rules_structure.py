@@ -10,15 +10,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from plangen.check.diagnostics import Diagnostic
-from plangen.check.plan_file import (
-    TP_IMPORT,
-    Finding,
-    Invalid,
-    PlanFile,
-    Rule,
-    collect_returns,
-    string_value,
-)
+from plangen.check.plan_file import TP_IMPORT, Finding, Invalid, PlanFile, Rule, collect_returns, string_value
 
 _NOT_A_DICT = m.OneOf(
     m.Integer(),
@@ -168,7 +160,9 @@ class KeyNotAStringRule(Rule):
         Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    0: C(),\n}}\n", 3, 5, "an int"),
         Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{('a', 'b'): C()}}\n", 2, 25, "a tuple"),
         Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{b'lm_head': C()}}\n", 2, 25, "bytes"),
-        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ndef custom_parallel_plan():\n    return {{None: C()}}\n", 3, 13, "None"),
+        Invalid(
+            f"{TP_IMPORT} ColwiseParallel as C\ndef custom_parallel_plan():\n    return {{None: C()}}\n", 3, 13, "None"
+        ),
     )
 
     def check(self, plan: PlanFile) -> Iterator[Finding]:
@@ -183,8 +177,15 @@ class DuplicateKeyRule(Rule):
     message = "duplicate key {key!r} (first at line {line}): the dict keeps only the last value"
     VALID = (f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a': C(), 'b': C()}}\n",)
     INVALID = (
-        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    'a': C(),\n    \"a\": C(),\n}}\n", 4, 5, "line 3"),
-        Invalid(f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a.b': C(), 'a.' 'b': C()}}\n", 2, 37, "'a.b'"),
+        Invalid(
+            f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    'a': C(),\n    \"a\": C(),\n}}\n",
+            4,
+            5,
+            "line 3",
+        ),
+        Invalid(
+            f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a.b': C(), 'a.' 'b': C()}}\n", 2, 37, "'a.b'"
+        ),
     )
 
     def check(self, plan: PlanFile) -> Iterator[Finding]:

@@ -43,7 +43,13 @@ def check_static_source(source: str | bytes, path: str = "<plan>") -> list[Diagn
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as error:  # Python accepts what libcst cannot parse (rare)
         return [
-            Diagnostic(path, error.editor_line, error.editor_column, SyntaxErrorRule.code, f"libcst cannot parse the file: {error.message}")
+            Diagnostic(
+                path,
+                error.editor_line,
+                error.editor_column,
+                SyntaxErrorRule.code,
+                f"libcst cannot parse the file: {error.message}",
+            )
         ]
     plan = PlanFile(module)
     findings = [(rule.code, node, message) for rule in RULES for node, message in rule.check(plan)]
