@@ -517,7 +517,8 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
             values[kv_key] = new_kv
             done.add(kv_key)
         if head_dim is None:
-            head_dim = _round_up(max(_MIN_HEAD_DIM, _TARGET_HIDDEN // new_heads), 4)
+            # A multiple of tp_size so the hidden size divides too, even with odd head counts.
+            head_dim = _round_up(max(_MIN_HEAD_DIM, _TARGET_HIDDEN // new_heads), math.lcm(4, tp))
             hidden = new_heads * head_dim
     if head_dim is None:  # attention-free (Mamba, RWKV): only the width matters
         head_dim, hidden = _MIN_HEAD_DIM, _round_up(_TARGET_HIDDEN, tp)

@@ -108,6 +108,14 @@ def test_config_folder_resolves_and_is_named_after_the_folder(tmp_path):
     assert resolved.config.tie_word_embeddings is True
 
 
+def test_local_path_wins_over_a_model_type_of_the_same_name(tmp_path, monkeypatch):
+    (tmp_path / "llama").mkdir()
+    shutil.copy(CONFIGS / "qwen3-8b.json", tmp_path / "llama" / "config.json")
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_model("llama")
+    assert resolved.kind == "config" and resolved.model_class is transformers.Qwen3ForCausalLM
+
+
 def test_config_without_architectures_uses_the_model_type_class(tmp_path):
     raw = _config_json("mistral-7b-v0.3")
     del raw["architectures"]
@@ -217,7 +225,7 @@ def test_meta_build_keeps_tying_and_leaves_the_config_alone():
 
 
 @pytest.mark.parametrize("name", REAL_CONFIGS)
-@pytest.mark.parametrize("tp_size", [2, 4])
+@pytest.mark.parametrize("tp_size", [2, 3, 4])
 def test_shrink_keeps_what_decides_sharding(name, tp_size):
     config = resolve_model(str(CONFIGS / f"{name}.json")).config
     before = config.to_dict()
@@ -234,7 +242,7 @@ def test_shrink_keeps_what_decides_sharding(name, tp_size):
     assert tiny.hidden_size == tiny.num_attention_heads * tiny.head_dim
     for size in (tiny.hidden_size, tiny.intermediate_size, tiny.vocab_size):
         assert size % tp_size == 0
-    assert tiny.vocab_size <= 256 and tiny.intermediate_size <= 128
+    assert tiny.vocab_size < 256 + tp_size and tiny.intermediate_size < 128 + tp_size
     assert tiny.max_position_embeddings >= 64
     assert tiny.dtype == torch.float32 and tiny.use_cache is False
     assert tiny._attn_implementation == "sdpa"
