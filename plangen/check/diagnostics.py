@@ -298,7 +298,8 @@ def render_diagnostics_doc(codes: Mapping[str, CodeInfo] = CODES) -> str:
         " up the checks against a model.",
         "",
         "A trailing comment silences findings on its line: `# plangen: ignore[PG101]`,"
-        " `# plangen: ignore[PG101,PG107]`, or `# plangen: ignore` for every code.",
+        " `# plangen: ignore[PG101,PG107]`, or `# plangen: ignore` for every code (not PG001: a file"
+        " that does not parse has no comments to read).",
         "",
         "| Code | Title |",
         "| --- | --- |",
