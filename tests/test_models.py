@@ -232,6 +232,8 @@ def test_shrink_keeps_what_decides_sharding(name, tp_size):
     tiny = shrink_config(config, tp_size)
 
     assert config.to_dict() == before  # pure
+    # Idempotent: a config that is already tiny (handed to build_tiny_model again) stays as is.
+    assert shrink_config(tiny, tp_size).to_dict() == tiny.to_dict()
     assert type(tiny) is type(config)
     assert tiny.num_hidden_layers == 2
     assert tiny.tie_word_embeddings == config.tie_word_embeddings
