@@ -46,6 +46,47 @@ def _root(
 
 
 @app.command()
+def init(
+    model: str = typer.Argument(
+        ...,
+        metavar="MODEL",
+        help="A model_type (llama), a class (LlamaForCausalLM), a config.json or its folder, or a cached hub id.",
+        show_default=False,
+    ),
+    output: str | None = typer.Option(
+        None, "-o", "--output", metavar="PATH", help="Where to write [default: generated/<name>_plan.py]."
+    ),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Seed with the sequence-parallel plan."),
+    tp_size: int = typer.Option(2, "--tp-size", metavar="N", help="TP size the comments' shard shapes are for."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file (kept as PATH.bak)."),
+    template: str | None = typer.Option(
+        None, "--template", metavar="DIR", help="Templates that override plangen's own (plan.py.j2)."
+    ),
+) -> None:
+    """Write an editable custom-plan module for MODEL, seeded with its optimized or Hugging Face plan.
+
+    Exit status: 0 written (or already up to date), 2 usage error (nothing written).
+    """
+    from plangen.init import InitError, init_plan
+
+    try:
+        result = init_plan(
+            model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template
+        )
+    except InitError as error:
+        fail(str(error))
+    sp = "on" if result.sequence_parallel else "off"
+    if result.unchanged:
+        typer.echo(f"plangen: {result.path} is already up to date")
+    else:
+        typer.echo(f"plangen: wrote {result.path}")
+    typer.echo(f"  seed: {result.seed} (TP size {result.tp_size}, sequence parallel {sp})")
+    if result.backup is not None:
+        typer.echo(f"  the previous {result.path} is kept as {result.backup}")
+    typer.echo(f"next: {result.next_command}")
+
+
+@app.command()
 def verify(
     plans: list[str] = typer.Argument(..., metavar="PLAN.py...", help="Plan files to check.", show_default=False),
     model: str | None = typer.Option(
