@@ -75,6 +75,8 @@ def init(
         )
     except InitError as error:
         fail(str(error))
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error: {type(error).__name__}: {' '.join(str(error).split())}")
     sp = "on" if result.sequence_parallel else "off"
     if result.unchanged:
         typer.echo(f"plangen: {result.path} is already up to date")
