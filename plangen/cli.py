@@ -54,7 +54,11 @@ def init(
         show_default=False,
     ),
     output: str | None = typer.Option(
-        None, "-o", "--output", metavar="PATH", help="Where to write (default: generated/<name>_plan.py, <name>_sp_plan.py with --sequence-parallel)."
+        None,
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="Where to write (default: generated/<name>_plan.py, <name>_sp_plan.py with --sequence-parallel).",
     ),
     sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="Seed with the sequence-parallel plan."),
     tp_size: int = typer.Option(2, "--tp-size", metavar="N", help="TP size the comments' shard shapes are for."),
