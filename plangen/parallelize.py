@@ -31,7 +31,7 @@ from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 -
 from plangen.matching import find_matching_modules, find_unmatched_keys
 from plangen.plan import build_parallel_styles
 from plangen.plan_source import PlanLike, load_custom_plan
-from plangen.plans import HAND_WRITTEN
+from plangen.plans import CHECKPOINT_FILTERS, HAND_WRITTEN
 from plangen.styles import RotaryEmbedParallel
 
 logger = logging.getLogger("plangen")
@@ -321,7 +321,8 @@ def parallelize_model(
     elif custom_parallel_plan is not None:
         logger.info("plangen: TP size is 1: the custom plan is not applied")
     if activation_checkpointing:
-        apply_activation_checkpointing(layers)
+        keep = CHECKPOINT_FILTERS.get(type(model).__name__, lambda layer: True)
+        apply_activation_checkpointing([layer for layer in layers if keep(layer)])
     return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
 
 

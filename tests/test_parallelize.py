@@ -249,3 +249,16 @@ def test_packed_projections_refuse_fsdp_sharding():
     with pytest.raises(P.PlanError, match=r"packed \(fused\) projections model\.layers\.\*\.mlp\.up_proj cannot be sharded by FSDP2"):
         P.check_packed_without_fsdp(meta_model("llama"), styles, 2)
     P.check_packed_without_fsdp(meta_model("llama"), styles, 1)
+
+
+def test_nemotron_h_checkpoints_only_mlp_and_mamba_blocks(fake_pg, monkeypatch):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from tiny_configs import build_tiny
+
+    model = build_tiny("nemotron_h")
+    checkpointed = []
+    monkeypatch.setattr(P, "apply_activation_checkpointing", lambda layers: checkpointed.extend(layers))
+    mesh = DeviceMesh("cpu", torch.arange(1))
+    P.parallelize_model(model, mesh, mesh, torch.float32, activation_checkpointing=True)
+    assert [layer.block_type for layer in checkpointed] == ["linear_attention", "mlp", "mlp"]

@@ -32,7 +32,7 @@ def _cases():
         {"name": f"{m}-{attn}-padded-sp", "model": m, "sp": True, "pad": True, "attn": attn}
         for m in ("llama", "qwen3", "gemma3") for attn in ("eager", "sdpa")
     ]
-    cases += [{"name": "nemotron_h", "model": "nemotron_h"}]
+    cases += [{"name": "nemotron_h", "model": "nemotron_h"}, {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True}]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     return {"tp2": cases + masked, "dp2tp2": cases + extra + masked}

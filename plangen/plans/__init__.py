@@ -17,6 +17,9 @@ PlanBuilder = Callable[[nn.Module, bool], Plan]
 
 HAND_WRITTEN: dict[str, PlanBuilder] = {}
 
+# Which decoder blocks to checkpoint, by class name; absent: every block.
+CHECKPOINT_FILTERS: dict[str, Callable[[nn.Module], bool]] = {}
+
 
 def register_plan(*class_names: str) -> Callable[[PlanBuilder], PlanBuilder]:
     """Register ``builder(model, sequence_parallel) -> Plan`` for each class name."""

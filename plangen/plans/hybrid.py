@@ -12,7 +12,15 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import Plan, PlanEntry, Replicated
-from plangen.plans import register_plan
+from plangen.plans import CHECKPOINT_FILTERS, register_plan
+
+
+def checkpoint_nemotron_h_block(block: nn.Module) -> bool:
+    """Recompute MLP and Mamba blocks in backward; attention blocks keep their activations."""
+    return getattr(block, "block_type", None) in ("mlp", "linear_attention")
+
+
+CHECKPOINT_FILTERS["NemotronHForCausalLM"] = checkpoint_nemotron_h_block
 
 
 @register_plan("NemotronHForCausalLM")
