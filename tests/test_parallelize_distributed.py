@@ -26,6 +26,7 @@ def _cases():
         {"name": "llama-custom-dotted", "model": "llama", "plan": "custom_plans.llama_gathered_logits"},
         {"name": "qwen3-custom-file", "model": "qwen3", "plan": "tests/custom_plans.py:qwen3_plan_function"},
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
+        {"name": "llama-cpu-offload", "model": "llama", "cpu_offload": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -35,7 +36,9 @@ def _cases():
     cases += [{"name": "nemotron_h", "model": "nemotron_h"}, {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True}]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
-    return {"tp2": cases + masked, "dp2tp2": cases + extra + masked}
+    # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
+    hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
+    return {"tp2": cases + masked, "dp2tp2": cases + extra + masked, "hsdp": hsdp}
 
 
 CASES = _cases()
@@ -71,7 +74,7 @@ def test_tied_embeddings_stay_one_parameter(results, case_id):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if "custom" not in c and "hf" not in c])
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if not any(k in c for k in ("custom", "hf", "hsdp"))])
 def test_optimized_plans_return_vocab_parallel_logits(results, case_id):
     r = results[0][case_id]
     assert r["logits_type"] == "DTensor" and r["logits_placements"] == ["S(2)"]

@@ -30,9 +30,13 @@ BATCH, SEQ = 4, 8
 
 
 def build_meshes(kind: str):
-    """dp2tp2: 2x2 mesh. tp2: TP=2 with DP=1, replicated twice to use all four ranks."""
+    """dp2tp2: 2x2 mesh. tp2: TP=2 with DP=1, replicated twice to use all four ranks.
+    hsdp: a 2-D DP mesh (2 replicas x 2 shards), TP=1."""
     if kind == "dp2tp2":
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    elif kind == "hsdp":
+        mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        return mesh["dp_replicate", "dp_shard"], mesh["tp"]
     elif kind == "tp2":
         mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 1, 2), mesh_dim_names=("rep", "dp", "tp"))
     else:
@@ -63,7 +67,8 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     model = build_case_model(case)
     reference = copy.deepcopy(model)
     ids = torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
-    dp, dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
+    dp_group = dp_mesh.get_group() if dp_mesh.ndim == 1 else dp_mesh._flatten().get_group()
+    dp, dp_rank = dp_mesh.size(), dist.get_rank(dp_group)
     rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
     mask = torch.ones_like(ids)
     if case.get("pad"):
@@ -83,6 +88,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         model, dp_mesh, tp_mesh, torch.float32,
         sequence_parallel=case.get("sp", False),
         activation_checkpointing=case.get("ac", False),
+        cpu_offload=case.get("cpu_offload", False),
         custom_parallel_plan=plan,
     )
     with CollectiveCounter() as forward:
@@ -91,8 +97,8 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     loss.backward()
 
     grads = {n: p.grad for n, p in sharded.named_parameters() if p.grad is not None}
-    norm = get_grad_norm(list(sharded.parameters()), dp_mesh.get_group(), tp_mesh.get_group())
-    norm_inf = get_grad_norm(list(sharded.parameters()), dp_mesh.get_group(), tp_mesh.get_group(), norm_type="inf")
+    norm = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group())
+    norm_inf = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group(), norm_type="inf")
     ref_norm_inf = max(g.abs().max().item() for g in ref_grads.values())
     grad_diffs = {n: (full(grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads}
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
