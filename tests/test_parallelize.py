@@ -262,3 +262,23 @@ def test_nemotron_h_checkpoints_only_mlp_and_mamba_blocks(fake_pg, monkeypatch):
     mesh = DeviceMesh("cpu", torch.arange(1))
     P.parallelize_model(model, mesh, mesh, torch.float32, activation_checkpointing=True)
     assert [layer.block_type for layer in checkpointed] == ["linear_attention", "mlp", "mlp"]
+
+
+@pytest.mark.parametrize(
+    "custom, expected",
+    [
+        (None, "plangen: using the optimized plan: optimized plan registered for LlamaForCausalLM"),
+        ("custom_plans.llama_gathered_logits", "plangen: using the custom plan: custom_parallel_plan given (custom_plans.llama_gathered_logits)"),
+    ],
+)
+def test_the_chosen_plan_and_its_reason_are_logged(fake_pg, caplog, custom, expected):
+    import logging
+
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from tiny_configs import build_tiny
+
+    mesh = DeviceMesh("cpu", torch.arange(2).view(1, 2), mesh_dim_names=("dp", "tp"))
+    with caplog.at_level(logging.INFO, logger="plangen"):
+        P.parallelize_model(build_tiny("llama"), mesh["dp"], mesh["tp"], torch.float32, custom_parallel_plan=custom)
+    assert expected in caplog.messages
