@@ -136,6 +136,61 @@ def verify(
     raise typer.Exit(EXIT_FINDINGS if report.diagnostics else EXIT_OK)
 
 
+@app.command()
+def cost(
+    target: str = typer.Argument(
+        ...,
+        metavar="PLAN.py|MODEL",
+        help="A plan file (its PLANGEN_MODEL names the model), or a MODEL costed with the plan plangen would use.",
+        show_default=False,
+    ),
+    model: str | None = typer.Option(None, "--model", help="The model of a plan file, instead of its PLANGEN_MODEL."),
+    tp_size: int | None = typer.Option(
+        None, "--tp-size", metavar="N", help="TP size [default: the plan file's, else 2]."
+    ),
+    dp_size: int = typer.Option(1, "--dp-size", metavar="M", help="FSDP2 (data-parallel) size."),
+    seq_len: int = typer.Option(4096, "--seq-len", metavar="L", help="Sequence length of a micro-batch."),
+    micro_batch: int = typer.Option(1, "--micro-batch", metavar="B", help="Sequences per micro-batch, per DP rank."),
+    dtype: str = typer.Option("bf16", "--dtype", help="Compute and communication dtype (FSDP2 param_dtype)."),
+    master_dtype: str = typer.Option("fp32", "--master-dtype", help="Dtype of stored weights, gradients and AdamW."),
+    sequence_parallel: bool | None = typer.Option(
+        None, "--sequence-parallel/--no-sequence-parallel", help="[default: the plan file's, else off]", show_default=False
+    ),
+    compare: str | None = typer.Option(
+        None, "--compare", metavar="hf,optimized,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
+    ),
+    output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
+) -> None:
+    """What a plan costs per rank (weights, gradients, AdamW) and per step (every collective, TP and FSDP2).
+
+    Exit status: 0 printed, 2 usage error.
+    """
+    if output_format not in ("text", "json"):
+        fail("--format must be one of: text, json")
+    # Heavy imports only here: torch, transformers and a fake process group for the measurements.
+    import shutil
+
+    from plangen.cost import CostError, build_cost_report
+    from plangen.cost.render import render_cost_json, render_cost_text
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # shrunk configs make transformers warn about sizes; not the user's concern
+    alternatives = [name.strip() for name in (compare or "").split(",") if name.strip()]
+    try:
+        report = build_cost_report(
+            target, alternatives, model=model, tp_size=tp_size, dp_size=dp_size, seq_len=seq_len,
+            micro_batch=micro_batch, dtype=dtype, master_dtype=master_dtype, sequence_parallel=sequence_parallel,
+        )
+    except CostError as error:
+        fail(str(error))
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while costing: {type(error).__name__}: {error}")
+    if output_format == "json":
+        typer.echo(render_cost_json(report), nl=False)
+    else:
+        typer.echo(render_cost_text(report, width=max(100, shutil.get_terminal_size((110, 24)).columns)), nl=False)
+
+
 def main() -> None:
     app()
 

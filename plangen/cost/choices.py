@@ -1,0 +1,104 @@
+"""Which plan to cost: the names ``--compare`` accepts, each turned into a styles builder.
+
+``optimized`` is plangen's hand-written plan for the class, ``hf`` the model's Hugging Face plan,
+``nemo`` the NeMo-RL-style baseline (:mod:`plangen.cost.nemo_plan`), and a ``.py`` path a custom
+plan file. The subject of a MODEL (no plan file) is what ``parallelize_model`` would pick without a
+custom plan: the optimized plan, else the Hugging Face one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping
+
+from plangen.cost.settings import CostError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+NAMED_PLANS = ("optimized", "hf", "nemo")
+ALIASES = {"plangen": "optimized", "hugging-face": "hf", "huggingface": "hf", "nemo-rl": "nemo"}
+DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    name: str  # as the report shows it
+    description: str
+    key: str  # identifies the styles, for caching measurements
+    build: Callable[["nn.Module"], Mapping[str, "ParallelStyle"]]
+
+
+def is_plan_file(name: str) -> bool:
+    return name.strip().endswith(".py")
+
+
+def check_plan_name(name: str) -> str:
+    """The canonical name, or a :class:`CostError` naming what is accepted."""
+    canonical = ALIASES.get(name.strip().lower(), name.strip().lower())
+    if canonical in NAMED_PLANS or canonical == DEFAULT:
+        return canonical
+    if is_plan_file(name):
+        if not Path(name).is_file():
+            raise CostError(f"{name}: no such plan file")
+        return name
+    raise CostError(f"unknown plan {name!r}: expected {', '.join(NAMED_PLANS)} or a plan file (.py)")
+
+
+def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) -> PlanChoice:
+    """The plan ``name`` for ``model`` (a meta or shrunk instance of the class being costed)."""
+    from plangen.plans import HAND_WRITTEN
+
+    name = check_plan_name(name)
+    cls = type(model).__name__
+    sp_label = ", sequence parallel" if sequence_parallel else ""
+    if name == DEFAULT:
+        name = "optimized" if cls in HAND_WRITTEN else "hf"
+    if name == "optimized":
+        if cls not in HAND_WRITTEN:
+            raise CostError(f"{cls} has no optimized plan: compare hf, nemo or a plan file")
+
+        def build_optimized(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
+            from plangen.plan import build_parallel_styles
+
+            return build_parallel_styles(HAND_WRITTEN[cls](m, sequence_parallel))
+
+        return PlanChoice("optimized", f"plangen's optimized plan for {cls}{sp_label}", f"optimized:{sequence_parallel}", build_optimized)
+    if name == "hf":
+        def build_hf(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
+            from plangen.hf_plan import get_hf_tp_plan
+
+            try:
+                return get_hf_tp_plan(m)
+            except ValueError as error:
+                raise CostError(str(error)) from None
+
+        note = " (no sequence parallel: Hugging Face plans have none)" if sequence_parallel else ""
+        return PlanChoice("hf", f"the Hugging Face plan of {cls}{note}", "hf", build_hf)
+    if name == "nemo":
+        from plangen.cost.nemo_plan import build_nemo_style_plan
+
+        def build_nemo(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
+            try:
+                return build_nemo_style_plan(m, sequence_parallel)
+            except ValueError as error:
+                raise CostError(f"nemo: {error}") from None
+
+        return PlanChoice("nemo", f"NeMo RL's Llama plan (_parallelize_llama){sp_label}", f"nemo:{sequence_parallel}", build_nemo)
+    return load_plan_file_choice(name)
+
+
+def load_plan_file_choice(path: str) -> PlanChoice:
+    from plangen.plan_source import PlanLoadError, load_custom_plan
+
+    try:
+        styles = load_custom_plan(path)
+    except PlanLoadError as error:
+        raise CostError(str(error)) from None
+    except Exception as error:  # the file is user code: any error while running it is theirs
+        raise CostError(f"{path}: running the plan file failed: {type(error).__name__}: {error}") from None
+    resolved = Path(path).resolve()
+    key = f"file:{resolved}:{resolved.stat().st_mtime_ns}"
+    return PlanChoice(path, f"the custom plan in {path}", key, lambda m: styles)

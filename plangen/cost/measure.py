@@ -1,0 +1,256 @@
+"""Run one training step of a shrunk model under a plan and record its TP collectives.
+
+A single-process fake process group (``init_process_group("fake")``) runs TP at any size without
+workers; torch's ``CommDebugMode`` (:class:`plangen.comm.CollectiveCounter`) sees every collective
+that DTensor, the plan's styles and the loss issue, with the size of its result. The step is what
+training runs: forward, loss (vocabulary-parallel when the logits are sharded on the vocabulary,
+otherwise cross-entropy on whole logits), backward; in the compute dtype, so each collective
+carries the bytes it would in training (activations in bf16, the loss's statistics in float32).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from plangen.comm import CollectiveCounter
+from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
+from plangen.cost.settings import CostError
+
+StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Base sizes of the measured batch; the sequence is a multiple of the TP size (sequence parallel).
+BASE_BATCH = 3  # odd, so token counts rarely equal a width (sizes must tell collectives apart)
+BASE_SEQ_PER_RANK = 2
+# Token ids stay below the tiny vocabulary's top ids, where shrink_config moves special tokens.
+SPECIAL_TOKEN_SPAN = 32
+# Config attributes of each scaled dimension (on the text config).
+DIMENSION_KEYS = {
+    "hidden": ("hidden_size",),
+    "heads": ("num_attention_heads", "num_key_value_heads"),
+    "head_dim": ("head_dim",),
+    "intermediate": ("intermediate_size",),
+    "vocab": ("vocab_size",),
+}
+
+
+class PayloadCounter(CollectiveCounter):
+    """:class:`CollectiveCounter` that also sizes c10d collectives (their result is a list of tensors)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.records)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if len(self.records) > before and self.records[-1][1] == 0:
+            self.records[-1] = (self.records[-1][0], _tensor_bytes(out))
+        return out
+
+
+def _tensor_bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+@contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """A fake process group of at least ``world_size`` ranks: the one running, or a new one for the block."""
+    if dist.is_initialized():
+        if dist.get_backend() != "fake":
+            raise CostError(
+                f"a {dist.get_backend()} process group is running: cost measurements need a process without one "
+                "(they run on a single-process fake group)"
+            )
+        if dist.get_world_size() < world_size:
+            raise CostError(f"the running fake process group has {dist.get_world_size()} ranks, TP needs {world_size}")
+        yield
+        return
+    dist.init_process_group("fake", rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def tp_mesh(tp_size: int):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", torch.arange(tp_size))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dimensions of a config
+
+
+def text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
+    """The dimensions collective sizes are made of, as this config has them."""
+    text = text_config(config)
+    dims = {"batch": batch, "seq": seq}
+    for name, keys in DIMENSION_KEYS.items():
+        value = getattr(text, keys[0], None)
+        if isinstance(value, int) and value > 0:
+            dims[name] = value
+    if "head_dim" not in dims and "hidden" in dims and "heads" in dims:
+        dims["head_dim"] = dims["hidden"] // dims["heads"]
+    return dims
+
+
+def count_layers(config: Any) -> int:
+    layers = getattr(text_config(config), "num_hidden_layers", None)
+    if not isinstance(layers, int):
+        raise CostError(f"{type(config).__name__} has no num_hidden_layers: cannot scale per-layer collectives")
+    return layers
+
+
+def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
+    """A copy of ``config`` with each dimension in ``factors`` multiplied by its factor."""
+    config = copy.deepcopy(config)
+    text = text_config(config)
+    for name, factor in factors.items():
+        for key in DIMENSION_KEYS[name]:
+            value = getattr(text, key, None)
+            if isinstance(value, int):
+                setattr(text, key, value * factor)
+    return config
+
+
+def config_with_more_layers(config: Any, factor: int = 2) -> Any:
+    """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern."""
+    config = copy.deepcopy(config)
+    text = text_config(config)
+    layers = count_layers(config)
+    for key, value in list(vars(text).items()):
+        if isinstance(value, list) and len(value) == layers:
+            setattr(text, key, value * factor)
+    text.num_hidden_layers = layers * factor
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# One step
+
+
+def step_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over every position (rolled targets keep the sequence length)."""
+    from plangen.loss import vocab_parallel_cross_entropy
+
+    targets = torch.roll(ids, -1, dims=1)
+    if isinstance(logits, DTensor):
+        placements = tuple(logits.placements)
+        if len(placements) == 1 and placements[0].is_shard() and placements[0].dim % logits.ndim == logits.ndim - 1:
+            return vocab_parallel_cross_entropy(logits, targets)
+        # Any other layout must be made whole for the loss: a cost of the plan, so it is counted.
+        logits = logits.full_tensor()
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def reduce_partial_grads(model: nn.Module) -> None:
+    """Bring gradients left ``Partial`` over TP to their parameter's layout, as FSDP2 does after backward.
+
+    A replicated weight used on sharded data (a norm under sequence parallel, a per-head norm) ends
+    backward with a ``Partial`` gradient; FSDP2's post-backward redistributes it to the parameter's
+    placements (one all-reduce per such parameter) before reduce-scattering over DP.
+    """
+    for param in model.parameters():
+        grad = param.grad
+        if isinstance(param, DTensor) and isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+            grad.redistribute(placements=param.placements)
+
+
+@dataclass(frozen=True)
+class StepRun:
+    samples: list[Sample]
+    layers: int
+
+
+def run_step(
+    model_class: type,
+    config: Any,
+    build_styles: StylesBuilder,
+    tp_size: int,
+    dtype: str,
+    batch: int,
+    seq: int,
+) -> StepRun:
+    """Forward, loss and backward of a model built from ``config`` under the plan; its collectives."""
+    from plangen.parallelize import PlanError, apply_tp, check_plan_fits, find_transformer_layers, resolve_tied_styles
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = model_class._from_config(copy.deepcopy(config), dtype=TORCH_DTYPES[dtype])
+        vocab = text_config(config).vocab_size
+        ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (batch, seq))
+    layers = len(find_transformer_layers(model))
+    try:
+        styles = resolve_tied_styles(model, build_styles(model))
+        check_plan_fits(model, styles, tp_size)
+    except (PlanError, ValueError) as error:
+        raise CostError(str(error)) from None
+    apply_tp(model, tp_mesh(tp_size), styles)
+    model.train()
+    # Position ids are passed, as NeMo RL's training loop does: plans that keep the residual stream
+    # local and sequence-sharded (NeMo's) would otherwise give rotary embeddings a short sequence.
+    positions = torch.arange(seq).expand(batch, seq)
+    with PayloadCounter() as forward:
+        loss = step_loss(model(input_ids=ids, position_ids=positions).logits, ids)
+    with PayloadCounter() as backward:
+        loss.backward()
+        reduce_partial_grads(model)
+    samples = [Sample("forward", op, n) for op, n in forward.records]
+    samples += [Sample("backward", op, n) for op, n in backward.records]
+    return StepRun(samples, layers)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The runs the scaling formula needs, and the shrunk sizes they were made at."""
+
+    base: StepRun
+    probes: list[Probe]
+    doubled: StepRun
+    dimensions: dict[str, int]
+
+
+def measure_tp_collectives(
+    model_class: type, tiny_config: Any, build_styles: StylesBuilder, tp_size: int, dtype: str
+) -> Measurement:
+    """Base run, one run per probe group, one run with twice the layers (see :mod:`plangen.cost.scaling`)."""
+    batch, seq = BASE_BATCH, BASE_SEQ_PER_RANK * tp_size
+    dims = read_dimensions(tiny_config, batch, seq)
+
+    def run(config: Any, b: int = batch, s: int = seq) -> StepRun:
+        return run_step(model_class, config, build_styles, tp_size, dtype, b, s)
+
+    text = text_config(tiny_config)
+    # Only dimensions the config states can be probed (a derived head size would follow hidden).
+    probeable = {"batch", "seq"} | {n for n, keys in DIMENSION_KEYS.items() if isinstance(getattr(text, keys[0], None), int)}
+    base = run(tiny_config)
+    probes = []
+    for group in PROBE_GROUPS:
+        factors = {name: f for name, f in group.items() if name in probeable}
+        if not factors:
+            continue
+        config_factors = {k: v for k, v in factors.items() if k in DIMENSION_KEYS}
+        probed = run(
+            scaled_config(tiny_config, config_factors),
+            batch * factors.get("batch", 1),
+            seq * factors.get("seq", 1),
+        )
+        probes.append(Probe(factors, probed.samples))
+    doubled = run(config_with_more_layers(tiny_config))
+    return Measurement(base, probes, doubled, dims)

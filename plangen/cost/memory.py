@@ -1,0 +1,70 @@
+"""Per-rank training state of a model whose TP plan is applied (on the meta device).
+
+After TP each parameter is a DTensor (or a plain tensor the plan left whole); its local shard is
+what one TP rank holds. FSDP2 then shards every parameter on dim 0 over DP, padding dim 0 to a
+multiple of the DP size, so one rank holds ``ceil(dim0 / dp) x rest`` elements of each. Gradients
+have the parameters' layout; AdamW keeps two states of the same layout (exp_avg, exp_avg_sq). The
+figures are rank 0's, the largest when shards are uneven.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+from plangen.cost.data import MemoryCost
+from plangen.cost.settings import CostSettings
+
+ADAMW_STATES = 2
+
+
+@dataclass(frozen=True)
+class ParameterShard:
+    name: str
+    global_numel: int
+    tp_shape: tuple[int, ...]  # the local shape on one TP rank
+    tp_sharded: bool
+
+    def fsdp_numel(self, dp_size: int) -> int:
+        """Elements one rank holds after FSDP2 shards dim 0 (padded to a multiple of ``dp_size``)."""
+        if not self.tp_shape:
+            return 1
+        return math.ceil(self.tp_shape[0] / dp_size) * math.prod(self.tp_shape[1:])
+
+    def padded_numel(self, dp_size: int) -> int:
+        """Elements of the TP shard as FSDP2 gathers it: dim 0 padded to a multiple of ``dp_size``."""
+        return self.fsdp_numel(dp_size) * dp_size
+
+
+def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
+    """Every parameter of ``module`` once (tied ones once), with its TP-local shape."""
+    from torch.distributed.tensor import DTensor
+
+    shards = []
+    for name, param in module.named_parameters():
+        if isinstance(param, DTensor):
+            local = tuple(param.to_local().shape)
+            sharded = any(p.is_shard() for p in param.placements)
+        else:
+            local, sharded = tuple(param.shape), False
+        shards.append(ParameterShard(name, param.numel(), local, sharded))
+    return shards
+
+
+def build_memory_cost(shards: list[ParameterShard], settings: CostSettings) -> MemoryCost:
+    dp, tp, element = settings.dp_size, settings.tp_size, settings.master_bytes
+    local = sum(s.fsdp_numel(dp) for s in shards)
+    replicated = sum(s.fsdp_numel(dp) for s in shards if not s.tp_sharded)
+    whole = sum(s.global_numel for s in shards)
+    copies = 1 + 1 + ADAMW_STATES  # parameter, gradient, optimizer states
+    return MemoryCost(
+        parameters=local * element,
+        gradients=local * element,
+        optimizer=ADAMW_STATES * local * element,
+        replicated=copies * replicated * element,
+        ideal=round(copies * whole * element / (dp * tp)),
+        model_parameters=whole,
+        local_parameters=local,
+    )

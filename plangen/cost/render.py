@@ -1,0 +1,165 @@
+"""The cost report as a table (rich) or as JSON; totals first, ratios to the first plan."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict
+from typing import Any
+
+from plangen.cost.data import CostReport, PlanCost
+from plangen.cost.memory import ADAMW_STATES
+
+SCHEMA = "plangen.cost/1"
+SENT_NOTE = (
+    "sent/rank: bytes each rank sends per step, ring algorithms: all-reduce 2(n-1)/n of the tensor, "
+    "all-gather and reduce-scatter (n-1)/n. TP collectives are measured on shrunk models and scaled to "
+    "the real sizes (docs/cost.md); B micro-batch, S sequence, H hidden, V vocabulary, D head size."
+)
+
+
+def format_bytes(n: float) -> str:
+    """Binary units, three significant figures: ``1.50 GiB``, ``812 MiB``, ``0 B``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            value = n / size
+            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def ratio(value: float, first: float) -> float | None:
+    if first == 0:
+        return None if value else 1.0
+    return value / first
+
+
+def format_ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def summary_rows(plan: PlanCost) -> dict[str, float]:
+    """The totals a person wants first, by name (also the keys of the JSON ``totals``)."""
+    return {
+        "memory_bytes": plan.memory.total,
+        "ideal_memory_bytes": plan.memory.ideal,
+        "replicated_bytes": plan.memory.replicated,
+        "sent_bytes": plan.sent_bytes(),
+        "tp_sent_bytes": plan.sent_bytes("TP"),
+        "fsdp_sent_bytes": plan.sent_bytes("FSDP2"),
+        "collectives": plan.count(),
+    }
+
+
+def _header(report: CostReport) -> str:
+    s = report.settings
+    sp = ", sequence parallel" if s.sequence_parallel else ""
+    return (
+        f"{report.model_class} ({report.model}), {report.layers} layers\n"
+        f"TP {s.tp_size} x DP {s.dp_size} = {s.tp_size * s.dp_size} ranks{sp}; one step of micro-batch "
+        f"{s.micro_batch} x sequence {s.seq_len}; {s.dtype} compute, {s.master_dtype} weights, gradients and AdamW"
+    )
+
+
+def render_cost_text(report: CostReport, width: int = 110) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = io.StringIO()
+    console = Console(file=out, width=width, force_terminal=False, color_system=None, highlight=False)
+    console.print(f"plangen cost: {_header(report)}", markup=False)
+    first = summary_rows(report.plans[0])
+
+    summary = Table(title="Per rank, per step", title_justify="left", show_edge=False)
+    summary.add_column("")
+    for plan in report.plans:
+        summary.add_column(plan.name, justify="right")
+    lines = (
+        ("memory (weights, grads, AdamW)", "memory_bytes"),
+        ("  ideal: whole model / (DP x TP)", "ideal_memory_bytes"),
+        ("  left replicated over TP", "replicated_bytes"),
+        ("communication sent", "sent_bytes"),
+        ("  TP (activations)", "tp_sent_bytes"),
+        ("  FSDP2 (params, grads)", "fsdp_sent_bytes"),
+    )
+    for label, key in lines:
+        cells = []
+        for i, plan in enumerate(report.plans):
+            value = summary_rows(plan)[key]
+            cell = format_bytes(value)
+            if i and not label.startswith("  ideal"):
+                cell += f" ({format_ratio(ratio(value, first[key]))})"
+            cells.append(cell)
+        summary.add_row(label, *cells)
+    summary.add_row("collectives", *(str(p.count()) for p in report.plans))
+    console.print(summary)
+    for plan in report.plans:
+        console.print()
+        console.print(f"{plan.name}: {plan.description}", markup=False)
+        console.print(_memory_table(plan))
+        console.print(_collectives_table(plan))
+        for note in plan.notes:
+            console.print(f"note: {note}", markup=False)
+    console.print()
+    console.print(SENT_NOTE, markup=False)
+    return out.getvalue()
+
+
+def _memory_table(plan: PlanCost):
+    from rich.table import Table
+
+    m = plan.memory
+    table = Table(title="Memory per rank", title_justify="left", show_edge=False)
+    for column in ("", "per rank", "left replicated over TP", "ideal"):
+        table.add_column(column, justify="left" if not column else "right")
+    copies = 2 + ADAMW_STATES
+    for label, value, share in (
+        ("parameters", m.parameters, 1),
+        ("gradients", m.gradients, 1),
+        (f"AdamW ({ADAMW_STATES} states)", m.optimizer, ADAMW_STATES),
+    ):
+        table.add_row(label, format_bytes(value), format_bytes(m.replicated * share / copies), format_bytes(m.ideal * share / copies))
+    table.add_row("total", format_bytes(m.total), format_bytes(m.replicated), format_bytes(m.ideal))
+    return table
+
+
+def _collectives_table(plan: PlanCost):
+    from rich.table import Table
+
+    table = Table(title="Collectives per step", title_justify="left", show_edge=False)
+    for column in ("", "phase", "collective", "tensor", "", "count", "payload", "sent/rank"):
+        table.add_column(column, justify="right" if column in ("count", "payload", "sent/rank") else "left")
+    for c in plan.collectives:
+        table.add_row(c.source, c.phase, c.kind, c.tensor, c.scope, str(c.count), format_bytes(c.payload_bytes), format_bytes(c.sent_bytes))
+    if not plan.collectives:
+        table.add_row("-", "-", "none (TP 1 and DP 1)", "", "", "0", "0 B", "0 B")
+    return table
+
+
+def build_cost_json(report: CostReport) -> dict[str, Any]:
+    first = summary_rows(report.plans[0])
+    plans = []
+    for plan in report.plans:
+        totals = summary_rows(plan)
+        plans.append(
+            {
+                "name": plan.name,
+                "description": plan.description,
+                "totals": totals,
+                "ratios": {key: ratio(totals[key], first[key]) for key in ("memory_bytes", "sent_bytes", "tp_sent_bytes", "fsdp_sent_bytes")},
+                "memory": {**asdict(plan.memory), "total": plan.memory.total},
+                "collectives": [asdict(c) for c in plan.collectives],
+                "notes": list(plan.notes),
+            }
+        )
+    return {
+        "schema": SCHEMA,
+        "model": report.model,
+        "model_class": report.model_class,
+        "layers": report.layers,
+        "settings": asdict(report.settings),
+        "plans": plans,
+    }
+
+
+def render_cost_json(report: CostReport) -> str:
+    return json.dumps(build_cost_json(report), indent=2) + "\n"

@@ -1,0 +1,165 @@
+"""``build_cost_report``: what a plan costs per rank and per step, beside the alternatives asked for.
+
+For each plan: the real model is built on the meta device and the plan applied to it (TP only,
+no memory), which gives every parameter's shard for the memory figures and the FSDP2 units for
+its collectives; the TP collectives are measured on shrunk models under a fake process group and
+scaled to the real sizes (:mod:`plangen.cost.scaling`). Nothing is printed; errors are one-line
+:class:`CostError`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from plangen.cost.choices import DEFAULT, PlanChoice, check_plan_name, is_plan_file, resolve_plan_choice
+from plangen.cost.data import CostReport, PlanCost
+from plangen.cost.settings import CostError, CostSettings, build_cost_settings
+
+DEFAULT_TP_SIZE = 2
+
+# Measured and derived TP terms by (class, shrunk config, plan, TP size, dtype): a benchmark costs the
+# same architecture at several real sizes, and the shrunk model is the same for all of them.
+_TERMS_CACHE: dict[tuple[str, ...], tuple[list[Any], dict[str, int]]] = {}
+
+
+def read_target(target: str, model: str | None) -> tuple[str, str, dict[str, Any]]:
+    """(subject plan name, model spec, the plan file's PLANGEN_* constants) for ``plangen cost TARGET``."""
+    from plangen.check.static import read_plan_metadata
+
+    if is_plan_file(target):
+        if not Path(target).is_file():
+            raise CostError(f"{target}: no such plan file")
+        metadata = read_plan_metadata(target)
+        spec = model or metadata.get("PLANGEN_MODEL")
+        if not isinstance(spec, str) or not spec:
+            raise CostError(f"{target} names no model (no PLANGEN_MODEL = ...): pass --model")
+        return target, spec, metadata
+    if model is not None:
+        raise CostError("--model is for plan files; the model is the first argument here")
+    return DEFAULT, target, {}
+
+
+def build_cost_report(
+    target: str,
+    compare: Sequence[str] = (),
+    *,
+    model: str | None = None,
+    tp_size: int | None = None,
+    dp_size: int = 1,
+    seq_len: int = 4096,
+    micro_batch: int = 1,
+    dtype: str = "bf16",
+    master_dtype: str = "fp32",
+    sequence_parallel: bool | None = None,
+) -> CostReport:
+    """Cost ``target`` (a plan file, or a MODEL and the plan plangen would use for it) and ``compare``.
+
+    TP size and sequence parallel default to the plan file's ``PLANGEN_TP_SIZE`` and
+    ``PLANGEN_SEQUENCE_PARALLEL``, else TP 2 without sequence parallel.
+    """
+    subject, spec, metadata = read_target(target, model)
+    names = [subject, *(check_plan_name(n) for n in compare)]
+    settings = build_cost_settings(
+        tp_size=tp_size if tp_size is not None else int(metadata.get("PLANGEN_TP_SIZE") or DEFAULT_TP_SIZE),
+        dp_size=dp_size,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        dtype=dtype,
+        master_dtype=master_dtype,
+        sequence_parallel=bool(metadata.get("PLANGEN_SEQUENCE_PARALLEL", False))
+        if sequence_parallel is None
+        else sequence_parallel,
+    )
+    resolved = resolve_cost_model(spec, settings)
+    from plangen.cost.measure import fake_process_group
+
+    with fake_process_group(settings.tp_size):
+        plans = tuple(build_plan_cost(resolved, name, settings) for name in names)
+    from plangen.cost.measure import count_layers
+
+    return CostReport(spec, resolved.model_class.__name__, count_layers(resolved.config), settings, plans)
+
+
+def resolve_cost_model(spec: str, settings: CostSettings):
+    from plangen.heads import tp_size_problem
+    from plangen.models import ModelSpecError, config_for_class, resolve_model
+
+    try:
+        resolved = resolve_model(spec)
+    except ModelSpecError as error:
+        raise CostError(str(error)) from None
+    config = config_for_class(resolved.config, resolved.model_class)
+    problem = tp_size_problem(config, settings.tp_size, resolved.model_class.__name__)
+    if problem is not None:
+        raise CostError(f"--tp-size {settings.tp_size}: {problem}")
+    return resolved
+
+
+def build_plan_cost(resolved: Any, name: str, settings: CostSettings) -> PlanCost:
+    """Memory and collectives of one plan for the resolved model."""
+    from plangen.cost.fsdp import build_fsdp_collectives, read_unit_numels
+    from plangen.cost.memory import build_memory_cost, read_parameter_shards
+    from plangen.cost.scaling import sort_collectives
+    from plangen.models import build_meta_model
+
+    try:
+        meta = build_meta_model(resolved)
+    except Exception as error:  # transformers raises many types for a config it cannot build
+        raise CostError(f"cannot build {resolved.model_class.__name__} from {resolved.spec!r}: {error}") from None
+    choice = resolve_plan_choice(name, meta, settings.sequence_parallel)
+    if settings.tp_size > 1:
+        apply_plan(meta, choice, settings)
+    memory = build_memory_cost(read_parameter_shards(meta), settings)
+    collectives = build_fsdp_collectives(*read_unit_numels(meta, settings.dp_size), settings)
+    notes: list[str] = []
+    if settings.tp_size > 1:
+        tp_rows, notes = build_tp_collectives(resolved, choice, settings, layers=_count_units(meta))
+        collectives = tp_rows + collectives
+    return PlanCost(choice.name, choice.description, memory, tuple(sort_collectives(collectives)), tuple(notes))
+
+
+def _count_units(model: Any) -> int:
+    from plangen.parallelize import find_transformer_layers
+
+    return len(find_transformer_layers(model))
+
+
+def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
+    """Apply the plan's TP to ``model`` with the runtime's own checks, as errors of the cost."""
+    from plangen.cost.measure import tp_mesh
+    from plangen.parallelize import PlanError, apply_tp, check_packed_without_fsdp, check_plan_fits, resolve_tied_styles
+
+    try:
+        styles = resolve_tied_styles(model, choice.build(model))
+        check_plan_fits(model, styles, settings.tp_size)
+        check_packed_without_fsdp(model, styles, settings.dp_size)
+        apply_tp(model, tp_mesh(settings.tp_size), styles)
+    except PlanError as error:
+        raise CostError(f"{choice.name}: {error}") from None
+
+
+def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettings, layers: int):
+    """The plan's TP collectives at the real size: measured shrunk, then scaled."""
+    from plangen.cost.measure import measure_tp_collectives, read_dimensions
+    from plangen.cost.scaling import derive_terms, scale_terms
+    from plangen.models import config_for_class, shrink_config
+
+    config = config_for_class(resolved.config, resolved.model_class)
+    tiny = shrink_config(config, settings.tp_size)
+    key = (resolved.model_class.__name__, tiny.to_json_string(), choice.key, str(settings.tp_size), settings.dtype)
+    if key not in _TERMS_CACHE:
+        # The plan's patterns are the class's: the same builder gives the shrunk models' styles.
+        measured = measure_tp_collectives(resolved.model_class, tiny, choice.build, settings.tp_size, settings.dtype)
+        terms = derive_terms(
+            measured.base.samples,
+            measured.probes,
+            measured.doubled.samples,
+            measured.base.layers,
+            measured.doubled.layers,
+        )
+        _TERMS_CACHE[key] = (terms, measured.dimensions)
+    terms, shrunk = _TERMS_CACHE[key]
+    real = read_dimensions(config, settings.micro_batch, settings.seq_len)
+    return scale_terms(terms, shrunk, real, layers, settings.tp_size)
+

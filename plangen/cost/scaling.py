@@ -1,0 +1,232 @@
+"""From collectives measured on shrunk models to the collectives of the real model.
+
+Every TP collective moves a tensor whose size is a product of the model's dimensions, e.g. the
+hidden state ``B·S·H`` (micro-batch x sequence x hidden), the logits ``B·S·V``, a per-head norm's
+gradient ``D``. The exponent of each dimension is read off by measuring twice: once at base sizes,
+once with some dimensions multiplied by distinct primes (``B x2, S x3, V x5, I x7``). A collective
+of ``B·S·H`` bytes grows by ``2 x 3 = 6``; the prime factors of its growth name its dimensions.
+Then, for a collective of ``b`` bytes at the shrunk sizes ``d``,
+
+    bytes at the real sizes  =  b x prod over dimensions k of (real_k / d_k) ** e_k
+
+Layers are found the same way: a third run with twice the layers adds one layer's collectives per
+layer added; what does not grow is fixed (embedding, head, loss). The real step has
+
+    count  =  fixed + per_layer x real_layers
+
+Whatever cannot be explained this way (a growth with another prime factor, two collectives of
+equal size that scale differently) is refused with a :class:`CostError`, never guessed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable, Mapping, Sequence
+
+from plangen.cost.data import CollectiveCost
+from plangen.cost.settings import CostError
+
+# Dimension names and the letter each shows as in a tensor formula.
+LETTERS = {
+    "batch": "B", "seq": "S", "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
+}
+# One run per group: its dimensions are multiplied by distinct primes so that one ratio gives every
+# exponent. Groups keep the probed models small: hidden and head size together would grow q_proj 6x.
+PROBE_GROUPS: tuple[Mapping[str, int], ...] = (
+    {"batch": 2, "seq": 3, "vocab": 5, "intermediate": 7},
+    {"hidden": 2, "head_dim": 3},
+    {"heads": 2},
+)
+MAX_EXPONENT = 3
+
+# Collective names (functional and c10d) -> the kind shown.
+KINDS = {
+    "all_reduce": "all-reduce", "allreduce_": "all-reduce", "allreduce_coalesced_": "all-reduce",
+    "all_gather_into_tensor": "all-gather", "_allgather_base_": "all-gather", "allgather_": "all-gather",
+    "all_gather_into_tensor_coalesced": "all-gather", "allgather_into_tensor_coalesced_": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter", "_reduce_scatter_base_": "reduce-scatter",
+    "reduce_scatter_": "reduce-scatter", "reduce_scatter_tensor_coalesced": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce-scatter",
+    "all_to_all_single": "all-to-all", "alltoall_base_": "all-to-all", "alltoall_": "all-to-all",
+    "broadcast": "broadcast", "broadcast_": "broadcast",
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One collective as measured: the phase, the op's name, the bytes of its result."""
+
+    phase: str
+    op: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The samples of a run whose dimensions in ``factors`` were multiplied by those primes."""
+
+    factors: Mapping[str, int]
+    samples: Sequence[Sample]
+
+
+@dataclass(frozen=True)
+class Term:
+    """Collectives of one op and size at the shrunk base sizes, how they scale, how many."""
+
+    phase: str
+    op: str
+    nbytes: int
+    exponents: tuple[tuple[str, int], ...]
+    fixed: int  # once per step
+    per_layer: Fraction  # per decoder layer
+
+
+def kind_of(op: str) -> str:
+    return KINDS.get(op, op)
+
+
+def payload_and_sent(kind: str, result_bytes: float, group_size: int) -> tuple[float, float]:
+    """The full tensor of one collective and the bytes one rank sends for it (ring algorithms).
+
+    A reduce-scatter's result is one shard of the tensor it reduces. Ring all-reduce sends
+    2(n-1)/n of the tensor per rank; all-gather, reduce-scatter and all-to-all (n-1)/n.
+    """
+    n = group_size
+    if kind == "reduce-scatter":
+        payload = result_bytes * n
+    else:
+        payload = result_bytes
+    if kind == "all-reduce":
+        return payload, payload * 2 * (n - 1) / n
+    if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+        return payload, payload * (n - 1) / n
+    return payload, payload
+
+
+def exponents_from_growth(growth: Fraction, factors: Mapping[str, int]) -> dict[str, int] | None:
+    """``{dimension: exponent}`` with ``prod(factor ** exponent) == growth``, or None if there is none."""
+    exponents: dict[str, int] = {}
+    rest = growth
+    for name, prime in factors.items():
+        e = 0
+        while rest.numerator % prime == 0 and e <= MAX_EXPONENT:
+            rest /= prime
+            e += 1
+        if e:
+            exponents[name] = e
+    return exponents if rest == 1 and all(e <= MAX_EXPONENT for e in exponents.values()) else None
+
+
+def _same_sequence(base: Sequence[Sample], other: Sequence[Sample], what: str) -> None:
+    if [(s.phase, s.op) for s in base] != [(s.phase, s.op) for s in other]:
+        raise CostError(
+            f"the plan issues different collectives when {what} changes: its cost cannot be scaled from a shrunk model"
+        )
+
+
+def derive_terms(
+    base: Sequence[Sample],
+    probes: Iterable[Probe],
+    doubled: Sequence[Sample],
+    base_layers: int,
+    doubled_layers: int,
+) -> list[Term]:
+    """Exponents, fixed and per-layer counts of every collective, from the measured runs."""
+    exponents: list[dict[str, int]] = [{} for _ in base]
+    for probe in probes:
+        _same_sequence(base, probe.samples, "the model's sizes")
+        for i, (b, p) in enumerate(zip(base, probe.samples)):
+            if b.nbytes == 0 or p.nbytes == 0:
+                if b.nbytes != p.nbytes:
+                    raise CostError(f"a {kind_of(b.op)} of {b.nbytes} bytes grew to {p.nbytes} bytes: cannot scale it")
+                continue
+            found = exponents_from_growth(Fraction(p.nbytes, b.nbytes), probe.factors)
+            if found is None:
+                raise CostError(
+                    f"a {kind_of(b.op)} of {b.nbytes} bytes grew to {p.nbytes} bytes when "
+                    f"{', '.join(f'{LETTERS[k]} x{v}' for k, v in probe.factors.items())}: "
+                    "its size is not a product of the model's dimensions"
+                )
+            exponents[i].update(found)
+
+    by_key: dict[tuple[str, str, int], tuple[tuple[str, int], ...]] = {}
+    for sample, found in zip(base, exponents):
+        key = (sample.phase, sample.op, sample.nbytes)
+        signature = tuple(sorted(found.items(), key=lambda item: list(LETTERS).index(item[0])))
+        if by_key.setdefault(key, signature) != signature:
+            raise CostError(
+                f"two {kind_of(sample.op)}s of {sample.nbytes} bytes scale differently at the shrunk sizes: "
+                "cannot tell them apart"
+            )
+
+    added_layers = doubled_layers - base_layers
+    if added_layers <= 0:
+        raise CostError("the model with more layers has no more layers: cannot separate per-layer collectives")
+    counts_base = Counter((s.phase, s.op, s.nbytes) for s in base)
+    counts_doubled = Counter((s.phase, s.op, s.nbytes) for s in doubled)
+    if set(counts_doubled) - set(counts_base):
+        raise CostError("the plan issues other collectives when the model has more layers: cannot scale its layers")
+    terms = []
+    for key, n_base in counts_base.items():
+        grown = counts_doubled[key] - n_base
+        if grown < 0:
+            raise CostError("the plan issues fewer collectives when the model has more layers: cannot scale its layers")
+        per_layer = Fraction(grown, added_layers)
+        fixed = n_base - per_layer * base_layers
+        if fixed < 0 or fixed.denominator != 1:
+            raise CostError("collectives do not split into a fixed part and a per-layer part: cannot scale its layers")
+        terms.append(Term(*key, exponents=by_key[key], fixed=int(fixed), per_layer=per_layer))
+    return terms
+
+
+def scale_factor(exponents: Iterable[tuple[str, int]], shrunk: Mapping[str, int], real: Mapping[str, int]) -> Fraction:
+    factor = Fraction(1)
+    for name, e in exponents:
+        factor *= Fraction(real[name], shrunk[name]) ** e
+    return factor
+
+
+def tensor_formula(exponents: Iterable[tuple[str, int]]) -> str:
+    """``B·S·H``, ``D``, ``H²``; ``fixed size`` for a collective that does not grow with the model."""
+    parts = [LETTERS[name] + ("" if e == 1 else "²" if e == 2 else "³") for name, e in exponents]
+    return "·".join(parts) or "fixed size"
+
+
+def scale_terms(
+    terms: Iterable[Term],
+    shrunk: Mapping[str, int],
+    real: Mapping[str, int],
+    real_layers: int,
+    group_size: int,
+) -> tuple[list[CollectiveCost], list[str]]:
+    """The real step's TP collectives, grouped by phase, kind, tensor and scope; and notes."""
+    totals: dict[tuple[str, str, str, str], list[float]] = {}
+    notes: list[str] = []
+    for term in terms:
+        each = term.nbytes * scale_factor(term.exponents, shrunk, real)
+        kind = kind_of(term.op)
+        payload, sent = payload_and_sent(kind, float(each), group_size)
+        layer_count = term.per_layer * real_layers
+        if layer_count.denominator != 1:
+            notes.append(
+                "layer kinds differ in their collectives: per-layer counts assume the shrunk model's mix of kinds"
+            )
+        for scope, count in (("once", Fraction(term.fixed)), ("per layer", layer_count)):
+            if count == 0:
+                continue
+            row = totals.setdefault((term.phase, kind, tensor_formula(term.exponents), scope), [0.0, 0.0, 0.0])
+            row[0] += float(count)
+            row[1] += float(count) * payload
+            row[2] += float(count) * sent
+    rows = [
+        CollectiveCost("TP", phase, kind, tensor, scope, round(count), round(payload), round(sent))
+        for (phase, kind, tensor, scope), (count, payload, sent) in totals.items()
+    ]
+    return sort_collectives(rows), sorted(set(notes))
+
+
+def sort_collectives(rows: Iterable[CollectiveCost]) -> list[CollectiveCost]:
+    order = {"forward": 0, "backward": 1}
+    return sorted(rows, key=lambda c: (c.source != "TP", order.get(c.phase, 2), c.scope != "per layer", c.kind, -c.sent_bytes))

@@ -1,0 +1,342 @@
+"""plangen cost: per-rank memory by hand, the TP scaling formula against direct measurements,
+FSDP2's formula against a measured FSDP2 step, plan comparisons, the CLI's output and errors.
+
+Everything runs on the single-process fake process group (``fake_pg``): TP and FSDP2 at any size.
+Measurements are cached per (class, shrunk config, plan, TP size, dtype), so reports that share
+them (the fixtures and the CLI tests) measure once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from fractions import Fraction
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from plangen.cli import app
+from plangen.cost import CostError, build_cost_report, build_cost_settings
+from plangen.cost.data import MemoryCost
+from plangen.cost.memory import ParameterShard
+from plangen.cost.render import SCHEMA, render_cost_text
+from plangen.cost.scaling import Probe, Sample, derive_terms, exponents_from_growth, kind_of, payload_and_sent
+
+runner = CliRunner()
+
+# Hand-checkable: every width divides by TP 2 and DP 2.
+HAND = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+    tie_word_embeddings=False, use_cache=False,
+)
+# A second, larger size with other ratios between dimensions (and 3 layers) than the shrunk model.
+LLAMA_MID = dict(
+    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=384, hidden_size=96, intermediate_size=160,
+    num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+    tie_word_embeddings=False, use_cache=False,
+)
+QWEN3_MID = dict(LLAMA_MID, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=24)
+MID_BATCH, MID_SEQ = 3, 12
+
+
+def write_config(directory, name: str, values: dict) -> str:
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(values))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("configs")
+    return {name: write_config(directory, name, values) for name, values in (("hand", HAND), ("llama", LLAMA_MID), ("qwen3", QWEN3_MID))}
+
+
+HAND_SETTINGS = dict(tp_size=2, dp_size=2, seq_len=8, micro_batch=2, dtype="fp32", sequence_parallel=True)
+
+
+@pytest.fixture(scope="module")
+def hand_report(fake_pg, configs):
+    return build_cost_report(configs["hand"], ["hf", "nemo"], **HAND_SETTINGS)
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def test_memory_per_rank_is_exact_by_hand(hand_report):
+    # Elements: embed 256x64 + lm_head 256x64 + final norm 64, and per layer q 64x64, k and v 32x64
+    # (2 KV heads x 16), o 64x64, gate/up/down 128x64 each, two norms of 64.
+    layer = 64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 128 * 64 + 2 * 64
+    whole = 2 * 256 * 64 + 64 + 2 * layer
+    replicated = 2 * 2 * 64 + 64  # the norms: TP leaves them whole
+    local = ((whole - replicated) // 2 + replicated) // 2  # TP halves the rest, FSDP2 halves all
+    expected = MemoryCost(
+        parameters=4 * local, gradients=4 * local, optimizer=2 * 4 * local,
+        replicated=4 * 4 * (replicated // 2), ideal=4 * 4 * whole // 4,
+        model_parameters=whole, local_parameters=local,
+    )
+    assert (whole, local) == (106816, 26784)
+    for plan in hand_report.plans:  # all three shard every projection, the embedding and the head
+        assert plan.memory == expected, plan.name
+        assert plan.memory.total == 428544 and plan.memory.ideal == 427264
+
+
+def test_fsdp_pads_dim_zero_to_the_dp_size():
+    shard = ParameterShard("w", 10 * 7 * 2, (10, 7), tp_sharded=True)
+    assert shard.fsdp_numel(4) == 3 * 7  # ceil(10 / 4) rows of 7
+    assert shard.padded_numel(4) == 12 * 7
+    assert ParameterShard("bias", 5, (5,), False).fsdp_numel(2) == 3
+
+
+def test_memory_matches_parallelize_model(fake_pg, configs, hand_report):
+    model = _parallelized_hand_model()
+    local = sum(p.to_local().numel() for p in model.parameters())
+    assert local == hand_report.plans[0].memory.local_parameters
+
+
+# --- FSDP2 collectives --------------------------------------------------------------------------
+
+
+def _parallelized_hand_model():
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plangen.parallelize import parallelize_model
+
+    values = {k: v for k, v in HAND.items() if k != "architectures"}
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    mesh = DeviceMesh("cpu", torch.arange(4).view(2, 2), mesh_dim_names=("dp", "tp"))
+    return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=True)
+
+
+def test_fsdp_formula_matches_a_measured_fsdp2_step(fake_pg, hand_report):
+    from plangen.cost.measure import PayloadCounter, step_loss
+
+    model = _parallelized_hand_model()
+    ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
+    with PayloadCounter() as forward:
+        loss = step_loss(model(input_ids=ids).logits, ids)
+    with PayloadCounter() as backward:
+        loss.backward()
+    measured: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for phase, records in (("forward", forward.records), ("backward", backward.records)):
+        for op, nbytes in records:
+            if op in ("_allgather_base_", "_reduce_scatter_base_"):  # FSDP2's c10d collectives
+                kind = kind_of(op)
+                measured[phase, kind][0] += 1
+                measured[phase, kind][1] += int(payload_and_sent(kind, nbytes, 2)[0])
+    formula: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for c in hand_report.plans[0].collectives:
+        if c.source == "FSDP2":
+            formula[c.phase, c.kind][0] += c.count
+            formula[c.phase, c.kind][1] += c.payload_bytes
+    assert dict(measured) == dict(formula)
+    # Layers all-gather in forward and again in backward; the root once; every unit reduce-scatters.
+    assert formula["forward", "all-gather"][0] == 3 and formula["backward", "all-gather"][0] == 2
+    assert formula["backward", "reduce-scatter"][0] == 3
+
+
+# --- TP collectives: the scaling formula ---------------------------------------------------------
+
+
+def test_exponents_are_read_from_prime_growth():
+    factors = {"batch": 2, "seq": 3, "vocab": 5, "intermediate": 7}
+    assert exponents_from_growth(Fraction(6), factors) == {"batch": 1, "seq": 1}
+    assert exponents_from_growth(Fraction(30), factors) == {"batch": 1, "seq": 1, "vocab": 1}
+    assert exponents_from_growth(Fraction(1), factors) == {}
+    assert exponents_from_growth(Fraction(11), factors) is None  # no dimension grew by 11
+    assert exponents_from_growth(Fraction(3, 2), factors) is None
+
+
+def test_derive_terms_splits_fixed_and_per_layer():
+    f, b = "forward", "backward"
+    base = [Sample(f, "all_reduce", 64), Sample(f, "all_reduce", 64), Sample(f, "all_reduce", 64), Sample(b, "allreduce_", 8)]
+    probe = Probe({"batch": 2, "seq": 3}, [Sample(f, "all_reduce", 384)] * 3 + [Sample(b, "allreduce_", 48)])
+    doubled = base + base[:2]  # two layers more, one all-reduce each
+    terms = {t.phase: t for t in derive_terms(base, [probe], doubled, base_layers=2, doubled_layers=4)}
+    assert terms[f].exponents == (("batch", 1), ("seq", 1))
+    assert (terms[f].fixed, terms[f].per_layer) == (1, 1)
+    assert (terms[b].fixed, terms[b].per_layer) == (1, 0)
+
+
+def test_derive_terms_refuses_what_it_cannot_scale():
+    f = "forward"
+    base = [Sample(f, "all_reduce", 64)]
+    with pytest.raises(CostError, match="not a product"):
+        derive_terms(base, [Probe({"batch": 2}, [Sample(f, "all_reduce", 64 * 11)])], base, 1, 2)
+    with pytest.raises(CostError, match="different collectives"):
+        derive_terms(base, [Probe({"batch": 2}, [Sample(f, "all_gather_into_tensor", 128)])], base, 1, 2)
+    with pytest.raises(CostError, match="other collectives"):
+        derive_terms(base, [], base + [Sample(f, "all_reduce", 32)], 1, 2)
+
+
+def _direct_tp_measurement(config_path: str, plan: str, sequence_parallel: bool):
+    """The plan's TP collectives measured on the model of ``config_path`` itself, at its size."""
+    from plangen.cost.choices import resolve_plan_choice
+    from plangen.cost.measure import run_step
+    from plangen.models import build_meta_model, config_for_class, resolve_model
+
+    resolved = resolve_model(config_path)
+    choice = resolve_plan_choice(plan, build_meta_model(resolved), sequence_parallel)
+    config = config_for_class(resolved.config, resolved.model_class)
+    run = run_step(resolved.model_class, config, choice.build, 2, "fp32", MID_BATCH, MID_SEQ)
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for s in run.samples:
+        payload, sent = payload_and_sent(kind_of(s.op), s.nbytes, 2)
+        row = totals[s.phase, kind_of(s.op)]
+        row[0] += 1
+        row[1] += int(payload)
+        row[2] += int(sent)
+    return dict(totals)
+
+
+def _reported_tp(plan_cost):
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for c in plan_cost.collectives:
+        if c.source == "TP":
+            row = totals[c.phase, c.kind]
+            row[0] += c.count
+            row[1] += c.payload_bytes
+            row[2] += c.sent_bytes
+    return dict(totals)
+
+
+MID_SETTINGS = dict(tp_size=2, dp_size=2, seq_len=MID_SEQ, micro_batch=MID_BATCH, dtype="fp32")
+
+
+@pytest.fixture(scope="module")
+def llama_mid_report(fake_pg, configs):
+    return build_cost_report(configs["llama"], ["hf", "nemo"], sequence_parallel=True, **MID_SETTINGS)
+
+
+def test_scaled_tp_collectives_equal_a_direct_measurement_at_a_second_size(fake_pg, configs, llama_mid_report):
+    """Measured shrunk (2 layers, other widths) and scaled == measured on the 3-layer model itself."""
+    for plan, sp in (("optimized", True), ("hf", False), ("nemo", True)):
+        reported = _reported_tp(next(p for p in llama_mid_report.plans if p.name == plan))
+        assert reported == _direct_tp_measurement(configs["llama"], plan, sp), plan
+
+
+def test_scaling_holds_for_per_head_norm_gradients(fake_pg, configs):
+    """Qwen3 without SP: its q/k norms' gradient all-reduces scale with the head size alone."""
+    report = build_cost_report(configs["qwen3"], sequence_parallel=False, **MID_SETTINGS)
+    plan = report.plans[0]
+    assert {c.tensor for c in plan.collectives if c.source == "TP"} >= {"B·S·H", "D", "B·S"}
+    norms = [c for c in plan.collectives if c.tensor == "D"]
+    assert [(c.phase, c.kind, c.count) for c in norms] == [("backward", "all-reduce", 2 * 3)]
+    assert norms[0].payload_bytes == 2 * 3 * 24 * 4  # two norms of head size 24 per layer, float32
+    assert _reported_tp(plan) == _direct_tp_measurement(configs["qwen3"], "optimized", False)
+
+
+def test_plangen_moves_no_more_than_hf_or_nemo(llama_mid_report):
+    optimized, hf, nemo = llama_mid_report.plans
+    assert optimized.sent_bytes("TP") <= hf.sent_bytes("TP")
+    assert optimized.sent_bytes("TP") <= nemo.sent_bytes("TP")
+    # The Megatron minimum per layer: 2 all-gathers + 2 reduce-scatters of B·S·H, each way.
+    per_layer = [c for c in optimized.collectives if c.source == "TP" and c.scope == "per layer"]
+    hidden_bytes = MID_BATCH * MID_SEQ * 96 * 4
+    assert sorted((c.phase, c.kind, c.count, c.payload_bytes) for c in per_layer if c.tensor == "B·S·H") == sorted(
+        (phase, kind, 2 * 3, 2 * 3 * hidden_bytes)
+        for phase in ("forward", "backward")
+        for kind in ("all-gather", "reduce-scatter")
+    )
+    # Besides: the two norms' weight gradients (replicated weights on sequence shards), summed over TP.
+    assert [(c.phase, c.kind, c.tensor, c.count) for c in per_layer if c.tensor != "B·S·H"] == [
+        ("backward", "all-reduce", "H", 2 * 3)
+    ]
+
+
+# --- settings, rendering and the CLI ------------------------------------------------------------
+
+
+def test_settings_refuse_bad_values_in_one_line():
+    for kwargs, message in (
+        (dict(tp_size=0), "--tp-size must be at least 1"),
+        (dict(dtype="int8"), "--dtype 'int8'"),
+        (dict(tp_size=4, seq_len=6, sequence_parallel=True), "not divisible by --tp-size 4"),
+    ):
+        with pytest.raises(CostError, match=message) as error:
+            build_cost_settings(**kwargs)
+        assert "\n" not in str(error.value)
+
+
+def test_text_puts_the_totals_first(hand_report):
+    text = render_cost_text(hand_report)
+    assert text.index("Per rank, per step") < text.index("Memory per rank") < text.index("Collectives per step")
+    summary = text[: text.index("Memory per rank")]
+    assert "communication sent" in summary and "x)" in summary  # ratios to the first plan
+    assert text.count("Collectives per step") == 3
+
+
+def _cli(*args: str):
+    return runner.invoke(app, ["cost", *args])
+
+
+def _hand_args(configs) -> list[str]:
+    return [configs["hand"], "--tp-size", "2", "--dp-size", "2", "--seq-len", "8", "--micro-batch", "2", "--dtype", "fp32", "--sequence-parallel"]
+
+
+def test_cli_json_schema(fake_pg, configs, hand_report):
+    result = _cli(*_hand_args(configs), "--compare", "hf,nemo", "--format", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["schema"] == SCHEMA and data["model_class"] == "LlamaForCausalLM" and data["layers"] == 2
+    assert data["settings"] == {
+        "tp_size": 2, "dp_size": 2, "seq_len": 8, "micro_batch": 2, "dtype": "fp32", "master_dtype": "fp32",
+        "sequence_parallel": True,
+    }
+    assert [p["name"] for p in data["plans"]] == ["optimized", "hf", "nemo"]
+    for plan in data["plans"]:
+        assert set(plan) == {"name", "description", "totals", "ratios", "memory", "collectives", "notes"}
+        assert set(plan["totals"]) == {
+            "memory_bytes", "ideal_memory_bytes", "replicated_bytes", "sent_bytes", "tp_sent_bytes", "fsdp_sent_bytes", "collectives",
+        }
+        assert plan["memory"]["total"] == 428544
+        for c in plan["collectives"]:
+            assert set(c) == {"source", "phase", "kind", "tensor", "scope", "count", "payload_bytes", "sent_bytes"}
+            assert c["source"] in ("TP", "FSDP2") and c["phase"] in ("forward", "backward")
+            assert all(isinstance(c[k], int) for k in ("count", "payload_bytes", "sent_bytes"))
+        assert plan["totals"]["sent_bytes"] == sum(c["sent_bytes"] for c in plan["collectives"])
+    assert all(v == 1.0 for v in data["plans"][0]["ratios"].values())
+    hf = data["plans"][1]
+    assert hf["ratios"]["sent_bytes"] == pytest.approx(hf["totals"]["sent_bytes"] / data["plans"][0]["totals"]["sent_bytes"])
+
+
+def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, configs, hand_report, tmp_path):
+    from plangen.init import init_plan
+
+    plan_file = tmp_path / "hand_plan.py"
+    init_plan(configs["hand"], str(plan_file), tp_size=2, sequence_parallel=True)
+    args = ["--dp-size", "2", "--seq-len", "8", "--micro-batch", "2", "--dtype", "fp32", "--compare", "optimized", "--format", "json"]
+    result = _cli(str(plan_file), *args)  # TP size, SP and the model come from the file
+    assert result.exit_code == 0, result.output
+    mine, optimized = json.loads(result.stdout)["plans"]
+    assert mine["name"] == str(plan_file)
+    assert mine["totals"] == optimized["totals"]
+    assert optimized["ratios"]["sent_bytes"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{hand}", "--tp-size", "3"], "--tp-size 3:"),
+        (["{hand}", "--tp-size", "0"], "--tp-size must be at least 1"),
+        (["{hand}", "--compare", "megatron"], "unknown plan 'megatron'"),
+        (["{hand}", "--format", "xml"], "--format must be one of"),
+        (["{hand}", "--sequence-parallel", "--seq-len", "7"], "not divisible"),
+        (["missing_plan.py"], "no such plan file"),
+        (["{noname}"], "names no model"),
+        (["no-such-model-type"], "no-such-model-type"),
+        (["{hand}", "--model", "llama"], "--model is for plan files"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(configs, tmp_path, args, message):
+    noname = tmp_path / "plan.py"
+    noname.write_text("custom_parallel_plan = {}\n")
+    result = _cli(*(a.format(hand=configs["hand"], noname=noname) for a in args))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("plangen: error:"), result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
