@@ -1,0 +1,116 @@
+"""plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
+
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli] [--markdown PATH]
+
+1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
+   (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
+2. step and 3. memory: step time and peak memory per rank on CPU, DP 2 x TP 2, plangen's
+   ``parallelize_model`` vs transformers' ``DistributedConfig(tp_size=2, fsdp_size=2)`` (``step_time.py``);
+4. cli: ``plangen init`` and ``plangen verify`` wall time vs their import floor (``cli_speed.py``).
+
+``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
+results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # the sections are sibling files, not a package
+
+from common import Section, render_section_markdown, render_section_text  # noqa: E402
+
+SECTIONS = ("comm", "step", "cli")
+
+
+def run_sections(names: list[str], quick: bool) -> list[Section]:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # shrunk configs make transformers warn about sizes
+    hf_logging.disable_progress_bar()  # save_pretrained's progress bar
+    sections: list[Section] = []
+    for name in names:
+        if name == "comm":
+            from comm_bytes import run_comm_benchmark
+
+            sections.append(run_comm_benchmark(quick))
+        elif name == "step":
+            from step_time import run_step_benchmark
+
+            sections.extend(run_step_benchmark(quick))
+        elif name == "cli":
+            from cli_speed import run_cli_benchmark
+
+            sections.append(run_cli_benchmark(quick))
+    return sections
+
+
+def describe_environment() -> str:
+    import torch
+    import transformers
+
+    from plangen import __version__
+
+    return (
+        f"plangen {__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}, {platform.machine()} ({platform.processor() or 'cpu'}), "
+        f"{_cpu_count()} CPU cores"
+    )
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def render_markdown(sections: list[Section], quick: bool, elapsed: float) -> str:
+    today = datetime.date.today().isoformat()
+    kind = "quick subset (--quick)" if quick else "full run"
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Latest {kind} of `python benchmarks/run.py`: {today}, {elapsed:.0f} s.",
+        f"{describe_environment()}.",
+        "",
+        "Each section states its goals; the run exits non-zero when one is missed. How each figure is",
+        "made: the docstrings of `benchmarks/*.py` and, for communication, `docs/cost.md`.",
+        "",
+    ]
+    return "\n".join(lines) + "\n".join(render_section_markdown(s) for s in sections)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="A fast subset of every benchmark.")
+    parser.add_argument("--only", default=",".join(SECTIONS), help=f"Comma-separated sections: {', '.join(SECTIONS)}.")
+    parser.add_argument("--markdown", type=Path, help="Also write the results as Markdown to this file.")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
+
+    start = time.perf_counter()
+    sections = run_sections(names, args.quick)
+    elapsed = time.perf_counter() - start
+    for section in sections:
+        print(render_section_text(section))
+    missed = [f"{s.title.split(':')[0]}: {g.name}" for s in sections for g in s.goals if not g.met]
+    print(f"{sum(len(s.goals) for s in sections) - len(missed)} goals met, {len(missed)} missed ({elapsed:.0f} s)")
+    for line in missed:
+        print(f"MISSED {line}")
+    if args.markdown:
+        args.markdown.write_text(render_markdown(sections, args.quick, elapsed))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""benchmarks/run.py --quick: each section's goals hold, and the runner reports and exits on them.
+
+The communication benchmark runs in this process (fake process group, no workers); the step-time
+and CLI benchmarks launch processes and are marked ``distributed``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """The benchmark modules, imported as ``run.py`` imports them (sibling files on sys.path)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield {name: importlib.import_module(name) for name in ("run", "common", "comm_bytes", "step_time", "cli_speed")}
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def assert_goals_met(section) -> None:
+    assert section.goals, section.title
+    missed = [f"{g.name}: {g.detail}" for g in section.goals if not g.met]
+    assert not missed, missed
+
+
+def test_quick_communication_benchmark_meets_its_goals(fake_pg, bench):
+    section = bench["comm_bytes"].run_comm_benchmark(quick=True)
+    assert_goals_met(section)
+    assert [row[:3] for row in section.rows] == [["Llama-3.1-8B", "2", "TP"], ["Llama-3.1-8B", "2", "SP"]]
+    for row in section.rows:  # HF gathers the logits and reduces 5 input gradients per layer; NeMo 5 too
+        hf_ratio, nemo_ratio, megatron = (float(cell.rstrip("x")) for cell in row[4:7])
+        assert hf_ratio > 1.5 and nemo_ratio > 1.5 and megatron == 1.0
+
+
+def test_megatron_minimum_formula(bench):
+    # Llama-3.1-8B, TP 2: 4 collectives x 2(n-1)/n x 1 x 4096 x 4096 bf16 = 4 x 32 MiB per layer.
+    assert bench["comm_bytes"].megatron_minimum_per_layer(4096, 2) == 4 * 32 * 2**20
+
+
+def test_runner_exits_non_zero_when_a_goal_is_missed(bench, monkeypatch, tmp_path, capsys):
+    common, run = bench["common"], bench["run"]
+    met = common.Section("ok", ["a"], [["1"]], [common.Goal("fine", True, "1x")])
+    missed = common.Section("bad: detail", ["a"], [["2"]], [common.Goal("too slow", False, "2x")])
+    monkeypatch.setattr(run, "run_sections", lambda names, quick: [met])
+    assert run.main(["--quick", "--only", "comm", "--markdown", str(tmp_path / "b.md")]) == 0
+    assert "1 goals met, 0 missed" in capsys.readouterr().out
+    markdown = (tmp_path / "b.md").read_text()
+    assert markdown.startswith("# Benchmarks") and "torch " in markdown and "| a |" in markdown
+    monkeypatch.setattr(run, "run_sections", lambda names, quick: [met, missed])
+    assert run.main(["--quick"]) == 1
+    assert "MISSED bad: too slow" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run.main(["--only", "nope"])
+
+
+@pytest.mark.distributed
+def test_quick_step_time_and_memory_benchmark_meets_its_goals(bench):
+    time_section, memory_section = bench["step_time"].run_step_benchmark(quick=True)
+    assert_goals_met(time_section)
+    assert_goals_met(memory_section)
+
+
+@pytest.mark.distributed
+def test_quick_cli_speed_benchmark_meets_its_goals(bench):
+    assert_goals_met(bench["cli_speed"].run_cli_benchmark(quick=True))
