@@ -96,24 +96,40 @@ def init(
 def verify(
     plans: list[str] = typer.Argument(..., metavar="PLAN.py...", help="Plan files to check.", show_default=False),
     model: str | None = typer.Option(
-        None, "--model", help="Model id or path for the checks against a model (level 2)."
+        None,
+        "--model",
+        metavar="MODEL",
+        help="The model the plan is for, as for init (default: the PLANGEN_MODEL a generated file records).",
     ),
-    tp_size: int | None = typer.Option(None, "--tp-size", min=1, help="The TP size the plan is for (level 2)."),
-    sequence_parallel: bool = typer.Option(
-        False, "--sequence-parallel", help="The plan is for sequence parallelism (level 2)."
+    tp_size: int | None = typer.Option(
+        None, "--tp-size", min=1, metavar="N", help="The TP size the plan is for (default: PLANGEN_TP_SIZE, else 2)."
     ),
-    static: bool = typer.Option(False, "--static", help="Only the static checks: the files are read, never run."),
-    run: bool = typer.Option(False, "--run", help="Also run the plan on CPU worker processes (level 3)."),
+    sequence_parallel: bool | None = typer.Option(
+        None,
+        "--sequence-parallel/--no-sequence-parallel",
+        help="The plan is (not) for sequence parallelism (default: PLANGEN_SEQUENCE_PARALLEL, else as the plan reads).",
+        show_default=False,
+    ),
+    static: bool = typer.Option(False, "--static", help="Level 1 only: the files are read, never run."),
+    run: bool = typer.Option(
+        False, "--run", help="Also level 3: apply each plan on CPU (fake process group at N, then gloo at TP=2)."
+    ),
+    timeout: float = typer.Option(
+        600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of --run, all files together."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Warnings set the exit status too."),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
 ) -> None:
     """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
 
-    Exit status: 0 no findings, 1 findings, 2 usage or internal error.
+    Levels 1 (the source, never run) and 2 (against the model, meta device) by default; --static
+    level 1 alone; --run all three. Exit status: 0 clean (warnings allowed unless --strict),
+    1 findings, 2 usage or internal error.
     """
     # Level 1 needs no torch: these imports stay light, and the levels import what they need.
     import os
 
-    from plangen.check import VerifyOptions, verify_plan_files
+    from plangen.check import VerifyOptions, VerifyUsageError, verify_plan_files
     from plangen.check.diagnostics import OutputFormat, render
 
     if static and run:
@@ -123,17 +139,23 @@ def verify(
     for plan in plans:
         if not os.path.isfile(plan):
             fail(f"{plan}: {'not a file' if os.path.exists(plan) else 'no such file'}")
-    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run)
+    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout)
+
+    def progress(line: str) -> None:
+        typer.echo(f"plangen: verify --run: {line}", err=True)
+
     try:
-        report = verify_plan_files(plans, options)
+        report = verify_plan_files(plans, options, progress)
     except OSError as error:
         fail(f"cannot read {error.filename}: {error.strerror}")
+    except VerifyUsageError as error:
+        fail(str(error))
     except Exception as error:  # one line for the user, as for every error of this CLI
-        fail(f"internal error while checking: {type(error).__name__}: {error}")
+        fail(f"internal error while checking: {type(error).__name__}: {' '.join(str(error).split())}")
     for note in report.notes:
         typer.echo(f"plangen: note: {note}", err=True)
     typer.echo(render(report.diagnostics, output_format), nl=False)
-    raise typer.Exit(EXIT_FINDINGS if report.diagnostics else EXIT_OK)
+    raise typer.Exit(EXIT_FINDINGS if report.failed(strict) else EXIT_OK)
 
 
 @app.command()

@@ -489,7 +489,8 @@ def plan_files(tmp_path):
 
 
 def _invoke(*args: str):
-    return CliRunner().invoke(app, ["verify", *args])
+    # Level 1 alone: levels 2 and 3 have their own tests (test_check_model.py, test_check_run.py).
+    return CliRunner().invoke(app, ["verify", "--static", *args])
 
 
 def test_cli_exit_0_when_clean(plan_files):
@@ -519,17 +520,9 @@ def test_cli_exit_2_on_usage_errors(plan_files, tmp_path):
     assert missing.exit_code == 2
     assert missing.stderr == f"plangen: error: {tmp_path / 'missing.py'}: no such file\n"
     assert _invoke(str(tmp_path)).exit_code == 2
-    assert _invoke(str(clean), "--static", "--run").exit_code == 2
+    assert _invoke(str(clean), "--run").exit_code == 2  # with --static
     assert _invoke(str(clean), "--format", "xml").exit_code == 2
     assert _invoke().exit_code == 2
-
-
-def test_cli_notes_levels_that_do_not_exist_yet(plan_files):
-    clean, _ = plan_files
-    result = _invoke(str(clean), "--model", "llama", "--tp-size", "2", "--sequence-parallel", "--run")
-    assert result.exit_code == 0 and result.stdout == ""
-    assert result.stderr.count("plangen: note:") == 2
-    assert _invoke(str(clean), "--model", "llama", "--static").stderr == ""
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -542,7 +535,7 @@ def test_cli_static_level_does_not_import_torch(plan_files):
         "import sys\n"
         "from plangen.cli import app\n"
         "try:\n"
-        f"    app(['verify', {str(clean)!r}, {str(broken)!r}, '--format', 'json'])\n"
+        f"    app(['verify', '--static', {str(clean)!r}, {str(broken)!r}, '--format', 'json'])\n"
         "except SystemExit as exit:\n"
         "    print('exit', exit.code, 'torch' in sys.modules, file=sys.stderr)\n"
     )
@@ -568,5 +561,5 @@ def test_cli_checks_ten_files_in_under_a_second(tmp_path):
 
     # The budget is beyond interpreter start, so plain start-up is measured and taken off.
     start_up = best_of_three("-c", "pass")
-    verify = best_of_three("-m", "plangen", "verify", *files)
+    verify = best_of_three("-m", "plangen", "verify", "--static", *files)
     assert verify - start_up < 1.0, f"verify of 10 files: {verify:.2f}s, interpreter start: {start_up:.2f}s"

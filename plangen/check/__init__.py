@@ -1,8 +1,11 @@
 """Checks of custom parallel plan files: the levels of ``plangen verify``.
 
-Level 1 (:mod:`plangen.check.static`) reads the file's source and never imports or runs it. Later
-levels check the plan against a model and run it. :func:`verify_plan_files` runs the levels the
-options ask for; it returns findings and notes, and never prints or exits.
+Level 1 (:mod:`plangen.check.static`) reads the file's source and never imports or runs it. Level 2
+(:mod:`plangen.check.model`) imports the plan and checks it against the model on the meta device.
+Level 3 (:mod:`plangen.check.run`) applies it for real on CPU worker processes. Each level runs
+only on files the levels before it found no errors in. The model, TP size and sequence parallelism
+come from the options, else from the ``PLANGEN_*`` constants a generated file records.
+:func:`verify_plan_files` returns findings and notes, and never prints or exits.
 
 Importing this package is cheap (the CLI imports it for ``--help``): each level is imported when it
 runs.
@@ -12,19 +15,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from plangen.check.diagnostics import Diagnostic
+    from plangen.check.run import RunTarget
+
+DEFAULT_TP_SIZE = 2
+DEFAULT_RUN_TIMEOUT = 600.0
+
+
+class VerifyUsageError(ValueError):
+    """The options (or a file's recorded model) cannot be used: a usage error, not a finding."""
 
 
 @dataclass(frozen=True)
 class VerifyOptions:
     model: str | None = None
     tp_size: int | None = None
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = None  # None: as the file records it, else inferred from the plan
     static_only: bool = False
     run: bool = False
+    timeout: float = DEFAULT_RUN_TIMEOUT  # level 3, all files together
 
 
 @dataclass
@@ -32,18 +44,123 @@ class VerifyReport:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
+    def failed(self, strict: bool = False) -> bool:
+        """Errors fail a check; warnings only when ``strict``."""
+        return any(strict or d.severity == "error" for d in self.diagnostics)
 
-def verify_plan_files(paths: Sequence[str | Path], options: VerifyOptions = VerifyOptions()) -> VerifyReport:
-    """Check each plan file with the levels ``options`` ask for; raises OSError for an unreadable file."""
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What one file is checked against: from the options, else from its ``PLANGEN_*`` constants."""
+
+    model: str | None
+    tp_size: int
+    sequence_parallel: bool | None
+    tp_size_given: bool
+
+
+def plan_settings(path: str | Path, options: VerifyOptions) -> PlanSettings:
+    from plangen.check.static import read_plan_metadata
+
+    metadata = read_plan_metadata(path)
+    model = options.model or _typed(metadata.get("PLANGEN_MODEL"), str)
+    tp_size = options.tp_size or _typed(metadata.get("PLANGEN_TP_SIZE"), int)
+    sequence_parallel = options.sequence_parallel
+    if sequence_parallel is None:
+        sequence_parallel = _typed(metadata.get("PLANGEN_SEQUENCE_PARALLEL"), bool)
+    return PlanSettings(model, tp_size or DEFAULT_TP_SIZE, sequence_parallel, tp_size is not None)
+
+
+def _typed(value: object, kind: type) -> object:
+    if kind is int and isinstance(value, bool):
+        return None
+    return value if isinstance(value, kind) else None
+
+
+def verify_plan_files(
+    paths: Sequence[str | Path],
+    options: VerifyOptions = VerifyOptions(),
+    progress: Callable[[str], None] | None = None,
+) -> VerifyReport:
+    """Check each plan file with the levels ``options`` ask for.
+
+    Raises OSError for an unreadable file and :class:`VerifyUsageError` for a model spec that names
+    no model. ``progress`` hears how level 3 advances.
+    """
     from plangen.check.static import check_static
 
     report = VerifyReport()
+    to_run: dict[str, RunTarget] = {}  # shown path -> target
     for path in dict.fromkeys(str(p) for p in paths):  # each file once, in the order given
-        report.diagnostics += check_static(path)
-    # Level 2 (against the model) and level 3 (a run on CPU workers) each add one call here.
-    if options.model is not None and not options.static_only:
-        report.notes.append("level 2 (checks against --model) is not available yet; ran level 1 (static) only")
-    if options.run:
-        report.notes.append("level 3 (--run) is not available yet; ran level 1 (static) only")
+        found = check_static(path)
+        report.diagnostics += found
+        if options.static_only:
+            continue
+        if _has_errors(found):
+            report.notes.append(f"{path}: not checked against the model: fix its static findings first")
+            continue
+        found = _check_model(path, options, report, to_run)
+        report.diagnostics += found
+    if to_run:
+        report.diagnostics += _check_run(to_run, options, report, progress)
     report.diagnostics.sort()
     return report
+
+
+def _has_errors(diagnostics: Sequence[Diagnostic]) -> bool:
+    return any(d.severity == "error" for d in diagnostics)
+
+
+def _check_model(
+    path: str, options: VerifyOptions, report: VerifyReport, to_run: dict[str, RunTarget]
+) -> list[Diagnostic]:
+    """Level 2 for one file; queues it for level 3 when asked and clean."""
+    from plangen.check.model import check_model
+    from plangen.models import ModelSpecError
+
+    settings = plan_settings(path, options)
+    if settings.model is None:
+        report.notes.append(
+            f"{path}: not checked against a model: pass --model (generated files record PLANGEN_MODEL)"
+        )
+        return []
+    if not settings.tp_size_given:
+        report.notes.append(f"{path}: no --tp-size and no PLANGEN_TP_SIZE: checked at TP size {settings.tp_size}")
+    try:
+        found = check_model(path, settings.model, settings.tp_size, settings.sequence_parallel)
+    except ModelSpecError as error:
+        where = "--model" if options.model else f"{path}: PLANGEN_MODEL"
+        raise VerifyUsageError(f"{where}: {error}") from None
+    if options.run:
+        if _has_errors(found):
+            report.notes.append(f"{path}: not run (--run): fix its findings against the model first")
+        else:
+            from plangen.check.run import RunTarget
+
+            resolved = str(Path(path).resolve())
+            to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel))
+    return found
+
+
+def _check_run(
+    to_run: dict[str, RunTarget],
+    options: VerifyOptions,
+    report: VerifyReport,
+    progress: Callable[[str], None] | None,
+) -> list[Diagnostic]:
+    """Level 3 for every queued file at once (one launch per stage), findings placed on their keys."""
+    from plangen.check.model import diagnostics_for, read_plan_positions
+    from plangen.check.run import check_run
+    from plangen.check.static import decode_source
+
+    shown = {target.path: path for path, target in to_run.items()}  # workers get absolute paths
+    outcome = check_run(list(to_run.values()), options.timeout, progress)
+    for note in outcome.notes:
+        path, _, rest = note.partition(": ")
+        report.notes.append(f"{shown.get(path, path)}: {rest}")
+    diagnostics: list[Diagnostic] = []
+    for path, findings in outcome.findings.items():
+        if findings:
+            positions = read_plan_positions(decode_source(Path(path).read_bytes()))
+            diagnostics += diagnostics_for(shown[path], iter(findings), positions)
+    return diagnostics

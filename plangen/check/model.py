@@ -1,0 +1,277 @@
+"""Level 2 of ``plangen verify``: a plan file checked against the model it is for, on the meta device.
+
+The plan file is imported with the runtime's own loader (:func:`plangen.plan_source.load_custom_plan`),
+so level 2 sees exactly the styles training will get, including plans built by helper functions.
+Importing runs the file's top level: that is the user's plan code, which the runtime runs anyway.
+Its prints go to stderr (``--format json`` stays parseable) and anything it raises, ``SystemExit``
+included, becomes a PG201 finding. Positions come from the libcst parse that level 1 made: each
+finding sits on the key (or value) it concerns; a key built at run time (an f-string, ``**base``)
+has no position of its own and is reported on the plan's opening line.
+
+The model is built on the meta device (no weights, no memory), once per model spec in a process.
+The rules live in :mod:`plangen.check.rules_model`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
+
+import libcst as cst
+import libcst.matchers as m
+
+from plangen.check.diagnostics import Diagnostic, drop_ignored
+from plangen.check.plan_file import PlanFile, string_value
+from plangen.check.static import decode_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    from plangen.models import ResolvedModel
+
+
+@dataclass(frozen=True)
+class ModelFinding:
+    """What a level-2 rule reports: a code, a message, and the plan key it concerns (None: the plan)."""
+
+    code: str
+    message: str
+    key: str | None = None
+    at: Literal["key", "value"] = "key"
+
+
+# --- positions from the parse -------------------------------------------------------------------
+
+# A commented-out entry in the plan dict marks a module left replicated on purpose (generated
+# files write them so): ``# "model.layers.*.input_layernorm": 32 × LlamaRMSNorm [4096]``.
+_COMMENTED_KEY = re.compile(r"""^#\s*(?P<quote>["'])(?P<key>[^"']+)(?P=quote)\s*:""")
+
+
+@dataclass
+class PlanPositions:
+    """Where each key of the plan is written, and the lines level 2 reads besides the plan itself."""
+
+    keys: dict[str, tuple[int, int]] = field(default_factory=dict)
+    values: dict[str, tuple[int, int]] = field(default_factory=dict)
+    plan: tuple[int, int] = (1, 1)
+    replicated_on_purpose: list[str] = field(default_factory=list)
+    ignores: dict[int, frozenset[str]] = field(default_factory=dict)
+
+    def of(self, finding: ModelFinding) -> tuple[int, int]:
+        table = self.values if finding.at == "value" else self.keys
+        if finding.key is not None and finding.key in table:
+            return table[finding.key]
+        return self.plan
+
+
+def read_plan_positions(source: str) -> PlanPositions:
+    """Positions of the plan's keys and values, its commented-out keys and its ignore comments."""
+    plan = PlanFile(cst.parse_module(source))
+    positions = PlanPositions(ignores=plan.ignore_comments())
+    for entry in plan.entries:
+        key = string_value(entry.key)
+        if isinstance(key, str) and key not in positions.keys:
+            positions.keys[key] = plan.position(entry.key)
+            positions.values[key] = plan.position(entry.value)
+    if plan.dicts:
+        positions.plan = plan.position(plan.dicts[0])
+    elif plan.plan_values:
+        positions.plan = plan.position(plan.plan_values[0])
+    elif plan.functions:
+        positions.plan = plan.position(plan.functions[0].name)
+    for plan_dict in plan.dicts:
+        for comment in m.findall(plan_dict, m.Comment()):
+            match = _COMMENTED_KEY.match(comment.value)  # type: ignore[union-attr]
+            if match:
+                positions.replicated_on_purpose.append(match.group("key"))
+    return positions
+
+
+# --- the model and the plan, as the rules see them ---------------------------------------------
+
+_MODELS: dict[str, tuple["ResolvedModel", "nn.Module"]] = {}
+
+
+def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
+    """The resolved spec and its meta-device model, built once per spec in this process (rules
+    never change the model). Raises :class:`plangen.models.ModelSpecError` for a bad spec."""
+    if spec not in _MODELS:
+        from plangen.models import build_meta_model, resolve_model
+
+        resolved = resolve_model(spec)
+        _MODELS[spec] = (resolved, build_meta_model(resolved))
+    return _MODELS[spec]
+
+
+def generalize(path: str) -> str:
+    """``model.layers.3.mlp`` → ``model.layers.*.mlp``: one pattern for every repeat of a module."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def parent_path(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+@dataclass
+class ModelPlan:
+    """A loaded plan against a meta model: what every level-2 rule reads.
+
+    ``styles`` are the plan's styles after the runtime's tied-embedding resolution (what
+    ``parallelize_model`` applies); ``written`` the keys as the file wrote them.
+    """
+
+    model: "nn.Module"
+    tp_size: int
+    sequence_parallel: bool | None  # None: not declared; the rules infer it from the plan
+    written: Mapping[str, "ParallelStyle"]
+    styles: Mapping[str, "ParallelStyle"]
+    replicated_on_purpose: list[str] = field(default_factory=list)
+
+    @cached_property
+    def modules(self) -> dict[str, "nn.Module"]:
+        return {name: module for name, module in self.model.named_modules() if name}
+
+    @cached_property
+    def matches(self) -> dict[str, list[str]]:
+        """Key → the module paths it selects (torch's rule: per dotted segment, fnmatch)."""
+        from plangen.matching import key_matches
+
+        by_depth: dict[int, list[str]] = {}
+        for name in self.modules:
+            by_depth.setdefault(name.count("."), []).append(name)
+        return {
+            key: [name for name in by_depth.get(key.count("."), ()) if key_matches(key, name)] for key in self.styles
+        }
+
+    @cached_property
+    def covering(self) -> dict[str, str]:
+        """Module path → the key whose style it gets (the last matching key, as the runtime decides)."""
+        found: dict[str, str] = {}
+        for key, names in self.matches.items():
+            for name in names:
+                found[name] = key
+        return found
+
+    def style_of(self, path: str) -> "ParallelStyle | None":
+        key = self.covering.get(path)
+        return None if key is None else self.styles[key]
+
+    @cached_property
+    def sharded(self) -> set[str]:
+        """Paths of the modules whose weights a column- or row-parallel style shards."""
+        from plangen.check.rules_model import is_sharding
+
+        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])}
+
+    @cached_property
+    def styles_below(self) -> dict[str, set[str]]:
+        """Module path → the kinds (``colwise``, ``rowwise``, ``gather_output``...) of the styles
+        on the modules under it, so "is anything under this block row-parallel" is one lookup."""
+        from plangen.check.rules_model import style_kind
+
+        below: dict[str, set[str]] = {}
+        for path, key in self.covering.items():
+            kind = style_kind(self.styles[key])
+            parts = path.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                below.setdefault(".".join(parts[:cut]), set()).add(kind)
+        return below
+
+    @cached_property
+    def config(self) -> Any:
+        return getattr(self.model, "config", None)
+
+    @property
+    def model_name(self) -> str:
+        return type(self.model).__name__
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+class PlanLoadFailure(Exception):
+    """The plan file could not be imported or its plan read; carries the PG201 finding's position."""
+
+    def __init__(self, message: str, position: tuple[int, int] | None) -> None:
+        super().__init__(message)
+        self.position = position
+
+
+def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
+    """Import the plan file with the runtime's loader; raises :class:`PlanLoadFailure`."""
+    from plangen.plan_source import load_custom_plan
+
+    try:
+        # The plan's own prints must not mix with the findings on stdout.
+        with contextlib.redirect_stdout(sys.stderr):
+            return load_custom_plan(str(path))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - SystemExit from a plan file is a finding too
+        raise PlanLoadFailure(_one_line(error), _position_in_file(error, path)) from None
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _position_in_file(error: BaseException, path: str | Path) -> tuple[int, int] | None:
+    """Where in ``path`` it raised (the innermost frame in that file), if anywhere."""
+    target = Path(path).resolve()
+    position = None
+    for frame in traceback.extract_tb(error.__traceback__):
+        if frame.filename and frame.lineno and Path(frame.filename).resolve() == target:
+            position = (frame.lineno, (getattr(frame, "colno", None) or 0) + 1)
+    return position
+
+
+def check_model(
+    path: str | Path,
+    model_spec: str,
+    tp_size: int,
+    sequence_parallel: bool | None = None,
+) -> list[Diagnostic]:
+    """Level-2 findings for the plan file at ``path`` against ``model_spec`` at ``tp_size``, sorted.
+
+    Raises :class:`plangen.models.ModelSpecError` when the spec names no model, OSError when the
+    file cannot be read.
+    """
+    from plangen.check.rules_model import LOAD_FAILURE_CODE, check_rules
+
+    source = decode_source(Path(path).read_bytes())
+    positions = read_plan_positions(source)
+    _, model = load_meta_model(model_spec)
+    try:
+        written = load_plan_styles(path)
+    except PlanLoadFailure as failure:
+        line, col = failure.position or positions.plan
+        message = f"the plan file cannot be loaded: {failure}"
+        return drop_ignored([Diagnostic(str(path), line, col, LOAD_FAILURE_CODE, message)], positions.ignores)
+    plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose)
+    return diagnostics_for(str(path), check_rules(plan), positions)
+
+
+def build_model_plan(
+    model: "nn.Module",
+    written: Mapping[str, "ParallelStyle"],
+    tp_size: int,
+    sequence_parallel: bool | None = None,
+    replicated_on_purpose: list[str] | None = None,
+) -> ModelPlan:
+    from plangen.parallelize import resolve_tied_styles
+
+    styles = resolve_tied_styles(model, written)  # what the runtime will apply
+    return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()))
+
+
+def diagnostics_for(path: str, findings: Iterator[ModelFinding], positions: PlanPositions) -> list[Diagnostic]:
+    diagnostics = {Diagnostic(path, *positions.of(f), f.code, f.message) for f in findings}
+    return sorted(drop_ignored(diagnostics, positions.ignores))
