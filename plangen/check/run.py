@@ -1,0 +1,522 @@
+"""Level 3 of ``plangen verify`` (``--run``): apply each plan for real on CPU, in two stages.
+
+1. Shapes: one process, a fake process group at the plan's own TP size. Collectives do nothing, so
+   the numbers are meaningless, but every shape of the forward and the backward is the real one: a
+   plan that breaks a matmul, loses a gradient or returns logits of the wrong size fails here, at
+   any TP size, in a fraction of a second.
+2. Parity: gloo, TP=2, two processes. Logits and every parameter gradient against the unsharded
+   model, within :data:`TOLERANCE`; the first parameter (in the model's order) that differs is named.
+
+Both stages run a shrunk model of the same architecture (:func:`plangen.models.build_tiny_model`)
+through the runtime itself (:func:`plangen.parallelize.parallelize_model`), each in one launch of
+:func:`plangen.launch.run_distributed` for every plan file: bounded in time, a failing or hung
+rank ends the run with a finding, never a hung CI job. Progress is reported through a callback as
+each case starts, read from a file the workers append to.
+
+The harness core (:func:`next_token_loss`, :func:`full_tensor`, :func:`sample_batch`,
+:func:`compare_gradients`) is shared with the multi-process tests (``tests/distributed/cases.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from plangen.check.model import ModelFinding, generalize, parent_path
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch import nn
+
+TOLERANCE = 1e-5
+PARITY_TP_SIZE = 2
+SHAPES_TARGET = "plangen.check.run:check_shapes_worker"
+PARITY_TARGET = "plangen.check.run:check_parity_worker"
+BATCH = 2
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """One plan file to run: its model spec, the TP size it is for, and whether it is sequence parallel."""
+
+    path: str
+    model: str
+    tp_size: int
+    sequence_parallel: bool
+
+
+# --- the harness core -----------------------------------------------------------------------------
+
+
+def full_tensor(tensor: "torch.Tensor") -> "torch.Tensor":
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def next_token_loss(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
+    """Cross-entropy of each next token; vocabulary-parallel logits are never gathered."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from plangen.loss import vocab_parallel_cross_entropy
+
+    if isinstance(logits, DTensor) and not any(
+        isinstance(p, Shard) and p.dim % logits.ndim == logits.ndim - 1 for p in logits.placements
+    ):
+        logits = logits.full_tensor()  # a DTensor not split on the vocabulary: the plain loss
+    return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
+
+
+def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tensor":
+    """Token ids below the special tokens (image placeholders) of a tiny model, a sequence length
+    every TP size divides (sequence parallel needs it); the same on every process."""
+    import torch
+
+    from plangen.models import SPECIAL_TOKEN_SPAN
+
+    vocab = model.config.get_text_config().vocab_size
+    seq = tp_size * max(1, -(-8 // tp_size))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (BATCH, seq), generator=generator)
+
+
+def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str, Any]:
+    """Each parameter's gradient against the reference's, in the reference's order.
+
+    Every rank gathers every gradient (a collective), so ranks stay in step even when one differs.
+    """
+    grads = {name: p.grad for name, p in sharded.named_parameters() if p.grad is not None}
+    differences: dict[str, float] = {}
+    shapes: dict[str, list[list[int]]] = {}
+    missing: list[str] = []
+    for name, param in reference.named_parameters():
+        if param.grad is None:
+            continue
+        if name not in grads:
+            missing.append(name)
+            continue
+        grad = full_tensor(grads[name])
+        if tuple(grad.shape) != tuple(param.grad.shape):
+            shapes[name] = [list(grad.shape), list(param.grad.shape)]
+            continue
+        differences[name] = (grad - param.grad).abs().max().item()
+    first = next((n for n, d in differences.items() if not d <= TOLERANCE), None)
+    return {"first_differing": first, "difference": differences.get(first) if first else None,
+            "missing": missing, "shapes": shapes}  # fmt: skip
+
+
+def _matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys that select a module of this model: a shrunk model has fewer layers, so a key
+    naming layer 31 selects nothing in it (level 2 checked every key against the real model)."""
+    from plangen.matching import find_unmatched_keys
+
+    unmatched = set(find_unmatched_keys(model, styles))
+    return {key: style for key, style in styles.items() if key not in unmatched}
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
+    """The plan key that governs ``path``: its own, else its nearest ancestor's, else a descendant's."""
+    from plangen.matching import key_matches
+
+    probe = path
+    while probe:
+        found = [key for key in styles if key_matches(key, probe)]
+        if found:
+            return found[-1]
+        probe = parent_path(probe)
+    below = [key for key in styles if key.startswith(generalize(path) + ".") or key.startswith(path + ".")]
+    return below[0] if below else None
+
+
+class ModuleTracker:
+    """Which module is running: forward hooks keep a stack, so an exception names the innermost one."""
+
+    def __init__(self, model: "nn.Module") -> None:
+        self.stack: list[str] = []
+        self.handles = []
+        for name, module in model.named_modules():
+            if name:
+                self.handles.append(module.register_forward_pre_hook(self._enter(name)))
+                # No always_call: a forward that raises keeps its module on the stack, to be named.
+                self.handles.append(module.register_forward_hook(self._leave))
+
+    def _enter(self, name: str):
+        def hook(module, args):
+            self.stack.append(name)
+
+        return hook
+
+    def _leave(self, module, args, output):
+        if self.stack:
+            self.stack.pop()
+
+    @property
+    def innermost(self) -> str | None:
+        return self.stack[-1] if self.stack else None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+# --- one case, inside a worker --------------------------------------------------------------------
+
+
+def _build_case(case: Mapping[str, Any], tp_size: int):
+    from plangen.models import build_tiny_model, resolve_model
+    from plangen.plan_source import load_custom_plan
+
+    model = build_tiny_model(resolve_model(case["model"]), tp_size=tp_size, seed=0)
+    styles = _matching_styles(model, load_custom_plan(case["path"]))
+    return model, styles
+
+
+def _first_failing_key(case: Mapping[str, Any], tp_size: int, mesh) -> str | None:
+    """Apply the plan key by key to a fresh model: the first key that raises is the culprit."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.parallelize import resolve_tied_styles
+
+    model, styles = _build_case(case, tp_size)
+    for key, style in resolve_tied_styles(model, styles).items():
+        try:
+            parallelize_module(model, mesh, {key: style})
+        except Exception:  # noqa: BLE001 - locating the failure, whatever it is
+            return key
+    return None
+
+
+def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict[str, Any]:
+    """Build, parallelize, forward and backward one plan on a shrunk model; a JSON-able result.
+
+    ``compare``: logits and gradients against the unsharded model (real collectives); otherwise
+    only their shapes (a fake process group computes no real numbers).
+    """
+    import copy
+
+    import torch
+
+    from plangen.heads import tp_size_problem
+    from plangen.parallelize import parallelize_model
+
+    try:
+        model, styles = _build_case(case, tp_size)
+    except Exception as error:  # noqa: BLE001 - the plan or the model could not be built
+        return {"stage": "load", "error": _one_line(error)}
+    problem = tp_size_problem(model.config, tp_size, type(model).__name__)
+    if problem is not None:
+        return {"skipped": problem}
+    reference = copy.deepcopy(model)
+    ids = sample_batch(model, tp_size)
+    ref_logits = reference(input_ids=ids).logits
+    next_token_loss(ref_logits, ids).backward()
+    try:
+        sharded = parallelize_model(
+            model, mesh["dp"], mesh["tp"], torch.float32,
+            sequence_parallel=case["sequence_parallel"], custom_parallel_plan=styles,
+        )  # fmt: skip
+    except Exception as error:  # noqa: BLE001
+        return {"stage": "apply", "error": _one_line(error), "key": _first_failing_key(case, tp_size, mesh["tp"])}
+    tracker = ModuleTracker(sharded)
+    try:
+        logits = sharded(input_ids=ids).logits
+    except Exception as error:  # noqa: BLE001
+        module = tracker.innermost
+        return {"stage": "forward", "error": _one_line(error), "module": module,
+                "key": key_for_module(styles, module) if module else None}  # fmt: skip
+    finally:
+        tracker.remove()
+    if tuple(logits.shape) != tuple(ref_logits.shape):
+        return {"stage": "forward", "error": f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}",
+                "key": key_for_module(styles, "lm_head")}  # fmt: skip
+    try:
+        next_token_loss(logits, ids).backward()
+    except Exception as error:  # noqa: BLE001
+        return {"stage": "backward", "error": _one_line(error)}
+    result: dict[str, Any] = compare_gradients(reference, sharded)
+    result["logits"] = (full_tensor(logits) - ref_logits).abs().max().item() if compare else None
+    first = result["first_differing"] if compare else None
+    if result["missing"] or result["shapes"] or first or (compare and not result["logits"] <= TOLERANCE):
+        name = (result["missing"] or list(result["shapes"]) or [first])[0]
+        result["key"] = key_for_module(styles, name.rpartition(".")[0]) if name else None
+    return result
+
+
+# --- the workers (run by plangen.launch, after it made a gloo group) -------------------------------
+
+
+def _report(progress_file: str | None, record: dict[str, Any]) -> None:
+    import torch.distributed as dist
+
+    if progress_file and (not dist.is_initialized() or dist.get_rank() == 0):
+        with open(progress_file, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+
+def _quietly(fn: Callable[[], Any]) -> Any:
+    """Torch warns, with a module's whole repr, for each layer a key does not select in a shrunk model."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
+
+
+def check_shapes_worker(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Stage 1: each case on a fake process group of its own TP size, in this one process."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        dist.destroy_process_group()  # the launcher's gloo group of one: a fake group takes its place
+    results = []
+    world = None
+    try:
+        for index, case in enumerate(payload["cases"]):
+            tp_size = case["tp_size"]
+            if world != tp_size:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                dist.init_process_group("fake", rank=0, world_size=tp_size)
+                world = tp_size
+            _report(payload.get("progress"), {"stage": "shapes", "case": index, "event": "start"})
+            mesh = init_device_mesh("cpu", (1, tp_size), mesh_dim_names=("dp", "tp"))
+            with torch.random.fork_rng(devices=[]):
+                result = _quietly(lambda: run_case(case, tp_size, mesh, compare=False))
+            _report(payload.get("progress"), {"stage": "shapes", "case": index, "event": "done", "result": result})
+            results.append(result)
+    finally:
+        if not dist.is_initialized():  # the launcher destroys a group when this returns
+            dist.init_process_group("fake", rank=0, world_size=1)
+    return results
+
+
+def check_parity_worker(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Stage 2: each case at TP=2 over gloo, against the unsharded model on every rank."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, PARITY_TP_SIZE), mesh_dim_names=("dp", "tp"))
+    results = []
+    for index, case in enumerate(payload["cases"]):
+        _report(payload.get("progress"), {"stage": "parity", "case": index, "event": "start"})
+        with torch.random.fork_rng(devices=[]):
+            result = _quietly(lambda: run_case(case, PARITY_TP_SIZE, mesh, compare=True))
+        _report(payload.get("progress"), {"stage": "parity", "case": index, "event": "done", "result": result})
+        results.append(result)
+    return results
+
+
+# --- the parent side -------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    findings: dict[str, list[ModelFinding]]  # path -> findings
+    notes: list[str]
+
+
+class _ProgressReader(threading.Thread):
+    """Tails the workers' progress file: reports each case as it starts, keeps each result.
+
+    ``cases`` maps a launch's case numbers to the stage's (a relaunch runs the remaining ones).
+    """
+
+    def __init__(self, path: Path, stage: str, targets: list[RunTarget], cases: list[int], progress: Progress | None):
+        super().__init__(daemon=True)
+        self.path, self.stage, self.targets, self.cases, self.progress = path, stage, targets, cases, progress
+        self.results: dict[int, dict[str, Any]] = {}
+        self.running: int | None = None
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        offset = 0
+        while True:
+            stopping = self.stopped.is_set()
+            if self.path.exists():
+                with open(self.path, "rb") as file:
+                    file.seek(offset)
+                    for line in iter(file.readline, b""):
+                        if not line.endswith(b"\n"):
+                            break  # a record still being written: read it whole next time
+                        offset += len(line)
+                        self._read(json.loads(line))
+            if stopping:
+                return
+            self.stopped.wait(0.1)
+
+    def _read(self, record: dict[str, Any]) -> None:
+        index = self.cases[record["case"]]
+        if record["event"] == "start":
+            self.running = index
+            if self.progress is not None:
+                target = self.targets[index]
+                where = f"TP={target.tp_size}, fake process group" if self.stage == "shapes" else "TP=2, gloo"
+                self.progress(f"[{self.stage} {index + 1}/{len(self.targets)}] {target.path} ({where})")
+        else:
+            self.results[index] = record["result"]
+            self.running = None
+
+    def finish(self) -> None:
+        self.stopped.set()
+        self.join()
+
+
+def _launch(
+    target: str, world_size: int, stage: str, targets: list[RunTarget], deadline: float, progress: Progress | None
+) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    """Run one stage for every target: (results by case, errors by case).
+
+    A launch that ends early (a rank died or hung) charges its error to the case that was running
+    and is started again for the cases after it, while time is left: one broken plan does not hide
+    the verdict on the others.
+    """
+    results: dict[int, dict[str, Any]] = {}
+    errors: dict[int, str] = {}
+    pending = list(range(len(targets)))
+    while pending and time.monotonic() < deadline:
+        got, error, running = _launch_once(target, world_size, stage, targets, pending, deadline, progress)
+        results.update(got)
+        if error is None:
+            break
+        unfinished = [i for i in pending if i not in results]
+        if not unfinished:
+            break
+        failed = running if running in unfinished else unfinished[0]
+        errors[failed] = error
+        pending = [i for i in unfinished if i != failed]
+    return results, errors
+
+
+def _launch_once(
+    target: str,
+    world_size: int,
+    stage: str,
+    targets: list[RunTarget],
+    cases: list[int],
+    deadline: float,
+    progress: Progress | None,
+) -> tuple[dict[int, dict[str, Any]], str | None, int | None]:
+    """One launch for ``cases``: (results by case, the launch's error, the case running when it ended)."""
+    from plangen.launch import DistributedRunError, run_distributed
+
+    with tempfile.TemporaryDirectory(prefix="plangen-verify-") as tmp:
+        progress_file = Path(tmp) / "progress.jsonl"
+        reader = _ProgressReader(progress_file, stage, targets, cases, progress)
+        reader.start()
+        payload = {"cases": [asdict(targets[i]) for i in cases], "progress": str(progress_file)}
+        error = None
+        try:
+            per_rank = run_distributed(target, world_size, payload, timeout=max(1.0, deadline - time.monotonic()))
+        except DistributedRunError as failure:
+            per_rank, error = None, _launch_error(str(failure), world_size)
+        finally:
+            reader.finish()
+    results = dict(reader.results)
+    if per_rank is not None:
+        for position, index in enumerate(cases):
+            per_case = [rank[position] for rank in per_rank]
+            failed = next((r for r in per_case if "error" in r), None)
+            results[index] = failed or per_case[0]
+    return results, error, reader.running
+
+
+def _launch_error(text: str, world_size: int) -> str:
+    """One line from :class:`plangen.launch.DistributedRunError`'s text: which rank, and why."""
+    if "still running after" in text or "no result after" in text:
+        return f"no result before the time limit: a rank hung, and all {world_size} were killed"
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    rank = re.search(r"\brank(\d+) failed", text)
+    who = f"rank {rank.group(1)}" if rank else "the launcher"
+    return f"{who} failed: {lines[-1] if lines else text}"
+
+
+def check_run(targets: list[RunTarget], timeout: float = 600.0, progress: Progress | None = None) -> RunOutcome:
+    """Level-3 findings for each target (by path), and notes on what was skipped."""
+    outcome = RunOutcome({t.path: [] for t in targets}, [])
+    if not targets:
+        return outcome
+    deadline = time.monotonic() + timeout
+    if progress is not None:
+        progress(f"shapes: {len(targets)} plan(s) on a fake process group at their own TP size")
+    results, errors = _launch(SHAPES_TARGET, 1, "shapes", targets, deadline, progress)
+    passed = _collect(outcome, targets, results, errors, "shapes")
+    if not passed:
+        return outcome
+    if time.monotonic() >= deadline:
+        outcome.notes += [f"{t.path}: parity at TP=2 not run: --timeout reached" for t in passed]
+        return outcome
+    if progress is not None:
+        progress(f"parity: {len(passed)} plan(s) at TP=2 over gloo against the unsharded model")
+    results, errors = _launch(PARITY_TARGET, PARITY_TP_SIZE, "parity", passed, deadline, progress)
+    _collect(outcome, passed, results, errors, "parity")
+    return outcome
+
+
+def _collect(
+    outcome: RunOutcome,
+    targets: list[RunTarget],
+    results: dict[int, dict[str, Any]],
+    errors: dict[int, str],
+    stage: str,
+) -> list[RunTarget]:
+    """Turn a stage's results into findings; returns the targets that passed it."""
+    passed = []
+    for index, target in enumerate(targets):
+        result = results.get(index)
+        if index in errors:
+            where = f"TP={target.tp_size}, fake process group" if stage == "shapes" else "TP=2, gloo"
+            outcome.findings[target.path].append(ModelFinding("PG303", f"the run ({stage}, {where}) ended: {errors[index]}"))
+            continue
+        if result is None:
+            outcome.notes.append(f"{target.path}: {stage} not checked: --timeout reached first")
+            continue
+        if "skipped" in result:
+            outcome.notes.append(f"{target.path}: {stage} not checked: {result['skipped']}")
+            continue
+        finding = _finding(stage, target, result)
+        if finding is None:
+            passed.append(target)
+        else:
+            outcome.findings[target.path].append(finding)
+    return passed
+
+
+def _finding(stage: str, target: RunTarget, result: dict[str, Any]) -> ModelFinding | None:
+    tp = target.tp_size if stage == "shapes" else PARITY_TP_SIZE
+    key = result.get("key")
+    if "error" in result:
+        where = f" in `{result['module']}`" if result.get("module") else ""
+        what = {"load": "loading the plan", "apply": "applying the plan"}.get(result["stage"], result["stage"])
+        code = "PG301" if stage == "shapes" else "PG303"
+        return ModelFinding(code, f"at TP={tp}, {what} fails{where}: {result['error']}", key)
+    if result["missing"]:
+        return ModelFinding("PG301", f"at TP={tp}, `{result['missing'][0]}` gets no gradient", key)
+    if result["shapes"]:
+        name, (got, want) = next(iter(result["shapes"].items()))
+        return ModelFinding("PG301", f"at TP={tp}, the gradient of `{name}` has shape {got}, not {want}", key)
+    if stage == "shapes":
+        return None
+    logits, first = result["logits"], result["first_differing"]
+    if logits <= TOLERANCE and first is None:
+        return None
+    parts = [] if logits <= TOLERANCE else [f"logits differ by {logits:.1e}"]
+    if first is not None:
+        parts.append(f"the first gradient that differs is `{first}`'s, by {result['difference']:.1e}")
+    return ModelFinding(
+        "PG302", f"at TP=2 against the unsharded model (tolerance {TOLERANCE:g}): {'; '.join(parts)}", key
+    )
