@@ -29,6 +29,17 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.matching import find_matching_modules, find_unmatched_keys
+from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
+    PlanError,
+    check_heads_divisible,
+    check_packed_without_fsdp,
+    check_plan_fits,
+    covering_style as _covering_style,
+    find_transformer_layers,
+    resolve_tied_styles,
+    shards_attention as _shards_attention,
+    tied_embeddings as _tied_embeddings,
+)
 from plangen.plan import build_parallel_styles
 from plangen.plan_source import PlanLike, load_custom_plan
 from plangen.plans import CHECKPOINT_FILTERS, HAND_WRITTEN
@@ -37,10 +48,6 @@ from plangen.styles import RotaryEmbedParallel
 logger = logging.getLogger("plangen")
 
 PlanFunction = Callable[[nn.Module, bool], dict[str, ParallelStyle]]
-
-
-class PlanError(ValueError):
-    """The plan cannot be applied to this model at this TP size."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,94 +114,12 @@ def resolve_parallel_plan(
 
 
 # ---------------------------------------------------------------------------------------------
-# 2. Check (no collectives: every rank fails the same way, before any rank communicates)
-
-
-def check_heads_divisible(model: nn.Module, tp_size: int) -> None:
-    if not hasattr(model, "config"):
-        return
-    problem = tp_size_problem(model.config, tp_size, type(model).__name__)
-    if problem is not None:
-        raise PlanError(problem)
-
-
-def _shards_attention(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
-    for pattern, style in styles.items():
-        if isinstance(style, (ColwiseParallel, RowwiseParallel)):
-            if any(("attn" in n or "attention" in n) for n in find_matching_modules(model, pattern)):
-                return True
-    return False
-
-
-def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
-    unmatched = find_unmatched_keys(model, styles)
-    if unmatched:
-        raise PlanError(
-            f"plan key(s) match no module of {type(model).__name__}: {', '.join(unmatched)} "
-            "(torch would only warn and leave those modules unsharded)"
-        )
-    if _shards_attention(model, styles):
-        check_heads_divisible(model, tp_size)
-
-
-def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelStyle], dp_size: int) -> None:
-    """Packed (strided) shards compute right under FSDP2 but gather back permuted: checkpoints and
-    ``full_tensor()`` would be wrong, silently. Refuse until FSDP2 lays them out faithfully."""
-    from plangen.styles import PackedColwiseParallel, PackedRowwiseParallel
-
-    if dp_size <= 1:
-        return
-    packed = [p for p, s in styles.items() if isinstance(s, (PackedColwiseParallel, PackedRowwiseParallel))]
-    if packed:
-        raise PlanError(
-            f"packed (fused) projections {', '.join(packed)} cannot be sharded by FSDP2 as well (DP size {dp_size}): "
-            "their state dict would come back permuted; use DP size 1 or leave them replicated"
-        )
+# 2. Check (no collectives: every rank fails the same way, before any rank communicates):
+# check_plan_fits, check_packed_without_fsdp, in plangen.plan_checks (shared with plangen verify)
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Apply TP, keeping tied embeddings one parameter
-
-
-def _tied_embeddings(model: nn.Module) -> tuple[str, str] | None:
-    """Module paths of (input embedding, output head) when their weights are one parameter."""
-    get_in = getattr(model, "get_input_embeddings", None)
-    get_out = getattr(model, "get_output_embeddings", None)
-    if get_in is None or get_out is None:
-        return None
-    emb, head = get_in(), get_out()
-    if emb is None or head is None or emb.weight is not head.weight:
-        return None
-    names = {id(m): n for n, m in model.named_modules()}
-    return names[id(emb)], names[id(head)]
-
-
-def _covering_style(model: nn.Module, styles: Mapping[str, ParallelStyle], path: str) -> ParallelStyle | None:
-    from plangen.matching import key_matches
-
-    found = [s for p, s in styles.items() if key_matches(p, path)]
-    return found[-1] if found else None
-
-
-def resolve_tied_styles(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> dict[str, ParallelStyle]:
-    """Give both ends of a tied embedding a vocabulary sharding, so the tie survives TP.
-
-    A plan that shards only one end (Hugging Face's plans shard ``lm_head`` alone) would leave one
-    weight a DTensor and the other a plain tensor: one parameter cannot be both.
-    """
-    tied = _tied_embeddings(model)
-    styles = dict(styles)
-    if tied is None:
-        return styles
-    emb_path, head_path = tied
-    emb_style, head_style = _covering_style(model, styles, emb_path), _covering_style(model, styles, head_path)
-    if head_style is not None and emb_style is None:
-        logger.info("plangen: %s is tied to %s: sharding it on the vocabulary too", emb_path, head_path)
-        styles[emb_path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    elif emb_style is not None and head_style is None:
-        logger.info("plangen: %s is tied to %s: sharding it on the vocabulary too", head_path, emb_path)
-        styles[head_path] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    return styles
+# 3. Apply TP, keeping tied embeddings one parameter (resolve_tied_styles: plangen.plan_checks)
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, styles: Mapping[str, ParallelStyle]) -> None:
@@ -241,29 +166,6 @@ def apply_sequence_length_check(model: nn.Module, tp_size: int) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # 4-5. Activation checkpointing and FSDP2
-
-
-def find_transformer_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks (decoder layers, vision blocks) wherever the class keeps them.
-
-    Hugging Face lists them by class name in ``_no_split_modules`` (also what its own FSDP
-    auto-wrapping uses); the outermost matches are the FSDP2 units.
-    """
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    layers: list[nn.Module] = []
-    inside: set[int] = set()
-    for module in model.modules():
-        if id(module) in inside:
-            continue
-        if type(module).__name__ in names:
-            layers.append(module)
-            inside.update(id(m) for m in module.modules())
-    if layers:
-        return layers
-    # No declaration: fall back to the children of every ModuleList.
-    return [child for module in model.modules() if isinstance(module, nn.ModuleList) for child in module]
 
 
 def apply_activation_checkpointing(layers: list[nn.Module]) -> None:
