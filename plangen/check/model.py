@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
 
 import libcst as cst
-import libcst.matchers as m
 
 from plangen.check.diagnostics import Diagnostic, drop_ignored
-from plangen.check.plan_file import PlanFile, string_value
+from plangen.check.plan_file import PlanFile, find_comments, string_value
 from plangen.check.static import decode_source
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,8 +86,8 @@ def read_plan_positions(source: str) -> PlanPositions:
     elif plan.functions:
         positions.plan = plan.position(plan.functions[0].name)
     for plan_dict in plan.dicts:
-        for comment in m.findall(plan_dict, m.Comment()):
-            match = _COMMENTED_KEY.match(comment.value)  # type: ignore[union-attr]
+        for comment in find_comments(plan_dict):
+            match = _COMMENTED_KEY.match(comment.value)
             if match:
                 positions.replicated_on_purpose.append(match.group("key"))
     return positions
@@ -266,7 +265,7 @@ def build_model_plan(
     sequence_parallel: bool | None = None,
     replicated_on_purpose: list[str] | None = None,
 ) -> ModelPlan:
-    from plangen.parallelize import resolve_tied_styles
+    from plangen.plan_checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, written)  # what the runtime will apply
     return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()))

@@ -16,7 +16,6 @@ from functools import cached_property
 from typing import ClassVar, Iterator, Mapping, Sequence, Union
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.helpers import get_full_name_for_node
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
@@ -72,12 +71,36 @@ class Value:
         }.get(self.category, code)
 
 
-def _signed(number: m.BaseMatcherNode) -> m.BaseMatcherNode:
-    return number | m.UnaryOperation(operator=m.Minus() | m.Plus(), expression=number)
+# Node tests by isinstance, not libcst.matchers: importing that module costs more than a whole
+# level-1 check (about 0.2 s), and `plangen verify` has a time budget.
 
 
-_INT = _signed(m.Integer())
-_NON_INT_NUMBER = _signed(m.Float() | m.Imaginary())
+def is_name(node: cst.CSTNode, *values: str) -> bool:
+    """``node`` is a bare name, one of ``values``."""
+    return isinstance(node, cst.Name) and node.value in values
+
+
+def is_signed(node: cst.CSTNode, kinds: tuple[type[cst.CSTNode], ...]) -> bool:
+    """``node`` is a number literal of ``kinds``, with or without a leading ``-`` or ``+``."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, (cst.Minus, cst.Plus)):
+        node = node.expression
+    return isinstance(node, kinds)
+
+
+class _CommentCollector(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.comments: list[cst.Comment] = []
+
+    def visit_Comment(self, node: cst.Comment) -> None:
+        self.comments.append(node)
+
+
+def find_comments(node: cst.CSTNode) -> list[cst.Comment]:
+    """Every comment under ``node``, in source order."""
+    collector = _CommentCollector()
+    node.visit(collector)
+    return collector.comments
 
 
 def suggest(name: str, candidates: Sequence[str]) -> str:
@@ -137,7 +160,7 @@ class PlanFile:
         if "plangen:" not in self.module.code:
             return {}
         ignores: dict[int, frozenset[str]] = {}
-        for comment in m.findall(self.module, m.Comment()):
+        for comment in find_comments(self.module):
             codes = parse_ignore_comment(comment.value)
             if codes is not None:
                 ignores[self.position(comment)[0]] = codes
@@ -246,15 +269,15 @@ class PlanFile:
         return value
 
     def _classify(self, node: cst.BaseExpression) -> Value:
-        if m.matches(node, m.Name("None")):
+        if is_name(node, "None"):
             return Value("none")
-        if m.matches(node, m.Name("True") | m.Name("False")):
+        if is_name(node, "True", "False"):
             return Value("bool")
-        if m.matches(node, _INT):
+        if is_signed(node, (cst.Integer,)):
             return Value("int")
-        if m.matches(node, _NON_INT_NUMBER):
+        if is_signed(node, (cst.Float, cst.Imaginary)):
             return Value("float")
-        if m.matches(node, m.SimpleString() | m.ConcatenatedString()):
+        if isinstance(node, (cst.SimpleString, cst.ConcatenatedString)):
             return Value("bytes" if isinstance(string_value(node), bytes) else "str")
         if isinstance(node, cst.FormattedString):
             return Value("str")
@@ -374,7 +397,7 @@ class _BindingCollector(cst.CSTVisitor):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
-            if self.depth == 0 and m.matches(target.target, m.Name(PLAN_NAME)):
+            if self.depth == 0 and is_name(target.target, PLAN_NAME):
                 self.plan.assignments.append(node.value)
                 self.plan.bindings.setdefault(PLAN_NAME, set()).add("other")
             else:
@@ -383,7 +406,7 @@ class _BindingCollector(cst.CSTVisitor):
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         if node.value is None:  # an annotation alone binds nothing
             return
-        if self.depth == 0 and m.matches(node.target, m.Name(PLAN_NAME)):
+        if self.depth == 0 and is_name(node.target, PLAN_NAME):
             self.plan.assignments.append(node.value)
             self.plan.bindings.setdefault(PLAN_NAME, set()).add("other")
         else:

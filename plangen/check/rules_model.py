@@ -174,7 +174,11 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
 def check_style_fits(plan: ModelPlan) -> Iterator[ModelFinding]:
     for key, names in plan.matches.items():
         style = plan.styles[key]
+        seen: set[type] = set()  # the fit depends on the module's class (and its forward), not on which layer
         for name in names:
+            if type(plan.modules[name]) in seen:
+                continue
+            seen.add(type(plan.modules[name]))
             problem = _fit_problem(style, plan.modules[name])
             if problem is not None:
                 yield ModelFinding("PG203", f"{problem} (`{generalize(name)}`)", key, "value")
@@ -208,14 +212,14 @@ def _largest_divisor(n: int, limit: int) -> int:
 
 def check_divisibility(plan: ModelPlan) -> Iterator[ModelFinding]:
     from plangen.heads import head_counts, tp_size_problem
-    from plangen.parallelize import _shards_attention  # the runtime's own "does this shard attention"
+    from plangen.plan_checks import shards_attention  # the runtime's own "does this shard attention"
 
     tp = plan.tp_size
     required: list[tuple[str, str, str, int, int]] = []  # key, path, what, size, parts
     attention_key = None
     for key, names in plan.matches.items():
         style = plan.styles[key]
-        if names and attention_key is None and _shards_attention(plan.model, {key: style}):
+        if names and attention_key is None and shards_attention(plan.model, {key: style}):
             attention_key = key
         seen: set[tuple[str, int, int]] = set()
         for name in names:
@@ -298,9 +302,7 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
 
 def _row_problem(plan: ModelPlan, name: str) -> str | None:
     block = parent_path(name)
-    kinds = plan.styles_below.get(block, set())
-    block_style = plan.style_of(block)
-    if "colwise" in kinds or (block_style is not None and style_kind(block_style) in ("prepare_input", "gather_output")):
+    if "colwise" in plan.styles_below.get(block, set()):
         return None
     return (
         f"row-parallel `{generalize(name)}` reads its input as this rank's shard, but nothing in"
@@ -372,7 +374,7 @@ def check_sequence_parallel(plan: ModelPlan) -> Iterator[ModelFinding]:
 
 def _norms_outside_sequence_parallel(plan: ModelPlan) -> Iterator[ModelFinding]:
     """With the residual split on the sequence, every norm on it must take a sequence shard."""
-    from plangen.parallelize import find_transformer_layers
+    from plangen.plan_checks import find_transformer_layers
 
     names = {id(module): name for name, module in plan.modules.items()}
     owners: set[str] = set()  # the decoder blocks the plan touches, and the modules holding them
@@ -446,9 +448,9 @@ def _projection_key(plan: ModelPlan, block: str, norm: str) -> str | None:
 
 
 def check_tied_embeddings(plan: ModelPlan) -> Iterator[ModelFinding]:
-    from plangen.parallelize import _tied_embeddings  # the runtime's own notion of "tied"
+    from plangen.plan_checks import tied_embeddings  # the runtime's own notion of "tied"
 
-    tied = _tied_embeddings(plan.model)
+    tied = tied_embeddings(plan.model)
     if tied is None:
         return
     emb_path, head_path = tied
@@ -512,7 +514,7 @@ def check_unsharded_linears(plan: ModelPlan) -> Iterator[ModelFinding]:
 
 
 def check_packed_with_fsdp(plan: ModelPlan) -> Iterator[ModelFinding]:
-    from plangen.parallelize import PlanError, check_packed_without_fsdp
+    from plangen.plan_checks import PlanError, check_packed_without_fsdp
 
     for key, style in plan.styles.items():
         if not plan.matches.get(key):

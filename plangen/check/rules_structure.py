@@ -7,29 +7,38 @@ import warnings
 from typing import Iterator
 
 import libcst as cst
-import libcst.matchers as m
 
 from plangen.check.diagnostics import Diagnostic
-from plangen.check.plan_file import TP_IMPORT, Finding, Invalid, PlanFile, Rule, collect_returns, string_value
-
-_NOT_A_DICT = m.OneOf(
-    m.Integer(),
-    m.Float(),
-    m.Imaginary(),
-    m.SimpleString(),
-    m.ConcatenatedString(),
-    m.FormattedString(),
-    m.List(),
-    m.Tuple(),
-    m.Set(),
-    m.ListComp(),
-    m.SetComp(),
-    m.GeneratorExp(),
-    m.Name("None"),
-    m.Name("True"),
-    m.Name("False"),
-    m.Ellipsis(),
+from plangen.check.plan_file import (
+    TP_IMPORT,
+    Finding,
+    Invalid,
+    PlanFile,
+    Rule,
+    collect_returns,
+    is_name,
+    string_value,
 )
+
+_NOT_A_DICT_NODES = (
+    cst.Integer,
+    cst.Float,
+    cst.Imaginary,
+    cst.SimpleString,
+    cst.ConcatenatedString,
+    cst.FormattedString,
+    cst.List,
+    cst.Tuple,
+    cst.Set,
+    cst.ListComp,
+    cst.SetComp,
+    cst.GeneratorExp,
+    cst.Ellipsis,
+)
+
+
+def _not_a_dict(node: cst.BaseExpression) -> bool:
+    return isinstance(node, _NOT_A_DICT_NODES) or is_name(node, "None", "True", "False")
 
 
 class SyntaxErrorRule(Rule):
@@ -127,7 +136,7 @@ class PlanNotADictRule(Rule):
 
     def check(self, plan: PlanFile) -> Iterator[Finding]:
         for value in plan.assignments:
-            if m.matches(value, _NOT_A_DICT):
+            if _not_a_dict(value):
                 yield value, self.message.format(what=_describe_literal(value))
         for function in plan.functions:
             collected = collect_returns(function)
@@ -136,12 +145,12 @@ class PlanNotADictRule(Rule):
             elif not any(r.value is not None for r in collected.returns):
                 yield function.name, self.message.format(what="None: `custom_parallel_plan()` returns None")
             for ret in collected.returns:
-                if ret.value is not None and m.matches(ret.value, _NOT_A_DICT):
+                if ret.value is not None and _not_a_dict(ret.value):
                     yield ret.value, self.message.format(what=_describe_literal(ret.value))
 
 
 def _describe_literal(node: cst.BaseExpression) -> str:
-    if m.matches(node, m.Name("None")):
+    if is_name(node, "None"):
         return "None"
     kind = type(node).__name__
     names = {"List": "a list", "Tuple": "a tuple", "Set": "a set", "ListComp": "a list", "SetComp": "a set"}

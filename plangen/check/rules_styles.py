@@ -10,7 +10,6 @@ import ast
 from typing import Any, Iterator
 
 import libcst as cst
-import libcst.matchers as m
 
 from plangen.check import known_styles as known
 from plangen.check.plan_file import (
@@ -21,6 +20,7 @@ from plangen.check.plan_file import (
     PlanFile,
     Resolved,
     Rule,
+    is_name,
     plan_source,
     string_value,
     suggest,
@@ -597,7 +597,7 @@ def _placement_literal(plan: PlanFile, node: cst.BaseExpression) -> str | None:
         return "Replicate()" if not args else None
     if name == "Partial":
         op = string_value(args[0]) if args else "sum"
-        if args and m.matches(args[0], m.Name("None")):
+        if args and is_name(args[0], "None"):
             op = "sum"
         known_op = isinstance(op, str) and op in known.PARTIAL_REDUCE_OPS
         return f"Partial({op})" if known_op and len(args) <= 1 else None
