@@ -1,0 +1,288 @@
+"""Level 2 of ``plangen verify``: plan files against their model on the meta device (PG2xx).
+
+Every code's wrong example yields exactly that code at the given lines and columns, its right
+example nothing; the committed generated plans are clean; each rule is probed on variants of a
+generated plan; the CLI's defaults (model from the file), exit codes, formats and severities; and
+the speed budget on the 405B-shaped config (benchmarks/verify_speed.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plangen.check import VerifyOptions, VerifyUsageError, verify_plan_files
+from plangen.check.diagnostics import CODES
+from plangen.check.rules_model import MODEL_RULES
+from plangen.check.static import read_plan_metadata
+from plangen.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = sorted((ROOT / "generated").glob("*_plan.py"))
+LEVEL2_CODES = sorted(code for code in CODES if "PG200" < code < "PG300")
+
+# Where each wrong example's findings are, in order: (line, col).
+WRONG_AT = {
+    "PG201": [(4, 1)],
+    "PG202": [(5, 25)],
+    "PG203": [(6, 27)],
+    "PG204": [(6, 37), (7, 35), (8, 37)],
+    "PG205": [(5, 5), (6, 5), (7, 5)],
+    "PG206": [(21, 37)],
+    "PG207": [(5, 5), (6, 5)],
+    "PG208": [(7, 16)],
+    "PG209": [(5, 24)],
+    "PG210": [(7, 40)],
+}
+
+
+def _verify(tmp_path: Path, source: str, name: str = "plan.py", **options):
+    path = tmp_path / name
+    path.write_text(source)
+    return verify_plan_files([path], VerifyOptions(**options))
+
+
+def _found(report) -> list[tuple[str, int, int]]:
+    return [(d.code, d.line, d.col) for d in report.diagnostics]
+
+
+# --- the registry's examples ------------------------------------------------------------------------
+
+
+def test_every_level2_code_has_a_rule_and_positions():
+    assert sorted(WRONG_AT) == LEVEL2_CODES
+    assert sorted(MODEL_RULES) == [c for c in LEVEL2_CODES if c != "PG201"]  # PG201: the loader
+
+
+@pytest.mark.parametrize("code", LEVEL2_CODES)
+def test_wrong_example_has_exactly_its_code_there(code, tmp_path):
+    report = _verify(tmp_path, CODES[code].wrong)
+    assert _found(report) == [(code, line, col) for line, col in WRONG_AT[code]], report.diagnostics
+
+
+@pytest.mark.parametrize("code", LEVEL2_CODES)
+def test_right_example_is_clean(code, tmp_path):
+    assert _verify(tmp_path, CODES[code].right).diagnostics == []
+
+
+# --- the committed generated plans -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", GENERATED, ids=lambda p: p.name)
+def test_generated_plan_is_clean_against_its_model(path):
+    metadata = read_plan_metadata(path)
+    assert {"PLANGEN_MODEL", "PLANGEN_TP_SIZE", "PLANGEN_SEQUENCE_PARALLEL"} <= set(metadata)
+    report = verify_plan_files([path])
+    assert report.diagnostics == [] and report.notes == []
+
+
+# --- each rule on variants of a generated plan -------------------------------------------------------
+
+LLAMA = (ROOT / "generated" / "llama_plan.py").read_text()
+LLAMA_SP = (ROOT / "generated" / "llama_sp_plan.py").read_text()
+QWEN3 = (ROOT / "generated" / "qwen3_plan.py").read_text()
+
+
+def _edit(text: str, old: str, new: str) -> str:
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+def _line_of(text: str, fragment: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if fragment in line)
+
+
+def _drop(text: str, key: str) -> str:
+    return "\n".join(line for line in text.splitlines() if f'"{key}"' not in line) + "\n"
+
+
+def test_typo_in_a_key_suggests_the_module(tmp_path):
+    plan = _edit(LLAMA, '"model.layers.*.mlp.up_proj"', '"model.layer.*.mlp.up_proj"')
+    report = _verify(tmp_path, plan)
+    line = _line_of(plan, "model.layer.*.mlp.up_proj")
+    assert ("PG202", line, 5) in _found(report)
+    assert "did you mean `model.layers.*.mlp.up_proj`" in report.diagnostics[-1].message
+    # The projection the typo missed is reported too, as a warning.
+    assert [d.severity for d in report.diagnostics if d.code == "PG209"] == ["warning"]
+
+
+def test_heads_not_divisible_names_the_largest_legal_tp_size(tmp_path):
+    report = _verify(tmp_path, LLAMA, tp_size=3)
+    messages = [d.message for d in report.diagnostics if d.code == "PG204"]
+    assert "num_attention_heads=32 is not divisible by the TP size 3" in messages[0]
+    assert all("largest legal TP size" in m and m.rstrip().endswith("2") for m in messages)
+    assert len(messages) == 7  # heads on q_proj; k, v, o, gate, up, down each their own key
+    assert _verify(tmp_path, LLAMA, tp_size=4).diagnostics == []
+
+
+def test_style_must_fit_the_module(tmp_path):
+    plan = _edit(LLAMA, '# "model.norm": 1', '"model.norm": ColwiseParallel(),  # 1')
+    found = _verify(tmp_path, plan).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG203", _line_of(plan, '"model.norm"'))]
+    assert "not LlamaRMSNorm" in found[0].message
+    typo = _edit(LLAMA, 'input_kwarg_layouts={"hidden_states": Replicate()}', 'input_kwarg_layouts={"hidden_state": Replicate()}')
+    found = _verify(tmp_path, typo).diagnostics
+    assert [d.code for d in found] == ["PG203"] and "no such parameter" in found[0].message
+
+
+def test_column_and_row_parallel_pair_within_a_block(tmp_path):
+    no_o_proj = _drop(LLAMA, "model.layers.*.self_attn.o_proj")
+    codes = [d.code for d in _verify(tmp_path, no_o_proj).diagnostics]
+    assert codes.count("PG205") == 3 and codes.count("PG209") == 1
+    local_logits = _edit(
+        LLAMA, "output_layouts=Shard(-1), use_local_output=False)", "output_layouts=Shard(-1), use_local_output=True)"
+    )
+    found = _verify(tmp_path, local_logits).diagnostics
+    assert [d.code for d in found] == ["PG205"] and "vocabulary" in found[0].message
+    no_gate_up = _drop(_drop(LLAMA, "model.layers.*.mlp.gate_proj"), "model.layers.*.mlp.up_proj")
+    found = [d for d in _verify(tmp_path, no_gate_up).diagnostics if d.code == "PG205"]
+    assert len(found) == 1 and "row-parallel `model.layers.*.mlp.down_proj`" in found[0].message
+
+
+def test_sequence_parallel_must_hold_everywhere(tmp_path):
+    norm_left_out = _drop(LLAMA_SP, "model.norm")
+    found = _verify(tmp_path, norm_left_out).diagnostics
+    assert [d.code for d in found] == ["PG206"] and '`"model.norm": SequenceParallel()`' in found[0].message
+    # Declared off on the command line: one finding for the whole plan.
+    found = _verify(tmp_path, LLAMA_SP, sequence_parallel=False).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG206", _line_of(LLAMA_SP, "custom_parallel_plan: dict"))]
+    found = _verify(tmp_path, LLAMA, sequence_parallel=True).diagnostics
+    assert [d.code for d in found] == ["PG206"] and "never splits the sequence" in found[0].message
+    # Undeclared: the plan's majority decides, the odd layout is reported on its key.
+    undeclared = _edit(LLAMA_SP, "PLANGEN_SEQUENCE_PARALLEL = True\n", "")
+    undeclared = _edit(
+        undeclared,
+        'RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False)',
+        'RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=False)',
+    )
+    found = _verify(tmp_path, undeclared).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG206", _line_of(undeclared, '"model.layers.*.self_attn.o_proj"'))]
+
+
+def test_per_head_norms_need_their_gradient_summed(tmp_path):
+    plan = _drop(QWEN3, "model.layers.*.self_attn.k_norm")
+    found = _verify(tmp_path, plan).diagnostics
+    assert [(d.code, d.line, d.col) for d in found] == [("PG207", _line_of(plan, '"model.layers.*.self_attn.k_proj"'), 5)]
+    assert "ReplicatedWithGradAllReduce()" in found[0].message
+
+
+def test_tied_embeddings_completed_by_the_runtime_are_not_reported(tmp_path):
+    # Gemma3's head is tied to its embedding; sharding the head alone is completed by the runtime.
+    source = (ROOT / "generated" / "gemma3_text_plan.py").read_text()
+    head_only = _drop(source, "model.embed_tokens")
+    assert [d.code for d in _verify(tmp_path, head_only).diagnostics] == []
+
+
+def test_leave_unsharded_and_commented_keys_mark_deliberate_replication(tmp_path):
+    plan = _edit(LLAMA, '    "lm_head": ColwiseParallel(', '    "lm_head": LeaveUnsharded(),\n    "_": ColwiseParallel(')
+    plan = _edit(plan, "from torch.distributed.tensor import", "from plangen.styles import LeaveUnsharded\nfrom torch.distributed.tensor import")
+    plan = _drop(plan, "_")
+    assert _verify(tmp_path, plan).diagnostics == []
+    dropped = _drop(LLAMA, "lm_head")
+    assert [d.code for d in _verify(tmp_path, dropped).diagnostics] == ["PG209"]
+    commented = dropped.replace('"model.norm": 1', '"model.norm": 1\n    # "lm_head": replicated on purpose')
+    assert _verify(tmp_path, commented).diagnostics == []
+
+
+def test_ignore_comment_silences_a_level2_finding(tmp_path):
+    plan = _edit(LLAMA, '"model.layers.*.mlp.up_proj"', '"model.layer.*.mlp.up_proj"')
+    plan = plan.replace("use_local_output=True),\n", "use_local_output=True),  # plangen: ignore[PG202]\n")
+    plan = plan.replace("= {\n", "= {  # plangen: ignore[PG209]\n", 1)
+    assert _verify(tmp_path, plan).diagnostics == []
+
+
+# --- loading the plan file ---------------------------------------------------------------------------
+
+
+def test_plan_that_exits_or_raises_is_a_finding_on_its_line(tmp_path):
+    source = 'PLANGEN_MODEL = "llama"\nimport sys\nsys.exit(3)\ncustom_parallel_plan = {}\n'
+    assert _found(_verify(tmp_path, source)) == [("PG201", 3, 1)]
+    function = 'PLANGEN_MODEL = "llama"\n\n\ndef custom_parallel_plan():\n    return {"lm_head": 1 / 0}\n'
+    report = _verify(tmp_path, function)
+    assert _found(report) == [("PG201", 5, 24)] and "ZeroDivisionError" in report.diagnostics[0].message
+
+
+def test_plan_prints_go_to_stderr(tmp_path, capsys):
+    source = 'PLANGEN_MODEL = "llama"\nprint("hello from the plan")\ncustom_parallel_plan = {}\n'
+    assert _verify(tmp_path, source).diagnostics == []
+    captured = capsys.readouterr()
+    assert "hello from the plan" in captured.err and "hello" not in captured.out
+
+
+def test_files_with_static_errors_are_not_imported(tmp_path):
+    marker = tmp_path / "ran"
+    source = f'PLANGEN_MODEL = "llama"\nopen({str(marker)!r}, "w")\ncustom_parallel_plan = {{"lm_head": "colwise"}}\n'
+    report = _verify(tmp_path, source)
+    assert [d.code for d in report.diagnostics] == ["PG103"] and not marker.exists()
+    assert "static findings first" in report.notes[0]
+
+
+def test_settings_come_from_options_then_the_file(tmp_path):
+    source = LLAMA.replace('PLANGEN_MODEL = "llama"', 'PLANGEN_MODEL = "no-such-model-type"')
+    with pytest.raises(VerifyUsageError, match="PLANGEN_MODEL"):
+        _verify(tmp_path, source)
+    assert _verify(tmp_path, source, model="llama").diagnostics == []
+    bare = "\n".join(line for line in LLAMA.splitlines() if not line.startswith("PLANGEN_")) + "\n"
+    report = _verify(tmp_path, bare)
+    assert report.diagnostics == [] and "pass --model" in report.notes[0]
+    report = _verify(tmp_path, bare, model="llama")
+    assert report.diagnostics == [] and "checked at TP size 2" in report.notes[0]
+
+
+# --- the CLI -------------------------------------------------------------------------------------------
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, ["verify", *args])
+
+
+@pytest.fixture
+def warned(tmp_path):
+    path = tmp_path / "warned.py"
+    path.write_text(CODES["PG209"].wrong)
+    return path
+
+
+def test_cli_warnings_exit_0_unless_strict(warned):
+    result = _invoke(str(warned), "--tp-size", "2")
+    assert result.exit_code == 0
+    assert result.stdout.startswith(f"{warned}:5:24: PG209 warning: `lm_head`")
+    assert _invoke(str(warned), "--tp-size", "2", "--strict").exit_code == 1
+    github = _invoke(str(warned), "--tp-size", "2", "--format", "github").stdout
+    assert github.startswith("::warning file=") and "title=PG209" in github
+    [entry] = json.loads(_invoke(str(warned), "--tp-size", "2", "--format", "json").stdout)
+    assert entry["code"] == "PG209" and entry["severity"] == "warning"
+
+
+def test_cli_errors_exit_1_and_bad_model_exits_2(tmp_path):
+    path = tmp_path / "plan.py"
+    path.write_text(CODES["PG202"].wrong)
+    result = _invoke(str(path))
+    assert result.exit_code == 1 and result.stdout.startswith(f"{path}:5:25: PG202 `lm_heads`")
+    bad = _invoke(str(path), "--model", "no-such-model-type")
+    assert bad.exit_code == 2 and bad.stderr.startswith("plangen: error: --model: unknown model spec")
+    assert _invoke(str(path), "--static").exit_code == 0  # level 1 alone never imports the file
+
+
+def test_cli_sequence_parallel_flag_overrides_the_file():
+    path = str(ROOT / "generated" / "llama_sp_plan.py")
+    assert _invoke(path).exit_code == 0
+    off = _invoke(path, "--no-sequence-parallel")
+    assert off.exit_code == 1 and " PG206 " in off.stdout
+
+
+# --- speed ----------------------------------------------------------------------------------------------
+
+
+def test_levels_1_and_2_on_405b_within_budget_of_the_import_floor():
+    script = ROOT / "benchmarks" / "verify_speed.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--repeat", "2"], cwd=ROOT, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ratio" in result.stdout
