@@ -20,6 +20,7 @@ The harness core (:func:`next_token_loss`, :func:`full_tensor`, :func:`sample_ba
 from __future__ import annotations
 
 import json
+import os
 import re
 import tempfile
 import threading
@@ -258,12 +259,12 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
 # --- the workers (run by plangen.launch, after it made a gloo group) -------------------------------
 
 
-def _report(progress_file: str | None, record: dict[str, Any]) -> None:
-    import torch.distributed as dist
-
-    if progress_file and (not dist.is_initialized() or dist.get_rank() == 0):
-        with open(progress_file, "a", encoding="utf-8") as out:
-            out.write(json.dumps(record) + "\n")
+def _report(progress_dir: str | None, record: dict[str, Any]) -> None:
+    """Append a record to this rank's progress file (one file per rank: no interleaved writes)."""
+    if progress_dir:
+        rank = int(os.environ.get("RANK", "0"))
+        with open(Path(progress_dir) / f"rank{rank}.jsonl", "a", encoding="utf-8") as out:
+            out.write(json.dumps({**record, "rank": rank}) + "\n")
 
 
 def _quietly(fn: Callable[[], Any]) -> Any:
@@ -331,45 +332,64 @@ class RunOutcome:
 
 
 class _ProgressReader(threading.Thread):
-    """Tails the workers' progress file: reports each case as it starts, keeps each result.
+    """Tails the workers' progress files: reports each case as rank 0 starts it, keeps what each
+    rank started and finished, so a launch that dies can be charged to the case it died in.
 
     ``cases`` maps a launch's case numbers to the stage's (a relaunch runs the remaining ones).
     """
 
-    def __init__(self, path: Path, stage: str, targets: list[RunTarget], cases: list[int], progress: Progress | None):
+    def __init__(self, folder: Path, stage: str, targets: list[RunTarget], cases: list[int], progress: Progress | None):
         super().__init__(daemon=True)
-        self.path, self.stage, self.targets, self.cases, self.progress = path, stage, targets, cases, progress
-        self.results: dict[int, dict[str, Any]] = {}
-        self.running: int | None = None
+        self.folder, self.stage, self.targets, self.cases, self.progress = folder, stage, targets, cases, progress
+        self.done: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> case -> result
+        self.running: dict[int, int | None] = {}  # rank -> case
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        offset = 0
+        offsets: dict[Path, int] = {}
         while True:
             stopping = self.stopped.is_set()
-            if self.path.exists():
-                with open(self.path, "rb") as file:
-                    file.seek(offset)
+            for path in sorted(self.folder.glob("rank*.jsonl")):
+                with open(path, "rb") as file:
+                    file.seek(offsets.get(path, 0))
                     for line in iter(file.readline, b""):
                         if not line.endswith(b"\n"):
                             break  # a record still being written: read it whole next time
-                        offset += len(line)
+                        offsets[path] = offsets.get(path, 0) + len(line)
                         self._read(json.loads(line))
             if stopping:
                 return
             self.stopped.wait(0.1)
 
     def _read(self, record: dict[str, Any]) -> None:
-        index = self.cases[record["case"]]
+        index, rank = self.cases[record["case"]], record["rank"]
         if record["event"] == "start":
-            self.running = index
-            if self.progress is not None:
+            self.running[rank] = index
+            if self.progress is not None and rank == 0:
                 target = self.targets[index]
                 where = f"TP={target.tp_size}, fake process group" if self.stage == "shapes" else "TP=2, gloo"
                 self.progress(f"[{self.stage} {index + 1}/{len(self.targets)}] {target.path} ({where})")
         else:
-            self.results[index] = record["result"]
-            self.running = None
+            self.done.setdefault(rank, {})[index] = record["result"]
+            self.running[rank] = None
+
+    def finished(self, world_size: int) -> dict[int, dict[str, Any]]:
+        """The cases every rank finished, each rank's error first."""
+        results = {}
+        for index in self.cases:
+            per_rank = [self.done.get(rank, {}).get(index) for rank in range(world_size)]
+            if all(r is not None for r in per_rank):
+                results[index] = next((r for r in per_rank if "error" in r), per_rank[0])
+        return results
+
+    def culprit(self, failed_rank: int | None, finished: dict[int, dict[str, Any]]) -> int | None:
+        """The case a dead (or, without a rank, the slowest hung) launch was in."""
+        if failed_rank is not None and self.running.get(failed_rank) is not None:
+            return self.running[failed_rank]
+        running = [i for i in self.running.values() if i is not None and i not in finished]
+        if running:
+            return min(running)
+        return next((i for i in self.cases if i not in finished), None)
 
     def finish(self) -> None:
         self.stopped.set()
@@ -381,7 +401,7 @@ def _launch(
 ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
     """Run one stage for every target: (results by case, errors by case).
 
-    A launch that ends early (a rank died or hung) charges its error to the case that was running
+    A launch that ends early (a rank died or hung) charges its error to the case that rank was in
     and is started again for the cases after it, while time is left: one broken plan does not hide
     the verdict on the others.
     """
@@ -389,16 +409,12 @@ def _launch(
     errors: dict[int, str] = {}
     pending = list(range(len(targets)))
     while pending and time.monotonic() < deadline:
-        got, error, running = _launch_once(target, world_size, stage, targets, pending, deadline, progress)
+        got, error, culprit = _launch_once(target, world_size, stage, targets, pending, deadline, progress)
         results.update(got)
-        if error is None:
+        if error is None or culprit is None:
             break
-        unfinished = [i for i in pending if i not in results]
-        if not unfinished:
-            break
-        failed = running if running in unfinished else unfinished[0]
-        errors[failed] = error
-        pending = [i for i in unfinished if i != failed]
+        errors[culprit] = error
+        pending = [i for i in pending if i not in results and i != culprit]
     return results, errors
 
 
@@ -411,34 +427,34 @@ def _launch_once(
     deadline: float,
     progress: Progress | None,
 ) -> tuple[dict[int, dict[str, Any]], str | None, int | None]:
-    """One launch for ``cases``: (results by case, the launch's error, the case running when it ended)."""
+    """One launch for ``cases``: (results by case, the launch's error, the case it ended in)."""
     from plangen.launch import DistributedRunError, run_distributed
 
     with tempfile.TemporaryDirectory(prefix="plangen-verify-") as tmp:
-        progress_file = Path(tmp) / "progress.jsonl"
-        reader = _ProgressReader(progress_file, stage, targets, cases, progress)
+        reader = _ProgressReader(Path(tmp), stage, targets, cases, progress)
         reader.start()
-        payload = {"cases": [asdict(targets[i]) for i in cases], "progress": str(progress_file)}
-        error = None
+        payload = {"cases": [asdict(targets[i]) for i in cases], "progress": tmp}
         try:
             per_rank = run_distributed(target, world_size, payload, timeout=max(1.0, deadline - time.monotonic()))
         except DistributedRunError as failure:
-            per_rank, error = None, _launch_error(str(failure), world_size)
-        finally:
             reader.finish()
-    results = dict(reader.results)
-    if per_rank is not None:
-        for position, index in enumerate(cases):
-            per_case = [rank[position] for rank in per_rank]
-            failed = next((r for r in per_case if "error" in r), None)
-            results[index] = failed or per_case[0]
-    return results, error, reader.running
+            finished = reader.finished(world_size)
+            text = str(failure)
+            rank = re.search(r"\brank(\d+) failed", text)
+            culprit = reader.culprit(int(rank.group(1)) if rank else None, finished)
+            return finished, _launch_error(text, world_size), culprit
+        reader.finish()
+    results = {}
+    for position, index in enumerate(cases):
+        per_case = [rank[position] for rank in per_rank]
+        results[index] = next((r for r in per_case if "error" in r), per_case[0])
+    return results, None, None
 
 
 def _launch_error(text: str, world_size: int) -> str:
     """One line from :class:`plangen.launch.DistributedRunError`'s text: which rank, and why."""
     if "still running after" in text or "no result after" in text:
-        return f"no result before the time limit: a rank hung, and all {world_size} were killed"
+        return "no result within the time limit (--timeout): a rank hung, and the run was killed"
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     rank = re.search(r"\brank(\d+) failed", text)
     who = f"rank {rank.group(1)}" if rank else "the launcher"

@@ -1,0 +1,111 @@
+"""Level 3 of ``plangen verify`` (``--run``): each plan applied for real on CPU (PG3xx).
+
+One ``verify --run`` covers every committed generated plan and every level-3 example, through the
+CLI: every generated plan passes all three levels at its TP size, each wrong example yields exactly
+its code at its line and column (the PG303 one kills a rank, and the run goes on past it), each
+right example nothing, and progress is reported as the run goes. A rank that hangs ends the run
+within the time limit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plangen.check import VerifyOptions, verify_plan_files
+from plangen.check.diagnostics import CODES
+from plangen.cli import app
+
+pytestmark = pytest.mark.distributed
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "generated").glob("*_plan.py"))
+LEVEL3_CODES = sorted(code for code in CODES if code > "PG300")
+
+# Where each wrong example's finding is: (line, col).
+WRONG_AT = {"PG301": (9, 5), "PG302": (8, 5), "PG303": (9, 24)}
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory, monkeypatch_module):
+    """One ``plangen verify --run`` of everything: (exit code, findings by path, stderr, example paths)."""
+    monkeypatch_module.chdir(ROOT)  # generated plans by their relative paths, as a CI job gives them
+    folder = tmp_path_factory.mktemp("level3")
+    examples: dict[tuple[str, str], str] = {}
+    for code in LEVEL3_CODES:
+        for kind in ("wrong", "right"):
+            path = folder / f"{code.lower()}_{kind}.py"
+            path.write_text(getattr(CODES[code], kind))
+            examples[code, kind] = str(path)
+    # The rank-killing example first: the files after it are still checked.
+    order = [examples["PG303", "wrong"], *GENERATED, *(p for k, p in examples.items() if k != ("PG303", "wrong"))]
+    result = CliRunner().invoke(app, ["verify", "--run", "--timeout", "400", "--format", "json", *order])
+    findings: dict[str, list[tuple[str, int, int]]] = {}
+    for entry in json.loads(result.stdout):
+        findings.setdefault(entry["path"], []).append((entry["code"], entry["line"], entry["col"]))
+    return result.exit_code, findings, result.stderr, examples
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_exit_status_is_1_for_the_findings(verified):
+    exit_code, findings, stderr, _ = verified
+    assert exit_code == 1, stderr
+    notes = [line for line in stderr.splitlines() if line.startswith("plangen: note:")]
+    # Nothing skipped, nothing cut short: the only notes say the examples record no TP size.
+    assert all(line.endswith("no --tp-size and no PLANGEN_TP_SIZE: checked at TP size 2") for line in notes), notes
+
+
+@pytest.mark.parametrize("path", GENERATED)
+def test_generated_plan_passes_all_three_levels(verified, path):
+    _, findings, stderr, _ = verified
+    assert findings.get(path) is None, findings.get(path)
+    assert f"{path} (TP=2, gloo)" in stderr  # it reached the parity stage
+
+
+@pytest.mark.parametrize("code", LEVEL3_CODES)
+def test_wrong_example_has_exactly_its_code_there(verified, code):
+    _, findings, _, examples = verified
+    assert findings[examples[code, "wrong"]] == [(code, *WRONG_AT[code])]
+
+
+@pytest.mark.parametrize("code", LEVEL3_CODES)
+def test_right_example_is_clean(verified, code):
+    _, findings, stderr, examples = verified
+    assert examples[code, "right"] not in findings
+    assert f"{examples[code, 'right']} (TP=2, gloo)" in stderr
+
+
+def test_progress_names_each_stage_and_case(verified):
+    _, _, stderr, _ = verified
+    lines = [line for line in stderr.splitlines() if line.startswith("plangen: verify --run: ")]
+    total = len(GENERATED) + 2 * len(LEVEL3_CODES)
+    assert lines[0].endswith(f"shapes: {total} plan(s) on a fake process group at their own TP size")
+    assert any(line.startswith(f"plangen: verify --run: [shapes {total}/{total}] ") for line in lines)
+    # PG301's wrong example stops at the shapes stage; the others go on to parity.
+    assert any(f"parity: {total - 1} plan(s) at TP=2" in line for line in lines)
+
+
+def test_hung_rank_ends_the_run_within_the_time_limit(tmp_path):
+    # Hangs in the worker of the shapes stage only (the check against the model imports it too).
+    hang = 'if os.environ.get("WORLD_SIZE") == "1":\n    time.sleep(600)\n'
+    source = CODES["PG303"].right.replace('PLANGEN_MODEL = "llama"\n', f'PLANGEN_MODEL = "llama"\nimport os, time\n{hang}')
+    plan = tmp_path / "hangs.py"
+    plan.write_text(source)
+    timeout = 8
+    start = time.monotonic()
+    report = verify_plan_files([plan], VerifyOptions(run=True, timeout=timeout))
+    elapsed = time.monotonic() - start
+    plan_line = next(i for i, line in enumerate(source.splitlines(), 1) if line.startswith("custom_parallel_plan"))
+    assert [(d.code, d.line) for d in report.diagnostics] == [("PG303", plan_line)]
+    assert "a rank hung" in report.diagnostics[0].message
+    # The limit bounds the work; starting the worker interpreter comes on top.
+    assert elapsed < timeout + 20, elapsed
