@@ -286,3 +286,31 @@ def test_levels_1_and_2_on_405b_within_budget_of_the_import_floor():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ratio" in result.stdout
+
+
+# --- ecosystem ------------------------------------------------------------------------------------------
+
+
+def test_pre_commit_hook_runs_verify_on_plan_files():
+    import re
+
+    import yaml
+
+    [hook] = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert hook["id"] == "plangen-verify" and hook["entry"] == "plangen verify" and hook["language"] == "python"
+    assert re.search(hook["files"], "generated/llama_plan.py") and not re.search(hook["files"], "plangen/plan.py")
+
+
+def test_readme_ci_snippet_is_valid_and_uses_real_options():
+    import re
+
+    import yaml
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## plangen verify in CI", 1)[1].split("\n## ", 1)[0]
+    workflow, pre_commit = (yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S))
+    [command] = [step["run"] for step in workflow["jobs"]["verify"]["steps"] if "plangen verify" in step.get("run", "")]
+    options = [word for word in command.split() if word.startswith("--")]
+    help_text = _invoke("--help").stdout
+    assert options and all(option in help_text for option in options)
+    assert pre_commit["repos"][0]["hooks"][0]["id"] == "plangen-verify"
