@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for dotte
 
 from tiny_configs import build_tiny  # noqa: E402
 
+from plangen.check.run import full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
 from plangen.comm import CollectiveCounter  # noqa: E402
 from plangen.loss import vocab_parallel_cross_entropy  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
@@ -42,15 +43,6 @@ def build_meshes(kind: str):
     else:
         raise ValueError(kind)
     return mesh["dp"], mesh["tp"]
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
-def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    # Vocabulary-parallel logits: the loss is computed without gathering the vocabulary.
-    return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
 
 
 def build_case_model(case: dict[str, Any]):
