@@ -46,7 +46,7 @@ def render_section_text(section: Section, width: int = 120) -> str:
 
 
 def render_section_markdown(section: Section) -> str:
-    lines = [f"### {section.title}", "", "| " + " | ".join(section.columns) + " |"]
+    lines = ["", f"### {section.title}", "", "| " + " | ".join(section.columns) + " |"]
     lines.append("| " + " | ".join("---" if i == 0 else "---:" for i in range(len(section.columns))) + " |")
     lines += ["| " + " | ".join(row) + " |" for row in section.rows]
     lines.append("")

@@ -65,20 +65,27 @@ def describe_environment() -> str:
     )
 
 
+def load_average() -> str:
+    import os
+
+    return f"{os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "unknown"
+
+
 def _cpu_count() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def render_markdown(sections: list[Section], quick: bool, elapsed: float) -> str:
+def render_markdown(sections: list[Section], quick: bool, elapsed: float, load: str) -> str:
     today = datetime.date.today().isoformat()
     kind = "quick subset (--quick)" if quick else "full run"
     lines = [
         "# Benchmarks",
         "",
         f"Latest {kind} of `python benchmarks/run.py`: {today}, {elapsed:.0f} s.",
-        f"{describe_environment()}.",
+        f"{describe_environment()}; load average {load} when it started (a shared machine:",
+        "timings are best-of or medians, CPU-time verdicts where the benchmark allows).",
         "",
         "Each section states its goals; the run exits non-zero when one is missed. How each figure is",
         "made: the docstrings of `benchmarks/*.py` and, for communication, `docs/cost.md`.",
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)}")
 
-    start = time.perf_counter()
+    start, load = time.perf_counter(), load_average()
     sections = run_sections(names, args.quick)
     elapsed = time.perf_counter() - start
     for section in sections:
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in missed:
         print(f"MISSED {line}")
     if args.markdown:
-        args.markdown.write_text(render_markdown(sections, args.quick, elapsed))
+        args.markdown.write_text(render_markdown(sections, args.quick, elapsed, load))
     return 1 if missed else 0
 
 

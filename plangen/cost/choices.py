@@ -3,7 +3,7 @@
 ``optimized`` is plangen's hand-written plan for the class, ``hf`` the model's Hugging Face plan,
 ``nemo`` the NeMo-RL-style baseline (:mod:`plangen.cost.nemo_plan`), and a ``.py`` path a custom
 plan file. The subject of a MODEL (no plan file) is what ``parallelize_model`` would pick without a
-custom plan: the optimized plan, else the Hugging Face one.
+custom plan, by the runtime's own :func:`~plangen.parallelize.resolve_parallel_plan`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
     cls = type(model).__name__
     sp_label = ", sequence parallel" if sequence_parallel else ""
     if name == DEFAULT:
-        name = "optimized" if cls in HAND_WRITTEN else "hf"
+        return resolve_runtime_choice(model, sequence_parallel)
     if name == "optimized":
         if cls not in HAND_WRITTEN:
             raise CostError(f"{cls} has no optimized plan: compare hf, nemo or a plan file")
@@ -88,6 +88,24 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
 
         return PlanChoice("nemo", f"NeMo RL's Llama plan (_parallelize_llama){sp_label}", f"nemo:{sequence_parallel}", build_nemo)
     return load_plan_file_choice(name)
+
+
+def resolve_runtime_choice(model: "nn.Module", sequence_parallel: bool) -> PlanChoice:
+    """The plan ``parallelize_model`` picks without a custom plan, by the runtime's own priority."""
+    from plangen.parallelize import PlanError, resolve_parallel_plan
+
+    try:
+        resolved = resolve_parallel_plan(model, sequence_parallel)
+    except (PlanError, ValueError) as error:
+        raise CostError(str(error)) from None
+
+    def build(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
+        return resolve_parallel_plan(m, sequence_parallel).styles
+
+    # The same styles as the named plan of that source: share its measurements.
+    key = {"optimized": f"optimized:{sequence_parallel}", "hf": "hf"}.get(resolved.source, f"runtime:{resolved.source}:{sequence_parallel}")
+    sp_label = ", sequence parallel" if sequence_parallel else ""
+    return PlanChoice(resolved.source, f"{resolved.reason}{sp_label}", key, build)
 
 
 def load_plan_file_choice(path: str) -> PlanChoice:

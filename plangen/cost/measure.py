@@ -206,11 +206,17 @@ def run_step(
     # Position ids are passed, as NeMo RL's training loop does: plans that keep the residual stream
     # local and sequence-sharded (NeMo's) would otherwise give rotary embeddings a short sequence.
     positions = torch.arange(seq).expand(batch, seq)
-    with PayloadCounter() as forward:
-        loss = step_loss(model(input_ids=ids, position_ids=positions).logits, ids)
-    with PayloadCounter() as backward:
-        loss.backward()
-        reduce_partial_grads(model)
+    try:
+        with PayloadCounter() as forward:
+            loss = step_loss(model(input_ids=ids, position_ids=positions).logits, ids)
+        with PayloadCounter() as backward:
+            loss.backward()
+            reduce_partial_grads(model)
+    except Exception as error:  # the plan's, not the measurement's: say so in one line
+        raise CostError(
+            f"the plan fails a training step of a shrunk {type(model).__name__} at TP {tp_size}: "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        ) from None
     samples = [Sample("forward", op, n) for op, n in forward.records]
     samples += [Sample("backward", op, n) for op, n in backward.records]
     return StepRun(samples, layers)
