@@ -30,6 +30,23 @@ LEVEL3_CODES = sorted(code for code in CODES if code > "PG300")
 WRONG_AT = {"PG301": (9, 5), "PG302": (8, 5), "PG303": (9, 24)}
 
 
+CUSTOM_STYLE_PLAN = """\
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel
+
+
+class CheckedColwise(ColwiseParallel):
+    def _apply(self, module, device_mesh):
+        raise RuntimeError("refusing to shard " + type(module).__name__)
+
+
+PLANGEN_MODEL = "llama"
+custom_parallel_plan = {
+    "lm_head": CheckedColwise(output_layouts=Replicate()),
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def verified(tmp_path_factory, monkeypatch_module):
     """One ``plangen verify --run`` of everything: (exit code, findings by path, stderr, example paths)."""
@@ -41,6 +58,14 @@ def verified(tmp_path_factory, monkeypatch_module):
             path = folder / f"{code.lower()}_{kind}.py"
             path.write_text(getattr(CODES[code], kind))
             examples[code, kind] = str(path)
+    # A plan at TP=4: its shapes are checked on a fake process group of 4.
+    at_tp4 = folder / "qwen3_sp_tp4_plan.py"
+    at_tp4.write_text((ROOT / "generated" / "qwen3_sp_plan.py").read_text().replace("PLANGEN_TP_SIZE = 2", "PLANGEN_TP_SIZE = 4"))
+    examples["tp4", "right"] = str(at_tp4)
+    # A style of the user's own that level 2 cannot judge, and that fails when applied.
+    custom = folder / "custom_style_plan.py"
+    custom.write_text(CUSTOM_STYLE_PLAN)
+    examples["custom", "wrong"] = str(custom)
     # The rank-killing example first: the files after it are still checked.
     order = [examples["PG303", "wrong"], *GENERATED, *(p for k, p in examples.items() if k != ("PG303", "wrong"))]
     result = CliRunner().invoke(app, ["verify", "--run", "--timeout", "400", "--format", "json", *order])
@@ -84,14 +109,26 @@ def test_right_example_is_clean(verified, code):
     assert f"{examples[code, 'right']} (TP=2, gloo)" in stderr
 
 
+def test_shapes_are_checked_at_the_plans_own_tp_size(verified):
+    _, findings, stderr, examples = verified
+    assert examples["tp4", "right"] not in findings
+    assert f"{examples['tp4', 'right']} (TP=4, fake process group)" in stderr
+    assert f"{examples['tp4', 'right']} (TP=2, gloo)" in stderr
+
+
+def test_a_style_that_fails_to_apply_is_found_on_its_key(verified):
+    _, findings, _, examples = verified
+    assert findings[examples["custom", "wrong"]] == [("PG301", 12, 5)]
+
+
 def test_progress_names_each_stage_and_case(verified):
     _, _, stderr, _ = verified
     lines = [line for line in stderr.splitlines() if line.startswith("plangen: verify --run: ")]
-    total = len(GENERATED) + 2 * len(LEVEL3_CODES)
+    total = len(GENERATED) + 2 * len(LEVEL3_CODES) + 2
     assert lines[0].endswith(f"shapes: {total} plan(s) on a fake process group at their own TP size")
     assert any(line.startswith(f"plangen: verify --run: [shapes {total}/{total}] ") for line in lines)
-    # PG301's wrong example stops at the shapes stage; the others go on to parity.
-    assert any(f"parity: {total - 1} plan(s) at TP=2" in line for line in lines)
+    # PG301's wrong example and the failing custom style stop at the shapes stage.
+    assert any(f"parity: {total - 2} plan(s) at TP=2" in line for line in lines)
 
 
 def test_hung_rank_ends_the_run_within_the_time_limit(tmp_path):
