@@ -230,27 +230,26 @@ def check_divisibility(plan: ModelPlan) -> Iterator[ModelFinding]:
     common = 0
     for *_, size, parts in required:
         common = gcd(common, size // parts if size % parts == 0 else 1)
-    heads = head_counts(plan.config) if attention_key is not None and plan.config is not None else None
-    if heads is not None:
-        common = gcd(common, gcd(*heads))
-    legal = _largest_divisor(common, tp)
+    heads_problem = None
     if attention_key is not None and plan.config is not None:
-        problem = tp_size_problem(plan.config, tp, plan.model_name)
-        if problem is not None:
-            yield ModelFinding("PG204", f"`{attention_key}` splits attention heads: {problem}", attention_key, "value")
-    heads_reported = attention_key is not None and plan.config is not None and tp_size_problem(
-        plan.config, tp, plan.model_name
-    ) is not None
+        heads = head_counts(plan.config)
+        if heads is not None:
+            common = gcd(common, gcd(*heads))
+        heads_problem = tp_size_problem(plan.config, tp, plan.model_name)  # the runtime's own words
+    if heads_problem is not None:
+        yield ModelFinding("PG204", f"`{attention_key}` splits attention heads: {heads_problem}", attention_key, "value")
+    legal = _largest_divisor(common, tp)
     for key, name, what, size, parts in required:
-        if heads_reported and key == attention_key:
+        if heads_problem is not None and key == attention_key:
             continue  # the heads finding there says it
         if size % (parts * tp):
             style = type(plan.styles[key]).__name__
-            packed = f" packed as {parts} parts, each" if parts > 1 else ""
+            packed = f" ({parts} packed parts, each split on its own)" if parts > 1 else ""
+            divisor = f"{parts} × the TP size {tp}" if parts > 1 else f"the TP size {tp}"
             yield ModelFinding(
                 "PG204",
-                f"`{style}` splits {what}={size} of `{generalize(name)}`{packed} into local shards, which needs it divisible by"
-                f" the TP size {tp}; the largest legal TP size for this plan is {legal}",
+                f"`{style}` splits {what}={size} of `{generalize(name)}`{packed} into plain local shards, which"
+                f" needs it divisible by {divisor}; the largest legal TP size for this plan is {legal}",
                 key,
                 "value",
             )
