@@ -574,7 +574,9 @@ def render_diagnostics_doc(codes: Mapping[str, CodeInfo] = CODES) -> str:
         "`plangen verify` reports findings as `path:line:col: CODE message`. Codes are stable and never"
         " reused: PG0xx concern the file's structure and PG1xx the styles and their arguments (level 1,"
         " read from the source, never run); PG2xx the plan against its model on the meta device (level 2,"
-        " the default with level 1); PG3xx the plan run on CPU (level 3, `--run`).",
+        " the default with level 1: the file is imported as the runtime imports it, its prints go to"
+        " stderr); PG3xx the plan run on CPU (level 3, `--run`). A level runs on a file only when the"
+        " levels before it found no error there.",
         "",
         "Examples of levels 2 and 3 name their model as generated files do (`PLANGEN_MODEL`,"
         " `PLANGEN_TP_SIZE`, `PLANGEN_SEQUENCE_PARALLEL`), which is what verify uses when `--model`,"
