@@ -133,8 +133,8 @@ def test_progress_names_each_stage_and_case(verified):
 
 def test_hung_rank_ends_the_run_within_the_time_limit(tmp_path):
     # Hangs in the worker of the shapes stage only (the check against the model imports it too).
-    hang = 'if os.environ.get("WORLD_SIZE") == "1":\n    time.sleep(600)\n'
-    source = CODES["PG303"].right.replace('PLANGEN_MODEL = "llama"\n', f'PLANGEN_MODEL = "llama"\nimport os, time\n{hang}')
+    hang = 'if "check_shapes_worker" in " ".join(sys.argv):\n    time.sleep(600)\n'
+    source = CODES["PG303"].right.replace('PLANGEN_MODEL = "llama"\n', f'PLANGEN_MODEL = "llama"\nimport sys, time\n{hang}')
     plan = tmp_path / "hangs.py"
     plan.write_text(source)
     timeout = 8
