@@ -11,6 +11,7 @@ carries the bytes it would in training (activations in bf16, the loss's statisti
 from __future__ import annotations
 
 import copy
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -33,6 +34,12 @@ BASE_BATCH = 3  # odd, so token counts rarely equal a width (sizes must tell col
 BASE_SEQ_PER_RANK = 2
 # Token ids stay below the tiny vocabulary's top ids, where shrink_config moves special tokens.
 SPECIAL_TOKEN_SPAN = 32
+# Base widths of the measured model, in units of the TP size: odd multiples, so that a logits
+# gather (B·S·V) and an MLP gather (B·S·I) cannot have the same size by accident, as the powers of
+# two of shrink_config would (V = 2 I). The vocabulary stays above shrink_config's special token ids.
+BASE_VOCAB_PER_RANK = 139
+BASE_INTERMEDIATE_PER_RANK = 67
+MIN_BASE_VOCAB = 256
 # Config attributes of each scaled dimension (on the text config).
 DIMENSION_KEYS = {
     "hidden": ("hidden_size",),
@@ -82,6 +89,17 @@ def fake_process_group(world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+@contextmanager
+def quiet_partial_matches() -> Iterator[None]:
+    """Silence torch's warning for a plan key that matches in some layers only (hybrid stacks).
+
+    The runtime's check already refuses keys that match no module at all.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Parallelize plan key .* could not be resolved")
+        yield
+
+
 def tp_mesh(tp_size: int):
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -115,6 +133,18 @@ def count_layers(config: Any) -> int:
     if not isinstance(layers, int):
         raise CostError(f"{type(config).__name__} has no num_hidden_layers: cannot scale per-layer collectives")
     return layers
+
+
+def config_with_base_sizes(config: Any, tp_size: int) -> Any:
+    """A copy of a shrunk config with the odd base widths the measurement starts from."""
+    config = copy.deepcopy(config)
+    text = text_config(config)
+    if isinstance(getattr(text, "vocab_size", None), int):
+        units = max(BASE_VOCAB_PER_RANK, -(-MIN_BASE_VOCAB // tp_size) | 1)
+        text.vocab_size = units * tp_size
+    if isinstance(getattr(text, "intermediate_size", None), int):
+        text.intermediate_size = BASE_INTERMEDIATE_PER_RANK * tp_size
+    return config
 
 
 def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
@@ -201,7 +231,8 @@ def run_step(
         check_plan_fits(model, styles, tp_size)
     except (PlanError, ValueError) as error:
         raise CostError(str(error)) from None
-    apply_tp(model, tp_mesh(tp_size), styles)
+    with quiet_partial_matches():
+        apply_tp(model, tp_mesh(tp_size), styles)
     model.train()
     # Position ids are passed, as NeMo RL's training loop does: plans that keep the residual stream
     # local and sequence-sharded (NeMo's) would otherwise give rotary embeddings a short sequence.
@@ -237,6 +268,7 @@ def measure_tp_collectives(
 ) -> Measurement:
     """Base run, one run per probe group, one run with twice the layers (see :mod:`plangen.cost.scaling`)."""
     batch, seq = BASE_BATCH, BASE_SEQ_PER_RANK * tp_size
+    tiny_config = config_with_base_sizes(tiny_config, tp_size)
     dims = read_dimensions(tiny_config, batch, seq)
 
     def run(config: Any, b: int = batch, s: int = seq) -> StepRun:

@@ -127,14 +127,15 @@ def _count_units(model: Any) -> int:
 
 def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
     """Apply the plan's TP to ``model`` with the runtime's own checks, as errors of the cost."""
-    from plangen.cost.measure import tp_mesh
+    from plangen.cost.measure import quiet_partial_matches, tp_mesh
     from plangen.parallelize import PlanError, apply_tp, check_packed_without_fsdp, check_plan_fits, resolve_tied_styles
 
     try:
         styles = resolve_tied_styles(model, choice.build(model))
         check_plan_fits(model, styles, settings.tp_size)
         check_packed_without_fsdp(model, styles, settings.dp_size)
-        apply_tp(model, tp_mesh(settings.tp_size), styles)
+        with quiet_partial_matches():
+            apply_tp(model, tp_mesh(settings.tp_size), styles)
     except PlanError as error:
         raise CostError(f"{choice.name}: {error}") from None
 
