@@ -84,14 +84,20 @@ def render_markdown(sections: list[Section], quick: bool, elapsed: float, load: 
         "# Benchmarks",
         "",
         f"Latest {kind} of `python benchmarks/run.py`: {today}, {elapsed:.0f} s.",
-        f"{describe_environment()}; load average {load} when it started (a shared machine:",
-        "timings are best-of or medians, CPU-time verdicts where the benchmark allows).",
+        f"{describe_environment()}; load average {load} when it started",
+        "(a shared machine: timings are best-of or medians, CPU-time verdicts where the benchmark allows).",
         "",
         "Each section states its goals; the run exits non-zero when one is missed. How each figure is",
         "made: the docstrings of `benchmarks/*.py` and, for communication, `docs/cost.md`.",
         "",
+        "## Goals",
+        "",
     ]
-    return "\n".join(lines) + "\n".join(render_section_markdown(s) for s in sections)
+    for section in sections:
+        number = section.title.split(".")[0]
+        lines += [f"- {'met' if g.met else '**missed**'} ({number}): {g.name}: {g.detail}" for g in section.goals]
+    lines += ["", "## Results"]
+    return "\n".join(lines) + "\n" + "\n".join(render_section_markdown(s) for s in sections)
 
 
 def main(argv: list[str] | None = None) -> int:

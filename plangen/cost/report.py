@@ -61,7 +61,7 @@ def build_cost_report(
     subject, spec, metadata = read_target(target, model)
     names = [subject, *(check_plan_name(n) for n in compare)]
     settings = build_cost_settings(
-        tp_size=tp_size if tp_size is not None else int(metadata.get("PLANGEN_TP_SIZE") or DEFAULT_TP_SIZE),
+        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata),
         dp_size=dp_size,
         seq_len=seq_len,
         micro_batch=micro_batch,
@@ -79,6 +79,11 @@ def build_cost_report(
     from plangen.cost.measure import count_layers
 
     return CostReport(spec, resolved.model_class.__name__, count_layers(resolved.config), settings, plans)
+
+
+def _recorded_tp_size(metadata: dict[str, Any]) -> int:
+    recorded = metadata.get("PLANGEN_TP_SIZE")
+    return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else DEFAULT_TP_SIZE
 
 
 def resolve_cost_model(spec: str, settings: CostSettings):
