@@ -183,14 +183,18 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     cpu_offload: bool = False,
 ) -> FSDPModule:
-    mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    # Only the root casts its outputs (the logits) to float32: a layer that did would hand float32
+    # activations to the next low-precision layer, and the output head's matmul would fail on
+    # mixed dtypes (it does in NeMo RL's version, without autocast).
+    layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
     offload_policy: OffloadPolicy = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
     # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
     for layer in layers:
-        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy)
     # The root's parameters (embeddings, head) are used again at once in backward: keep them.
     return fully_shard(
-        model, mesh=dp_mesh, mp_policy=mp_policy, offload_policy=offload_policy, reshard_after_forward=False
+        model, mesh=dp_mesh, mp_policy=root_policy, offload_policy=offload_policy, reshard_after_forward=False
     )
 
 

@@ -27,6 +27,7 @@ def _cases():
         {"name": "qwen3-custom-file", "model": "qwen3", "plan": "tests/custom_plans.py:qwen3_plan_function"},
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
         {"name": "llama-cpu-offload", "model": "llama", "cpu_offload": True},
+        *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3")),
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -53,8 +54,11 @@ def results() -> dict:
     return per_rank
 
 
+BF16 = [c for c in CASE_IDS if "bf16" in c]
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c not in BF16])
 def test_matches_unsharded_model(results, case_id):
     for rank, per_case in enumerate(results):
         r = per_case[case_id]
@@ -86,3 +90,13 @@ def test_sequence_parallel_is_really_applied(results, case_id):
     # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
     forward = results[0][case_id]["forward_collectives"]
     assert ("reduce_scatter_tensor" in forward) == SP_OF[case_id], forward
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", BF16)
+def test_bf16_parameters_run_and_stay_close_to_fp32(results, case_id):
+    # Mixed precision (bf16 compute, fp32 reduction and logits): bf16 rounding, not 1e-5.
+    for per_case in results:
+        r = per_case[case_id]
+        assert "error" not in r, r.get("trace")
+        assert r["logits"] < 0.05 and r["loss"] < 0.01, r

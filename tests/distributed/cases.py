@@ -77,7 +77,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 
     plan = case.get("plan")
     sharded = parallelize_model(
-        model, dp_mesh, tp_mesh, torch.float32,
+        model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
         sequence_parallel=case.get("sp", False),
         activation_checkpointing=case.get("ac", False),
         cpu_offload=case.get("cpu_offload", False),
