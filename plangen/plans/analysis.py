@@ -1,0 +1,261 @@
+"""Walk a model and find what a synthesized plan can shard, at concrete module paths.
+
+:func:`analyze_model` finds the vocabulary embedding and the output head, the list of decoder
+layers (the one nearest the embedding: multimodal models hold vision blocks too), and per layer
+child: per-feature modules on the residual stream (norms), blocks the recognizers can shard
+(:mod:`plangen.plans.recognize`), and blocks that stay replicated, with the reason. Everything
+with parameters outside the layers that is not the embedding, the head or a norm stays replicated.
+
+It also collects why sequence parallelism would not be safe: every module on the residual stream
+must take a sequence-sharded DTensor. Norms do (``SequenceParallel``); replicated blocks of a layer
+do when the layer's source says how they are called and what they return (they are then given the
+whole sequence, see :class:`KeptPart`); anything else does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from plangen.plan import Replicated
+from plangen.plans.forward_source import BlockCall, read_block_call
+from plangen.plans.recognize import (
+    ModelDims,
+    ShardedBlock,
+    has_parameters,
+    is_linear,
+    is_per_feature,
+    own_parameters,
+    read_dims,
+    recognize_block,
+)
+
+
+@dataclass(frozen=True)
+class BlockPart:
+    """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
+
+    path: str
+    block: ShardedBlock
+    call: BlockCall | None
+
+
+@dataclass(frozen=True)
+class KeptPart:
+    """A replicated block of a decoder layer that its layer calls in a way the reader could follow.
+
+    Under sequence parallelism such a block gets the whole sequence (one all-gather of its input)
+    and hands back this rank's sequence shard of its output (a local slice; its gradient is
+    all-gathered in backward): it computes whole and identical on every rank, as under plain TP.
+    """
+
+    path: str
+    call: BlockCall
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What the synthesizer found in one model, at concrete module paths."""
+
+    class_name: str
+    layers_path: str | None
+    layer_count: int
+    embedding: str | None
+    head: str | None
+    norms: tuple[str, ...]
+    blocks: tuple[BlockPart, ...]
+    kept: tuple[Replicated, ...]
+    gathered: tuple[KeptPart, ...]  # replicated blocks on the residual stream, wrapped under SP
+    sp_problems: tuple[str, ...]
+    problem: str | None  # why no plan can be synthesized at all
+
+    @property
+    def synthesizable(self) -> bool:
+        return self.problem is None
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.problem is None and not self.sp_problems
+
+
+@dataclass
+class _Findings:
+    norms: list[str] = field(default_factory=list)
+    blocks: list[BlockPart] = field(default_factory=list)
+    kept: list[Replicated] = field(default_factory=list)
+    gathered: list[KeptPart] = field(default_factory=list)
+    sp_problems: list[str] = field(default_factory=list)
+
+    def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
+        self.kept.append(Replicated(path, why, group))
+        if sp_problem is not None:
+            self.sp_problems.append(sp_problem)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoder stack, the embedding and the head
+
+
+def _common_prefix(a: str, b: str) -> int:
+    count = 0
+    for x, y in zip(a.split("."), b.split(".")):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+def find_decoder_stack(model: nn.Module, near: str) -> tuple[str, nn.ModuleList] | None:
+    """The ``ModuleList`` of decoder layers: the one nearest ``near`` (the input embedding's path).
+
+    Lists of the blocks transformers declares (``_no_split_modules``) are preferred; among them the
+    one sharing the longest path prefix with the token embedding, then the shallowest.
+    """
+    from plangen.parallelize import find_transformer_layers
+
+    declared = {id(m) for m in find_transformer_layers(model)}
+    lists = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.ModuleList) and len(m) and all(has_parameters(c) for c in m)
+    ]
+    preferred = [(n, m) for n, m in lists if any(id(c) in declared for c in m)] or lists
+    if not preferred:
+        return None
+    return max(preferred, key=lambda item: (_common_prefix(item[0], near), -item[0].count("."), len(item[1])))
+
+
+@dataclass(frozen=True)
+class _Ends:
+    """The token embedding and the output head as the model declares them, and which can be sharded."""
+
+    embedding: nn.Module | None
+    head: nn.Module | None
+    embedding_ok: bool
+    head_ok: bool
+
+
+def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: _Findings) -> _Ends:
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    emb = get_in() if callable(get_in) else None
+    head = get_out() if callable(get_out) else None
+    emb_ok = isinstance(emb, nn.Embedding) and emb.weight.shape[-1] == dims.hidden
+    head_ok = head is not None and is_linear(head) and head.in_features == dims.hidden
+    if emb is not None and not emb_ok:
+        found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
+    if head is not None and not head_ok:
+        found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear from the hidden size", "output")
+    tied = emb is not None and head is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
+    if tied and emb_ok != head_ok:
+        # One parameter cannot be both sharded and whole: keep the shardable end whole too.
+        end, group = (emb, "embeddings") if emb_ok else (head, "output")
+        found.keep(paths[id(end)], "tied to the other end, which cannot be sharded", group)
+        emb_ok = head_ok = False
+    if not emb_ok:
+        found.sp_problems.append(
+            "the input embedding is not vocabulary-sharded, so nothing puts the residual stream on sequence shards"
+        )
+    if head is not None and not head_ok:
+        found.sp_problems.append("the output head is not sharded, so nothing gathers the sequence for it")
+    return _Ends(emb, head, emb_ok, head_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the decoder layers
+
+
+def _group_of(kind: str) -> str:
+    return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
+
+
+def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings) -> None:
+    if own_parameters(layer):
+        names = ", ".join(own_parameters(layer))
+        found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
+                   f"{path} has its own parameters ({names}) on the residual stream")
+    for name, child in layer.named_children():
+        child_path = f"{path}.{name}"
+        if not has_parameters(child):
+            continue
+        call = read_block_call(type(layer), name, type(child))
+        if is_per_feature(child, dims.hidden):
+            found.norms.append(child_path)
+            if call is None or call.positional < 1:  # SequenceParallel prepares the first positional input
+                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+            continue
+        recognized = recognize_block(name, child, dims)
+        if isinstance(recognized, ShardedBlock):
+            found.blocks.append(BlockPart(child_path, recognized, call))
+        elif call is None or call.outputs is None:
+            found.keep(child_path, recognized.why, _group_of(recognized.kind),
+                       f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
+                       "calls it, so it cannot be given the whole sequence under sequence parallel")
+        else:
+            found.keep(child_path, recognized.why, _group_of(recognized.kind))
+            found.gathered.append(KeptPart(child_path, call))
+
+
+def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: _Findings) -> None:
+    """Modules outside the decoder layers: per-feature ones (final norm) and what stays replicated."""
+    if id(module) in anchors or not has_parameters(module):
+        return
+    if path and is_per_feature(module, dims.hidden):
+        found.norms.append(path)
+        return
+    if not any(id(m) in anchors for m in module.modules()):
+        name = type(module).__name__
+        found.keep(path, f"{name} is outside the text decoder: nothing recognised to shard", "other",
+                   f"{path} ({name}) is outside the decoder layers and not recognised")
+        return
+    if own_parameters(module):
+        names = ", ".join(own_parameters(module))
+        found.keep(path or type(module).__name__, f"own parameters ({names}) outside any recognised module", "other",
+                   f"{path or 'the model'} has its own parameters ({names}) outside any recognised module")
+    for name, child in module.named_children():
+        _analyze_outside(child, f"{path}.{name}" if path else name, anchors, dims, found)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _failed(class_name: str, problem: str) -> Analysis:
+    return Analysis(class_name, None, 0, None, None, (), (), (), (), (), problem)
+
+
+def analyze_model(model: nn.Module) -> Analysis:
+    """Recognise what ``model`` (meta-device is enough) can shard, and what stays replicated and why."""
+    class_name = type(model).__name__
+    dims = read_dims(model)
+    if dims is None:
+        return _failed(class_name, "its config states no hidden size")
+    paths = {id(m): name for name, m in model.named_modules()}
+    found = _Findings()
+    ends = _find_ends(model, dims, paths, found)
+    stack = find_decoder_stack(model, paths[id(ends.embedding)] if ends.embedding is not None else "")
+    if stack is None:
+        return _failed(class_name, "no list of decoder layers found")
+    layers_path, layers = stack
+    for index, layer in enumerate(layers):
+        _analyze_layer(layer, f"{layers_path}.{index}", dims, found)
+    anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    _analyze_outside(model, "", anchors, dims, found)
+    problem = None
+    if not found.blocks:
+        in_layers = [k.why for k in found.kept if k.pattern.startswith(layers_path + ".")]
+        reasons = "; ".join(list(dict.fromkeys(in_layers))[:3]) or "no attention or MLP block recognised"
+        problem = f"nothing in its decoder layers can be sharded safely ({reasons})"
+    return Analysis(
+        class_name=class_name,
+        layers_path=layers_path,
+        layer_count=len(layers),
+        embedding=paths[id(ends.embedding)] if ends.embedding_ok else None,
+        head=paths[id(ends.head)] if ends.head_ok else None,
+        norms=tuple(found.norms),
+        blocks=tuple(found.blocks),
+        kept=tuple(found.kept),
+        gathered=tuple(found.gathered),
+        sp_problems=tuple(dict.fromkeys(found.sp_problems)),
+        problem=problem,
+    )

@@ -1,0 +1,44 @@
+"""Which plans the numerical sweep proved equal to the unsharded model (``proven.json``).
+
+``scripts/sweep_plans.py`` runs, for every class, the parity check of the test suite (tiny random
+model, TP=2 and DP=2 x TP=2, logits, loss, every gradient, gradient norm and three AdamW steps
+within 1e-5) and writes one record per class name::
+
+    {"plan": "synthesized", "tp": true, "sp": false, "error": "sp: ..."}
+
+``plan`` is the kind of plan checked (``hand-written``, ``synthesized`` or ``hf``); ``tp`` and ``sp``
+whether it passed without and with sequence parallelism (``null``: that variant does not exist).
+A synthesized plan that failed may carry an ``hf`` record: the check of the Hugging Face plan the
+runtime falls back to. The runtime trusts a synthesized plan only where :func:`is_proven` says so.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+PROVEN_FILE = "proven.json"
+
+
+@lru_cache(maxsize=1)
+def load_proven() -> dict[str, dict[str, Any]]:
+    """The sweep's records by class name (empty when the file is missing or unreadable)."""
+    try:
+        text = resources.files("plangen.plans").joinpath(PROVEN_FILE).read_text()
+        data = json.loads(text)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def is_proven(class_name: str, sequence_parallel: bool) -> bool:
+    """Whether the synthesized plan of ``class_name`` passed the numerical check (with SP if asked).
+
+    Proven with SP means proven without it too: a class gets one synthesized plan or none.
+    """
+    record = load_proven().get(class_name)
+    if not isinstance(record, dict) or record.get("plan") != "synthesized":
+        return False
+    return record.get("tp") is True and (not sequence_parallel or record.get("sp") is True)

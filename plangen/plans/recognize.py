@@ -1,0 +1,286 @@
+"""Recognise the parts of a decoder by structure and shapes: attention, MLP, norms, MoE, mixers.
+
+Each recognizer looks at one module and the model's dimensions (from its config) and answers what
+the module is and how it may be sharded, or why it may not. Names are never the evidence: a
+projection is column-parallel because it reads the block's input (its forward source says so, see
+:mod:`plangen.plans.forward_source`) and its output is a whole number of heads; row-parallel
+because it maps heads (or the intermediate width) back to the hidden size. Names only label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from plangen.plans.forward_source import read_input_readers
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What the recognizers compare shapes against (the text config's sizes)."""
+
+    hidden: int
+    heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    vocab: int | None
+    experts: int | None
+
+
+def _config_int(config: Any, *names: str) -> int | None:
+    for name in names:
+        try:  # per-layer configs raise on ambiguous global attributes
+            value = getattr(config, name, None)
+        except Exception:  # noqa: BLE001 - any failure means "not stated"
+            value = None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def read_dims(model: nn.Module) -> ModelDims | None:
+    """The text decoder's sizes, or None when the config states no hidden size."""
+    config = getattr(model, "config", None)
+    get_text_config = getattr(config, "get_text_config", None)
+    if callable(get_text_config):
+        config = get_text_config(decoder=True)
+    hidden = _config_int(config, "hidden_size", "d_model", "n_embd")
+    if hidden is None:
+        return None
+    heads = _config_int(config, "num_attention_heads", "n_head", "num_heads")
+    kv_heads = _config_int(config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or heads
+    head_dim = _config_int(config, "head_dim") or (hidden // heads if heads and hidden % heads == 0 else None)
+    return ModelDims(
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab=_config_int(config, "vocab_size"),
+        experts=_config_int(config, "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Leaves
+
+
+def own_parameters(module: nn.Module) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in module.named_parameters(recurse=False)}
+
+
+def has_parameters(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def is_linear(module: nn.Module) -> bool:
+    # torch's Colwise/RowwiseParallel shard nn.Linear (and subclasses); GPT-2's Conv1D stores the
+    # weight transposed and is not one.
+    return isinstance(module, nn.Linear)
+
+
+def is_per_feature(module: nn.Module, width: int) -> bool:
+    """A leaf whose every parameter is one value per feature of a ``width``-wide input (a norm's weight, bias)."""
+    if any(has_parameters(child) for child in module.children()):
+        return False
+    shapes = list(own_parameters(module).values())
+    return bool(shapes) and all(shape == (width,) for shape in shapes)
+
+
+def describe(name: str, module: nn.Module) -> str:
+    shapes = ", ".join(f"{n} {tuple(s)}" for n, s in own_parameters(module).items())
+    return f"{name} ({type(module).__name__}{': ' + shapes if shapes else ''})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks
+
+
+@dataclass(frozen=True)
+class ShardedBlock:
+    """A block sharded Megatron-style: column-parallel projections in, one row-parallel out.
+
+    ``per_head_norms`` are norms of one head's width applied after the column-parallel projections:
+    each rank sees only its heads, so their weight gradient must be summed over TP.
+    """
+
+    kind: str  # "attention" | "mlp"
+    colwise: tuple[str, ...]
+    rowwise: str
+    per_head_norms: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KeptBlock:
+    """A block left replicated, and why (shown in the plan file)."""
+
+    kind: str  # "attention" | "mlp" | "moe" | "mixer" | "other"
+    why: str
+
+
+def _linears(block: nn.Module) -> dict[str, nn.Linear]:
+    return {name: child for name, child in block.named_children() if is_linear(child)}
+
+
+def _split_by_reading(block: nn.Module) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
+    """The block's linears that read its input, and the others; None when its source cannot be read."""
+    readers = read_input_readers(type(block))
+    if readers is None:
+        return None
+    linears = _linears(block)
+    reading = {n: m for n, m in linears.items() if n in readers}
+    return reading, {n: m for n, m in linears.items() if n not in readers}
+
+
+def _unexpected_children(block: nn.Module, known: set[str]) -> list[str]:
+    return [describe(n, c) for n, c in block.named_children() if n not in known and has_parameters(c)]
+
+
+def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | None:
+    """One input projection as wide as q, k and v together: the parts would need strided shards."""
+    d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
+    if len(reading) != 1:
+        return None
+    (name, linear), = reading.items()
+    if linear.in_features != dims.hidden or linear.out_features != (n + 2 * k) * d:
+        return None
+    return KeptBlock(
+        "attention",
+        f"packed q|k|v projection {name} (out {linear.out_features} = ({n}+2x{k}) heads x {d}): its parts "
+        "would need strided shards, which FSDP2 cannot lay out",
+    )
+
+
+def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple[list[str], list[str]]:
+    """Norms inside attention: one head wide (shardable with the heads), or as wide as a projection (not)."""
+    d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
+    per_head, whole = [], []
+    for name, child in block.named_children():
+        if name in skip or not has_parameters(child):
+            continue
+        if is_per_feature(child, d):
+            per_head.append(name)
+        elif is_per_feature(child, n * d) or is_per_feature(child, k * d):
+            whole.append(name)
+    return per_head, whole
+
+
+def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
+    """Self-attention with separate head projections: shard by heads, or say why not.
+
+    Column-parallel: the projections that read the block input and give a whole number of heads (q,
+    k, v, an output gate). Row-parallel: the one projection from all heads back to the hidden size.
+    None when the block does not look like attention at all.
+    """
+    split = _split_by_reading(block) if dims.heads and dims.head_dim else None
+    if split is None:
+        return None
+    reading, others = split
+    h, d, n, k = dims.hidden, dims.head_dim, dims.heads, dims.kv_heads or dims.heads
+    outputs = [name for name, m in others.items() if m.in_features == n * d and m.out_features == h]
+    if len(outputs) != 1:
+        return None
+    packed = _packed_qkv(reading, dims)
+    if packed is not None:
+        return packed
+    if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
+        return None
+    if own_parameters(block):
+        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
+        return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
+    per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
+    if whole:
+        return KeptBlock(
+            "attention",
+            f"norm {whole[0]} spans the whole projection output (all heads): on a rank that holds "
+            "only its heads it would normalise over the wrong values (OLMo-2 style)",
+        )
+    unknown = _unexpected_children(block, {*reading, *outputs, *per_head})
+    if unknown:
+        return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head))
+
+
+def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
+    """A dense MLP (up [and gate] → elementwise → down): shard the intermediate width, or say why not."""
+    split = _split_by_reading(block)
+    if split is None:
+        return None
+    reading, others = split
+    h = dims.hidden
+    downs = {name: m for name, m in others.items() if m.out_features == h}
+    if len(downs) != 1 or not reading or any(m.in_features != h for m in reading.values()):
+        return None
+    (down, down_m), = downs.items()
+    width = down_m.in_features
+    packed = [name for name, m in reading.items() if m.out_features == 2 * width]
+    if packed and len(reading) == 1:
+        return KeptBlock(
+            "mlp",
+            f"packed gate|up projection {packed[0]} (out {2 * width} = 2 x {width}): its halves would need "
+            "strided shards, which FSDP2 cannot lay out",
+        )
+    if any(m.out_features != width for m in reading.values()) or len(others) != 1:
+        return None
+    if own_parameters(block):
+        names = ", ".join(own_parameters(block))
+        return KeptBlock("mlp", f"own parameters ({names}) see only a slice of the intermediate width")
+    for name, child in block.named_children():
+        if name not in reading and name != down and is_per_feature(child, width):
+            return KeptBlock(
+                "mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it"
+            )
+    unknown = _unexpected_children(block, set(reading) | {down})
+    if unknown:
+        return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
+    return ShardedBlock("mlp", tuple(reading), down)
+
+
+def _is_mixture_of_experts(block: nn.Module, dims: ModelDims) -> bool:
+    if not dims.experts:
+        return False
+    for _, param in block.named_parameters():
+        # Router weights (experts x hidden), fused expert weights (experts x ... x ...).
+        if param.dim() >= 2 and param.shape[0] == dims.experts:
+            return True
+    return any(isinstance(m, nn.ModuleList) and len(m) == dims.experts for m in block.modules())
+
+
+_STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
+
+
+def _is_recurrent_mixer(block: nn.Module) -> bool:
+    if any(isinstance(m, nn.Conv1d) for m in block.modules()):
+        return True
+    return any(name.split(".")[-1] in _STATE_SPACE_PARAMETERS for name, _ in block.named_parameters())
+
+
+def recognize_block(name: str, block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock:
+    """What a decoder-layer child with parameters is, and how it is sharded (or why it is not)."""
+    for recognizer in (recognize_attention, recognize_mlp):
+        found = recognizer(block, dims)
+        if found is not None:
+            return found
+    if _is_mixture_of_experts(block, dims):
+        return KeptBlock(
+            "moe",
+            "mixture of experts: the router and experts need expert parallelism, which torch's module "
+            "styles cannot express",
+        )
+    if _is_recurrent_mixer(block):
+        return KeptBlock(
+            "mixer",
+            "state-space / linear-attention mixer: its fused input projection and recurrent state do not "
+            "split over heads with torch's styles",
+        )
+    if is_linear(block):
+        return KeptBlock("other", f"linear {describe(name, block)} outside any recognised block")
+    parts = [
+        f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
+        for n, m in block.named_children()
+        if has_parameters(m)
+    ]
+    linear_only = all(is_linear(m) for m in block.children() if has_parameters(m))
+    note = "" if linear_only else "; torch's styles shard nn.Linear"
+    return KeptBlock("other", f"not recognised as attention or MLP ({type(block).__name__}: {', '.join(parts)}{note})")

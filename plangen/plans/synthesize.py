@@ -1,0 +1,234 @@
+"""Derive a Megatron-style plan from the module tree, for classes with no hand-written plan.
+
+:func:`~plangen.plans.analysis.analyze_model` walks a model (a meta-device build is enough) and
+recognises, by structure and shapes (:mod:`plangen.plans.recognize`):
+
+* the vocabulary embedding and the output head (tied or not): vocabulary-parallel;
+* per decoder layer, attention blocks (q/k/v column-parallel, o row-parallel, per-head norms with
+  their gradient summed over TP) and dense MLPs (up/gate column-parallel, down row-parallel), each
+  entered through ``PrepareModuleInput`` so the block input is one ``Replicate`` DTensor whose
+  gradient is reduced once per block, as in :mod:`plangen.plans.dense`;
+* per-feature modules on the residual stream (norms): ``SequenceParallel`` under SP.
+
+Everything else stays replicated, with the reason: packed q|k|v or gate|up projections (their
+parts would need ``_StridedShard``, which FSDP2 cannot lay out), norms over a whole projection
+(OLMo-2), mixture-of-experts blocks, state-space / linear-attention mixers, anything unrecognised.
+Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
+Under sequence parallelism a replicated block of a layer is handed the whole sequence and keeps its
+shard of the output (``PrepareModuleInputOutput``: one all-gather each way); anything else on the
+residual stream that cannot take a sequence shard makes SP unavailable for the class, with the reason.
+
+How a layer calls each block (the hidden state as a keyword or positionally) is read from the
+layer's forward source (:mod:`plangen.plans.forward_source`); when it cannot be read, the block's
+column-parallel projections take their input layout themselves (correct, one more collective).
+
+A synthesized plan is a candidate: the runtime uses it only for classes the numerical sweep
+(``scripts/sweep_plans.py``, results in ``proven.json``) proved equal to the unsharded model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+from torch import nn
+from torch.distributed.tensor import Replicate, Shard
+
+from plangen.plan import Plan, PlanEntry, Replicated
+from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
+from plangen.plans.forward_source import BlockCall
+
+__all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
+
+SEQ = Shard(1)
+Item = TypeVar("Item", PlanEntry, Replicated)
+
+
+def _input_layouts(call: BlockCall, sp: bool) -> dict[str, Any]:
+    """PrepareModuleInput's layouts for the hidden state, where the layer passes it: the block sees it whole."""
+    if call.keyword is not None:
+        return dict(
+            input_layouts=None,
+            desired_input_layouts=None,
+            input_kwarg_layouts={call.keyword: SEQ if sp else Replicate()},
+            desired_input_kwarg_layouts={call.keyword: Replicate()},
+        )
+    rest = (None,) * (call.positional - 1)
+    return dict(
+        input_layouts=(SEQ if sp else Replicate(), *rest),
+        desired_input_layouts=(Replicate(), *rest),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+    )
+
+
+def _gathered_entry(part: KeptPart, group: str) -> PlanEntry:
+    rest = (None,) * ((part.call.outputs or 1) - 1)
+    return PlanEntry(
+        part.path,
+        "PrepareModuleInputOutput",
+        dict(
+            **_input_layouts(part.call, True),
+            use_local_input=True,
+            output_layouts=(Replicate(), *rest),
+            desired_output_layouts=(SEQ, *rest),
+            use_local_output=False,
+        ),
+        group,
+        "replicated block under sequence parallel: all-gathers its input, computes whole on every rank, "
+        "keeps this rank's sequence shard of its output",
+    )
+
+
+def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    block, group = part.block, part.block.kind
+    entries: list[PlanEntry] = []
+    call = part.call
+    if call is not None:
+        gathered = "one all-gather of the sequence per block" if sp else "no communication"
+        entries.append(
+            PlanEntry(
+                part.path, "PrepareModuleInput", dict(**_input_layouts(call, sp), use_local_output=False), group,
+                f"{gathered}; one gradient reduction per block in backward",
+            )
+        )
+        colwise_input = Replicate()
+        colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
+    else:
+        colwise_input = SEQ if sp else Replicate()
+        colwise_why = "column-parallel, taking its own input (the layer's call of the block could not be read)"
+    colwise = dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True)
+    for name in block.colwise:
+        entries.append(PlanEntry(f"{part.path}.{name}", "ColwiseParallel", colwise, group, colwise_why))
+    for name in block.per_head_norms:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}", "ReplicatedWithGradAllReduce", dict(sequence_dim=2, use_local_output=True),
+                group, "per-head norm sees only local heads: its weight gradient is summed over TP",
+            )
+        )
+    rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
+    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
+    entries.append(
+        PlanEntry(f"{part.path}.{block.rowwise}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}")
+    )
+    return entries
+
+
+def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], list[Replicated]]:
+    entries: list[PlanEntry] = []
+    replicated = list(analysis.kept)
+    if analysis.embedding is not None:
+        reduced = "reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"
+        entries.append(
+            PlanEntry(
+                analysis.embedding, "RowwiseParallel",
+                dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
+                "embeddings", f"vocab-parallel embedding; {reduced}",
+            )
+        )
+    for part in analysis.blocks:
+        entries += _block_entries(part, sp)
+    if sp:
+        groups = {k.pattern: k.group for k in analysis.kept}
+        entries += [_gathered_entry(part, groups.get(part.path, "other")) for part in analysis.gathered]
+    for norm in analysis.norms:
+        if sp:
+            entries.append(
+                PlanEntry(norm, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
+                          "norm on the local sequence shard")
+            )
+        else:
+            replicated.append(Replicated(norm, "sees the full hidden state on every rank: nothing to shard", "norms"))
+    if analysis.head is not None:
+        entries.append(
+            PlanEntry(
+                analysis.head, "ColwiseParallel",
+                dict(input_layouts=SEQ if sp else Replicate(), output_layouts=Shard(-1), use_local_output=False),
+                "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+            )
+        )
+    return entries, replicated
+
+
+def _generalize(
+    items: list[Item],
+    layers_path: str | None,
+    layers: nn.ModuleList | None,
+    key: Callable[[Item], Any],
+    rename: Callable[[Item, str], Item],
+) -> list[Item]:
+    """One ``layers.*`` item where every layer holding that module gets the same item; the rest per layer.
+
+    Layers of different kinds (Jamba's dense and MoE ``feed_forward``) keep per-layer patterns, so a
+    pattern never reaches a module the plan did not derive it for.
+    """
+    if layers_path is None or layers is None:
+        return items
+    prefix = layers_path + "."
+    by_generic: dict[str, list[Item]] = {}
+    for item in items:
+        if item.pattern.startswith(prefix):
+            index, _, rest = item.pattern[len(prefix):].partition(".")
+            if index.isdigit():
+                by_generic.setdefault(f"{prefix}*.{rest}" if rest else f"{prefix}*", []).append(item)
+    out: list[Item] = []
+    emitted: set[str] = set()
+    for item in items:
+        generic = next((g for g, group in by_generic.items() if any(i is item for i in group)), None)
+        if generic is None:
+            out.append(item)
+            continue
+        if generic in emitted:
+            continue
+        group = by_generic[generic]
+        rest = generic[len(prefix) + 2:]
+        holders = [i for i, layer in enumerate(layers) if _has_submodule(layer, rest)]
+        same = len({repr(key(i)) for i in group}) == 1 and len(group) == len(holders)
+        if same:
+            out.append(rename(group[0], generic))
+            emitted.add(generic)
+        else:
+            out.append(item)
+    return out
+
+
+def _has_submodule(layer: nn.Module, rest: str) -> bool:
+    if not rest:
+        return True
+    try:
+        layer.get_submodule(rest)
+    except AttributeError:
+        return False
+    return True
+
+
+def build_plan_from_analysis(model: nn.Module, analysis: Analysis, sequence_parallel: bool) -> Plan:
+    """The plan data for an analysis (see :func:`build_synthesized_plan`)."""
+    entries, replicated = _concrete_entries(analysis, sequence_parallel)
+    layers = model.get_submodule(analysis.layers_path) if analysis.layers_path else None
+    entries = _generalize(
+        entries, analysis.layers_path, layers,
+        key=lambda e: (e.style, sorted((k, repr(v)) for k, v in e.kwargs.items())),
+        rename=lambda e, p: PlanEntry(p, e.style, e.kwargs, e.group, e.why),
+    )
+    replicated = _generalize(
+        replicated, analysis.layers_path, layers,
+        key=lambda r: r.why,
+        rename=lambda r, p: Replicated(p, r.why, r.group),
+    )
+    return Plan(tuple(entries), "synthesized", tuple(replicated), sequence_parallel)
+
+
+def build_synthesized_plan(model: nn.Module, sequence_parallel: bool) -> Plan:
+    """A Megatron-style plan derived from ``model``'s module tree (source ``"synthesized"``).
+
+    Raises a one-line ``ValueError`` when nothing in the decoder layers can be sharded safely, or
+    when ``sequence_parallel`` is asked for and a module on the residual stream cannot take a
+    sequence shard.
+    """
+    analysis = analyze_model(model)
+    if analysis.problem is not None:
+        raise ValueError(f"{analysis.class_name}: no synthesized plan: {analysis.problem}")
+    if sequence_parallel and analysis.sp_problems:
+        raise ValueError(f"{analysis.class_name}: no sequence-parallel synthesized plan: {analysis.sp_problems[0]}")
+    return build_plan_from_analysis(model, analysis, sequence_parallel)
