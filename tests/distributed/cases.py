@@ -45,9 +45,22 @@ def build_meshes(kind: str):
     return mesh["dp"], mesh["tp"]
 
 
+_TINY_BY_TYPE: dict[tuple[str, str], torch.nn.Module] = {}
+
+
 def build_case_model(case: dict[str, Any]):
-    """``model``: a name in tests/tiny_configs.py; ``class``: any class, shrunk by plangen.models."""
+    """``model``: a name in tests/tiny_configs.py; ``class``: any class, shrunk by plangen.models;
+    ``model_type``: any registered type, shrunk by plangen.models (built once per worker and copied:
+    a sweep runs several cases of one type)."""
     attn = case.get("attn", "sdpa")
+    if "model_type" in case:
+        from plangen.models import build_tiny_model, resolve_model
+
+        key = (case["model_type"], attn)
+        if key not in _TINY_BY_TYPE:
+            resolved = resolve_model(case["model_type"])
+            _TINY_BY_TYPE[key] = build_tiny_model(resolved, seed=0, attn_implementation=attn)
+        return copy.deepcopy(_TINY_BY_TYPE[key])
     if "class" in case:
         from plangen.models import build_tiny_model, resolve_model
 
@@ -55,10 +68,34 @@ def build_case_model(case: dict[str, Any]):
     return build_tiny(case["model"], seed=0, attn_implementation=attn)
 
 
+def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
+    """``plan`` as given; or ``plan_kind``: "synthesized" or "hf", built for this model whether or not
+    the runtime would pick it (the sweep proves synthesized plans before the runtime trusts them)."""
+    kind = case.get("plan_kind")
+    if kind is None:
+        return case.get("plan")
+    from plangen.plan import build_parallel_styles
+
+    if kind == "synthesized":
+        from plangen.plans.synthesize import build_synthesized_plan
+
+        return build_parallel_styles(build_synthesized_plan(model, case.get("sp", False)))
+    if kind == "hf":
+        from plangen.hf_plan import get_hf_tp_plan
+
+        return get_hf_tp_plan(model)
+    raise ValueError(f"unknown plan_kind {kind!r}")
+
+
 def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     model = build_case_model(case)
     reference = copy.deepcopy(model)
-    ids = torch.randint(0, model.config.get_text_config().vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    id_bound = model.config.get_text_config().vocab_size
+    if "model_type" in case:
+        from plangen.models import SPECIAL_TOKEN_SPAN
+
+        id_bound -= SPECIAL_TOKEN_SPAN  # a shrunk vocabulary keeps special (image) tokens in its top ids
+    ids = torch.randint(0, id_bound, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     dp_group = dp_mesh.get_group() if dp_mesh.ndim == 1 else dp_mesh._flatten().get_group()
     dp, dp_rank = dp_mesh.size(), dist.get_rank(dp_group)
     rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
@@ -75,7 +112,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
     ref_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in ref_grads.values()])).item()
 
-    plan = case.get("plan")
+    plan = build_case_plan(case, model)
     sharded = parallelize_model(
         model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
         sequence_parallel=case.get("sp", False),
@@ -95,7 +132,9 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     grad_diffs = {n: (full(grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads}
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
     ref_slice_loss = next_token_loss(ref_logits[rows], ids[rows]).item()
-    param_drift = train_steps(reference, sharded, ids, mask, rows, dp, case.get("steps", 3))
+    param_drift = train_steps(
+        reference, sharded, ids, mask, rows, dp, case.get("steps", 3), case.get("adam_eps", 1e-8)
+    )
     return {
         "param_drift": param_drift,
         "forward_collectives": forward.counts(),
@@ -113,17 +152,20 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     }
 
 
-def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int) -> float | None:
+def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: float = 1e-8) -> float | None:
     """Continue from the gradients already computed: ``steps`` AdamW steps on both models, then
     the largest parameter difference (optimizer state sharded by FSDP2 must not change the result).
 
     Adam divides by sqrt(v): on near-zero gradients fp32 rounding alone moves a weight by up to
     lr. lr is 1e-4 (still above RL fine-tuning rates): a wrong optimizer state moves weights by
-    ~lr per step, 10x the 1e-5 tolerance."""
+    ~lr per step, 10x the 1e-5 tolerance. ``eps`` (the ``adam_eps`` case key) bounds that
+    amplification: a gradient that is zero in exact arithmetic (a key bias: softmax ignores it)
+    is rounding noise of ~1e-10 on both sides, which eps=1e-8 turns into a full lr step of random
+    sign; eps=1e-6 turns a 1e-8 gradient difference into at most 1e-6 of parameter."""
     if steps <= 0:
         return None
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-4, foreach=False)
-    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-4, foreach=False)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-4, eps=eps, foreach=False)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-4, eps=eps, foreach=False)
     for step in range(steps):
         if step:
             for m in (reference, sharded):
@@ -149,3 +191,19 @@ def run_cases(payload: dict[str, Any]) -> dict[str, Any]:
 
                 results[f"{mesh_kind}/{case['name']}"] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
     return results
+
+
+TOL = 1e-5
+
+
+def case_problem(result: dict[str, Any]) -> str | None:
+    """Why one rank's result of a case fails the parity check (the test suite's criteria), or None."""
+    if "error" in result:
+        return result["error"]
+    if result["missing_grads"] or result["extra_grads"]:
+        return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"
+    for key in ("logits", "loss", "grad", "grad_norm", "grad_norm_inf", "param_drift"):
+        if result[key] is not None and not result[key] < TOL:
+            where = f" ({result['worst_grad']})" if key == "grad" else ""
+            return f"{key} differs by {result[key]:.1e}{where}"
+    return None
