@@ -6,7 +6,8 @@ norms get their gradient summed over TP, the gradient norm counts TP-replicated 
 bad input fails before any collective with the numbers.
 
 Order of work in :func:`parallelize_model`:
-  1. resolve the plan (custom > hand-written for the class > Hugging Face), pure, logged;
+  1. resolve the plan (custom > hand-written for the class > synthesized and proven > Hugging Face),
+     pure, logged;
   2. check it against the model (keys that match nothing, head counts vs TP size), still local;
   3. apply TP (``parallelize_module``), then re-tie tied embeddings that TP split apart;
   4. activation checkpointing of the decoder layers;
@@ -43,6 +44,8 @@ from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; im
 from plangen.plan import build_parallel_styles
 from plangen.plan_source import PlanLike, load_custom_plan
 from plangen.plans import CHECKPOINT_FILTERS, HAND_WRITTEN
+from plangen.plans.proven import is_proven
+from plangen.plans.synthesize import build_synthesized_plan
 from plangen.styles import RotaryEmbedParallel
 
 logger = logging.getLogger("plangen")
@@ -84,7 +87,7 @@ PARALLIZE_FUNCTIONS = PARALLELIZE_FUNCTIONS  # NeMo RL's spelling
 @dataclass(frozen=True)
 class ResolvedPlan:
     styles: dict[str, ParallelStyle]
-    source: str  # "custom" | "optimized" | "hf"
+    source: str  # "custom" | "optimized" | "synthesized" | "hf"
     reason: str
 
 
@@ -93,7 +96,9 @@ def resolve_parallel_plan(
     sequence_parallel: bool = False,
     custom_parallel_plan: Optional[PlanLike] = None,
 ) -> ResolvedPlan:
-    """Pick the plan by priority: custom, then the class's optimized plan, then Hugging Face's."""
+    """Pick the plan by priority: custom, the class's hand-written ("optimized") plan, the plan
+    synthesized from the module tree where the numerical sweep proved it for the class, then
+    Hugging Face's; with none of them, a :class:`PlanError` pointing to ``plangen init``."""
     cls = type(model)
     if custom_parallel_plan is not None:
         styles = load_custom_plan(custom_parallel_plan)
@@ -102,13 +107,32 @@ def resolve_parallel_plan(
     if cls in PARALLELIZE_FUNCTIONS:
         styles = PARALLELIZE_FUNCTIONS[cls](model, sequence_parallel)
         return ResolvedPlan(styles, "optimized", f"optimized plan registered for {cls.__name__}")
+    if is_proven(cls.__name__, sequence_parallel):
+        try:
+            plan = build_synthesized_plan(model, sequence_parallel)
+        except ValueError as err:  # this instance's config differs in kind from the proven one
+            logger.info("plangen: %s", err)
+        else:
+            return ResolvedPlan(
+                build_parallel_styles(plan), "synthesized",
+                f"plan synthesized from the module tree of {cls.__name__} (numerically proven for the class)",
+            )
     if sequence_parallel:
         raise PlanError(
-            f"sequence_parallel=True but {cls.__name__} has no optimized plan and Hugging Face plans have no "
-            "sequence parallel: pass a custom_parallel_plan (plangen init) or sequence_parallel=False"
+            f"sequence_parallel=True but {cls.__name__} has no optimized plan (hand-written or proven synthesized) "
+            "and Hugging Face plans have no sequence parallel: pass a custom_parallel_plan "
+            f"(plangen init {cls.__name__} --sequence-parallel) or sequence_parallel=False"
         )
-    from plangen.hf_plan import get_hf_tp_plan
+    from plangen.hf_plan import collect_hf_tp_plan, get_hf_tp_plan
 
+    try:
+        collect_hf_tp_plan(model)
+    except ValueError:
+        raise PlanError(
+            f"no plan for {cls.__name__} at TP>1: write a custom plan with `plangen init {cls.__name__}` and pass "
+            "it as custom_parallel_plan (the class has no hand-written plan, no proven synthesized plan and no "
+            "Hugging Face plan), or use TP=1"
+        ) from None
     styles = get_hf_tp_plan(model)
     return ResolvedPlan(styles, "hf", f"no custom or optimized plan for {cls.__name__}: using its Hugging Face plan")
 
