@@ -213,6 +213,40 @@ def cost(
         typer.echo(render_cost_text(report, width=max(100, shutil.get_terminal_size((110, 24)).columns)), nl=False)
 
 
+@app.command(name="list")
+def list_architectures(
+    models: list[str] | None = typer.Argument(
+        None, metavar="[MODEL...]", help="Only these model types or classes (default: all).", show_default=False
+    ),
+    output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
+) -> None:
+    """Every causal-LM architecture of the installed transformers and the plan it gets at TP > 1.
+
+    Plan: hand-written, synthesized (from the module tree, numerically proven), hf (the model's own
+    Hugging Face plan) or none; whether sequence parallelism is available; the numerical check of
+    that plan (scripts/sweep_plans.py). Exit status: 0 printed, 2 usage error.
+    """
+    if output_format not in ("text", "json"):
+        fail("--format must be one of: text, json")
+    import shutil
+
+    from transformers.utils import logging as hf_logging
+
+    from plangen.catalog import build_catalog, render_catalog_json, render_catalog_text
+
+    hf_logging.set_verbosity_error()  # shrunk default configs make transformers warn; not the user's concern
+    try:
+        rows = build_catalog(models or None)
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while listing: {type(error).__name__}: {error}")
+    if models and not rows:
+        fail(f"no causal-LM architecture is named {', '.join(models)} (pass model types or class names)")
+    if output_format == "json":
+        typer.echo(render_catalog_json(rows), nl=False)
+    else:
+        typer.echo(render_catalog_text(rows, width=max(120, shutil.get_terminal_size((160, 24)).columns)), nl=False)
+
+
 def main() -> None:
     app()
 
