@@ -1,0 +1,95 @@
+"""``plangen list``: every causal-LM architecture of the installed transformers and the plan it gets."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plangen.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def listing() -> tuple[dict, float]:
+    began = time.monotonic()
+    result = CliRunner().invoke(app, ["list", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), time.monotonic() - began
+
+
+def rows_by_class(listing) -> dict[str, dict]:
+    return {row["class_name"]: row for row in listing[0]["architectures"]}
+
+
+def test_json_lists_every_causal_lm_class_once(listing):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = [row["class_name"] for row in listing[0]["architectures"]]
+    assert len(names) == len(set(names))
+    assert set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) <= set(names)
+    assert listing[0]["transformers"] and listing[0]["torch"]
+    # ~200 meta-device builds (shrunk configs) on a busy 2-core machine; about 10 s when idle.
+    assert listing[1] < 60
+
+
+def test_every_hand_written_class_is_listed_as_such(listing):
+    from plangen.plans import HAND_WRITTEN
+
+    rows = rows_by_class(listing)
+    for class_name in HAND_WRITTEN:
+        assert rows[class_name]["plan"] == "hand-written", class_name
+    assert rows["LlamaForCausalLM"]["sequence_parallel"] is True
+    assert rows["NemotronHForCausalLM"]["sequence_parallel"] is False
+
+
+def test_rows_follow_the_plan_priority(listing):
+    from plangen.plans.proven import is_proven
+
+    rows = rows_by_class(listing)
+    olmo = rows["OlmoForCausalLM"]
+    assert (olmo["plan"], olmo["sequence_parallel"], olmo["check"]) == ("synthesized", True, "passed")
+    assert rows["Phi3ForCausalLM"]["plan"] == "hf"  # fused q|k|v and gate|up: nothing to synthesize
+    assert "packed q|k|v" in rows["Phi3ForCausalLM"]["note"]
+    gpt2 = rows["GPT2LMHeadModel"]
+    assert gpt2["plan"] == "none" and "Conv1D" in gpt2["note"]
+    for row in rows.values():
+        assert row["plan"] in ("hand-written", "synthesized", "hf", "none")
+        if row["plan"] == "synthesized":  # the runtime uses a synthesized plan only where it is proven
+            assert is_proven(row["class_name"], False) and row["check"] == "passed"
+            assert row["sequence_parallel"] == is_proven(row["class_name"], True)
+
+
+def test_text_table_for_some_models():
+    result = CliRunner().invoke(app, ["list", "olmo", "llama", "Phi3ForCausalLM"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "note"]
+    assert lines[1].split()[:5] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed"]
+    assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
+    assert lines[3].split()[:3] == ["Phi3ForCausalLM", "phi3", "hf"]
+    assert lines[-1] == "3 architectures: 1 hand-written, 1 synthesized, 1 hf, 0 none"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["list", "--format", "yaml"], "--format must be one of: text, json"),
+        (["list", "no_such_model"], "no causal-LM architecture is named no_such_model"),
+    ],
+)
+def test_usage_errors_are_one_line(args, message):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"plangen: error: {message}" or message in result.stderr
+
+
+def test_committed_table_covers_every_architecture(listing):
+    table = (ROOT / "docs" / "plans.md").read_text()
+    assert "scripts/sweep_plans.py" in table
+    for name in rows_by_class(listing):
+        assert f"| {name} |" in table, f"docs/plans.md lacks {name}: run scripts/sweep_plans.py --docs-only"

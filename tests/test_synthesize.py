@@ -1,0 +1,289 @@
+"""Synthesized plans on meta models: what is sharded, what stays replicated and why; exact collectives.
+
+The recognizers work from shapes and the forward source, so the same code that re-derives the
+hand-written plans (first tests) must also handle renamed projections, per-head norms under other
+names, fused projections, OLMo-2's whole-projection norms, MoE and state-space mixers.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+import torch
+from torch import nn
+
+from plangen.models import build_meta_model, resolve_model, shrink_config
+from plangen.plan import build_parallel_styles
+from plangen.plans import HAND_WRITTEN, build_seed_plan
+from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
+from plangen.plans.synthesize import analyze_model, build_synthesized_plan
+
+
+def meta(model_type: str) -> nn.Module:
+    resolved = resolve_model(model_type)
+    config = shrink_config(resolved.config, 2, attn_implementation="eager")
+    return build_meta_model(config, resolved.model_class)
+
+
+def entry_set(plan) -> set:
+    return {(e.pattern, e.style, tuple(sorted((k, repr(v)) for k, v in e.kwargs.items()))) for e in plan.entries}
+
+
+def styles_of(plan) -> dict[str, str]:
+    return {e.pattern: e.style for e in plan.entries}
+
+
+def why_of(plan, pattern: str) -> str:
+    return next(r.why for r in plan.replicated if r.pattern == pattern)
+
+
+# --- the hand-written plans, derived again from structure ------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_synthesizer_rederives_every_hand_written_dense_plan(model_type, sequence_parallel):
+    model = meta(model_type)
+    synthesized = build_synthesized_plan(model, sequence_parallel)
+    hand_written = HAND_WRITTEN[type(model).__name__](model, sequence_parallel)
+    assert synthesized.source == "synthesized"
+    assert entry_set(synthesized) == entry_set(hand_written)
+
+
+def test_synthesizer_rederives_nemotron_h_and_replicates_its_mamba_and_moe():
+    model = meta("nemotron_h")
+    synthesized = build_synthesized_plan(model, False)
+    assert entry_set(synthesized) == entry_set(HAND_WRITTEN["NemotronHForCausalLM"](model, False))
+    reasons = {r.why for r in synthesized.replicated}
+    assert any("state-space" in why for why in reasons) and any("mixture of experts" in why for why in reasons)
+
+
+# --- recognition by shapes and data flow, not names -------------------------------------------
+
+
+def test_renamed_projections_are_recognised_by_what_they_read():
+    # LFM2: w1/w3 read the MLP input (column-parallel), w2 maps the intermediate back (row-parallel);
+    # out_proj is attention's output; q_layernorm/k_layernorm are one head wide.
+    styles = styles_of(build_synthesized_plan(meta("lfm2"), False))
+    layer = "model.layers.*"
+    assert styles[f"{layer}.feed_forward.w1"] == styles[f"{layer}.feed_forward.w3"] == "ColwiseParallel"
+    assert styles[f"{layer}.feed_forward.w2"] == "RowwiseParallel"
+    assert styles[f"{layer}.self_attn.out_proj"] == "RowwiseParallel"
+    assert styles[f"{layer}.self_attn.q_layernorm"] == "ReplicatedWithGradAllReduce"
+
+
+def test_per_head_norms_are_recognised_by_their_width():
+    styles = styles_of(build_synthesized_plan(meta("hunyuan_v1_dense"), False))
+    for norm in ("query_layernorm", "key_layernorm"):
+        assert styles[f"model.layers.*.self_attn.{norm}"] == "ReplicatedWithGradAllReduce"
+
+
+def test_call_conventions_come_from_the_layer_source():
+    plan = build_synthesized_plan(meta("olmo"), True)
+    kwargs = {e.pattern: dict(e.kwargs) for e in plan.entries}
+    # OLMo's layer passes hidden_states= to attention and the hidden state positionally to the MLP.
+    assert set(kwargs["model.layers.*.self_attn"]["input_kwarg_layouts"]) == {"hidden_states"}
+    assert kwargs["model.layers.*.mlp"]["input_layouts"] == (torch.distributed.tensor.Shard(1),)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.gate, self.down = nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+
+    def forward(self, hidden_states, mask=None):
+        scaled = self.up(hidden_states) * self.gate(hidden_states)
+        hidden_states = self.down(scaled)
+        return self.up(hidden_states), None
+
+
+class _Layer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn, self.mlp, self.other = _Block(), _Block(), _Block()
+
+    def forward(self, x, mask):
+        y, _ = self.attn(hidden_states=x, mask=mask)
+        z = self.mlp(y, mask)
+        return self.other(z)[0]
+
+
+def test_forward_source_reader():
+    assert read_block_call(_Layer, "attn", _Block) == BlockCall(0, "hidden_states", 2)
+    assert read_block_call(_Layer, "mlp", _Block) == BlockCall(2, None, 1)
+    assert read_block_call(_Layer, "other", _Block) == BlockCall(1, None, None)  # [0]: tuple of unknown length
+    assert read_block_call(_Layer, "missing", _Block) is None
+    # up and gate read the input; down reads an intermediate; the later up(...) reads a new value.
+    assert read_input_readers(_Block) == {"up", "gate"}
+
+
+# --- what cannot be sharded stays replicated, with the reason -----------------------------------
+
+
+def test_olmo2_whole_projection_norms_keep_attention_replicated():
+    model = meta("olmo2")
+    plan = build_synthesized_plan(model, False)
+    assert not any(p.startswith("model.layers.*.self_attn") for p in styles_of(plan))
+    assert "OLMo-2" in why_of(plan, "model.layers.*.self_attn")
+    assert styles_of(plan)["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
+    # Under sequence parallel the replicated block gets the whole sequence and keeps its shard of the output.
+    assert styles_of(build_synthesized_plan(model, True))["model.layers.*.self_attn"] == "PrepareModuleInputOutput"
+
+
+def test_fused_projections_stay_replicated_with_the_reason():
+    glm = build_synthesized_plan(meta("glm"), False)
+    assert "packed gate|up projection gate_up_proj" in why_of(glm, "model.layers.*.mlp")
+    assert styles_of(glm)["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
+    analysis = analyze_model(meta("phi3"))  # q|k|v and gate|up both fused: nothing left to shard
+    assert {k.why.split(" (")[0] for k in analysis.kept if k.group in ("attention", "mlp")} == {
+        "packed q|k|v projection qkv_proj", "packed gate|up projection gate_up_proj"
+    }
+    with pytest.raises(ValueError, match=r"^Phi3ForCausalLM: no synthesized plan: nothing in its decoder layers") as err:
+        build_synthesized_plan(meta("phi3"), False)
+    assert "\n" not in str(err.value)
+
+
+def test_mixture_of_experts_stays_replicated_and_attention_is_sharded():
+    plan = build_synthesized_plan(meta("qwen3_moe"), False)
+    assert "mixture of experts" in why_of(plan, "model.layers.*.mlp")
+    assert not any(".mlp." in p for p in styles_of(plan))
+    assert styles_of(plan)["model.layers.*.self_attn.q_norm"] == "ReplicatedWithGradAllReduce"
+
+
+def test_heterogeneous_layers_get_per_layer_patterns():
+    # Jamba: layer 0 is Mamba + dense MLP, layer 1 attention + MoE; both call their MLP block feed_forward.
+    model = meta("jamba")
+    plan = build_synthesized_plan(model, False)
+    styles = styles_of(plan)
+    assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"  # not layers.*: layer 1's is MoE
+    assert "model.layers.*.feed_forward" not in styles
+    assert "state-space" in why_of(plan, "model.layers.*.mamba")
+    assert "mixture of experts" in why_of(plan, "model.layers.1.feed_forward")
+    from plangen.matching import find_unmatched_keys
+
+    assert find_unmatched_keys(model, styles) == []
+
+
+def test_tied_embeddings_are_sharded_at_both_ends_alike():
+    model = meta("gemma")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    kwargs = {e.pattern: e for e in build_synthesized_plan(model, False).entries}
+    assert kwargs["model.embed_tokens"].style == "RowwiseParallel"  # vocabulary rows: Shard(0)
+    assert kwargs["lm_head"].style == "ColwiseParallel"  # vocabulary rows of the same weight: Shard(0)
+
+
+def test_nothing_recognised_is_a_one_line_error_with_the_reason():
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel: no synthesized plan: .*Conv1D") as err:
+        build_synthesized_plan(meta("gpt2"), False)
+    assert "\n" not in str(err.value)
+
+
+# --- resolution and the seed for plangen init --------------------------------------------------
+
+
+@pytest.fixture
+def proven(monkeypatch):
+    """Replace the sweep's records: {class: record}."""
+    import plangen.plans.proven as P
+
+    records: dict = {}
+    monkeypatch.setattr(P, "load_proven", lambda: records)
+    return records
+
+
+def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
+    import plangen.parallelize as R
+
+    model = meta("olmo")
+    assert R.resolve_parallel_plan(model, False).source == "hf"  # not proven: its Hugging Face plan
+    with pytest.raises(R.PlanError, match="OlmoForCausalLM has no optimized plan"):
+        R.resolve_parallel_plan(model, True)
+    proven["OlmoForCausalLM"] = {"plan": "synthesized", "tp": True, "sp": True, "error": None}
+    for sp in (False, True):
+        resolved = R.resolve_parallel_plan(model, sp)
+        assert resolved.source == "synthesized"
+        assert resolved.styles.keys() == build_parallel_styles(build_synthesized_plan(model, sp)).keys()
+
+
+def test_no_plan_at_all_points_to_plangen_init(proven):
+    import plangen.parallelize as R
+
+    with pytest.raises(R.PlanError, match=r"no plan for MptForCausalLM at TP>1: write a custom plan with `plangen init MptForCausalLM`"):
+        R.resolve_parallel_plan(meta("mpt"), False)
+
+
+def test_seed_plan_order(proven):
+    assert build_seed_plan(meta("llama"), True).source == "hand-written"
+    assert build_seed_plan(meta("olmo"), False).source == "hf"
+    proven["OlmoForCausalLM"] = {"plan": "synthesized", "tp": True, "sp": False, "error": None}
+    assert build_seed_plan(meta("olmo"), False).source == "synthesized"
+    # No Hugging Face plan: the unproven synthesized plan is the best start there is.
+    assert build_seed_plan(meta("mpt"), False).source == "synthesized"
+    with pytest.raises(ValueError, match="no plan for GPT2LMHeadModel"):
+        build_seed_plan(meta("gpt2"), True)
+
+
+def test_proven_records_ship_with_the_package():
+    records = json.loads(resources.files("plangen.plans").joinpath("proven.json").read_text())
+    assert records["OlmoForCausalLM"] == {"plan": "synthesized", "tp": True, "sp": True, "error": None}
+    assert all(set(r) >= {"plan", "tp", "sp", "error"} for r in records.values())
+
+
+# --- communication: a synthesized plan at the Megatron minimum, counted exactly ------------------
+
+AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
+
+
+def count_step(model_type: str, layers: int, sequence_parallel: bool):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from plangen.comm import CollectiveCounter
+    from plangen.loss import vocab_parallel_cross_entropy
+    from plangen.parallelize import apply_tp, resolve_tied_styles
+
+    resolved = resolve_model(model_type)
+    config = shrink_config(resolved.config, 2)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = resolved.model_class._from_config(config)
+    styles = build_parallel_styles(build_synthesized_plan(model, sequence_parallel))
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), resolve_tied_styles(model, styles))
+    ids = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    with CollectiveCounter() as forward:
+        logits = model(input_ids=ids).logits
+    loss = vocab_parallel_cross_entropy(logits, ids)
+    with CollectiveCounter() as backward:
+        loss.backward()
+    return forward.counts(), backward.counts()
+
+
+def per_layer(model_type: str, sequence_parallel: bool):
+    f2, b2 = count_step(model_type, 2, sequence_parallel)
+    f4, b4 = count_step(model_type, 4, sequence_parallel)
+    diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    return diff(f2, f4), diff(b2, b4), f2, b2
+
+
+def test_synthesized_tensor_parallel_costs_two_all_reduces_per_layer(fake_pg):
+    forward, backward, total_forward, total_backward = per_layer("olmo", False)
+    assert forward == {AR: 2} and backward == {AR: 2}  # one input-gradient reduction per block
+    # Fixed: the embedding's all-reduce forward, the head's input-gradient reduction backward.
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
+
+
+def test_synthesized_sequence_parallel_gathers_once_per_block(fake_pg):
+    forward, backward, total_forward, total_backward = per_layer("olmo", True)
+    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2}
+    # Fixed: the embedding reduce-scatters into the sequence-sharded stream, the head gathers it.
+    assert total_forward == {AG: 2 * 2 + 1, RS: 2 * 2 + 1}
+    assert total_backward == {AG: 2 * 2 + 1, RS: 2 * 2 + 1}
+
+
+def test_replicated_moe_under_sequence_parallel_costs_one_gather_each_way(fake_pg):
+    # Attention as above (AG + RS each way); the replicated MoE gathers its input in forward and
+    # keeps a slice of its output (no collective); backward gathers the output's gradient, and its
+    # input gradient, the same on every rank, is sliced.
+    forward, backward, _, _ = per_layer("qwen3_moe", True)
+    assert forward == {AG: 2, RS: 1} and backward == {AG: 2, RS: 1}
