@@ -62,20 +62,22 @@ def _input_layouts(call: BlockCall, sp: bool) -> dict[str, Any]:
 
 
 def _gathered_entry(part: KeptPart, group: str) -> PlanEntry:
-    rest = (None,) * ((part.call.outputs or 1) - 1)
+    # One layout per output the layer unpacks; torch passes an output whose layout is None through
+    # untouched and never reads its desired layout (documented as a placement: Replicate()).
+    others = (part.call.outputs or 1) - 1
     return PlanEntry(
         part.path,
         "PrepareModuleInputOutput",
         dict(
             **_input_layouts(part.call, True),
             use_local_input=True,
-            output_layouts=(Replicate(), *rest),
-            desired_output_layouts=(SEQ, *rest),
+            output_layouts=(Replicate(), *(None,) * others),
+            desired_output_layouts=(SEQ, *(Replicate(),) * others),
             use_local_output=False,
         ),
         group,
         "replicated block under sequence parallel: all-gathers its input, computes whole on every rank, "
-        "keeps this rank's sequence shard of its output",
+        "keeps this rank's sequence shard of its output" + (" (its other outputs pass through)" if others else ""),
     )
 
 
