@@ -10,7 +10,8 @@ rank above what the rank held before building its model (the largest rank, media
 launches), and the first step's loss, which must agree: same model, same batch.
 
 Goals: plangen's median step is not slower (within ``TIME_TOLERANCE``, the noise of timing on
-shared CPU cores; ``QUICK_TIME_TOLERANCE`` for the few steps of one launch each of ``--quick``)
+shared CPU cores; ``QUICK_TIME_TOLERANCE`` on the fastest step for the few steps of one launch each of
+``--quick``)
 and its peak memory per rank not larger (within ``MEMORY_TOLERANCE``).
 """
 
@@ -32,8 +33,10 @@ MODEL = dict(
     vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
     num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False, use_cache=False,
 )
-FULL = dict(batch=2, seq=128, warmup=3, steps=15, repeats=3, time_tolerance=TIME_TOLERANCE)
-QUICK = dict(batch=2, seq=128, warmup=2, steps=4, repeats=1, time_tolerance=QUICK_TIME_TOLERANCE)
+# --quick has four steps of one launch per variant: their median swings with whatever else the
+# machine runs, so it compares the fastest step (the least disturbed) instead.
+FULL = dict(batch=2, seq=128, warmup=3, steps=15, repeats=3, time_tolerance=TIME_TOLERANCE, statistic="median")
+QUICK = dict(batch=2, seq=128, warmup=2, steps=4, repeats=1, time_tolerance=QUICK_TIME_TOLERANCE, statistic="fastest")
 VARIANTS = ("plangen", "hf")
 
 
@@ -71,7 +74,9 @@ def run_step_benchmark(quick: bool = False) -> list[Section]:
 
 def build_time_section(times: dict[str, list[float]], first_loss: dict[str, float], options: dict) -> Section:
     median = {v: statistics.median(t) for v, t in times.items()}
-    ratio = median["plangen"] / median["hf"]
+    statistic = options["statistic"]
+    judged = median if statistic == "median" else {v: min(t) for v, t in times.items()}
+    ratio = judged["plangen"] / judged["hf"]
     tolerance = options["time_tolerance"]
     section = Section(
         f"2. Step time on CPU (gloo), DP 2 x TP 2, small Llama ({MODEL['num_hidden_layers']} layers, hidden "
@@ -88,7 +93,7 @@ def build_time_section(times: dict[str, list[float]], first_loss: dict[str, floa
     loss_gap = abs(first_loss["plangen"] - first_loss["hf"])
     section.goals = [
         Goal("same weights and batch: the first step's loss agrees", loss_gap <= LOSS_TOLERANCE * abs(first_loss["hf"]), f"gap {loss_gap:.2e}"),
-        Goal(f"plangen is not slower (median within {tolerance:.0%})", ratio <= 1 + tolerance, f"plangen / HF {ratio:.2f}x"),
+        Goal(f"plangen is not slower ({statistic} step within {tolerance:.0%})", ratio <= 1 + tolerance, f"plangen / HF {ratio:.2f}x"),
     ]
     return section
 
