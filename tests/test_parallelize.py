@@ -239,8 +239,11 @@ def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
     sharded = {n for key in plan for n in P.find_matching_modules(model, key)}
     assert "model.layers.1.mixer.up_proj" in sharded and "model.layers.2.mixer.q_proj" in sharded
     assert not any(n.startswith("model.layers.0.") for n in sharded)  # the Mamba block
-    with pytest.raises(ValueError, match="no sequence-parallel plan"):
-        P.resolve_parallel_plan(model, True)
+    # SP: the Mamba mixer gathers the sequence, computes it whole and keeps its shard.
+    sp_plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, True)
+    assert P.find_unmatched_keys(model, sp_plan) == []
+    assert type(sp_plan["model.layers.0.mixer"]).__name__ == "PrepareModuleInputOutput"
+    assert not any(k.startswith("model.layers.0.mixer.") for k in sp_plan)
 
 
 def test_packed_projections_refuse_fsdp_sharding():

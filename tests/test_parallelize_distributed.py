@@ -34,7 +34,11 @@ def _cases():
         {"name": f"{m}-{attn}-padded-sp", "model": m, "sp": True, "pad": True, "attn": attn}
         for m in ("llama", "qwen3", "gemma3") for attn in ("eager", "sdpa")
     ]
-    cases += [{"name": "nemotron_h", "model": "nemotron_h"}, {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True}]
+    cases += [
+        {"name": "nemotron_h", "model": "nemotron_h"},
+        {"name": "nemotron_h-sp", "model": "nemotron_h", "sp": True},
+        {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True},
+    ]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.

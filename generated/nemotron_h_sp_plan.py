@@ -1,0 +1,110 @@
+"""Tensor-parallel plan for NemotronHForCausalLM, made by `plangen init`: edit it freely.
+
+Model:       nemotron_h (NemotronHForCausalLM), TP size 2, sequence parallel on
+Seed:        the hand-written plan for NemotronHForCausalLM
+Regenerate:  plangen init nemotron_h -o generated/nemotron_h_sp_plan.py --tp-size 2 --sequence-parallel --force
+Made with:   plangen 0.1.0, transformers 5.24.0, torch 2.13.0+cpu
+
+Each entry maps a module pattern (torch's fnmatch rule, one name per dot) to a ParallelStyle with
+every argument written out. Commented-out patterns are left replicated on purpose. Use it with
+
+    parallelize_model(..., custom_parallel_plan="generated.nemotron_h_sp_plan.custom_parallel_plan")
+
+and check it after editing with `plangen verify generated/nemotron_h_sp_plan.py`.
+"""
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+# Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
+PLANGEN_MODEL = "nemotron_h"
+PLANGEN_TP_SIZE = 2
+PLANGEN_SEQUENCE_PARALLEL = True
+
+custom_parallel_plan: dict[str, ParallelStyle] = {
+    # Embeddings
+    # 1 × Embedding [131072, 4096] → local [65536, 4096] at TP=2
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual
+    "model.embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+
+    # Attention
+    # 1 × NemotronHAttention: one all-gather of the sequence per attention block
+    "model.layers.2.mixer": PrepareModuleInput(
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=False,
+    ),
+    # 1 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: own heads
+    "model.layers.*.mixer.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 1 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: own heads
+    "model.layers.*.mixer.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 1 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: own heads
+    "model.layers.*.mixer.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 1 × Linear [4096, 4096] → local [4096, 2048] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.mixer.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
+
+    # MLP
+    # 1 × NemotronHMLP: one all-gather of the sequence per MLP block
+    "model.layers.3.mixer": PrepareModuleInput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output=False,
+    ),
+    # 1 × Linear [21504, 4096] → local [10752, 4096] at TP=2; column-parallel
+    "model.layers.*.mixer.up_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 1 × Linear [4096, 21504] → local [4096, 10752] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.mixer.down_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
+    # Left replicated on purpose: MoE experts need an expert-parallel kernel: replicated
+    # "model.layers.*.mixer.experts": 1 × NemotronHExperts
+
+    # Norms
+    # 4 × NemotronHRMSNorm [4096], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.norm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 1 × NemotronHRMSNorm [4096], replicated at TP=2; norm on the local sequence shard
+    "model.norm_f": SequenceParallel(sequence_dim=1, use_local_output=False),
+
+    # Output head
+    # 1 × Linear [131072, 4096] → local [65536, 4096] at TP=2
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+
+    # Other
+    # 1 × NemotronHMamba2Mixer: replicated linear_attention mixer: gathers the sequence, computes it whole, keeps this
+    # rank's shard
+    "model.layers.0.mixer": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Replicate(),),
+        desired_output_layouts=(Shard(1),),
+        use_local_output=False,
+    ),
+    # 1 × NemotronHMoE: replicated moe mixer: gathers the sequence, computes it whole, keeps this rank's shard
+    "model.layers.1.mixer": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Replicate(),),
+        desired_output_layouts=(Shard(1),),
+        use_local_output=False,
+    ),
+    # Left replicated on purpose: Mamba2 fused in_proj (gate | x·B·C | dt) has no column split
+    # "model.layers.*.mixer.in_proj": 1 × Linear [18560, 4096]
+}
