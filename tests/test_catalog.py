@@ -44,7 +44,7 @@ def test_every_hand_written_class_is_listed_as_such(listing):
     for class_name in HAND_WRITTEN:
         assert rows[class_name]["plan"] == "hand-written", class_name
     assert rows["LlamaForCausalLM"]["sequence_parallel"] is True
-    assert rows["NemotronHForCausalLM"]["sequence_parallel"] is False
+    assert rows["NemotronHForCausalLM"]["sequence_parallel"] is True  # Mamba mixers gather, compute whole, keep their shard
 
 
 def test_rows_follow_the_plan_priority(listing):

@@ -291,7 +291,7 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
         ([str(LLAMA_405B), "--tp-size", "16"], "num_key_value_heads=8 is not divisible by the TP size 16: the largest legal TP size for LlamaForCausalLM is 8"),
         (["qwen3", "--tp-size", "0"], "--tp-size must be at least 1, got 0"),
         (["qwen3", "--tp-size", "-2"], "--tp-size must be at least 1, got -2"),
-        (["nemotron_h", "--sequence-parallel"], "--sequence-parallel: NemotronHForCausalLM: no sequence-parallel plan"),
+        (["phi3", "--sequence-parallel"], "--sequence-parallel: Phi3ForCausalLM has no optimized plan and Hugging Face plans have no sequence parallel"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_no_file(args, message, tmp_path, monkeypatch):
