@@ -88,7 +88,9 @@ def get_grad_norm(
         raise ValueError("gradients on the meta device have no norm")
 
     if norm_type == float("inf"):
-        local = [to_local_if_dtensor(g).detach().abs().max().to(dtype) for g in grads if g.numel() > 0]
+        # FSDP2 may leave a rank an empty shard of a small parameter: it has no maximum to give.
+        shards = [to_local_if_dtensor(g).detach() for g in grads]
+        local = [s.abs().max().to(dtype) for s in shards if s.numel() > 0]
         total = torch.stack(local).max() if local else torch.zeros((), dtype=dtype, device=device)
         op = dist.ReduceOp.MAX
     else:
