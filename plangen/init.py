@@ -164,30 +164,25 @@ def check_tp_size(config: Any, tp_size: int, model_name: str) -> None:
 
 
 def build_seed_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[Plan, str]:
-    """The plan the file starts from, and a short description of where it came from."""
-    from plangen.plans import build_optimized_plan
+    """The plan the file starts from (the runtime's own choice, :func:`plangen.plans.build_seed_plan`),
+    and a short description of where it came from."""
+    from plangen.plans import build_seed_plan as build_runtime_seed
+    from plangen.plans.proven import is_proven
 
     cls = type(model).__name__
     try:
-        plan = build_optimized_plan(model, sequence_parallel)
+        plan = build_runtime_seed(model, sequence_parallel)
     except ValueError as err:
-        if sequence_parallel:
-            raise InitError(f"--sequence-parallel: {err}") from None
-        raise InitError(f"the optimized plan for {cls} does not fit this model: {err}") from None
-    if plan is not None:
-        return plan, f"the {plan.source} plan for {cls}"
-    if sequence_parallel:
-        raise InitError(
-            f"--sequence-parallel: {cls} has no optimized plan and Hugging Face plans have no sequence "
-            "parallel; drop --sequence-parallel to start from its Hugging Face plan"
+        raise InitError(f"--sequence-parallel: {err}" if sequence_parallel else str(err)) from None
+    if plan.source == "synthesized":
+        proof = (
+            "numerically proven for the class" if is_proven(cls, sequence_parallel)
+            else "not numerically proven: check it with plangen verify --run"
         )
-    from plangen.hf_plan import build_hf_plan
-
-    try:
-        plan = build_hf_plan(model)
-    except ValueError as err:  # no plan, or a style torch cannot honour
-        raise InitError(str(err)) from None
-    return plan, f"the Hugging Face plan of {cls} (its _tp_plan, translated to torch styles)"
+        return plan, f"the plan synthesized from the module tree of {cls} ({proof})"
+    if plan.source == "hf":
+        return plan, f"the Hugging Face plan of {cls} (its _tp_plan, translated to torch styles)"
+    return plan, f"the {plan.source} plan for {cls}"
 
 
 # ---------------------------------------------------------------------------------------------
