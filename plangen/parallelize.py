@@ -46,7 +46,8 @@ from plangen.plan_source import PlanLike, load_custom_plan
 from plangen.plans import CHECKPOINT_FILTERS, HAND_WRITTEN
 from plangen.plans.proven import is_proven
 from plangen.plans.synthesize import build_synthesized_plan
-from plangen.styles import RotaryEmbedParallel
+from plangen.hf_plan import collect_hf_tp_plan, get_hf_tp_plan
+from plangen.styles import RotaryEmbedParallel, translate_parallel_style
 
 logger = logging.getLogger("plangen")
 
@@ -123,8 +124,6 @@ def resolve_parallel_plan(
             "and Hugging Face plans have no sequence parallel: pass a custom_parallel_plan "
             f"(plangen init {cls.__name__} --sequence-parallel) or sequence_parallel=False"
         )
-    from plangen.hf_plan import collect_hf_tp_plan, get_hf_tp_plan
-
     try:
         collect_hf_tp_plan(model)
     except ValueError:
@@ -276,16 +275,3 @@ __all__ = [
     "translate_parallel_style",
 ]
 
-
-def get_hf_tp_plan(model: nn.Module) -> dict[str, ParallelStyle]:
-    """The model's Hugging Face plan as torch styles (see :mod:`plangen.hf_plan`)."""
-    from plangen.hf_plan import get_hf_tp_plan as _get
-
-    return _get(model)
-
-
-def translate_parallel_style(style: str) -> ParallelStyle:
-    """A Hugging Face style name as a torch style (see :mod:`plangen.styles`)."""
-    from plangen.styles import translate_parallel_style as _translate
-
-    return _translate(style)
