@@ -69,35 +69,62 @@ def _reduce_groups(dp_cp_group, tp_group) -> list:
     return groups
 
 
+# Partial norms are summed in float64 whatever the gradients' dtype: a float32 sum of 65 536 terms
+# spanning 1e-2..1e2 already misses a float64 reference by 1.4e-6 relative on CPU. gloo and NCCL
+# both all-reduce float64.
+_ACCUMULATE_DTYPE = torch.float64
+# A shard is upcast a slice at a time, so that a large gradient never has a whole float64 copy.
+_UPCAST_ELEMENTS = 1 << 22
+
+
+def _power_sum(shard: torch.Tensor, norm_type: float) -> torch.Tensor:
+    """``sum(|x| ** norm_type)`` over a local shard, in float64."""
+    shard = shard.reshape(1) if shard.dim() == 0 else shard
+    total = torch.zeros((), dtype=_ACCUMULATE_DTYPE, device=shard.device)
+    if shard.numel() == 0:
+        return total
+    # Split along the first dimension: a view, even of a non-contiguous shard.
+    rows_per_slice = max(1, _UPCAST_ELEMENTS // (shard.numel() // shard.shape[0]))
+    for piece in shard.split(rows_per_slice):
+        total += torch.linalg.vector_norm(piece, norm_type, dtype=_ACCUMULATE_DTYPE) ** norm_type
+    return total
+
+
 def get_grad_norm(
     parameters: Iterable[TensorOrDTensor] | TensorOrDTensor,
-    dp_cp_group: dist.ProcessGroup,
-    tp_group: dist.ProcessGroup,
+    dp_cp_group: dist.ProcessGroup | None,
+    tp_group: dist.ProcessGroup | None,
     norm_type: Union[int, float] = 2,
     dtype: torch.dtype = torch.float32,
 ) -> float:
     """The norm of all gradients viewed as one vector, on every rank; ``inf`` supported.
 
-    ``dp_cp_group`` and ``tp_group`` together must span the ranks that hold the parameters' shards.
+    ``dp_cp_group`` and ``tp_group`` together must span the ranks that hold the parameters' shards;
+    ``None`` for both means a single process (no reduction), as NeMo RL's unit test calls it.
+    ``dtype`` is accepted for NeMo RL's signature: the sums are always float64, which is at least as
+    precise as any dtype it could name.
     """
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
     norm_type = float(norm_type)
     groups = _reduce_groups(dp_cp_group, tp_group)
-    device = grads[0].device if grads else _group_device(groups[0] if groups else None)
-    if isinstance(device, torch.device) and device.type == "meta":
+    if grads:
+        device = grads[0].device
+    else:
+        device = _group_device(groups[0]) if groups else torch.device("cpu")
+    if device.type == "meta":
         raise ValueError("gradients on the meta device have no norm")
 
     if norm_type == float("inf"):
         # FSDP2 may leave a rank an empty shard of a small parameter: it has no maximum to give.
         shards = [to_local_if_dtensor(g).detach() for g in grads]
-        local = [s.abs().max().to(dtype) for s in shards if s.numel() > 0]
-        total = torch.stack(local).max() if local else torch.zeros((), dtype=dtype, device=device)
+        local = [s.abs().max().to(_ACCUMULATE_DTYPE) for s in shards if s.numel() > 0]
+        total = torch.stack(local).max() if local else torch.zeros((), dtype=_ACCUMULATE_DTYPE, device=device)
         op = dist.ReduceOp.MAX
     else:
-        total = torch.zeros((), dtype=dtype, device=device)
+        total = torch.zeros((), dtype=_ACCUMULATE_DTYPE, device=device)
         for g in grads:
             if _is_first_replica(g, groups):
-                total += torch.linalg.vector_norm(to_local_if_dtensor(g).detach().to(dtype), norm_type) ** norm_type
+                total += _power_sum(to_local_if_dtensor(g).detach(), norm_type)
         op = dist.ReduceOp.SUM
     for group in groups:
         dist.all_reduce(total, op=op, group=group)
