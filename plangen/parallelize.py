@@ -6,10 +6,11 @@ norms get their gradient summed over TP, the gradient norm counts TP-replicated 
 bad input fails before any collective with the numbers.
 
 Order of work in :func:`parallelize_model`:
-  1. resolve the plan (custom > hand-written for the class > synthesized and proven > Hugging Face),
-     pure, logged;
-  2. check it against the model (keys that match nothing, head counts vs TP size), still local;
-  3. apply TP (``parallelize_module``), then re-tie tied embeddings that TP split apart;
+  1. choose the plan (custom > hand-written for the class > synthesized and proven > Hugging Face:
+     :func:`plangen.plans.choice.choose_plan`), pure, logged;
+  2-3. apply TP (:func:`plangen.tensor_parallel.apply_tp`): complete tied embeddings, check the plan
+     against the model (keys that match nothing, head counts vs TP size) before anything is sharded,
+     ``parallelize_module``, then re-tie what TP split apart;
   4. activation checkpointing of the decoder layers;
   5. FSDP2: each decoder layer, then the root without resharding after forward.
 """
@@ -17,49 +18,50 @@ Order of work in :func:`parallelize_model`:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Union
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
-from plangen.matching import find_matching_modules, find_unmatched_keys
+from plangen.hf_plan import get_hf_tp_plan
+from plangen.matching import find_matching_modules, find_unmatched_keys  # noqa: F401 - public here too
 from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
     PlanError,
     check_heads_divisible,
     check_packed_without_fsdp,
     check_plan_fits,
-    covering_style as _covering_style,
     find_transformer_layers,
     resolve_tied_styles,
-    shards_attention as _shards_attention,
-    tied_embeddings as _tied_embeddings,
 )
-from plangen.plan import build_parallel_styles
-from plangen.plan_source import PlanLike, load_custom_plan
-from plangen.plans import CHECKPOINT_FILTERS, HAND_WRITTEN
-from plangen.plans.proven import is_proven
-from plangen.plans.synthesize import build_synthesized_plan
-from plangen.hf_plan import collect_hf_tp_plan, get_hf_tp_plan
+from plangen.plan_source import PlanLike
+from plangen.plans import CHECKPOINT_FILTERS
+from plangen.plans.choice import ChosenPlan, NoPlanError, choose_plan
 from plangen.styles import RotaryEmbedParallel, translate_parallel_style
+from plangen.tensor_parallel import apply_retie, apply_tp  # noqa: F401 - the runtime's step 3
 
 logger = logging.getLogger("plangen")
 
 PlanFunction = Callable[[nn.Module, bool], dict[str, ParallelStyle]]
 
+# The runtime's own name for the plan choice (one implementation: plangen.plans.choice).
+resolve_parallel_plan = choose_plan
+
 
 # ---------------------------------------------------------------------------------------------
-# Level 2 of the priority: hand-written plans by class, NeMo RL's registry shape.
+# NeMo RL's class-keyed registry, as a view of plangen's hand-written plans (built on first use:
+# looking the classes up imports their modeling modules).
 
 
 def _styles_from_registry(class_name: str) -> PlanFunction:
     def plan_function(model: nn.Module, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
+        from plangen.plan import build_parallel_styles
+        from plangen.plans import HAND_WRITTEN
+
         return build_parallel_styles(HAND_WRITTEN[class_name](model, sequence_parallel))
 
     plan_function.__name__ = f"parallelize_{class_name}"
@@ -69,6 +71,8 @@ def _styles_from_registry(class_name: str) -> PlanFunction:
 def _build_parallelize_functions() -> dict[type, PlanFunction]:
     import transformers
 
+    from plangen.plans import HAND_WRITTEN
+
     functions: dict[type, PlanFunction] = {}
     for class_name in HAND_WRITTEN:
         cls = getattr(transformers, class_name, None)
@@ -77,98 +81,22 @@ def _build_parallelize_functions() -> dict[type, PlanFunction]:
     return functions
 
 
-PARALLELIZE_FUNCTIONS: dict[type, PlanFunction] = _build_parallelize_functions()
-PARALLIZE_FUNCTIONS = PARALLELIZE_FUNCTIONS  # NeMo RL's spelling
+_LAZY_REGISTRY: dict[type, PlanFunction] = {}
+
+
+def __getattr__(name: str):
+    if name in ("PARALLELIZE_FUNCTIONS", "PARALLIZE_FUNCTIONS"):  # the second is NeMo RL's spelling
+        if not _LAZY_REGISTRY:
+            _LAZY_REGISTRY.update(_build_parallelize_functions())
+        return _LAZY_REGISTRY
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
-# 1. Resolve
-
-
-@dataclass(frozen=True)
-class ResolvedPlan:
-    styles: dict[str, ParallelStyle]
-    source: str  # "custom" | "optimized" | "synthesized" | "hf"
-    reason: str
-
-
-def resolve_parallel_plan(
-    model: nn.Module,
-    sequence_parallel: bool = False,
-    custom_parallel_plan: Optional[PlanLike] = None,
-) -> ResolvedPlan:
-    """Pick the plan by priority: custom, the class's hand-written ("optimized") plan, the plan
-    synthesized from the module tree where the numerical sweep proved it for the class, then
-    Hugging Face's; with none of them, a :class:`PlanError` pointing to ``plangen init``."""
-    cls = type(model)
-    if custom_parallel_plan is not None:
-        styles = load_custom_plan(custom_parallel_plan)
-        what = custom_parallel_plan if isinstance(custom_parallel_plan, str) else type(custom_parallel_plan).__name__
-        return ResolvedPlan(styles, "custom", f"custom_parallel_plan given ({what})")
-    if cls in PARALLELIZE_FUNCTIONS:
-        styles = PARALLELIZE_FUNCTIONS[cls](model, sequence_parallel)
-        return ResolvedPlan(styles, "optimized", f"optimized plan registered for {cls.__name__}")
-    if is_proven(cls.__name__, sequence_parallel):
-        try:
-            plan = build_synthesized_plan(model, sequence_parallel)
-        except ValueError as err:  # this instance's config differs in kind from the proven one
-            logger.info("plangen: %s", err)
-        else:
-            return ResolvedPlan(
-                build_parallel_styles(plan), "synthesized",
-                f"plan synthesized from the module tree of {cls.__name__} (numerically proven for the class)",
-            )
-    if sequence_parallel:
-        raise PlanError(
-            f"sequence_parallel=True but {cls.__name__} has no optimized plan (hand-written or proven synthesized) "
-            "and Hugging Face plans have no sequence parallel: pass a custom_parallel_plan "
-            f"(plangen init {cls.__name__} --sequence-parallel) or sequence_parallel=False"
-        )
-    try:
-        collect_hf_tp_plan(model)
-    except ValueError:
-        raise PlanError(
-            f"no plan for {cls.__name__} at TP>1: write a custom plan with `plangen init {cls.__name__}` and pass "
-            "it as custom_parallel_plan (the class has no hand-written plan, no proven synthesized plan and no "
-            "Hugging Face plan), or use TP=1"
-        ) from None
-    styles = get_hf_tp_plan(model)
-    return ResolvedPlan(styles, "hf", f"no custom or optimized plan for {cls.__name__}: using its Hugging Face plan")
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. Check (no collectives: every rank fails the same way, before any rank communicates):
-# check_plan_fits, check_packed_without_fsdp, in plangen.plan_checks (shared with plangen verify)
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. Apply TP, keeping tied embeddings one parameter (resolve_tied_styles: plangen.plan_checks)
-
-
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, styles: Mapping[str, ParallelStyle]) -> None:
-    tied = _tied_embeddings(model)
-    parallelize_module(model, tp_mesh, dict(styles))
-    if tied is not None:
-        apply_retie(model, *tied)
-
-
-def apply_retie(model: nn.Module, emb_path: str, head_path: str) -> None:
-    """``parallelize_module`` replaces each weight by its own DTensor parameter: make them one again."""
-    emb, head = model.get_submodule(emb_path), model.get_submodule(head_path)
-    if head.weight is emb.weight:
-        return
-    e, h = emb.weight, head.weight
-    same_layout = (
-        isinstance(e, DTensor) == isinstance(h, DTensor)
-        and e.shape == h.shape
-        and (not isinstance(e, DTensor) or tuple(e.placements) == tuple(h.placements))
-    )
-    if not same_layout:
-        raise PlanError(
-            f"tied weights {emb_path}.weight and {head_path}.weight got different layouts "
-            f"({getattr(e, 'placements', 'plain')} vs {getattr(h, 'placements', 'plain')}): shard both on the vocabulary"
-        )
-    head.weight = emb.weight
+# 1. Choose the plan: plangen.plans.choice.choose_plan (custom > hand-written > proven synthesized
+#    > Hugging Face), pure, logged by the orchestrator.
+# 2-3. Check it against the model and apply TP, keeping tied embeddings one parameter:
+#    plangen.tensor_parallel.apply_tp (the checks are plangen.plan_checks', shared with verify).
 
 
 def apply_sequence_length_check(model: nn.Module, tp_size: int) -> None:
@@ -239,12 +167,9 @@ def parallelize_model(
     tp_size = tp_mesh.size()
     layers = find_transformer_layers(model)
     if tp_size > 1:
-        resolved = resolve_parallel_plan(model, sequence_parallel, custom_parallel_plan)
-        logger.info("plangen: using the %s plan: %s", resolved.source, resolved.reason)
-        styles = resolve_tied_styles(model, resolved.styles)
-        check_plan_fits(model, styles, tp_size)
-        check_packed_without_fsdp(model, styles, dp_mesh.size())
-        apply_tp(model, tp_mesh, styles)
+        chosen = choose_plan(model, sequence_parallel, custom_parallel_plan)
+        logger.info("plangen: using the %s plan: %s", chosen.source, chosen.reason)
+        apply_tp(model, tp_mesh, chosen.build_styles(), dp_size=dp_mesh.size())
         if sequence_parallel:
             apply_sequence_length_check(model, tp_size)
     elif custom_parallel_plan is not None:
@@ -260,8 +185,9 @@ _parallelize_model = parallelize_model  # NeMo RL's name
 __all__ = [
     "PARALLELIZE_FUNCTIONS",
     "PARALLIZE_FUNCTIONS",
+    "ChosenPlan",
+    "NoPlanError",
     "PlanError",
-    "ResolvedPlan",
     "RotaryEmbedParallel",
     "_parallelize_model",
     "apply_fsdp",
@@ -270,6 +196,7 @@ __all__ = [
     "get_grad_norm",
     "get_hf_tp_plan",
     "parallelize_model",
+    "choose_plan",
     "resolve_parallel_plan",
     "to_local_if_dtensor",
     "translate_parallel_style",

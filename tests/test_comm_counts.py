@@ -14,7 +14,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from plangen.comm import CollectiveCounter
 from plangen.loss import vocab_parallel_cross_entropy
-from plangen.parallelize import apply_tp, resolve_parallel_plan, resolve_tied_styles
+from plangen.plans.choice import choose_plan
+from plangen.tensor_parallel import apply_tp
 from tiny_configs import TINY
 
 BATCH, SEQ = 2, 8
@@ -29,9 +30,9 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     mesh = DeviceMesh("cpu", torch.arange(tp))
-    resolved = resolve_parallel_plan(model, sequence_parallel)
-    assert resolved.source == "optimized"
-    apply_tp(model, mesh, resolve_tied_styles(model, resolved.styles))
+    chosen = choose_plan(model, sequence_parallel)
+    assert chosen.source == "hand-written"
+    apply_tp(model, mesh, chosen.build_styles())
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with CollectiveCounter() as forward:
         logits = model(input_ids=ids).logits

@@ -214,7 +214,7 @@ def llama_mid_report(fake_pg, configs):
 
 def test_scaled_tp_collectives_equal_a_direct_measurement_at_a_second_size(fake_pg, configs, llama_mid_report):
     """Measured shrunk (2 layers, other widths) and scaled == measured on the 3-layer model itself."""
-    for plan, sp in (("optimized", True), ("hf", False), ("nemo", True)):
+    for plan, sp in (("hand-written", True), ("hf", False), ("nemo", True)):
         reported = _reported_tp(next(p for p in llama_mid_report.plans if p.name == plan))
         assert reported == _direct_tp_measurement(configs["llama"], plan, sp), plan
 
@@ -227,7 +227,7 @@ def test_scaling_holds_for_per_head_norm_gradients(fake_pg, configs):
     norms = [c for c in plan.collectives if c.tensor == "D"]
     assert [(c.phase, c.kind, c.count) for c in norms] == [("backward", "all-reduce", 2 * 3)]
     assert norms[0].payload_bytes == 2 * 3 * 24 * 4  # two norms of head size 24 per layer, float32
-    assert _reported_tp(plan) == _direct_tp_measurement(configs["qwen3"], "optimized", False)
+    assert _reported_tp(plan) == _direct_tp_measurement(configs["qwen3"], "hand-written", False)
 
 
 def test_gathers_of_different_tensors_never_share_a_size_at_the_measured_scale(fake_pg):
@@ -295,7 +295,7 @@ def test_cli_json_schema(fake_pg, configs, hand_report):
         "tp_size": 2, "dp_size": 2, "seq_len": 8, "micro_batch": 2, "dtype": "fp32", "master_dtype": "fp32",
         "sequence_parallel": True,
     }
-    assert [p["name"] for p in data["plans"]] == ["optimized", "hf", "nemo"]
+    assert [p["name"] for p in data["plans"]] == ["hand-written", "hf", "nemo"]
     for plan in data["plans"]:
         assert set(plan) == {"name", "description", "totals", "ratios", "memory", "collectives", "notes"}
         assert set(plan["totals"]) == {

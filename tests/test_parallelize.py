@@ -67,7 +67,7 @@ def test_optimized_plan_function_returns_styles_for_every_module_it_names():
 )
 def test_custom_plan_wins_over_optimized(spec):
     model = meta_model("qwen3")
-    resolved = P.resolve_parallel_plan(model, False, spec)
+    resolved = P.choose_plan(model, False, spec)
     assert resolved.source == "custom" and spec in resolved.reason
     assert resolved.styles.keys() == load_custom_plan(spec).keys()
 
@@ -75,8 +75,8 @@ def test_custom_plan_wins_over_optimized(spec):
 def test_custom_plan_as_dict_and_callable():
     plan = {"model.layers.*.mlp.up_proj": ColwiseParallel()}
     model = meta_model("llama")
-    assert P.resolve_parallel_plan(model, False, plan).styles == plan
-    assert P.resolve_parallel_plan(model, False, lambda: plan).styles == plan
+    assert P.choose_plan(model, False, plan).styles == plan
+    assert P.choose_plan(model, False, lambda: plan).styles == plan
 
 
 def test_generated_style_module_path_uses_its_custom_parallel_plan(tmp_path, monkeypatch):
@@ -94,8 +94,8 @@ def test_generated_style_module_path_uses_its_custom_parallel_plan(tmp_path, mon
 
 
 def test_optimized_plan_wins_over_hf():
-    resolved = P.resolve_parallel_plan(meta_model("llama"), True, None)
-    assert resolved.source == "optimized" and "LlamaForCausalLM" in resolved.reason
+    resolved = P.choose_plan(meta_model("llama"), True, None)
+    assert resolved.source == "hand-written" and "LlamaForCausalLM" in resolved.reason
 
 
 def test_hf_plan_without_optimized_plan_refuses_sequence_parallel():
@@ -104,8 +104,8 @@ def test_hf_plan_without_optimized_plan_refuses_sequence_parallel():
                                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    with pytest.raises(P.PlanError, match="sequence_parallel=True but Phi3ForCausalLM has no optimized plan"):
-        P.resolve_parallel_plan(model, True, None)
+    with pytest.raises(P.PlanError, match="sequence_parallel=True but Phi3ForCausalLM has no hand-written or proven synthesized plan"):
+        P.choose_plan(model, True, None)
 
 
 @pytest.mark.parametrize(
@@ -225,7 +225,7 @@ def test_sequence_length_not_divisible_by_tp_is_a_clear_error(fake_pg):
 
     model = build_tiny("llama")
     mesh = DeviceMesh("cpu", torch.arange(2))
-    resolved = P.resolve_parallel_plan(model, True)
+    resolved = P.choose_plan(model, True)
     P.apply_tp(model, mesh, resolved.styles)
     P.apply_sequence_length_check(model, 2)
     with pytest.raises(ValueError, match="sequence length 7 is not divisible by the TP size 2; pad the batch"):
@@ -271,7 +271,7 @@ def test_nemotron_h_checkpoints_only_mlp_and_mamba_blocks(fake_pg, monkeypatch):
 @pytest.mark.parametrize(
     "custom, expected",
     [
-        (None, "plangen: using the optimized plan: optimized plan registered for LlamaForCausalLM"),
+        (None, "plangen: using the hand-written plan: hand-written plan registered for LlamaForCausalLM"),
         ("custom_plans.llama_gathered_logits", "plangen: using the custom plan: custom_parallel_plan given (custom_plans.llama_gathered_logits)"),
     ],
 )

@@ -14,9 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-from plangen.models import build_meta_model, resolve_model, shrink_config
+from plangen.models import build_meta_model, resolve_model
+from plangen.shrink import shrink_config
 from plangen.plan import build_parallel_styles
-from plangen.plans import HAND_WRITTEN, build_seed_plan
+from plangen.plans import HAND_WRITTEN
+from plangen.plans.choice import NoPlanError, choose_plan
 from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
 from plangen.plans.synthesize import analyze_model, build_synthesized_plan
 
@@ -197,12 +199,12 @@ def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
     import plangen.parallelize as R
 
     model = meta("olmo")
-    assert R.resolve_parallel_plan(model, False).source == "hf"  # not proven: its Hugging Face plan
-    with pytest.raises(R.PlanError, match="OlmoForCausalLM has no optimized plan"):
-        R.resolve_parallel_plan(model, True)
+    assert choose_plan(model, False).source == "hf"  # not proven: its Hugging Face plan
+    with pytest.raises(NoPlanError, match="OlmoForCausalLM has no hand-written or proven synthesized plan"):
+        choose_plan(model, True)
     proven["OlmoForCausalLM"] = {"plan": "synthesized", "tp": True, "sp": True, "error": None}
     for sp in (False, True):
-        resolved = R.resolve_parallel_plan(model, sp)
+        resolved = choose_plan(model, sp)
         assert resolved.source == "synthesized"
         assert resolved.styles.keys() == build_parallel_styles(build_synthesized_plan(model, sp)).keys()
 
@@ -210,8 +212,12 @@ def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
 def test_no_plan_at_all_points_to_plangen_init(proven):
     import plangen.parallelize as R
 
-    with pytest.raises(R.PlanError, match=r"no plan for MptForCausalLM at TP>1: write a custom plan with `plangen init MptForCausalLM`"):
-        R.resolve_parallel_plan(meta("mpt"), False)
+    with pytest.raises(NoPlanError, match=r"no plan for MptForCausalLM at TP>1: write a custom plan with `plangen init MptForCausalLM`"):
+        choose_plan(meta("mpt"), False)
+
+
+def build_seed_plan(model, sequence_parallel):
+    return choose_plan(model, sequence_parallel, allow_unproven=True)
 
 
 def test_seed_plan_order(proven):

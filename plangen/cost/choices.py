@@ -1,9 +1,10 @@
 """Which plan to cost: the names ``--compare`` accepts, each turned into a styles builder.
 
-``optimized`` is plangen's hand-written plan for the class, ``hf`` the model's Hugging Face plan,
-``nemo`` the NeMo-RL-style baseline (:mod:`plangen.cost.nemo_plan`), and a ``.py`` path a custom
-plan file. The subject of a MODEL (no plan file) is what ``parallelize_model`` would pick without a
-custom plan, by the runtime's own :func:`~plangen.parallelize.resolve_parallel_plan`.
+``hand-written`` is plangen's hand-written plan for the class (``optimized`` and ``plangen`` are
+accepted for it), ``hf`` the model's Hugging Face plan, ``nemo`` the NeMo-RL-style baseline
+(:mod:`plangen.cost.nemo_plan`), and a ``.py`` path a custom plan file. The subject of a MODEL (no
+plan file) is what ``parallelize_model`` would pick without a custom plan, by the runtime's own
+:func:`~plangen.plans.choice.choose_plan`; it is named by its source, as everywhere else.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 
-NAMED_PLANS = ("optimized", "hf", "nemo")
-ALIASES = {"plangen": "optimized", "hugging-face": "hf", "huggingface": "hf", "nemo-rl": "nemo"}
+NAMED_PLANS = ("hand-written", "hf", "nemo")
+ALIASES = {"optimized": "hand-written", "plangen": "hand-written", "hugging-face": "hf", "huggingface": "hf", "nemo-rl": "nemo"}
 DEFAULT = "default"
 
 
@@ -56,16 +57,17 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
     sp_label = ", sequence parallel" if sequence_parallel else ""
     if name == DEFAULT:
         return resolve_runtime_choice(model, sequence_parallel)
-    if name == "optimized":
+    if name == "hand-written":
         if cls not in HAND_WRITTEN:
-            raise CostError(f"{cls} has no optimized plan: compare hf, nemo or a plan file")
+            raise CostError(f"{cls} has no hand-written plan: compare hf, nemo or a plan file")
 
-        def build_optimized(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
+        def build_hand_written(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
             from plangen.plan import build_parallel_styles
 
             return build_parallel_styles(HAND_WRITTEN[cls](m, sequence_parallel))
 
-        return PlanChoice("optimized", f"plangen's optimized plan for {cls}{sp_label}", f"optimized:{sequence_parallel}", build_optimized)
+        key = f"hand-written:{sequence_parallel}"
+        return PlanChoice("hand-written", f"plangen's hand-written plan for {cls}{sp_label}", key, build_hand_written)
     if name == "hf":
         def build_hf(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
             from plangen.hf_plan import get_hf_tp_plan
@@ -92,20 +94,22 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
 
 def resolve_runtime_choice(model: "nn.Module", sequence_parallel: bool) -> PlanChoice:
     """The plan ``parallelize_model`` picks without a custom plan, by the runtime's own priority."""
-    from plangen.parallelize import PlanError, resolve_parallel_plan
+    from plangen.plans.choice import choose_plan
 
     try:
-        resolved = resolve_parallel_plan(model, sequence_parallel)
-    except (PlanError, ValueError) as error:
+        chosen = choose_plan(model, sequence_parallel)
+    except ValueError as error:
         raise CostError(str(error)) from None
 
     def build(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
-        return resolve_parallel_plan(m, sequence_parallel).styles
+        return choose_plan(m, sequence_parallel).build_styles()
 
     # The same styles as the named plan of that source: share its measurements.
-    key = {"optimized": f"optimized:{sequence_parallel}", "hf": "hf"}.get(resolved.source, f"runtime:{resolved.source}:{sequence_parallel}")
+    key = {"hand-written": f"hand-written:{sequence_parallel}", "hf": "hf"}.get(
+        chosen.source, f"runtime:{chosen.source}:{sequence_parallel}"
+    )
     sp_label = ", sequence parallel" if sequence_parallel else ""
-    return PlanChoice(resolved.source, f"{resolved.reason}{sp_label}", key, build)
+    return PlanChoice(chosen.source, f"{chosen.reason}{sp_label}", key, build)
 
 
 def load_plan_file_choice(path: str) -> PlanChoice:

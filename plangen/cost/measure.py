@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from plangen.comm import CollectiveCounter
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
+from plangen.models import text_config
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
 
@@ -108,11 +109,6 @@ def tp_mesh(tp_size: int):
 
 # ---------------------------------------------------------------------------------------------
 # Dimensions of a config
-
-
-def text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
@@ -218,7 +214,8 @@ def run_step(
     seq: int,
 ) -> StepRun:
     """Forward, loss and backward of a model built from ``config`` under the plan; its collectives."""
-    from plangen.parallelize import PlanError, apply_tp, check_plan_fits, find_transformer_layers, resolve_tied_styles
+    from plangen.plan_checks import PlanError, find_transformer_layers
+    from plangen.tensor_parallel import apply_tp
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -227,12 +224,10 @@ def run_step(
         ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (batch, seq))
     layers = len(find_transformer_layers(model))
     try:
-        styles = resolve_tied_styles(model, build_styles(model))
-        check_plan_fits(model, styles, tp_size)
+        with quiet_partial_matches():
+            apply_tp(model, tp_mesh(tp_size), build_styles(model))
     except (PlanError, ValueError) as error:
         raise CostError(str(error)) from None
-    with quiet_partial_matches():
-        apply_tp(model, tp_mesh(tp_size), styles)
     model.train()
     # Position ids are passed, as NeMo RL's training loop does: plans that keep the residual stream
     # local and sequence-sharded (NeMo's) would otherwise give rotary embeddings a short sequence.

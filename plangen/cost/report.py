@@ -125,7 +125,7 @@ def build_plan_cost(resolved: Any, name: str, settings: CostSettings) -> PlanCos
 
 
 def _count_units(model: Any) -> int:
-    from plangen.parallelize import find_transformer_layers
+    from plangen.plan_checks import find_transformer_layers
 
     return len(find_transformer_layers(model))
 
@@ -133,14 +133,12 @@ def _count_units(model: Any) -> int:
 def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
     """Apply the plan's TP to ``model`` with the runtime's own checks, as errors of the cost."""
     from plangen.cost.measure import quiet_partial_matches, tp_mesh
-    from plangen.parallelize import PlanError, apply_tp, check_packed_without_fsdp, check_plan_fits, resolve_tied_styles
+    from plangen.plan_checks import PlanError
+    from plangen.tensor_parallel import apply_tp
 
     try:
-        styles = resolve_tied_styles(model, choice.build(model))
-        check_plan_fits(model, styles, settings.tp_size)
-        check_packed_without_fsdp(model, styles, settings.dp_size)
         with quiet_partial_matches():
-            apply_tp(model, tp_mesh(settings.tp_size), styles)
+            apply_tp(model, tp_mesh(settings.tp_size), choice.build(model), dp_size=settings.dp_size)
     except PlanError as error:
         raise CostError(f"{choice.name}: {error}") from None
 
@@ -149,7 +147,8 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
     """The plan's TP collectives at the real size: measured shrunk, then scaled."""
     from plangen.cost.measure import measure_tp_collectives, read_dimensions
     from plangen.cost.scaling import derive_terms, scale_terms
-    from plangen.models import config_for_class, shrink_config
+    from plangen.models import config_for_class
+    from plangen.shrink import shrink_config
 
     config = config_for_class(resolved.config, resolved.model_class)
     tiny = shrink_config(config, settings.tp_size)

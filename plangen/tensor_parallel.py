@@ -1,0 +1,63 @@
+"""Apply a plan with TP: the one step the runtime, ``plangen cost`` and ``plangen verify --run`` share.
+
+    tie -> check -> parallelize_module -> re-tie
+
+Tied embeddings first get a vocabulary sharding at both ends (a plan may shard one end only), the
+plan is checked against the model before anything is sharded (every rank fails the same way, before
+any rank communicates), then torch applies it, and the embedding and head that ``parallelize_module``
+split into two parameters become one again.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+from plangen.plan_checks import (
+    PlanError,
+    check_packed_without_fsdp,
+    check_plan_fits,
+    resolve_tied_styles,
+    tied_embeddings,
+)
+
+
+def apply_tp(
+    model: nn.Module, tp_mesh: DeviceMesh, styles: Mapping[str, ParallelStyle], *, dp_size: int = 1
+) -> dict[str, ParallelStyle]:
+    """Shard ``model`` over ``tp_mesh`` with ``styles``; returns the styles applied (ties completed).
+
+    ``dp_size``: the FSDP2 size the model will be sharded over next (packed projections refuse it).
+    Raises :class:`~plangen.plan_checks.PlanError` before changing anything when the plan does not fit.
+    """
+    styles = resolve_tied_styles(model, styles)
+    check_plan_fits(model, styles, tp_mesh.size())
+    check_packed_without_fsdp(model, styles, dp_size)
+    tied = tied_embeddings(model)
+    parallelize_module(model, tp_mesh, styles)
+    if tied is not None:
+        apply_retie(model, *tied)
+    return styles
+
+
+def apply_retie(model: nn.Module, emb_path: str, head_path: str) -> None:
+    """``parallelize_module`` replaces each weight by its own DTensor parameter: make them one again."""
+    emb, head = model.get_submodule(emb_path), model.get_submodule(head_path)
+    if head.weight is emb.weight:
+        return
+    e, h = emb.weight, head.weight
+    same_layout = (
+        isinstance(e, DTensor) == isinstance(h, DTensor)
+        and e.shape == h.shape
+        and (not isinstance(e, DTensor) or tuple(e.placements) == tuple(h.placements))
+    )
+    if not same_layout:
+        raise PlanError(
+            f"tied weights {emb_path}.weight and {head_path}.weight got different layouts "
+            f"({getattr(e, 'placements', 'plain')} vs {getattr(h, 'placements', 'plain')}): shard both on the vocabulary"
+        )
+    head.weight = emb.weight

@@ -1,0 +1,127 @@
+"""One plan choice (plangen.plans.choice.choose_plan): the priority, its vocabulary, and that the
+runtime, ``plangen init``, ``plangen cost`` and ``plangen list`` all give the same answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor.parallel import ColwiseParallel
+
+from plangen.plan import Plan
+from plangen.plans.choice import NO_PLAN, SOURCES, ChosenPlan, NoPlanError, choose_plan
+
+
+def meta(spec: str):
+    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.models import resolve_model
+
+    resolved = resolve_model(spec)
+    return build_catalog_model(Architecture(resolved.model_class.__name__, spec))
+
+
+def test_sources_are_in_priority_order_and_match_the_plan_data_vocabulary():
+    import typing
+
+    from plangen.plan import PlanSource
+
+    assert SOURCES == ("custom", "hand-written", "synthesized", "hf")
+    assert set(typing.get_args(PlanSource)) == set(SOURCES)
+    assert NO_PLAN not in SOURCES
+
+
+@pytest.mark.parametrize(
+    "spec, sp, source, proven",
+    [
+        ("llama", True, "hand-written", True),
+        ("qwen3", False, "hand-written", True),
+        ("olmo", True, "synthesized", True),  # proven.json: TP and SP passed
+        ("phi3", False, "hf", False),  # packed q|k|v: nothing to synthesize
+    ],
+)
+def test_priority(spec, sp, source, proven):
+    chosen = choose_plan(meta(spec), sp)
+    assert (chosen.source, chosen.proven) == (source, proven)
+    assert isinstance(chosen.plan, Plan) and chosen.plan.source == source
+    assert chosen.build_styles().keys() == {e.pattern for e in chosen.plan.entries}
+    # Every source of higher priority is accounted for, in order.
+    assert [p.source for p in chosen.passed_over] == list(SOURCES[: SOURCES.index(source)])
+
+
+def test_custom_plan_wins_and_keeps_its_styles():
+    styles = {"model.layers.*.mlp.up_proj": ColwiseParallel()}
+    chosen = choose_plan(meta("llama"), True, styles)
+    assert chosen.source == "custom" and chosen.plan is None and chosen.passed_over == ()
+    assert chosen.build_styles() == styles and chosen.describe() == "the custom plan"
+
+
+def test_no_plan_says_why_each_source_was_passed_over():
+    with pytest.raises(NoPlanError) as info:
+        choose_plan(meta("gpt2"), False)
+    passed = {p.source: p.why for p in info.value.passed_over}
+    assert list(passed) == list(SOURCES)
+    assert "Conv1D" in passed["synthesized"] or "not numerically proven" in passed["synthesized"]
+    assert "no Hugging Face tensor-parallel plan" in passed["hf"]
+    assert str(info.value).startswith("no plan for GPT2LMHeadModel at TP>1: write a custom plan with `plangen init")
+
+
+def test_an_unproven_synthesized_plan_only_seeds_a_file():
+    # OPT: synthesized, failed the sweep, no Hugging Face plan.
+    with pytest.raises(NoPlanError):
+        choose_plan(meta("opt"), False)
+    seed = choose_plan(meta("opt"), False, allow_unproven=True)
+    assert (seed.source, seed.proven) == ("synthesized", False)
+    assert "not numerically proven" in seed.describe()
+
+
+def test_a_hand_written_plan_without_sp_variant_is_final(monkeypatch):
+    """A class with a hand-written plan never falls back to a lesser source when SP is asked for."""
+    from plangen.plans import HAND_WRITTEN
+
+    original = HAND_WRITTEN["LlamaForCausalLM"]
+
+    def without_sp(model, sequence_parallel):
+        if sequence_parallel:
+            raise ValueError("LlamaForCausalLM: no sequence-parallel variant")
+        return original(model, sequence_parallel)
+
+    monkeypatch.setitem(HAND_WRITTEN, "LlamaForCausalLM", without_sp)
+    with pytest.raises(ValueError, match="no sequence-parallel variant"):
+        choose_plan(meta("llama"), True)
+    assert choose_plan(meta("llama"), False).source == "hand-written"
+
+
+@pytest.mark.parametrize("spec", ["llama", "olmo", "phi3", "gpt2"])
+def test_runtime_init_cost_and_list_agree(spec, monkeypatch):
+    """The four users of the plan choice name the same source for the same class."""
+    from plangen.catalog import Architecture, build_row
+    from plangen.cost.choices import resolve_plan_choice
+    from plangen.cost.settings import CostError
+    from plangen.init import InitError, build_seed_plan
+    from plangen.plans.proven import load_proven
+
+    model = meta(spec)
+    try:
+        runtime = choose_plan(model, False).source
+    except NoPlanError:
+        runtime = NO_PLAN
+    row = build_row(Architecture(type(model).__name__, spec), load_proven())
+    assert row.plan == runtime
+    try:
+        assert resolve_plan_choice("default", model, False).name == runtime
+    except CostError:
+        assert runtime == NO_PLAN
+    try:
+        seed, _ = build_seed_plan(model, False)
+    except InitError:
+        assert runtime == NO_PLAN
+    else:
+        # init may start from an unproven synthesized plan where the runtime has none.
+        assert seed.source == runtime or (runtime == NO_PLAN and seed.source == "synthesized")
+
+
+def test_chosen_plan_is_plain_data():
+    chosen = choose_plan(meta("llama"), False)
+    assert isinstance(chosen, ChosenPlan)
+    assert chosen.describe() == "the hand-written plan for LlamaForCausalLM"
+    assert chosen == choose_plan(meta("llama"), False)  # pure: same model, same answer
+    assert not any(isinstance(p, torch.nn.Parameter) for p in vars(chosen).values())
