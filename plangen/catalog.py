@@ -6,7 +6,7 @@ available with it, and the numerical check of that plan from ``plangen/plans/pro
 
 Classes are read from transformers' causal-LM mapping, plus the multimodal classes that have a
 hand-written plan. Each is built on the meta device from its default config shrunk by
-:func:`plangen.models.shrink_config` (one layer per kind: the same structure, a fraction of the
+:func:`plangen.shrink.shrink_config` (one layer per kind: the same structure, a fraction of the
 modules, so ~200 builds take seconds). Nothing is cached on disk.
 """
 
@@ -16,6 +16,8 @@ import io
 import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Literal
+
+from plangen.errors import one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -77,7 +79,8 @@ def _architecture(class_name: str, model_types: list[str]) -> Architecture:
 
 def build_catalog_model(arch: Architecture) -> "nn.Module":
     """The class on the meta device, from its default config shrunk to one layer of each kind."""
-    from plangen.models import build_meta_model, resolve_model, shrink_config
+    from plangen.models import build_meta_model, resolve_model
+    from plangen.shrink import shrink_config
 
     resolved = resolve_model(arch.model_type)
     model_class = resolved.model_class
@@ -98,10 +101,6 @@ def _verdict(record: dict[str, Any] | None, with_sp: bool) -> str:
     return "passed"
 
 
-def _first_line(error: BaseException | str) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
-
 
 def _hand_written_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:
     from plangen.plans import HAND_WRITTEN
@@ -110,7 +109,7 @@ def _hand_written_row(arch: Architecture, model: "nn.Module", record: dict[str, 
         HAND_WRITTEN[arch.class_name](model, True)
         sp, note = True, ""
     except ValueError as err:
-        sp, note = False, _first_line(err)
+        sp, note = False, one_line(err, part='first')
     record = record if record and record.get("plan") == "hand-written" else None
     return CatalogRow(arch.class_name, arch.model_type, "hand-written", sp, _verdict(record, sp), note)
 
@@ -127,7 +126,7 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     except Exception as err:  # noqa: BLE001 - transformers' default configs fail in many ways
         plan: PlanKind = "hand-written" if arch.class_name in HAND_WRITTEN else "none"
         return CatalogRow(arch.class_name, arch.model_type, plan, False, "n/a",
-                          f"its default config does not build: {_first_line(err)}")
+                          f"its default config does not build: {one_line(err, part='first')}")
     if arch.class_name in HAND_WRITTEN:
         return _hand_written_row(arch, model, record)
     analysis = analyze_model(model)
@@ -145,7 +144,7 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     try:
         build_hf_plan(model)
     except ValueError as err:
-        return CatalogRow(arch.class_name, arch.model_type, "none", False, "n/a", f"{why}; no usable Hugging Face plan: {_first_line(err)}")
+        return CatalogRow(arch.class_name, arch.model_type, "none", False, "n/a", f"{why}; no usable Hugging Face plan: {one_line(err, part='first')}")
     hf_record = (record or {}).get("hf") if synthesized else (record if record and record.get("plan") == "hf" else None)
     return CatalogRow(arch.class_name, arch.model_type, "hf", False, _verdict(hf_record, False), why)
 

@@ -2,25 +2,23 @@
 
 Plans are derived from the module tree, so most of plangen needs a model without weights: the
 meta-device build here gives the real tree of even a 405B model in a fraction of a second. The
-numerical checks need real weights instead, but only for the architecture, not the size:
-:func:`shrink_config` keeps what decides how tensor parallelism shards a model (head ratios,
-tying, layer kinds, special modules) and drops everything else to toy sizes.
+numerical checks need real weights of a toy-sized model instead: :mod:`plangen.shrink`.
 
 Nothing here touches the network: a hub id is only accepted when its config is already in the
-local Hugging Face cache.
+local Hugging Face cache. Importing this module does not import torch or transformers.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
+
+from plangen.errors import one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -123,7 +121,7 @@ def _resolve_model_type(spec: str, model_type: str) -> ResolvedModel:
         config = AutoConfig.for_model(model_type)
     except Exception as exc:  # a default config that fails transformers' own validation
         raise ModelSpecError(
-            f"transformers cannot build the default {model_type} config: {_error_summary(exc)}; "
+            f"transformers cannot build the default {model_type} config: {one_line(exc, part='last')}; "
             f"pass a path to a real config.json instead"
         ) from exc
     config = config_for_class(config, model_class)
@@ -138,7 +136,7 @@ def _resolve_class_name(spec: str, name: str) -> ResolvedModel:
     except AttributeError:
         model_class = None
     except (ImportError, RuntimeError) as exc:  # a class whose optional dependency is missing
-        raise ModelSpecError(f"cannot import transformers.{name}: {_first_line(exc)}") from exc
+        raise ModelSpecError(f"cannot import transformers.{name}: {one_line(exc, part='first')}") from exc
     if model_class is None:
         raise ModelSpecError(_unknown_spec_message(name))
     config = model_class.config_class()
@@ -179,7 +177,7 @@ def _load_config_file(config_file: Path) -> "PretrainedConfig":
     try:
         model_type = json.loads(config_file.read_text()).get("model_type")
     except (OSError, ValueError, AttributeError) as exc:
-        raise ModelSpecError(f"cannot read {config_file} as JSON: {_first_line(exc)}") from exc
+        raise ModelSpecError(f"cannot read {config_file} as JSON: {one_line(exc, part='first')}") from exc
     if model_type not in _config_mapping():
         raise ModelSpecError(
             f"{config_file} has model_type {model_type!r}, which this transformers does not know"
@@ -188,7 +186,7 @@ def _load_config_file(config_file: Path) -> "PretrainedConfig":
     try:
         return AutoConfig.from_pretrained(str(config_file), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a bad config
-        raise ModelSpecError(f"cannot load {config_file}: {_first_line(exc)}") from exc
+        raise ModelSpecError(f"cannot load {config_file}: {one_line(exc, part='first')}") from exc
 
 
 def _class_for_model_type(model_type: str) -> type["PreTrainedModel"]:
@@ -247,17 +245,6 @@ def _unknown_spec_message(text: str) -> str:
     return f"unknown model spec {text!r}: {hint}{accepted}"
 
 
-def _error_summary(exc: BaseException) -> str:
-    # Validation errors put the useful part on their last line.
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1] if lines else type(exc).__name__
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else type(exc).__name__
-
-
 # --------------------------------------------------------------------------------------------
 # Building models
 
@@ -276,7 +263,7 @@ def build_meta_model(
     """
     import torch
 
-    config, model_class = _config_and_class(source, model_class)
+    config, model_class = resolve_config_and_class(source, model_class)
     # _from_config writes dtype and attention settings back into the config it is given.
     config = copy.deepcopy(config)
     kwargs = {} if dtype is None else {"dtype": dtype}
@@ -284,38 +271,10 @@ def build_meta_model(
         return model_class._from_config(config, **kwargs)
 
 
-def build_tiny_model(
-    source: ModelSource,
-    model_class: type["PreTrainedModel"] | None = None,
-    *,
-    tp_size: int = 2,
-    seed: int = 0,
-    dtype: "torch.dtype | None" = None,
-    attn_implementation: str = "sdpa",
-) -> "PreTrainedModel":
-    """Build a small CPU model of the same architecture, with weights fixed by ``seed``.
-
-    Every process that calls this with the same arguments gets bit-identical weights, which is
-    what lets multi-process checks build their reference model locally instead of broadcasting
-    it. The global RNG is left as it was. The model is in eval mode so dropout cannot make two
-    runs of the same input differ.
-    """
-    import torch
-
-    config, model_class = _config_and_class(source, model_class)
-    tiny = shrink_config(config, tp_size, attn_implementation=attn_implementation)
-    if not getattr(model_class, "_supports_sdpa", False) and attn_implementation == "sdpa":
-        # Older architectures only ship eager attention; asking for sdpa would be an error.
-        tiny._attn_implementation = "eager"
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class._from_config(tiny, dtype=dtype or torch.float32)
-    return model.eval()
-
-
-def _config_and_class(
-    source: ModelSource, model_class: type["PreTrainedModel"] | None
+def resolve_config_and_class(
+    source: ModelSource, model_class: type["PreTrainedModel"] | None = None
 ) -> tuple["PretrainedConfig", type["PreTrainedModel"]]:
+    """The config and the class to build from ``source`` (``model_class`` overrides its class)."""
     if isinstance(source, ResolvedModel):
         config, model_class = source.config, model_class or source.model_class
     else:
@@ -323,488 +282,17 @@ def _config_and_class(
     return config_for_class(config, model_class), model_class
 
 
-def text_config(config: "PretrainedConfig") -> "PretrainedConfig":
-    """The language-model part of a config (itself for text-only models)."""
-    return config.get_text_config(decoder=True)
+def text_config(config: Any) -> Any:
+    """The text decoder's config: the part a plan shards and whose vocabulary the logits span.
 
-
-# --------------------------------------------------------------------------------------------
-# Shrinking a config
-
-# Toy sizes. Small enough that a model builds and runs in milliseconds on CPU, large enough that
-# sharding by a few ranks still leaves every rank a real slice.
-TINY_VOCAB = 256
-TINY_INTERMEDIATE = 128
-TINY_MOE_INTERMEDIATE = 64
-TINY_MAX_POSITIONS = 64
-TINY_SLIDING_WINDOW = 4
-TINY_EXPERTS = 4
-TINY_LORA_RANK = 32
-# Special token ids past the tiny vocabulary (image placeholders, Llama-3's 128000+) move to its
-# top ids, so random input ids below ``TINY_VOCAB - SPECIAL_TOKEN_SPAN`` never hit an image
-# placeholder; small ids (bos 1, pad 0) keep their value.
-SPECIAL_TOKEN_SPAN = 32
-# Handled by PretrainedConfig itself rather than declared as fields.
-_ALWAYS_PASSED_KEYS = {
-    "transformers_version", "_name_or_path", "model_type", "output_attentions", "per_layer_config",
-}
-_MIN_HEAD_DIM = 8
-_TARGET_HIDDEN = 64
-
-# (attention heads, key/value heads or None) pairs. The first present pair fixes the head size.
-_HEAD_KEYS: tuple[tuple[str, str | None], ...] = (
-    ("num_attention_heads", "num_key_value_heads"),
-    ("num_attention_heads", "num_kv_heads"),
-    ("num_attention_heads", "n_head_kv"),
-    ("num_attention_heads", "multi_query_group_num"),
-    ("num_attention_heads", None),
-    ("num_heads", "num_key_value_heads"),
-    ("num_heads", None),
-    ("n_head", None),
-    ("n_heads", "kv_n_heads"),
-    ("n_heads", None),
-    ("decoder_attention_heads", None),
-    ("encoder_attention_heads", None),
-    ("swa_num_attention_heads", "swa_num_key_value_heads"),
-    ("linear_num_value_heads", "linear_num_key_heads"),
-    ("linear_num_heads", None),
-    ("index_n_heads", None),
-)
-_HEAD_DIM_KEYS = (
-    "head_dim", "attention_head_dim", "d_kv", "kv_channels", "swa_head_dim", "v_head_dim",
-    "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim", "index_head_dim",
-    "qk_head_dim", "d_head", "dim_head",
-)
-_HIDDEN_KEYS = (
-    "hidden_size", "d_model", "n_embd", "embed_dim", "dim", "embedding_size", "embedding_dim",
-    "lru_width",
-)
-# Widths of side inputs that only need to stay small (Gemma-3n per-layer embeddings).
-_SMALL_WIDTH_KEYS = ("hidden_size_per_layer_input",)
-_INTERMEDIATE_KEYS = (
-    "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim", "encoder_ffn_dim", "d_ff",
-    "ffn_hidden_size", "dim_ff",
-)
-_EXPERT_COUNT_KEYS = (
-    "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "zero_expert_num",
-)
-_EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
-_SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
-_EXPERT_GROUP_KEYS = ("n_group", "num_expert_group", "topk_group")
-_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
-_OTHER_LAYER_COUNT_KEYS = (
-    "decoder_layers", "encoder_layers", "num_decoder_layers", "depth", "num_blocks",
-)
-# Scalars counting leading layers of one kind (dense before MoE, and so on) or trailing ones.
-_LEADING_LAYER_KEYS = ("first_k_dense_replace", "num_dense_layers")
-_TRAILING_LAYER_KEYS = ("num_kv_shared_layers",)
-# Every n-th layer is of another kind; 2 keeps both kinds inside the tiny layer count.
-_LAYER_PERIOD_KEYS = (
-    "sliding_window_pattern", "no_rope_layer_interval", "global_attn_every_n_layers",
-    "attn_layer_period", "expert_layer_period", "full_attention_interval", "layer_group_size",
-    "decoder_sparse_step", "interleave_moe_layer_step",
-)
-# (heads, head size, expansion) of state-space mixers, whose inner width is expansion x hidden.
-_STATE_SPACE_HEADS = (
-    ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
-    ("num_heads", "head_dim", "expand"),
-    ("mamba_num_heads", "mamba_head_dim", "expand"),
-)
-_STATE_SIZE_KEYS = ("state_size", "mamba_d_state", "ssm_state_size")
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
-_SLIDING_WINDOW_KEYS = (
-    "sliding_window", "sliding_window_size", "attention_window", "attention_chunk_size",
-)
-
-
-def shrink_config(
-    config: "PretrainedConfig", tp_size: int = 2, *, attn_implementation: str = "sdpa"
-) -> "PretrainedConfig":
-    """A tiny config of the same architecture, for numerical checks of a plan.
-
-    Kept: the class, the ratio of attention heads to key/value heads, whether the original head
-    counts divide by ``tp_size``, tied embeddings, biases and norms, and one decoder layer of
-    each distinct kind (sliding and full attention, dense and MoE, ...). Everything else shrinks:
-    widths to tens, vocabulary to 256, a sliding window of 4 so it matters at 8-16 tokens.
-
-    Head counts: when the original key/value heads divide by ``tp_size`` the tiny model has
-    ``tp_size`` of them (at least 2) and the same ratio of query heads. When they do not (Gemma-3
-    1B has a single KV head), the tiny model keeps that property - a single KV head stays single -
-    so the tensor-parallel checks report the same problem the real model would hit.
-
-    Special token ids past the new vocabulary move into its top ``SPECIAL_TOKEN_SPAN`` ids, the
-    same id everywhere it appears. The result is float32 with the KV cache off and the given
-    attention implementation; ``config`` itself is left untouched.
+    ``config`` itself for text-only models and for objects without ``get_text_config``.
+    ``get_text_config(decoder=True)`` rather than ``get_text_config()``: the plain call also looks
+    for a text encoder, so it raises on a config holding both (MusicGen's ``text_encoder`` and
+    ``decoder``), and on a flat encoder-decoder config (BART, Whisper) it answers with the
+    encoder's layer and head counts. On composite multimodal configs (Gemma 3, Llava, Qwen2-VL)
+    both give ``config.text_config``. A flat encoder-decoder config gets a renamed copy, so
+    changes to the result only reach ``config`` for the other kinds.
     """
-    if tp_size < 1:
-        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
-    shrunk = _shrink_level(config, tp_size)
-    token_ids: dict[int, int] = {}
-    shrunk_dict = shrunk.to_dict()
-    _remap_token_ids(shrunk_dict, _round_up(TINY_VOCAB, tp_size), token_ids)
-    tiny = type(config).from_dict(shrunk_dict)
-    tiny._attn_implementation = attn_implementation
-    return tiny
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
 
-
-def _shrink_level(config: "PretrainedConfig", tp_size: int) -> "PretrainedConfig":
-    """Shrink one config and, first, each of its sub-configs (text, vision, audio)."""
-    values = config.to_dict()
-    for key in getattr(config, "sub_configs", {}) or {}:
-        sub = getattr(config, key, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            values[key] = _shrink_level(sub, tp_size).to_dict()
-    aliases = dict(getattr(config, "attribute_map", {}) or {})
-    _shrink_values(values, aliases, tp_size)
-    if "mrope_section" in (getattr(config, "ignore_keys_at_rope_validation", None) or ()):
-        # Multimodal rope: the modeling file falls back to sections sized for the original
-        # head_dim (Qwen2-VL's [16, 24, 24]) when the config does not name them.
-        _add_default_mrope_sections(values)
-    return _config_from_values(type(config), values)
-
-
-def _config_from_values(config_class: type, values: dict[str, Any]) -> "PretrainedConfig":
-    """Rebuild a config so that attributes derived from sizes are derived again.
-
-    ``to_dict`` also exports attributes that ``__post_init__`` computes (Zamba2's
-    ``hybrid_layer_ids``, ``qk_head_dim``, ...), and ``from_dict`` would restore them over the
-    fresh derivation, keeping sizes of the original model. So the config is built from its
-    fields only; other keys are put back only where the new config did not derive them.
-    """
-    if not dataclasses.is_dataclass(config_class):
-        return config_class.from_dict(values)
-    fields = {f.name for f in dataclasses.fields(config_class)} | _ALWAYS_PASSED_KEYS
-    # Aliased fields are exported under the name they are stored as (gpt2's n_embd).
-    aliases = getattr(config_class, "attribute_map", {}) or {}
-    fields |= {stored for name, stored in aliases.items() if name in fields}
-    extras = {k: values.pop(k) for k in list(values) if k not in fields}
-    config = config_class.from_dict(values)
-    for name, value in extras.items():
-        if not hasattr(config, name):
-            setattr(config, name, value)
-    return config
-
-
-def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> None:
-    """Shrink the sizes of one config level in place (sub-config dicts are already done)."""
-
-    def key(name: str, allow_none: bool = False) -> str | None:
-        raw = aliases.get(name, name)
-        if raw not in values:
-            return None
-        value = values[raw]
-        if value is None:
-            return raw if allow_none else None
-        return raw if isinstance(value, int) and not isinstance(value, bool) else None
-
-    original = dict(values)
-    done: set[str] = set()
-    head_dim: int | None = None
-    hidden: int | None = None
-    for heads_name, kv_name in _HEAD_KEYS:
-        heads_key = key(heads_name)
-        # A None KV count means "as many as the query heads"; it is written out explicitly because
-        # some modeling files read it without applying that default.
-        kv_key = key(kv_name, allow_none=True) if kv_name else None
-        if heads_key is None or heads_key in done:
-            continue
-        heads = values[heads_key]
-        kv = values[kv_key] if kv_key and values[kv_key] is not None else heads
-        new_heads, new_kv = _tiny_head_counts(heads, kv, tp)
-        values[heads_key] = new_heads
-        done.add(heads_key)
-        if kv_key:
-            values[kv_key] = new_kv
-            done.add(kv_key)
-        if head_dim is None:
-            # A multiple of tp_size so the hidden size divides too, even with odd head counts.
-            head_dim = _round_up(max(_MIN_HEAD_DIM, _TARGET_HIDDEN // new_heads), math.lcm(4, tp))
-            hidden = new_heads * head_dim
-    if head_dim is None:  # attention-free (Mamba, RWKV): only the width matters
-        head_dim, hidden = _MIN_HEAD_DIM, _round_up(_TARGET_HIDDEN, tp)
-
-    old_head_size = _head_size(values, aliases)
-    for name in _HEAD_DIM_KEYS:
-        # head_dim is written even where the config left it None (derived), to be explicit.
-        if (k := key(name, allow_none=name == "head_dim")) is not None:
-            values[k] = head_dim
-    if "head_dim" not in values and key("num_attention_heads") and key("hidden_size"):
-        # Stated even where the config class derives it, so checks can read config.head_dim.
-        values["head_dim"] = head_dim
-    _shrink_latent_attention(values, head_dim)
-    for name in _HIDDEN_KEYS:
-        if (k := key(name)) is not None:
-            values[k] = hidden
-    for name in _SMALL_WIDTH_KEYS:
-        if (k := key(name)) is not None and values[k] > 0:
-            values[k] = head_dim
-    for name in list(values):
-        if name in _INTERMEDIATE_KEYS or "intermediate_size" in name or "ffn_hidden_size" in name:
-            expert = "moe" in name or "expert" in name
-            _set_size(values, key, name, TINY_MOE_INTERMEDIATE if expert else TINY_INTERMEDIATE, tp)
-        elif name.endswith("_lora_rank"):
-            _set_size(values, key, name, TINY_LORA_RANK, tp)
-    _shrink_experts(values, key, tp)
-    _shrink_state_space(values, key, hidden, head_dim)
-    _cap_all(values, key, _POSITION_KEYS, TINY_MAX_POSITIONS, keep_at_least=TINY_MAX_POSITIONS)
-    _cap_all(values, key, _SLIDING_WINDOW_KEYS, TINY_SLIDING_WINDOW)
-    for name in _LAYER_PERIOD_KEYS:
-        if (k := key(name)) is not None and values[k] > 2:
-            values[k] = 2
-            offset = key(name.replace("_period", "_offset"))
-            if name.endswith("_period") and offset is not None:
-                values[offset] = min(values[offset], 1)
-    for name in list(values):
-        if "vocab_size" in name and key(name) is not None:
-            values[name] = _round_up(TINY_VOCAB, tp)
-    if (k := key("rotary_dim")) is not None and old_head_size:
-        # Partial rotary (GPT-J, CodeGen): keep the rotated fraction of each head.
-        values[k] = max(2, _round_up(head_dim * values[k] // old_head_size, 2))
-    _shrink_rope(values, head_dim)
-    _shrink_layers(values, key, original)
-    for name in _OTHER_LAYER_COUNT_KEYS:
-        _cap_all(values, key, (name,), 2)
-    if "dtype" in values:
-        values["dtype"] = "float32"
-    if "use_cache" in values:
-        values["use_cache"] = False
-
-
-def _shrink_experts(values: dict[str, Any], key, tp: int) -> None:
-    experts = _round_up(TINY_EXPERTS, tp)
-    _cap_all(values, key, _EXPERT_COUNT_KEYS, experts)
-    _cap_all(values, key, _EXPERTS_PER_TOKEN_KEYS, 2)
-    _cap_all(values, key, _SHARED_EXPERT_KEYS, 1)
-    _cap_all(values, key, _EXPERT_GROUP_KEYS, 1)
-    if any(key(name) is not None for name in _EXPERT_COUNT_KEYS):
-        # Some default configs leave top-k unset although their router reads it.
-        for name in _EXPERTS_PER_TOKEN_KEYS:
-            if (k := key(name, allow_none=True)) is not None and values[k] is None:
-                values[k] = 2
-
-
-def _shrink_state_space(values: dict[str, Any], key, hidden: int, head_dim: int) -> None:
-    """Mamba-style mixers: heads x head size must equal expand x hidden size."""
-    for heads_name, dim_name, expand_name in _STATE_SPACE_HEADS:
-        heads_key, dim_key, expand_key = key(heads_name), key(dim_name), key(expand_name)
-        if heads_key and dim_key and expand_key:
-            inner = values[expand_key] * hidden
-            if (k := key("mamba_d_ssm")) is not None:
-                values[k] = inner
-            values[dim_key] = head_dim
-            values[heads_key] = max(1, inner // head_dim)
-    _cap_all(values, key, _STATE_SIZE_KEYS, 16)
-    _cap_all(values, key, ("n_groups", "mamba_n_groups"), 1)
-    for name in ("time_step_rank", "mamba_dt_rank"):
-        if (k := key(name)) is not None:
-            values[k] = math.ceil(hidden / 16)
-
-
-def _tiny_head_counts(heads: int, kv: int, tp: int) -> tuple[int, int]:
-    """Head counts that keep the GQA ratio and the original's divisibility by ``tp``."""
-    if kv <= 0 or heads <= 0:
-        return heads, kv
-    if kv == 1:
-        new_kv = 1  # multi-query attention stays multi-query
-    elif kv % tp == 0:
-        new_kv = min(kv, max(tp, 2))
-    else:
-        new_kv = kv % tp  # still not divisible: the TP checks must see the same problem
-    if heads % kv == 0:
-        return new_kv * (heads // kv), new_kv
-    return max(new_kv, _round_up(new_kv * heads // kv, new_kv)), new_kv
-
-
-def _head_size(values: dict[str, Any], aliases: dict[str, str]) -> int | None:
-    """The attention head size a config states or implies (hidden / heads)."""
-
-    def first_int(names: tuple[str, ...]) -> int | None:
-        found = (values.get(aliases.get(n, n)) for n in names)
-        return next((v for v in found if isinstance(v, int) and not isinstance(v, bool)), None)
-
-    stated = first_int(("head_dim", "attention_head_dim"))
-    hidden, heads = first_int(_HIDDEN_KEYS), first_int(("num_attention_heads", "n_head"))
-    return stated or (hidden // heads if hidden and heads else None)
-
-
-def _shrink_latent_attention(values: dict[str, Any], head_dim: int) -> None:
-    """Multi-head latent attention (DeepSeek V2/V3): low-rank projections and split head dims."""
-    if not isinstance(values.get("kv_lora_rank"), int):
-        return
-    rope_dim = head_dim // 2
-    values["qk_rope_head_dim"] = rope_dim
-    values["qk_nope_head_dim"] = head_dim - rope_dim
-    if "qk_head_dim" in values:
-        values["qk_head_dim"] = head_dim
-    if "head_dim" in values:
-        # These configs rotate only the rope part, and size the rotary embedding by head_dim.
-        values["head_dim"] = rope_dim
-
-
-def _shrink_rope(values: dict[str, Any], head_dim: int) -> None:
-    """Keep rope parameters valid for the new head size (sections and per-dim factors)."""
-    params = values.get("rope_parameters")
-    if not isinstance(params, dict):
-        return
-    nested = [p for p in params.values() if isinstance(p, dict)]
-    for p in nested or [params]:
-        factor = p.get("partial_rotary_factor", values.get("partial_rotary_factor", 1.0)) or 1.0
-        half = max(1, int(head_dim * factor) // 2)
-        if isinstance(p.get("mrope_section"), list):
-            p["mrope_section"] = _rescale_sections(p["mrope_section"], half)
-        for name in ("short_factor", "long_factor"):
-            if isinstance(p.get(name), list):
-                p[name] = p[name][:half]
-
-
-def _add_default_mrope_sections(values: dict[str, Any]) -> None:
-    params = values.get("rope_parameters")
-    head_dim = _head_size(values, {})
-    if not isinstance(params, dict) or not head_dim:
-        return
-    for p in [p for p in params.values() if isinstance(p, dict)] or [params]:
-        if "mrope_section" not in p:
-            half = int(head_dim * (p.get("partial_rotary_factor") or 1.0)) // 2
-            p["mrope_section"] = _rescale_sections([16, 24, 24], max(3, half))
-
-
-def _rescale_sections(sections: list[int], total: int) -> list[int]:
-    old_total = sum(sections) or 1
-    scaled = [max(1, s * total // old_total) for s in sections]
-    scaled[0] += total - sum(scaled)
-    return scaled
-
-
-def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> None:
-    """Keep one layer of each distinct kind, and the per-layer settings that go with them.
-
-    A layer's kind is everything that can differ between layers: its entries in per-layer lists
-    (``layer_types``, ``mlp_layer_types``, ``no_rope_layers``, pattern strings), membership in
-    layer-index lists (``mlp_only_layers``), per-layer overrides, and whether it falls in the
-    leading dense block or the trailing KV-sharing block.
-    """
-    count_key = next((k for name in _LAYER_COUNT_KEYS if (k := key(name)) is not None), None)
-    if count_key is None:
-        return
-    count = values[count_key]
-    # Index lists name layers (strictly increasing); per-layer lists hold one entry per layer.
-    index_lists = [
-        name for name, value in values.items()
-        if ("layers" in name or "idx" in name or "indices" in name)
-        and _is_layer_index_list(value, count)
-    ]
-    per_layer = [
-        name for name, value in values.items()
-        if (isinstance(value, list) or (isinstance(value, str) and "pattern" in name))
-        and len(value) == count and count > 2 and name not in index_lists
-    ]
-    overrides = values.get("per_layer_config")
-    overrides = overrides if isinstance(overrides, dict) and overrides else {}
-    override_at = {int(k): v for k, v in overrides.items()}
-    leading = {k: values[k] for name in _LEADING_LAYER_KEYS if (k := key(name)) is not None}
-    trailing = {k: values[k] for name in _TRAILING_LAYER_KEYS if (k := key(name)) is not None}
-
-    def signature(i: int) -> tuple:
-        return (
-            tuple(values[name][i] for name in per_layer)
-            + tuple(i in values[name] for name in index_lists)
-            + (repr(override_at.get(i)),)
-            + tuple(i < n for n in leading.values())
-            + tuple(i >= count - n for n in trailing.values())
-        )
-
-    kept: list[int] = []
-    seen: set[tuple] = set()
-    for i in range(count):
-        if (sig := signature(i)) not in seen:
-            seen.add(sig)
-            kept.append(i)
-    for i in range(count):
-        if len(kept) >= 2:
-            break
-        if i not in kept:
-            kept.append(i)
-    kept.sort()
-
-    values[count_key] = len(kept)
-    for name in per_layer:
-        picked = [values[name][i] for i in kept]
-        values[name] = "".join(picked) if isinstance(values[name], str) else picked
-    for name in index_lists:
-        values[name] = [kept.index(i) for i in values[name] if i in kept]
-    for k, n in leading.items():
-        values[k] = sum(1 for i in kept if i < n)
-    for k, n in trailing.items():
-        values[k] = sum(1 for i in kept if i >= count - n)
-    if isinstance(values.get("attention_types"), list) and "attention_layers" in per_layer:
-        # GPT-Neo derives its per-layer list from this compressed [[kinds, repeats]] form.
-        values["attention_types"] = [[values["attention_layers"], 1]]
-    if overrides:
-        width = len(next(iter(overrides)))
-        values["per_layer_config"] = {
-            str(new).zfill(width): _scaled_override(override_at[old], values, original)
-            for new, old in enumerate(kept) if old in override_at
-        }
-
-
-def _is_layer_index_list(value: Any, count: int) -> bool:
-    if not isinstance(value, list) or not all(type(i) is int for i in value):
-        return False
-    return all(a < b for a, b in zip(value, value[1:])) and all(0 <= i < count for i in value)
-
-
-def _scaled_override(
-    override: dict[str, Any], values: dict[str, Any], original: dict[str, Any]
-) -> dict[str, Any]:
-    """A per-layer override keeps its ratio to the (shrunk) model-wide value it replaces."""
-    scaled = {}
-    for name, value in override.items():
-        old, new = original.get(name), values.get(name)
-        if isinstance(value, int) and isinstance(old, int) and isinstance(new, int) and old:
-            value = max(1, round(value * new / old))
-        scaled[name] = value
-    return scaled
-
-
-def _remap_token_ids(values: dict[str, Any], vocab: int, mapping: dict[int, int]) -> None:
-    """Move special token ids past the tiny vocabulary into its top, the same id everywhere."""
-    for name, value in values.items():
-        if not isinstance(name, str):
-            continue
-        if isinstance(value, dict):
-            _remap_token_ids(value, vocab, mapping)
-        elif name.endswith(("token_id", "token_index", "token_ids")):
-            if isinstance(value, int) and not isinstance(value, bool):
-                values[name] = _remapped(value, vocab, mapping)
-            elif isinstance(value, list) and all(isinstance(v, int) for v in value):
-                values[name] = [_remapped(v, vocab, mapping) for v in value]
-
-
-def _remapped(token_id: int, vocab: int, mapping: dict[int, int]) -> int:
-    if token_id < vocab:
-        return token_id
-    if token_id not in mapping:
-        mapping[token_id] = vocab - 1 - len(mapping)
-    return mapping[token_id]
-
-
-def _set_size(values: dict[str, Any], key, name: str, size: int, tp: int) -> None:
-    """Set a width, including per-layer lists of widths (Gemma-3n's intermediate_size)."""
-    size = _round_up(size, tp)
-    value = values[name]
-    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
-        values[name] = [size] * len(value)
-    elif (k := key(name)) is not None:
-        values[k] = size
-
-
-def _cap_all(
-    values: dict[str, Any], key, names: tuple[str, ...], cap: int, keep_at_least: int = 0
-) -> None:
-    for name in names:
-        if (k := key(name)) is not None and values[k] > cap:
-            values[k] = max(cap, keep_at_least)
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return max(multiple, math.ceil(value / multiple) * multiple)

@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from plangen.errors import one_line
+
 PLAN_TEMPLATE = "plan.py.j2"
 # Comments and imports wrap past LINE_WIDTH; a plan entry stays on one line up to ENTRY_WIDTH, so
 # that the usual entries read one a line (the templates decide how to wrap the others).
@@ -138,14 +140,10 @@ def render_template(
     except jinja2.TemplateError as err:
         lineno = getattr(err, "lineno", None)
         where = f"{getattr(err, 'filename', None) or name}:{lineno}" if lineno else name
-        raise RenderError(f"template {where}: {_one_line(getattr(err, 'message', None) or err)}") from None
+        raise RenderError(f"template {where}: {one_line(getattr(err, 'message', None) or err)}") from None
     except Exception as err:  # a user's template can fail in any way: report it, write nothing
-        raise RenderError(f"template {name}: {type(err).__name__}: {_one_line(err)}") from None
+        raise RenderError(f"template {name}: {one_line(err, with_type=True)}") from None
     return text if text.endswith("\n") else text + "\n"
-
-
-def _one_line(message: object) -> str:
-    return " ".join(str(message).split())
 
 
 def check_python(text: str, what: str = "the rendered plan") -> None:

@@ -1,4 +1,4 @@
-"""Model specs, meta builds and tiny models (plangen.models). Fast: no processes, no network."""
+"""Model specs, meta builds (plangen.models) and tiny models (plangen.shrink). Fast: no processes, no network."""
 
 from __future__ import annotations
 
@@ -14,16 +14,8 @@ import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
-from plangen.models import (
-    SPECIAL_TOKEN_SPAN,
-    ModelSpecError,
-    ResolvedModel,
-    build_meta_model,
-    build_tiny_model,
-    resolve_model,
-    shrink_config,
-    text_config,
-)
+from plangen.models import ModelSpecError, ResolvedModel, build_meta_model, resolve_model, text_config
+from plangen.shrink import SPECIAL_TOKEN_SPAN, build_tiny_model, shrink_config
 
 CONFIGS = Path(__file__).parent / "data" / "model-configs"
 REAL_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.json"))
@@ -218,6 +210,49 @@ def test_meta_build_keeps_tying_and_leaves_the_config_alone():
     assert model.lm_head.weight is model.get_input_embeddings().weight
     assert model.lm_head.weight.dtype == torch.bfloat16
     assert resolved.config.to_dict() == before
+
+
+# --------------------------------------------------------------------------------------------
+# text_config
+
+
+@pytest.mark.parametrize("config_class", ["Gemma3Config", "LlavaConfig", "Qwen2VLConfig", "Mistral3Config"])
+def test_text_config_of_a_multimodal_config_is_its_text_part(config_class):
+    # Here the decoder-only question and transformers' plain get_text_config() agree.
+    config = getattr(transformers, config_class)()
+    assert text_config(config) is config.text_config
+    assert config.get_text_config() is config.text_config
+
+
+def test_text_config_of_a_text_only_config_or_a_plain_object_is_itself():
+    config = transformers.LlamaConfig()
+    assert text_config(config) is config
+    plain = type("Namespace", (), {"vocab_size": 7})()
+    assert text_config(plain) is plain
+
+
+def test_text_config_with_a_text_encoder_too_is_the_decoder():
+    # MusicGen holds a text encoder and a decoder: the plain get_text_config() cannot choose.
+    config = transformers.AutoConfig.for_model("musicgen")
+    with pytest.raises(ValueError, match="Multiple valid text configs"):
+        config.get_text_config()
+    assert text_config(config) is config.decoder
+
+
+@pytest.mark.parametrize("config_class", ["WhisperConfig", "BartConfig"])
+def test_text_config_of_a_flat_encoder_decoder_config_has_the_decoder_sizes(config_class):
+    sizes = dict(encoder_layers=4, decoder_layers=2, encoder_attention_heads=6, decoder_attention_heads=4, d_model=48)
+    config = getattr(transformers, config_class)(**sizes)
+    assert (config.get_text_config().num_hidden_layers, config.get_text_config().num_attention_heads) == (4, 6)
+    assert (text_config(config).num_hidden_layers, text_config(config).num_attention_heads) == (2, 4)
+
+
+def test_importing_models_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, plangen.models; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import libcst as cst
 from plangen.check.diagnostics import Diagnostic, drop_ignored
 from plangen.check.plan_file import PlanFile, find_comments, string_value
 from plangen.check.static import decode_source
+from plangen.errors import one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -214,12 +215,7 @@ def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # noqa: BLE001 - SystemExit from a plan file is a finding too
-        raise PlanLoadFailure(_one_line(error), _position_in_file(error, path)) from None
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+        raise PlanLoadFailure(one_line(error, with_type=True), _position_in_file(error, path)) from None
 
 
 def _position_in_file(error: BaseException, path: str | Path) -> tuple[int, int] | None:

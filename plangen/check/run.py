@@ -7,7 +7,7 @@
 2. Parity: gloo, TP=2, two processes. Logits and every parameter gradient against the unsharded
    model, within :data:`TOLERANCE`; the first parameter (in the model's order) that differs is named.
 
-Both stages run a shrunk model of the same architecture (:func:`plangen.models.build_tiny_model`)
+Both stages run a shrunk model of the same architecture (:func:`plangen.shrink.build_tiny_model`)
 through the runtime itself (:func:`plangen.parallelize.parallelize_model`), each in one launch of
 :func:`plangen.launch.run_distributed` for every plan file: bounded in time, a failing or hung
 rank ends the run with a finding, never a hung CI job. Progress is reported through a callback as
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from plangen.check.model import ModelFinding, generalize, parent_path
+from plangen.errors import one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -81,7 +82,7 @@ def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tens
     every TP size divides (sequence parallel needs it); the same on every process."""
     import torch
 
-    from plangen.models import SPECIAL_TOKEN_SPAN
+    from plangen.shrink import SPECIAL_TOKEN_SPAN
 
     vocab = model.config.get_text_config().vocab_size
     seq = tp_size * max(1, -(-8 // tp_size))
@@ -121,11 +122,6 @@ def _matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str,
 
     unmatched = set(find_unmatched_keys(model, styles))
     return {key: style for key, style in styles.items() if key not in unmatched}
-
-
-def _one_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
@@ -177,7 +173,8 @@ class ModuleTracker:
 
 
 def _build_case(case: Mapping[str, Any], tp_size: int):
-    from plangen.models import build_tiny_model, resolve_model
+    from plangen.models import resolve_model
+    from plangen.shrink import build_tiny_model
     from plangen.plan_source import load_custom_plan
 
     model = build_tiny_model(resolve_model(case["model"]), tp_size=tp_size, seed=0)
@@ -216,7 +213,7 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     try:
         model, styles = _build_case(case, tp_size)
     except Exception as error:  # noqa: BLE001 - the plan or the model could not be built
-        return {"stage": "load", "error": _one_line(error)}
+        return {"stage": "load", "error": one_line(error, part="first", with_type=True)}
     problem = tp_size_problem(model.config, tp_size, type(model).__name__)
     if problem is not None:
         return {"skipped": problem}
@@ -230,13 +227,13 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
             sequence_parallel=case["sequence_parallel"], custom_parallel_plan=styles,
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001
-        return {"stage": "apply", "error": _one_line(error), "key": _first_failing_key(case, tp_size, mesh["tp"])}
+        return {"stage": "apply", "error": one_line(error, part="first", with_type=True), "key": _first_failing_key(case, tp_size, mesh["tp"])}
     tracker = ModuleTracker(sharded)
     try:
         logits = sharded(input_ids=ids).logits
     except Exception as error:  # noqa: BLE001
         module = tracker.innermost
-        return {"stage": "forward", "error": _one_line(error), "module": module,
+        return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module,
                 "key": key_for_module(styles, module) if module else None}  # fmt: skip
     finally:
         tracker.remove()
@@ -246,7 +243,7 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     try:
         next_token_loss(logits, ids).backward()
     except Exception as error:  # noqa: BLE001
-        return {"stage": "backward", "error": _one_line(error)}
+        return {"stage": "backward", "error": one_line(error, part="first", with_type=True)}
     result: dict[str, Any] = compare_gradients(reference, sharded)
     result["logits"] = (full_tensor(logits) - ref_logits).abs().max().item() if compare else None
     first = result["first_differing"] if compare else None

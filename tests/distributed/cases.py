@@ -49,12 +49,13 @@ _TINY_BY_TYPE: dict[tuple[str, str], torch.nn.Module] = {}
 
 
 def build_case_model(case: dict[str, Any]):
-    """``model``: a name in tests/tiny_configs.py; ``class``: any class, shrunk by plangen.models;
-    ``model_type``: any registered type, shrunk by plangen.models (built once per worker and copied:
+    """``model``: a name in tests/tiny_configs.py; ``class``: any class, shrunk by plangen.shrink;
+    ``model_type``: any registered type, shrunk by plangen.shrink (built once per worker and copied:
     a sweep runs several cases of one type)."""
     attn = case.get("attn", "sdpa")
     if "model_type" in case:
-        from plangen.models import build_tiny_model, resolve_model
+        from plangen.models import resolve_model
+        from plangen.shrink import build_tiny_model
 
         key = (case["model_type"], attn)
         if key not in _TINY_BY_TYPE:
@@ -62,7 +63,8 @@ def build_case_model(case: dict[str, Any]):
             _TINY_BY_TYPE[key] = build_tiny_model(resolved, seed=0, attn_implementation=attn)
         return copy.deepcopy(_TINY_BY_TYPE[key])
     if "class" in case:
-        from plangen.models import build_tiny_model, resolve_model
+        from plangen.models import resolve_model
+        from plangen.shrink import build_tiny_model
 
         return build_tiny_model(resolve_model(case["class"]), seed=0, attn_implementation=attn)
     return build_tiny(case["model"], seed=0, attn_implementation=attn)
@@ -92,7 +94,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     reference = copy.deepcopy(model)
     id_bound = model.config.get_text_config().vocab_size
     if "model_type" in case:
-        from plangen.models import SPECIAL_TOKEN_SPAN
+        from plangen.shrink import SPECIAL_TOKEN_SPAN
 
         id_bound -= SPECIAL_TOKEN_SPAN  # a shrunk vocabulary keeps special (image) tokens in its top ids
     ids = torch.randint(0, id_bound, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
