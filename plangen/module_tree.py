@@ -1,0 +1,115 @@
+"""Questions about a model's module tree, each answered here once.
+
+* Which modules a plan key selects, under torch's own rule: ``parallelize_module`` splits a key on
+  dots and matches each segment against child names with ``fnmatch``, so a key matches a module
+  path with the same number of segments whose every segment matches. Torch only warns when a key
+  matches nothing; plangen makes that an error (:func:`find_unmatched_keys`).
+* The pattern of a module path: :func:`generalize` (``model.layers.3.mlp`` → ``model.layers.*.mlp``).
+* The repeated blocks (:func:`find_transformer_layers`) and the tied embeddings
+  (:func:`tied_embeddings`).
+
+Importing this module does not import torch: the level-1 checks use the string functions too.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Iterable, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+
+def key_matches(pattern: str, module_path: str) -> bool:
+    """Whether plan key ``pattern`` selects ``module_path`` (torch's rule: fnmatch per dotted segment)."""
+    return _segments_match(pattern.split("."), module_path.split("."))
+
+
+def _segments_match(atoms: list[str], parts: list[str]) -> bool:
+    return len(atoms) == len(parts) and all(fnmatchcase(p, a) for p, a in zip(parts, atoms))
+
+
+class ModuleIndex:
+    """A model's named modules, split once and grouped by depth, for matching many keys."""
+
+    def __init__(self, model: "nn.Module") -> None:
+        self._by_depth: dict[int, list[tuple[list[str], str, "nn.Module"]]] = {}
+        for name, module in model.named_modules():
+            if name:
+                parts = name.split(".")
+                self._by_depth.setdefault(len(parts), []).append((parts, name, module))
+
+    def _matches(self, pattern: str) -> Iterator[tuple[list[str], str, "nn.Module"]]:
+        atoms = pattern.split(".")
+        return (item for item in self._by_depth.get(len(atoms), ()) if _segments_match(atoms, item[0]))
+
+    def selects_any(self, pattern: str) -> bool:
+        return next(self._matches(pattern), None) is not None
+
+    def paths(self, pattern: str) -> list[str]:
+        """Paths of the modules ``pattern`` selects, in module order."""
+        return [name for _, name, _ in self._matches(pattern)]
+
+    def matching(self, pattern: str) -> list["nn.Module"]:
+        """The modules ``pattern`` selects, in module order."""
+        return [module for _, _, module in self._matches(pattern)]
+
+
+def find_matching_modules(model: "nn.Module", pattern: str) -> list[str]:
+    """Paths of the modules that ``pattern`` selects, in module order."""
+    return ModuleIndex(model).paths(pattern)
+
+
+def find_unmatched_keys(model: "nn.Module", patterns: Iterable[str]) -> list[str]:
+    """The keys of ``patterns`` that select no module of ``model``, in their order."""
+    index = ModuleIndex(model)
+    return [p for p in patterns if not index.selects_any(p)]
+
+
+def generalize(path: str) -> str:
+    """``model.layers.3.mlp`` → ``model.layers.*.mlp``: one pattern for every repeat of a module.
+
+    Every dot-separated segment made only of digits (a ``ModuleList``/``Sequential`` index)
+    becomes ``*``, wherever it is. transformers' ``replace_layer_number_by_wildcard`` differs on
+    two paths no plan key distinguishes: a leading index (``0.weight``, which it keeps) and a
+    second index right after another (``blocks.0.1``, which it leaves as ``blocks.*.1``).
+    """
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def find_transformer_layers(model: "nn.Module") -> list["nn.Module"]:
+    """The repeated blocks (decoder layers, vision blocks) wherever the class keeps them.
+
+    Hugging Face lists them by class name in ``_no_split_modules`` (also what its own FSDP
+    auto-wrapping uses); the outermost matches are the FSDP2 units.
+    """
+    from torch import nn
+
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    layers: list[nn.Module] = []
+    inside: set[int] = set()
+    for module in model.modules():
+        if id(module) in inside:
+            continue
+        if type(module).__name__ in names:
+            layers.append(module)
+            inside.update(id(m) for m in module.modules())
+    if layers:
+        return layers
+    # No declaration: fall back to the children of every ModuleList.
+    return [child for module in model.modules() if isinstance(module, nn.ModuleList) for child in module]
+
+
+def tied_embeddings(model: "nn.Module") -> tuple[str, str] | None:
+    """Module paths of (input embedding, output head) when their weights are one parameter."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    if get_in is None or get_out is None:
+        return None
+    emb, head = get_in(), get_out()
+    if emb is None or head is None or emb.weight is not head.weight:
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    return names[id(emb)], names[id(head)]
