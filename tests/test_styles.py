@@ -464,3 +464,130 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
             x_local.grad - expected_grad_out @ reference.weight
         ).abs().max().item()
     return diffs
+
+
+# --------------------------------------------------------------------------------------------
+# Style facts (plangen.style_facts): the torch-free table agrees with the real styles
+# --------------------------------------------------------------------------------------------
+
+# Arguments a style cannot be built without.
+_REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
+    "PrepareModuleOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
+    "PrepareModuleInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
+    "MlaKvAProjParallel": {"rope_dim": 2},
+}
+
+
+def _built(name: str):
+    from plangen.styles import build_style, placement_from_text
+
+    kwargs = {k: placement_from_text(v) if isinstance(v, str) else v for k, v in _REQUIRED_KWARGS.get(name, {}).items()}
+    return build_style(name, kwargs)
+
+
+def _weight_text(param) -> str:
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(param, DTensor):
+        return "plain"
+    (placement,) = param.placements
+    if isinstance(placement, _StridedShard):
+        return f"_StridedShard({placement.dim})"
+    if isinstance(placement, Shard):
+        return f"Shard({placement.dim})"
+    assert isinstance(placement, Replicate), placement
+    return "Replicate()"
+
+
+def test_style_facts_cover_exactly_the_registered_styles_and_say_where_they_live():
+    from plangen.style_facts import PLANGEN_STYLES, STYLE_FACTS, TORCH_STYLES
+
+    assert sorted(STYLE_FACTS) == sorted(STYLE_CLASSES)
+    for name, facts in STYLE_FACTS.items():
+        assert facts.name == name
+        home = TORCH_STYLES if STYLE_CLASSES[name].__module__.startswith("torch.") else PLANGEN_STYLES
+        assert facts.module == home, name
+        assert not (facts.shards and facts.replicates), name
+
+
+@pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
+def test_style_facts_layout_defaults_are_what_torch_fills_in(name):
+    from plangen.style_facts import STYLE_FACTS
+    from plangen.styles import placement_from_text
+
+    style = _built(name)
+    for argument, text in STYLE_FACTS[name].layout_defaults.items():
+        value = getattr(style, argument)
+        assert (value[0] if isinstance(value, tuple) else value) == placement_from_text(text), (name, argument)
+
+
+@pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
+def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS
+
+    facts = STYLE_FACTS[name]
+    kinds = {LINEAR: lambda: nn.Linear(8, 8)}
+    if not facts.shards or EMBEDDING in facts.shard_dim:
+        kinds[EMBEDDING] = lambda: nn.Embedding(16, 8)
+    for kind, make in kinds.items():
+        holder = nn.Module()
+        holder.m = make()
+        full = tuple(holder.m.weight.shape)
+        parallelize_module(holder, tp_mesh, {"m": _built(name)})
+        weight = holder.m.weight
+        assert _weight_text(weight) == facts.weight_layout(kind), (name, kind)
+        local_shape = tuple(local(weight).shape)
+        if facts.shards:
+            expected = list(full)
+            expected[facts.shard_dim[kind]] //= 2
+            assert local_shape == tuple(expected), (name, kind)
+        else:
+            assert local_shape == full, (name, kind)
+
+
+def test_style_facts_of_objects_follow_the_nearest_registered_class():
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
+
+    from plangen.styles import is_sharding, style_facts, style_kind, weight_layout
+
+    class MyColwise(ColwiseParallel):
+        pass
+
+    class Unrelated(ParallelStyle):
+        def _apply(self, module, device_mesh):
+            return module
+
+    assert style_facts(MyColwise()).name == "ColwiseParallel"
+    assert is_sharding(MyColwise()) and style_kind(MyColwise()) == "colwise"
+    assert weight_layout(MyColwise(), nn.Embedding(4, 2)) == "Shard(1)"
+    assert weight_layout(MyColwise(), nn.Linear(4, 2)) == "Shard(0)"
+    assert style_facts(Unrelated()) is None and not is_sharding(Unrelated()) and style_kind(Unrelated()) == "other"
+    assert weight_layout(Unrelated(), nn.Linear(4, 2)) is None and weight_layout(None, nn.Linear(4, 2)) == "plain"
+    assert [style_kind(_built(n)) for n in ("PackedRowwiseParallel", "RotaryEmbedParallel", "AllReduceParamGrads")] == [
+        "rowwise", "sequence", "grad_reduce"
+    ]
+
+
+def test_placement_from_text_round_trips_and_refuses_other_text():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from plangen.styles import placement_from_text
+
+    assert placement_from_text("Shard(-1)") == Shard(-1)
+    assert placement_from_text("Replicate()") == Replicate()
+    assert placement_from_text("Partial(sum)") == Partial("sum")
+    with pytest.raises(ValueError, match="not a placement"):
+        placement_from_text("Shard(x)")
+
+
+def test_style_facts_and_static_tables_import_without_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, plangen.style_facts, plangen.check.known_styles; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -4,11 +4,15 @@ Level 1 must not import torch (it is slow and plan files are checked before anyt
 keyword parameters of every style a plan may use are copied here. ``tests/test_check_static.py``
 compares this table with ``inspect.signature`` of the real classes and with
 ``plangen.styles.STYLE_CLASSES``, so a torch upgrade or a new plangen style cannot leave it stale.
+What a style does (where it is imported from, what it produces) is read from
+:mod:`plangen.style_facts`, torch-free as well, instead of being restated here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from plangen.style_facts import STYLE_FACTS, TORCH_STYLES
 
 
 @dataclass(frozen=True)
@@ -87,10 +91,16 @@ class StyleSpec:
         return f"from {self.modules[0]} import {self.name}"
 
 
-TORCH_PARALLEL = "torch.distributed.tensor.parallel"
+TORCH_PARALLEL = TORCH_STYLES
 # plangen.styles imports torch's styles too, so ``from plangen.styles import ColwiseParallel`` works.
 TORCH_STYLE_MODULES = (TORCH_PARALLEL, f"{TORCH_PARALLEL}.style", "plangen.styles")
 PLANGEN_STYLE_MODULES = ("plangen.styles",)
+
+
+def _spec(name: str, params: tuple[StyleParam, ...]) -> StyleSpec:
+    modules = TORCH_STYLE_MODULES if STYLE_FACTS[name].module == TORCH_STYLES else PLANGEN_STYLE_MODULES
+    return StyleSpec(name, params, modules)
+
 
 _LAYOUTS = (
     StyleParam("input_layouts", PLACEMENT_OR_NONE, None),
@@ -111,24 +121,21 @@ _OUTPUT_PREPARATION = (
 STYLES: dict[str, StyleSpec] = {
     spec.name: spec
     for spec in (
-        StyleSpec("ColwiseParallel", _LAYOUTS, TORCH_STYLE_MODULES),
-        StyleSpec("RowwiseParallel", _LAYOUTS, TORCH_STYLE_MODULES),
-        StyleSpec(
+        _spec("ColwiseParallel", _LAYOUTS),
+        _spec("RowwiseParallel", _LAYOUTS),
+        _spec(
             "SequenceParallel",
             (StyleParam("sequence_dim", INT, 1), StyleParam("use_local_output", BOOL, False)),
-            TORCH_STYLE_MODULES,
         ),
-        StyleSpec(
+        _spec(
             "PrepareModuleInput",
             (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False)),
-            TORCH_STYLE_MODULES,
         ),
-        StyleSpec(
+        _spec(
             "PrepareModuleOutput",
             (*_OUTPUT_PREPARATION, StyleParam("use_local_output", BOOL, True)),
-            TORCH_STYLE_MODULES,
         ),
-        StyleSpec(
+        _spec(
             "PrepareModuleInputOutput",
             (
                 *_INPUT_PREPARATION,
@@ -136,40 +143,35 @@ STYLES: dict[str, StyleSpec] = {
                 *_OUTPUT_PREPARATION,
                 StyleParam("use_local_output", BOOL, True),
             ),
-            TORCH_STYLE_MODULES,
         ),
-        StyleSpec(
+        _spec(
             "RotaryEmbedParallel",
             (StyleParam("sequence_dim", INT, 1), StyleParam("use_local_output", BOOL, False)),
-            PLANGEN_STYLE_MODULES,
         ),
-        StyleSpec(
+        _spec(
             "ReplicatedWithGradAllReduce",
             (StyleParam("sequence_dim", INT, 2), StyleParam("use_local_output", BOOL, True)),
-            PLANGEN_STYLE_MODULES,
         ),
-        StyleSpec("AllReduceParamGrads", (), PLANGEN_STYLE_MODULES),
-        StyleSpec("LeaveUnsharded", (), PLANGEN_STYLE_MODULES),
+        _spec("AllReduceParamGrads", ()),
+        _spec("LeaveUnsharded", ()),
         # The layouts are annotated Any there and passed on to ColwiseParallel / RowwiseParallel.
-        StyleSpec(
+        _spec(
             "PackedColwiseParallel",
             (
                 StyleParam("split_factor", INT, 2),
                 StyleParam("input_layouts", PLACEMENT_OR_NONE, None),
                 StyleParam("use_local_output", BOOL, True),
             ),
-            PLANGEN_STYLE_MODULES,
         ),
-        StyleSpec(
+        _spec(
             "PackedRowwiseParallel",
             (
                 StyleParam("split_factor", INT, 2),
                 StyleParam("output_layouts", PLACEMENT_OR_NONE, None),
                 StyleParam("use_local_output", BOOL, True),
             ),
-            PLANGEN_STYLE_MODULES,
         ),
-        StyleSpec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),), PLANGEN_STYLE_MODULES),
+        _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
     )
 }
 
@@ -197,11 +199,7 @@ KNOWN_MODULES = frozenset(
 
 # What a style's module computes before it is redistributed to ``output_layouts``: torch refuses to
 # redistribute to a Partial placement unless the tensor is already in that very placement.
-PRODUCED_OUTPUT: dict[str, str] = {
-    "ColwiseParallel": "Shard(-1)",
-    "RowwiseParallel": "Partial(sum)",
-    "PackedRowwiseParallel": "Partial(sum)",
-}
+PRODUCED_OUTPUT: dict[str, str] = {name: facts.produces for name, facts in STYLE_FACTS.items() if facts.produces}
 
 # Hugging Face ``tp_plan`` strings and the plangen style with the same semantics, as code
 # (``plangen.styles.HF_STYLE_SPECS``; a test builds both and compares them).
