@@ -1,7 +1,11 @@
-"""Render plan data as Python source through jinja2 templates, and refuse what does not parse.
+"""Turn a plan into the text of a plan module (jinja2 templates), and refuse what does not parse.
 
-Two halves, both pure:
+Three parts, all pure:
 
+* plan data: :func:`build_plan_context` turns a :class:`plangen.plan.Plan` into plain template data:
+  entries grouped under :data:`GROUP_TITLES`, every constructor argument written out
+  (:func:`complete_kwargs`), a comment per entry with the modules it matches and their local shard
+  shape at the TP size (:func:`describe_modules`), the modules left replicated on purpose;
 * values: :func:`render_value` writes a keyword argument (placements, tuples, dicts, literals) as
   the Python expression that builds it, and records which placement classes it used, so the
   generated import block names exactly what the file needs;
@@ -9,17 +13,30 @@ Two halves, both pure:
   DIR``), then from the package (``templates/`` in the repository, ``plangen.templates`` once
   installed), with ``StrictUndefined`` so a misspelt variable fails instead of rendering empty.
 
-:func:`check_python` parses the rendered text with libcst; callers write nothing that fails it.
+:func:`render_plan_text` is the three together. :func:`check_python` parses the rendered text with
+libcst; callers write nothing that fails it. What a style does to a weight is read from
+:mod:`plangen.style_facts`, never restated here.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import re
+import shlex
+import textwrap
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from plangen.errors import one_line
+from plangen.plan import GROUPS, Plan, PlanEntry
+from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+    from plangen.models import ResolvedModel
 
 PLAN_TEMPLATE = "plan.py.j2"
 # Comments and imports wrap past LINE_WIDTH; a plan entry stays on one line up to ENTRY_WIDTH, so
@@ -28,8 +45,25 @@ LINE_WIDTH = 120
 ENTRY_WIDTH = 140
 
 
-class RenderError(ValueError):
-    """A value, template or rendered text that cannot become a valid plan module; one line."""
+GROUP_TITLES = {
+    "embeddings": "Embeddings",
+    "attention": "Attention",
+    "mlp": "MLP",
+    "norms": "Norms",
+    "output": "Output head",
+    "other": "Other",
+}
+
+
+class InitError(ValueError):
+    """``plangen init`` cannot do what was asked; the message is one line and says what to do."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+class RenderError(InitError):
+    """A value, template or rendered text that cannot become a valid plan module."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,3 +193,281 @@ def check_python(text: str, what: str = "the rendered plan") -> None:
             f"{what} is not valid Python (line {err.raw_line}, column {err.raw_column}: "
             f"{' '.join(err.message.split())}){shown}; nothing written"
         ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan data -> template data
+
+
+def complete_kwargs(style: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every constructor argument of ``style``, in signature order: the plan's, else the default.
+
+    Placement arguments that torch fills in when None (``ColwiseParallel``'s layouts) are written
+    as the placements torch would use, so the file does not depend on those defaults.
+    """
+    import inspect
+
+    from plangen.styles import STYLE_CLASSES, layout_defaults
+
+    cls = STYLE_CLASSES.get(style)
+    if cls is None:
+        raise RenderError(f"style {style!r} is neither torch's nor plangen's (plangen.styles); cannot write it")
+    effective = layout_defaults(style)
+    parameters = [
+        p
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    unknown = sorted(set(kwargs) - {p.name for p in parameters})
+    if unknown:
+        raise RenderError(f"{style} takes no argument(s) {', '.join(unknown)}")
+    complete: dict[str, Any] = {}
+    for p in parameters:
+        if p.name in kwargs:
+            value = kwargs[p.name]
+        elif p.default is not p.empty:
+            value = p.default
+        else:
+            raise RenderError(f"{style} needs the argument {p.name}, which the plan does not give")
+        if value is None and p.name in effective:
+            value = effective[p.name]
+        complete[p.name] = value
+    return complete
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _module_kind(module: "nn.Module") -> str | None:
+    from torch import nn
+
+    if isinstance(module, nn.Embedding):
+        return EMBEDDING
+    if isinstance(module, nn.Linear):
+        return LINEAR
+    return None
+
+
+def _weight_shape(module: "nn.Module") -> tuple[int, ...] | None:
+    import torch
+
+    weight = getattr(module, "weight", None)
+    return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
+
+
+def _count_by_kind(modules: list["nn.Module"]) -> list[tuple[int, str, tuple[int, ...] | None, str | None]]:
+    """(count, type name, weight shape, kind) per distinct (type, shape), in first-seen order."""
+    counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
+    for module in modules:
+        key = (type(module).__name__, _weight_shape(module), _module_kind(module))
+        counts[key] = counts.get(key, 0) + 1
+    return [(n, name, shape, kind) for (name, shape, kind), n in counts.items()]
+
+
+def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int) -> str:
+    """``16 × Linear [4096, 4096] → local [2048, 4096] at TP=2``, per distinct type and shape.
+
+    ``style`` None: the modules and their weight shapes only.
+    """
+    if not modules:
+        return "matches no module of this model"
+    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules))
+
+
+def _describe_kind(
+    count: int, name: str, shape: tuple[int, ...] | None, kind: str | None, style: str | None, tp_size: int
+) -> str:
+    facts = STYLE_FACTS.get(style) if style is not None else None
+    shards = facts is not None and facts.shards
+    what = f"{count} × {name}"
+    if shape is None:
+        return f"{what} (no weight)" if shards else what
+    what += f" {_shape(shape)}"
+    if facts is None:
+        return what
+    if facts.replicates:
+        return f"{what}, replicated at TP={tp_size}"
+    dim = facts.shard_dim.get(kind) if kind else None
+    if dim is not None and dim < len(shape):
+        local = list(shape)
+        local[dim] = math.ceil(shape[dim] / tp_size)
+        uneven = " (uneven split)" if shape[dim] % tp_size else ""
+        return f"{what} → local {_shape(tuple(local))} at TP={tp_size}{uneven}"
+    if shards:
+        return f"{what} (not an nn.Linear or nn.Embedding: {style} cannot shard it)"
+    return what
+
+
+def _comment_lines(*parts: str, indent: int = 4) -> list[str]:
+    """``parts`` joined by ``; `` as one comment line when it fits :data:`LINE_WIDTH`, else one part a
+    line (each wrapped if it must be); without the ``# `` and the indent."""
+    width = LINE_WIDTH - indent - 2
+    parts = tuple(p for p in parts if p)
+    if len("; ".join(parts)) <= width:
+        return ["; ".join(parts)] if parts else []
+    lines: list[str] = []
+    for part in parts:
+        lines += textwrap.wrap(part, width=width, break_long_words=False, break_on_hyphens=False)
+    return lines
+
+
+class _ModuleIndex:
+    """The named modules of a model, pre-split, for fast pattern matching (torch's fnmatch rule)."""
+
+    def __init__(self, model: "nn.Module") -> None:
+        self.modules = [(name.split("."), module) for name, module in model.named_modules() if name]
+
+    def matching(self, pattern: str) -> list["nn.Module"]:
+        from fnmatch import translate
+
+        atoms = pattern.split(".")
+        regexes = [re.compile(translate(a)) for a in atoms]
+        return [
+            module
+            for parts, module in self.modules
+            if len(parts) == len(atoms) and all(r.match(p) for r, p in zip(regexes, parts))
+        ]
+
+
+def _python_path(path: Path) -> str:
+    """The dotted name a relative ``a/b/c.py`` imports as from the current directory, else the file path."""
+    parts = path.with_suffix("").parts
+    if not path.is_absolute() and path.suffix == ".py" and parts and all(p.isidentifier() for p in parts):
+        return ".".join(parts) + ".custom_parallel_plan"
+    return str(path)
+
+
+def installed_versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from plangen import __version__
+
+    return {"plangen": __version__, "transformers": transformers.__version__, "torch": torch.__version__}
+
+
+def build_plan_context(
+    model: "nn.Module",
+    resolved: "ResolvedModel",
+    plan: Plan,
+    seed: str,
+    *,
+    output: Path,
+    tp_size: int,
+    sequence_parallel: bool,
+    command: str,
+    versions: Mapping[str, str],
+) -> dict[str, Any]:
+    """Plain data for the plan template: header facts, imports, constants, grouped entries."""
+    index = _ModuleIndex(model)
+    placements: set[str] = set()
+    imports: dict[str, set[str]] = {"torch.distributed.tensor.parallel": {"ParallelStyle"}}
+    grouped: dict[str, dict[str, list]] = {g: {"entries": [], "replicated": []} for g in GROUPS}
+
+    for entry in plan.entries:
+        grouped[_group(entry)]["entries"].append(_entry_context(entry, index, tp_size, placements, imports))
+    for kept in plan.replicated:
+        group = grouped[kept.group if kept.group in grouped else "other"]["replicated"]
+        item = {"pattern": render_value(kept.pattern), "description": describe_modules(index.matching(kept.pattern), None, tp_size)}
+        for reason in group:
+            if reason["why"] == kept.why:
+                reason["modules"].append(item)
+                break
+        else:
+            lines = _comment_lines(f"Left replicated on purpose: {kept.why}" if kept.why else "Left replicated on purpose")
+            group.append({"why": kept.why, "why_lines": lines, "modules": [item]})
+
+    if placements:
+        imports["torch.distributed.tensor"] = placements
+    module_order = ["torch.distributed.tensor", "torch.distributed.tensor.parallel", "plangen.styles"]
+    import_blocks = [
+        {"module": module, "names": sorted(imports[module])} for module in module_order if module in imports
+    ]
+    return {
+        "width": LINE_WIDTH,
+        "entry_width": ENTRY_WIDTH,
+        "model": {
+            "spec": resolved.spec,
+            "class_name": type(model).__name__,
+            "name": resolved.name,
+        },
+        "tp_size": tp_size,
+        "sequence_parallel": sequence_parallel,
+        "seed": seed,
+        "command": command,
+        "versions": dict(versions),
+        "plan_path": _python_path(output),
+        "verify_command": shlex.join(["plangen", "verify", str(output)]),
+        "imports": import_blocks,
+        "constants": [
+            {"name": "PLANGEN_MODEL", "value": render_value(resolved.spec)},
+            {"name": "PLANGEN_TP_SIZE", "value": repr(tp_size)},
+            {"name": "PLANGEN_SEQUENCE_PARALLEL", "value": repr(bool(sequence_parallel))},
+        ],
+        "groups": [
+            {"key": g, "title": GROUP_TITLES[g], **grouped[g]}
+            for g in GROUPS
+            if grouped[g]["entries"] or grouped[g]["replicated"]
+        ],
+    }
+
+
+def _group(entry: PlanEntry | Any) -> str:
+    return entry.group if entry.group in GROUPS else "other"
+
+
+def _entry_context(
+    entry: PlanEntry,
+    index: _ModuleIndex,
+    tp_size: int,
+    placements: set[str],
+    imports: dict[str, set[str]],
+) -> dict[str, Any]:
+    kwargs = complete_kwargs(entry.style, entry.kwargs)
+    try:
+        arguments = render_arguments(kwargs, placements)
+    except RenderError as err:
+        raise RenderError(f"{entry.pattern}: {err}") from None
+    imports.setdefault(STYLE_FACTS[entry.style].module, set()).add(entry.style)
+    modules = index.matching(entry.pattern)
+    description = describe_modules(modules, entry.style, tp_size)
+    if entry.style.startswith("PrepareModule") and entry.why:  # no weights: say what it does instead
+        comment_lines = _comment_lines(f"{description}: {entry.why}")
+    else:
+        comment_lines = _comment_lines(description, entry.why)
+    return {
+        "pattern": render_value(entry.pattern),
+        "style": entry.style,
+        "arguments": arguments,
+        "call": f"{entry.style}({', '.join(arguments)})",
+        "comment_lines": comment_lines,
+    }
+
+
+def render_plan_text(
+    model: "nn.Module",
+    resolved: "ResolvedModel",
+    plan: Plan,
+    seed: str,
+    *,
+    output: Path,
+    tp_size: int,
+    sequence_parallel: bool,
+    command: str,
+    versions: Mapping[str, str] | None = None,
+    template_dir: Path | str | None = None,
+) -> str:
+    """The plan module's text for ``plan`` on ``model`` (``versions``: those installed when None)."""
+    context = build_plan_context(
+        model,
+        resolved,
+        plan,
+        seed,
+        output=output,
+        tp_size=tp_size,
+        sequence_parallel=sequence_parallel,
+        command=command,
+        versions=versions if versions is not None else installed_versions(),
+    )
+    return render_template(context, template_dir)

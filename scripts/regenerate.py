@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale files; exit 1 if any")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
-    from plangen.init import write_plan_file
+    from plangen.files import write_plan_file
 
     wanted = targets()
     cache: dict = {}

@@ -17,17 +17,10 @@ from typer.testing import CliRunner
 
 from conftest import DATA
 from plangen.cli import app
-from plangen.init import (
-    InitError,
-    complete_kwargs,
-    describe_modules,
-    init_plan,
-    load_model,
-    render_plan_module,
-    write_plan_file,
-)
+from plangen.files import write_plan_file
+from plangen.init import InitError, init_plan, load_model, render_plan_module
 from plangen.plan_source import load_custom_plan
-from plangen.render import ENTRY_WIDTH, LINE_WIDTH, package_template_dir, render_value
+from plangen.render import ENTRY_WIDTH, LINE_WIDTH, complete_kwargs, describe_modules, package_template_dir, render_value
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_405B = DATA / "model-configs" / "llama-3.1-405b.json"

@@ -1,0 +1,132 @@
+"""Write a generated file safely: parsed first, never half-written, never silently replacing one.
+
+:func:`write_plan_file` is how ``plangen init`` (and ``scripts/regenerate.py``) put a rendered plan
+on disk. The text goes to a temporary file in the target directory, is synced, and only then takes
+the target's name (``os.replace`` over an old file, ``os.link`` for a new one, so a file that
+appears meanwhile is not overwritten). A replaced file's content is kept beside it as
+``<name>.bak``; a new file gets the permissions the umask allows, a replaced one keeps its own.
+Every failure is a one-line :class:`plangen.render.InitError`, and leaves no temporary file and no
+directory this call created.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from plangen.render import InitError, check_python
+
+
+@dataclass(frozen=True)
+class WriteOutcome:
+    path: Path
+    backup: Path | None = None
+    unchanged: bool = False
+
+
+def write_plan_file(path: Path | str, text: str, *, force: bool = False) -> WriteOutcome:
+    """Write ``text`` to ``path`` atomically, after checking that it parses as Python.
+
+    An existing file is replaced only with ``force``, and its previous content is kept beside it
+    as ``<name>.bak``; a file already holding ``text`` is left alone. Nothing is written when the
+    text does not parse or any step fails.
+    """
+    path = Path(path)
+    check_python(text, f"the rendered plan for {path}")
+    if path.is_dir():
+        raise InitError(f"{path} is a directory; pass a .py file path with -o")
+    data = text.encode("utf-8")
+    exists = path.exists()
+    if exists:
+        try:
+            if path.read_bytes() == data:
+                return WriteOutcome(path, unchanged=True)
+        except OSError as err:
+            raise InitError(f"cannot read the existing {path}: {err.strerror or err}") from None
+        if not force:
+            raise InitError(f"{path} already exists; pass --force to replace it (the old file is kept as {backup_path(path)})")
+
+    created = _make_parents(path.parent)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        backup = None
+        if exists:
+            os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+            backup = backup_path(path)
+            _copy_atomically(path, backup)
+            os.replace(tmp, path)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+            try:
+                os.link(tmp, path)  # fails if a file appeared meanwhile: never replace one silently
+            except FileExistsError:
+                raise InitError(f"{path} appeared while writing; pass --force to replace it") from None
+            os.unlink(tmp)
+        tmp = None
+        return WriteOutcome(path, backup=backup)
+    except OSError as err:
+        raise InitError(f"cannot write {path}: {err.strerror or err}") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if not path.exists():
+            for directory in reversed(created):
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+
+
+def backup_path(path: Path) -> Path:
+    """Where a replaced ``path`` is kept: ``<name>.bak`` beside it."""
+    return path.with_name(path.name + ".bak")
+
+
+def _copy_atomically(src: Path, dst: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(src.read_bytes())
+        os.chmod(tmp, stat.S_IMODE(src.stat().st_mode))
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Create missing parent directories; return the ones created (outermost first)."""
+    missing = []
+    current = directory
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    created = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except OSError as err:
+            for c in reversed(created):
+                try:
+                    c.rmdir()
+                except OSError:
+                    pass
+            raise InitError(f"cannot create {d}: {err.strerror or err}") from None
+        created.append(d)
+    return created
+
+
+def _umask() -> int:
+    # Reading the umask means setting it: put it straight back.
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
