@@ -23,13 +23,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import re
 import shlex
 import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from plangen.errors import one_line
+from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
 from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS
 
@@ -312,24 +312,6 @@ def _comment_lines(*parts: str, indent: int = 4) -> list[str]:
     return lines
 
 
-class _ModuleIndex:
-    """The named modules of a model, pre-split, for fast pattern matching (torch's fnmatch rule)."""
-
-    def __init__(self, model: "nn.Module") -> None:
-        self.modules = [(name.split("."), module) for name, module in model.named_modules() if name]
-
-    def matching(self, pattern: str) -> list["nn.Module"]:
-        from fnmatch import translate
-
-        atoms = pattern.split(".")
-        regexes = [re.compile(translate(a)) for a in atoms]
-        return [
-            module
-            for parts, module in self.modules
-            if len(parts) == len(atoms) and all(r.match(p) for r, p in zip(regexes, parts))
-        ]
-
-
 def _python_path(path: Path) -> str:
     """The dotted name a relative ``a/b/c.py`` imports as from the current directory, else the file path."""
     parts = path.with_suffix("").parts
@@ -360,7 +342,7 @@ def build_plan_context(
     versions: Mapping[str, str],
 ) -> dict[str, Any]:
     """Plain data for the plan template: header facts, imports, constants, grouped entries."""
-    index = _ModuleIndex(model)
+    index = ModuleIndex(model)
     placements: set[str] = set()
     imports: dict[str, set[str]] = {"torch.distributed.tensor.parallel": {"ParallelStyle"}}
     grouped: dict[str, dict[str, list]] = {g: {"entries": [], "replicated": []} for g in GROUPS}
@@ -419,7 +401,7 @@ def _group(entry: PlanEntry | Any) -> str:
 
 def _entry_context(
     entry: PlanEntry,
-    index: _ModuleIndex,
+    index: ModuleIndex,
     tp_size: int,
     placements: set[str],
     imports: dict[str, set[str]],
