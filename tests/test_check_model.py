@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from plangen.check import VerifyOptions, VerifyUsageError, verify_plan_files
-from plangen.check.diagnostics import CODES
-from plangen.check.rules_model import MODEL_RULES
+from plangen.check.codes import CODES
+from plangen.check.model import MODEL_RULES
 from plangen.check.static import read_plan_metadata
 from plangen.cli import app
 
@@ -63,6 +63,7 @@ def test_every_level2_code_has_a_rule_and_positions():
 def test_wrong_example_has_exactly_its_code_there(code, tmp_path):
     report = _verify(tmp_path, CODES[code].wrong)
     assert _found(report) == [(code, line, col) for line, col in WRONG_AT[code]], report.diagnostics
+    assert {d.severity for d in report.diagnostics} == {CODES[code].severity}  # the rule's own
 
 
 @pytest.mark.parametrize("code", LEVEL2_CODES)

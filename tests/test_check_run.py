@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plangen.check import VerifyOptions, verify_plan_files
-from plangen.check.diagnostics import CODES
+from plangen.check.codes import CODES
 from plangen.cli import app
 
 pytestmark = pytest.mark.distributed

@@ -21,19 +21,19 @@ import pytest
 from typer.testing import CliRunner
 
 from plangen.check import known_styles as known
+from plangen.check.codes import CODES, build_codes, render_diagnostics_doc
 from plangen.check.diagnostics import (
-    CODES,
     Diagnostic,
     OutputFormat,
     drop_ignored,
     parse_ignore_comment,
     render,
-    render_diagnostics_doc,
     render_github,
     render_json,
     render_text,
 )
-from plangen.check.plan_file import DTENSOR_IMPORT, TP_IMPORT, plan_source
+from plangen.check.plan_file import plan_source
+from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT, CodeInfo, Rule
 from plangen.check.static import (
     RULES,
     check_static,
@@ -149,10 +149,67 @@ def test_registry_wrong_example_has_its_code_and_right_one_none(code):
 def test_committed_doc_is_the_generated_one():
     committed = (ROOT / "docs" / "diagnostics.md").read_text(encoding="utf-8")
     assert committed == render_diagnostics_doc(), (
-        "docs/diagnostics.md is stale: python -m plangen.check.diagnostics > docs/diagnostics.md"
+        "docs/diagnostics.md is stale: python -m plangen.check.codes > docs/diagnostics.md"
     )
     for code in CODES:
         assert f"## {code}" in committed
+
+
+def _rule_classes() -> list[type[Rule]]:
+    """Every class under :class:`Rule` in plangen that declares a code of its own."""
+    found, todo = [], [Rule]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if "code" in vars(sub) and sub.__module__.startswith("plangen."):
+                found.append(sub)
+    return found
+
+
+# Where each level's stories are declared: beside the code that emits them.
+RULE_MODULES = {
+    "PG0": {"plangen.check.rules_structure"},
+    "PG1": {"plangen.check.rules_styles", "plangen.check.rules_placements"},
+    "PG2": {"plangen.check.model", "plangen.check.rules_model", "plangen.check.rules_model_regions"},
+    "PG3": {"plangen.check.rules_run"},
+}
+
+
+def test_every_registered_code_has_exactly_one_rule_owning_it():
+    owners: dict[str, list[type[Rule]]] = {}
+    for rule in _rule_classes():
+        owners.setdefault(rule.code, []).append(rule)
+    assert sorted(owners) == sorted(CODES)
+    for code, rules in owners.items():
+        assert len(rules) == 1, (code, rules)
+        assert CODES[code] == rules[0].info()
+        assert rules[0].__module__ in RULE_MODULES[code[:3]], (code, rules[0].__module__)
+        assert rules[0].wrong.endswith("\n") and not rules[0].wrong.endswith("\n\n")
+
+
+def test_a_code_declared_twice_is_refused():
+    rule = type(RULES[0])
+    twin = type("Twin", (Rule,), {"code": rule.code, "title": "t", "explanation": "e", "wrong": "w", "right": "r"})
+    twin.__module__ = "tests.twin"  # not one of plangen's: _rule_classes() skips it
+    with pytest.raises(ValueError, match=rule.code):
+        build_codes((rule, twin))
+
+
+def test_doc_is_generated_from_the_rules():
+    doc = render_diagnostics_doc()
+    for rule in _rule_classes():
+        severity = " (warning)" if rule.severity == "warning" else ""
+        assert f"## {rule.code}\n\n**{rule.title}{severity}.** {rule.explanation}\n" in doc
+        assert f"```python\n{rule.wrong}```" in doc and f"```python\n{rule.right}```" in doc
+    story = type(RULES[0]).info()
+    changed = {story.code: CodeInfo(story.code, "a new title", "A new story.", "w\n", "r\n")}
+    assert "**a new title.** A new story." in render_diagnostics_doc(changed)
+
+
+@pytest.mark.parametrize("code", STATIC_CODES)
+def test_findings_carry_their_rules_severity(code):
+    (found,) = check_static_source(CODES[code].wrong, "wrong.py")
+    assert found.severity == CODES[code].severity
 
 
 # --- the examples' claims against real torch ----------------------------------------------------

@@ -9,7 +9,9 @@ finding sits on the key (or value) it concerns; a key built at run time (an f-st
 has no position of its own and is reported on the plan's opening line.
 
 The model is built on the meta device (no weights, no memory), once per model spec in a process.
-The rules live in :mod:`plangen.check.rules_model`.
+What the rules read is in :mod:`plangen.check.model_plan`; the rules, each with its code's story,
+in :mod:`plangen.check.rules_model` and :mod:`plangen.check.rules_model_regions`; PG201's story is
+declared here, where it is emitted.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ import re
 import sys
 import traceback
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import libcst as cst
 
 from plangen.check.diagnostics import Diagnostic, drop_ignored
+from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
 from plangen.check.plan_file import PlanFile, find_comments, string_value
+from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
+from plangen.check.rules_model import SHAPE_RULES
+from plangen.check.rules_model_regions import REGION_RULES
 from plangen.check.static import decode_source
 from plangen.errors import one_line
 
@@ -35,16 +40,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from plangen.models import ResolvedModel
-
-
-@dataclass(frozen=True)
-class ModelFinding:
-    """What a level-2 rule reports: a code, a message, and the plan key it concerns (None: the plan)."""
-
-    code: str
-    message: str
-    key: str | None = None
-    at: Literal["key", "value"] = "key"
 
 
 # --- positions from the parse -------------------------------------------------------------------
@@ -94,7 +89,7 @@ def read_plan_positions(source: str) -> PlanPositions:
     return positions
 
 
-# --- the model and the plan, as the rules see them ---------------------------------------------
+# --- the model ---------------------------------------------------------------------------------
 
 _MODELS: dict[str, tuple["ResolvedModel", "nn.Module"]] = {}
 
@@ -110,87 +105,14 @@ def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
     return _MODELS[spec]
 
 
-def generalize(path: str) -> str:
-    """``model.layers.3.mlp`` → ``model.layers.*.mlp``: one pattern for every repeat of a module."""
-    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+# --- the rules ---------------------------------------------------------------------------------
+
+MODEL_RULES: dict[str, ModelRule] = {rule.code: rule for rule in (*SHAPE_RULES, *REGION_RULES)}
 
 
-def parent_path(path: str) -> str:
-    return path.rpartition(".")[0]
-
-
-@dataclass
-class ModelPlan:
-    """A loaded plan against a meta model: what every level-2 rule reads.
-
-    ``styles`` are the plan's styles after the runtime's tied-embedding resolution (what
-    ``parallelize_model`` applies); ``written`` the keys as the file wrote them.
-    """
-
-    model: "nn.Module"
-    tp_size: int
-    sequence_parallel: bool | None  # None: not declared; the rules infer it from the plan
-    written: Mapping[str, "ParallelStyle"]
-    styles: Mapping[str, "ParallelStyle"]
-    replicated_on_purpose: list[str] = field(default_factory=list)
-
-    @cached_property
-    def modules(self) -> dict[str, "nn.Module"]:
-        return {name: module for name, module in self.model.named_modules() if name}
-
-    @cached_property
-    def matches(self) -> dict[str, list[str]]:
-        """Key → the module paths it selects (torch's rule: per dotted segment, fnmatch)."""
-        from plangen.matching import key_matches
-
-        by_depth: dict[int, list[str]] = {}
-        for name in self.modules:
-            by_depth.setdefault(name.count("."), []).append(name)
-        return {
-            key: [name for name in by_depth.get(key.count("."), ()) if key_matches(key, name)] for key in self.styles
-        }
-
-    @cached_property
-    def covering(self) -> dict[str, str]:
-        """Module path → the key whose style it gets (the last matching key, as the runtime decides)."""
-        found: dict[str, str] = {}
-        for key, names in self.matches.items():
-            for name in names:
-                found[name] = key
-        return found
-
-    def style_of(self, path: str) -> "ParallelStyle | None":
-        key = self.covering.get(path)
-        return None if key is None else self.styles[key]
-
-    @cached_property
-    def sharded(self) -> set[str]:
-        """Paths of the modules whose weights a column- or row-parallel style shards."""
-        from plangen.check.rules_model import is_sharding
-
-        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])}
-
-    @cached_property
-    def styles_below(self) -> dict[str, set[str]]:
-        """Module path → the kinds (``colwise``, ``rowwise``, ``gather_output``...) of the styles
-        on the modules under it, so "is anything under this block row-parallel" is one lookup."""
-        from plangen.check.rules_model import style_kind
-
-        below: dict[str, set[str]] = {}
-        for path, key in self.covering.items():
-            kind = style_kind(self.styles[key])
-            parts = path.split(".")
-            for cut in range(len(parts) - 1, 0, -1):
-                below.setdefault(".".join(parts[:cut]), set()).add(kind)
-        return below
-
-    @cached_property
-    def config(self) -> Any:
-        return getattr(self.model, "config", None)
-
-    @property
-    def model_name(self) -> str:
-        return type(self.model).__name__
+def check_rules(plan: ModelPlan) -> Iterator[ModelFinding]:
+    for rule in MODEL_RULES.values():
+        yield from rule.check(plan)
 
 
 # --- the runner ---------------------------------------------------------------------------------
@@ -202,6 +124,28 @@ class PlanLoadFailure(Exception):
     def __init__(self, message: str, position: tuple[int, int] | None) -> None:
         super().__init__(message)
         self.position = position
+
+
+class PlanLoadFailureRule(ModelRule):
+    """Emitted by :func:`check_model` when :func:`load_plan_styles` fails, before any rule runs."""
+
+    code = "PG201"
+    title = "plan file cannot be loaded"
+    explanation = (
+        "Level 2 imports the plan file as the runtime will (`plangen.plan_source.load_custom_plan`)."
+        " Importing it raised: a module the file imports is missing where verify (and training) runs, its"
+        " top level raises, or `custom_parallel_plan()` does. The finding sits on the line that raised."
+    )
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\nfrom my_plans import EXTRA\n\n"
+        'PLANGEN_MODEL = "llama"\n'
+        'custom_parallel_plan = {"lm_head": ColwiseParallel(output_layouts=Replicate()), **EXTRA}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\n"
+        'PLANGEN_MODEL = "llama"\n'
+        'custom_parallel_plan = {"lm_head": ColwiseParallel(output_layouts=Replicate())}'
+    )
 
 
 def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
@@ -239,8 +183,6 @@ def check_model(
     Raises :class:`plangen.models.ModelSpecError` when the spec names no model, OSError when the
     file cannot be read.
     """
-    from plangen.check.rules_model import LOAD_FAILURE_CODE, check_rules
-
     source = decode_source(Path(path).read_bytes())
     positions = read_plan_positions(source)
     _, model = load_meta_model(model_spec)
@@ -249,7 +191,8 @@ def check_model(
     except PlanLoadFailure as failure:
         line, col = failure.position or positions.plan
         message = f"the plan file cannot be loaded: {failure}"
-        return drop_ignored([Diagnostic(str(path), line, col, LOAD_FAILURE_CODE, message)], positions.ignores)
+        rule = PlanLoadFailureRule
+        return drop_ignored([Diagnostic(str(path), line, col, rule.code, message, rule.severity)], positions.ignores)
     plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose)
     return diagnostics_for(str(path), check_rules(plan), positions)
 
@@ -268,5 +211,5 @@ def build_model_plan(
 
 
 def diagnostics_for(path: str, findings: Iterator[ModelFinding], positions: PlanPositions) -> list[Diagnostic]:
-    diagnostics = {Diagnostic(path, *positions.of(f), f.code, f.message) for f in findings}
+    diagnostics = {Diagnostic(path, *positions.of(f), f.code, f.message, f.severity) for f in findings}
     return sorted(drop_ignored(diagnostics, positions.ignores))

@@ -1,4 +1,4 @@
-"""The parsed plan file that level-1 rules inspect, and the rule base class.
+"""The parsed plan file that level-1 rules inspect, and their base class.
 
 :class:`PlanFile` finds the module-level ``custom_parallel_plan`` (a dict literal, or a function
 returning one), its entries, and resolves names through the file's own imports, so ``CP()`` after
@@ -21,6 +21,7 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from plangen.check import known_styles as known
 from plangen.check.diagnostics import parse_ignore_comment
+from plangen.check.rule import Rule
 
 PLAN_NAME = "custom_parallel_plan"
 
@@ -512,12 +513,11 @@ class Invalid:
     contains: str = ""
 
 
-class Rule:
-    """One check: its code (registered in :data:`plangen.check.diagnostics.CODES`), its message
-    template, and example files: every ``VALID`` one yields no finding at all, every ``INVALID`` one
-    exactly this rule's finding at the given position (the tests run them all)."""
+class StaticRule(Rule):
+    """A level-1 rule: its story (:class:`plangen.check.rule.Rule`), its message template, its check
+    of the parsed file, and example files of its own: every ``VALID`` one yields no finding at all,
+    every ``INVALID`` one exactly this rule's finding at the given position (the tests run them all)."""
 
-    code: ClassVar[str]
     message: ClassVar[str]
     VALID: ClassVar[tuple[str, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()
@@ -543,6 +543,3 @@ def plan_source(value: str, *imports: str) -> str:
     header = "\n".join(f"{line} {', '.join(names)}" if names else line for line, names in lines.items())
     return f'{header}\n\ncustom_parallel_plan = {{"lm_head": {value}}}\n'
 
-
-TP_IMPORT = "from torch.distributed.tensor.parallel import"
-DTENSOR_IMPORT = "from torch.distributed.tensor import"

@@ -1,5 +1,6 @@
 """Level-1 rules about the file's structure (PG0xx): it parses, defines ``custom_parallel_plan``
-as a dict (or a function returning one), and its keys are distinct strings."""
+as a dict (or a function returning one), and its keys are distinct strings. Each rule carries its
+story (title, explanation, wrong and right files) beside its check."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import libcst as cst
 
 from plangen.check.diagnostics import Diagnostic
 from plangen.check.plan_file import (
-    TP_IMPORT,
     Finding,
     Invalid,
     PlanFile,
-    Rule,
+    StaticRule,
     collect_returns,
     is_name,
     string_value,
 )
+from plangen.check.rule import TP_IMPORT
 
 _NOT_A_DICT_NODES = (
     cst.Integer,
@@ -41,10 +42,14 @@ def _not_a_dict(node: cst.BaseExpression) -> bool:
     return isinstance(node, _NOT_A_DICT_NODES) or is_name(node, "None", "True", "False")
 
 
-class SyntaxErrorRule(Rule):
+class SyntaxErrorRule(StaticRule):
     """Not run on a tree: :func:`check_syntax` runs it before parsing with libcst."""
 
     code = "PG001"
+    title = "syntax error"
+    explanation = "The file is not valid Python; nothing else can be checked until it parses."
+    wrong = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{"lm_head": ColwiseParallel(}}'
+    right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
     message = "syntax error: {error}"
     VALID = ("custom_parallel_plan = (\n    {}\n)\n",)
     INVALID = (
@@ -66,14 +71,23 @@ def check_syntax(source: str, path: str) -> Diagnostic | None:
             compile(source, path, "exec", dont_inherit=True)
     except SyntaxError as error:
         message = SyntaxErrorRule.message.format(error=error.msg)
-        return Diagnostic(path, error.lineno or 1, error.offset or 1, SyntaxErrorRule.code, message)
+        line, col = error.lineno or 1, error.offset or 1
+        return Diagnostic(path, line, col, SyntaxErrorRule.code, message, SyntaxErrorRule.severity)
     except ValueError as error:  # null bytes
-        return Diagnostic(path, 1, 1, SyntaxErrorRule.code, SyntaxErrorRule.message.format(error=error))
+        message = SyntaxErrorRule.message.format(error=error)
+        return Diagnostic(path, 1, 1, SyntaxErrorRule.code, message, SyntaxErrorRule.severity)
     return None
 
 
-class MissingPlanRule(Rule):
+class MissingPlanRule(StaticRule):
     code = "PG002"
+    title = "no custom_parallel_plan"
+    explanation = (
+        "A plan file defines `custom_parallel_plan` at module level: a dict literal, or a function"
+        " without required arguments that returns one."
+    )
+    wrong = f'{TP_IMPORT} ColwiseParallel\nplan = {{"lm_head": ColwiseParallel()}}'
+    right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
     message = "no module-level `custom_parallel_plan`: assign a dict or define a function returning one"
     VALID = (
         "custom_parallel_plan = {}\n",
@@ -95,8 +109,14 @@ class MissingPlanRule(Rule):
             yield None, self.message
 
 
-class PlanFunctionArgumentsRule(Rule):
+class PlanFunctionArgumentsRule(StaticRule):
     code = "PG003"
+    title = "plan function takes required arguments"
+    explanation = "`custom_parallel_plan()` is called without arguments, so every parameter needs a default."
+    wrong = (
+        f'{TP_IMPORT} ColwiseParallel\n\n\ndef custom_parallel_plan(model):\n    return {{"lm_head": ColwiseParallel()}}'
+    )
+    right = f'{TP_IMPORT} ColwiseParallel\n\n\ndef custom_parallel_plan():\n    return {{"lm_head": ColwiseParallel()}}'
     message = "`custom_parallel_plan()` is called without arguments, but `{name}` has no default"
     VALID = (
         "def custom_parallel_plan(model=None, *args, **kwargs):\n    return {}\n",
@@ -116,8 +136,15 @@ class PlanFunctionArgumentsRule(Rule):
                     break
 
 
-class PlanNotADictRule(Rule):
+class PlanNotADictRule(StaticRule):
     code = "PG004"
+    title = "plan is not a dict"
+    explanation = (
+        "`custom_parallel_plan` must be (or return) a dict from module patterns to styles; this"
+        " value is certainly something else."
+    )
+    wrong = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = [("lm_head", ColwiseParallel())]'
+    right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
     message = "`custom_parallel_plan` must be a dict of pattern → style, not {what}"
     VALID = (
         "custom_parallel_plan = {}\n",
@@ -157,8 +184,15 @@ def _describe_literal(node: cst.BaseExpression) -> str:
     return names.get(kind, f"a {kind.lower()} literal")
 
 
-class KeyNotAStringRule(Rule):
+class KeyNotAStringRule(StaticRule):
     code = "PG005"
+    title = "key is not a string"
+    explanation = (
+        "Keys are module name patterns such as `\"model.layers.*.mlp.up_proj\"`; a number, tuple or"
+        " bytes key can never match a module."
+    )
+    wrong = f"{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{0: ColwiseParallel()}}"
+    right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{"model.layers.0.mlp.up_proj": ColwiseParallel()}}'
     message = "plan keys are module name patterns (str), not {what}"
     VALID = (
         f"{TP_IMPORT} ColwiseParallel as C\nPATTERN, BASE = 'b', {{}}\n"
@@ -181,8 +215,17 @@ class KeyNotAStringRule(Rule):
                 yield entry.key, self.message.format(what=value.describe(plan.code(entry.key)))
 
 
-class DuplicateKeyRule(Rule):
+class DuplicateKeyRule(StaticRule):
     code = "PG006"
+    title = "duplicate key"
+    explanation = (
+        "A dict literal keeps only the last value for a repeated key, so the earlier entry is"
+        " silently lost."
+    )
+    wrong = (
+        f'{TP_IMPORT} ColwiseParallel, RowwiseParallel\ncustom_parallel_plan = {{\n    "lm_head": ColwiseParallel(),\n    "lm_head": RowwiseParallel(),\n}}'
+    )
+    right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n    "lm_head": ColwiseParallel(),\n}}'
     message = "duplicate key {key!r} (first at line {line}): the dict keeps only the last value"
     VALID = (f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a': C(), 'b': C()}}\n",)
     INVALID = (
@@ -213,7 +256,7 @@ class DuplicateKeyRule(Rule):
                     first_seen[key] = element.key
 
 
-STRUCTURE_RULES: tuple[Rule, ...] = (
+STRUCTURE_RULES: tuple[StaticRule, ...] = (
     SyntaxErrorRule(),
     MissingPlanRule(),
     PlanFunctionArgumentsRule(),

@@ -29,8 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from plangen.check.model import ModelFinding, generalize, parent_path
+from plangen.check.model_plan import ModelFinding, parent_path
+from plangen.check.rules_run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
 from plangen.errors import one_line
+from plangen.module_tree import generalize
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -118,7 +120,7 @@ def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str,
 def _matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str, Any]:
     """The keys that select a module of this model: a shrunk model has fewer layers, so a key
     naming layer 31 selects nothing in it (level 2 checked every key against the real model)."""
-    from plangen.matching import find_unmatched_keys
+    from plangen.module_tree import find_unmatched_keys
 
     unmatched = set(find_unmatched_keys(model, styles))
     return {key: style for key, style in styles.items() if key not in unmatched}
@@ -126,7 +128,7 @@ def _matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str,
 
 def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
     """The plan key that governs ``path``: its own, else its nearest ancestor's, else a descendant's."""
-    from plangen.matching import key_matches
+    from plangen.module_tree import key_matches
 
     probe = path
     while probe:
@@ -186,7 +188,7 @@ def _first_failing_key(case: Mapping[str, Any], tp_size: int, mesh) -> str | Non
     """Apply the plan key by key to a fresh model: the first key that raises is the culprit."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.parallelize import resolve_tied_styles
+    from plangen.plan_checks import resolve_tied_styles
 
     model, styles = _build_case(case, tp_size)
     for key, style in resolve_tied_styles(model, styles).items():
@@ -493,7 +495,7 @@ def _collect(
         result = results.get(index)
         if index in errors:
             where = f"TP={target.tp_size}, fake process group" if stage == "shapes" else "TP=2, gloo"
-            outcome.findings[target.path].append(ModelFinding("PG303", f"the run ({stage}, {where}) ended: {errors[index]}"))
+            outcome.findings[target.path].append(RunFailedRule.finding(f"the run ({stage}, {where}) ended: {errors[index]}"))
             continue
         if result is None:
             outcome.notes.append(f"{target.path}: {stage} not checked: --timeout reached first")
@@ -515,13 +517,13 @@ def _finding(stage: str, target: RunTarget, result: dict[str, Any]) -> ModelFind
     if "error" in result:
         where = f" in `{result['module']}`" if result.get("module") else ""
         what = {"load": "loading the plan", "apply": "applying the plan"}.get(result["stage"], result["stage"])
-        code = "PG301" if stage == "shapes" else "PG303"
-        return ModelFinding(code, f"at TP={tp}, {what} fails{where}: {result['error']}", key)
+        rule = FailsAtTpSizeRule if stage == "shapes" else RunFailedRule
+        return rule.finding(f"at TP={tp}, {what} fails{where}: {result['error']}", key)
     if result["missing"]:
-        return ModelFinding("PG301", f"at TP={tp}, `{result['missing'][0]}` gets no gradient", key)
+        return FailsAtTpSizeRule.finding(f"at TP={tp}, `{result['missing'][0]}` gets no gradient", key)
     if result["shapes"]:
         name, (got, want) = next(iter(result["shapes"].items()))
-        return ModelFinding("PG301", f"at TP={tp}, the gradient of `{name}` has shape {got}, not {want}", key)
+        return FailsAtTpSizeRule.finding(f"at TP={tp}, the gradient of `{name}` has shape {got}, not {want}", key)
     if stage == "shapes":
         return None
     logits, first = result["logits"], result["first_differing"]
@@ -530,6 +532,6 @@ def _finding(stage: str, target: RunTarget, result: dict[str, Any]) -> ModelFind
     parts = [] if logits <= TOLERANCE else [f"logits differ by {logits:.1e}"]
     if first is not None:
         parts.append(f"the first gradient that differs is `{first}`'s, by {result['difference']:.1e}")
-    return ModelFinding(
-        "PG302", f"at TP=2 against the unsharded model (tolerance {TOLERANCE:g}): {'; '.join(parts)}", key
+    return DiffersFromUnshardedRule.finding(
+        f"at TP=2 against the unsharded model (tolerance {TOLERANCE:g}): {'; '.join(parts)}", key
     )

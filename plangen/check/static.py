@@ -3,8 +3,9 @@
 The file is compiled (to get Python's own syntax errors) and parsed with libcst, never executed: a
 plan whose top level writes files or raises is checked safely, and torch is not imported, so the
 check is fast enough for editors, pre-commit hooks and CI. Rules live in
-:mod:`plangen.check.rules_structure` (PG0xx) and :mod:`plangen.check.rules_styles` (PG1xx), in the
-style of Fixit: each with its code, message and valid/invalid examples.
+:mod:`plangen.check.rules_structure` (PG0xx), :mod:`plangen.check.rules_styles` and
+:mod:`plangen.check.rules_placements` (PG1xx), in the style of Fixit: each a class with its code,
+story, message, check and valid/invalid examples.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any
 import libcst as cst
 
 from plangen.check.diagnostics import Diagnostic, drop_ignored
-from plangen.check.plan_file import PlanFile, Rule
+from plangen.check.plan_file import PlanFile, StaticRule
+from plangen.check.rules_placements import PLACEMENT_RULES
 from plangen.check.rules_structure import STRUCTURE_RULES, SyntaxErrorRule, check_syntax
 from plangen.check.rules_styles import STYLE_RULES
 
-RULES: tuple[Rule, ...] = (*STRUCTURE_RULES, *STYLE_RULES)
+RULES: tuple[StaticRule, ...] = (*STRUCTURE_RULES, *STYLE_RULES, *PLACEMENT_RULES)
 
 
 def decode_source(data: bytes) -> str:
@@ -35,7 +37,8 @@ def check_static_source(source: str | bytes, path: str = "<plan>") -> list[Diagn
         try:
             source = decode_source(source)
         except (UnicodeDecodeError, SyntaxError) as error:
-            return [Diagnostic(path, 1, 1, SyntaxErrorRule.code, f"syntax error: cannot decode the file: {error}")]
+            message = f"syntax error: cannot decode the file: {error}"
+            return [Diagnostic(path, 1, 1, SyntaxErrorRule.code, message, SyntaxErrorRule.severity)]
     syntax_error = check_syntax(source, path)
     if syntax_error is not None:
         return [syntax_error]
@@ -49,13 +52,16 @@ def check_static_source(source: str | bytes, path: str = "<plan>") -> list[Diagn
                 error.editor_column,
                 SyntaxErrorRule.code,
                 f"libcst cannot parse the file: {error.message}",
+                SyntaxErrorRule.severity,
             )
         ]
     plan = PlanFile(module)
-    findings = [(rule.code, node, message) for rule in RULES for node, message in rule.check(plan)]
+    findings = [(rule, node, message) for rule in RULES for node, message in rule.check(plan)]
     if not findings:
         return []
-    diagnostics = [Diagnostic(path, *plan.position(node), code, message) for code, node, message in findings]
+    diagnostics = [
+        Diagnostic(path, *plan.position(node), rule.code, message, rule.severity) for rule, node, message in findings
+    ]
     return sorted(set(drop_ignored(diagnostics, plan.ignore_comments())))
 
 

@@ -1,0 +1,107 @@
+"""The registry of diagnostic codes, collected from the rules that emit them, and its docs.
+
+Each code's story (title, explanation, wrong and right examples, severity) is declared on its rule
+class, beside the code that emits it (:class:`plangen.check.rule.Rule`): level 1 in
+:mod:`plangen.check.rules_structure`, :mod:`plangen.check.rules_styles` and
+:mod:`plangen.check.rules_placements`; level 2 in :mod:`plangen.check.rules_model` and
+:mod:`plangen.check.rules_model_regions`, the loader's PG201 in :mod:`plangen.check.model`; level 3 in
+:mod:`plangen.check.rules_run`. This module only collects them: :data:`CODES` and
+``docs/diagnostics.md`` (``python -m plangen.check.codes > docs/diagnostics.md``; a test keeps the
+committed file equal to it).
+
+Importing this module imports the level-2 rules, hence torch: the CLI never does (findings carry
+their severity from the rule that emitted them).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from plangen.check.model import MODEL_RULES, PlanLoadFailureRule
+from plangen.check.rule import CodeInfo, Rule
+from plangen.check.rules_run import RUN_RULES
+from plangen.check.static import RULES as STATIC_RULES
+
+RULE_CLASSES: tuple[type[Rule], ...] = (
+    *(type(rule) for rule in STATIC_RULES),
+    PlanLoadFailureRule,
+    *(type(rule) for rule in MODEL_RULES.values()),
+    *RUN_RULES,
+)
+
+
+def build_codes(rules: tuple[type[Rule], ...] = RULE_CLASSES) -> dict[str, CodeInfo]:
+    """Code -> story, in code order; a code owned by two rules is a programming error."""
+    codes: dict[str, CodeInfo] = {}
+    for rule in sorted(rules, key=lambda r: r.code):
+        if rule.code in codes:
+            raise ValueError(f"{rule.code} is declared by two rules")
+        codes[rule.code] = rule.info()
+    return codes
+
+
+CODES: dict[str, CodeInfo] = build_codes()
+
+
+def severity_of(code: str) -> str:
+    info = CODES.get(code)
+    return info.severity if info is not None else "error"
+
+
+def render_diagnostics_doc(codes: Mapping[str, CodeInfo] | None = None) -> str:
+    """The text of ``docs/diagnostics.md``: every code's story, from its rule."""
+    codes = CODES if codes is None else codes
+    lines = [
+        "# plangen diagnostics",
+        "",
+        "<!-- Generated from the rules in plangen/check/ by"
+        " `python -m plangen.check.codes > docs/diagnostics.md`; do not edit by hand. -->",
+        "",
+        "`plangen verify` reports findings as `path:line:col: CODE message`. Codes are stable and never"
+        " reused: PG0xx concern the file's structure and PG1xx the styles and their arguments (level 1,"
+        " read from the source, never run); PG2xx the plan against its model on the meta device (level 2,"
+        " the default with level 1: the file is imported as the runtime imports it, its prints go to"
+        " stderr); PG3xx the plan run on CPU (level 3, `--run`). A level runs on a file only when the"
+        " levels before it found no error there.",
+        "",
+        "Examples of levels 2 and 3 name their model as generated files do (`PLANGEN_MODEL`,"
+        " `PLANGEN_TP_SIZE`, `PLANGEN_SEQUENCE_PARALLEL`), which is what verify uses when `--model`,"
+        " `--tp-size` and `--sequence-parallel` are not given.",
+        "",
+        "Errors set the exit status to 1. Warnings are printed with `warning:` before the message and set"
+        " it only under `--strict`.",
+        "",
+        "A trailing comment silences findings on its line: `# plangen: ignore[PG101]`,"
+        " `# plangen: ignore[PG101,PG107]`, or `# plangen: ignore` for every code (not PG001: a file"
+        " that does not parse has no comments to read).",
+        "",
+        "| Code | Title | Severity |",
+        "| --- | --- | --- |",
+        *(f"| [{c.code}](#{c.code.lower()}) | {c.title} | {c.severity} |" for c in codes.values()),
+        "",
+    ]
+    for info in codes.values():
+        severity = " (warning)" if info.severity == "warning" else ""
+        lines += [
+            f"## {info.code}",
+            "",
+            f"**{info.title}{severity}.** {info.explanation}",
+            "",
+            "Wrong:",
+            "",
+            "```python",
+            info.wrong.rstrip("\n"),
+            "```",
+            "",
+            "Right:",
+            "",
+            "```python",
+            info.right.rstrip("\n"),
+            "```",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(render_diagnostics_doc(), end="")

@@ -1,0 +1,117 @@
+"""What level 2 of ``plangen verify`` works on: the plan against its model, the findings, the rule base.
+
+:class:`ModelPlan` is a loaded plan against a meta-device model, with the lookups every level-2 rule
+needs (which modules each key selects, which key covers each module, what is sharded below a block).
+:class:`ModelRule` is the base of the level-2 rules (:mod:`plangen.check.rules_model`,
+:mod:`plangen.check.rules_model_regions`) and of level 3's codes (:mod:`plangen.check.rules_run`): a
+code with its story, and findings that sit on plan keys. The driver that loads files and turns
+findings into diagnostics is :mod:`plangen.check.model`. Nothing here imports torch at import time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
+
+from plangen.check.rule import Rule, Severity
+from plangen.module_tree import ModuleIndex
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+@dataclass(frozen=True)
+class ModelFinding:
+    """What a level-2 rule reports: a code, a message, and the plan key it concerns (None: the plan)."""
+
+    code: str
+    message: str
+    key: str | None = None
+    at: Literal["key", "value"] = "key"
+    severity: Severity = "error"  # the rule's
+
+
+class ModelRule(Rule):
+    """A code whose findings sit on plan keys, with its story; level-2 rules also ``check`` a
+    :class:`ModelPlan`. Level 3's codes subclass it for :meth:`finding` only (run.py emits them)."""
+
+    @classmethod
+    def finding(cls, message: str, key: str | None = None, at: Literal["key", "value"] = "key") -> ModelFinding:
+        return ModelFinding(cls.code, message, key, at, cls.severity)
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        raise NotImplementedError
+
+
+def parent_path(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+@dataclass
+class ModelPlan:
+    """A loaded plan against a meta model: what every level-2 rule reads.
+
+    ``styles`` are the plan's styles after the runtime's tied-embedding resolution (what
+    ``parallelize_model`` applies); ``written`` the keys as the file wrote them.
+    """
+
+    model: "nn.Module"
+    tp_size: int
+    sequence_parallel: bool | None  # None: not declared; the rules infer it from the plan
+    written: Mapping[str, "ParallelStyle"]
+    styles: Mapping[str, "ParallelStyle"]
+    replicated_on_purpose: list[str] = field(default_factory=list)
+
+    @cached_property
+    def modules(self) -> dict[str, "nn.Module"]:
+        return {name: module for name, module in self.model.named_modules() if name}
+
+    @cached_property
+    def matches(self) -> dict[str, list[str]]:
+        """Key → the module paths it selects (torch's rule: per dotted segment, fnmatch)."""
+        index = ModuleIndex(self.model)
+        return {key: index.paths(key) for key in self.styles}
+
+    @cached_property
+    def covering(self) -> dict[str, str]:
+        """Module path → the key whose style it gets (the last matching key, as the runtime decides)."""
+        found: dict[str, str] = {}
+        for key, names in self.matches.items():
+            for name in names:
+                found[name] = key
+        return found
+
+    def style_of(self, path: str) -> "ParallelStyle | None":
+        key = self.covering.get(path)
+        return None if key is None else self.styles[key]
+
+    @cached_property
+    def sharded(self) -> set[str]:
+        """Paths of the modules whose weights a column- or row-parallel style shards."""
+        from plangen.styles import is_sharding
+
+        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])}
+
+    @cached_property
+    def styles_below(self) -> dict[str, set[str]]:
+        """Module path → the kinds (``colwise``, ``rowwise``, ``gather_output``...) of the styles
+        on the modules under it, so "is anything under this block row-parallel" is one lookup."""
+        from plangen.styles import style_kind
+
+        below: dict[str, set[str]] = {}
+        for path, key in self.covering.items():
+            kind = style_kind(self.styles[key])
+            parts = path.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                below.setdefault(".".join(parts[:cut]), set()).add(kind)
+        return below
+
+    @cached_property
+    def config(self) -> Any:
+        return getattr(self.model, "config", None)
+
+    @property
+    def model_name(self) -> str:
+        return type(self.model).__name__

@@ -1,0 +1,387 @@
+"""Level-2 rules about regions, ties and coverage (PG206-PG210): sequence-parallel regions, per-head
+norms, tied embeddings, Linears left unsharded, packed projections under FSDP2.
+
+As in :mod:`plangen.check.rules_model`, each rule is a class carrying its code's story beside its
+``check``, and asks the runtime's own functions where the runtime decides.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from torch import nn
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
+from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
+from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
+from plangen.module_tree import generalize
+from plangen.styles import AllReduceParamGrads, ReplicatedWithGradAllReduce, weight_layout
+
+
+# --- PG206: sequence-parallel regions ----------------------------------------------------------
+
+
+def _residual_layouts(plan: ModelPlan) -> Iterator[tuple[str, object]]:
+    """(key, placement) for every layout the plan gives the residual stream (the hidden states
+    between blocks): Shard(1) when the sequence is split over TP, Replicate() when it is not."""
+    output_embedding = plan.model.get_output_embeddings() if hasattr(plan.model, "get_output_embeddings") else None
+    for key, names in plan.matches.items():
+        if not names:
+            continue
+        style, module = plan.styles[key], plan.modules[names[0]]
+        placements: list[object] = []
+        if isinstance(style, SequenceParallel) and not isinstance(style, ReplicatedWithGradAllReduce):
+            placements.append(style.sequence_sharding[0])
+        elif isinstance(style, RowwiseParallel) or (isinstance(style, ColwiseParallel) and isinstance(module, nn.Embedding)):
+            placements.append(first_layout(style.output_layouts))
+        elif isinstance(style, PrepareModuleInput):
+            placements.append(first_layout(style.input_layouts))
+            placements.append((style.input_kwarg_layouts or {}).get("hidden_states"))
+        elif isinstance(style, ColwiseParallel) and isinstance(module, nn.Linear):
+            # A projection reads the residual itself unless its block prepares the input first.
+            block_style = plan.style_of(parent_path(names[0]))
+            if module is output_embedding or not isinstance(block_style, PrepareModuleInput):
+                placements.append(first_layout(style.input_layouts))
+        for placement in placements:
+            if is_sequence_split(placement) or isinstance(placement, Replicate):
+                yield key, placement
+
+
+class SequenceParallelRule(ModelRule):
+    code = "PG206"
+    title = "sequence-parallel regions inconsistent"
+    explanation = (
+        "With sequence parallel the residual stream between blocks is split on the sequence"
+        " (`Shard(1)`) everywhere: the embedding and every row-parallel block output produce it, blocks"
+        " gather it (PrepareModuleInput), every norm on it is SequenceParallel, the head reads it;"
+        " without, it is `Replicate()` everywhere. Sequence parallel is on when --sequence-parallel or"
+        " PLANGEN_SEQUENCE_PARALLEL says so, else when most of the plan's residual layouts split the"
+        " sequence."
+    )
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate, Shard\n"
+        f"{TP_IMPORT} ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel\n\n"
+        'PLANGEN_MODEL = "llama"\nPLANGEN_SEQUENCE_PARALLEL = True\nSEQ, WHOLE = Shard(1), Replicate()\n'
+        "custom_parallel_plan = {\n"
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=WHOLE, output_layouts=SEQ),\n'
+        '    "model.layers.*.input_layernorm": SequenceParallel(),\n'
+        '    "model.layers.*.self_attn": PrepareModuleInput(\n'
+        '        input_kwarg_layouts={"hidden_states": SEQ}, desired_input_kwarg_layouts={"hidden_states": WHOLE}\n'
+        "    ),\n"
+        '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=SEQ),\n'
+        '    "model.layers.*.post_attention_layernorm": SequenceParallel(),\n'
+        '    "model.layers.*.mlp": PrepareModuleInput(input_layouts=(SEQ,), desired_input_layouts=(WHOLE,)),\n'
+        '    "model.layers.*.mlp.gate_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.up_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(output_layouts=WHOLE),\n'
+        '    "model.norm": SequenceParallel(),\n'
+        '    "lm_head": ColwiseParallel(input_layouts=SEQ, output_layouts=WHOLE),\n}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate, Shard\n"
+        f"{TP_IMPORT} ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel\n\n"
+        'PLANGEN_MODEL = "llama"\nPLANGEN_SEQUENCE_PARALLEL = True\nSEQ, WHOLE = Shard(1), Replicate()\n'
+        "custom_parallel_plan = {\n"
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=WHOLE, output_layouts=SEQ),\n'
+        '    "model.layers.*.input_layernorm": SequenceParallel(),\n'
+        '    "model.layers.*.self_attn": PrepareModuleInput(\n'
+        '        input_kwarg_layouts={"hidden_states": SEQ}, desired_input_kwarg_layouts={"hidden_states": WHOLE}\n'
+        "    ),\n"
+        '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=SEQ),\n'
+        '    "model.layers.*.post_attention_layernorm": SequenceParallel(),\n'
+        '    "model.layers.*.mlp": PrepareModuleInput(input_layouts=(SEQ,), desired_input_layouts=(WHOLE,)),\n'
+        '    "model.layers.*.mlp.gate_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.up_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(output_layouts=SEQ),\n'
+        '    "model.norm": SequenceParallel(),\n'
+        '    "lm_head": ColwiseParallel(input_layouts=SEQ, output_layouts=WHOLE),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        layouts = list(_residual_layouts(plan))
+        split = [key for key, p in layouts if is_sequence_split(p)]
+        whole = [key for key, p in layouts if isinstance(p, Replicate)]
+        declared = plan.sequence_parallel
+        if declared is True and whole and not split:
+            yield self.finding(
+                "sequence parallel is on (--sequence-parallel or PLANGEN_SEQUENCE_PARALLEL), but the plan never splits"
+                " the sequence: no SequenceParallel norms, no Shard(1) residual",
+            )
+            return
+        if declared is False and split and not whole:
+            yield self.finding(
+                "the plan splits the sequence (Shard(1) residual, SequenceParallel norms), but sequence parallel is off:"
+                " pass --sequence-parallel (and sequence_parallel=True to parallelize_model)",
+            )
+            return
+        mode = declared if declared is not None else len(split) >= len(whole) and bool(split)
+        odd = whole if mode else split
+        why = "sequence parallel is on" if declared else "the rest of the plan splits the sequence (Shard(1))"
+        if not mode:
+            why = "sequence parallel is off" if declared is False else "the rest of the plan keeps it whole (Replicate())"
+        for key in dict.fromkeys(odd):
+            have = "Replicate()" if mode else "Shard(1)"
+            yield self.finding(f"`{key}` gives the residual stream {have}, but {why}", key, "value")
+        if mode:
+            yield from _norms_outside_sequence_parallel(plan)
+
+
+def _norms_outside_sequence_parallel(plan: ModelPlan) -> Iterator[ModelFinding]:
+    """With the residual split on the sequence, every norm on it must take a sequence shard."""
+    from plangen.module_tree import find_transformer_layers
+
+    names = {id(module): name for name, module in plan.modules.items()}
+    owners: set[str] = set()  # the decoder blocks the plan touches, and the modules holding them
+    for layer in find_transformer_layers(plan.model):
+        path = names.get(id(layer))
+        if path is not None and path in plan.styles_below:
+            owners.add(path)
+            owners.add(parent_path(parent_path(path)))
+    reported: set[str] = set()
+    for owner in sorted(owners):
+        module = plan.model.get_submodule(owner) if owner else plan.model
+        for child, norm in module.named_children():
+            path = f"{owner}.{child}" if owner else child
+            if "norm" not in type(norm).__name__.lower() or plan.style_of(path) is not None:
+                continue
+            pattern = generalize(path)
+            if pattern not in reported:
+                reported.add(pattern)
+                yield SequenceParallelRule.finding(
+                    f"`{pattern}` ({type(norm).__name__}) sits on the sequence-split residual stream, but no key"
+                    f" covers it: add {suggest_key(pattern, 'SequenceParallel()')}",
+                )
+
+
+# --- PG207: per-head norms get their gradient reduced -----------------------------------------
+
+
+class PerHeadNormsRule(ModelRule):
+    code = "PG207"
+    title = "per-head norm without gradient reduction"
+    explanation = (
+        "A norm applied to each head after column-parallel q/k projections (Qwen3's and Gemma3's"
+        " `q_norm`, `k_norm`) sees only this rank's heads, so its weight gradient on each rank is a"
+        " partial sum: it must be summed over TP (`ReplicatedWithGradAllReduce` from plangen.styles),"
+        " or every rank's copy drifts apart."
+    )
+    wrong = (
+        f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "qwen3"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(),\n}'
+    )
+    right = (
+        f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\nfrom plangen.styles import ReplicatedWithGradAllReduce\n\n"
+        'PLANGEN_MODEL = "qwen3"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.q_norm": ReplicatedWithGradAllReduce(),\n'
+        '    "model.layers.*.self_attn.k_norm": ReplicatedWithGradAllReduce(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        reported: set[str] = set()
+        for key, names in plan.matches.items():
+            style = plan.styles[key]
+            if not isinstance(style, ColwiseParallel) or not leaves_local_shard(style):
+                continue
+            for name in names:
+                projection, block = plan.modules[name], parent_path(name)
+                if not isinstance(projection, nn.Linear) or not ("attn" in block or "attention" in block):
+                    continue
+                for child, norm in plan.model.get_submodule(block).named_children():
+                    path = f"{block}.{child}"
+                    weight = getattr(norm, "weight", None)
+                    if "norm" not in type(norm).__name__.lower() or not isinstance(weight, nn.Parameter):
+                        continue
+                    if weight.numel() >= projection.out_features or generalize(path) in reported:
+                        continue  # normalizes the whole projection output, not one head
+                    norm_style = plan.style_of(path)
+                    if isinstance(norm_style, (SequenceParallel, AllReduceParamGrads)):
+                        continue
+                    reported.add(generalize(path))
+                    projection_key = _projection_key(plan, block, child) or key
+                    yield self.finding(
+                        f"`{generalize(path)}` ({type(norm).__name__} [{weight.numel()}]) normalizes each head after"
+                        f" column-parallel `{projection_key}`: a TP rank sees only its heads, so the norm's weight"
+                        " gradient must be summed over TP; add "
+                        f"{suggest_key(generalize(path), 'ReplicatedWithGradAllReduce()')} (from plangen.styles)",
+                        plan.covering.get(path) or projection_key,
+                    )
+
+
+def _projection_key(plan: ModelPlan, block: str, norm: str) -> str | None:
+    """The key of the projection a per-head norm follows: ``q_norm`` after ``q_proj``."""
+    prefix = norm.partition("_")[0] + "_"
+    for child in plan.model.get_submodule(block).named_children():
+        if child[0].startswith(prefix) and child[0] != norm and f"{block}.{child[0]}" in plan.covering:
+            return plan.covering[f"{block}.{child[0]}"]
+    return None
+
+
+# --- PG208: tied embeddings stay tied ---------------------------------------------------------
+
+
+class TiedEmbeddingsRule(ModelRule):
+    code = "PG208"
+    title = "tied embeddings would come apart"
+    explanation = (
+        "When the input embedding and the output head share one weight, both ends must give it the same"
+        " layout: the vocabulary split, RowwiseParallel on the embedding and ColwiseParallel on the"
+        " head. (A plan that shards only one end is completed by the runtime.)"
+    )
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": ColwiseParallel(output_layouts=Replicate()),\n'
+        '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        from plangen.module_tree import tied_embeddings  # the runtime's own notion of "tied"
+
+        tied = tied_embeddings(plan.model)
+        if tied is None:
+            return
+        emb_path, head_path = tied
+        emb_key, head_key = plan.covering.get(emb_path), plan.covering.get(head_path)
+        emb = weight_layout(plan.style_of(emb_path), plan.modules[emb_path])
+        head = weight_layout(plan.style_of(head_path), plan.modules[head_path])
+        if emb is None or head is None or emb == head:
+            return
+        yield self.finding(
+            f"`{emb_path}` and `{head_path}` share one weight, but the plan gives it two layouts ({emb} vs {head}):"
+            " the runtime refuses to re-tie them; shard both on the vocabulary (RowwiseParallel on the embedding,"
+            " ColwiseParallel on the head) or neither",
+            head_key if head_key in plan.written else emb_key,
+            "value",
+        )
+
+
+# --- PG209: Linear layers left unsharded ------------------------------------------------------
+
+
+class UnshardedLinearsRule(ModelRule):
+    code = "PG209"
+    title = "Linear left unsharded"
+    explanation = (
+        "A Linear that no key covers, next to sharded neighbours (a Linear under a module of the same"
+        " kind that the plan shards, or the output head while the embedding is sharded), is whole on"
+        " every TP rank: right, but probably forgotten. Regions the plan never shards (a vision"
+        " tower, Mamba mixers) count as deliberate. Mark a deliberate one with `LeaveUnsharded()` or a"
+        " commented-out key in the plan dict, as generated files do. Reported on the plan's first line."
+    )
+    wrong = (
+        f"{TP_IMPORT} RowwiseParallel\n{DTENSOR_IMPORT} Replicate\n\n"
+        'PLANGEN_MODEL = "llama"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),\n}'
+    )
+    right = (
+        f"{TP_IMPORT} RowwiseParallel\n{DTENSOR_IMPORT} Replicate\n\n"
+        'PLANGEN_MODEL = "llama"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),\n'
+        '    # "lm_head": left replicated on purpose\n}'
+    )
+    severity = "warning"
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        """A Linear no key covers, where the plan shards its neighbours.
+
+        Neighbours: a Linear under a module of the same kind (same generalized path and class) that the
+        plan shards, e.g. ``mlp.gate_proj`` left out while ``mlp.up_proj`` is sharded; or the output
+        head while the input embedding is sharded. Regions the plan never shards (a vision tower, Mamba
+        mixers) are taken as deliberate, and so are keys commented out in the plan dict.
+        """
+        from plangen.module_tree import key_matches
+
+        def kind_of_parent(path: str) -> tuple[str, str]:
+            parent = parent_path(path)
+            module = plan.modules.get(parent, plan.model)
+            return generalize(parent), type(module).__name__
+
+        sharded_kinds = {kind_of_parent(path) for path in plan.sharded}
+        emb = plan.model.get_input_embeddings() if hasattr(plan.model, "get_input_embeddings") else None
+        head = plan.model.get_output_embeddings() if hasattr(plan.model, "get_output_embeddings") else None
+        emb_sharded = any(plan.modules[p] is emb for p in plan.sharded) if emb is not None else False
+        groups: dict[str, list[nn.Linear]] = {}
+        for path, module in plan.modules.items():
+            if not isinstance(module, nn.Linear) or path in plan.covering:
+                continue
+            if any(key_matches(key, path) for key in plan.replicated_on_purpose):
+                continue
+            if kind_of_parent(path) in sharded_kinds or (module is head and emb_sharded):
+                groups.setdefault(generalize(path), []).append(module)
+        for pattern, modules in groups.items():
+            linear = modules[0]
+            size = sum(p.numel() for p in linear.parameters())
+            yield self.finding(
+                f"`{pattern}`: {len(modules)} × Linear [{linear.out_features}, {linear.in_features}] left unsharded next"
+                f" to sharded neighbours: every TP rank holds all {size:,} parameters of each; shard it, or mark it"
+                f' replicated on purpose with LeaveUnsharded() or a commented-out key (# "{pattern}": ...)',
+            )
+
+
+# --- PG210: packed projections and FSDP2 ------------------------------------------------------
+
+
+class PackedWithFsdpRule(ModelRule):
+    code = "PG210"
+    title = "packed projection under FSDP2"
+    explanation = (
+        "PackedColwiseParallel/PackedRowwiseParallel compute right, but FSDP2 (torch 2.13) lays their"
+        " strided shards out wrongly, so state dicts and checkpoints would come back permuted: the"
+        " runtime refuses them at DP size above 1. Right for training at DP size 1 only; say so with an"
+        " ignore comment."
+    )
+    wrong = (
+        f"{TP_IMPORT} RowwiseParallel\n\nfrom plangen.styles import PackedColwiseParallel\n\n"
+        'PLANGEN_MODEL = "phi3"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.mlp.gate_up_proj": PackedColwiseParallel(),\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(),\n}'
+    )
+    right = (
+        f"{TP_IMPORT} RowwiseParallel\n\nfrom plangen.styles import PackedColwiseParallel\n\n"
+        'PLANGEN_MODEL = "phi3"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.mlp.gate_up_proj": PackedColwiseParallel(),  # plangen: ignore[PG210] DP size 1\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(),\n}'
+    )
+    severity = "warning"
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        from plangen.plan_checks import PlanError, check_packed_without_fsdp
+
+        for key, style in plan.styles.items():
+            if not plan.matches.get(key):
+                continue
+            try:
+                check_packed_without_fsdp(plan.model, {key: style}, dp_size=2)
+            except PlanError as error:
+                yield self.finding(f"right at DP size 1 only: {error}", key, "value")
+
+
+REGION_RULES: tuple[ModelRule, ...] = (
+    SequenceParallelRule(),
+    PerHeadNormsRule(),
+    TiedEmbeddingsRule(),
+    UnshardedLinearsRule(),
+    PackedWithFsdpRule(),
+)
