@@ -17,11 +17,12 @@ it into a :class:`~plangen.plan.Plan`, refusing what torch's styles cannot honou
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
+from plangen.models import text_config
+from plangen.module_tree import generalize
 from plangen.plan import Plan, PlanEntry, build_parallel_styles
 from plangen.styles import UnsupportedStyleError, resolve_hf_style
 
@@ -72,11 +73,6 @@ def collect_hf_tp_plan(model: nn.Module) -> dict[str, str]:
     return plan
 
 
-def _generic_name(name: str) -> str:
-    # transformers' replace_layer_number_by_wildcard: layer numbers between dots become '*'.
-    return re.sub(r"\.\d+(\.|$)", lambda m: ".*" + m.group(1), name)
-
-
 def guess_group(pattern: str) -> str:
     """The plan-file group of a pattern: embeddings, attention, mlp, norms, output or other."""
     atoms = pattern.lower().split(".")
@@ -99,12 +95,6 @@ def guess_group(pattern: str) -> str:
     return "other"
 
 
-def _text_config(model: nn.Module) -> Any:
-    config = getattr(model, "config", None)
-    get_text_config = getattr(config, "get_text_config", None)
-    return get_text_config() if callable(get_text_config) else config
-
-
 def build_hf_plan(model: nn.Module) -> Plan:
     """``model``'s Hugging Face TP plan as plangen data (``source="hf"``), faithful to transformers.
 
@@ -113,11 +103,11 @@ def build_hf_plan(model: nn.Module) -> Plan:
     shards modules, so it would silently leave the parameter whole).
     """
     hf_plan = collect_hf_tp_plan(model)
-    text_config = _text_config(model)
-    resolved = {key: resolve_hf_style(style, key, config=text_config) for key, style in hf_plan.items()}
+    config = text_config(getattr(model, "config", None))
+    resolved = {key: resolve_hf_style(style, key, config=config) for key, style in hf_plan.items()}
 
-    module_names = {_generic_name(name) for name, _ in model.named_modules()}
-    parameter_names = {_generic_name(name) for name, _ in model.named_parameters()}
+    module_names = {generalize(name) for name, _ in model.named_modules()}
+    parameter_names = {generalize(name) for name, _ in model.named_parameters()}
     for key, style in hf_plan.items():
         if key not in module_names and key in parameter_names:
             raise UnsupportedStyleError(

@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.hf_plan import get_hf_tp_plan
-from plangen.matching import find_matching_modules, find_unmatched_keys  # noqa: F401 - public here too
+from plangen.module_tree import find_matching_modules, find_unmatched_keys  # noqa: F401 - public here too
 from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
     PlanError,
     check_heads_divisible,

@@ -16,7 +16,13 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from plangen.heads import tp_size_problem
-from plangen.matching import find_matching_modules, find_unmatched_keys, key_matches
+from plangen.module_tree import (  # noqa: F401 - tied_embeddings, find_transformer_layers: importable here as before
+    find_matching_modules,
+    find_transformer_layers,
+    find_unmatched_keys,
+    key_matches,
+    tied_embeddings,
+)
 
 logger = logging.getLogger("plangen")
 
@@ -67,18 +73,6 @@ def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelSty
         )
 
 
-def tied_embeddings(model: nn.Module) -> tuple[str, str] | None:
-    """Module paths of (input embedding, output head) when their weights are one parameter."""
-    get_in = getattr(model, "get_input_embeddings", None)
-    get_out = getattr(model, "get_output_embeddings", None)
-    if get_in is None or get_out is None:
-        return None
-    emb, head = get_in(), get_out()
-    if emb is None or head is None or emb.weight is not head.weight:
-        return None
-    names = {id(m): n for n, m in model.named_modules()}
-    return names[id(emb)], names[id(head)]
-
 
 def covering_style(model: nn.Module, styles: Mapping[str, ParallelStyle], path: str) -> ParallelStyle | None:
     found = [s for p, s in styles.items() if key_matches(p, path)]
@@ -105,25 +99,3 @@ def resolve_tied_styles(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
         styles[head_path] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     return styles
 
-
-def find_transformer_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks (decoder layers, vision blocks) wherever the class keeps them.
-
-    Hugging Face lists them by class name in ``_no_split_modules`` (also what its own FSDP
-    auto-wrapping uses); the outermost matches are the FSDP2 units.
-    """
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    layers: list[nn.Module] = []
-    inside: set[int] = set()
-    for module in model.modules():
-        if id(module) in inside:
-            continue
-        if type(module).__name__ in names:
-            layers.append(module)
-            inside.update(id(m) for m in module.modules())
-    if layers:
-        return layers
-    # No declaration: fall back to the children of every ModuleList.
-    return [child for module in model.modules() if isinstance(module, nn.ModuleList) for child in module]

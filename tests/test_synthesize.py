@@ -163,7 +163,7 @@ def test_heterogeneous_layers_get_per_layer_patterns():
     assert "model.layers.*.feed_forward" not in styles
     assert "state-space" in why_of(plan, "model.layers.*.mamba")
     assert "mixture of experts" in why_of(plan, "model.layers.1.feed_forward")
-    from plangen.matching import find_unmatched_keys
+    from plangen.module_tree import find_unmatched_keys
 
     assert find_unmatched_keys(model, styles) == []
 
