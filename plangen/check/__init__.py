@@ -5,7 +5,9 @@ Level 1 (:mod:`plangen.check.static`) reads the file's source and never imports 
 Level 3 (:mod:`plangen.check.run`) applies it for real on CPU worker processes. Each level runs
 only on files the levels before it found no errors in. The model, TP size and sequence parallelism
 come from the options, else from the ``PLANGEN_*`` constants a generated file records.
-:func:`verify_plan_files` returns findings and notes, and never prints or exits.
+:func:`verify_plan_files` returns findings and notes, and never prints or exits. Every code is a
+rule class carrying its own story beside the check that emits it; :mod:`plangen.check.codes`
+collects them into the registry and ``docs/diagnostics.md``.
 
 Importing this package is cheap (the CLI imports it for ``--help``): each level is imported when it
 runs.

@@ -75,6 +75,13 @@ def render_diagnostics_doc(codes: Mapping[str, CodeInfo] | None = None) -> str:
         " `# plangen: ignore[PG101,PG107]`, or `# plangen: ignore` for every code (not PG001: a file"
         " that does not parse has no comments to read).",
         "",
+        "Adding a code: each code is a rule class declared beside the code that emits it, carrying its"
+        " title, explanation, wrong and right examples and severity (`plangen/check/rule.py`). A level-1"
+        " rule is a `StaticRule` in `plangen/check/rules_structure.py`, `rules_styles.py` or"
+        " `rules_placements.py`, with its `check` and valid/invalid examples of its own; a level-2 rule a"
+        " `ModelRule` in `plangen/check/rules_model.py` or `rules_model_regions.py`. Add it to its"
+        " module's rule tuple and regenerate this page; the tests run every example.",
+        "",
         "| Code | Title | Severity |",
         "| --- | --- | --- |",
         *(f"| [{c.code}](#{c.code.lower()}) | {c.title} | {c.severity} |" for c in codes.values()),
