@@ -115,6 +115,15 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             produces=_SUM,
         ),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
+        # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
+        StyleFacts(
+            "ColwiseParallelWithGather",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, EMBEDDING: 1},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+        ),
     )
 }
 

@@ -540,11 +540,35 @@ def translate_parallel_style(style: str, module_name: str | None = None, *, conf
     return build_style(name, kwargs)
 
 
+class ColwiseParallelWithGather(ColwiseParallel):
+    """NeMo RL's name: column-parallel; with ``gather_output=True`` each rank gets the whole output,
+    local (transformers' ``colwise_gather_output``; NeMo RL then ignores the output layout
+    arguments too). The output is redistributed to ``Replicate()``, so DTensor's backward keeps each
+    rank's gradient slice, and the style shows the layout plan checks read."""
+
+    def __init__(
+        self,
+        *,
+        input_layouts: Placement | None = None,
+        output_layouts: Placement | None = None,
+        use_local_output: bool = True,
+        gather_output: bool = False,
+    ) -> None:
+        if gather_output:
+            output_layouts, use_local_output = Replicate(), True
+        super().__init__(input_layouts=input_layouts, output_layouts=output_layouts, use_local_output=use_local_output)
+        self.gather_output = gather_output
+
+
+STYLE_CLASSES[ColwiseParallelWithGather.__name__] = ColwiseParallelWithGather
+
+
 __all__ = [
     "HF_STYLE_SPECS",
     "HF_UNSUPPORTED_STYLES",
     "STYLE_CLASSES",
     "AllReduceParamGrads",
+    "ColwiseParallelWithGather",
     "HfStyleSpec",
     "LeaveUnsharded",
     "MlaKvAProjParallel",

@@ -172,6 +172,7 @@ STYLES: dict[str, StyleSpec] = {
             ),
         ),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
+        _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
     )
 }
 
