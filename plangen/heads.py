@@ -9,6 +9,8 @@ from __future__ import annotations
 from math import gcd
 from typing import Any
 
+from plangen.models import text_config
+
 
 def largest_legal_tp_size(num_heads: int, num_kv_heads: int, limit: int | None = None) -> int:
     """The largest TP size dividing both head counts (at most ``limit`` when given)."""
@@ -19,7 +21,7 @@ def largest_legal_tp_size(num_heads: int, num_kv_heads: int, limit: int | None =
 
 def head_counts(config: Any) -> tuple[int, int] | None:
     """(attention heads, key/value heads) of a config's text part, or None when it has no heads."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     heads = getattr(text, "num_attention_heads", None)
     if not heads:
         return None

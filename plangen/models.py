@@ -42,7 +42,7 @@ class ModelSpecError(ValueError):
     """A model spec that cannot be resolved; the message is one line and says what to pass."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(message.split()))
+        super().__init__(one_line(message))
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,10 @@ def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tens
     every TP size divides (sequence parallel needs it); the same on every process."""
     import torch
 
+    from plangen.models import text_config
     from plangen.shrink import SPECIAL_TOKEN_SPAN
 
-    vocab = model.config.get_text_config().vocab_size
+    vocab = text_config(model.config).vocab_size
     seq = tp_size * max(1, -(-8 // tp_size))
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (BATCH, seq), generator=generator)

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from plangen.models import text_config
 from plangen.plans.forward_source import read_input_readers
 
 
@@ -42,10 +43,7 @@ def _config_int(config: Any, *names: str) -> int | None:
 
 def read_dims(model: nn.Module) -> ModelDims | None:
     """The text decoder's sizes, or None when the config states no hidden size."""
-    config = getattr(model, "config", None)
-    get_text_config = getattr(config, "get_text_config", None)
-    if callable(get_text_config):
-        config = get_text_config(decoder=True)
+    config = text_config(getattr(model, "config", None))
     hidden = _config_int(config, "hidden_size", "d_model", "n_embd")
     if hidden is None:
         return None

@@ -25,6 +25,7 @@ from tiny_configs import build_tiny  # noqa: E402
 from plangen.check.run import full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
 from plangen.comm import CollectiveCounter  # noqa: E402
 from plangen.loss import vocab_parallel_cross_entropy  # noqa: E402
+from plangen.models import text_config  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
 
 BATCH, SEQ = 4, 8
@@ -92,7 +93,7 @@ def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
 def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     model = build_case_model(case)
     reference = copy.deepcopy(model)
-    id_bound = model.config.get_text_config().vocab_size
+    id_bound = text_config(model.config).vocab_size
     if "model_type" in case:
         from plangen.shrink import SPECIAL_TOKEN_SPAN
 
