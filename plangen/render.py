@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from plangen.errors import one_line
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS
+from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS, layout_defaults
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -207,7 +207,7 @@ def complete_kwargs(style: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """
     import inspect
 
-    from plangen.styles import STYLE_CLASSES, layout_defaults
+    from plangen.styles import STYLE_CLASSES
 
     cls = STYLE_CLASSES.get(style)
     if cls is None:

@@ -4,18 +4,27 @@ One :class:`StyleFacts` per style name of :data:`plangen.styles.STYLE_CLASSES`: 
 splits for each kind of module, whether it keeps the weights whole instead, what torch fills in for
 a layout argument left ``None``, and what the module computes before its output is redistributed.
 ``plangen init`` describes shard shapes and writes defaults out from it, the level-2 rules ask it
-what a style is (:func:`plangen.styles.style_facts`), and the torch-free static tables
+what a style object is (:func:`facts_of`, :func:`is_sharding`, :func:`style_kind`,
+:func:`weight_layout`), and the torch-free static tables
 (:mod:`plangen.check.known_styles`) derive theirs from it, so the answer lives here only.
 
 Placements are written as plan files write them (``"Shard(-1)"``, ``"Replicate()"``), except
 ``"Partial(sum)"``, the reduce op being what the static checks compare.
 ``tests/test_styles.py`` applies every style to real modules and compares with this table.
+Importing this module does not import torch (``plangen verify --static`` reads it); the functions
+that take or make torch objects import it when called.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+    from torch.distributed.tensor import Placement
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 TORCH_STYLES = "torch.distributed.tensor.parallel"
 PLANGEN_STYLES = "plangen.styles"
@@ -127,3 +136,64 @@ STYLE_FACTS: dict[str, StyleFacts] = {
     )
 }
 
+
+def facts_of(style: "ParallelStyle") -> StyleFacts | None:
+    """The facts of ``style``'s nearest registered class (a user's subclass of ColwiseParallel
+    shards like it); None for a style unrelated to every registered one."""
+    for cls in type(style).__mro__:
+        facts = STYLE_FACTS.get(cls.__name__)
+        if facts is not None and _module_home(cls.__module__) == facts.module:
+            return facts
+    return None
+
+
+def _module_home(module: str) -> str | None:
+    # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
+    if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
+        return TORCH_STYLES
+    return PLANGEN_STYLES if module == PLANGEN_STYLES else None
+
+
+def is_sharding(style: "ParallelStyle") -> bool:
+    """Column- and row-parallel styles shard the module's weights; every other style replicates them."""
+    facts = facts_of(style)
+    return facts is not None and facts.shards
+
+
+def style_kind(style: "ParallelStyle") -> str:
+    """The word the level-2 rules group styles by (:attr:`StyleFacts.role`), ``other`` if unknown."""
+    facts = facts_of(style)
+    return facts.role if facts is not None else "other"
+
+
+def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | None:
+    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
+    from torch import nn
+
+    if style is None:
+        return "plain"
+    facts = facts_of(style)
+    if facts is None:
+        return None
+    return facts.weight_layout(EMBEDDING if isinstance(module, nn.Embedding) else LINEAR)
+
+
+def placement_from_text(text: str) -> "Placement":
+    """The placement a facts text names: ``Shard(-1)``, ``Replicate()``, ``Partial(sum)``."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if text == "Replicate()":
+        return Replicate()
+    shard = re.fullmatch(r"Shard\((-?\d+)\)", text)
+    if shard is not None:
+        return Shard(int(shard.group(1)))
+    partial = re.fullmatch(r"Partial\((\w+)\)", text)
+    if partial is not None:
+        return Partial(partial.group(1))
+    raise ValueError(f"not a placement: {text!r}")
+
+
+def layout_defaults(name: str) -> dict[str, "Placement"]:
+    """What torch uses for style ``name``'s layout arguments given as None, as placements."""
+    facts = STYLE_FACTS.get(name)
+    return {} if facts is None else {arg: placement_from_text(t) for arg, t in facts.layout_defaults.items()}

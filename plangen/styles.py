@@ -4,7 +4,7 @@ Plans name their styles (``"ColwiseParallel"``) so that a plan can be data, rend
 without torch; :func:`build_style` turns a name and its keyword arguments into the object. Every
 style here is one of torch's own or a small subclass of one, documented below. What each style does
 to a module (weight dims it splits, layouts it defaults to) is data in :mod:`plangen.style_facts`,
-which needs no torch; :func:`style_facts` finds the facts of a style object.
+which needs no torch, and so are the questions about a style object (:func:`plangen.style_facts.facts_of`).
 
 Hugging Face plans name their styles with transformers' strings (``"colwise"``,
 ``"embedding_rowwise"``, ...). :data:`HF_STYLE_SPECS` translates each string, as data, into a style
@@ -17,7 +17,6 @@ that runs and computes something else.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Mapping
@@ -36,8 +35,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
-
-from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS, StyleFacts
 
 
 class RotaryEmbedParallel(SequenceParallel):
@@ -318,56 +315,6 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
 }
 
 
-def style_facts(style: ParallelStyle) -> StyleFacts | None:
-    """The facts of ``style``'s nearest registered class (a user's subclass of ColwiseParallel
-    shards like it); None for a style unrelated to every registered one."""
-    for cls in type(style).__mro__:
-        if STYLE_CLASSES.get(cls.__name__) is cls:
-            return STYLE_FACTS[cls.__name__]
-    return None
-
-
-def is_sharding(style: ParallelStyle) -> bool:
-    """Column- and row-parallel styles shard the module's weights; every other style replicates them."""
-    facts = style_facts(style)
-    return facts is not None and facts.shards
-
-
-def style_kind(style: ParallelStyle) -> str:
-    """The word the level-2 rules group styles by (:attr:`StyleFacts.role`), ``other`` if unknown."""
-    facts = style_facts(style)
-    return facts.role if facts is not None else "other"
-
-
-def weight_layout(style: ParallelStyle | None, module: nn.Module) -> str | None:
-    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
-    if style is None:
-        return "plain"
-    facts = style_facts(style)
-    if facts is None:
-        return None
-    return facts.weight_layout(EMBEDDING if isinstance(module, nn.Embedding) else LINEAR)
-
-
-def placement_from_text(text: str) -> Placement:
-    """The placement a facts text names: ``Shard(-1)``, ``Replicate()``, ``Partial(sum)``."""
-    if text == "Replicate()":
-        return Replicate()
-    shard = re.fullmatch(r"Shard\((-?\d+)\)", text)
-    if shard is not None:
-        return Shard(int(shard.group(1)))
-    partial = re.fullmatch(r"Partial\((\w+)\)", text)
-    if partial is not None:
-        return Partial(partial.group(1))
-    raise ValueError(f"not a placement: {text!r}")
-
-
-def layout_defaults(name: str) -> dict[str, Placement]:
-    """What torch uses for style ``name``'s layout arguments given as None, as placements."""
-    facts = STYLE_FACTS.get(name)
-    return {} if facts is None else {arg: placement_from_text(t) for arg, t in facts.layout_defaults.items()}
-
-
 def build_style(name: str, kwargs: Mapping[str, Any] | None = None) -> ParallelStyle:
     """Instantiate the registered style ``name`` with ``kwargs``; unknown names list the known ones."""
     try:
@@ -580,14 +527,8 @@ __all__ = [
     "Shard",
     "UnsupportedStyleError",
     "build_style",
-    "is_sharding",
     "known_hf_styles",
-    "layout_defaults",
-    "placement_from_text",
     "resolve_hf_style",
-    "style_facts",
-    "style_kind",
     "torch",
     "translate_parallel_style",
-    "weight_layout",
 ]

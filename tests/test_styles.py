@@ -479,7 +479,8 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
 
 
 def _built(name: str):
-    from plangen.styles import build_style, placement_from_text
+    from plangen.style_facts import placement_from_text
+    from plangen.styles import build_style
 
     kwargs = {k: placement_from_text(v) if isinstance(v, str) else v for k, v in _REQUIRED_KWARGS.get(name, {}).items()}
     return build_style(name, kwargs)
@@ -514,7 +515,7 @@ def test_style_facts_cover_exactly_the_registered_styles_and_say_where_they_live
 @pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
 def test_style_facts_layout_defaults_are_what_torch_fills_in(name):
     from plangen.style_facts import STYLE_FACTS
-    from plangen.styles import placement_from_text
+    from plangen.style_facts import placement_from_text
 
     style = _built(name)
     for argument, text in STYLE_FACTS[name].layout_defaults.items():
@@ -551,7 +552,7 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
 def test_style_facts_of_objects_follow_the_nearest_registered_class():
     from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
-    from plangen.styles import is_sharding, style_facts, style_kind, weight_layout
+    from plangen.style_facts import facts_of, is_sharding, style_kind, weight_layout
 
     class MyColwise(ColwiseParallel):
         pass
@@ -560,11 +561,11 @@ def test_style_facts_of_objects_follow_the_nearest_registered_class():
         def _apply(self, module, device_mesh):
             return module
 
-    assert style_facts(MyColwise()).name == "ColwiseParallel"
+    assert facts_of(MyColwise()).name == "ColwiseParallel"
     assert is_sharding(MyColwise()) and style_kind(MyColwise()) == "colwise"
     assert weight_layout(MyColwise(), nn.Embedding(4, 2)) == "Shard(1)"
     assert weight_layout(MyColwise(), nn.Linear(4, 2)) == "Shard(0)"
-    assert style_facts(Unrelated()) is None and not is_sharding(Unrelated()) and style_kind(Unrelated()) == "other"
+    assert facts_of(Unrelated()) is None and not is_sharding(Unrelated()) and style_kind(Unrelated()) == "other"
     assert weight_layout(Unrelated(), nn.Linear(4, 2)) is None and weight_layout(None, nn.Linear(4, 2)) == "plain"
     assert [style_kind(_built(n)) for n in ("PackedRowwiseParallel", "RotaryEmbedParallel", "AllReduceParamGrads")] == [
         "rowwise", "sequence", "grad_reduce"
@@ -574,7 +575,7 @@ def test_style_facts_of_objects_follow_the_nearest_registered_class():
 def test_placement_from_text_round_trips_and_refuses_other_text():
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    from plangen.styles import placement_from_text
+    from plangen.style_facts import placement_from_text
 
     assert placement_from_text("Shard(-1)") == Shard(-1)
     assert placement_from_text("Replicate()") == Replicate()

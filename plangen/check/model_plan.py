@@ -90,7 +90,7 @@ class ModelPlan:
     @cached_property
     def sharded(self) -> set[str]:
         """Paths of the modules whose weights a column- or row-parallel style shards."""
-        from plangen.styles import is_sharding
+        from plangen.style_facts import is_sharding
 
         return {path for path, key in self.covering.items() if is_sharding(self.styles[key])}
 
@@ -98,7 +98,7 @@ class ModelPlan:
     def styles_below(self) -> dict[str, set[str]]:
         """Module path → the kinds (``colwise``, ``rowwise``, ``gather_output``...) of the styles
         on the modules under it, so "is anything under this block row-parallel" is one lookup."""
-        from plangen.styles import style_kind
+        from plangen.style_facts import style_kind
 
         below: dict[str, set[str]] = {}
         for path, key in self.covering.items():

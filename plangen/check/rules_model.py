@@ -27,14 +27,13 @@ from torch.distributed.tensor.parallel import (
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.module_tree import generalize
+from plangen.style_facts import is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
     ReplicatedWithGradAllReduce,
-    is_sharding,
-    style_kind,
 )
 
 # --- what a style does, in the few words the rules need ---------------------------------------

@@ -17,7 +17,8 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
-from plangen.styles import AllReduceParamGrads, ReplicatedWithGradAllReduce, weight_layout
+from plangen.style_facts import weight_layout
+from plangen.styles import AllReduceParamGrads, ReplicatedWithGradAllReduce
 
 
 # --- PG206: sequence-parallel regions ----------------------------------------------------------
