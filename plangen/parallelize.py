@@ -41,7 +41,14 @@ from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; im
 from plangen.plan_source import PlanLike
 from plangen.plans import CHECKPOINT_FILTERS
 from plangen.plans.choice import ChosenPlan, NoPlanError, choose_plan
-from plangen.styles import RotaryEmbedParallel, translate_parallel_style
+from plangen.nemo_compat import (  # noqa: F401 - NeMo RL's names, answered by plangen's plans
+    SequenceParallelAllGatherActivation,
+    _parallelize_gemma3,
+    _parallelize_llama,
+    _parallelize_qwen,
+    get_logprobs_from_vocab_parallel_logits,
+)
+from plangen.styles import ColwiseParallelWithGather, RotaryEmbedParallel, translate_parallel_style
 from plangen.tensor_parallel import apply_retie, apply_tp  # noqa: F401 - the runtime's step 3
 
 logger = logging.getLogger("plangen")
@@ -182,19 +189,47 @@ def parallelize_model(
 
 _parallelize_model = parallelize_model  # NeMo RL's name
 
+
+def _parallelize_nm5_h(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    tp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    sequence_parallel: bool = False,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+    custom_parallel_plan: Optional[PlanLike] = None,
+) -> FSDPModule:
+    """NeMo RL's NemotronH entry point: :func:`parallelize_model`, which gives NemotronH its
+    hand-written plan (MLP and attention TP, Mamba mixers replicated), with sequence parallel and a
+    custom plan allowed (NeMo RL's asserts both off). Here, not in plangen.nemo_compat: it runs the
+    runtime, which lower modules never import."""
+    if type(model).__name__ != "NemotronHForCausalLM":
+        raise TypeError(f"_parallelize_nm5_h takes a NemotronHForCausalLM, not {type(model).__name__}: use parallelize_model")
+    return parallelize_model(
+        model, dp_mesh, tp_mesh, param_dtype, sequence_parallel, activation_checkpointing, cpu_offload, custom_parallel_plan
+    )
+
 __all__ = [
     "PARALLELIZE_FUNCTIONS",
     "PARALLIZE_FUNCTIONS",
     "ChosenPlan",
     "NoPlanError",
+    "ColwiseParallelWithGather",
     "PlanError",
     "RotaryEmbedParallel",
+    "SequenceParallelAllGatherActivation",
+    "_parallelize_gemma3",
+    "_parallelize_llama",
     "_parallelize_model",
+    "_parallelize_nm5_h",
+    "_parallelize_qwen",
     "apply_fsdp",
     "apply_tp",
     "clip_grad_by_total_norm_",
     "get_grad_norm",
     "get_hf_tp_plan",
+    "get_logprobs_from_vocab_parallel_logits",
     "parallelize_model",
     "choose_plan",
     "resolve_parallel_plan",
