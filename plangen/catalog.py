@@ -1,7 +1,8 @@
 """Every causal-LM architecture the installed transformers registers, with the plan it gets.
 
-One row per class: the plan the runtime uses at TP > 1 without a custom plan (``hand-written``,
-``synthesized`` where the sweep proved it, ``hf``, or ``none``), whether sequence parallelism is
+One row per class: the plan the runtime uses at TP > 1 without a custom plan, named by its source
+(``hand-written``, ``synthesized`` where the sweep proved it, ``hf``, or ``none``: the vocabulary of
+:mod:`plangen.plans.choice`), whether sequence parallelism is
 available with it, and the numerical check of that plan from ``plangen/plans/proven.json``.
 
 Classes are read from transformers' causal-LM mapping, plus the multimodal classes that have a
@@ -115,10 +116,13 @@ def _hand_written_row(arch: Architecture, model: "nn.Module", record: dict[str, 
 
 
 def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogRow:
-    """The row of one class (``proven``: the sweep's records, :func:`plangen.plans.proven.load_proven`)."""
-    from plangen.hf_plan import build_hf_plan
+    """The row of one class (``proven``: the sweep's records, :func:`plangen.plans.proven.load_proven`).
+
+    The plan is the runtime's own choice (:func:`plangen.plans.choice.choose_plan`); the row adds the
+    sweep's verdict on it and, below the hand-written plans, why the sources above were passed over.
+    """
     from plangen.plans import HAND_WRITTEN
-    from plangen.plans.analysis import analyze_model
+    from plangen.plans.choice import NoPlanError, choose_plan
 
     record = proven.get(arch.class_name)
     try:
@@ -127,26 +131,38 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
         plan: PlanKind = "hand-written" if arch.class_name in HAND_WRITTEN else "none"
         return CatalogRow(arch.class_name, arch.model_type, plan, False, "n/a",
                           f"its default config does not build: {one_line(err, part='first')}")
-    if arch.class_name in HAND_WRITTEN:
+    try:
+        chosen = choose_plan(model, sequence_parallel=False)
+    except NoPlanError as err:
+        hf_error = next(p.why for p in err.passed_over if p.source == "hf")
+        why = _synthesis_note(model, record)
+        return CatalogRow(arch.class_name, arch.model_type, "none", False, "n/a",
+                          f"{why}; no usable Hugging Face plan: {one_line(hf_error, part='first')}")
+    if chosen.source == "hand-written":
         return _hand_written_row(arch, model, record)
+    if chosen.source == "synthesized":
+        from plangen.plans.analysis import analyze_model
+
+        sp = record.get("sp") is True  # proven with SP: the sweep's record (choose_plan proved the TP one)
+        sp_problems = analyze_model(model).sp_problems
+        note = "" if sp else (sp_problems[0] if sp_problems else (record.get("error") or ""))
+        return CatalogRow(arch.class_name, arch.model_type, "synthesized", sp, _verdict(record, False), note)
+    synthesized = record if record and record.get("plan") == "synthesized" else None
+    hf_record = (record or {}).get("hf") if synthesized else (record if record and record.get("plan") == "hf" else None)
+    return CatalogRow(arch.class_name, arch.model_type, "hf", False, _verdict(hf_record, False), _synthesis_note(model, record))
+
+
+def _synthesis_note(model: "nn.Module", record: dict[str, Any] | None) -> str:
+    """Why a class without a hand-written plan did not get its synthesized one."""
+    from plangen.plans.analysis import analyze_model
+
     analysis = analyze_model(model)
     synthesized = record if record and record.get("plan") == "synthesized" else None
-    if analysis.synthesizable and synthesized and synthesized.get("tp") is True:
-        sp = synthesized.get("sp") is True
-        note = "" if sp else (analysis.sp_problems[0] if analysis.sp_problems else (synthesized.get("error") or ""))
-        return CatalogRow(arch.class_name, arch.model_type, "synthesized", sp, _verdict(synthesized, False), note)
     if not analysis.synthesizable:
-        why = f"not synthesized: {analysis.problem}"
-    elif synthesized:
-        why = f"synthesized plan failed the check: {synthesized.get('error') or 'differs from the unsharded model'}"
-    else:
-        why = "synthesized plan not checked yet (scripts/sweep_plans.py)"
-    try:
-        build_hf_plan(model)
-    except ValueError as err:
-        return CatalogRow(arch.class_name, arch.model_type, "none", False, "n/a", f"{why}; no usable Hugging Face plan: {one_line(err, part='first')}")
-    hf_record = (record or {}).get("hf") if synthesized else (record if record and record.get("plan") == "hf" else None)
-    return CatalogRow(arch.class_name, arch.model_type, "hf", False, _verdict(hf_record, False), why)
+        return f"not synthesized: {analysis.problem}"
+    if synthesized:
+        return f"synthesized plan failed the check: {synthesized.get('error') or 'differs from the unsharded model'}"
+    return "synthesized plan not checked yet (scripts/sweep_plans.py)"
 
 
 def build_catalog(only: Iterable[str] | None = None) -> list[CatalogRow]:
@@ -200,6 +216,9 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, color_system=None, highlight=False, markup=False)
     console.print(table)
-    counts = {kind: sum(1 for r in rows if r.plan == kind) for kind in ("hand-written", "synthesized", "hf", "none")}
+    from plangen.plans.choice import NO_PLAN, SOURCES
+
+    kinds = [*(s for s in SOURCES if s != "custom"), NO_PLAN]  # a listing has no custom plans
+    counts = {kind: sum(1 for r in rows if r.plan == kind) for kind in kinds}
     console.print(f"{len(rows)} architectures: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
     return buffer.getvalue()

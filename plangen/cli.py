@@ -67,7 +67,7 @@ def init(
         None, "--template", metavar="DIR", help="Templates that override plangen's own (plan.py.j2)."
     ),
 ) -> None:
-    """Write an editable custom-plan module for MODEL, seeded with its optimized or Hugging Face plan.
+    """Write an editable custom-plan module for MODEL, seeded with its hand-written, synthesized or Hugging Face plan.
 
     Exit status: 0 written (or already up to date), 2 usage error (nothing written).
     """
@@ -179,7 +179,7 @@ def cost(
         None, "--sequence-parallel/--no-sequence-parallel", help="[default: the plan file's, else off]", show_default=False
     ),
     compare: str | None = typer.Option(
-        None, "--compare", metavar="hf,optimized,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
+        None, "--compare", metavar="hf,hand-written,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
     ),
     output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
 ) -> None:

@@ -3,8 +3,8 @@
 The command's flow, each step testable alone:
 
 * :func:`load_model` resolves the MODEL spec and builds it on the meta device (real shapes, no memory);
-* :func:`build_seed_plan` picks the seed: the optimized plan (hand-written or synthesized) when the
-  class has one, else the model's Hugging Face plan translated to torch styles;
+* :func:`build_seed_plan` picks the seed by the runtime's own priority (hand-written, proven
+  synthesized, Hugging Face), else an unproven synthesized plan to edit and verify;
 * :func:`render_plan_module` checks the TP size once, takes the seed and renders it
   (:func:`plangen.render.render_plan_text`: the plan as template data, then the template);
 * :func:`init_plan` is the command: all of the above, then :func:`plangen.files.write_plan_file`
@@ -101,25 +101,16 @@ def check_tp_size(config: Any, tp_size: int, model_name: str) -> None:
 
 
 def build_seed_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[Plan, str]:
-    """The plan the file starts from (the runtime's own choice, :func:`plangen.plans.build_seed_plan`),
-    and a short description of where it came from."""
-    from plangen.plans import build_seed_plan as build_runtime_seed
-    from plangen.plans.proven import is_proven
+    """The plan the file starts from (:func:`plangen.plans.choice.choose_plan`, which may seed from an
+    unproven synthesized plan), and a short description of where it came from."""
+    from plangen.plans.choice import choose_plan
 
-    cls = type(model).__name__
     try:
-        plan = build_runtime_seed(model, sequence_parallel)
+        chosen = choose_plan(model, sequence_parallel, allow_unproven=True)
     except ValueError as err:
         raise InitError(f"--sequence-parallel: {err}" if sequence_parallel else str(err)) from None
-    if plan.source == "synthesized":
-        proof = (
-            "numerically proven for the class" if is_proven(cls, sequence_parallel)
-            else "not numerically proven: check it with plangen verify --run"
-        )
-        return plan, f"the plan synthesized from the module tree of {cls} ({proof})"
-    if plan.source == "hf":
-        return plan, f"the Hugging Face plan of {cls} (its _tp_plan, translated to torch styles)"
-    return plan, f"the {plan.source} plan for {cls}"
+    assert chosen.plan is not None
+    return chosen.plan, chosen.describe()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Cross-entropy on vocabulary-parallel logits, without gathering the vocabulary.
 
-The optimized plans leave ``lm_head`` output as a DTensor sharded on the vocabulary
+The hand-written and synthesized plans leave ``lm_head`` output as a DTensor sharded on the vocabulary
 (``Shard(-1)``). torch's ``loss_parallel()`` handles that too, but its backward must also run
 inside the context manager; this loss is an ordinary differentiable function. Communication: two
 all-reduces of one value per token (max, then sum-of-exp and target logit together), none in the

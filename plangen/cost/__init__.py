@@ -1,7 +1,7 @@
 """``plangen cost``: what a plan costs per rank and per step, beside the alternatives.
 
 * :mod:`~plangen.cost.settings` — the step costed (sizes, batch, dtypes) and :class:`CostError`;
-* :mod:`~plangen.cost.choices` — the plans by name (optimized, hf, nemo, a file);
+* :mod:`~plangen.cost.choices` — the plans by name (hand-written, hf, nemo, a file);
 * :mod:`~plangen.cost.memory` — parameters, gradients and AdamW state per rank;
 * :mod:`~plangen.cost.fsdp` — FSDP2's collectives, from the units' parameters;
 * :mod:`~plangen.cost.measure` and :mod:`~plangen.cost.scaling` — TP collectives measured on shrunk

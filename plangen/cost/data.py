@@ -45,7 +45,7 @@ class CollectiveCost:
 
 @dataclass(frozen=True)
 class PlanCost:
-    name: str  # how the user named it: "optimized", "hf", "nemo", a file
+    name: str  # the plan's source or name: "hand-written", "hf", "nemo", a file
     description: str
     memory: MemoryCost
     collectives: tuple[CollectiveCost, ...]
