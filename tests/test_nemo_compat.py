@@ -347,6 +347,7 @@ WORKS = {
     "function path": {"automodel (NeMo RL v2 worker)", "NeMo RL v1, import_class_from_path",
                       "plangen _parallelize_model"},
     "module path": {"plangen _parallelize_model"},
+    "file path": {"plangen _parallelize_model"},
     "dict object": set(RESOLVERS),
 }
 
@@ -381,6 +382,7 @@ def forms(generated_package, monkeypatch):
         "dict path": "generated.llama_plan.custom_parallel_plan",  # the README's form
         "function path": "generated.llama_plan_fn.custom_parallel_plan",
         "module path": "generated.llama_plan",
+        "file path": str(generated_package / "generated" / "llama_plan.py"),
         "dict object": custom_parallel_plan,
     }
 
