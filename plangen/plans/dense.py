@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import Plan, PlanEntry, Replicated
-from plangen.plans import register_plan
+from plangen.plans.registry import register_plan
 
 SEQ = Shard(1)
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import Plan, PlanEntry, Replicated
-from plangen.plans import CHECKPOINT_FILTERS, register_plan
+from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
 
 
 def checkpoint_nemotron_h_block(block: nn.Module) -> bool:
