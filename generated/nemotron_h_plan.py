@@ -42,7 +42,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 1 × Linear [4096, 21504] → local [4096, 10752] at TP=2; row-parallel: one all-reduce
     "model.layers.*.mixer.down_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
     # Left replicated on purpose: MoE experts need an expert-parallel kernel: replicated
-    # "model.layers.*.mixer.experts": 1 × NemotronHExperts
+    # "model.layers.*.mixer.experts": 1 × NemotronHExperts [8, 7688, 4096]
 
     # Output head
     # 1 × Linear [131072, 4096] → local [65536, 4096] at TP=2

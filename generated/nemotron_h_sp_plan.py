@@ -68,7 +68,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # row-parallel: reduce-scatter back to the sequence-sharded residual
     "model.layers.*.mixer.down_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
     # Left replicated on purpose: MoE experts need an expert-parallel kernel: replicated
-    # "model.layers.*.mixer.experts": 1 × NemotronHExperts
+    # "model.layers.*.mixer.experts": 1 × NemotronHExperts [8, 7688, 4096]
 
     # Norms
     # 4 × NemotronHRMSNorm [4096], replicated at TP=2; norm on the local sequence shard

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from plangen.errors import one_line
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS, layout_defaults
+from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -246,13 +246,17 @@ def _module_kind(module: "nn.Module") -> str | None:
         return EMBEDDING
     if isinstance(module, nn.Linear):
         return LINEAR
-    return None
+    from plangen.moe_styles import expert_count
+
+    return EXPERTS if expert_count(module) else None
 
 
 def _weight_shape(module: "nn.Module") -> tuple[int, ...] | None:
     import torch
 
     weight = getattr(module, "weight", None)
+    if weight is None and _module_kind(module) == EXPERTS:  # packed experts: their first 3-D weight
+        weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 

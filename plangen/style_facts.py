@@ -32,6 +32,7 @@ PLANGEN_STYLES = "plangen.styles"
 # The module kinds a style can split, by the weight layout torch gives them.
 LINEAR = "linear"
 EMBEDDING = "embedding"
+EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,16 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             produces=_SUM,
         ),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
+        StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
+        # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
+        StyleFacts(
+            "ExpertsParallel",
+            PLANGEN_STYLES,
+            "experts",
+            shard_dim={EXPERTS: 0},
+            layout_defaults={"output_layouts": _REPLICATE},
+            produces=_SUM,
+        ),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -151,7 +162,8 @@ def _module_home(module: str) -> str | None:
     # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
-    return PLANGEN_STYLES if module == PLANGEN_STYLES else None
+    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles).
+    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles") else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:

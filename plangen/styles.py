@@ -36,6 +36,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
+
 
 class RotaryEmbedParallel(SequenceParallel):
     """Sequence parallel for rotary-embedding modules called as ``rotary_emb(x, position_ids)``.
@@ -311,6 +313,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         PackedColwiseParallel,
         PackedRowwiseParallel,
         MlaKvAProjParallel,
+        ExpertsParallel,
+        AllReduceOutputGrad,
     )
 }
 
@@ -514,8 +518,10 @@ __all__ = [
     "HF_STYLE_SPECS",
     "HF_UNSUPPORTED_STYLES",
     "STYLE_CLASSES",
+    "AllReduceOutputGrad",
     "AllReduceParamGrads",
     "ColwiseParallelWithGather",
+    "ExpertsParallel",
     "HfStyleSpec",
     "LeaveUnsharded",
     "MlaKvAProjParallel",

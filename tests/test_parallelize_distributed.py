@@ -17,6 +17,7 @@ MULTIMODAL = [
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
+MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe"]
 
 
 def _cases():
@@ -39,6 +40,10 @@ def _cases():
         {"name": "nemotron_h-sp", "model": "nemotron_h", "sp": True},
         {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True},
     ]
+    # Mixture of experts: experts split over TP on the expert dimension (grouped_mm, and eager once).
+    moe = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MOE_MODELS for sp in (False, True)]
+    moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
+    cases += moe
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
@@ -73,6 +78,27 @@ def test_matches_unsharded_model(results, case_id):
         assert r["grad"] < TOL, f"rank {rank}: gradient of {r['worst_grad']} differs by {r['grad']}"
         assert r["grad_norm"] < TOL and r["grad_norm_inf"] < TOL
         assert r["param_drift"] < TOL, f"rank {rank}: parameters differ by {r['param_drift']} after 3 AdamW steps"
+        if r["aux_loss"] is not None:  # MoE load-balancing loss, from replicated router logits
+            assert r["aux_loss"] < TOL, f"rank {rank}: auxiliary loss differs by {r['aux_loss']}"
+
+
+MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in MOE_MODELS)]
+
+
+@pytest.mark.distributed
+def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(results):
+    """The MoE parity cases mean something: in every MoE layer each TP rank's experts get tokens,
+    and somewhere an expert gets none (the masked, empty path runs too)."""
+    idle = 0
+    for case_id in MOE_IDS:
+        for per_case in results:
+            routes = per_case[case_id]["routes"]
+            assert routes, case_id
+            for layer in routes:
+                half = len(layer) // 2  # TP=2: experts [0, E/2) on rank 0, [E/2, E) on rank 1
+                assert sum(layer[:half]) > 0 and sum(layer[half:]) > 0, (case_id, layer)
+                idle += layer.count(0)
+    assert idle > 0
 
 
 @pytest.mark.distributed

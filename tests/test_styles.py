@@ -523,16 +523,29 @@ def test_style_facts_layout_defaults_are_what_torch_fills_in(name):
         assert (value[0] if isinstance(value, tuple) else value) == placement_from_text(text), (name, argument)
 
 
+class _PackedExperts(nn.Module):
+    """transformers 5.x's experts layout: per-expert weights packed on dim 0 (``weight``: gate_up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_experts = 4
+        self.weight = nn.Parameter(torch.zeros(4, 6, 8))  # [experts, 2 x intermediate, hidden]
+        self.down_proj = nn.Parameter(torch.zeros(4, 8, 3))
+
+
 @pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import EMBEDDING, LINEAR, STYLE_FACTS
+    from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
-    kinds = {LINEAR: lambda: nn.Linear(8, 8)}
-    if not facts.shards or EMBEDDING in facts.shard_dim:
-        kinds[EMBEDDING] = lambda: nn.Embedding(16, 8)
+    if EXPERTS in facts.shard_dim:  # a style for packed experts only
+        kinds = {EXPERTS: _PackedExperts}
+    else:
+        kinds = {LINEAR: lambda: nn.Linear(8, 8)}
+        if not facts.shards or EMBEDDING in facts.shard_dim:
+            kinds[EMBEDDING] = lambda: nn.Embedding(16, 8)
     for kind, make in kinds.items():
         holder = nn.Module()
         holder.m = make()

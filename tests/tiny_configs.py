@@ -38,3 +38,16 @@ TINY["nemotron_h"] = dict(
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=16,
     ssm_state_size=8, n_groups=2, chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
 )
+
+# Mixture-of-experts: 8 experts, top-2, so that with a 2-rank TP group every rank's experts get
+# tokens and, in the parity tests' batches, some expert gets none (the tests check both).
+MOE = dict(num_experts_per_tok=2, output_router_logits=True, router_aux_loss_coef=0.01)
+TINY["qwen3_moe"] = dict(
+    model_type="qwen3_moe", num_experts=8, moe_intermediate_size=16, norm_topk_prob=True,
+    mlp_only_layers=[0], decoder_sparse_step=1, **MOE, **COMMON,
+)
+TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window=None, **MOE, **COMMON)
+TINY["qwen2_moe"] = dict(
+    model_type="qwen2_moe", num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+    **MOE, **COMMON,
+)

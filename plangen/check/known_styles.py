@@ -173,6 +173,8 @@ STYLES: dict[str, StyleSpec] = {
         ),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
+        _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("AllReduceOutputGrad", ()),
     )
 }
 

@@ -27,9 +27,11 @@ from torch.distributed.tensor.parallel import (
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.module_tree import generalize
+from plangen.moe_styles import expert_count
 from plangen.style_facts import is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
+    ExpertsParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
@@ -115,6 +117,13 @@ class KeysMatchRule(ModelRule):
 def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
     name = type(style).__name__
     what = type(module).__name__
+    if isinstance(style, ExpertsParallel):
+        if expert_count(module) is None:
+            return (
+                f"`{name}` shards a packed experts module (num_experts and [experts, ...] weights, transformers"
+                f" 5.x), not {what}"
+            )
+        return None
     if isinstance(style, (PackedColwiseParallel, PackedRowwiseParallel, MlaKvAProjParallel)):
         if not isinstance(module, nn.Linear):
             return f"`{name}` shards nn.Linear only, not {what}"
@@ -193,6 +202,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     divisibility. A shard handed on as a plain local tensor, or read from one, does.
     """
     split = getattr(style, "split_factor", 1)
+    if isinstance(style, ExpertsParallel) and expert_count(module):
+        return [("num_experts", expert_count(module), 1)]  # whole experts per rank
     if isinstance(module, nn.Linear):
         if isinstance(style, ColwiseParallel) and leaves_local_shard(style):
             return [("out_features", module.out_features, split)]

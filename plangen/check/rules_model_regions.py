@@ -11,7 +11,13 @@ from typing import Iterator
 
 from torch import nn
 from torch.distributed.tensor import Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
@@ -41,13 +47,22 @@ def _residual_layouts(plan: ModelPlan) -> Iterator[tuple[str, object]]:
             placements.append(first_layout(style.input_layouts))
             placements.append((style.input_kwarg_layouts or {}).get("hidden_states"))
         elif isinstance(style, ColwiseParallel) and isinstance(module, nn.Linear):
-            # A projection reads the residual itself unless its block prepares the input first.
-            block_style = plan.style_of(parent_path(names[0]))
-            if module is output_embedding or not isinstance(block_style, PrepareModuleInput):
+            # A projection reads the residual itself unless a block around it prepares the input
+            # first (its own block, or the MoE block around a shared expert).
+            if module is output_embedding or not _input_prepared_above(plan, names[0]):
                 placements.append(first_layout(style.input_layouts))
         for placement in placements:
             if is_sequence_split(placement) or isinstance(placement, Replicate):
                 yield key, placement
+
+
+def _input_prepared_above(plan: ModelPlan, path: str) -> bool:
+    while path:
+        path = parent_path(path)
+        style = plan.style_of(path)
+        if isinstance(style, (PrepareModuleInput, PrepareModuleInputOutput)):
+            return True
+    return False
 
 
 class SequenceParallelRule(ModelRule):

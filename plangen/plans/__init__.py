@@ -10,32 +10,9 @@ plans without loading every architecture.
 
 from __future__ import annotations
 
-from typing import Callable
+from plangen.plans.registry import CHECKPOINT_FILTERS, HAND_WRITTEN, PlanBuilder, register_plan
 
-from torch import nn
-
-from plangen.plan import Plan
-
-PlanBuilder = Callable[[nn.Module, bool], Plan]
-
-HAND_WRITTEN: dict[str, PlanBuilder] = {}
-
-# Which decoder blocks to checkpoint, by class name; absent: every block.
-CHECKPOINT_FILTERS: dict[str, Callable[[nn.Module], bool]] = {}
-
-
-def register_plan(*class_names: str) -> Callable[[PlanBuilder], PlanBuilder]:
-    """Register ``builder(model, sequence_parallel) -> Plan`` for each class name."""
-
-    def decorate(builder: PlanBuilder) -> PlanBuilder:
-        for name in class_names:
-            if name in HAND_WRITTEN:
-                raise ValueError(f"a plan for {name} is already registered")
-            HAND_WRITTEN[name] = builder
-        return builder
-
-    return decorate
-
+__all__ = ["CHECKPOINT_FILTERS", "HAND_WRITTEN", "PlanBuilder", "register_plan"]
 
 # Importing the families registers their plans.
-from plangen.plans import dense, hybrid  # noqa: E402,F401
+from plangen.plans import dense, hybrid, moe  # noqa: E402,F401

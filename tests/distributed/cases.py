@@ -90,8 +90,25 @@ def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
     raise ValueError(f"unknown plan_kind {kind!r}")
 
 
+def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
+    """Per MoE layer, how many (token, expert) routes each expert gets in the next forwards; the hooks."""
+    from plangen.moe_styles import expert_count
+
+    counts: list[list[int]] = []
+    handles = []
+    for module in model.modules():
+        experts = expert_count(module)
+        if experts:
+            handles.append(module.register_forward_hook(
+                lambda mod, args, out, n=experts: counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
+            ))
+    return counts, handles
+
+
 def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     model = build_case_model(case)
+    if "experts" in case:  # the experts implementation: eager or grouped_mm (transformers' default)
+        model.config._experts_implementation = case["experts"]
     reference = copy.deepcopy(model)
     id_bound = text_config(model.config).vocab_size
     if "model_type" in case:
@@ -107,7 +124,8 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         mask[0, :3] = 0  # left padding in the first row of every DP slice
         mask[BATCH // 2, :5] = 0
 
-    ref_logits = reference(input_ids=ids, attention_mask=mask).logits
+    ref_out = reference(input_ids=ids, attention_mask=mask)
+    ref_logits = ref_out.logits
     # FSDP2 averages gradients over DP ranks: the reference loss is the mean of per-slice losses.
     ref_loss = torch.stack([next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean()
     ref_loss.backward()
@@ -124,7 +142,16 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         custom_parallel_plan=plan,
     )
     with CollectiveCounter() as forward:
-        logits = sharded(input_ids=ids[rows], attention_mask=mask[rows]).logits
+        out = sharded(input_ids=ids[rows], attention_mask=mask[rows])
+    logits = out.logits
+    aux, routed = None, []
+    if getattr(out, "aux_loss", None) is not None:  # MoE load balancing, from this rank's rows' router logits
+        routed, hooks = _count_routes(reference)  # and the routes of those rows, per layer and expert
+        with torch.no_grad():
+            ref_aux = reference(input_ids=ids[rows], attention_mask=mask[rows]).aux_loss
+        for hook in hooks:
+            hook.remove()
+        aux = abs(float(full(out.aux_loss)) - float(ref_aux))
     loss = next_token_loss(logits, ids[rows])
     loss.backward()
 
@@ -151,6 +178,8 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "extra_grads": sorted(set(grads) - set(ref_grads)),
         "grad_norm": abs(norm - ref_norm),
         "grad_norm_inf": abs(norm_inf - ref_norm_inf),
+        "aux_loss": aux,
+        "routes": routed,
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
 
@@ -205,8 +234,8 @@ def case_problem(result: dict[str, Any]) -> str | None:
         return result["error"]
     if result["missing_grads"] or result["extra_grads"]:
         return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"
-    for key in ("logits", "loss", "grad", "grad_norm", "grad_norm_inf", "param_drift"):
-        if result[key] is not None and not result[key] < TOL:
+    for key in ("logits", "loss", "grad", "grad_norm", "grad_norm_inf", "param_drift", "aux_loss"):
+        if result.get(key) is not None and not result[key] < TOL:
             where = f" ({result['worst_grad']})" if key == "grad" else ""
             return f"{key} differs by {result[key]:.1e}{where}"
     return None

@@ -1,0 +1,96 @@
+"""Tensor-parallel plan for Qwen3MoeForCausalLM, made by `plangen init`: edit it freely.
+
+Model:       qwen3_moe (Qwen3MoeForCausalLM), TP size 2, sequence parallel on
+Seed:        the hand-written plan for Qwen3MoeForCausalLM
+Regenerate:  plangen init qwen3_moe -o generated/qwen3_moe_sp_plan.py --tp-size 2 --sequence-parallel --force
+Made with:   plangen 0.1.0, transformers 5.24.0, torch 2.13.0+cpu
+
+Each entry maps a module pattern (torch's fnmatch rule, one name per dot) to a ParallelStyle with
+every argument written out. Commented-out patterns are left replicated on purpose. Use it with
+
+    parallelize_model(..., custom_parallel_plan="generated.qwen3_moe_sp_plan.custom_parallel_plan")
+
+and check it after editing with `plangen verify generated/qwen3_moe_sp_plan.py`.
+"""
+
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from plangen.styles import ExpertsParallel, ReplicatedWithGradAllReduce
+
+# Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
+PLANGEN_MODEL = "qwen3_moe"
+PLANGEN_TP_SIZE = 2
+PLANGEN_SEQUENCE_PARALLEL = True
+
+custom_parallel_plan: dict[str, ParallelStyle] = {
+    # Embeddings
+    # 1 × Embedding [151936, 2048] → local [75968, 2048] at TP=2
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual
+    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+
+    # Attention
+    # 24 × Qwen3MoeAttention: one all-gather of the sequence per attention block; one gradient reduction per block in
+    # backward
+    "model.layers.*.self_attn": PrepareModuleInput(
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=False,
+    ),
+    # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Linear [256, 2048] → local [128, 2048] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Linear [256, 2048] → local [128, 2048] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Qwen3MoeRMSNorm [64], replicated at TP=2
+    # per-head norm sees only local heads: its weight gradient is summed over TP
+    "model.layers.*.self_attn.q_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),
+    # 24 × Qwen3MoeRMSNorm [64], replicated at TP=2
+    # per-head norm sees only local heads: its weight gradient is summed over TP
+    "model.layers.*.self_attn.k_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),
+    # 24 × Linear [2048, 2048] → local [2048, 1024] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
+
+    # MLP
+    # 24 × Qwen3MoeSparseMoeBlock: one all-gather of the sequence in, one reduce-scatter out: the experts, shared
+    # experts and dense projections leave partial sums, reduced once here
+    "model.layers.*.mlp": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Partial(reduce_op="sum"),),
+        desired_output_layouts=(Shard(1),),
+        use_local_output=False,
+    ),
+    # 24 × Qwen3MoeExperts [128, 1536, 2048] → local [64, 1536, 2048] at TP=2
+    # each rank holds E/tp whole experts and computes the routes to them; partial sum out
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum")),
+    # Left replicated on purpose: the router sees every token on every rank: routing stays exact
+    # "model.layers.*.mlp.gate": 24 × Qwen3MoeTopKRouter [128, 2048]
+
+    # Norms
+    # 24 × Qwen3MoeRMSNorm [2048], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.input_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 24 × Qwen3MoeRMSNorm [2048], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.post_attention_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 1 × Qwen3MoeRMSNorm [2048], replicated at TP=2; norm on the local sequence shard
+    "model.norm": SequenceParallel(sequence_dim=1, use_local_output=False),
+
+    # Output head
+    # 1 × Linear [151936, 2048] → local [75968, 2048] at TP=2
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+}

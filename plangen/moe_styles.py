@@ -1,0 +1,170 @@
+"""Mixture-of-experts styles: the experts split over the TP mesh on the expert dimension.
+
+transformers 5.x keeps a MoE layer's experts as packed 3-D parameters (``gate_up_proj``
+``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``, biases ``[E, ...]``) in one ``experts`` module called
+with ``(hidden_states, top_k_index, top_k_weights)``. :class:`ExpertsParallel` gives each TP rank
+``E / tp`` whole experts (``Shard(0)`` on every per-expert parameter):
+
+* every rank holds every token (the router runs replicated), routes to another rank's expert are
+  masked (local id ``E / tp``, the sentinel transformers' experts skip, and weight 0), so each rank
+  computes exactly the (token, expert) pairs of its own experts;
+* the outputs are partial sums over ranks, reduced like a row-parallel layer: one all-reduce of
+  B·S·H per MoE layer (or a reduce-scatter under sequence parallel, by the block's output style);
+* in backward the gradients of the shared inputs (the hidden states and the routing weights) are
+  partial for the same reason and are summed over TP, so the router's gradient is exact.
+
+Why the expert dimension and not each expert's intermediate dimension (transformers'
+``moe_tp_experts`` + ``packed_colwise``): ``Shard(0)`` is a plain shard that FSDP2 composes with
+like any column-parallel weight, so a full state dict gathers back in Hugging Face's layout; the
+packed ``gate|up`` split needs strided shards that FSDP2 gathers back permuted. Both move the same
+B·S·H per layer; the expert split launches E/tp small matmuls per rank instead of E thin ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
+
+_INDEX_NAMES = ("top_k_index", "router_indices")
+_WEIGHT_NAMES = ("top_k_weights", "routing_weights")
+
+
+def expert_count(module: nn.Module) -> int | None:
+    """How many experts ``module`` packs (its ``num_experts`` where its 3-D weights agree), else None.
+
+    A router also knows ``num_experts`` and has an ``[experts, hidden]`` weight: only packed 3-D
+    expert weights make an experts module.
+    """
+    count = getattr(module, "num_experts", None)
+    if not isinstance(count, int) or count < 1:
+        return None
+    packed = [p for p in module.parameters(recurse=False) if p.dim() == 3 and p.shape[0] == count]
+    return count if packed else None
+
+
+def _all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    # Identity forward; the gradient, labelled Partial, is summed over the mesh in backward.
+    return DTensor.from_local(tensor, mesh, (Replicate(),), run_check=False).to_local(grad_placements=(Partial(),))
+
+
+class ExpertsParallel(ParallelStyle):
+    """Shard a packed experts module on the expert dimension over TP (see the module docstring).
+
+    ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce) and returns a
+    plain tensor; ``Partial()`` returns the local partial sum, for a block-level style that reduces
+    it once together with other partial outputs (shared experts) or reduce-scatters it (SP).
+    """
+
+    def __init__(self, *, output_layouts: Placement | None = None) -> None:
+        super().__init__()
+        self.output_layouts = output_layouts if output_layouts is not None else Replicate()
+        if not isinstance(self.output_layouts, (Replicate, Partial)):
+            raise ValueError(f"ExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}")
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        experts = expert_count(module)
+        tp = device_mesh.size()
+        if experts is None:
+            raise ValueError(
+                f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
+                f"{type(module).__name__} has none"
+            )
+        if experts % tp:
+            raise ValueError(f"ExpertsParallel: {experts} experts cannot be split evenly over TP size {tp}")
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.dim() >= 1 and param.shape[0] == experts:
+                sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+                module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        local = experts // tp
+        module.num_experts = local
+        # transformers' experts (grouped_mm / batched_mm) mask sentinel routes only when told so.
+        module._is_expert_parallel = True
+        rank = device_mesh.get_local_rank()
+        swapped: dict[str, nn.Parameter] = {}
+
+        def prepare(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            args, kwargs = list(args), dict(kwargs)
+            hidden = _local(args[0] if args else kwargs.pop("hidden_states"))
+            index, index_at = _take(args, kwargs, 1, _INDEX_NAMES)
+            weights, weights_at = _take(args, kwargs, 2, _WEIGHT_NAMES)
+            index, weights = _local(index), _local(weights)
+            if torch.is_grad_enabled():
+                # Before the masking: each rank's gradient covers its own experts' routes only.
+                hidden = _all_reduce_grad(hidden, device_mesh)
+                weights = _all_reduce_grad(weights, device_mesh)
+            off_rank = torch.div(index, local, rounding_mode="floor") != rank
+            index = torch.where(off_rank, torch.full_like(index, local), index % local)
+            weights = weights.masked_fill(off_rank, 0.0)
+            for name, param in list(mod._parameters.items()):
+                if isinstance(param, DTensor):
+                    swapped[name] = param
+                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+            if args:
+                args[0] = hidden
+            else:
+                kwargs["hidden_states"] = hidden
+            _put(args, kwargs, index_at, index)
+            _put(args, kwargs, weights_at, weights)
+            return tuple(args), kwargs
+
+        def finish(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            mod._parameters.update(swapped)  # type: ignore[arg-type]
+            swapped.clear()
+            if isinstance(self.output_layouts, Partial):
+                return output
+            reduced = DTensor.from_local(output, device_mesh, (Partial(),), run_check=False)
+            return reduced.redistribute(device_mesh, (Replicate(),)).to_local()
+
+        module.register_forward_pre_hook(prepare, with_kwargs=True)
+        # always_call: an exception inside forward must not leave local views in place of the parameters.
+        module.register_forward_hook(finish, with_kwargs=True, always_call=True)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(output_layouts={self.output_layouts})"
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    # A DTensor here is replicated (the block gathered its input): its local value is the whole tensor.
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _take(args: list, kwargs: dict, position: int, names: tuple[str, ...]) -> tuple[torch.Tensor, Any]:
+    if len(args) > position:
+        return args[position], position
+    for name in names:
+        if name in kwargs:
+            return kwargs[name], name
+    raise ValueError(f"ExpertsParallel: the experts were called without {names[0]}")
+
+
+def _put(args: list, kwargs: dict, where: Any, value: torch.Tensor) -> None:
+    if isinstance(where, int):
+        args[where] = value
+    else:
+        kwargs[where] = value
+
+
+class AllReduceOutputGrad(ParallelStyle):
+    """A replicated module whose output scales a partial sum (Qwen2-MoE's ``shared_expert_gate``:
+    ``sigmoid(gate(x)) * shared_expert(x)``, the shared expert's output still partial over TP).
+
+    Each rank's gradient of that output covers its partial sum only, so its weight and input
+    gradients would be partial too: the output's gradient is summed over TP in backward (identity
+    forward), and everything upstream of it is exact.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def reduce_grad(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            return _all_reduce_grad(output, device_mesh) if torch.is_grad_enabled() else output
+
+        module.register_forward_hook(reduce_grad)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,119 @@
+"""Hand-written plans for mixture-of-experts decoders: attention as the dense plans shard it, the
+experts split over TP on the expert dimension (:class:`plangen.moe_styles.ExpertsParallel`).
+
+Every MLP block, MoE or dense, ends the same way: its branches (the routed experts, the shared
+experts, a dense MLP's ``down_proj``) leave local partial sums, and the block's own style reduces
+them once: one all-reduce of B·S·H per layer, or with sequence parallel one all-gather of the
+block's input and one reduce-scatter of its output. The router runs replicated on every token, so
+the routing and the auxiliary load-balancing loss are exactly the unsharded model's.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.tensor import Partial, Replicate, Shard
+
+from plangen.moe_styles import expert_count
+from plangen.plan import Plan, PlanEntry, Replicated
+from plangen.plans.registry import register_plan
+from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan
+
+# Names transformers gives the parts of a MoE block.
+SHARED_EXPERTS = ("shared_experts", "shared_expert")
+ROUTERS = ("gate", "router")
+DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _block_parts(model: nn.Module, layer_prefix: str) -> tuple[set[str], set[str], set[str], set[str]]:
+    """Children of ``layers.*.mlp``: shared experts, routers, other replicated linears (a shared
+    expert's gate), dense-MLP projections."""
+    shared, routers, gates, dense = set(), set(), set(), set()
+    head = f"{layer_prefix}."
+    for name, module in model.named_modules():
+        if not name.startswith(head):
+            continue
+        parts = name[len(head):].split(".")
+        if len(parts) != 3 or parts[1] != "mlp":  # <layer index>.mlp.<child>
+            continue
+        child = parts[2]
+        if child in SHARED_EXPERTS:
+            shared.add(child)
+        elif child in DENSE_MLP and isinstance(module, nn.Linear):
+            dense.add(child)
+        elif child in ROUTERS:
+            routers.add(child)
+        elif isinstance(module, nn.Linear):
+            gates.add(child)
+    return shared, routers, gates, dense
+
+
+def build_moe_decoder_plan(
+    model: nn.Module, *, sequence_parallel: bool, layer_norms: tuple[str, ...] = LLAMA_NORMS, per_head_norms: bool
+) -> Plan:
+    prefix = _text_prefix(model)
+    dense_plan = build_dense_decoder_plan(
+        prefix, sequence_parallel=sequence_parallel, layer_norms=layer_norms, per_head_norms=per_head_norms
+    )
+    layer = f"{prefix}.layers.*"
+    # The dense plan's MLP entries assume a gate/up/down MLP in every layer: the MoE block replaces them.
+    entries = [e for e in dense_plan.entries if not e.pattern.startswith(f"{layer}.mlp")]
+    replicated = list(dense_plan.replicated)
+    sp = sequence_parallel
+    shared, routers, gates, dense = _block_parts(model, f"{prefix}.layers")
+
+    def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
+        entries.append(PlanEntry(pattern, style, kwargs, "mlp", why))
+
+    add(
+        f"{layer}.mlp",
+        "PrepareModuleInputOutput",
+        ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
+        + ": the experts, shared experts and dense projections leave partial sums, reduced once here",
+        input_layouts=(SEQ if sp else Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Partial(),),
+        desired_output_layouts=(SEQ if sp else Replicate(),),
+        use_local_output=not sp,
+    )
+    add(
+        f"{layer}.mlp.experts",
+        "ExpertsParallel",
+        "each rank holds E/tp whole experts and computes the routes to them; partial sum out",
+        output_layouts=Partial(),
+    )
+    for owner in sorted(shared) + ([""] if dense else []):
+        path = f"{layer}.mlp.{owner}." if owner else f"{layer}.mlp."
+        what = "shared experts" if owner else "dense MLP (layers without experts)"
+        for proj in ("gate_proj", "up_proj"):
+            add(f"{path}{proj}", "ColwiseParallel", f"{what}: column-parallel",
+                input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
+        add(f"{path}down_proj", "RowwiseParallel", f"{what}: row-parallel, partial sum out (reduced by the block)",
+            input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True)
+    for gate in sorted(gates):
+        add(f"{layer}.mlp.{gate}", "AllReduceOutputGrad",
+            "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP")
+    for router in sorted(routers):
+        replicated.append(
+            Replicated(f"{layer}.mlp.{router}", "the router sees every token on every rank: routing stays exact", "mlp")
+        )
+    return Plan(tuple(entries), "hand-written", tuple(replicated), sequence_parallel)
+
+
+def _check_experts(model: nn.Module) -> None:
+    if not any(expert_count(m) for m in model.modules()):
+        raise ValueError(f"{type(model).__name__}: no packed experts module found (transformers 5.x layout expected)")
+
+
+@register_plan("Qwen3MoeForCausalLM")
+def plan_qwen3_moe(model: nn.Module, sequence_parallel: bool) -> Plan:
+    _check_experts(model)
+    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=True)
+
+
+@register_plan("MixtralForCausalLM", "Qwen2MoeForCausalLM")
+def plan_mixtral_like(model: nn.Module, sequence_parallel: bool) -> Plan:
+    _check_experts(model)
+    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False)
