@@ -72,6 +72,14 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 24 × Qwen2MoeExperts [60, 2816, 2048] → local [30, 2816, 2048] at TP=2
     # each rank holds E/tp whole experts and computes the routes to them; partial sum out
     "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum")),
+    # 24 × Qwen2MoeMLP: shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once
+    "model.layers.*.mlp.shared_expert": PrepareModuleInput(
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output=False,
+    ),
     # 24 × Linear [5632, 2048] → local [2816, 2048] at TP=2; shared experts: column-parallel
     "model.layers.*.mlp.shared_expert.gate_proj": ColwiseParallel(
         input_layouts=Replicate(),

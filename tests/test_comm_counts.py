@@ -84,3 +84,47 @@ def test_no_collective_moves_the_vocabulary(fake_pg, sequence_parallel):
         assert size <= hidden_bytes, f"{name} moves {size} bytes; the hidden state is {hidden_bytes}"
     assert logits.placements[0].is_shard(-1) or logits.placements[0].is_shard(2)
     assert logits.to_local().shape[-1] == config.vocab_size // 2
+
+
+# --- mixture of experts: experts split over TP on the expert dimension -------------------------
+
+MOE = ["qwen3_moe", "mixtral", "qwen2_moe"]
+# Qwen2-MoE's shared expert: its input gradient (gate and up share one input: one reduction) and
+# its gate's output gradient (one value per token, scaling the shared expert's partial output).
+SHARED_BACKWARD = {"qwen2_moe": 2}
+
+
+def _moe_payloads(name: str, sequence_parallel: bool):
+    """(forward, backward) collective names and byte sizes of a 2-layer step, and the sizes B·S·H, B·S·k."""
+    config, _, forward, backward = run_step(name, 2, sequence_parallel)
+    return forward.records, backward.records, BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_experts_per_tok * 4
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_moe_layer_costs_what_a_dense_layer_costs_plus_the_routing_weights(fake_pg, name):
+    """Per layer: the MoE block's branches (routed experts, shared experts) leave partial sums that the
+    block reduces once, as one row-parallel MLP would: 2 all-reduces of B·S·H forward. Backward: the
+    attention block's and the experts' input gradients (B·S·H each), and the routing weights' (B·S·k:
+    each rank's gradient covers its own experts' routes), so the router's gradient is exact."""
+    forward, backward, total_forward, total_backward = per_layer(name, False)
+    shared = SHARED_BACKWARD.get(name, 0)
+    assert forward == {AR: 2}
+    assert backward == {AR: 3 + shared}
+    # Fixed: the embedding forward, the head's input gradient backward. Qwen3-MoE's layer 0 is dense
+    # here (mlp_only_layers): under the MoE block's style its gate and up projections reduce their
+    # input gradients one each, 3 per layer again.
+    assert total_forward == {AR: 2 * 2 + 1}
+    assert total_backward == {AR: (3 + shared) * 2 + 1}
+    fwd, bwd, bsh, bsk = _moe_payloads(name, False)
+    assert sorted({size for _, size in fwd}) == [bsh]  # nothing moves more than the hidden state
+    assert {size for _, size in bwd} - {bsh, bsk} <= ({BATCH * SEQ * 4} if name in SHARED_BACKWARD else set())
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fake_pg, name):
+    forward, backward, _, _ = per_layer(name, True)
+    assert forward == {AG: 2, RS: 2}  # per block: gather the sequence in, reduce-scatter the sum out
+    # Backward: each block's output gradient is gathered; attention reduce-scatters its input
+    # gradient, the experts all-reduce theirs (they take a local input; see docs/plans.md) and the
+    # routing weights'.
+    assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}

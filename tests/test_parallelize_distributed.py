@@ -43,6 +43,8 @@ def _cases():
     # Mixture of experts: experts split over TP on the expert dimension (grouped_mm, and eager once).
     moe = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MOE_MODELS for sp in (False, True)]
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
+    # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
+    moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied")]
     cases += moe
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
@@ -83,6 +85,15 @@ def test_matches_unsharded_model(results, case_id):
 
 
 MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in MOE_MODELS)]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c.endswith("-state-dict")])
+def test_full_state_dict_is_the_hugging_face_one_both_ways(results, case_id):
+    for per_case in results:
+        sd = per_case[case_id]["state_dict"]
+        assert sd["names"] == [] and sd["shapes"] == [], sd
+        assert sd["read"] == 0 and sd["loaded"] == 0, sd
 
 
 @pytest.mark.distributed

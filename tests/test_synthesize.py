@@ -147,11 +147,38 @@ def test_fused_projections_stay_replicated_with_the_reason():
     assert "\n" not in str(err.value)
 
 
-def test_mixture_of_experts_stays_replicated_and_attention_is_sharded():
-    plan = build_synthesized_plan(meta("qwen3_moe"), False)
-    assert "mixture of experts" in why_of(plan, "model.layers.*.mlp")
-    assert not any(".mlp." in p for p in styles_of(plan))
-    assert styles_of(plan)["model.layers.*.self_attn.q_norm"] == "ReplicatedWithGradAllReduce"
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_synthesizer_rederives_every_hand_written_moe_plan(model_type, sequence_parallel):
+    model = meta(model_type)
+    synthesized = build_synthesized_plan(model, sequence_parallel)
+    assert entry_set(synthesized) == entry_set(HAND_WRITTEN[type(model).__name__](model, sequence_parallel))
+    assert styles_of(synthesized)["model.layers.*.mlp.experts"] == "ExpertsParallel"
+    assert "router" in why_of(synthesized, "model.layers.*.mlp.gate")
+
+
+def test_moe_blocks_beside_dense_layers_and_router_scores_passed_through():
+    # DeepSeek-V3: dense first layer(s), then MoE with shared experts; MLA attention stays replicated.
+    styles = styles_of(build_synthesized_plan(meta("deepseek_v3"), False))
+    assert styles["model.layers.0.mlp"] == "PrepareModuleInput" and styles["model.layers.1.mlp"] == "PrepareModuleInputOutput"
+    assert styles["model.layers.*.mlp.experts"] == "ExpertsParallel"
+    assert styles["model.layers.*.mlp.shared_experts"] == "PrepareModuleInput"
+    assert styles["model.layers.*.mlp.shared_experts.down_proj"] == "RowwiseParallel"
+    # gpt-oss: the block returns (hidden, router scores); the scores pass through untouched.
+    block = next(e for e in build_synthesized_plan(meta("gpt_oss"), True).entries if e.pattern == "model.layers.*.mlp")
+    assert len(block.kwargs["output_layouts"]) == 2 and block.kwargs["output_layouts"][1] is None
+
+
+@pytest.mark.parametrize(
+    "model_type, why",
+    [
+        ("llama4", "do not take (hidden, top-k ids, top-k weights)"),  # its experts run on all tokens at once
+        ("jetmoe", "several experts modules"),
+    ],
+)
+def test_moe_blocks_the_experts_style_cannot_split_stay_replicated_with_the_reason(model_type, why):
+    analysis = analyze_model(meta(model_type))
+    assert any(why in k.why for k in analysis.kept), [k.why for k in analysis.kept]
 
 
 def test_heterogeneous_layers_get_per_layer_patterns():
@@ -162,7 +189,8 @@ def test_heterogeneous_layers_get_per_layer_patterns():
     assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"  # not layers.*: layer 1's is MoE
     assert "model.layers.*.feed_forward" not in styles
     assert "state-space" in why_of(plan, "model.layers.*.mamba")
-    assert "mixture of experts" in why_of(plan, "model.layers.1.feed_forward")
+    assert styles["model.layers.1.feed_forward"] == "PrepareModuleInputOutput"
+    assert styles["model.layers.*.feed_forward.experts"] == "ExpertsParallel"  # only layer 1 holds experts
     from plangen.module_tree import find_unmatched_keys
 
     assert find_unmatched_keys(model, styles) == []
@@ -287,9 +315,8 @@ def test_synthesized_sequence_parallel_gathers_once_per_block(fake_pg):
     assert total_backward == {AG: 2 * 2 + 1, RS: 2 * 2 + 1}
 
 
-def test_replicated_moe_under_sequence_parallel_costs_one_gather_each_way(fake_pg):
-    # Attention as above (AG + RS each way); the replicated MoE gathers its input in forward and
-    # keeps a slice of its output (no collective); backward gathers the output's gradient, and its
-    # input gradient, the same on every rank, is sliced.
+def test_moe_under_sequence_parallel_gathers_once_per_block(fake_pg):
+    # Attention and the MoE block each gather the sequence in and reduce-scatter out; backward, the
+    # experts all-reduce their input gradient and the routing weights' (tests/test_comm_counts.py).
     forward, backward, _, _ = per_layer("qwen3_moe", True)
-    assert forward == {AG: 2, RS: 1} and backward == {AG: 2, RS: 1}
+    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 1, AR: 2}

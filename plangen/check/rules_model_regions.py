@@ -43,7 +43,8 @@ def _residual_layouts(plan: ModelPlan) -> Iterator[tuple[str, object]]:
             placements.append(style.sequence_sharding[0])
         elif isinstance(style, RowwiseParallel) or (isinstance(style, ColwiseParallel) and isinstance(module, nn.Embedding)):
             placements.append(first_layout(style.output_layouts))
-        elif isinstance(style, PrepareModuleInput):
+        elif isinstance(style, PrepareModuleInput) and not _input_prepared_above(plan, names[0]):
+            # (A module inside a prepared block, a MoE block's shared expert, reads the block's input.)
             placements.append(first_layout(style.input_layouts))
             placements.append((style.input_kwarg_layouts or {}).get("hidden_states"))
         elif isinstance(style, ColwiseParallel) and isinstance(module, nn.Linear):

@@ -22,6 +22,7 @@ from plangen.plan import Replicated
 from plangen.plans.forward_source import BlockCall, read_block_call
 from plangen.plans.recognize import (
     ModelDims,
+    MoeBlock,
     ShardedBlock,
     has_parameters,
     is_linear,
@@ -37,7 +38,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str
-    block: ShardedBlock
+    block: ShardedBlock | MoeBlock
     call: BlockCall | None
 
 
@@ -141,7 +142,12 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     get_out = getattr(model, "get_output_embeddings", None)
     emb = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
-    emb_ok = isinstance(emb, nn.Embedding) and emb.weight.shape[-1] == dims.hidden
+    # A plain embedding: torch's row-parallel style re-registers every parameter below it by name.
+    emb_ok = (
+        isinstance(emb, nn.Embedding)
+        and emb.weight.shape[-1] == dims.hidden
+        and not any(has_parameters(child) for child in emb.children())
+    )
     head_ok = head is not None and is_linear(head) and head.in_features == dims.hidden
     if emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
@@ -186,7 +192,16 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
                 found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
             continue
         recognized = recognize_block(name, child, dims)
-        if isinstance(recognized, ShardedBlock):
+        if isinstance(recognized, MoeBlock) and (call is None or call.outputs is None):
+            # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
+            found.keep(child_path, "mixture of experts whose call by the layer the reader cannot follow", "mlp",
+                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+        elif isinstance(recognized, MoeBlock):
+            found.blocks.append(BlockPart(child_path, recognized, call))
+            for router in recognized.routers:
+                found.keep(f"{child_path}.{router}",
+                           "the router sees every token on every rank: routing stays exact", "mlp")
+        elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call))
         elif call is None or call.outputs is None:
             found.keep(child_path, recognized.why, _group_of(recognized.kind),

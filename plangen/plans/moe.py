@@ -87,6 +87,11 @@ def build_moe_decoder_plan(
     for owner in sorted(shared) + ([""] if dense else []):
         path = f"{layer}.mlp.{owner}." if owner else f"{layer}.mlp."
         what = "shared experts" if owner else "dense MLP (layers without experts)"
+        if owner:  # transformers' MoE blocks call their shared experts with the hidden state, positionally
+            add(f"{layer}.mlp.{owner}", "PrepareModuleInput",
+                "shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once",
+                input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+                input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False)
         for proj in ("gate_proj", "up_proj"):
             add(f"{path}{proj}", "ColwiseParallel", f"{what}: column-parallel",
                 input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)

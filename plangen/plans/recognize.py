@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import read_input_readers
+from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
 
 
 @dataclass(frozen=True)
@@ -245,6 +245,80 @@ def _is_mixture_of_experts(block: nn.Module, dims: ModelDims) -> bool:
     return any(isinstance(m, nn.ModuleList) and len(m) == dims.experts for m in block.modules())
 
 
+@dataclass(frozen=True)
+class MoeBlock:
+    """A mixture-of-experts block: the packed experts split over TP on the expert dimension, the
+    routers replicated, shared-expert MLPs column/row-parallel, and replicated gates that scale a
+    shared expert's output; every branch leaves a partial sum, reduced once by the block."""
+
+    experts: str
+    # Shared-expert MLPs and how the block calls each (None: unknown, then each projection takes
+    # its own input and reduces its own input gradient).
+    shared: tuple[tuple[str, ShardedBlock, BlockCall | None], ...]
+    routers: tuple[str, ...]
+    gates: tuple[str, ...]
+    kind: str = "moe"
+
+
+_ROUTING_ARGUMENTS = ({"top_k_index", "router_indices"}, {"top_k_weights", "routing_weights"})
+
+
+def _takes_routing(experts: nn.Module) -> bool:
+    """The experts' forward takes (hidden_states, top-k expert ids, top-k weights), as ExpertsParallel expects."""
+    import inspect
+
+    try:
+        names = [n for n in inspect.signature(type(experts).forward).parameters if n != "self"]
+    except (TypeError, ValueError):
+        return False
+    return len(names) >= 3 and all(names[i + 1] in allowed for i, allowed in enumerate(_ROUTING_ARGUMENTS))
+
+
+def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | None:
+    """A block holding one packed experts module (transformers 5.x), or None when it holds none."""
+    from plangen.moe_styles import expert_count
+
+    packed = [(n, c) for n, c in block.named_children() if expert_count(c)]
+    if not packed:
+        return None
+    if len(packed) > 1:
+        return KeptBlock("moe", f"several experts modules ({', '.join(n for n, _ in packed)}) in one block")
+    name, experts = packed[0]
+    if not hasattr(experts, "_is_expert_parallel") or not _takes_routing(experts):
+        return KeptBlock(
+            "moe",
+            f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
+            "expert-parallel routing, so their experts cannot be split over ranks",
+        )
+    if own_parameters(block):
+        return KeptBlock("moe", f"own parameters ({', '.join(own_parameters(block))}) beside the experts")
+    count = expert_count(experts)
+    if count < 2:
+        return KeptBlock("moe", f"a single expert ({type(experts).__name__}): nothing to split over ranks")
+    shared: list[tuple[str, ShardedBlock, BlockCall | None]] = []
+    routers: list[str] = []
+    gates: list[str] = []
+    for child_name, child in block.named_children():
+        if child_name == name or not has_parameters(child):
+            continue
+        weights = [p for p in child.parameters() if p.dim() == 2]
+        if weights and all(tuple(p.shape) == (count, dims.hidden) for p in weights):
+            routers.append(child_name)  # scores every expert for every token: stays whole on every rank
+            continue
+        if is_linear(child) and child.in_features == dims.hidden and child.out_features == 1:
+            gates.append(child_name)  # one value per token, scaling a shared expert's output
+            continue
+        mlp = recognize_mlp(child, dims)
+        if isinstance(mlp, ShardedBlock):
+            shared.append((child_name, mlp, read_block_call(type(block), child_name, type(child))))
+            continue
+        why = mlp.why if isinstance(mlp, KeptBlock) else f"unrecognised submodule {describe(child_name, child)}"
+        return KeptBlock("moe", f"beside the experts: {why}")
+    if not routers:
+        return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
+    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates))
+
+
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
 
 
@@ -254,9 +328,9 @@ def _is_recurrent_mixer(block: nn.Module) -> bool:
     return any(name.split(".")[-1] in _STATE_SPACE_PARAMETERS for name, _ in block.named_parameters())
 
 
-def recognize_block(name: str, block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock:
+def recognize_block(name: str, block: nn.Module, dims: ModelDims) -> ShardedBlock | MoeBlock | KeptBlock:
     """What a decoder-layer child with parameters is, and how it is sharded (or why it is not)."""
-    for recognizer in (recognize_attention, recognize_mlp):
+    for recognizer in (recognize_attention, recognize_mlp, recognize_moe):
         found = recognizer(block, dims)
         if found is not None:
             return found

@@ -31,11 +31,12 @@ from __future__ import annotations
 from typing import Any, Callable, TypeVar
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
+from plangen.plans.recognize import MoeBlock
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
 
@@ -81,7 +82,59 @@ def _gathered_entry(part: KeptPart, group: str) -> PlanEntry:
     )
 
 
+def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """The experts split on the expert dim; shared experts column/row-parallel; every branch a partial
+    sum that the block reduces once (all-reduce, or reduce-scatter under SP), as in plans/moe.py."""
+    block, call = part.block, part.call
+    assert isinstance(block, MoeBlock) and call is not None
+    others = (call.outputs or 1) - 1  # e.g. router scores the layer unpacks and drops: passed through
+    reduced = "one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce"
+    entries = [
+        PlanEntry(
+            part.path, "PrepareModuleInputOutput",
+            dict(
+                **_input_layouts(call, sp),
+                use_local_input=True,
+                output_layouts=(Partial(), *(None,) * others),
+                desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * others),
+                use_local_output=not sp,
+            ),
+            "mlp", f"mixture of experts: {reduced} of the summed partial outputs of its branches",
+        ),
+        PlanEntry(
+            f"{part.path}.{block.experts}", "ExpertsParallel", dict(output_layouts=Partial()), "mlp",
+            "each rank holds E/tp whole experts and computes the routes to them; partial sum out",
+        ),
+    ]
+    for name, mlp, shared_call in block.shared:
+        if shared_call is not None:
+            entries.append(PlanEntry(
+                f"{part.path}.{name}", "PrepareModuleInput",
+                dict(**_input_layouts(shared_call, False), use_local_output=False), "mlp",
+                "shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once",
+            ))
+        for proj in mlp.colwise:
+            entries.append(PlanEntry(
+                f"{part.path}.{name}.{proj}", "ColwiseParallel",
+                dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True), "mlp",
+                "shared experts: column-parallel",
+            ))
+        entries.append(PlanEntry(
+            f"{part.path}.{name}.{mlp.rowwise}", "RowwiseParallel",
+            dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",
+            "shared experts: row-parallel, partial sum out (reduced by the block)",
+        ))
+    for gate in block.gates:
+        entries.append(PlanEntry(
+            f"{part.path}.{gate}", "AllReduceOutputGrad", {}, "mlp",
+            "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP",
+        ))
+    return entries
+
+
 def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    if isinstance(part.block, MoeBlock):
+        return _moe_entries(part, sp)
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call

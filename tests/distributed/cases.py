@@ -133,6 +133,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
     ref_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in ref_grads.values()])).item()
 
+    model_state = {k: v.detach().clone() for k, v in model.state_dict().items()} if case.get("state_dict") else None
     plan = build_case_plan(case, model)
     sharded = parallelize_model(
         model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
@@ -141,6 +142,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         cpu_offload=case.get("cpu_offload", False),
         custom_parallel_plan=plan,
     )
+    state_dict = check_state_dict_round_trip(sharded, model_state) if case.get("state_dict") else None
     with CollectiveCounter() as forward:
         out = sharded(input_ids=ids[rows], attention_mask=mask[rows])
     logits = out.logits
@@ -179,9 +181,31 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "grad_norm": abs(norm - ref_norm),
         "grad_norm_inf": abs(norm_inf - ref_norm_inf),
         "aux_loss": aux,
+        "state_dict": state_dict,
         "routes": routed,
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
+
+
+def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The parallelized model's full state dict (torch.distributed.checkpoint's API) against the
+    Hugging Face weights: same names, shapes, values; then those weights loaded back in, and read
+    out again, land where they belong (perturbed first, so a no-op load would show)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    full = get_model_state_dict(sharded, options=options)
+    names_differ = sorted(set(full) ^ set(original))
+    shapes_differ = sorted(k for k in full if k in original and tuple(full[k].shape) != tuple(original[k].shape))
+    read = max((full[k] - original[k]).abs().max().item() for k in full if k in original and k not in shapes_differ)
+    with torch.no_grad():
+        for param in sharded.parameters():
+            param.add_(1.0)
+    # A copy: loading a full state dict distributes its tensors in place.
+    set_model_state_dict(sharded, {k: v.clone() for k, v in original.items()}, options=options)
+    again = get_model_state_dict(sharded, options=options)
+    loaded = max((again[k] - original[k]).abs().max().item() for k in again if k in original and k not in shapes_differ)
+    return {"names": names_differ[:5], "shapes": shapes_differ[:5], "read": read, "loaded": loaded}
 
 
 def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: float = 1e-8) -> float | None:
@@ -232,6 +256,9 @@ def case_problem(result: dict[str, Any]) -> str | None:
     """Why one rank's result of a case fails the parity check (the test suite's criteria), or None."""
     if "error" in result:
         return result["error"]
+    sd = result.get("state_dict")
+    if sd is not None and (sd["names"] or sd["shapes"] or sd["read"] > 0 or sd["loaded"] > 0):
+        return f"full state dict differs from the Hugging Face weights: {sd}"
     if result["missing_grads"] or result["extra_grads"]:
         return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"
     for key in ("logits", "loss", "grad", "grad_norm", "grad_norm_inf", "param_drift", "aux_loss"):
