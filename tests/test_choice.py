@@ -35,7 +35,7 @@ def test_sources_are_in_priority_order_and_match_the_plan_data_vocabulary():
         ("llama", True, "hand-written", True),
         ("qwen3", False, "hand-written", True),
         ("olmo", True, "synthesized", True),  # proven.json: TP and SP passed
-        ("phi3", False, "hf", False),  # packed q|k|v: nothing to synthesize
+        ("phi3", False, "hf", True),  # packed q|k|v: nothing to synthesize; its HF plan passed the sweep
     ],
 )
 def test_priority(spec, sp, source, proven):
@@ -125,3 +125,30 @@ def test_chosen_plan_is_plain_data():
     assert chosen.describe() == "the hand-written plan for LlamaForCausalLM"
     assert chosen == choose_plan(meta("llama"), False)  # pure: same model, same answer
     assert not any(isinstance(p, torch.nn.Parameter) for p in vars(chosen).values())
+
+
+@pytest.mark.parametrize(
+    "spec, failing",
+    [("apertus1p5_text", "alpha_n"), ("gemma3n_text", "logits differs")],  # wrong gradients / logits, silently
+)
+def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(spec, failing):
+    model = meta(spec)
+    with pytest.raises(NoPlanError) as info:
+        choose_plan(model, False)
+    message = str(info.value)
+    assert failing in message and "is not used unproven" in message
+    assert "custom_parallel_plan=plangen.hf_plan.get_hf_tp_plan(model)" in message and "plangen init" in message
+    assert "\n" not in message
+    # plangen init may still start from it, saying it is unproven.
+    seed = choose_plan(model, False, allow_unproven=True)
+    assert not seed.proven and "not numerically proven" in seed.describe()
+
+
+def test_hugging_face_plans_are_used_only_where_the_sweep_proved_them(monkeypatch):
+    import plangen.plans.proven as P
+
+    monkeypatch.setattr(P, "load_proven", lambda: {})  # no records: nothing proven
+    with pytest.raises(NoPlanError, match="not checked by the sweep"):
+        choose_plan(meta("phi3"), False)
+    monkeypatch.setattr(P, "load_proven", lambda: {"Phi3ForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    assert choose_plan(meta("phi3"), False).source == "hf"

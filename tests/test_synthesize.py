@@ -227,7 +227,8 @@ def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
     import plangen.parallelize as R
 
     model = meta("olmo")
-    assert choose_plan(model, False).source == "hf"  # not proven: its Hugging Face plan
+    proven["OlmoForCausalLM"] = {"plan": "hf", "tp": True, "sp": None, "error": None}  # only its HF plan proven
+    assert choose_plan(model, False).source == "hf"  # synthesized not proven: its Hugging Face plan
     with pytest.raises(NoPlanError, match="OlmoForCausalLM has no hand-written or proven synthesized plan"):
         choose_plan(model, True)
     proven["OlmoForCausalLM"] = {"plan": "synthesized", "tp": True, "sp": True, "error": None}

@@ -1,6 +1,6 @@
 """Which plan a model gets, and why: the only code that knows the priority.
 
-    custom > hand-written > synthesized (where the sweep proved it) > hf > none
+    custom > hand-written > synthesized (where the sweep proved it) > hf (where the sweep proved it) > none
 
 The runtime (:func:`plangen.parallelize.parallelize_model`), ``plangen init``, ``plangen cost`` and
 ``plangen list`` all call :func:`choose_plan`; each shows the same source names (:data:`SOURCES`).
@@ -68,7 +68,8 @@ class ChosenPlan:
             )
             return f"the plan synthesized from the module tree of {cls} ({proof})"
         if self.source == "hf":
-            return f"the Hugging Face plan of {cls} (its _tp_plan, translated to torch styles)"
+            proof = "" if self.proven else "; not numerically proven: check it with plangen verify --run"
+            return f"the Hugging Face plan of {cls} (its _tp_plan, translated to torch styles{proof})"
         if self.source == "custom":
             return "the custom plan"
         return f"the {self.source} plan for {cls}"
@@ -99,13 +100,14 @@ def choose_plan(
 ) -> ChosenPlan:
     """The plan ``model`` gets at TP > 1, by priority, with the source and the reason.
 
-    ``allow_unproven``: after the Hugging Face plan, fall back to a synthesized plan the sweep has
-    not proven (``plangen init`` seeds editable files; the runtime never applies one unasked).
+    ``allow_unproven``: fall back to a Hugging Face plan, then a synthesized plan, that the sweep has
+    not proven (``plangen init`` seeds editable files; the runtime never applies one unasked: a
+    Hugging Face plan that failed the sweep is refused with the failing tensor and the way out).
     A hand-written plan without a sequence-parallel variant raises its own ``ValueError`` (final, as
     the class has a plan); with no plan at all, :class:`NoPlanError` says why each source failed.
     """
     from plangen.plans import HAND_WRITTEN
-    from plangen.plans.proven import is_proven
+    from plangen.plans.proven import hf_check, is_proven
 
     cls = type(model).__name__
     if custom_parallel_plan is not None:
@@ -130,6 +132,7 @@ def choose_plan(
         return _chosen(cls, "synthesized", reason, passed, plan=synthesized, proven=True)
     passed.append(PassedOver("synthesized", synthesis_error or f"the synthesized plan of {cls} is not numerically proven"))
 
+    hf: Optional[Plan] = None
     if sequence_parallel:
         hf_error = "Hugging Face plans have no sequence parallel"
     else:
@@ -140,9 +143,15 @@ def choose_plan(
         except ValueError as err:
             hf_error = str(err)
         else:
-            reason = f"no custom, hand-written or proven synthesized plan for {cls}: using its Hugging Face plan"
-            return _chosen(cls, "hf", reason, passed, plan=hf)
+            hf_proven, hf_error = hf_check(cls)
+            if hf_proven:
+                reason = f"no custom, hand-written or proven synthesized plan for {cls}: using its Hugging Face plan"
+                return _chosen(cls, "hf", reason, passed, plan=hf, proven=True)
+            hf_error = f"its Hugging Face plan is not used unproven: {hf_error}"
     passed.append(PassedOver("hf", hf_error))
+    if allow_unproven and not sequence_parallel and hf is not None:
+        reason = f"the Hugging Face plan of {cls} (not numerically proven)"
+        return _chosen(cls, "hf", reason, passed, plan=hf, proven=False)
 
     if allow_unproven and synthesized is not None:
         reason = f"plan synthesized from the module tree of {cls} (not numerically proven)"
@@ -169,8 +178,12 @@ def _no_plan_message(cls: str, sequence_parallel: bool, seeding: bool, hf_error:
             "and Hugging Face plans have no sequence parallel: pass a custom_parallel_plan "
             f"(plangen init {cls} --sequence-parallel) or sequence_parallel=False"
         )
+    unproven_hf = "is not used unproven" in hf_error
+    opt_in = (
+        "; to use it anyway, pass custom_parallel_plan=plangen.hf_plan.get_hf_tp_plan(model)" if unproven_hf else ""
+    )
     return (
         f"no plan for {cls} at TP>1: write a custom plan with `plangen init {cls}` and pass "
         "it as custom_parallel_plan (the class has no hand-written plan, no proven synthesized plan and no "
-        f"usable Hugging Face plan: {hf_error}), or use TP=1"
+        f"usable Hugging Face plan: {hf_error}){opt_in}, or use TP=1"
     )

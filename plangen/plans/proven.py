@@ -42,3 +42,21 @@ def is_proven(class_name: str, sequence_parallel: bool) -> bool:
     if not isinstance(record, dict) or record.get("plan") != "synthesized":
         return False
     return record.get("tp") is True and (not sequence_parallel or record.get("sp") is True)
+
+
+def hf_check(class_name: str) -> tuple[bool, str]:
+    """Whether the sweep proved the class's Hugging Face plan (TP, no SP), and if not, why not.
+
+    The runtime falls back to a Hugging Face plan only where this says True: transformers' plans
+    are not all right (a replicated activation parameter seeing partial activations trains with
+    wrong gradients, silently).
+    """
+    record = load_proven().get(class_name)
+    if not isinstance(record, dict):
+        return False, "not checked by the sweep (scripts/sweep_plans.py)"
+    checked = record if record.get("plan") == "hf" else record.get("hf")
+    if not isinstance(checked, dict):
+        return False, "not checked by the sweep (scripts/sweep_plans.py)"
+    if checked.get("tp") is True:
+        return True, ""
+    return False, f"it failed the numerical check: {checked.get('error') or 'differs from the unsharded model'}"
