@@ -9,14 +9,21 @@ Classes are read from transformers' causal-LM mapping, plus the multimodal class
 hand-written plan. Each is built on the meta device from its default config shrunk by
 :func:`plangen.shrink.shrink_config` (one layer per kind: the same structure, a fraction of the
 modules, so ~200 builds take seconds). Nothing is cached on disk.
+
+The share of parameters the plan shards over TP is measured at the class's default size (not
+shrunk): the default config on the meta device, the runtime's plan applied at TP=2 under a
+single-process fake process group. A plan can be right and nearly useless (experts replicated):
+this column shows it.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Literal
+import math
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 from plangen.errors import one_line
 
@@ -24,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 PlanKind = Literal["hand-written", "synthesized", "hf", "none"]
+
+FRACTION_TP_SIZE = 2  # the TP size the sharded share is measured at
+WELL_SHARDED = 0.95  # a plan that shards less leaves much of the model on every TP rank
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,8 @@ class CatalogRow:
     # The sweep's verdict on that plan: passed, failed, not run, or n/a (no plan to check).
     check: str
     note: str = ""
+    # Share of the parameters (by elements) the plan shards over TP at the default size; 0: no plan.
+    sharded_fraction: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,18 +90,62 @@ def _architecture(class_name: str, model_types: list[str]) -> Architecture:
     return Architecture(class_name, main, tuple(t for t in model_types if t != main))
 
 
-def build_catalog_model(arch: Architecture) -> "nn.Module":
-    """The class on the meta device, from its default config shrunk to one layer of each kind."""
-    from plangen.models import build_meta_model, resolve_model
-    from plangen.shrink import shrink_config
+def _resolve_architecture(arch: Architecture):
+    from plangen.models import resolve_model
 
     resolved = resolve_model(arch.model_type)
-    model_class = resolved.model_class
-    if model_class.__name__ != arch.class_name:  # a type whose first mapping names another class
+    if resolved.model_class.__name__ != arch.class_name:  # a type whose first mapping names another class
         resolved = resolve_model(arch.class_name)
-        model_class = resolved.model_class
+    return resolved
+
+
+def build_catalog_model(arch: Architecture) -> "nn.Module":
+    """The class on the meta device, from its default config shrunk to one layer of each kind."""
+    from plangen.models import build_meta_model
+    from plangen.shrink import shrink_config
+
+    resolved = _resolve_architecture(arch)
     # Eager attention: every class supports it, and the plan does not depend on the kernel.
-    return build_meta_model(shrink_config(resolved.config, 2, attn_implementation="eager"), model_class)
+    return build_meta_model(shrink_config(resolved.config, 2, attn_implementation="eager"), resolved.model_class)
+
+
+def build_full_size_model(arch: Architecture) -> "nn.Module":
+    """The class on the meta device, from its default config as it is (every layer, real widths)."""
+    from plangen.models import build_meta_model
+
+    resolved = _resolve_architecture(arch)
+    with _torch_initializers_skipped():
+        return build_meta_model(resolved.config, resolved.model_class)
+
+
+@contextmanager
+def _torch_initializers_skipped() -> Iterator[None]:
+    """torch's initializers (``nn.Linear.reset_parameters``...) do nothing for the duration.
+
+    On the meta device they fill nothing, yet their decompositions are most of a full-size build
+    (some classes have tens of thousands of linear layers). Transformers' own initialisation (which
+    also ties weights) is left alone.
+    """
+    from torch.nn import init
+
+    originals = {name: getattr(init, name) for name in _TORCH_INITIALIZERS if hasattr(init, name)}
+
+    def nothing(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor
+
+    try:
+        for name in originals:
+            setattr(init, name, nothing)
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(init, name, function)
+
+
+_TORCH_INITIALIZERS = (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+)
 
 
 def _verdict(record: dict[str, Any] | None, with_sp: bool) -> str:
@@ -119,18 +175,28 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     """The row of one class (``proven``: the sweep's records, :func:`plangen.plans.proven.load_proven`).
 
     The plan is the runtime's own choice (:func:`plangen.plans.choice.choose_plan`); the row adds the
-    sweep's verdict on it and, below the hand-written plans, why the sources above were passed over.
+    sweep's verdict on it, below the hand-written plans why the sources above were passed over, and
+    the share of the parameters the plan shards at the default size.
     """
     from plangen.plans import HAND_WRITTEN
-    from plangen.plans.choice import NoPlanError, choose_plan
 
-    record = proven.get(arch.class_name)
     try:
         model = build_catalog_model(arch)
     except Exception as err:  # noqa: BLE001 - transformers' default configs fail in many ways
         plan: PlanKind = "hand-written" if arch.class_name in HAND_WRITTEN else "none"
         return CatalogRow(arch.class_name, arch.model_type, plan, False, "n/a",
                           f"its default config does not build: {one_line(err, part='first')}")
+    row = _plan_row(arch, model, proven.get(arch.class_name))
+    if row.plan == "none":
+        return row
+    fraction, why = build_sharded_fraction(arch, model)
+    note = "; ".join(n for n in (row.note, why) if n)
+    return replace(row, note=note, sharded_fraction=round(fraction, 4))
+
+
+def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:
+    from plangen.plans.choice import NoPlanError, choose_plan
+
     try:
         chosen = choose_plan(model, sequence_parallel=False)
     except NoPlanError as err:
@@ -167,15 +233,109 @@ def _synthesis_note(model: "nn.Module", record: dict[str, Any] | None) -> str:
 
 def build_catalog(only: Iterable[str] | None = None) -> list[CatalogRow]:
     """Every architecture's row, in class-name order; ``only``: just these model types or class names."""
+    from plangen.cost.measure import fake_process_group
     from plangen.plans.proven import load_proven
 
     wanted = set(only) if only is not None else None
     proven = load_proven()
-    return [
-        build_row(arch, proven)
-        for arch in list_architectures()
-        if wanted is None or {arch.class_name, arch.model_type, *arch.aliases} & wanted
-    ]
+    with fake_process_group(FRACTION_TP_SIZE):  # one group for every row's measurement
+        return [
+            build_row(arch, proven)
+            for arch in list_architectures()
+            if wanted is None or {arch.class_name, arch.model_type, *arch.aliases} & wanted
+        ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The share of the parameters a plan shards
+
+
+def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[float, str]:
+    """(share of the parameters the runtime's plan shards at TP=2 at the default size, a note).
+
+    Measured on the full-size model; where the full size does not build or its plan does not apply,
+    on ``shrunk`` (the catalog model, consumed), and the note says so.
+    """
+    from plangen.cost.measure import fake_process_group
+    from plangen.cost.settings import CostError
+
+    try:
+        with fake_process_group(FRACTION_TP_SIZE):
+            try:
+                return measure_sharded_fraction(lambda: build_full_size_model(arch)), ""
+            except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
+                why = one_line(err, part="first")
+            try:
+                fraction = measure_sharded_fraction(lambda: shrunk)
+            except Exception as err:  # noqa: BLE001
+                return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}"
+            return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})"
+    except CostError as err:  # a real process group is running
+        return 0.0, f"TP-sharded share not measured: {err}"
+
+
+def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
+    """The share of the parameters the runtime's plan (:func:`~plangen.plans.choice.choose_plan`, no
+    SP) shards at TP=2, applied under the running fake process group to a model ``build_model`` builds
+    on the meta device.
+
+    The plan is chosen for, and applied to, one layer of each kind (:func:`apply_layer_sample`);
+    where that fails (a plan that follows the config's layer pattern), every layer.
+    """
+    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.cost.memory import sharded_fraction
+    from plangen.plans.choice import choose_plan
+    from plangen.tensor_parallel import apply_tp
+
+    model = build_model()
+    repeats = apply_layer_sample(model)
+    for attempt in ("sample", "every layer"):
+        try:
+            styles = choose_plan(model, sequence_parallel=False).build_styles()
+            with quiet_partial_matches():
+                apply_tp(model, tp_mesh(FRACTION_TP_SIZE), styles)  # checks the plan before sharding
+            return sharded_fraction(model, repeats)
+        except Exception:  # noqa: BLE001 - a plan that reads the config's layer pattern: every layer next
+            if attempt == "every layer" or not repeats:
+                raise
+            model, repeats = build_model(), {}
+    raise AssertionError("unreachable")
+
+
+def apply_layer_sample(model: "nn.Module") -> dict[str, int]:
+    """Leave one layer of each kind in ``model``'s layer lists; returns each kept layer's name -> copies.
+
+    Layers alike in every parameter and submodule get the same styles from keys that name no layer
+    index, so one shards as all do: choosing and applying the plan on every layer of ~110 full-size
+    classes would triple the time of ``plangen list``. Nothing is left out where layers share
+    parameters.
+    """
+    from torch import nn
+
+    from plangen.module_tree import find_transformer_layers
+
+    layers = {id(layer) for layer in find_transformer_layers(model)}
+    owned = [id(p) for layer in model.modules() if id(layer) in layers for p in layer.parameters()]
+    if len(owned) != len(set(owned)):
+        return {}
+    repeats: dict[str, int] = {}
+    for list_name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or not any(id(c) in layers for c in module):
+            continue
+        kept: dict[tuple, nn.Module] = {}
+        copies: dict[int, int] = {}
+        for child in module:
+            kind = (
+                tuple((n, type(m).__name__) for n, m in child.named_modules()),
+                tuple((n, tuple(p.shape), p.dtype) for n, p in child.named_parameters()),
+            )
+            first = kept.setdefault(kind, child)
+            copies[id(first)] = copies.get(id(first), 0) + 1
+        # Renumbered from 0, as a model with fewer layers has them: plans name layers by position.
+        module._modules = {str(i): child for i, child in enumerate(kept.values())}
+        prefix = f"{list_name}." if list_name else ""
+        repeats.update({f"{prefix}{i}": copies[id(child)] for i, child in enumerate(kept.values())})
+    return {name: n for name, n in repeats.items() if n > 1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,23 +354,36 @@ def render_catalog_json(rows: list[CatalogRow]) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
+def render_fraction(row: CatalogRow) -> str:
+    """The sharded share as a percentage, rounded down (100.0% only when everything is sharded)."""
+    if row.plan == "none":
+        return "-"
+    return f"{math.floor(row.sharded_fraction * 1000) / 10:.1f}%"
+
+
 def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
-    """A rich table: class, model_type, plan, SP, check, note; then a one-line summary."""
+    """A rich table: class, model_type, plan, SP, check, TP-sharded, note; then a one-line summary."""
     from rich.console import Console
     from rich.table import Table
 
     cells = [
-        (row.class_name, row.model_type, row.plan, "yes" if row.sequence_parallel else "no", row.check, row.note)
+        (row.class_name, row.model_type, row.plan, "yes" if row.sequence_parallel else "no", row.check,
+         render_fraction(row), row.note)
         for row in rows
     ]
-    headers = ("class", "model_type", "plan", "SP", "check", "note")
+    headers = ("class", "model_type", "plan", "SP", "check", "TP-sharded", "note")
     widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(headers[:-1])]
     # The note is the only column that gives way to a narrow terminal (cut here: rich would squeeze
     # the other columns instead).
     note_width = max(20, width - sum(widths) - 2 * len(widths))
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for name, column_width in zip(headers, [*widths, note_width]):
-        table.add_column(name, no_wrap=True, min_width=min(column_width, len(name)) if name == "note" else column_width)
+        table.add_column(
+            name,
+            no_wrap=True,
+            min_width=min(column_width, len(name)) if name == "note" else column_width,
+            justify="right" if name == "TP-sharded" else "left",
+        )
     for *fixed, note in cells:
         table.add_row(*fixed, note if len(note) <= note_width else note[: note_width - 1] + "…")
     buffer = io.StringIO()
@@ -220,5 +393,9 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
 
     kinds = [*(s for s in SOURCES if s != "custom"), NO_PLAN]  # a listing has no custom plans
     counts = {kind: sum(1 for r in rows if r.plan == kind) for kind in kinds}
-    console.print(f"{len(rows)} architectures: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+    well = sum(1 for r in rows if r.plan != NO_PLAN and r.sharded_fraction >= WELL_SHARDED)
+    console.print(
+        f"{len(rows)} architectures: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        + f"; {well} shard ≥ {WELL_SHARDED:.0%} of their parameters over TP"
+    )
     return buffer.getvalue()

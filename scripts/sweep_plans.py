@@ -223,7 +223,7 @@ def write_docs(seconds: float | None) -> None:
     import torch
     import transformers
 
-    from plangen.catalog import build_catalog
+    from plangen.catalog import WELL_SHARDED, build_catalog, render_fraction
     from plangen.plans.proven import load_proven
 
     load_proven.cache_clear()
@@ -231,6 +231,7 @@ def write_docs(seconds: float | None) -> None:
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.plan] = counts.get(row.plan, 0) + 1
+    well = sum(1 for row in rows if row.plan != "none" and row.sharded_fraction >= WELL_SHARDED)
     if seconds is None and DOCS.exists():  # a partial run: keep what the last full sweep took
         last = re.search(r"The last full sweep took \d+ minutes on 2 CPU cores\.", DOCS.read_text())
         took = f" {last.group(0)}" if last else ""
@@ -246,19 +247,24 @@ def write_docs(seconds: float | None) -> None:
         "points to `plangen init`). *SP*: sequence parallelism available. *Check*: the numerical check of",
         "that plan: a tiny random model at TP=2 and DP=2 x TP=2 (SP off and on) against the unsharded model,",
         "logits, loss, every gradient, gradient norm and parameters after three AdamW steps within 1e-5.",
+        "*TP-sharded*: the share of the parameters (by elements) the plan shards over TP at the class's",
+        "default size, measured on the meta device at TP=2 (the rest stays whole on every TP rank).",
         "",
         f"Last sweep: {datetime.date.today().isoformat()}, transformers {transformers.__version__}, "
         f"torch {torch.__version__}.{took} Refresh with `{COMMAND}`",
         "(it rewrites plangen/plans/proven.json, which the runtime reads, and this file).",
         "",
-        "Summary: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("hand-written", "synthesized", "hf", "none")) + ".",
+        "Summary: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("hand-written", "synthesized", "hf", "none"))
+        + f"; {well} shard at least {WELL_SHARDED:.0%} of their parameters over TP.",
         "",
-        "| class | model_type | plan | SP | check | note |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| class | model_type | plan | SP | check | TP-sharded | note |",
+        "| --- | --- | --- | --- | --- | ---: | --- |",
     ]
     for row in rows:
         sp = "yes" if row.sequence_parallel else "no"
-        lines.append(f"| {row.class_name} | {row.model_type} | {row.plan} | {sp} | {row.check} | {_cell(row.note)} |")
+        lines.append(
+            f"| {row.class_name} | {row.model_type} | {row.plan} | {sp} | {row.check} | {render_fraction(row)} | {_cell(row.note)} |"
+        )
     DOCS.parent.mkdir(parents=True, exist_ok=True)
     DOCS.write_text("\n".join(lines) + "\n")
 

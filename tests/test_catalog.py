@@ -68,11 +68,59 @@ def test_text_table_for_some_models():
     result = CliRunner().invoke(app, ["list", "olmo", "llama", "Phi3ForCausalLM"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "note"]
-    assert lines[1].split()[:5] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed"]
+    assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "TP-sharded", "note"]
+    assert lines[1].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
     assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
     assert lines[3].split()[:3] == ["Phi3ForCausalLM", "phi3", "hf"]
-    assert lines[-1] == "3 architectures: 1 hand-written, 1 synthesized, 1 hf, 0 none"
+    assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 1 hf, 0 none; ")
+    assert lines[-1].endswith("shard ≥ 95% of their parameters over TP")
+
+
+def test_sharded_fraction_at_the_default_size(listing):
+    rows = rows_by_class(listing)
+    for row in rows.values():
+        assert 0 <= row["sharded_fraction"] <= 1, row["class_name"]
+        if row["plan"] == "none":
+            assert row["sharded_fraction"] == 0, row["class_name"]
+    assert rows["LlamaForCausalLM"]["sharded_fraction"] >= 0.95
+    assert rows["Qwen3MoeForCausalLM"]["sharded_fraction"] >= 0.95  # experts split over TP
+    assert rows["MixtralForCausalLM"]["sharded_fraction"] >= 0.95
+
+
+def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):
+    """Qwen3-MoE's hand-written plan without its experts styles: the experts stay on every rank."""
+    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_fraction
+    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.cost.memory import sharded_fraction
+    from plangen.plans.choice import choose_plan
+    from plangen.tensor_parallel import apply_tp
+
+    model = build_full_size_model(Architecture("Qwen3MoeForCausalLM", "qwen3_moe"))
+    styles = {k: v for k, v in choose_plan(model, False).build_styles().items() if "expert" not in k}
+    with quiet_partial_matches():
+        apply_tp(model, tp_mesh(2), styles)
+    assert 0 < sharded_fraction(model) < 0.2
+    assert sharded_fraction(model) < measure_sharded_fraction(
+        lambda: build_full_size_model(Architecture("Qwen3MoeForCausalLM", "qwen3_moe"))
+    )
+
+
+def test_one_layer_of_each_kind_gives_the_fraction_of_every_layer(fake_pg):
+    """DeepSeek-V3: three dense layers then MoE layers; the sample keeps one of each, counted 3 and 58 times."""
+    from plangen.catalog import Architecture, apply_layer_sample, build_full_size_model, measure_sharded_fraction
+    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.cost.memory import sharded_fraction
+    from plangen.plans.choice import choose_plan
+    from plangen.tensor_parallel import apply_tp
+
+    arch = Architecture("DeepseekV3ForCausalLM", "deepseek_v3")
+    sample = build_full_size_model(arch)
+    assert apply_layer_sample(sample) == {"model.layers.0": 3, "model.layers.1": 58}
+    assert [type(layer.mlp).__name__ for layer in sample.model.layers] == ["DeepseekV3MLP", "DeepseekV3MoE"]
+    every = build_full_size_model(arch)
+    with quiet_partial_matches():  # dense layers have no shared_experts
+        apply_tp(every, tp_mesh(2), choose_plan(every, False).build_styles())
+    assert measure_sharded_fraction(lambda: build_full_size_model(arch)) == pytest.approx(sharded_fraction(every), abs=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 from torch import nn
 
@@ -51,6 +52,24 @@ def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
             local, sharded = tuple(param.shape), False
         shards.append(ParameterShard(name, param.numel(), local, sharded))
     return shards
+
+
+def sharded_fraction(model: nn.Module, repeats: Mapping[str, int] | None = None) -> float:
+    """The share of ``model``'s parameter elements that TP shards (held as a DTensor with a Shard placement).
+
+    By element count, over every parameter once (tied ones once); 0 for a model without parameters.
+    ``repeats``: submodule name -> how many identical submodules it stands for, when the copies were
+    left out of the model to save time (:func:`plangen.catalog.build_sharded_fraction`).
+    """
+    repeats = repeats or {}
+
+    def weight(name: str) -> int:
+        return next((n for prefix, n in repeats.items() if name.startswith(prefix + ".")), 1)
+
+    shards = read_parameter_shards(model)
+    whole = sum(weight(s.name) * s.global_numel for s in shards)
+    sharded = sum(weight(s.name) * s.global_numel for s in shards if s.tp_sharded)
+    return sharded / whole if whole else 0.0
 
 
 def build_memory_cost(shards: list[ParameterShard], settings: CostSettings) -> MemoryCost:
