@@ -421,7 +421,11 @@ HF_STYLE_SPECS: dict[str, HfStyleSpec] = {
     "replicate": HfStyleSpec("LeaveUnsharded"),
 }
 
-_MOE = "torch's module styles here shard dense layers only"
+_MOE = (
+    "plangen splits the experts with its own ExpertsParallel instead (whole experts per TP rank, one "
+    "all-reduce per MoE layer): use the class's hand-written or synthesized plan (plangen list), or "
+    "plangen init to write one"
+)
 _LOCAL_4X = (
     "a transformers 4.x style that keeps plain local shards with no DTensor and no gradient "
     "synchronisation, for inference-only MoE expert regions"
