@@ -51,3 +51,7 @@ TINY["qwen2_moe"] = dict(
     model_type="qwen2_moe", num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=32,
     **MOE, **COMMON,
 )
+TINY["glm4_moe"] = dict(
+    model_type="glm4_moe", n_routed_experts=8, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1,
+    n_group=1, topk_group=1, use_qk_norm=True, partial_rotary_factor=0.5, **MOE, **COMMON,
+)

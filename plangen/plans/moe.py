@@ -122,3 +122,12 @@ def plan_qwen3_moe(model: nn.Module, sequence_parallel: bool) -> Plan:
 def plan_mixtral_like(model: nn.Module, sequence_parallel: bool) -> Plan:
     _check_experts(model)
     return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False)
+
+
+@register_plan("Glm4MoeForCausalLM")
+def plan_glm4_moe(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Dense first layers (first_k_dense_replace) share the MoE block's style; q/k norms, when the
+    # config has them, are one head wide.
+    _check_experts(model)
+    per_head = bool(getattr(model.config, "use_qk_norm", False))
+    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=per_head)

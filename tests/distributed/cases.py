@@ -147,13 +147,15 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         out = sharded(input_ids=ids[rows], attention_mask=mask[rows])
     logits = out.logits
     aux, routed = None, []
-    if getattr(out, "aux_loss", None) is not None:  # MoE load balancing, from this rank's rows' router logits
-        routed, hooks = _count_routes(reference)  # and the routes of those rows, per layer and expert
+    routes, hooks = _count_routes(reference)  # MoE: the routes of this rank's rows, per layer and expert
+    if hooks:
         with torch.no_grad():
-            ref_aux = reference(input_ids=ids[rows], attention_mask=mask[rows]).aux_loss
+            ref_rows = reference(input_ids=ids[rows], attention_mask=mask[rows])
         for hook in hooks:
             hook.remove()
-        aux = abs(float(full(out.aux_loss)) - float(ref_aux))
+        routed = routes
+        if getattr(out, "aux_loss", None) is not None:  # load balancing, from replicated router logits
+            aux = abs(float(full(out.aux_loss)) - float(ref_rows.aux_loss))
     loss = next_token_loss(logits, ids[rows])
     loss.backward()
 
