@@ -17,7 +17,7 @@ MULTIMODAL = [
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
-MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe"]
+MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
 
 
 def _cases():

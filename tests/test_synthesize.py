@@ -169,6 +169,14 @@ def test_moe_blocks_beside_dense_layers_and_router_scores_passed_through():
     assert len(block.kwargs["output_layouts"]) == 2 and block.kwargs["output_layouts"][1] is None
 
 
+@pytest.mark.parametrize("model_type", ["afmoe", "ernie4_5_moe"])
+def test_routing_parameters_beside_the_experts_stay_whole_and_the_experts_are_split(model_type):
+    # AFMoE: a per-expert routing bias on the block itself; ERNIE-4.5: a router read at the
+    # experts' own width.
+    styles = styles_of(build_synthesized_plan(meta(model_type), False))
+    assert any(p.endswith(".mlp.experts") and s == "ExpertsParallel" for p, s in styles.items()), styles
+
+
 @pytest.mark.parametrize(
     "model_type, why",
     [

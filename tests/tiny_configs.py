@@ -55,3 +55,8 @@ TINY["glm4_moe"] = dict(
     model_type="glm4_moe", n_routed_experts=8, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1,
     n_group=1, topk_group=1, use_qk_norm=True, partial_rotary_factor=0.5, **MOE, **COMMON,
 )
+TINY["deepseek_v3"] = dict(
+    model_type="deepseek_v3", n_routed_experts=8, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1,
+    n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+    rope_interleave=True, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
+)

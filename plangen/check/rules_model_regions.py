@@ -226,6 +226,8 @@ class PerHeadNormsRule(ModelRule):
                         continue
                     if weight.numel() >= projection.out_features or generalize(path) in reported:
                         continue  # normalizes the whole projection output, not one head
+                    if not _one_head_wide(plan, weight.numel(), projection.out_features):
+                        continue  # not head-wide: a low-rank latent's norm (MLA's q_a_layernorm)
                     norm_style = plan.style_of(path)
                     if isinstance(norm_style, (SequenceParallel, AllReduceParamGrads)):
                         continue
@@ -238,6 +240,16 @@ class PerHeadNormsRule(ModelRule):
                         f"{suggest_key(generalize(path), 'ReplicatedWithGradAllReduce()')} (from plangen.styles)",
                         plan.covering.get(path) or projection_key,
                     )
+
+
+def _one_head_wide(plan: ModelPlan, width: int, out_features: int) -> bool:
+    """The projection's output is a whole number of heads of ``width`` (as many as the config has)."""
+    from plangen.heads import head_counts
+
+    if out_features % width:
+        return False
+    counts = head_counts(plan.config) if plan.config is not None else None
+    return counts is None or out_features // width in counts  # no heads in the config: shapes alone
 
 
 def _projection_key(plan: ModelPlan, block: str, norm: str) -> str | None:

@@ -290,20 +290,25 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
             f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
             "expert-parallel routing, so their experts cannot be split over ranks",
         )
-    if own_parameters(block):
-        return KeptBlock("moe", f"own parameters ({', '.join(own_parameters(block))}) beside the experts")
     count = expert_count(experts)
     if count < 2:
         return KeptBlock("moe", f"a single expert ({type(experts).__name__}): nothing to split over ranks")
+    # One value per expert (a routing bias, AFMoE's expert_bias) is the router's: it stays whole.
+    others = [n for n, shape in own_parameters(block).items() if shape != (count,)]
+    if others:
+        return KeptBlock("moe", f"own parameters ({', '.join(others)}) beside the experts")
+    # What a router may read: the hidden size, or the experts' own input width where the config differs.
+    widths = {dims.hidden, *(p.shape[-1] for p in experts.parameters(recurse=False) if p.dim() == 3)}
     shared: list[tuple[str, ShardedBlock, BlockCall | None]] = []
     routers: list[str] = []
     gates: list[str] = []
     for child_name, child in block.named_children():
         if child_name == name or not has_parameters(child):
             continue
-        weights = [p for p in child.parameters() if p.dim() == 2]
-        if weights and all(tuple(p.shape) == (count, dims.hidden) for p in weights):
-            routers.append(child_name)  # scores every expert for every token: stays whole on every rank
+        # A router scores every expert for every token (an [experts, width] weight, perhaps a score
+        # bias beside it): it stays whole on every rank.
+        if any(p.dim() == 2 and p.shape[0] == count and p.shape[1] in widths for p in child.parameters()):
+            routers.append(child_name)
             continue
         if is_linear(child) and child.in_features == dims.hidden and child.out_features == 1:
             gates.append(child_name)  # one value per token, scaling a shared expert's output

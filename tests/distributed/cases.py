@@ -101,6 +101,7 @@ def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
         if experts:
             handles.append(module.register_forward_hook(
                 lambda mod, args, out, n=experts: counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
+                if len(args) > 1 else None  # experts called without routing (Llama4's run every token)
             ))
     return counts, handles
 
