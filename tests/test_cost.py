@@ -348,3 +348,60 @@ def test_cli_bad_input_is_one_line_and_exit_2(configs, tmp_path, args, message):
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("plangen: error:"), result.stderr
     assert message in result.stderr
     assert result.stdout == ""
+
+
+# --- MoE and latent-attention classes the measurement must run -------------------------------
+
+MOE_CONFIGS = {
+    # grouped_mm experts on CPU need 16-byte strides: the measurement's odd widths (67 x TP) had none.
+    "mixtral": dict(
+        architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
+    ),
+    # No sdpa in the class: a config asking for it failed to build.
+    "gpt_oss": dict(
+        architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64, sliding_window=8, use_cache=False,
+    ),
+    # Latent attention (head_dim is the rotary part) and dense first layers.
+    "deepseek_v3": dict(
+        architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=256, hidden_size=64,
+        intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        n_shared_experts=1, max_position_embeddings=64, use_cache=False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CONFIGS))
+def test_moe_classes_are_costed(fake_pg, tmp_path, name):
+    report = build_cost_report(write_config(tmp_path, name, MOE_CONFIGS[name]), tp_size=2, dp_size=2, seq_len=8)
+    plan = report.plans[0]
+    # Experts split over TP: near the ideal even at these tiny widths (latent attention's small
+    # down-projections and norms stay whole).
+    assert plan.memory.total < 1.25 * plan.memory.ideal
+    assert any(c.source == "TP" and c.tensor == "B·S·H" and c.scope == "per layer" for c in plan.collectives)
+
+
+def test_measurement_kernels_run_on_cpu_at_odd_widths():
+    from transformers import GptOssForCausalLM, LlamaForCausalLM
+
+    from plangen.cost.measure import measurement_kernels
+
+    assert measurement_kernels(LlamaForCausalLM) == {"experts_implementation": "batched_mm"}
+    assert measurement_kernels(GptOssForCausalLM) == {"experts_implementation": "batched_mm", "attn_implementation": "eager"}
+
+
+def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds():
+    from transformers import DeepseekV3Config
+
+    from plangen.cost.measure import config_with_more_layers, scaled_config
+
+    config = DeepseekV3Config(**{k: v for k, v in MOE_CONFIGS["deepseek_v3"].items() if k not in ("architectures", "model_type")})
+    scaled = scaled_config(config, {"head_dim": 3})
+    assert (scaled.head_dim, scaled.qk_rope_head_dim, scaled.qk_nope_head_dim, scaled.v_head_dim, scaled.qk_head_dim) == (48, 48, 48, 48, 96)
+    doubled = config_with_more_layers(config)
+    assert (doubled.num_hidden_layers, doubled.first_k_dense_replace) == (6, 2)

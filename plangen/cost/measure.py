@@ -45,7 +45,9 @@ MIN_BASE_VOCAB = 256
 DIMENSION_KEYS = {
     "hidden": ("hidden_size",),
     "heads": ("num_attention_heads", "num_key_value_heads"),
-    "head_dim": ("head_dim",),
+    # Latent attention (DeepSeek, Kimi, GLM-MoE-DSA...) has several head sizes, with head_dim the rotary
+    # part's: a probe scales them together, or rotary and projections disagree.
+    "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim"),
     "intermediate": ("intermediate_size",),
     "vocab": ("vocab_size",),
 }
@@ -156,12 +158,17 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
 
 
 def config_with_more_layers(config: Any, factor: int = 2) -> Any:
-    """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern."""
+    """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern, and
+    a count of leading layers of another kind (DeepSeek's dense first layers) grows with them."""
+    from plangen.shrink import _LEADING_LAYER_KEYS
+
     config = copy.deepcopy(config)
     text = text_config(config)
     layers = count_layers(config)
     for key, value in list(vars(text).items()):
         if isinstance(value, list) and len(value) == layers:
+            setattr(text, key, value * factor)
+        elif key in _LEADING_LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
             setattr(text, key, value * factor)
     text.num_hidden_layers = layers * factor
     return config
@@ -198,6 +205,19 @@ def reduce_partial_grads(model: nn.Module) -> None:
             grad.redistribute(placements=param.placements)
 
 
+def measurement_kernels(model_class: type) -> dict[str, str]:
+    """Kernels for the shrunk model that run on CPU at the odd base widths; none changes what TP sends.
+
+    Transformers' grouped_mm experts need 16-byte strides on CPU, which odd widths in bf16 do not
+    have; eager experts compute the same per expert. Attention stays the class's default (sdpa)
+    except where the class has no sdpa (gpt-oss): eager there, as a config asking sdpa would fail.
+    """
+    kernels = {"experts_implementation": "batched_mm"}
+    if not getattr(model_class, "_supports_sdpa", True):
+        kernels["attn_implementation"] = "eager"
+    return kernels
+
+
 @dataclass(frozen=True)
 class StepRun:
     samples: list[Sample]
@@ -219,7 +239,7 @@ def run_step(
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = model_class._from_config(copy.deepcopy(config), dtype=TORCH_DTYPES[dtype])
+        model = model_class._from_config(copy.deepcopy(config), dtype=TORCH_DTYPES[dtype], **measurement_kernels(model_class))
         vocab = text_config(config).vocab_size
         ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (batch, seq))
     layers = len(find_transformer_layers(model))
