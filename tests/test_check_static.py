@@ -479,6 +479,26 @@ def test_ignore_comment_silences_the_listed_codes_on_its_line():
     assert _codes_with_comment("# plangen: ignore[PG001]") == ["PG104", "PG107"]
 
 
+def test_a_blanket_ignore_never_hides_that_nothing_could_be_checked(tmp_path):
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    plan = tmp_path / "broken_plan.py"
+    plan.write_text(
+        f"{TP_IMPORT} ColwiseParallel\n"
+        "import no_such_module_anywhere  # plangen: ignore\n"
+        'PLANGEN_MODEL = "llama"\n'
+        'custom_parallel_plan = {"lm_head": ColwiseParallel()}\n'
+    )
+    result = CliRunner().invoke(app, ["verify", str(plan)])
+    assert result.exit_code == 1, result.output
+    assert f"{plan}:2:1: PG201" in result.stdout
+    plan.write_text(plan.read_text().replace("# plangen: ignore", "# plangen: ignore[PG201]"))
+    assert CliRunner().invoke(app, ["verify", str(plan)]).exit_code == 0  # named: the user said so
+    assert _codes_with_comment("# plangen: ignore") == []  # other findings: still silenced
+
+
 def test_ignore_comment_only_covers_its_own_line():
     source = textwrap.dedent(
         f"""\

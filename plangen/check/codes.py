@@ -72,8 +72,9 @@ def render_diagnostics_doc(codes: Mapping[str, CodeInfo] | None = None) -> str:
         " it only under `--strict`.",
         "",
         "A trailing comment silences findings on its line: `# plangen: ignore[PG101]`,"
-        " `# plangen: ignore[PG101,PG107]`, or `# plangen: ignore` for every code (not PG001: a file"
-        " that does not parse has no comments to read).",
+        " `# plangen: ignore[PG101,PG107]`, or `# plangen: ignore` for every code except those that mean"
+        " nothing could be checked (PG001, PG201): a blanket ignore would make such a file verify clean, so"
+        " only naming the code silences them.",
         "",
         "Adding a code: each code is a rule class declared beside the code that emits it, carrying its"
         " title, explanation, wrong and right examples and severity (`plangen/check/rule.py`). A level-1"

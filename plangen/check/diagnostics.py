@@ -54,6 +54,11 @@ def parse_ignore_comment(comment: str) -> frozenset[str] | None:
     return frozenset(code.strip().upper() for code in match.group("codes").split(",") if code.strip())
 
 
+# Findings that mean nothing could be checked (the file does not parse, or cannot be imported): a
+# bare ``# plangen: ignore`` would turn them into a clean verdict, so only naming the code silences them.
+NOTHING_CHECKED = frozenset({"PG001", "PG201"})
+
+
 def drop_ignored(
     diagnostics: Iterable[Diagnostic], ignores: Mapping[int, frozenset[str]]
 ) -> list[Diagnostic]:
@@ -61,7 +66,8 @@ def drop_ignored(
     kept = []
     for diagnostic in diagnostics:
         codes = ignores.get(diagnostic.line)
-        if codes is not None and ("*" in codes or diagnostic.code in codes):
+        blanket = codes is not None and "*" in codes and diagnostic.code not in NOTHING_CHECKED
+        if codes is not None and (blanket or diagnostic.code in codes):
             continue
         kept.append(diagnostic)
     return kept
