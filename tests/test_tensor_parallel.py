@@ -1,0 +1,52 @@
+"""The one "apply a plan with TP" step (plangen.tensor_parallel.apply_tp): tie, check, shard, re-tie."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel
+
+from plangen.plan_checks import PlanError
+from plangen.styles import PackedColwiseParallel
+from plangen.tensor_parallel import apply_tp
+from tiny_configs import build_tiny
+
+
+@pytest.fixture
+def mesh(fake_pg):
+    return DeviceMesh("cpu", torch.arange(2))
+
+
+def _sharded(model) -> list[str]:
+    return [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
+
+
+def test_a_plan_sharding_one_end_of_a_tied_embedding_keeps_one_parameter(mesh):
+    model = build_tiny("llama-tied")
+    applied = apply_tp(model, mesh, {"lm_head": ColwiseParallel(output_layouts=Replicate())})
+    assert "model.embed_tokens" in applied  # completed on the vocabulary, as the runtime does
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.placements == (torch.distributed.tensor.Shard(0),)
+
+
+@pytest.mark.parametrize(
+    "styles, dp_size, message",
+    [
+        ({"model.layers.*.mlp.no_such_proj": ColwiseParallel()}, 1, "match no module"),
+        ({"model.layers.*.mlp.up_proj": PackedColwiseParallel()}, 2, "cannot be sharded by FSDP2 as well"),
+    ],
+)
+def test_a_plan_that_does_not_fit_is_refused_before_anything_is_sharded(mesh, styles, dp_size, message):
+    model = build_tiny("llama")
+    with pytest.raises(PlanError, match=message):
+        apply_tp(model, mesh, styles, dp_size=dp_size)
+    assert _sharded(model) == []
+
+
+def test_heads_that_do_not_divide_are_refused_before_anything_is_sharded(fake_pg):
+    model = build_tiny("llama")  # 4 heads, 2 KV heads
+    with pytest.raises(PlanError, match="largest legal TP size"):
+        apply_tp(model, DeviceMesh("cpu", torch.arange(4)), {"model.layers.*.self_attn.q_proj": ColwiseParallel()})
+    assert _sharded(model) == []
