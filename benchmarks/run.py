@@ -1,12 +1,14 @@
 """plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
 
-    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli] [--markdown PATH]
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe] [--markdown PATH]
 
 1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
    (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
 2. step and 3. memory: step time and peak memory per rank on CPU, DP 2 x TP 2, plangen's
    ``parallelize_model`` vs transformers' ``DistributedConfig(tp_size=2, fsdp_size=2)`` (``step_time.py``);
-4. cli: ``plangen init`` and ``plangen verify`` wall time vs their import floor (``cli_speed.py``).
+4. cli: ``plangen init`` and ``plangen verify`` wall time vs their import floor (``cli_speed.py``);
+5. moe: memory per rank against the ideal and TP traffic of Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3
+   and gpt-oss-120b at TP 2, 4, 8 x DP 2, plangen vs the Hugging Face plan (``moe_memory.py``).
 
 ``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
 results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
@@ -27,7 +29,7 @@ if str(HERE) not in sys.path:
 
 from common import Section, render_section_markdown, render_section_text  # noqa: E402
 
-SECTIONS = ("comm", "step", "cli")
+SECTIONS = ("comm", "step", "cli", "moe")
 
 
 def run_sections(names: list[str], quick: bool) -> list[Section]:
@@ -49,6 +51,10 @@ def run_sections(names: list[str], quick: bool) -> list[Section]:
             from cli_speed import run_cli_benchmark
 
             sections.append(run_cli_benchmark(quick))
+        elif name == "moe":
+            from moe_memory import run_moe_benchmark
+
+            sections.append(run_moe_benchmark(quick))
     return sections
 
 

@@ -22,7 +22,10 @@ def bench():
     """The benchmark modules, imported as ``run.py`` imports them (sibling files on sys.path)."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        yield {name: importlib.import_module(name) for name in ("run", "common", "comm_bytes", "step_time", "cli_speed")}
+        yield {
+            name: importlib.import_module(name)
+            for name in ("run", "common", "comm_bytes", "step_time", "cli_speed", "moe_memory")
+        }
     finally:
         sys.path.remove(str(BENCHMARKS))
 
@@ -40,6 +43,16 @@ def test_quick_communication_benchmark_meets_its_goals(fake_pg, bench):
     for row in section.rows:  # HF gathers the logits and reduces 5 input gradients per layer; NeMo 5 too
         hf_ratio, nemo_ratio, megatron = (float(cell.rstrip("x")) for cell in row[4:7])
         assert hf_ratio > 1.5 and nemo_ratio > 1.5 and megatron == 1.0
+
+
+def test_quick_moe_benchmark_meets_its_goals(fake_pg, bench):
+    """Qwen3-30B-A3B at TP 2 x DP 2: experts sharded, memory per rank at the ideal; its Hugging Face
+    plan (moe_tp_experts) cannot run, and the row and a note say so."""
+    section = bench["moe_memory"].run_moe_benchmark(quick=True)
+    assert_goals_met(section)
+    [row] = section.rows
+    assert row[:3] == ["Qwen3-30B-A3B", "2", "hand-written"] and float(row[5].rstrip("x")) <= 1.05
+    assert row[6] == "cannot run" and any("Hugging Face plan cannot run" in note for note in section.notes)
 
 
 def test_megatron_minimum_formula(bench):
