@@ -315,3 +315,17 @@ def test_readme_ci_snippet_is_valid_and_uses_real_options():
     help_text = _invoke("--help").stdout
     assert options and all(option in help_text for option in options)
     assert pre_commit["repos"][0]["hooks"][0]["id"] == "plangen-verify"
+
+
+def test_a_low_rank_latent_norm_is_not_taken_for_a_per_head_norm(tmp_path):
+    # DeepSeek's q_a_layernorm normalizes the query latent before q_b_proj, not each head after it.
+    source = (
+        "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel\n"
+        'PLANGEN_MODEL = "deepseek_v3"\n'
+        "custom_parallel_plan = {\n"
+        '    "model.layers.*.self_attn.q_b_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.kv_b_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(),\n'
+        "}\n"
+    )
+    assert [code for code, *_ in _found(_verify(tmp_path, source)) if code == "PG207"] == []

@@ -53,7 +53,6 @@ def build_moe_decoder_plan(
     sequence_parallel: bool,
     layer_norms: tuple[str, ...] = LLAMA_NORMS,
     per_head_norms: bool,
-    latent_attention: bool = False,
 ) -> Plan:
     prefix = _text_prefix(model)
     dense_plan = build_dense_decoder_plan(
@@ -64,11 +63,6 @@ def build_moe_decoder_plan(
     # The dense plan's MLP entries assume a gate/up/down MLP in every layer: the MoE block replaces them.
     entries = [e for e in dense_plan.entries if not e.pattern.startswith(f"{layer}.mlp")]
     replicated = list(dense_plan.replicated)
-    if latent_attention:
-        entries = [e for e in entries if not e.pattern.startswith(f"{layer}.self_attn")]
-        latent_entries, latent_kept = _latent_attention(model, layer, sp)
-        entries[1:1] = latent_entries  # after the embedding, as the file groups them
-        replicated += latent_kept
     shared, routers, gates, dense = _block_parts(model, f"{prefix}.layers")
 
     def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
@@ -117,44 +111,6 @@ def build_moe_decoder_plan(
     return Plan(tuple(entries), "hand-written", tuple(replicated), sequence_parallel)
 
 
-def _latent_attention(model: nn.Module, layer: str, sp: bool) -> tuple[list[PlanEntry], list[Replicated]]:
-    """Multi-head latent attention (DeepSeek-V2/V3): the low-rank down-projections and their norms
-    stay whole on every rank (they are small and shared by all heads); the per-head up-projections
-    are column-parallel, ``o_proj`` row-parallel. The rope part of ``kv_a_proj_with_mqa``'s output
-    goes straight to the rank's heads, so its gradient is summed over TP (``MlaKvAProjParallel``)."""
-    config = model.config
-    attn = f"{layer}.self_attn"
-    has_q_lora = getattr(config, "q_lora_rank", None) is not None
-    colwise = dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
-    entries = [
-        PlanEntry(
-            attn, "PrepareModuleInput",
-            dict(input_layouts=None, desired_input_layouts=None,
-                 input_kwarg_layouts={"hidden_states": SEQ if sp else Replicate()},
-                 desired_input_kwarg_layouts={"hidden_states": Replicate()}, use_local_output=True),
-            "attention",
-            ("one all-gather of the sequence per attention block" if sp else "no communication")
-            + "; a local input for the replicated down-projections",
-        ),
-        PlanEntry(f"{attn}.{'q_b_proj' if has_q_lora else 'q_proj'}", "ColwiseParallel", colwise, "attention",
-                  "column-parallel: each rank computes its own heads' queries"),
-        PlanEntry(f"{attn}.kv_a_proj_with_mqa", "MlaKvAProjParallel", dict(rope_dim=config.qk_rope_head_dim),
-                  "attention", "replicated; the gradient of its rope part (shared by every head) is summed over TP"),
-        PlanEntry(f"{attn}.kv_b_proj", "ColwiseParallel", colwise, "attention",
-                  "column-parallel: each rank computes its own heads' keys and values"),
-        PlanEntry(
-            f"{attn}.o_proj", "RowwiseParallel",
-            dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
-            "attention",
-            "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
-        ),
-    ]
-    why = "low-rank down-projection (or its norm), shared by every head: computed whole on every rank"
-    kept = [Replicated(f"{attn}.{name}", why, "attention")
-            for name in (("q_a_proj", "q_a_layernorm") if has_q_lora else ()) + ("kv_a_layernorm",)]
-    return entries, kept
-
-
 def _check_experts(model: nn.Module) -> None:
     if not any(expert_count(m) for m in model.modules()):
         raise ValueError(f"{type(model).__name__}: no packed experts module found (transformers 5.x layout expected)")
@@ -179,9 +135,3 @@ def plan_glm4_moe(model: nn.Module, sequence_parallel: bool) -> Plan:
     _check_experts(model)
     per_head = bool(getattr(model.config, "use_qk_norm", False))
     return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=per_head)
-
-
-@register_plan("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
-def plan_deepseek(model: nn.Module, sequence_parallel: bool) -> Plan:
-    _check_experts(model)
-    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
