@@ -1,7 +1,7 @@
 """Benchmark 5: mixture-of-experts models, memory per rank against the ideal and TP traffic per step.
 
-For Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3 and gpt-oss-120b (``../shared/model-configs``, the
-real configs) at TP 2, 4 and 8 with DP 2, ``plangen cost``'s core (:func:`plangen.cost.build_cost_report`)
+For Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3 and gpt-oss-120b (the real configs, copied into
+``tests/data/model-configs``) at TP 2, 4 and 8 with DP 2, ``plangen cost``'s core (:func:`plangen.cost.build_cost_report`)
 costs the plan plangen uses and, where it can be applied, the model's Hugging Face plan. Memory is
 the training state of one rank (fp32 parameters, gradients and AdamW's two states; experts are
 90-99 % of it); the ideal is the whole model's state divided by DP x TP. TP traffic is the bytes each
@@ -21,7 +21,7 @@ from pathlib import Path
 from common import Goal, Section, format_gib, format_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT.parent / "shared" / "model-configs"
+CONFIGS = ROOT / "tests" / "data" / "model-configs"  # copies of ../shared/model-configs: a fresh clone has them
 MODELS = {
     "Qwen3-30B-A3B": "qwen3-30b-a3b.json",
     "Mixtral-8x7B": "mixtral-8x7b.json",
