@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # pragma: no cover
 PlanKind = Literal["hand-written", "synthesized", "hf", "none"]
 
 FRACTION_TP_SIZE = 2  # the TP size the sharded share is measured at
+# The fake group started for the measurement when none runs (as many ranks as the tests' own).
+FAKE_WORLD_SIZE = 8
 WELL_SHARDED = 0.95  # a plan that shards less leaves much of the model on every TP rank
 
 
@@ -233,17 +235,15 @@ def _synthesis_note(model: "nn.Module", record: dict[str, Any] | None) -> str:
 
 def build_catalog(only: Iterable[str] | None = None) -> list[CatalogRow]:
     """Every architecture's row, in class-name order; ``only``: just these model types or class names."""
-    from plangen.cost.measure import fake_process_group
     from plangen.plans.proven import load_proven
 
     wanted = set(only) if only is not None else None
     proven = load_proven()
-    with fake_process_group(FRACTION_TP_SIZE):  # one group for every row's measurement
-        return [
-            build_row(arch, proven)
-            for arch in list_architectures()
-            if wanted is None or {arch.class_name, arch.model_type, *arch.aliases} & wanted
-        ]
+    return [
+        build_row(arch, proven)
+        for arch in list_architectures()
+        if wanted is None or {arch.class_name, arch.model_type, *arch.aliases} & wanted
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,24 +254,26 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
     """(share of the parameters the runtime's plan shards at TP=2 at the default size, a note).
 
     Measured on the full-size model; where the full size does not build or its plan does not apply,
-    on ``shrunk`` (the catalog model, consumed), and the note says so.
+    on ``shrunk`` (the catalog model, consumed), and the note says so. Needs a fake process group:
+    the running one, or one started here and left running.
     """
-    from plangen.cost.measure import fake_process_group
-    from plangen.cost.settings import CostError
+    import torch.distributed as dist
 
+    if not dist.is_initialized():
+        # Left running, as the tests' fake group is: DTensor keeps the meshes of its sharding
+        # decisions, and a later group would run a destroyed group's meshes over its own ranks.
+        dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
+    elif dist.get_backend() != "fake" or dist.get_world_size() < FRACTION_TP_SIZE:
+        return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running"
     try:
-        with fake_process_group(FRACTION_TP_SIZE):
-            try:
-                return measure_sharded_fraction(lambda: build_full_size_model(arch)), ""
-            except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
-                why = one_line(err, part="first")
-            try:
-                fraction = measure_sharded_fraction(lambda: shrunk)
-            except Exception as err:  # noqa: BLE001
-                return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}"
-            return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})"
-    except CostError as err:  # a real process group is running
-        return 0.0, f"TP-sharded share not measured: {err}"
+        return measure_sharded_fraction(lambda: build_full_size_model(arch)), ""
+    except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
+        why = one_line(err, part="first")
+    try:
+        fraction = measure_sharded_fraction(lambda: shrunk)
+    except Exception as err:  # noqa: BLE001
+        return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}"
+    return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})"
 
 
 def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
