@@ -276,7 +276,10 @@ def test_shrink_keeps_what_decides_sharding(name, tp_size):
     assert tiny.num_attention_heads == ratio * tiny.num_key_value_heads
     kv_divides = config.num_key_value_heads % tp_size == 0
     assert (tiny.num_key_value_heads % tp_size == 0) == kv_divides
-    assert tiny.hidden_size == tiny.num_attention_heads * tiny.head_dim
+    # Multi-head latent attention (DeepSeek) has head_dim = the rope width, not hidden / heads:
+    # the shrunk config keeps whichever relation the real one has.
+    if getattr(config, "kv_lora_rank", None) is None:
+        assert tiny.hidden_size == tiny.num_attention_heads * tiny.head_dim
     for size in (tiny.hidden_size, tiny.intermediate_size, tiny.vocab_size):
         assert size % tp_size == 0
     assert tiny.vocab_size < 256 + tp_size and tiny.intermediate_size < 128 + tp_size
