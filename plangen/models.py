@@ -175,18 +175,50 @@ def _load_config_file(config_file: Path) -> "PretrainedConfig":
     from transformers import AutoConfig
 
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError) as exc:
+        raw = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
         raise ModelSpecError(f"cannot read {config_file} as JSON: {one_line(exc, part='first')}") from exc
+    if not isinstance(raw, dict):
+        raise ModelSpecError(f"{config_file} holds a JSON {type(raw).__name__}; a config.json is an object")
+    model_type = raw.get("model_type")
+    if model_type is None:
+        raise ModelSpecError(f'{config_file} has no "model_type": a config.json names its model type, e.g. "model_type": "llama"')
     if model_type not in _config_mapping():
         raise ModelSpecError(
             f"{config_file} has model_type {model_type!r}, which this transformers does not know"
             f" (remote-code models are not supported); {_suggestion(str(model_type))}"
         )
+    _check_sizes(raw, config_file)
     try:
         return AutoConfig.from_pretrained(str(config_file), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a bad config
-        raise ModelSpecError(f"cannot load {config_file}: {one_line(exc, part='first')}") from exc
+        # Validation errors name the field on the first line and say what is wrong on the next.
+        raise ModelSpecError(f"cannot load {config_file}: {one_line(exc)}") from exc
+
+
+# Sizes every plan divides by the TP size: a zero or a non-integer would surface as a division
+# error (or worse, a model of the wrong shape) far from the config that caused it.
+_SIZE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "vocab_size",
+    "head_dim",
+)
+
+
+def _check_sizes(raw: dict[str, Any], config_file: Path) -> None:
+    for where, section in (("", raw), ("text_config.", raw.get("text_config"))):
+        if not isinstance(section, dict):
+            continue
+        for key in _SIZE_FIELDS:
+            value = section.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelSpecError(f"{config_file}: {where}{key} must be a positive integer, got {value!r}")
 
 
 def _class_for_model_type(model_type: str) -> type["PreTrainedModel"]:

@@ -11,12 +11,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping, Union
 
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen.errors import one_line
+
+ACCEPTED = "give a dotted path (package.module.custom_parallel_plan) or a .py file (path/plan.py[:name])"
 PlanLike = Union[Mapping[str, ParallelStyle], str, Callable[[], Mapping[str, ParallelStyle]]]
 DEFAULT_ATTRIBUTE = "custom_parallel_plan"
 
@@ -60,6 +64,8 @@ def validate_plan_dict(obj: Any, where: str = "custom_parallel_plan") -> dict[st
 
 
 def _load_object(spec: str) -> Any:
+    if not spec.strip():
+        raise PlanLoadError(f"custom_parallel_plan is empty: {ACCEPTED}")
     path_part, _, attr = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
     if path_part.endswith(".py") or Path(path_part).is_file():
         return _load_from_file(Path(path_part), attr or DEFAULT_ATTRIBUTE, spec)
@@ -74,7 +80,10 @@ def _load_from_file(path: Path, attr: str, spec: str) -> Any:
     if loader_spec is None or loader_spec.loader is None:
         raise PlanLoadError(f"{spec}: cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(loader_spec)
-    loader_spec.loader.exec_module(module)
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as error:
+        raise _import_failure(spec, error) from error
     if not hasattr(module, attr):
         raise PlanLoadError(f"{spec}: {path} defines no {attr}")
     return getattr(module, attr)
@@ -83,6 +92,8 @@ def _load_from_file(path: Path, attr: str, spec: str) -> Any:
 def _load_dotted(spec: str) -> Any:
     """Import the longest importable prefix of ``spec``, then follow attributes."""
     parts = spec.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise PlanLoadError(f"{spec!r} is not a dotted path nor a .py file: {ACCEPTED}")
     for cut in range(len(parts), 0, -1):
         module_name = ".".join(parts[:cut])
         try:
@@ -90,11 +101,27 @@ def _load_dotted(spec: str) -> Any:
         except ModuleNotFoundError as err:
             # Only "this prefix is not a module" moves on; a missing import inside the module is real.
             if err.name is not None and not module_name.startswith(err.name) and err.name != module_name:
-                raise PlanLoadError(f"{spec}: importing {module_name} failed: {err}") from err
+                raise _import_failure(spec, err) from err
             continue
+        except Exception as error:
+            raise _import_failure(spec, error) from error
         for attr in parts[cut:]:
             if not hasattr(obj, attr):
                 raise PlanLoadError(f"{spec}: {'.'.join(parts[:cut])} has no attribute {attr!r}")
             obj = getattr(obj, attr)
         return obj
     raise PlanLoadError(f"{spec}: not an importable dotted path nor a .py file")
+
+
+def _import_failure(spec: str, error: BaseException) -> PlanLoadError:
+    """The error a plan module raised at import, with the file and line it raised at."""
+    where = ""
+    if isinstance(error, SyntaxError) and error.filename:
+        where = f"{error.filename}:{error.lineno}: "
+        message = f"SyntaxError: {error.msg}"
+    else:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+        if frames:
+            where = f"{frames[-1].filename}:{frames[-1].lineno}: "
+        message = one_line(error, with_type=True)
+    return PlanLoadError(f"{spec}: importing the plan failed at {where}{message}")

@@ -150,7 +150,7 @@ class PlanLoadFailureRule(ModelRule):
 
 def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
     """Import the plan file with the runtime's loader; raises :class:`PlanLoadFailure`."""
-    from plangen.plan_source import load_custom_plan
+    from plangen.plan_source import PlanLoadError, load_custom_plan
 
     try:
         # The plan's own prints must not mix with the findings on stdout.
@@ -159,6 +159,10 @@ def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # noqa: BLE001 - SystemExit from a plan file is a finding too
+        # The loader names the file in its own message; the finding sits in the file, so it takes
+        # the plan's own error and the line that raised it.
+        if isinstance(error, PlanLoadError) and error.__cause__ is not None:
+            error = error.__cause__
         raise PlanLoadFailure(one_line(error, with_type=True), _position_in_file(error, path)) from None
 
 
