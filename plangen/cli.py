@@ -115,7 +115,7 @@ def verify(
         False, "--run", help="Also level 3: apply each plan on CPU (fake process group at N, then gloo at TP=2)."
     ),
     timeout: float = typer.Option(
-        600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of --run, all files together."
+        600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of --run, all files together; also of each file's import (at most 60 s)."
     ),
     strict: bool = typer.Option(False, "--strict", help="Warnings set the exit status too."),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),

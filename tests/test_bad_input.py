@@ -72,3 +72,62 @@ def test_a_plan_that_fails_at_import_names_its_file_and_line(tmp_path, monkeypat
     text = str(raised.value)
     assert "\n" not in text
     assert text.startswith(f"{spec}: ") and f"{path}:{line}: " in text and message in text
+
+
+# --- verify: one file's bad top level or bad constants never end the run ----------------------
+
+GENERATED_LLAMA = (Path(__file__).resolve().parent.parent / "generated" / "llama_plan.py").read_text()
+
+
+def _with_constant(name: str, value: str) -> str:
+    lines = GENERATED_LLAMA.splitlines(keepends=True)
+    [index] = [i for i, line in enumerate(lines) if line.startswith(f"{name} = ")]
+    lines[index] = f"{name} = {value}\n"
+    return "".join(lines)
+
+
+def _line(text: str, start: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith(start))
+
+
+def test_verify_turns_each_bad_file_into_a_finding_on_it_and_checks_the_others(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    files = {
+        "loop.py": "while True:\n    pass\n" + GENERATED_LLAMA,
+        "exit0.py": "import os\nos._exit(0)\n" + GENERATED_LLAMA,
+        "interrupt.py": "x = 1\nraise KeyboardInterrupt\n" + GENERATED_LLAMA,
+        "tp_negative.py": _with_constant("PLANGEN_TP_SIZE", "-4"),
+        "tp_zero.py": _with_constant("PLANGEN_TP_SIZE", "0"),
+        "tp_text.py": _with_constant("PLANGEN_TP_SIZE", '"two"'),
+        "tp_bool.py": _with_constant("PLANGEN_TP_SIZE", "True"),
+        "no_model.py": _with_constant("PLANGEN_MODEL", '"no-such-model-type"'),
+        "good.py": GENERATED_LLAMA,
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+
+    result = CliRunner().invoke(app, ["verify", "--timeout", "5", *files])
+
+    assert result.exit_code == 1, result.output
+    found = {}
+    for line in result.stdout.strip().splitlines():
+        location, code, message = line.split(" ", 2)
+        name, row, col = location.rstrip(":").split(":")
+        assert name not in found, line  # one finding per bad file
+        found[name] = (code, int(row), message)
+    tp_line = _line(GENERATED_LLAMA, "PLANGEN_TP_SIZE")
+    model_line = _line(GENERATED_LLAMA, "PLANGEN_MODEL")
+    # Where a hang or an exit happened is not known: the finding sits on the plan (two lines were
+    # put before the generated text).
+    plan_line = _line(GENERATED_LLAMA, "custom_parallel_plan") + 2
+    code, row, message = found.pop("loop.py")
+    assert (code, row) == ("PG201", plan_line) and "did not finish within 5 s" in message
+    code, row, message = found.pop("exit0.py")
+    assert (code, row) == ("PG201", plan_line) and "ended the process (exit code 0)" in message
+    assert found.pop("interrupt.py") == ("PG201", 2, "the plan file cannot be loaded: KeyboardInterrupt")
+    for name, shown in (("tp_negative.py", "-4"), ("tp_zero.py", "0"), ("tp_text.py", "'two'"), ("tp_bool.py", "True")):
+        assert found.pop(name) == ("PG007", tp_line, f"PLANGEN_TP_SIZE must be a positive integer, got {shown}")
+    code, row, message = found.pop("no_model.py")
+    assert (code, row) == ("PG007", model_line) and message.startswith("PLANGEN_MODEL names no model: ")
+    assert found == {}  # good.py is clean, and was checked (no note says otherwise)
+    assert "good.py" not in result.stderr

@@ -225,9 +225,13 @@ def test_files_with_static_errors_are_not_imported(tmp_path):
 
 def test_settings_come_from_options_then_the_file(tmp_path):
     source = LLAMA.replace('PLANGEN_MODEL = "llama"', 'PLANGEN_MODEL = "no-such-model-type"')
-    with pytest.raises(VerifyUsageError, match="PLANGEN_MODEL"):
-        _verify(tmp_path, source)
+    [finding] = _verify(tmp_path, source).diagnostics
+    line = _line_of(source, "PLANGEN_MODEL =")
+    assert (finding.code, finding.line, finding.col) == ("PG007", line, len('PLANGEN_MODEL = ') + 1)
+    assert finding.message.startswith("PLANGEN_MODEL names no model: unknown model spec 'no-such-model-type'")
     assert _verify(tmp_path, source, model="llama").diagnostics == []
+    with pytest.raises(VerifyUsageError, match="^--model: "):
+        _verify(tmp_path, LLAMA, model="no-such-model-type")
     bare = "\n".join(line for line in LLAMA.splitlines() if not line.startswith("PLANGEN_")) + "\n"
     report = _verify(tmp_path, bare)
     assert report.diagnostics == [] and "pass --model" in report.notes[0]

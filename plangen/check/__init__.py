@@ -16,6 +16,7 @@ runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -38,7 +39,7 @@ class VerifyOptions:
     sequence_parallel: bool | None = None  # None: as the file records it, else inferred from the plan
     static_only: bool = False
     run: bool = False
-    timeout: float = DEFAULT_RUN_TIMEOUT  # level 3, all files together
+    timeout: float = DEFAULT_RUN_TIMEOUT  # level 3, all files together; each file's import (at most 60 s)
 
 
 @dataclass
@@ -117,6 +118,7 @@ def _check_model(
     path: str, options: VerifyOptions, report: VerifyReport, to_run: dict[str, RunTarget]
 ) -> list[Diagnostic]:
     """Level 2 for one file; queues it for level 3 when asked and clean."""
+    from plangen.check.import_probe import IMPORT_TIMEOUT, check_import
     from plangen.check.model import check_model
     from plangen.models import ModelSpecError
 
@@ -129,10 +131,14 @@ def _check_model(
     if not settings.tp_size_given:
         report.notes.append(f"{path}: no --tp-size and no PLANGEN_TP_SIZE: checked at TP size {settings.tp_size}")
     try:
-        found = check_model(path, settings.model, settings.tp_size, settings.sequence_parallel)
+        timeout = min(options.timeout, IMPORT_TIMEOUT)
+        probe = partial(check_import, timeout=timeout)
+        found = check_model(path, settings.model, settings.tp_size, settings.sequence_parallel, probe)
     except ModelSpecError as error:
-        where = "--model" if options.model else f"{path}: PLANGEN_MODEL"
-        raise VerifyUsageError(f"{where}: {error}") from None
+        if options.model:
+            raise VerifyUsageError(f"--model: {error}") from None
+        # The file's own PLANGEN_MODEL: a finding on that file, and the other files still checked.
+        return [_bad_recorded_model(path, error)]
     if options.run:
         if _has_errors(found):
             report.notes.append(f"{path}: not run (--run): fix its findings against the model first")
@@ -142,6 +148,16 @@ def _check_model(
             resolved = str(Path(path).resolve())
             to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel))
     return found
+
+
+def _bad_recorded_model(path: str, error: Exception) -> Diagnostic:
+    from plangen.check.diagnostics import Diagnostic
+    from plangen.check.rules_structure import PlanConstantRule
+    from plangen.check.static import read_constant_position
+
+    line, col = read_constant_position(path, "PLANGEN_MODEL")
+    rule = PlanConstantRule
+    return Diagnostic(path, line, col, rule.code, f"PLANGEN_MODEL names no model: {error}", rule.severity)
 
 
 def _check_run(

@@ -22,7 +22,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 import libcst as cst
 
@@ -135,6 +135,9 @@ class PlanLoadFailureRule(ModelRule):
         "Level 2 imports the plan file as the runtime will (`plangen.plan_source.load_custom_plan`)."
         " Importing it raised: a module the file imports is missing where verify (and training) runs, its"
         " top level raises, or `custom_parallel_plan()` does. The finding sits on the line that raised."
+        " verify first imports each file in a child process, within `--timeout` (at most 60 s): a file"
+        " whose import hangs, ends its process (`os._exit`, a signal) or raises `KeyboardInterrupt` is"
+        " this finding on the plan's line, and the other files are still checked."
     )
     wrong = (
         f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\nfrom my_plans import EXTRA\n\n"
@@ -163,10 +166,10 @@ def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
         # the plan's own error and the line that raised it.
         if isinstance(error, PlanLoadError) and error.__cause__ is not None:
             error = error.__cause__
-        raise PlanLoadFailure(one_line(error, with_type=True), _position_in_file(error, path)) from None
+        raise PlanLoadFailure(one_line(error, with_type=True), position_in_file(error, path)) from None
 
 
-def _position_in_file(error: BaseException, path: str | Path) -> tuple[int, int] | None:
+def position_in_file(error: BaseException, path: str | Path) -> tuple[int, int] | None:
     """Where in ``path`` it raised (the innermost frame in that file), if anywhere."""
     target = Path(path).resolve()
     position = None
@@ -181,16 +184,22 @@ def check_model(
     model_spec: str,
     tp_size: int,
     sequence_parallel: bool | None = None,
+    probe: Callable[[str], tuple[str, tuple[int, int] | None] | None] | None = None,
 ) -> list[Diagnostic]:
     """Level-2 findings for the plan file at ``path`` against ``model_spec`` at ``tp_size``, sorted.
 
-    Raises :class:`plangen.models.ModelSpecError` when the spec names no model, OSError when the
-    file cannot be read.
+    ``probe`` imports the file first where a failure cannot hurt (verify passes
+    :func:`plangen.check.import_probe.check_import`, a child process with a time bound) and returns
+    why it failed and where: such a file is a PG201 finding and is never imported here. Raises :class:`plangen.models.ModelSpecError` when
+    the spec names no model, OSError when the file cannot be read.
     """
     source = decode_source(Path(path).read_bytes())
     positions = read_plan_positions(source)
     _, model = load_meta_model(model_spec)
     try:
+        failed = probe(str(path)) if probe is not None else None
+        if failed is not None:
+            raise PlanLoadFailure(*failed)
         written = load_plan_styles(path)
     except PlanLoadFailure as failure:
         line, col = failure.position or positions.plan

@@ -4,6 +4,7 @@ story (title, explanation, wrong and right files) beside its check."""
 
 from __future__ import annotations
 
+import ast
 import warnings
 from typing import Iterator
 
@@ -256,6 +257,89 @@ class DuplicateKeyRule(StaticRule):
                     first_seen[key] = element.key
 
 
+# What verify reads from a generated file's constants when no option overrides them, and what
+# each must be. The one place these kinds are written: the renderer writes them, verify and cost
+# read them through :func:`plangen.check.static.read_plan_metadata`.
+PLAN_CONSTANTS: dict[str, str] = {
+    "PLANGEN_MODEL": "a model spec string (a model_type, a class name or a config path)",
+    "PLANGEN_TP_SIZE": "a positive integer",
+    "PLANGEN_SEQUENCE_PARALLEL": "True or False",
+}
+
+
+def constant_problem(name: str, value: object) -> str | None:
+    """Why ``value`` cannot be ``name``'s value, or None when it can."""
+    if name == "PLANGEN_MODEL":
+        good = isinstance(value, str) and bool(value.strip())
+    elif name == "PLANGEN_TP_SIZE":
+        good = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    elif name == "PLANGEN_SEQUENCE_PARALLEL":
+        good = isinstance(value, bool)
+    else:
+        return None
+    return None if good else f"{name} must be {PLAN_CONSTANTS[name]}, got {value!r}"
+
+
+class PlanConstantRule(StaticRule):
+    code = "PG007"
+    title = "unusable PLANGEN_* constant"
+    explanation = (
+        "Generated files record what they were made for: `PLANGEN_MODEL` (a model spec),"
+        " `PLANGEN_TP_SIZE` (a positive integer) and `PLANGEN_SEQUENCE_PARALLEL` (True or False)."
+        " verify checks the file against them when `--model`, `--tp-size` and `--sequence-parallel`"
+        " are not given, and `plangen cost` prices the plan with them, so a value of the wrong kind"
+        " (`0`, `-4`, `\"two\"`, `2.5`, `True` as a TP size, or a value computed at run time) would"
+        " check the file at a size nobody meant; it is reported on its line instead. A"
+        " `PLANGEN_MODEL` that names no model is reported the same way when level 2 resolves it."
+    )
+    wrong = f'{TP_IMPORT} ColwiseParallel\n\nPLANGEN_TP_SIZE = 0\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
+    right = f'{TP_IMPORT} ColwiseParallel\n\nPLANGEN_TP_SIZE = 2\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
+    message = "{problem}"
+    VALID = (
+        'PLANGEN_MODEL = "llama"\nPLANGEN_TP_SIZE = 8\nPLANGEN_SEQUENCE_PARALLEL = False\ncustom_parallel_plan = {}\n',
+        "PLANGEN_TP_SIZE: int = 2\nPLANGEN_OTHER = object()\ncustom_parallel_plan = {}\n",
+        "def f():\n    PLANGEN_TP_SIZE = 'local, not the constant'\ncustom_parallel_plan = {}\n",
+    )
+    INVALID = (
+        Invalid("PLANGEN_TP_SIZE = -4\ncustom_parallel_plan = {}\n", 1, 19, "positive integer, got -4"),
+        Invalid("PLANGEN_TP_SIZE = 0\ncustom_parallel_plan = {}\n", 1, 19, "got 0"),
+        Invalid("PLANGEN_TP_SIZE = 'two'\ncustom_parallel_plan = {}\n", 1, 19, "got 'two'"),
+        Invalid("PLANGEN_TP_SIZE = 2.5\ncustom_parallel_plan = {}\n", 1, 19, "got 2.5"),
+        Invalid("PLANGEN_TP_SIZE = True\ncustom_parallel_plan = {}\n", 1, 19, "got True"),
+        Invalid("x = 1\nPLANGEN_MODEL = ''\ncustom_parallel_plan = {}\n", 2, 17, "model spec string"),
+        Invalid("PLANGEN_SEQUENCE_PARALLEL = 'yes'\ncustom_parallel_plan = {}\n", 1, 29, "True or False"),
+        Invalid("import os\nPLANGEN_TP_SIZE = int(os.environ['TP'])\ncustom_parallel_plan = {}\n", 2, 19, "not a literal"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        for name, value in _module_constants(plan.module):
+            if name not in PLAN_CONSTANTS:
+                continue
+            try:
+                literal = ast.literal_eval(plan.module.code_for_node(value).strip())
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                problem = f"{name} must be {PLAN_CONSTANTS[name]} written as a literal, not a literal here: {plan.code(value)}"
+                yield value, self.message.format(problem=problem)
+                continue
+            problem = constant_problem(name, literal)
+            if problem is not None:
+                yield value, self.message.format(problem=problem)
+
+
+def _module_constants(module: cst.Module) -> Iterator[tuple[str, cst.BaseExpression]]:
+    """Module-level ``NAME = value`` and ``NAME: T = value`` assignments."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Assign):
+                for target in small.targets:
+                    if isinstance(target.target, cst.Name):
+                        yield target.target.value, small.value
+            elif isinstance(small, cst.AnnAssign) and small.value is not None and isinstance(small.target, cst.Name):
+                yield small.target.value, small.value
+
+
 STRUCTURE_RULES: tuple[StaticRule, ...] = (
     SyntaxErrorRule(),
     MissingPlanRule(),
@@ -263,4 +347,5 @@ STRUCTURE_RULES: tuple[StaticRule, ...] = (
     PlanNotADictRule(),
     KeyNotAStringRule(),
     DuplicateKeyRule(),
+    PlanConstantRule(),
 )

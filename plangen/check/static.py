@@ -99,3 +99,21 @@ def read_plan_metadata_source(source: str | bytes) -> dict[str, Any]:
                 except ValueError:
                     metadata.pop(target.id, None)  # no longer a known constant
     return metadata
+
+
+def read_constant_position(path: str | Path, name: str) -> tuple[int, int]:
+    """Where the module-level constant ``name`` is given its value in the file (1, 1 if nowhere)."""
+    try:
+        tree = ast.parse(decode_source(Path(path).read_bytes()))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return 1, 1
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign):
+            targets, value = statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets, value = [statement.target], statement.value
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return value.lineno, value.col_offset + 1
+    return 1, 1
