@@ -131,3 +131,12 @@ def test_verify_turns_each_bad_file_into_a_finding_on_it_and_checks_the_others(t
     assert (code, row) == ("PG007", model_line) and message.startswith("PLANGEN_MODEL names no model: ")
     assert found == {}  # good.py is clean, and was checked (no note says otherwise)
     assert "good.py" not in result.stderr
+
+
+@pytest.mark.parametrize(("value", "shown"), [("-4", "-4"), ("0", "0"), ("2.5", "2.5"), ("True", "True")])
+def test_cost_refuses_a_recorded_tp_size_of_the_wrong_kind(tmp_path, value, shown):
+    plan = tmp_path / "plan.py"
+    plan.write_text(_with_constant("PLANGEN_TP_SIZE", value))
+    result = CliRunner().invoke(app, ["cost", str(plan)])
+    assert result.exit_code == EXIT_USAGE
+    assert result.output.strip() == f"plangen: error: {plan}: PLANGEN_TP_SIZE must be a positive integer, got {shown}"

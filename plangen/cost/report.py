@@ -31,6 +31,12 @@ def read_target(target: str, model: str | None) -> tuple[str, str, dict[str, Any
         if not Path(target).is_file():
             raise CostError(f"{target}: no such plan file")
         metadata = read_plan_metadata(target)
+        from plangen.check.rules_structure import constant_problem
+
+        for name, value in metadata.items():
+            problem = constant_problem(name, value)
+            if problem is not None:  # the file records a size nobody meant: never price it at another
+                raise CostError(f"{target}: {problem}")
         spec = model or metadata.get("PLANGEN_MODEL")
         if not isinstance(spec, str) or not spec:
             raise CostError(f"{target} names no model (no PLANGEN_MODEL = ...): pass --model")
