@@ -27,6 +27,36 @@ class WriteOutcome:
     unchanged: bool = False
 
 
+def check_output_path(path: Path | str, *, force: bool = False, same_plan: bool = False) -> None:
+    """Refuse, before anything is built, an output path that :func:`write_plan_file` would refuse.
+
+    ``same_plan``: the existing file records the same model and settings, so the rendered text may
+    equal it (then it is left alone): only the write can tell, so it is not refused here.
+    """
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    limit = _name_max(parent)
+    if len(os.fsencode(path.name)) > limit:
+        raise InitError(f"-o {path}: the file name is longer than this file system allows ({limit} bytes)")
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except OSError as err:
+        raise InitError(f"-o {path}: {err.strerror or err}") from None
+    if is_dir:
+        raise InitError(f"{path} is a directory; pass a .py file path with -o")
+    if exists and not force and not same_plan:
+        raise InitError(f"{path} already exists; pass --force to replace it (the old file is kept as {backup_path(path)})")
+
+
+def _name_max(folder: Path) -> int:
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
 def write_plan_file(path: Path | str, text: str, *, force: bool = False) -> WriteOutcome:
     """Write ``text`` to ``path`` atomically, after checking that it parses as Python.
 
@@ -39,6 +69,7 @@ def write_plan_file(path: Path | str, text: str, *, force: bool = False) -> Writ
     if path.is_dir():
         raise InitError(f"{path} is a directory; pass a .py file path with -o")
     data = text.encode("utf-8")
+    check_output_path(path, force=True)  # names too long, unreadable parents: one line, not a traceback
     exists = path.exists()
     if exists:
         try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from plangen.files import WriteOutcome, write_plan_file
+from plangen.files import WriteOutcome, check_output_path, write_plan_file
 from plangen.plan import Plan
 from plangen.render import InitError, render_plan_text
 
@@ -174,6 +174,30 @@ def render_plan_module(
     return RenderedPlan(path, text, seed, plan, type(loaded.model).__name__)
 
 
+def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool) -> bool:
+    """Whether the file at ``path`` is a plan generated for ``spec`` with these settings: rendering
+    may then give its very text (left alone), which only the write can tell."""
+    from plangen.check.static import read_plan_metadata
+    from plangen.models import resolve_recorded_spec
+
+    try:
+        recorded = read_plan_metadata(path) if path.is_file() else {}
+    except OSError:
+        return False
+    model = recorded.get("PLANGEN_MODEL")
+    if not isinstance(model, str):
+        return False
+    if Path(spec).exists():  # a config path: recorded relative to the plan file
+        same_model = Path(resolve_recorded_spec(model, path)).resolve() == Path(spec).resolve()
+    else:
+        same_model = model == spec
+    return (
+        same_model
+        and recorded.get("PLANGEN_TP_SIZE") == tp_size
+        and recorded.get("PLANGEN_SEQUENCE_PARALLEL") is bool(sequence_parallel)
+    )
+
+
 def init_plan(
     spec: str,
     output: Path | str | None = None,
@@ -191,9 +215,16 @@ def init_plan(
         raise InitError(f"-o {output}: a plan module must be a .py file")
     if template_dir is not None and not Path(template_dir).is_dir():
         raise InitError(f"--template {template_dir}: no such directory")
+    # The output path is checked before anything is imported or built (seconds for a large model).
+    if output is not None:
+        path = Path(output)
+    else:
+        path = default_output((resolve(spec) if loaded is None else loaded.resolved).name, sequence_parallel)
+    same = _records_same_settings(path, spec, tp_size, sequence_parallel)
+    check_output_path(path, force=force, same_plan=same)
     rendered = render_plan_module(
         spec,
-        output,
+        path,
         tp_size=tp_size,
         sequence_parallel=sequence_parallel,
         template_dir=template_dir,

@@ -61,6 +61,31 @@ ModelSource = Union[ResolvedModel, "PretrainedConfig"]
 
 
 # --------------------------------------------------------------------------------------------
+# The spec a plan file records (PLANGEN_MODEL)
+
+
+def record_model_spec(resolved: ResolvedModel, plan_path: Path | str) -> str:
+    """``resolved``'s spec as the plan file at ``plan_path`` records it: a config path relative to
+    the plan file's folder (the pair moves together in a repository, and verify or cost run from
+    any directory find it), any other spec as given."""
+    if resolved.kind != "config":
+        return resolved.spec
+    import os
+
+    return Path(os.path.relpath(Path(resolved.spec).resolve(), Path(plan_path).resolve().parent)).as_posix()
+
+
+def resolve_recorded_spec(spec: str, plan_path: Path | str) -> str:
+    """The spec to resolve for a ``PLANGEN_MODEL`` read from the plan file at ``plan_path``: a path
+    relative to the plan file's folder when one exists there (see :func:`record_model_spec`), else
+    ``spec`` itself (older files recorded paths relative to where init ran)."""
+    candidate = Path(plan_path).resolve().parent / spec
+    if not Path(spec).is_absolute() and ("/" in spec or spec.endswith(".json")) and candidate.exists():
+        return str(candidate)
+    return spec
+
+
+# --------------------------------------------------------------------------------------------
 # Resolving a spec
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from plangen.errors import one_line
+from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
 from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
@@ -387,7 +388,7 @@ def build_plan_context(
         "verify_command": shlex.join(["plangen", "verify", str(output)]),
         "imports": import_blocks,
         "constants": [
-            {"name": "PLANGEN_MODEL", "value": render_value(resolved.spec)},
+            {"name": "PLANGEN_MODEL", "value": render_value(record_model_spec(resolved, output))},
             {"name": "PLANGEN_TP_SIZE", "value": repr(tp_size)},
             {"name": "PLANGEN_SEQUENCE_PARALLEL", "value": repr(bool(sequence_parallel))},
         ],

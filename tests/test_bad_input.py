@@ -140,3 +140,54 @@ def test_cost_refuses_a_recorded_tp_size_of_the_wrong_kind(tmp_path, value, show
     result = CliRunner().invoke(app, ["cost", str(plan)])
     assert result.exit_code == EXIT_USAGE
     assert result.output.strip() == f"plangen: error: {plan}: PLANGEN_TP_SIZE must be a positive integer, got {shown}"
+
+
+# --- init: the output path first, config paths recorded where the plan file can find them ------
+
+
+def test_an_overlong_output_name_is_a_usage_error_and_nothing_is_written(tmp_path):
+    out = tmp_path / ("p" * 300 + ".py")
+    result = CliRunner().invoke(app, ["init", "llama", "-o", str(out)])
+    assert result.exit_code == EXIT_USAGE
+    assert result.output.strip() == f"plangen: error: -o {out}: the file name is longer than this file system allows (255 bytes)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_refuses_an_existing_file_before_importing_transformers(tmp_path):
+    import subprocess
+    import sys
+
+    existing = tmp_path / "plan.py"
+    existing.write_text(GENERATED_LLAMA)
+    code = (
+        "import sys\n"
+        "from plangen.init import InitError, init_plan\n"
+        "try:\n"
+        f"    init_plan('qwen3', {str(existing)!r})\n"
+        "except InitError as error:\n"
+        "    print(error)\n"
+        "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, 'built before refusing'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == f"{existing} already exists; pass --force to replace it (the old file is kept as {existing}.bak)"
+    assert existing.read_text() == GENERATED_LLAMA
+
+
+def test_a_config_path_is_recorded_relative_to_the_plan_so_verify_runs_from_anywhere(tmp_path, monkeypatch):
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "llama.json"
+    config.write_text((Path(__file__).parent / "data" / "model-configs" / "llama-3.2-1b.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["init", "configs/llama.json", "-o", "plans/llama_plan.py"])
+    assert result.exit_code == 0, result.output
+    plan = tmp_path / "plans" / "llama_plan.py"
+    assert 'PLANGEN_MODEL = "../configs/llama.json"' in plan.read_text().splitlines()
+
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    result = CliRunner().invoke(app, ["verify", "../plans/llama_plan.py"])
+    assert result.exit_code == 0 and result.stdout == "", result.output
+    # Regenerating the same plan from elsewhere is recognised as the same model: built, then unchanged
+    # or refused only because the text (its regeneration command) differs.
+    result = CliRunner().invoke(app, ["init", "../configs/llama.json", "-o", "../plans/llama_plan.py"])
+    assert result.exit_code == EXIT_USAGE and "already exists" in result.output

@@ -66,7 +66,12 @@ def plan_settings(path: str | Path, options: VerifyOptions) -> PlanSettings:
     from plangen.check.static import read_plan_metadata
 
     metadata = read_plan_metadata(path)
-    model = options.model or _typed(metadata.get("PLANGEN_MODEL"), str)
+    recorded = _typed(metadata.get("PLANGEN_MODEL"), str)
+    if recorded is not None and not options.model:
+        from plangen.models import resolve_recorded_spec
+
+        recorded = resolve_recorded_spec(recorded, path)
+    model = options.model or recorded
     tp_size = options.tp_size or _typed(metadata.get("PLANGEN_TP_SIZE"), int)
     sequence_parallel = options.sequence_parallel
     if sequence_parallel is None:

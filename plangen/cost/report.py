@@ -40,6 +40,10 @@ def read_target(target: str, model: str | None) -> tuple[str, str, dict[str, Any
         spec = model or metadata.get("PLANGEN_MODEL")
         if not isinstance(spec, str) or not spec:
             raise CostError(f"{target} names no model (no PLANGEN_MODEL = ...): pass --model")
+        if model is None:
+            from plangen.models import resolve_recorded_spec
+
+            spec = resolve_recorded_spec(spec, target)
         return target, spec, metadata
     if model is not None:
         raise CostError("--model is for plan files; the model is the first argument here")
