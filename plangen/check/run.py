@@ -454,7 +454,11 @@ def _launch_once(
 def _launch_error(text: str, world_size: int) -> str:
     """One line from :class:`plangen.launch.DistributedRunError`'s text: which rank, and why."""
     if "still running after" in text or "no result after" in text:
-        return "no result within the time limit (--timeout): a rank hung, and the run was killed"
+        # A hang and a slow run look the same from here: say both, and what to do about the second.
+        return (
+            "no result within the time limit (--timeout), so the run was stopped: a rank hung (a"
+            " collective the other ranks never join) or the run needs longer (raise --timeout)"
+        )
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     rank = re.search(r"\brank(\d+) failed", text)
     who = f"rank {rank.group(1)}" if rank else "the launcher"
