@@ -20,12 +20,30 @@ def largest_legal_tp_size(num_heads: int, num_kv_heads: int, limit: int | None =
 
 
 def head_counts(config: Any) -> tuple[int, int] | None:
-    """(attention heads, key/value heads) of a config's text part, or None when it has no heads."""
+    """(attention heads, key/value heads) of a config's text part, or None when it has no heads.
+
+    A config whose head counts vary by layer (transformers' heterogeneous configs refuse to answer
+    globally) gives the greatest common divisor of every layer's: a TP size divides all of them
+    exactly when it divides that.
+    """
     text = text_config(config)
-    heads = getattr(text, "num_attention_heads", None)
+    try:
+        return _counts(text)
+    except Exception as error:  # transformers' AmbiguousGlobalPerLayerAttributeError; no import here
+        if type(error).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+            raise
+    per_layer = [_counts(layer) for layer in text.per_layer_config]
+    per_layer = [counts for counts in per_layer if counts is not None]
+    if not per_layer:
+        return None
+    return gcd(*(h for h, _ in per_layer)), gcd(*(kv for _, kv in per_layer))
+
+
+def _counts(config: Any) -> tuple[int, int] | None:
+    heads = getattr(config, "num_attention_heads", None)
     if not heads:
         return None
-    return heads, getattr(text, "num_key_value_heads", None) or heads
+    return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
 def tp_size_problem(config: Any, tp_size: int, model_name: str) -> str | None:

@@ -191,3 +191,19 @@ def test_a_config_path_is_recorded_relative_to_the_plan_so_verify_runs_from_anyw
     # or refused only because the text (its regeneration command) differs.
     result = CliRunner().invoke(app, ["init", "../configs/llama.json", "-o", "../plans/llama_plan.py"])
     assert result.exit_code == EXIT_USAGE and "already exists" in result.output
+
+
+def test_head_counts_of_a_config_whose_heads_vary_by_layer():
+    # dots3_note's config refuses to answer num_attention_heads globally (128 on some layers, 64 on others).
+    from plangen.heads import head_counts, tp_size_problem
+    from plangen.models import config_for_class, resolve_model
+
+    resolved = resolve_model("dots3_note")
+    config = config_for_class(resolved.config, resolved.model_class)
+    layers = list(config.get_text_config().per_layer_config)
+    assert {layer.num_attention_heads for layer in layers} == {128, 64}
+    assert head_counts(config) == (64, 64)
+    assert tp_size_problem(config, 8, "Dots3NoteForCausalLM") is None
+    assert tp_size_problem(config, 128, "Dots3NoteForCausalLM") == (
+        "num_attention_heads=64 is not divisible by the TP size 128: the largest legal TP size for Dots3NoteForCausalLM is 64"
+    )
