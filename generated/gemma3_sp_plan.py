@@ -11,6 +11,17 @@ every argument written out. Commented-out patterns are left replicated on purpos
     parallelize_model(..., custom_parallel_plan="generated.gemma3_sp_plan.custom_parallel_plan")
 
 and check it after editing with `plangen verify generated/gemma3_sp_plan.py`.
+
+It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
+then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+ReplicatedWithGradAllReduce, TiedEmbeddingParallel, TiedHeadParallel). Per-head norms see only their
+rank's heads: their style sums their weight gradient over TP. model.language_model.embed_tokens and
+lm_head share one weight: TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded
+once on the vocabulary by whichever is applied first, so no re-tie is needed; keep the two together
+(one alone leaves two parameters, which plangen verify reports). The logits leave as a DTensor
+sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
+torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
@@ -22,7 +33,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from plangen.styles import ReplicatedWithGradAllReduce
+from plangen.styles import ReplicatedWithGradAllReduce, TiedEmbeddingParallel, TiedHeadParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "gemma3"
@@ -32,8 +43,9 @@ PLANGEN_SEQUENCE_PARALLEL = True
 custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Gemma3TextScaledWordEmbedding [262208, 2304] → local [131104, 2304] at TP=2
-    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual
-    "model.language_model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual; one weight with lm_head (tied),
+    # sharded once
+    "model.language_model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
 
     # Attention
     # 26 × Gemma3Attention: one all-gather of the sequence per attention block; one gradient reduction per block in
@@ -120,6 +132,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Output head
     # 1 × Linear [262208, 2304] → local [131104, 2304] at TP=2
-    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
-    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy; one weight with
+    # model.language_model.embed_tokens (tied), sharded once
+    "lm_head": TiedHeadParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
 }

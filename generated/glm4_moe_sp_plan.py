@@ -11,6 +11,12 @@ every argument written out. Commented-out patterns are left replicated on purpos
     parallelize_model(..., custom_parallel_plan="generated.glm4_moe_sp_plan.custom_parallel_plan")
 
 and check it after editing with `plangen verify generated/glm4_moe_sp_plan.py`.
+
+It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
+then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+ExpertsParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard

@@ -11,10 +11,22 @@ every argument written out. Commented-out patterns are left replicated on purpos
     parallelize_model(..., custom_parallel_plan="generated.mistral3_plan.custom_parallel_plan")
 
 and check it after editing with `plangen verify generated/mistral3_plan.py`.
+
+It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
+then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+TiedEmbeddingParallel, TiedHeadParallel). model.language_model.embed_tokens and lm_head share one
+weight: TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded once on the
+vocabulary by whichever is applied first, so no re-tie is needed; keep the two together (one alone
+leaves two parameters, which plangen verify reports). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
+
+from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "mistral3"
@@ -23,8 +35,13 @@ PLANGEN_SEQUENCE_PARALLEL = False
 
 custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
-    # 1 × Embedding [131072, 5120] → local [65536, 5120] at TP=2; vocab-parallel embedding; all-reduce
-    "model.language_model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
+    # 1 × Embedding [131072, 5120] → local [65536, 5120] at TP=2
+    # vocab-parallel embedding; all-reduce; one weight with lm_head (tied), sharded once
+    "model.language_model.embed_tokens": TiedEmbeddingParallel(
+        input_layouts=Replicate(),
+        output_layouts=Replicate(),
+        use_local_output=True,
+    ),
 
     # Attention
     # 40 × MistralAttention: no communication; one gradient reduction per block in backward
@@ -96,6 +113,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Output head
     # 1 × Linear [131072, 5120] → local [65536, 5120] at TP=2
-    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
-    "lm_head": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy; one weight with
+    # model.language_model.embed_tokens (tied), sharded once
+    "lm_head": TiedHeadParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
 }

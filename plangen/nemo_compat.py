@@ -11,10 +11,12 @@ are wrong (docs/nemo-rl.md): per-head norms (Qwen3, Gemma3 ``q_norm``/``k_norm``
 gradient summed over TP ranks, with SP on or off; q/k/v and gate/up share one gathered input (two
 collectives per layer, NeMo RL's five); both ends of a tied embedding are sharded on the vocabulary.
 
-Tied embeddings: a dict of styles cannot make two parameters one. ``parallelize_module`` gives the
-embedding and the head a DTensor each; plangen's runtime re-ties them
-(:func:`plangen.tensor_parallel.apply_tp`). A runtime that calls ``parallelize_module`` with these
-dicts itself must re-tie afterwards (:func:`plangen.tensor_parallel.apply_retie`).
+Tied embeddings: with torch's styles at both ends ``parallelize_module`` gives the embedding and
+the head a DTensor each. plangen's plans give a tied pair
+:class:`~plangen.tied_styles.TiedEmbeddingParallel` / :class:`~plangen.tied_styles.TiedHeadParallel`
+instead, which share one sharded weight, so these dicts keep the tie under a runtime that only calls
+``parallelize_module`` (NeMo RL's). plangen's runtime also re-ties what a custom plan split apart
+(:func:`plangen.tensor_parallel.apply_tp`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def _parallelize_qwen(model: nn.Module, sequence_parallel: bool = False) -> dict
 def _parallelize_gemma3(model: nn.Module, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
     """plangen's plan for a Gemma3ForCausalLM or the text tower of a Gemma3ForConditionalGeneration.
 
-    Per-head ``q_norm``/``k_norm`` as for Qwen3; the tied embedding and head both vocabulary-sharded.
+    Per-head ``q_norm``/``k_norm`` as for Qwen3; the tied embedding and head one vocabulary-sharded
+    parameter (the tied pair of styles).
     """
     return _plangen_styles(model, sequence_parallel, "_parallelize_gemma3")
 

@@ -44,6 +44,7 @@ PLAN_TEMPLATE = "plan.py.j2"
 # that the usual entries read one a line (the templates decide how to wrap the others).
 LINE_WIDTH = 120
 ENTRY_WIDTH = 140
+DOC_WIDTH = 100  # the docstring's paragraphs
 
 
 GROUP_TITLES = {
@@ -122,15 +123,19 @@ def render_arguments(kwargs: Mapping[str, Any], used: set[str] | None = None) ->
 
 
 def package_template_dir() -> Path:
-    """Where the shipped templates are: ``plangen/templates`` installed, ``templates/`` in a checkout."""
+    """Where the shipped templates are: ``templates/`` in a checkout, ``plangen/templates`` installed.
+
+    The checkout beside this package first: an editable install elsewhere maps ``plangen.templates``
+    to its own checkout, whose template may not match this code.
+    """
+    checkout = Path(__file__).resolve().parent.parent / "templates"
+    if (checkout / PLAN_TEMPLATE).is_file():
+        return checkout
     spec = importlib.util.find_spec("plangen.templates")
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
             if (Path(location) / PLAN_TEMPLATE).is_file():
                 return Path(location)
-    checkout = Path(__file__).resolve().parent.parent / "templates"
-    if (checkout / PLAN_TEMPLATE).is_file():
-        return checkout
     raise RenderError("plangen's templates are missing from this installation (plangen.templates)")
 
 
@@ -346,7 +351,11 @@ def build_plan_context(
     command: str,
     versions: Mapping[str, str],
 ) -> dict[str, Any]:
-    """Plain data for the plan template: header facts, imports, constants, grouped entries."""
+    """Plain data for the plan template: header facts, what the file relies on, imports, constants,
+    grouped entries."""
+    from plangen.plans.tied import tie_plan_entries
+
+    plan = tie_plan_entries(model, plan)  # any seed (a Hugging Face plan too) keeps a tie by itself
     index = ModuleIndex(model)
     placements: set[str] = set()
     imports: dict[str, set[str]] = {"torch.distributed.tensor.parallel": {"ParallelStyle"}}
@@ -386,6 +395,7 @@ def build_plan_context(
         "versions": dict(versions),
         "plan_path": _python_path(output),
         "verify_command": shlex.join(["plangen", "verify", str(output)]),
+        "relies_on": _wrap_paragraph(reliance(model, plan), DOC_WIDTH),
         "imports": import_blocks,
         "constants": [
             {"name": "PLANGEN_MODEL", "value": render_value(record_model_spec(resolved, output))},
@@ -398,6 +408,51 @@ def build_plan_context(
             if grouped[g]["entries"] or grouped[g]["replicated"]
         ],
     }
+
+
+def reliance(model: "nn.Module", plan: Plan) -> str:
+    """What a runtime must do for the file to be right, and what the file does by itself."""
+    from plangen.module_tree import tied_embeddings
+
+    styles = {entry.style for entry in plan.entries}
+    own = sorted(s for s in styles if STYLE_FACTS[s].module != "torch.distributed.tensor.parallel")
+    text = (
+        "It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and then"
+        " FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does; nothing"
+        " from plangen's runtime"
+        + (f", though plangen.styles must be importable there (for {', '.join(own)})." if own else ".")
+    )
+    if any(STYLE_FACTS[s].role == "grad_reduce" for s in styles):
+        text += " Per-head norms see only their rank's heads: their style sums their weight gradient over TP."
+    tied = tied_embeddings(model)
+    if tied is not None and {"TiedEmbeddingParallel", "TiedHeadParallel"} <= styles:
+        text += (
+            f" {tied[0]} and {tied[1]} share one weight: TiedEmbeddingParallel and TiedHeadParallel keep it one"
+            " parameter, sharded once on the vocabulary by whichever is applied first, so no re-tie is needed;"
+            " keep the two together (one alone leaves two parameters, which plangen verify reports)."
+        )
+    elif tied is not None:
+        text += (
+            f" {tied[0]} and {tied[1]} share one weight, which this plan does not keep together by itself:"
+            " only a runtime that re-ties them (plangen's) trains it as one parameter."
+        )
+    if any(e.style in ("ColwiseParallel", "TiedHeadParallel") and e.kwargs.get("use_local_output") is False
+           and str(e.kwargs.get("output_layouts")) == str(_vocab_shard()) for e in plan.entries if e.group == "output"):
+        text += (
+            " The logits leave as a DTensor sharded on the vocabulary: the loss must take it"
+            " (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel())."
+        )
+    return text
+
+
+def _vocab_shard() -> Any:
+    from torch.distributed.tensor import Shard
+
+    return Shard(-1)
+
+
+def _wrap_paragraph(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width=width, break_long_words=False, break_on_hyphens=False)
 
 
 def _group(entry: PlanEntry | Any) -> str:

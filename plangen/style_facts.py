@@ -58,6 +58,8 @@ class StyleFacts:
     layout_defaults: Mapping[str, str] = field(default_factory=dict)
     # What the module computes before it is redistributed to ``output_layouts``.
     produces: str | None = None
+    # One end of a tied-embedding pair: the style the other end must have (plangen.tied_styles).
+    tied_partner: str | None = None
 
     @property
     def shards(self) -> bool:
@@ -135,6 +137,25 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # A tied embedding and head: one weight, vocabulary-sharded at both ends (plangen.tied_styles).
+        StyleFacts(
+            "TiedEmbeddingParallel",
+            PLANGEN_STYLES,
+            "rowwise",
+            shard_dim={EMBEDDING: 0},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _REPLICATE},
+            produces=_SUM,
+            tied_partner="TiedHeadParallel",
+        ),
+        StyleFacts(
+            "TiedHeadParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+            tied_partner="TiedEmbeddingParallel",
+        ),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -162,8 +183,8 @@ def _module_home(module: str) -> str | None:
     # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
-    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles).
-    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles") else None
+    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles, plangen.tied_styles).
+    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles", "plangen.tied_styles") else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:
@@ -203,6 +224,12 @@ def placement_from_text(text: str) -> "Placement":
     if partial is not None:
         return Partial(partial.group(1))
     raise ValueError(f"not a placement: {text!r}")
+
+
+def tied_partner(name: str) -> str | None:
+    """The style the other end of a tied pair must have when one end has style ``name``; else None."""
+    facts = STYLE_FACTS.get(name)
+    return None if facts is None else facts.tied_partner
 
 
 def layout_defaults(name: str) -> dict[str, "Placement"]:

@@ -37,6 +37,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
+from plangen.tied_styles import TiedEmbeddingParallel, TiedHeadParallel
 
 
 class RotaryEmbedParallel(SequenceParallel):
@@ -315,6 +316,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         ExpertsParallel,
         AllReduceOutputGrad,
+        TiedEmbeddingParallel,
+        TiedHeadParallel,
     )
 }
 
@@ -535,6 +538,8 @@ __all__ = [
     "RotaryEmbedParallel",
     "Replicate",
     "Shard",
+    "TiedEmbeddingParallel",
+    "TiedHeadParallel",
     "UnsupportedStyleError",
     "build_style",
     "known_hf_styles",

@@ -45,7 +45,9 @@ def apply_tp(
 
 
 def apply_retie(model: nn.Module, emb_path: str, head_path: str) -> None:
-    """``parallelize_module`` replaces each weight by its own DTensor parameter: make them one again."""
+    """``parallelize_module`` replaces each weight by its own DTensor parameter: make them one again.
+
+    Nothing to do after the tied pair of styles (:mod:`plangen.tied_styles`), which shares one."""
     emb, head = model.get_submodule(emb_path), model.get_submodule(head_path)
     if head.weight is emb.weight:
         return

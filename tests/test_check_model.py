@@ -38,6 +38,7 @@ WRONG_AT = {
     "PG208": [(7, 16)],
     "PG209": [(5, 24)],
     "PG210": [(7, 40)],
+    "PG211": [(7, 27)],
 }
 
 
@@ -172,11 +173,28 @@ def test_per_head_norms_need_their_gradient_summed(tmp_path):
     assert "ReplicatedWithGradAllReduce()" in found[0].message
 
 
+GEMMA3 = (ROOT / "generated" / "gemma3_text_plan.py").read_text()
+
+
 def test_tied_embeddings_completed_by_the_runtime_are_not_reported(tmp_path):
-    # Gemma3's head is tied to its embedding; sharding the head alone is completed by the runtime.
-    source = (ROOT / "generated" / "gemma3_text_plan.py").read_text()
-    head_only = _drop(source, "model.embed_tokens")
+    # Gemma3's head is tied to its embedding; sharding the head alone with torch's style is
+    # completed by the runtime.
+    plain_head = _edit(GEMMA3, '"lm_head": TiedHeadParallel(', '"lm_head": ColwiseParallel(')
+    head_only = _drop(plain_head, "model.embed_tokens")
     assert [d.code for d in _verify(tmp_path, head_only).diagnostics] == []
+
+
+def test_half_of_a_tied_pair_is_reported_at_its_entry_from_the_source_then_against_the_model(tmp_path):
+    half = _edit(GEMMA3, '"lm_head": TiedHeadParallel(', '"lm_head": ColwiseParallel(')
+    line = _line_of(half, '"model.embed_tokens"')
+    assert _found(_verify(tmp_path, half)) == [("PG112", line, 27)]  # level 1; level 2 waits for it
+    silenced = _edit(half, "use_local_output=True),\n", "use_local_output=True),  # plangen: ignore[PG112]\n")
+    assert _line_of(silenced, "ignore[PG112]") == line
+    found = _verify(tmp_path, silenced).diagnostics
+    assert [(d.code, d.line, d.col) for d in found] == [("PG211", line, 27)]  # level 2, the same entry
+    assert "`lm_head` `TiedHeadParallel(...)`" in found[0].message
+    head_alone = _drop(GEMMA3, "model.embed_tokens")
+    assert _found(_verify(tmp_path, head_alone)) == [("PG112", _line_of(head_alone, '"lm_head"'), 16)]
 
 
 def test_leave_unsharded_and_commented_keys_mark_deliberate_replication(tmp_path):

@@ -543,9 +543,9 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
     else:
-        kinds = {LINEAR: lambda: nn.Linear(8, 8)}
-        if not facts.shards or EMBEDDING in facts.shard_dim:
-            kinds[EMBEDDING] = lambda: nn.Embedding(16, 8)
+        makers = {LINEAR: lambda: nn.Linear(8, 8), EMBEDDING: lambda: nn.Embedding(16, 8)}
+        # A sharding style on the module kinds it splits (a tied pair's ends take one kind each).
+        kinds = {k: makers[k] for k in (facts.shard_dim if facts.shards else makers)}
     for kind, make in kinds.items():
         holder = nn.Module()
         holder.m = make()
@@ -605,3 +605,71 @@ def test_style_facts_and_static_tables_import_without_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------------------------
+# The tied pair: one weight at both ends, whatever applies it first
+# --------------------------------------------------------------------------------------------
+
+
+def _tied_lm():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from tiny_configs import build_tiny
+
+    return build_tiny("llama-tied")
+
+
+@pytest.mark.parametrize("head_first", [False, True])
+def test_tied_pair_keeps_one_parameter_in_either_order(tp_mesh, head_first):
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel
+
+    model = _tied_lm()
+    full = model.lm_head.weight.detach().clone()
+    plan = {"model.embed_tokens": TiedEmbeddingParallel(), "lm_head": TiedHeadParallel()}
+    if head_first:  # dict order must not matter
+        plan = dict(reversed(list(plan.items())))
+    parallelize_module(model, tp_mesh, plan)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.placements == (Shard(0),)
+    assert len([n for n, _ in model.named_parameters() if n.endswith(("embed_tokens.weight", "lm_head.weight"))]) == 1
+    assert torch.equal(local(model.lm_head.weight), full[: full.shape[0] // 2])
+
+
+def test_tied_pair_hands_nothing_across_models_and_is_plain_on_an_untied_one(tp_mesh):
+    import gc
+
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen import tied_styles
+    from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel
+
+    plan = {"model.embed_tokens": TiedEmbeddingParallel(), "lm_head": TiedHeadParallel()}
+    first, second = _tied_lm(), _tied_lm()
+    parallelize_module(first, tp_mesh, plan)
+    parallelize_module(second, tp_mesh, plan)  # the same dict, as a generated module's, on a second model
+    assert second.lm_head.weight is second.model.embed_tokens.weight
+    assert second.lm_head.weight is not first.lm_head.weight
+    untied = _tied_lm()
+    untied.lm_head.weight = nn.Parameter(untied.lm_head.weight.detach().clone())
+    parallelize_module(untied, tp_mesh, plan)
+    assert untied.lm_head.weight is not untied.model.embed_tokens.weight  # two weights stay two
+    del first, second, untied
+    gc.collect()
+    assert tied_styles._HANDED_OVER == {} or all(o() is None for o, _ in tied_styles._HANDED_OVER.values())
+
+
+def test_tied_pair_ends_refuse_the_other_module_kind(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel
+
+    with pytest.raises(NotImplementedError, match="nn.Embedding"):
+        parallelize_module(nn.Linear(4, 4), tp_mesh, TiedEmbeddingParallel())
+    with pytest.raises(NotImplementedError, match="nn.Linear"):
+        parallelize_module(nn.Embedding(4, 4), tp_mesh, TiedHeadParallel())

@@ -208,8 +208,12 @@ def test_tied_embeddings_are_sharded_at_both_ends_alike():
     model = meta("gemma")
     assert model.lm_head.weight is model.model.embed_tokens.weight
     kwargs = {e.pattern: e for e in build_synthesized_plan(model, False).entries}
-    assert kwargs["model.embed_tokens"].style == "RowwiseParallel"  # vocabulary rows: Shard(0)
-    assert kwargs["lm_head"].style == "ColwiseParallel"  # vocabulary rows of the same weight: Shard(0)
+    # Vocabulary rows at both ends (Shard(0)), as the tied pair: one parameter without a re-tie.
+    assert kwargs["model.embed_tokens"].style == "TiedEmbeddingParallel"
+    assert kwargs["lm_head"].style == "TiedHeadParallel"
+    untied = meta("llama")
+    kwargs = {e.pattern: e for e in build_synthesized_plan(untied, False).entries}
+    assert (kwargs["model.embed_tokens"].style, kwargs["lm_head"].style) == ("RowwiseParallel", "ColwiseParallel")
 
 
 def test_nothing_recognised_is_a_one_line_error_with_the_reason():

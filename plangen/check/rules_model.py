@@ -28,7 +28,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count
-from plangen.style_facts import is_sharding, style_kind
+from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
     ExpertsParallel,
@@ -130,6 +130,10 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
     elif is_sharding(style):
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             return f"`{name}` shards nn.Linear and nn.Embedding only, not {what} (torch raises NotImplementedError)"
+        kinds = facts_of(style).shard_dim  # type: ignore[union-attr] - is_sharding: the facts are known
+        if (EMBEDDING if isinstance(module, nn.Embedding) else LINEAR) not in kinds:
+            only = " and ".join(f"nn.{'Embedding' if k == EMBEDDING else 'Linear'}" for k in kinds)
+            return f"`{name}` shards {only} only, not {what}"
         if isinstance(style, RowwiseParallel) and isinstance(module, nn.Embedding) and takes_local_shard(style):
             return (
                 f"`{name}` on an Embedding reads token ids: they must come in whole (input_layouts=Replicate()); "

@@ -1,5 +1,6 @@
-"""Level-2 rules about regions, ties and coverage (PG206-PG210): sequence-parallel regions, per-head
-norms, tied embeddings, Linears left unsharded, packed projections under FSDP2.
+"""Level-2 rules about regions, ties and coverage (PG206-PG211): sequence-parallel regions, per-head
+norms, tied embeddings (and both ends of a tied pair), Linears left unsharded, packed projections
+under FSDP2.
 
 As in :mod:`plangen.check.rules_model`, each rule is a class carrying its code's story beside its
 ``check``, and asks the runtime's own functions where the runtime decides.
@@ -306,6 +307,60 @@ class TiedEmbeddingsRule(ModelRule):
         )
 
 
+# --- PG211: a tied pair needs both ends ------------------------------------------------------
+
+
+class HalfTiedPairRule(ModelRule):
+    code = "PG211"
+    title = "tied pair on one end only"
+    explanation = (
+        "`TiedEmbeddingParallel` and `TiedHeadParallel` keep the weight that the input embedding and the"
+        " output head share one parameter only when each end of the model's tie has one of them: the first"
+        " applied shards the weight, the other takes it. With the other end covered by another style (or by"
+        " none, which the runtime completes with a plain one), a runtime that does not re-tie"
+        " (NeMo RL's `_parallelize_model`) ends up with two parameters and trains two copies."
+    )
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate, Shard\n{TP_IMPORT} ColwiseParallel\n"
+        "from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": TiedHeadParallel(output_layouts=Shard(-1), use_local_output=False),\n'
+        '    "lm_*": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),  # the last match wins\n}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate, Shard\n\n"
+        "from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": TiedHeadParallel(output_layouts=Shard(-1), use_local_output=False),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        from plangen.module_tree import tied_embeddings
+        from plangen.style_facts import facts_of
+
+        tied = tied_embeddings(plan.model)
+        if tied is None:  # nothing shared: each tied style shards its own weight, as torch's would
+            return
+        for path, other in (tied, tied[::-1]):
+            key = plan.covering.get(path)
+            facts = facts_of(plan.styles[key]) if key is not None else None
+            if facts is None or facts.tied_partner is None:
+                continue
+            other_style = plan.style_of(other)
+            other_facts = facts_of(other_style) if other_style is not None else None
+            if other_facts is not None and other_facts.name == facts.tied_partner:
+                continue
+            has = f"`{type(other_style).__name__}`" if other_style is not None else "no style"
+            yield self.finding(
+                f"`{path}` has `{facts.name}`, but `{other}`, which shares its weight, has {has}: under a runtime"
+                f" that does not re-tie (NeMo RL) they become two parameters; give `{other}` `{facts.tied_partner}(...)`",
+                key,
+                "value",
+            )
+
+
 # --- PG209: Linear layers left unsharded ------------------------------------------------------
 
 
@@ -411,6 +466,7 @@ REGION_RULES: tuple[ModelRule, ...] = (
     SequenceParallelRule(),
     PerHeadNormsRule(),
     TiedEmbeddingsRule(),
+    HalfTiedPairRule(),
     UnshardedLinearsRule(),
     PackedWithFsdpRule(),
 )

@@ -409,6 +409,56 @@ def _expected_words(kind: known.ValueKind) -> str:
     )
 
 
+class HalfTiedPairRule(StaticRule):
+    code = "PG112"
+    title = "half of a tied pair"
+    explanation = (
+        "`TiedEmbeddingParallel` (on the input embedding) and `TiedHeadParallel` (on the output head) keep a"
+        " tied weight one parameter only together: whichever is applied first shards the weight, the other"
+        " takes the same parameter. One without the other leaves two parameters under a runtime that does"
+        " not re-tie them (NeMo RL's `_parallelize_model`), which then trains two copies. Give the other end"
+        " its tied style, or use `RowwiseParallel` / `ColwiseParallel` at both ends."
+    )
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\nfrom plangen.styles import TiedEmbeddingParallel\n\n"
+        'custom_parallel_plan = {\n'
+        '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate\n\nfrom plangen.styles import TiedEmbeddingParallel, TiedHeadParallel\n\n"
+        'custom_parallel_plan = {\n'
+        '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": TiedHeadParallel(output_layouts=Replicate()),\n}'
+    )
+    message = (
+        "`{name}` without `{partner}` in the same plan: the tied weight becomes two parameters under a runtime"
+        " that does not re-tie (NeMo RL); give the other end `{partner}(...)`"
+    )
+    VALID = (
+        "from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel\n\n"
+        'custom_parallel_plan = {"model.embed_tokens": TiedEmbeddingParallel(), "lm_head": TiedHeadParallel()}\n',
+        plan_source("ColwiseParallel()", "ColwiseParallel"),
+    )
+    INVALID = (
+        Invalid(plan_source("TiedHeadParallel()", "TiedHeadParallel"), 3, 36, "`TiedEmbeddingParallel`"),
+        Invalid(plan_source("TiedEmbeddingParallel()", "TiedEmbeddingParallel"), 3, 36, "`TiedHeadParallel`"),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        from plangen.style_facts import tied_partner
+
+        for plan_dict in plan.dicts:
+            calls = [
+                (e.value, plan.classify(e.value).resolved) for e in plan_dict.elements if isinstance(e, cst.DictElement)
+            ]
+            named = {r.name for value, r in calls if r is not None and plan.classify(value).category == "style"}
+            for value, resolved in calls:
+                partner = tied_partner(resolved.name) if resolved is not None else None
+                if partner is not None and plan.classify(value).category == "style" and partner not in named:
+                    yield value, self.message.format(name=resolved.name, partner=partner)
+
+
 STYLE_RULES: tuple[StaticRule, ...] = (
     UnknownStyleRule(),
     UndefinedNameRule(),
@@ -417,4 +467,5 @@ STYLE_RULES: tuple[StaticRule, ...] = (
     PositionalArgumentRule(),
     MissingKeywordRule(),
     WrongArgumentTypeRule(),
+    HalfTiedPairRule(),
 )

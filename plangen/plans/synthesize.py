@@ -37,6 +37,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.recognize import MoeBlock
+from plangen.plans.tied import tie_plan_entries
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
 
@@ -286,4 +287,5 @@ def build_synthesized_plan(model: nn.Module, sequence_parallel: bool) -> Plan:
         raise ValueError(f"{analysis.class_name}: no synthesized plan: {analysis.problem}")
     if sequence_parallel and analysis.sp_problems:
         raise ValueError(f"{analysis.class_name}: no sequence-parallel synthesized plan: {analysis.sp_problems[0]}")
-    return build_plan_from_analysis(model, analysis, sequence_parallel)
+    # A tied embedding and head: the pair of tied styles, one parameter under any runtime.
+    return tie_plan_entries(model, build_plan_from_analysis(model, analysis, sequence_parallel))
