@@ -207,3 +207,17 @@ def test_head_counts_of_a_config_whose_heads_vary_by_layer():
     assert tp_size_problem(config, 128, "Dots3NoteForCausalLM") == (
         "num_attention_heads=64 is not divisible by the TP size 128: the largest legal TP size for Dots3NoteForCausalLM is 64"
     )
+
+
+def test_cost_of_a_plan_that_fails_its_step_is_one_line_on_stderr(tmp_path):
+    import subprocess
+    import sys
+
+    plan = tmp_path / "broken.py"
+    entry = '"model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)'
+    assert entry in GENERATED_LLAMA
+    plan.write_text(GENERATED_LLAMA.replace(entry, '"model.layers.*.self_attn.q_proj": RowwiseParallel()'))
+    result = subprocess.run([sys.executable, "-m", "plangen", "cost", str(plan)], capture_output=True, text=True)
+    assert result.returncode == EXIT_USAGE and result.stdout == ""
+    assert result.stderr.startswith("plangen: error: the plan fails a training step of a shrunk LlamaForCausalLM at TP 2: ")
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # no fake-tensor traceback before it

@@ -11,6 +11,7 @@ carries the bytes it would in training (activations in bf16, the loss's statisti
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -101,6 +102,19 @@ def quiet_partial_matches() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Parallelize plan key .* could not be resolved")
         yield
+
+
+@contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Keep torch's fake-tensor logger from printing a traceback for an op that fails: the failure
+    is the plan's, and it is reported once, on one line (:class:`CostError`)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def tp_mesh(tp_size: int):
@@ -253,9 +267,9 @@ def run_step(
     # local and sequence-sharded (NeMo's) would otherwise give rotary embeddings a short sequence.
     positions = torch.arange(seq).expand(batch, seq)
     try:
-        with PayloadCounter() as forward:
+        with quiet_fake_tensor_log(), PayloadCounter() as forward:
             loss = step_loss(model(input_ids=ids, position_ids=positions).logits, ids)
-        with PayloadCounter() as backward:
+        with quiet_fake_tensor_log(), PayloadCounter() as backward:
             loss.backward()
             reduce_partial_grads(model)
     except Exception as error:  # the plan's, not the measurement's: say so in one line
