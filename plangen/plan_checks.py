@@ -31,10 +31,10 @@ class PlanError(ValueError):
     """The plan cannot be applied to this model at this TP size."""
 
 
-def check_heads_divisible(model: nn.Module, tp_size: int) -> None:
+def check_heads_divisible(model: nn.Module, tp_size: int, *, replicate_kv: bool = False) -> None:
     if not hasattr(model, "config"):
         return
-    problem = tp_size_problem(model.config, tp_size, type(model).__name__)
+    problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicate_kv)
     if problem is not None:
         raise PlanError(problem)
 
@@ -47,6 +47,16 @@ def shards_attention(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> b
     return False
 
 
+def replicates_kv_heads(styles: Mapping[str, ParallelStyle]) -> bool:
+    """The plan lays out KV heads with :mod:`plangen.kv_styles`, so the TP size may exceed them."""
+    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
+
+    values = list(styles.values())
+    return any(isinstance(s, PrepareAttentionInput) for s in values) and any(
+        isinstance(s, KVHeadsColwiseParallel) for s in values
+    )
+
+
 def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
     unmatched = find_unmatched_keys(model, styles)
     if unmatched:
@@ -55,7 +65,7 @@ def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_si
             "(torch would only warn and leave those modules unsharded)"
         )
     if shards_attention(model, styles):
-        check_heads_divisible(model, tp_size)
+        check_heads_divisible(model, tp_size, replicate_kv=replicates_kv_heads(styles))
 
 
 def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelStyle], dp_size: int) -> None:

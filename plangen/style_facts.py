@@ -135,6 +135,18 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # The attention block's input; where TP exceeds the KV heads, one local KV head per rank.
+        StyleFacts("PrepareAttentionInput", PLANGEN_STYLES, "prepare_input"),
+        # Column-parallel where TP divides the KV heads; where TP exceeds them (plangen.kv_styles) the
+        # weight stays whole (Replicate()) and each rank computes its KV head's rows.
+        StyleFacts(
+            "KVHeadsColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+        ),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -162,8 +174,8 @@ def _module_home(module: str) -> str | None:
     # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
-    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles).
-    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles") else None
+    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles, plangen.kv_styles).
+    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles", "plangen.kv_styles") else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:

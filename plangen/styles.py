@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 
 
@@ -315,6 +316,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         ExpertsParallel,
         AllReduceOutputGrad,
+        PrepareAttentionInput,
+        KVHeadsColwiseParallel,
     )
 }
 
@@ -527,10 +530,12 @@ __all__ = [
     "ColwiseParallelWithGather",
     "ExpertsParallel",
     "HfStyleSpec",
+    "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "MlaKvAProjParallel",
     "PackedColwiseParallel",
     "PackedRowwiseParallel",
+    "PrepareAttentionInput",
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
     "Replicate",

@@ -55,24 +55,36 @@ def build_dense_decoder_plan(
     )
     # The block input enters as one Replicate DTensor shared by q/k/v (and gate/up): their input
     # gradients add up as Partial and are reduced once per block, not once per projection.
+    # PrepareAttentionInput and KVHeadsColwiseParallel (plangen.kv_styles) read the head counts when
+    # applied: where the TP size exceeds the KV heads, each rank computes the one its query heads use.
     add(
         f"{layer}.self_attn",
-        "PrepareModuleInput",
+        "PrepareAttentionInput",
         "attention",
         ("one all-gather of the sequence per attention block" if sp else "no communication")
-        + "; one gradient reduction per block in backward",
+        + "; one gradient reduction per block in backward; where TP exceeds the KV heads, one local KV head",
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": SEQ if sp else Replicate()},
         desired_input_kwarg_layouts={"hidden_states": Replicate()},
         use_local_output=False,
     )
-    for proj in ("q_proj", "k_proj", "v_proj"):
+    add(
+        f"{layer}.self_attn.q_proj",
+        "ColwiseParallel",
+        "attention",
+        "column-parallel: each rank computes its own heads",
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    )
+    for proj in ("k_proj", "v_proj"):
         add(
             f"{layer}.self_attn.{proj}",
-            "ColwiseParallel",
+            "KVHeadsColwiseParallel",
             "attention",
-            "column-parallel: each rank computes its own heads",
+            "column-parallel over KV heads; where TP exceeds them, replicated and each rank computes its KV head "
+            "(weight gradient summed over TP)",
             input_layouts=Replicate(),
             output_layouts=Shard(-1),
             use_local_output=True,

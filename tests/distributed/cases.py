@@ -32,13 +32,15 @@ BATCH, SEQ = 4, 8
 
 
 def build_meshes(kind: str):
-    """dp2tp2: 2x2 mesh. tp2: TP=2 with DP=1, replicated twice to use all four ranks.
+    """dp2tp2: 2x2 mesh. tp4: TP=4, DP=1. tp2: TP=2 with DP=1, replicated twice to use all four ranks.
     hsdp: a 2-D DP mesh (2 replicas x 2 shards), TP=1."""
     if kind == "dp2tp2":
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     elif kind == "hsdp":
         mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
         return mesh["dp_replicate", "dp_shard"], mesh["tp"]
+    elif kind == "tp4":  # TP over all four ranks: more TP ranks than KV heads (plangen.kv_styles)
+        mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
     elif kind == "tp2":
         mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 1, 2), mesh_dim_names=("rep", "dp", "tp"))
     else:
