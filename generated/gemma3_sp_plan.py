@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from plangen.styles import ReplicatedWithGradAllReduce
+from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "gemma3"
@@ -38,7 +38,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Attention
     # 26 × Gemma3Attention: one all-gather of the sequence per attention block; one gradient reduction per block in
     # backward
-    "model.language_model.layers.*.self_attn": PrepareModuleInput(
+    "model.language_model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Shard(1)},
@@ -51,14 +51,16 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.k_proj": ColwiseParallel(
+    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.v_proj": ColwiseParallel(
+    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,

@@ -16,7 +16,7 @@ and check it after editing with `plangen verify generated/gemma3_text_plan.py`.
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from plangen.styles import ReplicatedWithGradAllReduce
+from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "gemma3_text"
@@ -31,7 +31,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 26 × Gemma3Attention: no communication; one gradient reduction per block in backward
-    "model.layers.*.self_attn": PrepareModuleInput(
+    "model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -40,10 +40,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 26 × Linear [2048, 2304] → local [1024, 2304] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 26 × Linear [1024, 2304] → local [512, 2304] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 26 × Gemma3RMSNorm [256], replicated at TP=2
     # per-head norm sees only local heads: its weight gradient is summed over TP
     "model.layers.*.self_attn.q_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),

@@ -14,15 +14,9 @@ and check it after editing with `plangen verify generated/mixtral_plan.py`.
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInputOutput, RowwiseParallel
 
-from plangen.styles import ExpertsParallel
+from plangen.styles import ExpertsParallel, KVHeadsColwiseParallel, PrepareAttentionInput
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "mixtral"
@@ -36,7 +30,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 32 × MixtralAttention: no communication; one gradient reduction per block in backward
-    "model.layers.*.self_attn": PrepareModuleInput(
+    "model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -45,10 +39,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2; row-parallel: one all-reduce
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 

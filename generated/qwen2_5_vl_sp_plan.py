@@ -22,6 +22,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput
+
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen2_5_vl"
 PLANGEN_TP_SIZE = 2
@@ -36,7 +38,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Attention
     # 80 × Qwen2_5_VLAttention: one all-gather of the sequence per attention block; one gradient reduction per block in
     # backward
-    "model.language_model.layers.*.self_attn": PrepareModuleInput(
+    "model.language_model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Shard(1)},
@@ -49,14 +51,16 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.k_proj": ColwiseParallel(
+    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.v_proj": ColwiseParallel(
+    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,

@@ -81,6 +81,11 @@ def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
         for name, child in attention.named_children()
         if isinstance(child, nn.Linear) and child.out_features == kv_heads * head_dim
     ]
+    if not projections:
+        raise ValueError(
+            f"{type(attention).__name__}: no nn.Linear child gives num_key_value_heads={kv_heads} x head_dim={head_dim} "
+            f"outputs, so its KV heads cannot be replicated over TP size {tp_size}"
+        )
     for name, child in projections:
         if isinstance(child.weight, DTensor):
             raise ValueError(

@@ -59,3 +59,4 @@ def build_parallel_styles(plan: Plan) -> dict[str, "ParallelStyle"]:
     from plangen.styles import build_style
 
     return {e.pattern: build_style(e.style, e.kwargs) for e in plan.entries}
+

@@ -62,7 +62,7 @@ def build_dense_decoder_plan(
         "PrepareAttentionInput",
         "attention",
         ("one all-gather of the sequence per attention block" if sp else "no communication")
-        + "; one gradient reduction per block in backward; where TP exceeds the KV heads, one local KV head",
+        + "; one gradient reduction per block in backward",
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": SEQ if sp else Replicate()},
@@ -83,8 +83,7 @@ def build_dense_decoder_plan(
             f"{layer}.self_attn.{proj}",
             "KVHeadsColwiseParallel",
             "attention",
-            "column-parallel over KV heads; where TP exceeds them, replicated and each rank computes its KV head "
-            "(weight gradient summed over TP)",
+            "column-parallel over KV heads; replicated where TP exceeds them",
             input_layouts=Replicate(),
             output_layouts=Shard(-1),
             use_local_output=True,
