@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
 )
 
-from plangen.styles import AllReduceOutputGrad, ExpertsParallel, KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.styles import AllReduceOutputGrad, ExpertsParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen2_moe"
@@ -36,7 +36,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 24 × Qwen2MoeAttention: no communication; one gradient reduction per block in backward
-    "model.layers.*.self_attn": PrepareAttentionInput(
+    "model.layers.*.self_attn": PrepareModuleInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -45,12 +45,10 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 24 × Linear [2048, 2048] → local [2048, 1024] at TP=2; row-parallel: one all-reduce
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 

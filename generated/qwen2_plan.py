@@ -16,8 +16,6 @@ and check it after editing with `plangen verify generated/qwen2_plan.py`.
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput
-
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen2"
 PLANGEN_TP_SIZE = 2
@@ -30,7 +28,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 32 × Qwen2Attention: no communication; one gradient reduction per block in backward
-    "model.layers.*.self_attn": PrepareAttentionInput(
+    "model.layers.*.self_attn": PrepareModuleInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -39,12 +37,10 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2; row-parallel: one all-reduce
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 

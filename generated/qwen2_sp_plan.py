@@ -22,8 +22,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput
-
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen2"
 PLANGEN_TP_SIZE = 2
@@ -38,7 +36,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Attention
     # 32 × Qwen2Attention: one all-gather of the sequence per attention block; one gradient reduction per block in
     # backward
-    "model.layers.*.self_attn": PrepareAttentionInput(
+    "model.layers.*.self_attn": PrepareModuleInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Shard(1)},
@@ -47,12 +45,10 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2
     # row-parallel: reduce-scatter back to the sequence-sharded residual
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),

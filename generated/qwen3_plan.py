@@ -16,7 +16,7 @@ and check it after editing with `plangen verify generated/qwen3_plan.py`.
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce
+from plangen.styles import ReplicatedWithGradAllReduce
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen3"
@@ -30,7 +30,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 32 × Qwen3Attention: no communication; one gradient reduction per block in backward
-    "model.layers.*.self_attn": PrepareAttentionInput(
+    "model.layers.*.self_attn": PrepareModuleInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -39,12 +39,10 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2
-    # column-parallel over KV heads; replicated where TP exceeds them
-    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 32 × Qwen3RMSNorm [128], replicated at TP=2
     # per-head norm sees only local heads: its weight gradient is summed over TP
     "model.layers.*.self_attn.q_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),

@@ -3,8 +3,9 @@
 A tiny Gemma-3 with one KV head at TP 2 (and DP 2 x TP 2) and a tiny Qwen2 with two KV heads at
 TP 4, through the hand-written plans: logits, every gradient (the replicated k/v weights' included),
 the gradient norm and three AdamW steps within 1e-5, with and without sequence parallel, eager
-attention once (it reads ``num_key_value_groups``), and full state dicts in Hugging Face's layout
-both ways. One launch of four gloo processes (tests/distributed/cases.py).
+attention once (it reads ``num_key_value_groups``), a tiny Qwen3 with one KV head (per-head k_norm)
+applied as NeMo RL applies plans (``parallelize_module`` then ``fully_shard``, nothing of plangen's
+runtime), and full state dicts in Hugging Face's layout both ways. One launch of four gloo processes (tests/distributed/cases.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ CASES = {
     "dp2tp2": [
         {"name": "gemma3-1kv", "model": "gemma3-1kv", "state_dict": True},
         {"name": "gemma3-1kv-sp", "model": "gemma3-1kv", "sp": True},
+        # NeMo RL's runtime: parallelize_module, then fully_shard (tests/distributed/cases.py).
+        {"name": "qwen3-1kv-bare", "model": "qwen3-1kv", "bare": True, "state_dict": True},
     ],
     "tp4": [
         {"name": "qwen2", "model": "qwen2", "state_dict": True},
@@ -53,7 +56,7 @@ def test_replicated_kv_heads_match_the_unsharded_model(results, case_id):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c in ("dp2tp2/gemma3-1kv", "tp4/qwen2")])
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c in ("dp2tp2/gemma3-1kv", "dp2tp2/qwen3-1kv-bare", "tp4/qwen2")])
 def test_replicated_kv_weights_give_the_hugging_face_state_dict_both_ways(results, case_id):
     for per_case in results:
         sd = per_case[case_id]["state_dict"]

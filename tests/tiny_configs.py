@@ -24,6 +24,7 @@ TINY = {
 }
 # One KV head (Gemma-3-1B's layout): TP 2 replicates it (plangen.kv_styles).
 TINY["gemma3-1kv"] = {**TINY["gemma3"], "num_key_value_heads": 1}
+TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
 
 
 def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
