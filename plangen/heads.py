@@ -66,6 +66,8 @@ def tp_size_problem(config: Any, tp_size: int, model_name: str, *, replicate_kv:
     replicated = largest_legal_tp_size(heads, kv_heads, tp_size, replicate_kv=True)
     if replicate_kv:
         sizes = f"{replicated} ({legal} without KV head replication)"
-    else:
+    elif replicated > legal:
         sizes = f"{legal} ({replicated} with KV heads replicated by KVHeadsColwiseParallel on k_proj/v_proj)"
+    else:
+        sizes = f"{legal} (also with KV heads replicated)"
     return f"{what}={count} {why} the TP size {tp_size}: the largest legal TP size for {model_name} is {sizes}"

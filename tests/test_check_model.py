@@ -117,10 +117,10 @@ def test_heads_not_divisible_names_the_largest_legal_tp_size(tmp_path):
     messages = [d.message for d in report.diagnostics if d.code == "PG204"]
     assert messages[0].endswith(
         "num_attention_heads=32 is not divisible by the TP size 3: the largest legal TP size for LlamaForCausalLM"
-        " is 2 (2 without KV head replication)"
+        " is 2 (also with KV heads replicated)"
     )
     assert all(m.endswith("the largest legal TP size for this plan is 2") for m in messages[1:])
-    assert len(messages) == 5  # heads on q_proj (k and v follow the heads); o, gate, up, down each their own key
+    assert len(messages) == 7  # heads on q_proj; k, v, o, gate, up, down each their own key
     assert _verify(tmp_path, LLAMA, tp_size=4).diagnostics == []
 
 
