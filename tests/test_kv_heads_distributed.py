@@ -1,11 +1,13 @@
 """KV heads replicated where the TP size exceeds them (plangen.kv_styles), against the unsharded model.
 
 A tiny Gemma-3 with one KV head at TP 2 (and DP 2 x TP 2) and a tiny Qwen2 with two KV heads at
-TP 4, through the hand-written plans: logits, every gradient (the replicated k/v weights' included),
-the gradient norm and three AdamW steps within 1e-5, with and without sequence parallel, eager
-attention once (it reads ``num_key_value_groups``), a tiny Qwen3 with one KV head (per-head k_norm)
-applied as NeMo RL applies plans (``parallelize_module`` then ``fully_shard``, nothing of plangen's
-runtime), and full state dicts in Hugging Face's layout both ways. One launch of four gloo processes (tests/distributed/cases.py).
+TP 4 through the hand-written plans, a tiny Granite with one KV head through its synthesized plan:
+logits, every gradient (the replicated k/v weights' included), the gradient norm and three AdamW
+steps within 1e-5, with and without sequence parallel, eager attention once (it reads
+``num_key_value_groups``), a tiny Qwen3 with one KV head (per-head k_norm) applied as NeMo RL
+applies plans (``parallelize_module`` then ``fully_shard``, nothing of plangen's runtime), and full
+state dicts in Hugging Face's layout both ways. One launch of four gloo processes
+(tests/distributed/cases.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ CASES = {
         {"name": "gemma3-1kv", "model": "gemma3-1kv"},
         {"name": "gemma3-1kv-sp", "model": "gemma3-1kv", "sp": True},
         {"name": "gemma3-1kv-eager-padded-sp", "model": "gemma3-1kv", "sp": True, "pad": True, "attn": "eager"},
+        {"name": "granite-1kv-synthesized", "model": "granite-1kv", "plan_kind": "synthesized"},
     ],
     "dp2tp2": [
         {"name": "gemma3-1kv", "model": "gemma3-1kv", "state_dict": True},
