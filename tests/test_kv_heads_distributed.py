@@ -27,6 +27,8 @@ CASES = {
     "dp2tp2": [
         {"name": "gemma3-1kv", "model": "gemma3-1kv", "state_dict": True},
         {"name": "gemma3-1kv-sp", "model": "gemma3-1kv", "sp": True},
+        # Recomputed forwards run the KV slicing hooks again.
+        {"name": "gemma3-1kv-activation-checkpointing-sp", "model": "gemma3-1kv", "sp": True, "ac": True},
         # NeMo RL's runtime: parallelize_module, then fully_shard (tests/distributed/cases.py).
         {"name": "qwen3-1kv-bare", "model": "qwen3-1kv", "bare": True, "state_dict": True},
     ],
