@@ -59,4 +59,3 @@ def build_parallel_styles(plan: Plan) -> dict[str, "ParallelStyle"]:
     from plangen.styles import build_style
 
     return {e.pattern: build_style(e.style, e.kwargs) for e in plan.entries}
-
