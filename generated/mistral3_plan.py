@@ -15,18 +15,18 @@ and check it after editing with `plangen verify generated/mistral3_plan.py`.
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
-TiedEmbeddingParallel, TiedHeadParallel). model.language_model.embed_tokens and lm_head share one
-weight: TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded once on the
-vocabulary by whichever is applied first, so no re-tie is needed; keep the two together (one alone
-leaves two parameters, which plangen verify reports). The logits leave as a DTensor sharded on the
-vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
-loss_parallel()).
+KVHeadsColwiseParallel, PrepareAttentionInput, TiedEmbeddingParallel, TiedHeadParallel).
+model.language_model.embed_tokens and lm_head share one weight: TiedEmbeddingParallel and
+TiedHeadParallel keep it one parameter, sharded once on the vocabulary by whichever is applied
+first, so no re-tie is needed; keep the two together (one alone leaves two parameters, which plangen
+verify reports). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel
+from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput, TiedEmbeddingParallel, TiedHeadParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "mistral3"
@@ -45,7 +45,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 40 × MistralAttention: no communication; one gradient reduction per block in backward
-    "model.language_model.layers.*.self_attn": PrepareModuleInput(
+    "model.language_model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -58,14 +58,16 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 40 × Linear [1024, 5120] → local [512, 5120] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.k_proj": ColwiseParallel(
+    # 40 × Linear [1024, 5120] → local [512, 5120] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 40 × Linear [1024, 5120] → local [512, 5120] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.v_proj": ColwiseParallel(
+    # 40 × Linear [1024, 5120] → local [512, 5120] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,

@@ -14,12 +14,16 @@ and check it after editing with `plangen verify generated/mistral_plan.py`.
 
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
-nothing from plangen's runtime. The logits leave as a DTensor sharded on the vocabulary: the loss
-must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+KVHeadsColwiseParallel, PrepareAttentionInput). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
+
+from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "mistral"
@@ -33,7 +37,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # Attention
     # 32 × MistralAttention: no communication; one gradient reduction per block in backward
-    "model.layers.*.self_attn": PrepareModuleInput(
+    "model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Replicate()},
@@ -42,10 +46,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2; row-parallel: one all-reduce
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 

@@ -14,22 +14,22 @@ and check it after editing with `plangen verify generated/mixtral_sp_plan.py`.
 
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
-nothing from plangen's runtime, though plangen.styles must be importable there (for
-ExpertsParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
-(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
+KVHeadsColwiseParallel, PrepareAttentionInput). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
 )
 
-from plangen.styles import ExpertsParallel
+from plangen.styles import ExpertsParallel, KVHeadsColwiseParallel, PrepareAttentionInput
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "mixtral"
@@ -45,7 +45,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Attention
     # 32 × MixtralAttention: one all-gather of the sequence per attention block; one gradient reduction per block in
     # backward
-    "model.layers.*.self_attn": PrepareModuleInput(
+    "model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Shard(1)},
@@ -54,10 +54,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [1024, 4096] → local [512, 4096] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2
     # row-parallel: reduce-scatter back to the sequence-sharded residual
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),

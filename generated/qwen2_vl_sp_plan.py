@@ -14,8 +14,10 @@ and check it after editing with `plangen verify generated/qwen2_vl_sp_plan.py`.
 
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
-nothing from plangen's runtime. The logits leave as a DTensor sharded on the vocabulary: the loss
-must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+KVHeadsColwiseParallel, PrepareAttentionInput). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
@@ -26,6 +28,8 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
+
+from plangen.styles import KVHeadsColwiseParallel, PrepareAttentionInput
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen2_vl"
@@ -41,7 +45,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Attention
     # 80 × Qwen2VLAttention: one all-gather of the sequence per attention block; one gradient reduction per block in
     # backward
-    "model.language_model.layers.*.self_attn": PrepareModuleInput(
+    "model.language_model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Shard(1)},
@@ -54,14 +58,16 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.k_proj": ColwiseParallel(
+    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,
     ),
-    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2; column-parallel: each rank computes its own heads
-    "model.language_model.layers.*.self_attn.v_proj": ColwiseParallel(
+    # 80 × Linear [1024, 8192] → local [512, 8192] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.language_model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(-1),
         use_local_output=True,

@@ -15,22 +15,22 @@ and check it after editing with `plangen verify generated/qwen3_moe_sp_plan.py`.
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
-ReplicatedWithGradAllReduce). Per-head norms see only their rank's heads: their style sums their
-weight gradient over TP. The logits leave as a DTensor sharded on the vocabulary: the loss must take
-it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce). Per-head norms see only
+their rank's heads: their style sums their weight gradient over TP. The logits leave as a DTensor
+sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
+torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
 )
 
-from plangen.styles import ExpertsParallel, ReplicatedWithGradAllReduce
+from plangen.styles import ExpertsParallel, KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen3_moe"
@@ -46,7 +46,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Attention
     # 24 × Qwen3MoeAttention: one all-gather of the sequence per attention block; one gradient reduction per block in
     # backward
-    "model.layers.*.self_attn": PrepareModuleInput(
+    "model.layers.*.self_attn": PrepareAttentionInput(
         input_layouts=None,
         desired_input_layouts=None,
         input_kwarg_layouts={"hidden_states": Shard(1)},
@@ -55,10 +55,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 24 × Linear [256, 2048] → local [128, 2048] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
-    # 24 × Linear [256, 2048] → local [128, 2048] at TP=2; column-parallel: each rank computes its own heads
-    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Linear [256, 2048] → local [128, 2048] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 24 × Linear [256, 2048] → local [128, 2048] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 24 × Qwen3MoeRMSNorm [64], replicated at TP=2
     # per-head norm sees only local heads: its weight gradient is summed over TP
     "model.layers.*.self_attn.q_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True),

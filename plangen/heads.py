@@ -1,7 +1,10 @@
 """Which TP sizes a model's attention can take: a pure check shared by the runtime and ``plangen init``.
 
 Column-parallel q/k/v projections give each TP rank whole heads, so both the query head count and
-the key/value head count must divide by the TP size. Nothing here imports torch or transformers.
+the key/value head count must divide by the TP size. Where the TP size exceeds the KV heads, a plan
+whose k/v projections are :class:`plangen.kv_styles.KVHeadsColwiseParallel` (Megatron's KV head
+replication) also takes a TP size that is a multiple of the KV head count: each rank then computes
+the one KV head its query heads use. Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -12,10 +15,23 @@ from typing import Any
 from plangen.models import text_config
 
 
-def largest_legal_tp_size(num_heads: int, num_kv_heads: int, limit: int | None = None) -> int:
-    """The largest TP size dividing both head counts (at most ``limit`` when given)."""
-    common = gcd(num_heads, num_kv_heads)
-    candidates = [d for d in range(1, common + 1) if common % d == 0 and (limit is None or d <= limit)]
+def legal_tp_size(num_heads: int, num_kv_heads: int, tp_size: int, *, replicate_kv: bool = False) -> bool:
+    """``tp_size`` splits the query heads, and the KV heads (or, with ``replicate_kv``, is a multiple of them)."""
+    if num_heads % tp_size:
+        return False
+    return num_kv_heads % tp_size == 0 or (replicate_kv and tp_size % num_kv_heads == 0)
+
+
+def largest_legal_tp_size(
+    num_heads: int, num_kv_heads: int, limit: int | None = None, *, replicate_kv: bool = False
+) -> int:
+    """The largest legal TP size (at most ``limit`` when given); see :func:`legal_tp_size`."""
+    top = num_heads if replicate_kv else gcd(num_heads, num_kv_heads)
+    candidates = [
+        d
+        for d in range(1, top + 1)
+        if legal_tp_size(num_heads, num_kv_heads, d, replicate_kv=replicate_kv) and (limit is None or d <= limit)
+    ]
     return max(candidates)
 
 
@@ -46,17 +62,30 @@ def _counts(config: Any) -> tuple[int, int] | None:
     return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
-def tp_size_problem(config: Any, tp_size: int, model_name: str) -> str | None:
-    """Why ``tp_size`` cannot shard this config's attention heads (one line), or None when it can."""
+def tp_size_problem(config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = False) -> str | None:
+    """Why ``tp_size`` cannot shard this config's attention heads (one line), or None when it can.
+
+    ``replicate_kv``: the plan replicates KV heads where the TP size exceeds them. The line names
+    the largest legal TP size both without and with KV head replication.
+    """
     counts = head_counts(config)
     if counts is None:
         return None
     heads, kv_heads = counts
-    for what, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-        if count % tp_size:
-            legal = largest_legal_tp_size(heads, kv_heads, tp_size)
-            return (
-                f"{what}={count} is not divisible by the TP size {tp_size}: "
-                f"the largest legal TP size for {model_name} is {legal}"
-            )
-    return None
+    if legal_tp_size(heads, kv_heads, tp_size, replicate_kv=replicate_kv):
+        return None
+    if heads % tp_size:
+        what, count, why = "num_attention_heads", heads, "is not divisible by"
+    elif replicate_kv:
+        what, count, why = "num_key_value_heads", kv_heads, "neither divides nor is divisible by"
+    else:
+        what, count, why = "num_key_value_heads", kv_heads, "is not divisible by"
+    legal = largest_legal_tp_size(heads, kv_heads, tp_size)
+    replicated = largest_legal_tp_size(heads, kv_heads, tp_size, replicate_kv=True)
+    if replicate_kv:
+        sizes = f"{replicated} ({legal} without KV head replication)"
+    elif replicated > legal:
+        sizes = f"{legal} ({replicated} with KV heads replicated by KVHeadsColwiseParallel on k_proj/v_proj)"
+    else:
+        sizes = f"{legal} (also with KV heads replicated)"
+    return f"{what}={count} {why} the TP size {tp_size}: the largest legal TP size for {model_name} is {sizes}"

@@ -89,15 +89,27 @@ def load_model(spec: "str | ResolvedModel") -> LoadedModel:
     return LoadedModel(resolved, model)
 
 
-def check_tp_size(config: Any, tp_size: int, model_name: str) -> None:
-    """Refuse a TP size below 1 or one the attention heads cannot be split by (naming the largest legal one)."""
+def check_tp_size(config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = True) -> None:
+    """Refuse a TP size below 1 or one the attention heads cannot be split by (naming the largest legal one).
+
+    ``replicate_kv``: KV heads may be replicated (checked before the plan is known; the seed plan is
+    checked again for it once built)."""
     from plangen.heads import tp_size_problem
 
     if tp_size < 1:
         raise InitError(f"--tp-size must be at least 1, got {tp_size}")
-    problem = tp_size_problem(config, tp_size, model_name)
+    problem = tp_size_problem(config, tp_size, model_name, replicate_kv=replicate_kv)
     if problem is not None:
         raise InitError(f"--tp-size {tp_size}: {problem}")
+
+
+def check_seed_plan_heads(model: "nn.Module", plan: Plan, tp_size: int) -> None:
+    """A seed plan that does not replicate KV heads (plangen.kv_styles) needs the TP size to divide them."""
+    from plangen.plan import build_parallel_styles
+    from plangen.plan_checks import replicates_kv_heads
+
+    if not replicates_kv_heads(model, build_parallel_styles(plan)):
+        check_tp_size(model.config, tp_size, type(model).__name__, replicate_kv=False)
 
 
 def build_seed_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[Plan, str]:
@@ -159,6 +171,7 @@ def render_plan_module(
         loaded = load_model(resolved)
     path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel)
     plan, seed = build_seed_plan(loaded.model, sequence_parallel)
+    check_seed_plan_heads(loaded.model, plan, tp_size)
     text = render_plan_text(
         loaded.model,
         loaded.resolved,

@@ -31,10 +31,10 @@ class PlanError(ValueError):
     """The plan cannot be applied to this model at this TP size."""
 
 
-def check_heads_divisible(model: nn.Module, tp_size: int) -> None:
+def check_heads_divisible(model: nn.Module, tp_size: int, *, replicate_kv: bool = False) -> None:
     if not hasattr(model, "config"):
         return
-    problem = tp_size_problem(model.config, tp_size, type(model).__name__)
+    problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicate_kv)
     if problem is not None:
         raise PlanError(problem)
 
@@ -47,6 +47,34 @@ def shards_attention(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> b
     return False
 
 
+def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
+    """The plan replicates KV heads where the TP size exceeds them (:mod:`plangen.kv_styles`): its
+    attention blocks are ``PrepareAttentionInput`` and every k/v projection in them (the ``nn.Linear``
+    children of ``kv_heads * head_dim`` outputs) is ``KVHeadsColwiseParallel``. A plain
+    ``ColwiseParallel`` on one would split a KV head between ranks: then the TP size must divide them."""
+    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, attention_head_counts
+
+    blocks = [
+        name
+        for pattern, style in styles.items()
+        if isinstance(style, PrepareAttentionInput)
+        for name in find_matching_modules(model, pattern)
+    ]
+    for block in blocks:
+        attention = model.get_submodule(block)
+        counts = attention_head_counts(attention)
+        if counts is None:
+            return False
+        heads, kv_heads, head_dim = counts
+        if kv_heads == heads:
+            continue  # one KV head per query head: any TP size that splits these splits those
+        for child, module in attention.named_children():
+            if isinstance(module, nn.Linear) and module.out_features == kv_heads * head_dim:
+                if not isinstance(covering_style(model, styles, f"{block}.{child}"), KVHeadsColwiseParallel):
+                    return False
+    return bool(blocks)
+
+
 def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
     unmatched = find_unmatched_keys(model, styles)
     if unmatched:
@@ -55,7 +83,7 @@ def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_si
             "(torch would only warn and leave those modules unsharded)"
         )
     if shards_attention(model, styles):
-        check_heads_divisible(model, tp_size)
+        check_heads_divisible(model, tp_size, replicate_kv=replicates_kv_heads(model, styles))
 
 
 def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelStyle], dp_size: int) -> None:

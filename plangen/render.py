@@ -361,8 +361,13 @@ def build_plan_context(
     imports: dict[str, set[str]] = {"torch.distributed.tensor.parallel": {"ParallelStyle"}}
     grouped: dict[str, dict[str, list]] = {g: {"entries": [], "replicated": []} for g in GROUPS}
 
+    from plangen.heads import head_counts
+
+    counts = head_counts(model.config) if hasattr(model, "config") else None
+    kv_replicated = counts is not None and counts[1] % tp_size != 0  # plangen.kv_styles' case
     for entry in plan.entries:
-        grouped[_group(entry)]["entries"].append(_entry_context(entry, index, tp_size, placements, imports))
+        context = _entry_context(entry, index, tp_size, placements, imports, kv_replicated=kv_replicated)
+        grouped[_group(entry)]["entries"].append(context)
     for kept in plan.replicated:
         group = grouped[kept.group if kept.group in grouped else "other"]["replicated"]
         item = {"pattern": render_value(kept.pattern), "description": describe_modules(index.matching(kept.pattern), None, tp_size)}
@@ -465,6 +470,8 @@ def _entry_context(
     tp_size: int,
     placements: set[str],
     imports: dict[str, set[str]],
+    *,
+    kv_replicated: bool = False,
 ) -> dict[str, Any]:
     kwargs = complete_kwargs(entry.style, entry.kwargs)
     try:
@@ -474,7 +481,12 @@ def _entry_context(
     imports.setdefault(STYLE_FACTS[entry.style].module, set()).add(entry.style)
     modules = index.matching(entry.pattern)
     description = describe_modules(modules, entry.style, tp_size)
-    if entry.style.startswith("PrepareModule") and entry.why:  # no weights: say what it does instead
+    if entry.style == "KVHeadsColwiseParallel" and kv_replicated and modules:
+        description = (
+            f"{describe_modules(modules, None, tp_size)}, replicated at TP={tp_size}: more TP ranks than KV heads,"
+            " each rank computes the one its query heads use"
+        )
+    if entry.style.startswith("Prepare") and entry.why:  # no weights: say what it does instead
         comment_lines = _comment_lines(f"{description}: {entry.why}")
     else:
         comment_lines = _comment_lines(description, entry.why)

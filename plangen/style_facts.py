@@ -156,6 +156,18 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             produces=_LAST,
             tied_partner="TiedEmbeddingParallel",
         ),
+        # The attention block's input; where TP exceeds the KV heads, one local KV head per rank.
+        StyleFacts("PrepareAttentionInput", PLANGEN_STYLES, "prepare_input"),
+        # Column-parallel where TP divides the KV heads; where TP exceeds them (plangen.kv_styles) the
+        # weight stays whole (Replicate()) and each rank computes its KV head's rows.
+        StyleFacts(
+            "KVHeadsColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+        ),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -179,12 +191,16 @@ def facts_of(style: "ParallelStyle") -> StyleFacts | None:
     return None
 
 
+# The themed modules whose styles plangen.styles re-exports.
+PLANGEN_STYLE_MODULES = (PLANGEN_STYLES, "plangen.moe_styles", "plangen.tied_styles", "plangen.kv_styles")
+
+
 def _module_home(module: str) -> str | None:
     # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
-    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles, plangen.tied_styles).
-    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles", "plangen.tied_styles") else None
+    # plangen.styles re-exports the styles of its sibling (themed) modules.
+    return PLANGEN_STYLES if module in PLANGEN_STYLE_MODULES else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:

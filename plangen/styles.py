@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 from plangen.tied_styles import TiedEmbeddingParallel, TiedHeadParallel
 
@@ -318,6 +319,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
         TiedHeadParallel,
+        PrepareAttentionInput,
+        KVHeadsColwiseParallel,
     )
 }
 
@@ -530,10 +533,12 @@ __all__ = [
     "ColwiseParallelWithGather",
     "ExpertsParallel",
     "HfStyleSpec",
+    "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "MlaKvAProjParallel",
     "PackedColwiseParallel",
     "PackedRowwiseParallel",
+    "PrepareAttentionInput",
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
     "Replicate",

@@ -116,10 +116,43 @@ def test_typo_in_a_key_suggests_the_module(tmp_path):
 def test_heads_not_divisible_names_the_largest_legal_tp_size(tmp_path):
     report = _verify(tmp_path, LLAMA, tp_size=3)
     messages = [d.message for d in report.diagnostics if d.code == "PG204"]
-    assert "num_attention_heads=32 is not divisible by the TP size 3" in messages[0]
-    assert all("largest legal TP size" in m and m.rstrip().endswith("2") for m in messages)
+    assert messages[0].endswith(
+        "num_attention_heads=32 is not divisible by the TP size 3: the largest legal TP size for LlamaForCausalLM"
+        " is 2 (also with KV heads replicated)"
+    )
+    assert all(m.endswith("the largest legal TP size for this plan is 2") for m in messages[1:])
     assert len(messages) == 7  # heads on q_proj; k, v, o, gate, up, down each their own key
     assert _verify(tmp_path, LLAMA, tp_size=4).diagnostics == []
+
+
+GEMMA3_TEXT = (ROOT / "generated" / "gemma3_text_plan.py").read_text()
+GEMMA_3_1B = str(ROOT / "tests" / "data" / "model-configs" / "gemma-3-1b.json")  # 4 heads, 1 KV head
+
+
+def test_kv_heads_replicated_where_tp_exceeds_them(tmp_path):
+    """The hand-written Gemma3 plan replicates KV heads: TP 2 and 4 are legal for one KV head, TP 8
+    is not (4 query heads), and a plain ColwiseParallel k_proj makes TP 2 illegal again; each finding
+    at the first key that splits attention heads, naming the largest legal TP size both ways."""
+    assert _verify(tmp_path, GEMMA3_TEXT, model=GEMMA_3_1B, tp_size=2).diagnostics == []
+    assert _verify(tmp_path, GEMMA3_TEXT, model=GEMMA_3_1B, tp_size=4).diagnostics == []
+    q_proj = (_line_of(GEMMA3_TEXT, '"model.layers.*.self_attn.q_proj"'), 40)
+    found = _verify(tmp_path, GEMMA3_TEXT, model=GEMMA_3_1B, tp_size=8).diagnostics
+    assert [(d.code, d.line, d.col) for d in found] == [("PG204", *q_proj)]
+    assert found[0].message.endswith(
+        "num_attention_heads=4 is not divisible by the TP size 8: the largest legal TP size for Gemma3ForCausalLM"
+        " is 4 (1 without KV head replication)"
+    )
+    plain = _edit(
+        GEMMA3_TEXT,
+        '"model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(',
+        '"model.layers.*.self_attn.k_proj": ColwiseParallel(',
+    )
+    found = _verify(tmp_path, plain, model=GEMMA_3_1B, tp_size=2).diagnostics
+    assert [(d.code, d.line, d.col) for d in found] == [("PG204", *q_proj)]
+    assert found[0].message.endswith(
+        "num_key_value_heads=1 is not divisible by the TP size 2: the largest legal TP size for Gemma3ForCausalLM"
+        " is 1 (2 with KV heads replicated by KVHeadsColwiseParallel on k_proj/v_proj)"
+    )
 
 
 def test_style_must_fit_the_module(tmp_path):

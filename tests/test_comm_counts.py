@@ -7,6 +7,8 @@ Counts at 2 and 4 layers give the per-layer cost and the fixed cost (embedding, 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -128,3 +130,33 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     # gradient, the experts all-reduce theirs (they take a local input; see docs/plans.md) and the
     # routing weights'.
     assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}
+
+
+# --- KV heads replicated where TP exceeds them (plangen.kv_styles) -----------------------------
+
+# (tiny model, TP size, k/v parameters per layer whose gradients are summed over TP)
+KV_REPLICATED = [("gemma3-1kv", 2, 2), ("qwen2", 4, 4)]  # Qwen2: k/v weights and biases
+
+
+@pytest.mark.parametrize("name, tp, kv_params", KV_REPLICATED)
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_replicated_kv_heads_add_one_gradient_all_reduce_per_kv_parameter(fake_pg, name, tp, kv_params, sequence_parallel):
+    """More TP ranks than KV heads: the forward is the Megatron minimum unchanged (each rank computes
+    its KV head locally); backward adds one all-reduce per replicated k/v parameter and layer, of
+    exactly that parameter's size (weight [kv_heads * head_dim, hidden], bias [kv_heads * head_dim])."""
+    counts = [run_step(name, layers, sequence_parallel, tp=tp) for layers in (2, 4)]
+    (config, _, f2, b2), (_, _, f4, b4) = counts
+    diff = lambda a, b: {k: (b[k] - a.get(k, 0)) // 2 for k in b if b[k] != a.get(k, 0)}  # noqa: E731
+    minimum = {AG: 2, RS: 2} if sequence_parallel else {AR: 2}
+    assert diff(f2.counts(), f4.counts()) == minimum
+    backward = dict(minimum)
+    backward[AR] = backward.get(AR, 0) + kv_params
+    assert diff(b2.counts(), b4.counts()) == backward
+    # The sizes of every backward all-reduce of the 2-layer step: the input-gradient reductions of
+    # the blocks and the head (no SP), then each layer's k and v weights (and biases).
+    kv_rows = config.num_key_value_heads * config.head_dim
+    expected = Counter({BATCH * SEQ * config.hidden_size * 4: 0 if sequence_parallel else 2 * 2 + 1})
+    expected[kv_rows * config.hidden_size * 4] += 2 * 2
+    if kv_params == 4:
+        expected[kv_rows * 4] += 2 * 2
+    assert Counter(size for op, size in b2.records if op == AR) == +expected

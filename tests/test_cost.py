@@ -16,6 +16,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import DATA
 from plangen.cli import app
 from plangen.cost import CostError, build_cost_report, build_cost_settings
 from plangen.cost.data import MemoryCost
@@ -406,3 +407,33 @@ def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds(
     assert (scaled.head_dim, scaled.qk_rope_head_dim, scaled.qk_nope_head_dim, scaled.v_head_dim, scaled.qk_head_dim) == (48, 48, 48, 48, 96)
     doubled = config_with_more_layers(config)
     assert (doubled.num_hidden_layers, doubled.first_k_dense_replace) == (6, 2)
+
+
+# --- KV heads replicated where TP exceeds them (plangen.kv_styles) ------------------------------
+
+
+def test_replicated_kv_weights_are_counted_per_rank(fake_pg):
+    """Gemma-3-1B (4 heads, 1 KV head of 256, hidden 1152, 26 layers) at TP 2 x DP 2: k_proj and
+    v_proj stay whole on every TP rank (FSDP2 still halves them), the rest of attention and the MLP
+    split over TP; memory per rank, by hand. (``plangen cost`` gives 3.78 GiB against 3.72 GiB ideal.)"""
+    from plangen.cost.choices import resolve_plan_choice
+    from plangen.cost.memory import build_memory_cost, read_parameter_shards
+    from plangen.cost.report import apply_plan
+    from plangen.cost.settings import CostSettings
+    from plangen.models import build_meta_model, resolve_model
+
+    settings = CostSettings(tp_size=2, dp_size=2)
+    meta = build_meta_model(resolve_model(str(DATA / "model-configs" / "gemma-3-1b.json")))
+    apply_plan(meta, resolve_plan_choice("hand-written", meta, False), settings)
+    shards = {s.name: s for s in read_parameter_shards(meta)}
+    for proj in ("k_proj", "v_proj"):
+        kv = shards[f"model.layers.0.self_attn.{proj}.weight"]
+        assert kv.tp_shape == (256, 1152) and not kv.tp_sharded
+    assert shards["model.layers.0.self_attn.q_proj.weight"].tp_shape == (512, 1152)
+    layers, hidden, head = 26, 1152, 256
+    # Left whole over TP: k/v weights, four norms per layer, q_norm and k_norm, the final norm.
+    replicated = layers * (2 * head * hidden + 4 * hidden + 2 * head) + hidden
+    whole = sum(s.global_numel for s in shards.values())
+    memory = build_memory_cost(list(shards.values()), settings)
+    assert memory.local_parameters == (whole - replicated) // 4 + replicated // 2
+    assert memory.replicated == 4 * 4 * replicated // 2  # parameter, gradient, 2 AdamW states; fp32

@@ -284,7 +284,7 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
     [
         (["llamaa"], "unknown model spec 'llamaa': did you mean llama"),
         (["no/such-model-anywhere"], "in the local Hugging Face cache, and plangen never downloads"),
-        ([str(LLAMA_405B), "--tp-size", "16"], "num_key_value_heads=8 is not divisible by the TP size 16: the largest legal TP size for LlamaForCausalLM is 8"),
+        ([str(LLAMA_405B), "--tp-size", "256"], "num_attention_heads=128 is not divisible by the TP size 256: the largest legal TP size for LlamaForCausalLM is 128 (8 without KV head replication)"),
         (["qwen3", "--tp-size", "0"], "--tp-size must be at least 1, got 0"),
         (["qwen3", "--tp-size", "-2"], "--tp-size must be at least 1, got -2"),
         (["phi3", "--sequence-parallel"], "--sequence-parallel: no plan for Phi3ForCausalLM: Hugging Face plans have no sequence parallel"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -144,31 +145,47 @@ def test_unmatched_plan_key_is_an_error_naming_it():
 @pytest.mark.parametrize(
     "config, tp, message",
     [
-        ("qwen2.5-1.5b", 4, "num_key_value_heads=2 is not divisible by the TP size 4: the largest legal TP size for Qwen2ForCausalLM is 2"),
-        ("gemma-3-1b", 2, "num_key_value_heads=1 is not divisible by the TP size 2: the largest legal TP size for Gemma3ForCausalLM is 1"),
+        # The hand-written plans replicate KV heads where TP exceeds them: the limit is the query heads'.
+        ("qwen2.5-1.5b", 3, "num_key_value_heads=2 neither divides nor is divisible by the TP size 3: the largest legal TP size for Qwen2ForCausalLM is 2 (2 without KV head replication)"),
+        ("gemma-3-1b", 8, "num_attention_heads=4 is not divisible by the TP size 8: the largest legal TP size for Gemma3ForCausalLM is 4 (1 without KV head replication)"),
         ("qwen2.5-7b", 8, "num_attention_heads=28 is not divisible by the TP size 8: the largest legal TP size for Qwen2ForCausalLM is 4"),
     ],
 )
 def test_heads_not_divisible_names_the_largest_legal_tp_size(config, tp, message):
     model = meta_from_file(config)
     styles = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
-    with pytest.raises(P.PlanError, match=message):
+    with pytest.raises(P.PlanError, match=re.escape(message)):
         P.check_plan_fits(model, styles, tp)
+
+
+@pytest.mark.parametrize("config, tp", [("gemma-3-1b", 2), ("gemma-3-1b", 4), ("qwen2.5-1.5b", 4), ("qwen3-30b-a3b", 8)])
+def test_hand_written_plans_take_tp_sizes_above_the_kv_heads(config, tp):
+    model = meta_from_file(config)
+    styles = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
+    P.check_plan_fits(model, styles, tp)
+    # A plan whose k/v projections are plain ColwiseParallel is refused, naming both limits.
+    plain = {k: ColwiseParallel() if k.endswith(("k_proj", "v_proj")) else v for k, v in styles.items()}
+    with pytest.raises(P.PlanError, match=r"with KV heads replicated by KVHeadsColwiseParallel on k_proj/v_proj\)$"):
+        P.check_plan_fits(model, plain, tp)
 
 
 def test_largest_legal_tp_size():
     assert P.largest_legal_tp_size(32, 8) == 8
     assert P.largest_legal_tp_size(12, 2, limit=8) == 2
     assert P.largest_legal_tp_size(28, 4, limit=8) == 4
+    assert P.largest_legal_tp_size(4, 1, replicate_kv=True) == 4
+    assert P.largest_legal_tp_size(12, 2, limit=8, replicate_kv=True) == 6
+    assert P.largest_legal_tp_size(32, 4, limit=16, replicate_kv=True) == 16
+    assert P.largest_legal_tp_size(12, 8, limit=8, replicate_kv=True) == 4  # 8 KV heads: TP 6 neither
 
 
 def test_bad_plan_fails_before_any_collective(fake_pg):
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
-    model = meta_from_file("qwen2.5-1.5b")  # 2 KV heads: TP 4 is not legal
+    mesh = init_device_mesh("cpu", (1, 8), mesh_dim_names=("dp", "tp"))
+    model = meta_from_file("gemma-3-1b")  # 4 query heads: TP 8 is not legal
     with CommDebugMode() as comm:
-        with pytest.raises(P.PlanError, match="largest legal TP size for Qwen2ForCausalLM is 2"):
+        with pytest.raises(P.PlanError, match="largest legal TP size for Gemma3ForCausalLM is 4"):
             P.parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32)
     assert comm.get_total_counts() == 0
     # Nothing was converted: the failure left the model as it was.

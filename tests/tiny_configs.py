@@ -22,6 +22,10 @@ TINY = {
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8, **COMMON,
     ),
 }
+# One KV head (Gemma-3-1B's layout): TP 2 replicates it (plangen.kv_styles).
+TINY["gemma3-1kv"] = {**TINY["gemma3"], "num_key_value_heads": 1}
+TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
+TINY["granite-1kv"] = dict(model_type="granite", **{**COMMON, "num_key_value_heads": 1})  # a synthesized plan
 
 
 def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:

@@ -173,6 +173,11 @@ STYLES: dict[str, StyleSpec] = {
         ),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
+        _spec(
+            "PrepareAttentionInput",
+            (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False)),
+        ),
+        _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("AllReduceOutputGrad", ()),
         _spec("TiedEmbeddingParallel", _LAYOUTS),

@@ -218,10 +218,6 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     return []
 
 
-def _largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0) if n else limit
-
-
 class DivisibilityRule(ModelRule):
     code = "PG204"
     title = "dimension not divisible by the TP size"
@@ -231,7 +227,10 @@ class DivisibilityRule(ModelRule):
         " `DTensor.from_local` assumes even shards: the FFN width between a column- and a row-parallel"
         " projection, the output of a column-parallel embedding. A vocabulary split by a row-parallel"
         " embedding or by a head whose logits stay a DTensor need not divide. The message names the"
-        " largest legal TP size."
+        " largest legal TP size. A plan whose attention block is `PrepareAttentionInput` and whose k/v"
+        " projections are `KVHeadsColwiseParallel` (plangen.kv_styles) may also take a TP size that is a"
+        " multiple of the key/value heads (each rank computes the one its query heads use); the message"
+        " names the largest legal TP size without and with that replication."
     )
     wrong = (
         f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
@@ -249,16 +248,20 @@ class DivisibilityRule(ModelRule):
     )
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.heads import head_counts, tp_size_problem
-        from plangen.plan_checks import shards_attention  # the runtime's own "does this shard attention"
+        from plangen.heads import head_counts, legal_tp_size, tp_size_problem
+        from plangen.kv_styles import KVHeadsColwiseParallel
+        from plangen.plan_checks import replicates_kv_heads, shards_attention  # the runtime's own checks
 
         tp = plan.tp_size
+        replicate_kv = replicates_kv_heads(plan.model, plan.styles)
         required: list[tuple[str, str, str, int, int]] = []  # key, path, what, size, parts
         attention_key = None
         for key, names in plan.matches.items():
             style = plan.styles[key]
             if names and attention_key is None and shards_attention(plan.model, {key: style}):
                 attention_key = key
+            if replicate_kv and isinstance(style, KVHeadsColwiseParallel):
+                continue  # whole KV heads per rank, or replicated: the heads check below says which
             seen: set[tuple[str, int, int]] = set()
             for name in names:
                 for what, size, parts in _required_dims(style, plan.modules[name]):
@@ -268,15 +271,19 @@ class DivisibilityRule(ModelRule):
         common = 0
         for *_, size, parts in required:
             common = gcd(common, size // parts if size % parts == 0 else 1)
-        heads_problem = None
+        heads_problem, heads = None, None
         if attention_key is not None and plan.config is not None:
             heads = head_counts(plan.config)
-            if heads is not None:
-                common = gcd(common, gcd(*heads))
-            heads_problem = tp_size_problem(plan.config, tp, plan.model_name)  # the runtime's own words
+            # the runtime's own words
+            heads_problem = tp_size_problem(plan.config, tp, plan.model_name, replicate_kv=replicate_kv)
         if heads_problem is not None:
             yield self.finding(f"`{attention_key}` splits attention heads: {heads_problem}", attention_key, "value")
-        legal = _largest_divisor(common, tp)
+        legal = max(
+            d
+            for d in range(1, tp + 1)
+            if (common == 0 or common % d == 0)
+            and (heads is None or legal_tp_size(*heads, d, replicate_kv=replicate_kv))
+        )
         for key, name, what, size, parts in required:
             if heads_problem is not None and key == attention_key:
                 continue  # the heads finding there says it

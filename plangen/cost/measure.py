@@ -292,6 +292,11 @@ class Measurement:
     dimensions: dict[str, int]
 
 
+def _replicates_kv_heads(text: Any, tp_size: int) -> bool:
+    kv = getattr(text, "num_key_value_heads", None)
+    return isinstance(kv, int) and kv % tp_size != 0
+
+
 def measure_tp_collectives(
     model_class: type, tiny_config: Any, build_styles: StylesBuilder, tp_size: int, dtype: str
 ) -> Measurement:
@@ -306,6 +311,11 @@ def measure_tp_collectives(
     text = text_config(tiny_config)
     # Only dimensions the config states can be probed (a derived head size would follow hidden).
     probeable = {"batch", "seq"} | {n for n, keys in DIMENSION_KEYS.items() if isinstance(getattr(text, keys[0], None), int)}
+    if _replicates_kv_heads(text, tp_size):
+        # More TP ranks than KV heads (plangen.kv_styles): scaled heads would divide by the TP size and
+        # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there
+        # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
+        probeable.discard("heads")
     base = run(tiny_config)
     probes = []
     for group in PROBE_GROUPS:

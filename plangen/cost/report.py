@@ -105,7 +105,8 @@ def resolve_cost_model(spec: str, settings: CostSettings):
     except ModelSpecError as error:
         raise CostError(str(error)) from None
     config = config_for_class(resolved.config, resolved.model_class)
-    problem = tp_size_problem(config, settings.tp_size, resolved.model_class.__name__)
+    # KV heads may be replicated here: applying each plan checks it against its own layout.
+    problem = tp_size_problem(config, settings.tp_size, resolved.model_class.__name__, replicate_kv=True)
     if problem is not None:
         raise CostError(f"--tp-size {settings.tp_size}: {problem}")
     return resolved

@@ -16,6 +16,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
+from plangen.heads import head_counts
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 
@@ -28,12 +29,15 @@ def build_dense_decoder_plan(
     sequence_parallel: bool,
     layer_norms: tuple[str, ...],
     per_head_norms: bool,
+    replicate_kv: bool = False,
     lm_head: str | None = "lm_head",
 ) -> Plan:
     """A plan for ``{prefix}.embed_tokens``, ``{prefix}.layers.*``, ``{prefix}.norm`` and the head.
 
     ``per_head_norms`` adds ``self_attn.q_norm``/``k_norm``: they see only this rank's heads, so
-    their weight gradient must be summed over TP.
+    their weight gradient must be summed over TP. ``replicate_kv`` (grouped-query attention, see
+    :func:`grouped_query`): the attention block and its k/v projections take the styles of
+    :mod:`plangen.kv_styles`, so a TP size above the KV heads replicates them.
     """
     p = f"{prefix}." if prefix else ""
     layer = f"{p}layers.*"
@@ -55,9 +59,11 @@ def build_dense_decoder_plan(
     )
     # The block input enters as one Replicate DTensor shared by q/k/v (and gate/up): their input
     # gradients add up as Partial and are reduced once per block, not once per projection.
+    # PrepareAttentionInput and KVHeadsColwiseParallel (plangen.kv_styles) read the head counts when
+    # applied: where the TP size exceeds the KV heads, each rank computes the one its query heads use.
     add(
         f"{layer}.self_attn",
-        "PrepareModuleInput",
+        "PrepareAttentionInput" if replicate_kv else "PrepareModuleInput",
         "attention",
         ("one all-gather of the sequence per attention block" if sp else "no communication")
         + "; one gradient reduction per block in backward",
@@ -68,11 +74,14 @@ def build_dense_decoder_plan(
         use_local_output=False,
     )
     for proj in ("q_proj", "k_proj", "v_proj"):
+        kv = replicate_kv and proj != "q_proj"
         add(
             f"{layer}.self_attn.{proj}",
-            "ColwiseParallel",
+            "KVHeadsColwiseParallel" if kv else "ColwiseParallel",
             "attention",
-            "column-parallel: each rank computes its own heads",
+            "column-parallel over KV heads; replicated where TP exceeds them"
+            if kv
+            else "column-parallel: each rank computes its own heads",
             input_layouts=Replicate(),
             output_layouts=Shard(-1),
             use_local_output=True,
@@ -159,6 +168,12 @@ def _text_prefix(model: nn.Module) -> str:
     raise ValueError(f"cannot find the decoder stack of {type(model).__name__}")
 
 
+def grouped_query(model: nn.Module) -> bool:
+    """Fewer KV heads than query heads: a TP size above the KV heads needs them replicated."""
+    counts = head_counts(model.config) if hasattr(model, "config") else None
+    return counts is not None and counts[1] < counts[0]
+
+
 LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
 GEMMA3_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
@@ -175,19 +190,31 @@ GEMMA3_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_lay
 )
 def plan_llama_like(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model), sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS, per_head_norms=False
+        _text_prefix(model),
+        sequence_parallel=sequence_parallel,
+        layer_norms=LLAMA_NORMS,
+        per_head_norms=False,
+        replicate_kv=grouped_query(model),
     )
 
 
 @register_plan("Qwen3ForCausalLM")
 def plan_qwen3(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model), sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS, per_head_norms=True
+        _text_prefix(model),
+        sequence_parallel=sequence_parallel,
+        layer_norms=LLAMA_NORMS,
+        per_head_norms=True,
+        replicate_kv=grouped_query(model),
     )
 
 
 @register_plan("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 def plan_gemma3(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model), sequence_parallel=sequence_parallel, layer_norms=GEMMA3_NORMS, per_head_norms=True
+        _text_prefix(model),
+        sequence_parallel=sequence_parallel,
+        layer_norms=GEMMA3_NORMS,
+        per_head_norms=True,
+        replicate_kv=grouped_query(model),
     )

@@ -16,7 +16,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from plangen.moe_styles import expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
-from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan
+from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
 
 # Names transformers gives the parts of a MoE block.
 SHARED_EXPERTS = ("shared_experts", "shared_expert")
@@ -56,7 +56,11 @@ def build_moe_decoder_plan(
 ) -> Plan:
     prefix = _text_prefix(model)
     dense_plan = build_dense_decoder_plan(
-        prefix, sequence_parallel=sequence_parallel, layer_norms=layer_norms, per_head_norms=per_head_norms
+        prefix,
+        sequence_parallel=sequence_parallel,
+        layer_norms=layer_norms,
+        per_head_norms=per_head_norms,
+        replicate_kv=grouped_query(model),
     )
     layer = f"{prefix}.layers.*"
     sp = sequence_parallel

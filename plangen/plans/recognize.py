@@ -107,6 +107,9 @@ class ShardedBlock:
     colwise: tuple[str, ...]
     rowwise: str
     per_head_norms: tuple[str, ...] = ()
+    # Attention with fewer KV heads than query heads: the k/v projections, whose heads a TP size
+    # above the KV head count replicates (plangen.kv_styles).
+    kv_projections: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,8 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     unknown = _unexpected_children(block, {*reading, *outputs, *per_head})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head))
+    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n else ()
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv)
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:

@@ -139,11 +139,15 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call
+    # Grouped-query attention entered through its own input: KV heads replicated where the TP size
+    # exceeds them (plangen.kv_styles; the styles read the head counts when applied).
+    kv = block.kv_projections if call is not None else ()
     if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         entries.append(
             PlanEntry(
-                part.path, "PrepareModuleInput", dict(**_input_layouts(call, sp), use_local_output=False), group,
+                part.path, "PrepareAttentionInput" if kv else "PrepareModuleInput",
+                dict(**_input_layouts(call, sp), use_local_output=False), group,
                 f"{gathered}; one gradient reduction per block in backward",
             )
         )
@@ -154,7 +158,11 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         colwise_why = "column-parallel, taking its own input (the layer's call of the block could not be read)"
     colwise = dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True)
     for name in block.colwise:
-        entries.append(PlanEntry(f"{part.path}.{name}", "ColwiseParallel", colwise, group, colwise_why))
+        if name in kv:
+            why = "column-parallel over KV heads; replicated where TP exceeds them"
+            entries.append(PlanEntry(f"{part.path}.{name}", "KVHeadsColwiseParallel", colwise, group, why))
+        else:
+            entries.append(PlanEntry(f"{part.path}.{name}", "ColwiseParallel", colwise, group, colwise_why))
     for name in block.per_head_norms:
         entries.append(
             PlanEntry(

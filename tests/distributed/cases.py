@@ -32,13 +32,15 @@ BATCH, SEQ = 4, 8
 
 
 def build_meshes(kind: str):
-    """dp2tp2: 2x2 mesh. tp2: TP=2 with DP=1, replicated twice to use all four ranks.
+    """dp2tp2: 2x2 mesh. tp4: TP=4, DP=1. tp2: TP=2 with DP=1, replicated twice to use all four ranks.
     hsdp: a 2-D DP mesh (2 replicas x 2 shards), TP=1."""
     if kind == "dp2tp2":
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     elif kind == "hsdp":
         mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
         return mesh["dp_replicate", "dp_shard"], mesh["tp"]
+    elif kind == "tp4":  # TP over all four ranks: more TP ranks than KV heads (plangen.kv_styles)
+        mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
     elif kind == "tp2":
         mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 1, 2), mesh_dim_names=("rep", "dp", "tp"))
     else:
@@ -136,13 +138,16 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 
     model_state = {k: v.detach().clone() for k, v in model.state_dict().items()} if case.get("state_dict") else None
     plan = build_case_plan(case, model)
-    sharded = parallelize_model(
-        model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
-        sequence_parallel=case.get("sp", False),
-        activation_checkpointing=case.get("ac", False),
-        cpu_offload=case.get("cpu_offload", False),
-        custom_parallel_plan=plan,
-    )
+    if case.get("bare"):
+        sharded = parallelize_bare(model, dp_mesh, tp_mesh, case.get("sp", False))
+    else:
+        sharded = parallelize_model(
+            model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
+            sequence_parallel=case.get("sp", False),
+            activation_checkpointing=case.get("ac", False),
+            cpu_offload=case.get("cpu_offload", False),
+            custom_parallel_plan=plan,
+        )
     state_dict = check_state_dict_round_trip(sharded, model_state) if case.get("state_dict") else None
     with CollectiveCounter() as forward:
         out = sharded(input_ids=ids[rows], attention_mask=mask[rows])
@@ -188,6 +193,20 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "routes": routed,
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
+
+
+def parallelize_bare(model: torch.nn.Module, dp_mesh, tp_mesh, sequence_parallel: bool) -> torch.nn.Module:
+    """NeMo RL's way (``bare`` cases): the class's plan from ``PARALLELIZE_FUNCTIONS``, torch's
+    ``parallelize_module``, then ``fully_shard`` per layer and at the root; none of plangen's runtime."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.parallelize import PARALLELIZE_FUNCTIONS
+
+    parallelize_module(model, tp_mesh, PARALLELIZE_FUNCTIONS[type(model)](model, sequence_parallel))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dp_mesh)
+    return fully_shard(model, mesh=dp_mesh)
 
 
 def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, torch.Tensor]) -> dict[str, Any]:

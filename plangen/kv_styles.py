@@ -1,0 +1,180 @@
+"""KV heads replicated where the TP size exceeds them: Megatron's layout for grouped-query attention.
+
+Column-parallel k/v projections give each TP rank ``kv_heads / tp`` whole KV heads, so they need the
+TP size to divide the KV head count: Gemma-3-1B (1 KV head) could not take TP 2. Megatron instead
+lets the TP size be a multiple of the KV head count: the query heads split as before, and each rank
+computes the one KV head its own query heads use (query head ``h`` reads KV head
+``h // (heads / kv_heads)``, so rank ``r`` of ``tp`` needs KV head ``r // (tp / kv_heads)``).
+
+Two styles, both size-independent (plan files name no head count; they are read from the attention
+module when the plan is applied, so one plan serves every TP size and every model of a class):
+
+* :class:`PrepareAttentionInput` on the attention block: ``PrepareModuleInput``, and where the TP
+  size exceeds the KV heads it sets the block's ``num_key_value_groups`` to its local query heads
+  (one local KV head serves them all) and tells the block's k/v projections which KV head rows this
+  rank computes. It must come before them in the plan (``parallelize_module`` applies keys in order;
+  a parent key before its children, as every plangen plan writes it).
+* :class:`KVHeadsColwiseParallel` on ``k_proj``/``v_proj``: plain ``ColwiseParallel`` where the KV
+  heads split over TP; otherwise the weight (and bias) stay whole, ``Replicate()`` DTensors (FSDP2
+  shards them over DP like any other; the full state dict is the Hugging Face weight), each rank
+  runs the projection on its KV head's rows only, and the weight gradient, which covers only those
+  rows and only this rank's query heads, is summed over TP: exact, as every rank sharing a KV head
+  adds its query heads' part.
+
+Why a replicated weight sliced locally rather than a weight sharded over KV groups with repetition
+(a ``[tp * head_dim, hidden]`` parameter): the repeated one is smaller per rank only by the KV heads
+a rank does not use (none at 1 KV head), needs its gradient summed over the ranks of each group (a
+process group per group), and its full tensor is not the checkpoint's, so every state dict, DCP
+checkpoint and NeMo RL weight sync would need a translation; DTensor cannot describe "replicated
+within a group, sharded across groups" on the 1-D TP mesh. ``plangen cost`` reports the memory this
+costs (the replicated KV weights, sharded over DP) against the ideal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
+
+# Set on a k/v projection by PrepareAttentionInput: (first row, rows) of this rank's KV head.
+KV_ROWS = "_plangen_kv_rows"
+
+
+def resolve_kv_head(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) -> int | None:
+    """The KV head TP rank ``rank`` computes when the TP size exceeds the KV heads; None when they split."""
+    if num_kv_heads % tp_size == 0:
+        return None
+    if tp_size % num_kv_heads or num_heads % tp_size:
+        raise ValueError(
+            f"TP size {tp_size} must divide num_attention_heads={num_heads} and either divide or be a multiple "
+            f"of num_key_value_heads={num_kv_heads}"
+        )
+    return rank // (tp_size // num_kv_heads)
+
+
+def attention_head_counts(attention: nn.Module) -> tuple[int, int, int] | None:
+    """(heads, KV heads, head_dim) of a Hugging Face attention module, read from its config; None if absent."""
+    config = getattr(attention, "config", None)
+    head_dim = getattr(attention, "head_dim", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not heads or not isinstance(head_dim, int):
+        return None
+    return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
+
+
+def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
+    """Where the TP size exceeds the KV heads: one local KV head per rank, marked on its k/v projections."""
+    counts = attention_head_counts(attention)
+    if counts is None:
+        return
+    heads, kv_heads, head_dim = counts
+    tp_size = device_mesh.size()
+    kv_head = resolve_kv_head(heads, kv_heads, tp_size, device_mesh.get_local_rank())
+    if kv_head is None:
+        return
+    projections = [
+        (name, child)
+        for name, child in attention.named_children()
+        if isinstance(child, nn.Linear) and child.out_features == kv_heads * head_dim
+    ]
+    if not projections:
+        raise ValueError(
+            f"{type(attention).__name__}: no nn.Linear child gives num_key_value_heads={kv_heads} x head_dim={head_dim} "
+            f"outputs, so its KV heads cannot be replicated over TP size {tp_size}"
+        )
+    for name, child in projections:
+        if isinstance(child.weight, DTensor):
+            raise ValueError(
+                f"{name} was sharded before its attention block: put PrepareAttentionInput's key before "
+                "the k/v projections' keys in the plan"
+            )
+        setattr(child, KV_ROWS, (kv_head * head_dim, head_dim))
+    # The attention's repeat_kv (eager, sdpa) repeats each local KV head for the local query heads.
+    attention.num_key_value_groups = heads // tp_size
+
+
+class PrepareAttentionInput(PrepareModuleInput):
+    """``PrepareModuleInput`` for an attention block, which also lays out its KV heads over TP.
+
+    Where the TP size divides the KV heads this is ``PrepareModuleInput``. Where it exceeds them
+    (a multiple of the KV head count), each rank keeps one KV head: the block's
+    ``num_key_value_groups`` becomes its local query head count and its k/v projections (the
+    ``nn.Linear`` children of ``kv_heads * head_dim`` outputs) learn which rows this rank computes,
+    which :class:`KVHeadsColwiseParallel` on them reads. Head counts come from the module's config.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        apply_kv_head_layout(module, device_mesh)
+        return super()._apply(module, device_mesh)
+
+
+def _all_reduce_grad(tensor: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
+    # Identity forward; backward sums the gradient over the mesh (Partial -> Replicate, no division).
+    replicated = DTensor.from_local(tensor, device_mesh, (Replicate(),), run_check=False)
+    return replicated.to_local(grad_placements=(Partial(),))
+
+
+class KVHeadsColwiseParallel(ColwiseParallel):
+    """Column-parallel k/v projection that replicates KV heads where the TP size exceeds them.
+
+    Unmarked (the TP size divides the KV heads) it is ``ColwiseParallel``. Marked by
+    :class:`PrepareAttentionInput`, the parameters become ``Replicate()`` DTensors and each forward
+    runs ``linear(x, weight[rows], bias[rows])`` on local tensors: the output is this rank's KV head,
+    local (as ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=True)`` gives its heads).
+    Backward: the parameter gradients are summed over TP (each rank contributes its query heads'
+    part of its KV head's rows), and the input's gradient is this rank's part of a sum over TP, as
+    column-parallel's is (``Partial`` on a DTensor input, all-reduced for a local one).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        rows = getattr(module, KV_ROWS, None)
+        if rows is None:
+            return super()._apply(module, device_mesh)
+        if not isinstance(module, nn.Linear):
+            raise NotImplementedError(f"{type(self).__name__} replicates the KV heads of nn.Linear only")
+        if self.input_layouts != (Replicate(),) or self.output_layouts != (Shard(-1),) or not self.use_local_output:
+            raise ValueError(
+                f"{type(self).__name__} replicating KV heads takes a replicated input and returns its head local: "
+                "input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True"
+            )
+        for name, param in list(module.named_parameters(recurse=False)):
+            replicated = distribute_tensor(param, device_mesh, [Replicate()], src_data_rank=self.src_data_rank)
+            module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+        apply_local_kv_rows(module, device_mesh, *rows)
+        return module
+
+
+def apply_local_kv_rows(module: nn.Linear, device_mesh: DeviceMesh, start: int, width: int) -> None:
+    """During each forward, the module's parameters are views of their rows ``start:start + width``."""
+    swapped: dict[str, Any] = {}
+
+    def swap_in(mod: nn.Module, args: tuple) -> tuple:
+        grad = torch.is_grad_enabled()
+        x, *rest = args
+        if isinstance(x, DTensor):
+            if any(not p.is_replicate() for p in x.placements):
+                x = x.redistribute(placements=[Replicate()])
+            x = x.to_local(grad_placements=(Partial(),))
+        elif grad:
+            x = _all_reduce_grad(x, device_mesh)
+        for name, param in list(mod._parameters.items()):
+            if param is None:
+                continue
+            swapped[name] = param
+            local = param.to_local() if isinstance(param, DTensor) else param
+            if grad and param.requires_grad:
+                local = _all_reduce_grad(local, device_mesh)
+            mod._parameters[name] = local.narrow(0, start, width)  # type: ignore[assignment]
+        return (x, *rest)
+
+    def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
+        mod._parameters.update(swapped)
+        swapped.clear()
+
+    module.register_forward_pre_hook(swap_in)
+    # always_call: an exception inside forward must not leave views in place of the parameters.
+    module.register_forward_hook(swap_back, always_call=True)
