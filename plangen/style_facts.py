@@ -192,7 +192,13 @@ def facts_of(style: "ParallelStyle") -> StyleFacts | None:
 
 
 # The themed modules whose styles plangen.styles re-exports.
-PLANGEN_STYLE_MODULES = (PLANGEN_STYLES, "plangen.moe_styles", "plangen.tied_styles", "plangen.kv_styles")
+PLANGEN_STYLE_MODULES = (
+    PLANGEN_STYLES,
+    "plangen.moe_styles",
+    "plangen.replicated_styles",
+    "plangen.tied_styles",
+    "plangen.kv_styles",
+)
 
 
 def _module_home(module: str) -> str | None:
