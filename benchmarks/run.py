@@ -1,6 +1,6 @@
 """plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
 
-    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe] [--markdown PATH]
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step] [--markdown PATH]
 
 1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
    (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
@@ -8,7 +8,9 @@
    ``parallelize_model`` vs transformers' ``DistributedConfig(tp_size=2, fsdp_size=2)`` (``step_time.py``);
 4. cli: ``plangen init`` and ``plangen verify`` wall time vs their import floor (``cli_speed.py``);
 5. moe: memory per rank against the ideal and TP traffic of Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3
-   and gpt-oss-120b at TP 2, 4, 8 x DP 2, plangen vs the Hugging Face plan (``moe_memory.py``).
+   and gpt-oss-120b at TP 2, 4, 8 x DP 2, plangen vs the Hugging Face plan (``moe_memory.py``);
+6. moe_step and 7.: step time and peak memory per rank as 2 and 3, for a small Qwen3-MoE: plangen's
+   experts split whole over TP vs transformers' ``moe_tp_experts`` (``step_time.py``).
 
 ``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
 results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
@@ -29,7 +31,7 @@ if str(HERE) not in sys.path:
 
 from common import Section, render_section_markdown, render_section_text  # noqa: E402
 
-SECTIONS = ("comm", "step", "cli", "moe")
+SECTIONS = ("comm", "step", "cli", "moe", "moe_step")
 
 
 def run_sections(names: list[str], quick: bool) -> list[Section]:
@@ -55,6 +57,10 @@ def run_sections(names: list[str], quick: bool) -> list[Section]:
             from moe_memory import run_moe_benchmark
 
             sections.append(run_moe_benchmark(quick))
+        elif name == "moe_step":
+            from step_time import run_step_benchmark
+
+            sections.extend(run_step_benchmark(quick, kind="moe"))
     return sections
 
 

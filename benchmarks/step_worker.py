@@ -10,7 +10,9 @@ in who parallelizes the model:
   (its Hugging Face plan gathers the logits; loss ``F.cross_entropy``).
 
 Each rank returns its step times (between barriers, so a step counts when every rank is done),
-its losses, and its peak resident memory above what it held before building the model.
+the CPU time it spent on each step (its own work, ``time.process_time``, which other jobs on a
+shared machine do not inflate as they do the wall time), its losses, and its peak resident memory
+above what it held before building the model.
 """
 
 from __future__ import annotations
@@ -83,17 +85,19 @@ def run_steps(payload: dict[str, Any]) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1000 + dp_rank)
     ids = torch.randint(0, model.config.vocab_size, (payload["batch"], payload["seq"]), generator=generator)
 
-    times, losses = [], []
+    times, cpu_times, losses = [], [], []
     for step in range(payload["warmup"] + payload["steps"]):
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = step_loss(model(input_ids=ids).logits, ids)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        cpu = time.process_time() - cpu_start  # this rank's own work, not the barrier's wait for the others
         dist.barrier()
         elapsed = time.perf_counter() - start
         losses.append(loss.item())
         if step >= payload["warmup"]:
             times.append(elapsed)
-    return {"times": times, "losses": losses, "peak_bytes": peak_resident_bytes() - baseline}
+            cpu_times.append(cpu)
+    return {"times": times, "cpu_times": cpu_times, "losses": losses, "peak_bytes": peak_resident_bytes() - baseline}

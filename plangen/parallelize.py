@@ -12,7 +12,9 @@ Order of work in :func:`parallelize_model`:
      against the model (keys that match nothing, head counts vs TP size) before anything is sharded,
      ``parallelize_module``, then re-tie what TP split apart;
   4. activation checkpointing of the decoder layers;
-  5. FSDP2: each decoder layer, then the root without resharding after forward.
+  5. FSDP2: each decoder layer, then the root without resharding after forward; each parameter
+     sharded on dim 0 over DP, or on another dim where its TP-local dim 0 is smaller than DP
+     (:mod:`plangen.fsdp_shard`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.hf_plan import get_hf_tp_plan
@@ -147,12 +150,16 @@ def apply_fsdp(
     layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
     offload_policy: OffloadPolicy = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
+    # Dim 0, except where a TP-local dim 0 is smaller than DP (one expert per TP rank): padding
+    # would fill whole ranks there (plangen.fsdp_shard).
+    placement = build_shard_placement_fn(dp_shard_size(dp_mesh))
     # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
     for layer in layers:
-        fully_shard(layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy, shard_placement_fn=placement)
     # The root's parameters (embeddings, head) are used again at once in backward: keep them.
     return fully_shard(
-        model, mesh=dp_mesh, mp_policy=root_policy, offload_policy=offload_policy, reshard_after_forward=False
+        model, mesh=dp_mesh, mp_policy=root_policy, offload_policy=offload_policy, reshard_after_forward=False,
+        shard_placement_fn=placement,
     )
 
 

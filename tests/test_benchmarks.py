@@ -82,9 +82,22 @@ def test_quick_step_time_and_memory_benchmark_meets_its_goals(bench):
     # Four steps of 4 ranks on 2 shared cores: their timing swings up to 1.5x with whatever else
     # runs (seen in CI beside other jobs). The suite checks what does not depend on the load (same
     # loss, memory, the time goal computed); `benchmarks/run.py` judges the time over 45 steps.
-    loss, time_goal = time_section.goals
+    loss, time_goal, cpu_goal = time_section.goals
     assert loss.met, loss.detail
     assert time_goal.name.startswith("plangen is not slower") and "plangen / HF" in time_goal.detail
+    assert cpu_goal.name.startswith("plangen does no more work") and "plangen / HF" in cpu_goal.detail
+    assert_goals_met(memory_section)
+
+
+@pytest.mark.distributed
+def test_quick_moe_step_benchmark_runs_transformers_moe_tp_on_the_same_weights(bench):
+    """transformers' own MoE TP (moe_tp_experts, packed_colwise experts) runs on CPU/gloo beside
+    plangen's ExpertsParallel: same first loss on the same weights and batch, memory not larger."""
+    time_section, memory_section = bench["step_time"].run_step_benchmark(quick=True, kind="moe")
+    assert time_section.title.startswith("6. ") and "Qwen3-MoE" in time_section.title
+    loss, time_goal, cpu_goal = time_section.goals
+    assert loss.met, loss.detail
+    assert "plangen / HF" in time_goal.detail and "plangen / HF" in cpu_goal.detail
     assert_goals_met(memory_section)
 
 

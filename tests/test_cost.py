@@ -90,33 +90,60 @@ def test_fsdp_pads_dim_zero_to_the_dp_size():
     assert ParameterShard("bias", 5, (5,), False).fsdp_numel(2) == 3
 
 
+def test_fsdp_splits_another_dim_where_dim_zero_is_smaller_than_dp():
+    from plangen.fsdp_shard import fsdp_shard_dim
+
+    # One expert per TP rank (Mixtral-8x7B at TP 8): dim 1 over DP 2, not a pad of a whole expert.
+    expert = ParameterShard("experts.gate_up_proj", 8 * 28672 * 4096, (1, 28672, 4096), tp_sharded=True)
+    assert expert.fsdp_numel(2) == 14336 * 4096 and expert.padded_numel(2) == 28672 * 4096
+    assert fsdp_shard_dim((1, 28672, 4096), 2) == 1 and fsdp_shard_dim((1, 3, 4096), 2) == 2
+    # Dim 0 everywhere else: large enough, nothing else divides, no other dim, no DP.
+    assert [fsdp_shard_dim(shape, dp) for shape, dp in (((2, 8), 2), ((3, 8), 2), ((1, 3), 2), ((1,), 2), ((1, 8), 1))] == [0, 0, 0, 0, 0]
+
+
+def _local_numel(model) -> int:
+    return sum(p.to_local().numel() for p in model.parameters())
+
+
 def test_memory_matches_parallelize_model(fake_pg, configs, hand_report):
-    model = _parallelized_hand_model()
-    local = sum(p.to_local().numel() for p in model.parameters())
-    assert local == hand_report.plans[0].memory.local_parameters
+    assert _local_numel(_parallelized_model(HAND)) == hand_report.plans[0].memory.local_parameters
 
 
 # --- FSDP2 collectives --------------------------------------------------------------------------
 
 
-def _parallelized_hand_model():
+def _parallelized_model(values: dict, runtime: str = "plangen"):
+    """The model of ``values`` at DP 2 x TP 2 (rank 0 of the fake group), by plangen's runtime; or
+    ``runtime="nemo"``: the same plan, then FSDP2 as NeMo RL's ``_parallelize_model`` applies it
+    (``fully_shard`` per layer and on the root, no ``shard_placement_fn``)."""
     from torch.distributed.device_mesh import DeviceMesh
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from plangen.parallelize import parallelize_model
 
-    values = {k: v for k, v in HAND.items() if k != "architectures"}
+    values = {k: v for k, v in values.items() if k != "architectures"}
     config = AutoConfig.for_model(values.pop("model_type"), **values)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     mesh = DeviceMesh("cpu", torch.arange(4).view(2, 2), mesh_dim_names=("dp", "tp"))
-    return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=True)
+    if runtime == "plangen":
+        return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=True)
+    from torch.distributed.fsdp import fully_shard
+
+    from plangen.plan_checks import find_transformer_layers
+    from plangen.plans.choice import choose_plan
+    from plangen.tensor_parallel import apply_tp
+
+    apply_tp(model, mesh["tp"], choose_plan(model, True, None).build_styles(), dp_size=2)
+    for layer in find_transformer_layers(model):
+        fully_shard(layer, mesh=mesh["dp"])
+    return fully_shard(model, mesh=mesh["dp"], reshard_after_forward=False)
 
 
-def test_fsdp_formula_matches_a_measured_fsdp2_step(fake_pg, hand_report):
+def _fsdp_collectives_of_a_step(model) -> dict[tuple[str, str], list[int]]:
+    """(phase, kind) -> [count, payload bytes] of FSDP2's collectives in one measured step."""
     from plangen.cost.measure import PayloadCounter, step_loss
 
-    model = _parallelized_hand_model()
     ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
     with PayloadCounter() as forward:
         loss = step_loss(model(input_ids=ids).logits, ids)
@@ -129,12 +156,21 @@ def test_fsdp_formula_matches_a_measured_fsdp2_step(fake_pg, hand_report):
                 kind = kind_of(op)
                 measured[phase, kind][0] += 1
                 measured[phase, kind][1] += int(payload_and_sent(kind, nbytes, 2)[0])
+    return dict(measured)
+
+
+def _fsdp_collectives_of_the_formula(report) -> dict[tuple[str, str], list[int]]:
     formula: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for c in hand_report.plans[0].collectives:
+    for c in report.plans[0].collectives:
         if c.source == "FSDP2":
             formula[c.phase, c.kind][0] += c.count
             formula[c.phase, c.kind][1] += c.payload_bytes
-    assert dict(measured) == dict(formula)
+    return dict(formula)
+
+
+def test_fsdp_formula_matches_a_measured_fsdp2_step(fake_pg, hand_report):
+    formula = _fsdp_collectives_of_the_formula(hand_report)
+    assert _fsdp_collectives_of_a_step(_parallelized_model(HAND)) == formula
     # Layers all-gather in forward and again in backward; the root once; every unit reduce-scatters.
     assert formula["forward", "all-gather"][0] == 3 and formula["backward", "all-gather"][0] == 2
     assert formula["backward", "reduce-scatter"][0] == 3
@@ -386,6 +422,38 @@ def test_moe_classes_are_costed(fake_pg, tmp_path, name):
     bound = 1.5 if name == "deepseek_v3" else 1.25
     assert plan.memory.total < bound * plan.memory.ideal
     assert any(c.source == "TP" and c.tensor == "B·S·H" and c.scope == "per layer" for c in plan.collectives)
+
+
+# One expert per TP rank at TP 2 (Mixtral-8x7B at TP 8 in miniature).
+ONE_EXPERT_PER_RANK = dict(MOE_CONFIGS["mixtral"], num_local_experts=2)
+
+
+@pytest.fixture(scope="module")
+def one_expert_report(fake_pg, tmp_path_factory):
+    path = write_config(tmp_path_factory.mktemp("moe"), "mixtral_2_experts", ONE_EXPERT_PER_RANK)
+    return build_cost_report(path, **HAND_SETTINGS)
+
+
+def test_one_expert_per_tp_rank_costs_what_the_runtime_holds_and_nemo_rl_would_pad(fake_pg, one_expert_report):
+    memory = one_expert_report.plans[0].memory
+    plangen = _parallelized_model(ONE_EXPERT_PER_RANK)
+    assert _local_numel(plangen) == memory.local_parameters
+    assert _fsdp_collectives_of_a_step(plangen) == _fsdp_collectives_of_the_formula(one_expert_report)
+    # NeMo RL's fully_shard (dim 0) gives DP rank 0 the TP rank's one expert whole and rank 1 a pad
+    # of its size: a quarter of every layer's experts more per rank than plangen's dim-1 split.
+    experts_per_layer = 2 * (2 * 128 * 64 + 64 * 128)
+    nemo = _parallelized_model(ONE_EXPERT_PER_RANK, runtime="nemo")
+    assert _local_numel(nemo) - _local_numel(plangen) == 2 * experts_per_layer // 4
+    assert memory.total < 1.05 * memory.ideal
+
+
+def test_the_routing_assumption_is_stated_for_moe_models_only(one_expert_report, hand_report):
+    from plangen.cost.report import ROUTING_NOTE
+
+    assert f"note: {ROUTING_NOTE}" in render_cost_text(one_expert_report, width=1000)
+    assert all(ROUTING_NOTE in plan.notes for plan in one_expert_report.plans)
+    assert "routing" not in render_cost_text(hand_report, width=1000)
+    assert not any(ROUTING_NOTE in plan.notes for plan in hand_report.plans)
 
 
 def test_measurement_kernels_run_on_cpu_at_odd_widths():

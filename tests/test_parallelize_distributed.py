@@ -29,6 +29,9 @@ def _cases():
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
         {"name": "llama-cpu-offload", "model": "llama", "cpu_offload": True},
         *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3")),
+        # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.fsdp_shard).
+        {"name": "mixtral-2-experts-state-dict", "model": "mixtral-2-experts", "state_dict": True},
+        {"name": "mixtral-2-experts-sp", "model": "mixtral-2-experts", "sp": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -141,3 +144,36 @@ def test_bf16_parameters_run_and_stay_close_to_fp32(results, case_id):
         r = per_case[case_id]
         assert "error" not in r, r.get("trace")
         assert r["logits"] < 0.05 and r["loss"] < 0.01, r
+
+
+ONE_EXPERT_PER_RANK = [c for c in CASE_IDS if "mixtral-2-experts" in c]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", ONE_EXPERT_PER_RANK)
+def test_one_expert_per_tp_rank_is_split_over_dp_on_dim_1(results, case_id):
+    """TP 2 leaves each rank one of the 2 experts ([1, 2I, H]): FSDP2's default Shard(0) would give
+    DP rank 0 the expert and DP rank 1 a pad of its size. The runtime shards dim 1 instead: each
+    rank holds half an expert, and numerics and the state dict (tests above) are unchanged."""
+    for per_case in results:
+        layouts = per_case[case_id]["off_dim0"]
+        experts = {n: v for n, v in layouts.items() if n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+        assert experts and set(layouts) == set(experts), sorted(layouts)
+        assert len(experts) == 2 * 2  # two layers, two packed weights each
+        for name, (placements, local) in experts.items():
+            assert placements == ["S(1)", "S(0)"], (name, placements)
+            full = [2, 2 * 64, 32] if name.endswith("gate_up_proj") else [2, 32, 64]
+            assert local == [1, full[1] // 2, full[2]], (name, local)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", CASE_IDS)
+def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, case_id):
+    # Every case, dense or MoE, TP 2 alone, DP 2 x TP 2, HSDP: what FSDP2 shards off dim 0 has a
+    # local dim 0 of 1 under DP 2 (one expert per rank; Qwen2-MoE's shared_expert_gate [1, H]).
+    for per_case in results:
+        layouts = per_case[case_id]["off_dim0"]
+        assert all(local[0] < 2 for _, local in layouts.values()), layouts
+        multimodal = "ForConditionalGeneration" in case_id  # vision towers: not enumerated here
+        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe")) or case_id.startswith("tp2/")):
+            assert layouts == {}, layouts

@@ -51,6 +51,9 @@ TINY["qwen3_moe"] = dict(
     mlp_only_layers=[0], decoder_sparse_step=1, **MOE, **COMMON,
 )
 TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window=None, **MOE, **COMMON)
+# One expert per TP rank at TP 2 (Mixtral-8x7B at TP 8 in miniature): FSDP2 must split each expert
+# on another dim than the expert dim over DP, or DP 2 holds one expert and one pad of its size.
+TINY["mixtral-2-experts"] = dict(TINY["mixtral"], num_local_experts=2)
 TINY["qwen2_moe"] = dict(
     model_type="qwen2_moe", num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=32,
     **MOE, **COMMON,

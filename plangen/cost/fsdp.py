@@ -7,8 +7,9 @@ head) one more, with the root kept unsharded after forward. Per step of one micr
 * backward: one all-gather per layer again (layers are resharded after forward; the root is not),
   then one reduce-scatter per unit of its gradients in ``reduce_dtype`` (float32).
 
-Each all-gather produces the unit's TP-local parameters with every dim 0 padded to a multiple of
-the DP size; each reduce-scatter reduces a tensor of that size. With DP size 1 there is nothing to
+Each all-gather produces the unit's TP-local parameters with each one's shard dim (dim 0, or the
+runtime's other choice where dim 0 is smaller than DP: :mod:`plangen.fsdp_shard`) padded to a
+multiple of the DP size; each reduce-scatter reduces a tensor of that size. With DP size 1 there is nothing to
 gather or reduce.
 """
 

@@ -1,8 +1,10 @@
 """Per-rank training state of a model whose TP plan is applied (on the meta device).
 
 After TP each parameter is a DTensor (or a plain tensor the plan left whole); its local shard is
-what one TP rank holds. FSDP2 then shards every parameter on dim 0 over DP, padding dim 0 to a
-multiple of the DP size, so one rank holds ``ceil(dim0 / dp) x rest`` elements of each. Gradients
+what one TP rank holds. FSDP2 then shards every parameter over DP on the dim the runtime gives it
+(:func:`plangen.fsdp_shard.fsdp_shard_dim`: dim 0, padded to a multiple of the DP size, unless the
+TP-local dim 0 is smaller than DP, as with one expert per TP rank, where another dim splits
+evenly), so one rank holds ``ceil(size[d] / dp) x rest`` elements of each. Gradients
 have the parameters' layout; AdamW keeps two states of the same layout (exp_avg, exp_avg_sq). The
 figures are rank 0's, the largest when shards are uneven.
 """
@@ -17,6 +19,7 @@ from torch import nn
 
 from plangen.cost.data import MemoryCost
 from plangen.cost.settings import CostSettings
+from plangen.fsdp_shard import fsdp_shard_dim
 
 ADAMW_STATES = 2
 
@@ -29,13 +32,15 @@ class ParameterShard:
     tp_sharded: bool
 
     def fsdp_numel(self, dp_size: int) -> int:
-        """Elements one rank holds after FSDP2 shards dim 0 (padded to a multiple of ``dp_size``)."""
+        """Elements one rank holds after FSDP2 shards the runtime's dim (dim 0 padded to a multiple of ``dp_size``)."""
         if not self.tp_shape:
             return 1
-        return math.ceil(self.tp_shape[0] / dp_size) * math.prod(self.tp_shape[1:])
+        dim = fsdp_shard_dim(self.tp_shape, dp_size)
+        rest = math.prod(size for d, size in enumerate(self.tp_shape) if d != dim)
+        return math.ceil(self.tp_shape[dim] / dp_size) * rest
 
     def padded_numel(self, dp_size: int) -> int:
-        """Elements of the TP shard as FSDP2 gathers it: dim 0 padded to a multiple of ``dp_size``."""
+        """Elements of the TP shard as FSDP2 gathers it: its shard dim padded to a multiple of ``dp_size``."""
         return self.fsdp_numel(dp_size) * dp_size
 
 

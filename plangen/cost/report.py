@@ -17,6 +17,12 @@ from plangen.cost.data import CostReport, PlanCost
 from plangen.cost.settings import CostError, CostSettings, build_cost_settings
 
 DEFAULT_TP_SIZE = 2
+# Stated for every plan of a mixture-of-experts model: what the figures assume about the router.
+ROUTING_NOTE = (
+    "routing: every rank holds every token (the router runs replicated and each TP rank computes the routes to "
+    "its own experts), so memory and communication do not depend on how tokens are routed; compute per rank "
+    "does (a rank whose experts get more tokens computes more) and is not modelled"
+)
 
 # Measured and derived TP terms by (class, shrunk config, plan, TP size, dtype): a benchmark costs the
 # same architecture at several real sizes, and the shrunk model is the same for all of them.
@@ -124,15 +130,23 @@ def build_plan_cost(resolved: Any, name: str, settings: CostSettings) -> PlanCos
     except Exception as error:  # transformers raises many types for a config it cannot build
         raise CostError(f"cannot build {resolved.model_class.__name__} from {resolved.spec!r}: {error}") from None
     choice = resolve_plan_choice(name, meta, settings.sequence_parallel)
+    notes: list[str] = [ROUTING_NOTE] if has_experts(meta) else []  # before TP, which renumbers the experts
     if settings.tp_size > 1:
         apply_plan(meta, choice, settings)
     memory = build_memory_cost(read_parameter_shards(meta), settings)
     collectives = build_fsdp_collectives(*read_unit_numels(meta, settings.dp_size), settings)
-    notes: list[str] = []
     if settings.tp_size > 1:
-        tp_rows, notes = build_tp_collectives(resolved, choice, settings, layers=_count_units(meta))
+        tp_rows, tp_notes = build_tp_collectives(resolved, choice, settings, layers=_count_units(meta))
         collectives = tp_rows + collectives
+        notes += tp_notes
     return PlanCost(choice.name, choice.description, memory, tuple(sort_collectives(collectives)), tuple(notes))
+
+
+def has_experts(model: Any) -> bool:
+    """Whether ``model`` has a mixture-of-experts layer (a packed experts module)."""
+    from plangen.moe_styles import expert_count
+
+    return any(expert_count(module) for module in model.modules())
 
 
 def _count_units(model: Any) -> int:

@@ -149,6 +149,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
             custom_parallel_plan=plan,
         )
     state_dict = check_state_dict_round_trip(sharded, model_state) if case.get("state_dict") else None
+    off_dim0 = read_off_dim0_layouts(sharded, dp_mesh)
     with CollectiveCounter() as forward:
         out = sharded(input_ids=ids[rows], attention_mask=mask[rows])
     logits = out.logits
@@ -191,6 +192,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "aux_loss": aux,
         "state_dict": state_dict,
         "routes": routed,
+        "off_dim0": off_dim0,
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
 
@@ -207,6 +209,16 @@ def parallelize_bare(model: torch.nn.Module, dp_mesh, tp_mesh, sequence_parallel
     for layer in model.model.layers:
         fully_shard(layer, mesh=dp_mesh)
     return fully_shard(model, mesh=dp_mesh)
+
+
+def read_off_dim0_layouts(sharded: torch.nn.Module, dp_mesh) -> dict[str, list]:
+    """Parameters FSDP2 shards on another dim than 0 over DP: name -> [its placements, its local shape]."""
+    dp_index = dp_mesh.ndim - 1  # (replicate, shard) for HSDP: the shard dim is the last DP dim
+    return {  # Shard or _StridedShard (over a column-parallel TP shard): both have .dim
+        name: [[str(p) for p in param.placements], list(param.to_local().shape)]
+        for name, param in sharded.named_parameters()
+        if getattr(param.placements[dp_index], "dim", 0) != 0
+    }
 
 
 def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, torch.Tensor]) -> dict[str, Any]:
