@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from plangen.errors import one_line
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
+from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, STYLE_FACTS, layout_defaults
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -248,7 +248,12 @@ def _module_kind(module: "nn.Module") -> str | None:
         return LINEAR
     from plangen.moe_styles import expert_count
 
-    return EXPERTS if expert_count(module) else None
+    if expert_count(module):
+        return EXPERTS
+    from plangen.attention_styles import head_parameters
+
+    # A block with parameters of its own and no weight (gpt-oss attention's sinks).
+    return HEADS if getattr(module, "weight", None) is None and head_parameters(module) else None
 
 
 def _weight_shape(module: "nn.Module") -> tuple[int, ...] | None:
@@ -257,6 +262,10 @@ def _weight_shape(module: "nn.Module") -> tuple[int, ...] | None:
     weight = getattr(module, "weight", None)
     if weight is None and _module_kind(module) == EXPERTS:  # packed experts: their first 3-D weight
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
+    elif weight is None and _module_kind(module) == HEADS:  # its own per-head parameter
+        from plangen.attention_styles import head_parameters
+
+        weight = next(iter(head_parameters(module).values()))
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 

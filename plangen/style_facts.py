@@ -28,11 +28,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TORCH_STYLES = "torch.distributed.tensor.parallel"
 PLANGEN_STYLES = "plangen.styles"
+# The themed modules whose styles plangen.styles imports and re-exports.
+STYLE_MODULES = ("plangen.moe_styles", "plangen.attention_styles")
 
 # The module kinds a style can split, by the weight layout torch gives them.
 LINEAR = "linear"
 EMBEDDING = "embedding"
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
+HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
+        StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -162,8 +167,8 @@ def _module_home(module: str) -> str | None:
     # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
-    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles).
-    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles") else None
+    # plangen.styles re-exports the styles of its themed sibling modules.
+    return PLANGEN_STYLES if module in (PLANGEN_STYLES, *STYLE_MODULES) else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:

@@ -175,6 +175,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("AllReduceOutputGrad", ()),
+        _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
     )
 }
 
