@@ -1,5 +1,6 @@
-"""Level-2 rules about regions, ties and coverage (PG206-PG211): sequence-parallel regions, per-head
-norms, tied embeddings, Linears left unsharded, packed projections under FSDP2, per-head parameters.
+"""Level-2 rules about regions, ties and coverage (PG206-PG210, PG212): sequence-parallel regions,
+per-head norms, tied embeddings, Linears left unsharded, packed projections under FSDP2, per-head
+parameters.
 
 As in :mod:`plangen.check.rules_model`, each rule is a class carrying its code's story beside its
 ``check``, and asks the runtime's own functions where the runtime decides.
@@ -407,11 +408,11 @@ class PackedWithFsdpRule(ModelRule):
                 yield self.finding(f"right at DP size 1 only: {error}", key, "value")
 
 
-# --- PG211: an attention block's own per-head parameters follow its heads ---------------------
+# --- PG212: an attention block's own per-head parameters follow its heads ---------------------
 
 
 class WholeHeadParametersRule(ModelRule):
-    code = "PG211"
+    code = "PG212"
     title = "per-head parameters left whole"
     explanation = (
         "An attention block that owns one value per head (gpt-oss's `sinks`) reads them all in its"
