@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
+from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, STYLE_FACTS, layout_defaults
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -245,32 +245,44 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _module_kind(module: "nn.Module") -> str | None:
+def _module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
+    """The kind of module a style splits; ``by_heads``: the style splits a block's own per-head
+    parameters (gpt-oss attention's sinks), so such a block is one of that kind."""
     from torch import nn
 
     if isinstance(module, nn.Embedding):
         return EMBEDDING
     if isinstance(module, nn.Linear):
         return LINEAR
+    from plangen.attention_styles import head_parameters
     from plangen.moe_styles import expert_count
 
-    return EXPERTS if expert_count(module) else None
+    if expert_count(module):
+        return EXPERTS
+    return HEADS if by_heads and head_parameters(module) else None
 
 
-def _weight_shape(module: "nn.Module") -> tuple[int, ...] | None:
+def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | None:
     import torch
 
+    from plangen.attention_styles import head_parameters
+
     weight = getattr(module, "weight", None)
-    if weight is None and _module_kind(module) == EXPERTS:  # packed experts: their first 3-D weight
+    if kind == EXPERTS and weight is None:  # packed experts: their first 3-D weight
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
+    elif kind == HEADS:  # the block's own per-head parameter
+        weight = next(iter(head_parameters(module).values()))
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 
-def _count_by_kind(modules: list["nn.Module"]) -> list[tuple[int, str, tuple[int, ...] | None, str | None]]:
+def _count_by_kind(
+    modules: list["nn.Module"], by_heads: bool
+) -> list[tuple[int, str, tuple[int, ...] | None, str | None]]:
     """(count, type name, weight shape, kind) per distinct (type, shape), in first-seen order."""
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
     for module in modules:
-        key = (type(module).__name__, _weight_shape(module), _module_kind(module))
+        kind = _module_kind(module, by_heads)
+        key = (type(module).__name__, _weight_shape(module, kind), kind)
         counts[key] = counts.get(key, 0) + 1
     return [(n, name, shape, kind) for (name, shape, kind), n in counts.items()]
 
@@ -282,7 +294,8 @@ def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int
     """
     if not modules:
         return "matches no module of this model"
-    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules))
+    by_heads = style in STYLE_FACTS and HEADS in STYLE_FACTS[style].shard_dim
+    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules, by_heads))
 
 
 def _describe_kind(

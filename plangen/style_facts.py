@@ -33,6 +33,7 @@ PLANGEN_STYLES = "plangen.styles"
 LINEAR = "linear"
 EMBEDDING = "embedding"
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
+HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
             produces=_LAST,
         ),
+        # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
+        StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -198,6 +201,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.replicated_styles",
     "plangen.tied_styles",
     "plangen.kv_styles",
+    "plangen.attention_styles",
 )
 
 

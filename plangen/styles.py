@@ -37,6 +37,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.attention_styles import AttentionSinksParallel
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -233,6 +234,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         TiedHeadParallel,
         PrepareAttentionInput,
         KVHeadsColwiseParallel,
+        AttentionSinksParallel,
     )
 }
 
@@ -363,8 +365,8 @@ HF_UNSUPPORTED_STYLES: dict[str, str] = {
     "ep_dispatch_experts": f"dispatches tokens to expert-parallel ranks; {_MOE}",
     "ep_router": f"a transformers 4.x expert-parallel router that masks the other ranks' experts; {_MOE}",
     "local_params": (
-        "runs a module on its own parameters sharded by parameter-level rules (attention sinks), "
-        "and torch's parallelize_module shards modules, not single parameters"
+        "runs a module on its own parameters sharded by parameter-level rules (attention sinks); torch's "
+        "parallelize_module shards modules: AttentionSinksParallel on the attention block shards its sinks"
     ),
     "local_colwise": f"{_LOCAL_4X}; the DTensor equivalent is 'colwise'",
     "local_rowwise": f"{_LOCAL_4X}; the DTensor equivalent is 'rowwise'",
@@ -442,6 +444,7 @@ __all__ = [
     "STYLE_CLASSES",
     "AllReduceOutputGrad",
     "AllReduceParamGrads",
+    "AttentionSinksParallel",
     "ColwiseParallelWithGather",
     "ExpertsParallel",
     "HfStyleSpec",

@@ -39,6 +39,7 @@ WRONG_AT = {
     "PG209": [(5, 24)],
     "PG210": [(7, 40)],
     "PG211": [(7, 27)],
+    "PG212": [(5, 5)],
 }
 
 
@@ -163,6 +164,20 @@ def test_style_must_fit_the_module(tmp_path):
     typo = _edit(LLAMA, 'input_kwarg_layouts={"hidden_states": Replicate()}', 'input_kwarg_layouts={"hidden_state": Replicate()}')
     found = _verify(tmp_path, typo).diagnostics
     assert [d.code for d in found] == ["PG203"] and "no such parameter" in found[0].message
+
+
+def test_attention_sinks_style_needs_the_blocks_own_per_head_parameters(tmp_path):
+    # Llama's attention has no sinks: the style has nothing to split there.
+    plan = _edit(LLAMA, '"model.layers.*.self_attn": PrepareModuleInput(', '"model.layers.*.self_attn": AttentionSinksParallel(')
+    plan = "from plangen.styles import AttentionSinksParallel\n" + plan
+    found = _verify(tmp_path, plan).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG203", _line_of(plan, '"model.layers.*.self_attn"'))]
+    assert "LlamaAttention has no parameters of its own" in found[0].message
+    # gpt-oss at TP 3: its 64 heads (and their sinks) do not split.
+    gpt_oss = (ROOT / "generated" / "gpt_oss_plan.py").read_text()
+    messages = [d.message for d in _verify(tmp_path, gpt_oss, tp_size=3).diagnostics if d.code == "PG204"]
+    assert any("num_attention_heads=64 is not divisible by the TP size 3" in m for m in messages)
+    assert _verify(tmp_path, gpt_oss, tp_size=4).diagnostics == []
 
 
 def test_column_and_row_parallel_pair_within_a_block(tmp_path):

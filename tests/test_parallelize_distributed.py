@@ -17,7 +17,9 @@ MULTIMODAL = [
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
-MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
+MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"]
+# Attention other than sdpa, for classes without it.
+ATTN = {"gpt_oss": "eager"}
 
 
 def _cases():
@@ -44,10 +46,19 @@ def _cases():
         {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True},
     ]
     # Mixture of experts: experts split over TP on the expert dimension (grouped_mm, and eager once).
-    moe = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MOE_MODELS for sp in (False, True)]
+    moe = [
+        {"name": m + ("-sp" if sp else ""), "model": m, "sp": sp, "attn": ATTN.get(m, "sdpa")}
+        for m in MOE_MODELS for sp in (False, True)
+    ]
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
-    moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied")]
+    # NeMo RL's runtime (parallelize_module, then fully_shard): gpt-oss's sinks style needs nothing else.
+    moe.append({"name": "gpt_oss-bare-sp", "model": "gpt_oss", "sp": True, "attn": "eager", "bare": True})
+    # gpt-oss: attention sinks split with the heads come back as the [heads] tensor.
+    moe += [
+        {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
+        for m in ("qwen2_moe", "llama-tied", "gpt_oss")
+    ]
     cases += moe
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]

@@ -310,6 +310,63 @@ def test_replicate_leaves_the_module_alone(tp_mesh):
     assert not m._forward_hooks and not m._forward_pre_hooks
 
 
+def test_attention_sinks_are_split_with_the_heads_and_their_gradient_is_exact(tp_mesh):
+    """gpt-oss attention on rank 0 of TP 2, q/k/v column-parallel, o_proj left out: the block's output
+    is this rank's heads of the unsharded block's output (the attention used this rank's sinks), and
+    the gradient of the local sinks is exactly the unsharded one's first half, with no communication."""
+    import copy
+
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from plangen.styles import AttentionSinksParallel
+    from tiny_configs import build_tiny
+
+    model = build_tiny("gpt_oss", attn_implementation="eager")
+    reference = model.model.layers[0].self_attn
+    reference.o_proj = nn.Identity()  # the concatenated heads
+    holder = nn.Module()
+    holder.attn = copy.deepcopy(reference)
+    styles = {"attn": AttentionSinksParallel(), **{f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}}
+    parallelize_module(holder, tp_mesh, styles)
+    sharded = holder.attn
+    assert isinstance(sharded.sinks, DTensor) and placements(sharded.sinks) == (Shard(0),)
+    assert local(sharded.sinks).shape == (2,) and torch.equal(local(sharded.sinks), reference.sinks[:2])
+    x = torch.randn(2, 8, 32)
+    cos_sin = model.model.rotary_emb(x, torch.arange(8)[None].expand(2, -1))
+    expected, _ = reference(x, cos_sin, None)
+    half = expected.shape[-1] // 2
+    weights = torch.randn_like(expected)
+    (expected * weights).sum().backward()
+
+    def step() -> torch.Tensor:
+        out, _ = sharded(x, cos_sin, None)
+        (out * weights[..., :half]).sum().backward()
+        return out
+
+    assert collectives(step) == {}
+    out, _ = sharded(x, cos_sin, None)
+    assert (out - expected[..., :half]).abs().max() < 1e-6
+    assert isinstance(sharded.sinks, DTensor)  # put back after the forward
+    assert placements(sharded.sinks.grad) == (Shard(0),)
+    assert (local(sharded.sinks.grad) - reference.sinks.grad[:2]).abs().max() < 1e-6
+
+
+def test_attention_sinks_refuse_heads_the_tp_size_does_not_divide(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import AttentionSinksParallel
+
+    holder = nn.Module()
+    holder.attn = nn.Module()
+    holder.attn.sinks = nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="3 heads, which TP size 2 does not divide"):
+        parallelize_module(holder, tp_mesh, {"attn": AttentionSinksParallel()})
+    holder.attn = nn.Identity()
+    with pytest.raises(ValueError, match="no parameters of its own"):
+        parallelize_module(holder, tp_mesh, {"attn": AttentionSinksParallel()})
+
+
 # --------------------------------------------------------------------------------------------
 # Numerical parity at TP=2 on gloo: plangen's style vs transformers' own layer vs the unsharded module
 # --------------------------------------------------------------------------------------------
@@ -533,15 +590,25 @@ class _PackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(4, 8, 3))
 
 
+class _HeadsBlock(nn.Module):
+    """An attention block's own per-head parameter (gpt-oss's ``sinks``), named ``weight`` here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(4))  # [heads]
+
+
 @pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS
+    from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
+    elif HEADS in facts.shard_dim:  # a style for a block's own per-head parameters only
+        kinds = {HEADS: _HeadsBlock}
     else:
         makers = {LINEAR: lambda: nn.Linear(8, 8), EMBEDDING: lambda: nn.Embedding(16, 8)}
         # A sharding style on the module kinds it splits (a tied pair's ends take one kind each).

@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Eleven classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
+Ten classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
 OLMo-2's whole-projection norms, MoE (experts split over TP), hybrid Mamba and convolution layers,
 tied and untied; each at
 TP=2 and DP=2 x TP=2, sequence parallel off and on: logits, loss, every gradient and the gradient
@@ -25,7 +25,6 @@ CLASSES = {
     "phi": ("PhiForCausalLM", False),  # biases, fc1/fc2, partial rotary, parallel residual
     "starcoder2": ("Starcoder2ForCausalLM", True),  # LayerNorm with bias, c_fc/c_proj
     "deepseek_v3": ("DeepseekV3ForCausalLM", False),  # dense then MoE layers, shared experts, MLA replicated
-    "gpt_oss": ("GptOssForCausalLM", False),  # expert biases, router scores returned, attention sinks
     "jamba": ("JambaForCausalLM", False),  # Mamba + attention layers, dense + MoE MLPs
     "lfm2": ("Lfm2ForCausalLM", True),  # w1/w2/w3, out_proj, q_layernorm: recognised by data flow
     "gemma": ("GemmaForCausalLM", True),  # scaled embeddings

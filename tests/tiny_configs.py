@@ -67,3 +67,9 @@ TINY["deepseek_v3"] = dict(
     n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
     rope_interleave=True, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
 )
+# gpt-oss: biases everywhere (q/k/v/o, router, experts), one sink logit per head, sliding-window
+# layers (window 4 < the tests' 8 tokens) alternating with full ones; eager attention (no sdpa).
+TINY["gpt_oss"] = dict(
+    model_type="gpt_oss", num_local_experts=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    **MOE, **dict(COMMON, intermediate_size=16),
+)

@@ -182,6 +182,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("AllReduceOutputGrad", ()),
         _spec("TiedEmbeddingParallel", _LAYOUTS),
         _spec("TiedHeadParallel", _LAYOUTS),
+        _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
     )
 }
 

@@ -26,11 +26,13 @@ from torch.distributed.tensor.parallel import (
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
+from plangen.attention_styles import head_parameters
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
+    AttentionSinksParallel,
     ExpertsParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
@@ -124,7 +126,13 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
                 f" 5.x), not {what}"
             )
         return None
-    if isinstance(style, (PackedColwiseParallel, PackedRowwiseParallel, MlaKvAProjParallel)):
+    if isinstance(style, AttentionSinksParallel):
+        if not head_parameters(module):
+            return (
+                f"`{name}` splits a block's own per-head parameters (gpt-oss's sinks) with its heads, but {what}"
+                " has no parameters of its own: use PrepareModuleInput"
+            )
+    elif isinstance(style, (PackedColwiseParallel, PackedRowwiseParallel, MlaKvAProjParallel)):
         if not isinstance(module, nn.Linear):
             return f"`{name}` shards nn.Linear only, not {what}"
     elif is_sharding(style):
@@ -165,7 +173,8 @@ class StyleFitsRule(ModelRule):
     explanation = (
         "Column- and row-parallel styles shard nn.Linear and nn.Embedding only (packed ones nn.Linear"
         " only); a row-parallel embedding reads token ids, which must come in whole"
-        " (`input_layouts=Replicate()`); gradient-reducing styles need parameters; PrepareModuleInput's"
+        " (`input_layouts=Replicate()`); gradient-reducing styles need parameters, and so does"
+        " AttentionSinksParallel (the block's own, per head); PrepareModuleInput's"
         " keyword layouts must name parameters of the module's forward."
     )
     wrong = (
@@ -208,6 +217,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     split = getattr(style, "split_factor", 1)
     if isinstance(style, ExpertsParallel) and expert_count(module):
         return [("num_experts", expert_count(module), 1)]  # whole experts per rank
+    if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
+        return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(module, nn.Linear):
         if isinstance(style, ColwiseParallel) and leaves_local_shard(style):
             return [("out_features", module.out_features, split)]

@@ -1,6 +1,6 @@
-"""Level-2 rules about regions, ties and coverage (PG206-PG211): sequence-parallel regions, per-head
+"""Level-2 rules about regions, ties and coverage (PG206-PG212): sequence-parallel regions, per-head
 norms, tied embeddings (and both ends of a tied pair), Linears left unsharded, packed projections
-under FSDP2.
+under FSDP2, per-head parameters.
 
 As in :mod:`plangen.check.rules_model`, each rule is a class carrying its code's story beside its
 ``check``, and asks the runtime's own functions where the runtime decides.
@@ -25,7 +25,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
 from plangen.style_facts import weight_layout
-from plangen.styles import AllReduceParamGrads, ReplicatedWithGradAllReduce
+from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce
 
 
 # --- PG206: sequence-parallel regions ----------------------------------------------------------
@@ -462,6 +462,64 @@ class PackedWithFsdpRule(ModelRule):
                 yield self.finding(f"right at DP size 1 only: {error}", key, "value")
 
 
+# --- PG212: an attention block's own per-head parameters follow its heads ---------------------
+
+
+class WholeHeadParametersRule(ModelRule):
+    code = "PG212"
+    title = "per-head parameters left whole"
+    explanation = (
+        "An attention block that owns one value per head (gpt-oss's `sinks`) reads them all in its"
+        " attention function: once q/k/v are column-parallel a TP rank computes only its heads, and the"
+        " whole parameter no longer matches them (the forward fails on its shape). Give the block"
+        " `AttentionSinksParallel` (from plangen.styles), which splits them with the heads."
+    )
+    wrong = (
+        f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "gpt_oss"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(),\n}'
+    )
+    right = (
+        f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\nfrom plangen.styles import AttentionSinksParallel\n\n"
+        'PLANGEN_MODEL = "gpt_oss"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.self_attn": AttentionSinksParallel(),\n'
+        '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        from plangen.attention_styles import head_parameters
+        from plangen.heads import head_counts
+
+        heads = head_counts(plan.config) if plan.config is not None else None
+        reported: set[str] = set()
+        for key, names in plan.matches.items():
+            style = plan.styles[key]
+            if not isinstance(style, ColwiseParallel) or not leaves_local_shard(style):
+                continue
+            for name in names:
+                block = parent_path(name)
+                if not ("attn" in block or "attention" in block) or generalize(block) in reported:
+                    continue
+                if isinstance(plan.style_of(block), AttentionSinksParallel) or not heads:
+                    continue
+                own = {n: p for n, p in head_parameters(plan.model.get_submodule(block)).items() if p.shape[0] == heads[0]}
+                if own:
+                    reported.add(generalize(block))
+                    params = ", ".join(f"{n} [{p.shape[0]}]" for n, p in own.items())
+                    yield self.finding(
+                        f"`{generalize(block)}` keeps one value per head ({params}) whole while column-parallel"
+                        f" `{key}` splits its heads: a TP rank's attention would read every head's; use "
+                        f"{suggest_key(generalize(block), 'AttentionSinksParallel()')} (from plangen.styles)",
+                        plan.covering.get(block) or key,
+                    )
+
+
 REGION_RULES: tuple[ModelRule, ...] = (
     SequenceParallelRule(),
     PerHeadNormsRule(),
@@ -469,4 +527,5 @@ REGION_RULES: tuple[ModelRule, ...] = (
     HalfTiedPairRule(),
     UnshardedLinearsRule(),
     PackedWithFsdpRule(),
+    WholeHeadParametersRule(),
 )

@@ -10,6 +10,8 @@ the routing and the auxiliary load-balancing loss are exactly the unsharded mode
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
@@ -53,7 +55,10 @@ def build_moe_decoder_plan(
     sequence_parallel: bool,
     layer_norms: tuple[str, ...] = LLAMA_NORMS,
     per_head_norms: bool,
+    block_outputs: int = 1,
 ) -> Plan:
+    """``block_outputs``: how many values the MoE block returns (gpt-oss's: the hidden state and the
+    router scores, which the layer drops): the first is reduced, the others pass through untouched."""
     prefix = _text_prefix(model)
     dense_plan = build_dense_decoder_plan(
         prefix,
@@ -82,8 +87,9 @@ def build_moe_decoder_plan(
         input_kwarg_layouts=None,
         desired_input_kwarg_layouts=None,
         use_local_input=True,
-        output_layouts=(Partial(),),
-        desired_output_layouts=(SEQ if sp else Replicate(),),
+        # torch passes an output whose layout is None through and never reads its desired layout.
+        output_layouts=(Partial(), *(None,) * (block_outputs - 1)),
+        desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * (block_outputs - 1)),
         use_local_output=not sp,
     )
     add(
@@ -139,3 +145,20 @@ def plan_glm4_moe(model: nn.Module, sequence_parallel: bool) -> Plan:
     _check_experts(model)
     per_head = bool(getattr(model.config, "use_qk_norm", False))
     return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=per_head)
+
+
+@register_plan("GptOssForCausalLM")
+def plan_gpt_oss(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Attention with biases on q/k/v (column-parallel, split with the heads) and o_proj (row-parallel:
+    # added once, after the reduction), one learned sink logit per head (split with the heads by the
+    # block's own style), sliding-window layers (masks are built on the whole sequence either way).
+    # The MoE block returns (hidden, router scores); experts carry per-expert biases, split with them.
+    _check_experts(model)
+    plan = build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, block_outputs=2)
+    attention = f"{_text_prefix(model)}.layers.*.self_attn"
+    entries = tuple(
+        replace(e, style="AttentionSinksParallel", why=f"{e.why}; the sinks (one per head) split with the heads")
+        if e.pattern == attention else e
+        for e in plan.entries
+    )
+    return replace(plan, entries=entries)

@@ -198,17 +198,20 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 
 
 def parallelize_bare(model: torch.nn.Module, dp_mesh, tp_mesh, sequence_parallel: bool) -> torch.nn.Module:
-    """NeMo RL's way (``bare`` cases): the class's plan from ``PARALLELIZE_FUNCTIONS``, torch's
-    ``parallelize_module``, then ``fully_shard`` per layer and at the root; none of plangen's runtime."""
+    """NeMo RL's runtime with plangen's plan function for the class (``bare`` cases,
+    ``PARALLELIZE_FUNCTIONS``): ``parallelize_module``, then ``fully_shard`` on each decoder layer and
+    the root, nothing else of plangen's runtime (no checks, no re-tying): the styles must be right on
+    their own."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from plangen.module_tree import find_transformer_layers
     from plangen.parallelize import PARALLELIZE_FUNCTIONS
 
     parallelize_module(model, tp_mesh, PARALLELIZE_FUNCTIONS[type(model)](model, sequence_parallel))
-    for layer in model.model.layers:
+    for layer in find_transformer_layers(model):
         fully_shard(layer, mesh=dp_mesh)
-    return fully_shard(model, mesh=dp_mesh)
+    return fully_shard(model, mesh=dp_mesh, reshard_after_forward=False)
 
 
 def read_off_dim0_layouts(sharded: torch.nn.Module, dp_mesh) -> dict[str, list]:

@@ -1,0 +1,99 @@
+"""Tensor-parallel plan for GptOssForCausalLM, made by `plangen init`: edit it freely.
+
+Model:       gpt_oss (GptOssForCausalLM), TP size 2, sequence parallel on
+Seed:        the hand-written plan for GptOssForCausalLM
+Regenerate:  plangen init gpt_oss -o generated/gpt_oss_sp_plan.py --tp-size 2 --sequence-parallel --force
+Made with:   plangen 0.1.0, transformers 5.24.0, torch 2.13.0+cpu
+
+Each entry maps a module pattern (torch's fnmatch rule, one name per dot) to a ParallelStyle with
+every argument written out. Commented-out patterns are left replicated on purpose. Use it with
+
+    parallelize_model(..., custom_parallel_plan="generated.gpt_oss_sp_plan.custom_parallel_plan")
+
+and check it after editing with `plangen verify generated/gpt_oss_sp_plan.py`.
+
+It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
+then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+AttentionSinksParallel, ExpertsParallel, KVHeadsColwiseParallel). The logits leave as a DTensor
+sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
+torch's loss_parallel()).
+"""
+
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInputOutput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from plangen.styles import AttentionSinksParallel, ExpertsParallel, KVHeadsColwiseParallel
+
+# Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
+PLANGEN_MODEL = "gpt_oss"
+PLANGEN_TP_SIZE = 2
+PLANGEN_SEQUENCE_PARALLEL = True
+
+custom_parallel_plan: dict[str, ParallelStyle] = {
+    # Embeddings
+    # 1 × Embedding [201088, 2880] → local [100544, 2880] at TP=2
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual
+    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+
+    # Attention
+    # 36 × GptOssAttention [64] → local [32] at TP=2
+    # one all-gather of the sequence per attention block; one gradient reduction per block in backward; the sinks (one
+    # per head) split with the heads
+    "model.layers.*.self_attn": AttentionSinksParallel(
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=False,
+    ),
+    # 36 × Linear [4096, 2880] → local [2048, 2880] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 36 × Linear [512, 2880] → local [256, 2880] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.k_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 36 × Linear [512, 2880] → local [256, 2880] at TP=2
+    # column-parallel over KV heads; replicated where TP exceeds them
+    "model.layers.*.self_attn.v_proj": KVHeadsColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 36 × Linear [2880, 4096] → local [2880, 2048] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
+
+    # MLP
+    # 36 × GptOssMLP: one all-gather of the sequence in, one reduce-scatter out: the experts, shared experts and dense
+    # projections leave partial sums, reduced once here
+    "model.layers.*.mlp": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Partial(reduce_op="sum"), None),
+        desired_output_layouts=(Shard(1), Replicate()),
+        use_local_output=False,
+    ),
+    # 36 × GptOssExperts [128, 2880, 5760] → local [64, 2880, 5760] at TP=2
+    # each rank holds E/tp whole experts and computes the routes to them; partial sum out
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum")),
+    # Left replicated on purpose: the router sees every token on every rank: routing stays exact
+    # "model.layers.*.mlp.router": 36 × GptOssTopKRouter [128, 2880]
+
+    # Norms
+    # 36 × GptOssRMSNorm [2880], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.input_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 36 × GptOssRMSNorm [2880], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.post_attention_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 1 × GptOssRMSNorm [2880], replicated at TP=2; norm on the local sequence shard
+    "model.norm": SequenceParallel(sequence_dim=1, use_local_output=False),
+
+    # Output head
+    # 1 × Linear [201088, 2880] → local [100544, 2880] at TP=2
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+}

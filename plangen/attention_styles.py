@@ -1,0 +1,78 @@
+"""Attention styles: parameters of an attention block that belong to its heads.
+
+gpt-oss's attention keeps one learned ``sinks`` logit per query head as a parameter of the
+attention module itself (``[num_heads]``), read inside the attention function
+(``module.sinks`` in eager attention, ``s_aux=self.sinks`` for the flex / flash kernels). Once q/k/v
+are column-parallel each TP rank computes only its own heads, so it needs only its heads' sinks:
+:class:`AttentionSinksParallel` shards them ``Shard(0)`` with the heads.
+
+Why a style on the attention block and not on the parameter: ``parallelize_module`` applies styles to
+modules, one per module, and the block already has one (``PrepareModuleInput``: the block's input
+enters once, as one ``Replicate`` DTensor, for q/k/v). So this style *is* that ``PrepareModuleInput``
+(same arguments, same input handling) and also shards the block's own parameters.
+
+Why the sinks' gradient is exact with no communication: attention is independent per head, every
+rank sees the whole (replicated) input, so rank r's local heads compute exactly the unsharded
+model's values for those heads and the gradient of its sinks slice is exactly theirs. The
+parameter is a ``Shard(0)`` DTensor, so FSDP2 composes with it like a column-parallel bias and a
+full state dict gathers back the Hugging Face ``[num_heads]`` tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import PrepareModuleInput
+
+
+class AttentionSinksParallel(PrepareModuleInput):
+    """``PrepareModuleInput`` for an attention block whose own parameters are per head (gpt-oss's
+    ``sinks``): they are sharded ``Shard(0)`` with the heads, and the block's forward sees the local
+    slice (the DTensor parameter is swapped for its local view during the forward and put back
+    after, so FSDP2, optimizers and state dicts see the ``Shard(0)`` DTensor).
+
+    The arguments are ``PrepareModuleInput``'s. Applied at TP size ``tp``, every parameter the block
+    owns directly (not its projections') must have a first dimension divisible by ``tp``.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        own = head_parameters(module)
+        if not own:
+            raise ValueError(f"AttentionSinksParallel: {type(module).__name__} has no parameters of its own to shard by heads")
+        tp = device_mesh.size()
+        for name, param in own.items():
+            if param.shape[0] % tp:
+                raise ValueError(
+                    f"AttentionSinksParallel: {type(module).__name__}.{name} has {param.shape[0]} heads, "
+                    f"which TP size {tp} does not divide"
+                )
+            sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+            module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        swapped: dict[str, nn.Parameter] = {}
+
+        def local_heads(mod: nn.Module, args: Any) -> None:
+            # The module's (FSDP2-unsharded) parameter is a TP DTensor; its local view is this rank's
+            # heads, and to_local's backward hands the gradient back as that Shard(0) DTensor.
+            for name in own:
+                param = mod._parameters[name]
+                if isinstance(param, DTensor):
+                    swapped[name] = param
+                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+
+        def put_back(mod: nn.Module, args: Any, output: Any) -> None:
+            mod._parameters.update(swapped)  # type: ignore[arg-type]
+            swapped.clear()
+
+        module.register_forward_pre_hook(local_heads)
+        # always_call: an exception inside forward must not leave local views in place of the parameters.
+        module.register_forward_hook(put_back, always_call=True)
+        return super()._apply(module, device_mesh)
+
+
+def head_parameters(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters ``module`` owns itself, with at least one dimension (gpt-oss's ``sinks``)."""
+    return {n: p for n, p in module.named_parameters(recurse=False) if p.dim() >= 1}
