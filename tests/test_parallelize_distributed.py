@@ -17,7 +17,7 @@ MULTIMODAL = [
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
-MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
+MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2"]
 
 
 def _cases():
@@ -44,7 +44,7 @@ def _cases():
     moe = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MOE_MODELS for sp in (False, True)]
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
-    moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied")]
+    moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied", "deepseek_v3", "deepseek_v2")]
     cases += moe
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]

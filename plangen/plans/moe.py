@@ -17,6 +17,7 @@ from plangen.moe_styles import expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan
+from plangen.plans.latent import has_query_latent, latent_attention_entries
 
 # Names transformers gives the parts of a MoE block.
 SHARED_EXPERTS = ("shared_experts", "shared_expert")
@@ -53,6 +54,7 @@ def build_moe_decoder_plan(
     sequence_parallel: bool,
     layer_norms: tuple[str, ...] = LLAMA_NORMS,
     per_head_norms: bool,
+    latent_attention: bool = False,
 ) -> Plan:
     prefix = _text_prefix(model)
     dense_plan = build_dense_decoder_plan(
@@ -63,6 +65,14 @@ def build_moe_decoder_plan(
     # The dense plan's MLP entries assume a gate/up/down MLP in every layer: the MoE block replaces them.
     entries = [e for e in dense_plan.entries if not e.pattern.startswith(f"{layer}.mlp")]
     replicated = list(dense_plan.replicated)
+    if latent_attention:  # MLA replaces the dense plan's q/k/v/o entries
+        attention = f"{layer}.self_attn"
+        entries = [e for e in entries if not e.pattern.startswith(attention)]
+        latent, kept = latent_attention_entries(
+            attention, sequence_parallel=sp, query_latent=has_query_latent(model)
+        )
+        entries[1:1] = latent  # after the embedding, as the file groups them
+        replicated += kept
     shared, routers, gates, dense = _block_parts(model, f"{prefix}.layers")
 
     def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
@@ -135,3 +145,11 @@ def plan_glm4_moe(model: nn.Module, sequence_parallel: bool) -> Plan:
     _check_experts(model)
     per_head = bool(getattr(model.config, "use_qk_norm", False))
     return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=per_head)
+
+
+@register_plan("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+def plan_deepseek(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Dense first layers, shared experts, and multi-head latent attention sharded by heads (with or
+    # without a query latent: V2-Lite has q_proj).
+    _check_experts(model)
+    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
