@@ -9,10 +9,10 @@ block input as a local tensor (all-gathered once under sequence parallel) and su
 key's gradient over TP, reading the rope width from the module when applied.
 
 Per MLA layer: forward one all-reduce (``o_proj``), or one all-gather and one reduce-scatter under
-SP; backward three all-reduces of activation gradients (the query latent's, the KV latent's and the
-rope key's; two without a query latent), plus ``o_proj``'s under plain TP or its all-gather under SP.
-Summing the three into one would leave the replicated down-projections' weight gradients partial,
-which costs a reduction per weight instead.
+SP, as a dense attention block; backward three all-reduces of activation gradients, each the size of
+what it reduces: the query up-projection's input (the query latent, or the hidden state for
+``q_proj``), the KV latent (``kv_b_proj``'s input) and the rope key. Summing them into one would
+leave the replicated down-projections' weight gradients partial, a reduction per weight instead.
 """
 
 from __future__ import annotations
