@@ -380,10 +380,9 @@ MOE_CONFIGS = {
 def test_moe_classes_are_costed(fake_pg, tmp_path, name):
     report = build_cost_report(write_config(tmp_path, name, MOE_CONFIGS[name]), tp_size=2, dp_size=2, seq_len=8)
     plan = report.plans[0]
-    # Experts split over TP: near the ideal even at these tiny widths. DeepSeek-V3's latent
-    # attention stays whole in its synthesized plan (docs/moe.md), a larger share at tiny widths.
-    bound = 1.5 if name == "deepseek_v3" else 1.25
-    assert plan.memory.total < bound * plan.memory.ideal
+    # Experts split over TP, and DeepSeek-V3's latent attention by heads: near the ideal even at
+    # these tiny widths (DeepSeek-V3 1.10x; 1.31x with its attention whole).
+    assert plan.memory.total < 1.25 * plan.memory.ideal
     assert any(c.source == "TP" and c.tensor == "B·S·H" and c.scope == "per layer" for c in plan.collectives)
 
 
