@@ -24,6 +24,7 @@ block input, as ``PrepareModuleInput``, so the plan has one entry per attention 
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -97,12 +98,13 @@ class MlaAttentionParallel(PrepareModuleInput):
     def __init__(
         self,
         *,
-        input_layouts=None,
-        desired_input_layouts=None,
-        input_kwarg_layouts=None,
-        desired_input_kwarg_layouts=None,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
         use_local_output: bool = True,
     ) -> None:
+        # The layouts are PrepareModuleInput's, passed on (its annotations are the contract).
         super().__init__(
             input_layouts=input_layouts,
             desired_input_layouts=desired_input_layouts,
