@@ -128,6 +128,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             produces=_SUM,
         ),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
+        # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
+        StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input"),
         StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
         StyleFacts(

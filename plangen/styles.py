@@ -38,6 +38,7 @@ from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.attention_styles import AttentionSinksParallel
+from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -185,32 +186,6 @@ class PackedRowwiseParallel(RowwiseParallel):
         )
 
 
-class MlaKvAProjParallel(ParallelStyle):
-    """Multi-head latent attention's ``kv_a_proj_with_mqa``: all-reduce the gradient of its rope tail.
-
-    transformers' ``mla_kv_a_proj``. The output is ``[kv_lora_rank + rope_dim]``; the first part
-    feeds ``kv_b_proj`` (colwise, whose input gradient DTensor already all-reduces), the last
-    ``rope_dim`` features go straight to the rank-local attention heads, so their gradient is partial
-    per rank and must be summed. Forward unchanged; parameters stay replicated plain tensors.
-    """
-
-    def __init__(self, *, rope_dim: int) -> None:
-        super().__init__()
-        self.rope_dim = rope_dim
-
-    @staticmethod
-    def _all_reduce_rope_grad(rope_dim, device_mesh, mod, inputs, output):
-        passthrough, rope = output.split([output.shape[-1] - rope_dim, rope_dim], dim=-1)
-        return torch.cat([passthrough, _all_reduce_grad(rope, device_mesh)], dim=-1)
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module.register_forward_hook(partial(self._all_reduce_rope_grad, self.rope_dim, device_mesh))
-        return module
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(rope_dim={self.rope_dim})"
-
-
 # Every style a plan may name. Keys are the class names written in plan files.
 STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
     cls.__name__: cls
@@ -228,6 +203,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         PackedColwiseParallel,
         PackedRowwiseParallel,
         MlaKvAProjParallel,
+        MlaAttentionParallel,
         ExpertsParallel,
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
@@ -450,6 +426,7 @@ __all__ = [
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
+    "MlaAttentionParallel",
     "MlaKvAProjParallel",
     "PackedColwiseParallel",
     "PackedRowwiseParallel",

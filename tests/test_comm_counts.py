@@ -162,3 +162,48 @@ def test_replicated_kv_heads_add_one_gradient_all_reduce_per_kv_parameter(fake_p
     if kv_params == 4:
         expected[kv_rows * 4] += 2 * 2
     assert Counter(size for op, size in b2.records if op == AR) == +expected
+
+
+# --- multi-head latent attention (DeepSeek-V2/V3): sharded by heads --------------------------------
+
+LATENT = ["deepseek_v3", "deepseek_v2"]  # V3 with a query latent, V2-Lite's shape without (q_proj)
+
+
+def _latent_sizes(name: str) -> dict[str, int]:
+    """Bytes of the per-layer attention reductions: the query input's, the KV latent's, the rope key's."""
+    c = dict(TINY[name])
+    query = c["q_lora_rank"] or c["hidden_size"]  # q_b_proj reads the query latent, q_proj the hidden state
+    return {"query": BATCH * SEQ * query * 4, "kv": BATCH * SEQ * c["kv_lora_rank"] * 4,
+            "rope": BATCH * SEQ * c["qk_rope_head_dim"] * 4}
+
+
+@pytest.mark.parametrize("name", LATENT)
+def test_latent_attention_layer_costs_one_all_reduce_forward_and_three_backward(fake_pg, name):
+    """Per DeepSeek layer (MLA + MoE with a shared expert), forward: o_proj's all-reduce and the MoE
+    block's, as a dense layer. Backward, attention: three reductions of activation gradients, the
+    query up-projection's input (column-parallel), the KV latent (kv_b_proj's input) and the shared
+    rope key (MlaAttentionParallel), each as small as the tensor it reduces; the replicated
+    down-projections' weight gradients then need none. MoE: the experts', the routing weights' and
+    the shared experts' input gradients."""
+    forward, backward, total_forward, total_backward = per_layer(name, False)
+    assert forward == {AR: 2}
+    assert backward == {AR: 3 + 3}
+    # Fixed: the embedding forward, the head backward; layer 0 is dense (first_k_dense_replace) and
+    # its gate and up reduce their input gradients one each under the MoE block's style: 3 + 2.
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: (3 + 2) + (3 + 3) + 1}
+    config, _, forward_step, backward_step = run_step(name, 2, False)
+    bsh, bsk = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_experts_per_tok * 4
+    assert sorted({size for _, size in forward_step.records}) == [bsh]
+    sizes = _latent_sizes(name)
+    moe_layer = sorted(size for _, size in backward_step.records[1:7])  # after the head's; the last layer first
+    assert moe_layer == sorted([sizes["query"], sizes["kv"], sizes["rope"], bsh, bsk, bsh])
+
+
+@pytest.mark.parametrize("name", LATENT)
+def test_latent_attention_under_sequence_parallel_gathers_once_per_block(fake_pg, name):
+    """Forward as a dense layer: one all-gather in and one reduce-scatter out per block. Backward: the
+    blocks' output gradients gathered; the attention's three reductions and the MoE block's stay
+    all-reduces (the down-projections take a local, whole input)."""
+    forward, backward, _, _ = per_layer(name, True)
+    assert forward == {AG: 2, RS: 2}
+    assert backward == {AG: 2, AR: 3 + 3}

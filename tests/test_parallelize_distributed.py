@@ -17,7 +17,7 @@ MULTIMODAL = [
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
-MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "gpt_oss"]
+MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss"]
 # Attention other than sdpa, for classes without it.
 ATTN = {"gpt_oss": "eager"}
 
@@ -57,7 +57,7 @@ def _cases():
     # gpt-oss: attention sinks split with the heads come back as the [heads] tensor.
     moe += [
         {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
-        for m in ("qwen2_moe", "llama-tied", "gpt_oss")
+        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2")
     ]
     cases += moe
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).

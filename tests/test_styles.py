@@ -520,7 +520,51 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
         diffs[f"mla_kv_a_proj/{impl}/grad_input"] = (
             x_local.grad - expected_grad_out @ reference.weight
         ).abs().max().item()
+    # MlaAttentionParallel on the attention module: the same reduction, the width read from the shapes.
+    attention = _LatentAttention(rope=rope, latent=6 - rope)
+    attention.kv_a_proj_with_mqa = make_copy(reference)
+    parallelize_module(attention, mesh, build_style("MlaAttentionParallel"))
+    x_local = x.clone().requires_grad_()
+    out = attention(x_local)
+    (out * cs[rank]).sum().backward()
+    diffs["MlaAttentionParallel/out"] = (out - reference(x)).abs().max().item()
+    diffs["MlaAttentionParallel/grad_input"] = (x_local.grad - expected_grad_out @ reference.weight).abs().max().item()
     return diffs
+
+
+class _LatentAttention(nn.Module):
+    """The latent projections of multi-head latent attention; forward returns kv_a_proj_with_mqa's output."""
+
+    def __init__(self, *, rope: int, latent: int, qk_rope_head_dim: int | None = None) -> None:
+        super().__init__()
+        self.kv_a_proj_with_mqa = nn.Linear(8, latent + rope)
+        self.kv_b_proj = nn.Linear(latent, 8)
+        self.weight = nn.Parameter(torch.zeros(8, 8))  # what the style-facts tests read
+        if qk_rope_head_dim is not None:
+            self.qk_rope_head_dim = qk_rope_head_dim
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.kv_a_proj_with_mqa(hidden_states)
+
+
+def test_mla_attention_reads_the_rope_width_from_the_module(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for rope, latent in ((2, 4), (3, 5)):  # two model sizes, one plan entry
+        m = _LatentAttention(rope=rope, latent=latent, qk_rope_head_dim=rope)
+        holder = nn.Module()
+        holder.attn = m
+        parallelize_module(holder, tp_mesh, {"attn": build_style("MlaAttentionParallel")})
+        (hook,) = m.kv_a_proj_with_mqa._forward_hooks.values()
+        assert hook.args[0] == rope
+        x = torch.randn(2, 8, requires_grad=True)
+        assert holder.attn(x).shape == (2, latent + rope) and placements(m.kv_a_proj_with_mqa.weight) == ()
+        assert collectives(lambda: holder.attn(x)) == {}
+        assert collectives(lambda: holder.attn(x).sum().backward()) == {"all_reduce": 1}
+    with pytest.raises(ValueError, match="no rope key of width 5"):
+        parallelize_module(_LatentAttention(rope=2, latent=4, qk_rope_head_dim=5), tp_mesh, build_style("MlaAttentionParallel"))
+    with pytest.raises(ValueError, match="multi-head latent attention module"):
+        parallelize_module(nn.Linear(4, 4), tp_mesh, build_style("MlaAttentionParallel"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -533,6 +577,8 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "PrepareModuleInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "MlaKvAProjParallel": {"rope_dim": 2},
 }
+# Styles that apply to one kind of module only, and that module.
+_MODULE_OF = {"MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6)}
 
 
 def _built(name: str):
@@ -610,9 +656,11 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     elif HEADS in facts.shard_dim:  # a style for a block's own per-head parameters only
         kinds = {HEADS: _HeadsBlock}
     else:
-        makers = {LINEAR: lambda: nn.Linear(8, 8), EMBEDDING: lambda: nn.Embedding(16, 8)}
-        # A sharding style on the module kinds it splits (a tied pair's ends take one kind each).
-        kinds = {k: makers[k] for k in (facts.shard_dim if facts.shards else makers)}
+        makers = {LINEAR: _MODULE_OF.get(name, lambda: nn.Linear(8, 8)), EMBEDDING: lambda: nn.Embedding(16, 8)}
+        if name in _MODULE_OF:  # a style for one module type only, on that module
+            kinds = {LINEAR: makers[LINEAR]}
+        else:  # a sharding style on the module kinds it splits (a tied pair's ends take one kind each)
+            kinds = {k: makers[k] for k in (facts.shard_dim if facts.shards else makers)}
     for kind, make in kinds.items():
         holder = nn.Module()
         holder.m = make()

@@ -333,3 +333,44 @@ def test_moe_under_sequence_parallel_gathers_once_per_block(fake_pg):
     # experts all-reduce their input gradient and the routing weights' (tests/test_comm_counts.py).
     forward, backward, _, _ = per_layer("qwen3_moe", True)
     assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 1, AR: 2}
+
+
+# --- multi-head latent attention -------------------------------------------------------------------
+
+
+def _attention_part(plan) -> tuple[set, set]:
+    return ({e for e in entry_set(plan) if ".self_attn" in e[0]},
+            {(r.pattern, r.why) for r in plan.replicated if ".self_attn" in r.pattern})
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v2", "deepseek_v2-lite"])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_synthesizer_rederives_the_hand_written_latent_attention(model_type, sequence_parallel):
+    if model_type == "deepseek_v2-lite":  # no query latent: q_proj reads the hidden state
+        from tiny_configs import build_tiny
+
+        model = build_tiny("deepseek_v2")
+    else:
+        model = meta(model_type)
+    synthesized = build_synthesized_plan(model, sequence_parallel)
+    hand_written = HAND_WRITTEN[type(model).__name__](model, sequence_parallel)
+    assert _attention_part(synthesized) == _attention_part(hand_written)
+    query = "q_proj" if model_type.endswith("lite") else "q_b_proj"
+    assert styles_of(synthesized)[f"model.layers.*.self_attn.{query}"] == "ColwiseParallel"
+    assert styles_of(synthesized)["model.layers.*.self_attn"] == "MlaAttentionParallel"
+
+
+@pytest.mark.parametrize("model_type", ["minicpm3", "glm4_moe_lite", "mistral4", "youtu"])
+def test_classes_with_deepseeks_latent_attention_get_it_sharded_by_heads(model_type):
+    plan = build_synthesized_plan(meta(model_type), False)
+    styles = styles_of(plan)
+    assert styles["model.layers.*.self_attn"] == "MlaAttentionParallel"
+    assert styles["model.layers.*.self_attn.kv_b_proj"] == "ColwiseParallel"
+    assert styles["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
+
+
+def test_latent_attention_with_a_sparse_indexer_stays_whole():
+    # DeepSeek-V3.2's indexer reads the query latent and picks keys: not part of the split by heads.
+    plan = build_synthesized_plan(meta("deepseek_v32"), False)
+    assert not any(".self_attn" in e.pattern for e in plan.entries)
+    assert "not recognised" in why_of(plan, "model.layers.*.self_attn")

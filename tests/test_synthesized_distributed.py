@@ -24,7 +24,9 @@ CLASSES = {
     "cohere": ("CohereForCausalLM", True),  # attention and MLP in parallel on one norm, logit scale
     "phi": ("PhiForCausalLM", False),  # biases, fc1/fc2, partial rotary, parallel residual
     "starcoder2": ("Starcoder2ForCausalLM", True),  # LayerNorm with bias, c_fc/c_proj
-    "deepseek_v3": ("DeepseekV3ForCausalLM", False),  # dense then MoE layers, shared experts, MLA replicated
+    # Dense then MoE layers, shared experts, multi-head latent attention by heads (DeepSeek-V3's layout;
+    # DeepSeek-V3 itself has a hand-written plan now).
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", False),
     "jamba": ("JambaForCausalLM", False),  # Mamba + attention layers, dense + MoE MLPs
     "lfm2": ("Lfm2ForCausalLM", True),  # w1/w2/w3, out_proj, q_layernorm: recognised by data flow
     "gemma": ("GemmaForCausalLM", True),  # scaled embeddings

@@ -73,3 +73,9 @@ TINY["gpt_oss"] = dict(
     model_type="gpt_oss", num_local_experts=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
     **MOE, **dict(COMMON, intermediate_size=16),
 )
+# DeepSeek-V2-Lite's shape: no query latent (q_proj straight from the hidden state), dense first layer.
+TINY["deepseek_v2"] = dict(
+    model_type="deepseek_v2", n_routed_experts=8, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1,
+    n_group=1, topk_group=1, topk_method="greedy", q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=4,
+    qk_nope_head_dim=8, v_head_dim=8, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
+)

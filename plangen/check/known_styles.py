@@ -172,6 +172,8 @@ STYLES: dict[str, StyleSpec] = {
             ),
         ),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
+        # PrepareModuleInput's arguments; the rope width is read from the module when applied.
+        _spec("MlaAttentionParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, True))),
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
         _spec(
             "PrepareAttentionInput",

@@ -51,7 +51,15 @@ DIMENSION_KEYS = {
     "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim"),
     "intermediate": ("intermediate_size",),
     "vocab": ("vocab_size",),
+    # Latent attention's low ranks: its sharded plan all-reduces gradients of B·S·rank.
+    "q_latent": ("q_lora_rank",),
+    "kv_latent": ("kv_lora_rank",),
 }
+# Base ranks of latent attention: odd and distinct, so the query and KV latents' gradients (and
+# nothing else) have the sizes they have; and an odd multiple of its head sizes, so the rope key's
+# gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
+BASE_Q_LATENT, BASE_KV_LATENT = 37, 29
+LATENT_HEAD_FACTOR = 3
 
 
 class PayloadCounter(CollectiveCounter):
@@ -156,6 +164,13 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
         text.vocab_size = units * tp_size
     if isinstance(getattr(text, "intermediate_size", None), int):
         text.intermediate_size = BASE_INTERMEDIATE_PER_RANK * tp_size
+    if isinstance(getattr(text, "kv_lora_rank", None), int):
+        text.kv_lora_rank = BASE_KV_LATENT
+        if isinstance(getattr(text, "q_lora_rank", None), int):
+            text.q_lora_rank = BASE_Q_LATENT
+        for key in DIMENSION_KEYS["head_dim"]:
+            if isinstance(getattr(text, key, None), int):
+                setattr(text, key, getattr(text, key) * LATENT_HEAD_FACTOR)
     return config
 
 

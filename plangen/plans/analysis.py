@@ -20,7 +20,9 @@ from torch import nn
 
 from plangen.plan import Replicated
 from plangen.plans.forward_source import BlockCall, read_block_call
+from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize import (
+    LatentBlock,
     ModelDims,
     MoeBlock,
     ShardedBlock,
@@ -38,7 +40,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str
-    block: ShardedBlock | MoeBlock
+    block: ShardedBlock | MoeBlock | LatentBlock
     call: BlockCall | None
 
 
@@ -201,6 +203,14 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
             for router in recognized.routers:
                 found.keep(f"{child_path}.{router}",
                            "the router sees every token on every rank: routing stays exact", "mlp")
+        elif isinstance(recognized, LatentBlock) and call is not None:
+            # Its style hands the replicated down-projections a local input: it must be where the layer calls it.
+            found.blocks.append(BlockPart(child_path, recognized, call))
+            _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
+            found.kept += kept
+        elif isinstance(recognized, LatentBlock):
+            found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
+                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call))
         elif call is None or call.outputs is None:

@@ -19,6 +19,7 @@ from plangen.moe_styles import expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
+from plangen.plans.latent import has_query_latent, latent_attention_entries
 
 # Names transformers gives the parts of a MoE block.
 SHARED_EXPERTS = ("shared_experts", "shared_expert")
@@ -56,6 +57,7 @@ def build_moe_decoder_plan(
     layer_norms: tuple[str, ...] = LLAMA_NORMS,
     per_head_norms: bool,
     block_outputs: int = 1,
+    latent_attention: bool = False,
 ) -> Plan:
     """``block_outputs``: how many values the MoE block returns (gpt-oss's: the hidden state and the
     router scores, which the layer drops): the first is reduced, the others pass through untouched."""
@@ -72,6 +74,14 @@ def build_moe_decoder_plan(
     # The dense plan's MLP entries assume a gate/up/down MLP in every layer: the MoE block replaces them.
     entries = [e for e in dense_plan.entries if not e.pattern.startswith(f"{layer}.mlp")]
     replicated = list(dense_plan.replicated)
+    if latent_attention:  # MLA replaces the dense plan's q/k/v/o entries
+        attention = f"{layer}.self_attn"
+        entries = [e for e in entries if not e.pattern.startswith(attention)]
+        latent, kept = latent_attention_entries(
+            attention, sequence_parallel=sp, query_latent=has_query_latent(model)
+        )
+        entries[1:1] = latent  # after the embedding, as the file groups them
+        replicated += kept
     shared, routers, gates, dense = _block_parts(model, f"{prefix}.layers")
 
     def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
@@ -162,3 +172,11 @@ def plan_gpt_oss(model: nn.Module, sequence_parallel: bool) -> Plan:
         for e in plan.entries
     )
     return replace(plan, entries=entries)
+
+
+@register_plan("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+def plan_deepseek(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Dense first layers, shared experts, and multi-head latent attention sharded by heads (with or
+    # without a query latent: V2-Lite has q_proj).
+    _check_experts(model)
+    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)

@@ -36,7 +36,8 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
-from plangen.plans.recognize import MoeBlock
+from plangen.plans.latent import latent_attention_entries
+from plangen.plans.recognize import LatentBlock, MoeBlock
 from plangen.plans.tied import tie_plan_entries
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
@@ -133,9 +134,20 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     return entries
 
 
+def _latent_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """Multi-head latent attention as the hand-written DeepSeek plans shard it, its input where the layer passes it."""
+    assert isinstance(part.block, LatentBlock) and part.call is not None
+    entries, _ = latent_attention_entries(part.path, sequence_parallel=sp, query_latent=part.block.query_latent)
+    first = entries[0]
+    prepared = dict(**_input_layouts(part.call, sp), use_local_output=True)
+    return [PlanEntry(first.pattern, first.style, prepared, first.group, first.why), *entries[1:]]
+
+
 def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if isinstance(part.block, MoeBlock):
         return _moe_entries(part, sp)
+    if isinstance(part.block, LatentBlock):
+        return _latent_entries(part, sp)
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call

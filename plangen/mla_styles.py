@@ -1,0 +1,118 @@
+"""Multi-head latent attention (MLA: DeepSeek-V2/V3 and the classes that copy their attention).
+
+MLA compresses the block input into small latents shared by every head and expands them per head::
+
+    q      = q_b_proj(q_a_layernorm(q_a_proj(x)))        (or q_proj(x) without q_lora_rank)
+    kv, kr = split(kv_a_proj_with_mqa(x), [kv_lora_rank, qk_rope_head_dim])
+    k, v   = kv_b_proj(kv_a_layernorm(kv)) per head;  every head's key ends with the one rope key kr
+    out    = o_proj(attention(q, [k, kr], v))
+
+Sharded by heads, the down-projections and their norms stay whole on every rank (small, shared by
+all heads), the up-projections are column-parallel, ``o_proj`` row-parallel. Column-parallel
+up-projections already sum their input gradient over TP; the rope key ``kr`` reaches the heads
+without one, so each rank's gradient of it covers its own heads only and must be summed:
+:class:`MlaKvAProjParallel` does that on ``kv_a_proj_with_mqa``'s output, given the rope width.
+
+A plan file must not carry the width: ``plangen verify --run`` checks the file on a shrunk model
+whose rope width differs, and a runtime that only calls ``parallelize_module`` (NeMo RL) would apply
+a wrong number silently. :class:`MlaAttentionParallel` is applied on the attention module instead,
+where the width is a fact of the module's own shapes (``kv_a_proj_with_mqa`` gives
+``kv_lora_rank + rope`` features, ``kv_b_proj`` reads ``kv_lora_rank``); it also prepares the
+block input, as ``PrepareModuleInput``, so the plan has one entry per attention module.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
+
+from plangen.moe_styles import _all_reduce_grad
+
+# transformers' names of MLA's latent projections (every MLA class in transformers 5.x).
+LATENT_KV_PROJ = "kv_a_proj_with_mqa"
+KV_UP_PROJ = "kv_b_proj"
+
+
+def _all_reduce_rope_grad(rope_dim: int, device_mesh: DeviceMesh, mod: nn.Module, inputs, output):
+    if not torch.is_grad_enabled() or rope_dim == 0:
+        return output
+    passthrough, rope = output.split([output.shape[-1] - rope_dim, rope_dim], dim=-1)
+    return torch.cat([passthrough, _all_reduce_grad(rope, device_mesh)], dim=-1)
+
+
+class MlaKvAProjParallel(ParallelStyle):
+    """Multi-head latent attention's ``kv_a_proj_with_mqa``: all-reduce the gradient of its rope tail.
+
+    transformers' ``mla_kv_a_proj``. The output is ``[kv_lora_rank + rope_dim]``; the first part
+    feeds ``kv_b_proj`` (colwise, whose input gradient DTensor already all-reduces), the last
+    ``rope_dim`` features go straight to the rank-local attention heads, so their gradient is partial
+    per rank and must be summed. Forward unchanged; parameters stay replicated plain tensors.
+    ``rope_dim`` is a model size: plan files use :class:`MlaAttentionParallel`, which reads it.
+    """
+
+    def __init__(self, *, rope_dim: int) -> None:
+        super().__init__()
+        self.rope_dim = rope_dim
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module.register_forward_hook(partial(_all_reduce_rope_grad, self.rope_dim, device_mesh))
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rope_dim={self.rope_dim})"
+
+
+def rope_width(attention: nn.Module) -> int:
+    """The width of MLA's shared rope key, from the attention module's own shapes."""
+    latent, up = getattr(attention, LATENT_KV_PROJ, None), getattr(attention, KV_UP_PROJ, None)
+    if not isinstance(latent, nn.Linear) or not isinstance(up, nn.Linear):
+        raise ValueError(
+            f"MlaAttentionParallel: {type(attention).__name__} has no nn.Linear {LATENT_KV_PROJ} and "
+            f"{KV_UP_PROJ}: apply it on a multi-head latent attention module"
+        )
+    width = latent.out_features - up.in_features
+    expected = getattr(attention, "qk_rope_head_dim", width)
+    if width < 0 or width != expected:
+        raise ValueError(
+            f"MlaAttentionParallel: {type(attention).__name__}.{LATENT_KV_PROJ} gives {latent.out_features} "
+            f"features and {KV_UP_PROJ} reads {up.in_features}: no rope key of width {expected} between them"
+        )
+    return width
+
+
+class MlaAttentionParallel(PrepareModuleInput):
+    """``PrepareModuleInput`` for a multi-head latent attention module, which also sums over TP the
+    gradient of its shared rope key (see the module docstring).
+
+    Takes ``PrepareModuleInput``'s arguments (the block input made whole and local for the
+    replicated down-projections: ``use_local_output=True``). When applied, it reads the rope width
+    from the module (:func:`rope_width`) and hooks ``kv_a_proj_with_mqa`` as
+    :class:`MlaKvAProjParallel` would: the plan file names no model size.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_output: bool = True,
+    ) -> None:
+        # The layouts are PrepareModuleInput's, passed on (its annotations are the contract).
+        super().__init__(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_output=use_local_output,
+        )
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        MlaKvAProjParallel(rope_dim=rope_width(module))._apply(getattr(module, LATENT_KV_PROJ), device_mesh)
+        return super()._apply(module, device_mesh)
