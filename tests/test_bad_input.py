@@ -205,7 +205,8 @@ def test_head_counts_of_a_config_whose_heads_vary_by_layer():
     assert head_counts(config) == (64, 64)
     assert tp_size_problem(config, 8, "Dots3NoteForCausalLM") is None
     assert tp_size_problem(config, 128, "Dots3NoteForCausalLM") == (
-        "num_attention_heads=64 is not divisible by the TP size 128: the largest legal TP size for Dots3NoteForCausalLM is 64"
+        "num_attention_heads=64 is not divisible by the TP size 128: the largest legal TP size for Dots3NoteForCausalLM"
+        " is 64 (also with KV heads replicated)"
     )
 
 
