@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-CHUNK_BYTES = 64 * 2**20
-"""Float32 bytes of one chunk of ``[tokens, V/tp]`` logits (64 MiB: 220 tokens of a 76k-wide shard);
-small enough to bound memory, large enough that the per-chunk Python work does not show."""
+CHUNK_BYTES = 32 * 2**20
+"""Float32 bytes of one chunk of ``[tokens, V/tp]`` logits (32 MiB: 110 tokens of a 76k-wide shard):
+small enough to bound memory, large enough that each op's fixed cost (Python, thread start-up, a
+kernel launch) does not show."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,6 @@ def _blocks(batch: int, tokens: int, chunk: int) -> Iterator[tuple[slice, slice]
                 yield slice(b, b + 1), slice(t, min(t + chunk, tokens))
 
 
-def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """One chunk as float32 logits / temperature (the input itself when it is already both)."""
-    x = logits.float()
-    return x if temperature == 1.0 else x / temperature
-
-
 class _VocabParallelStats(torch.autograd.Function):
     """``(log p(target), entropy)`` per token of ``softmax(logits / T)``, the vocabulary split over ``spec.group``.
 
@@ -80,13 +75,17 @@ class _VocabParallelStats(torch.autograd.Function):
         column = (target - spec.vocab_start).masked_fill(~inside, 0)
         lowest = torch.finfo(torch.float32).min
         for rows, cols in _blocks(batch, tokens, spec.chunk_tokens):
-            x = _scaled(local[rows, cols], spec.temperature)
-            # A row all -inf on this rank: a finite max keeps x - max at -inf (exp 0), never NaN.
-            row_max = x.amax(dim=-1).clamp_(min=lowest)
-            shifted = x - row_max.unsqueeze(-1)
+            x = local[rows, cols]
+            if spec.temperature != 1.0:
+                x = x.float() / spec.temperature
+            # The max in the logits' own dtype is exact; a row all -inf on this rank gets a finite max,
+            # which keeps x - max at -inf (exp 0), never NaN.
+            row_max = x.amax(dim=-1).float().clamp_(min=lowest)
             if spec.logprobs:
-                picked = x.gather(-1, column[rows, cols].unsqueeze(-1)).squeeze(-1)
+                picked = x.gather(-1, column[rows, cols].unsqueeze(-1)).squeeze(-1).float()
                 target_logit[rows, cols] = picked.masked_fill_(~inside[rows, cols], 0.0)
+            shifted = x - row_max.unsqueeze(-1)  # bf16 - float32: upcast and subtract in one pass
+            del x
             if spec.entropy:
                 shifted.clamp_(min=lowest)  # -inf logits: p = 0 and p * logit = 0, not 0 * inf
                 exp = shifted.exp()
@@ -95,7 +94,7 @@ class _VocabParallelStats(torch.autograd.Function):
                 exp = shifted.exp_()
             local_sum[rows, cols] = exp.sum(dim=-1)
             local_max[rows, cols] = row_max
-            del x, shifted, exp
+            del shifted, exp
 
         global_max = local_max
         if spec.group is not None:
@@ -131,21 +130,22 @@ class _VocabParallelStats(torch.autograd.Function):
         # d log p_y / d x_j = delta_jy - p_j;  d H / d x_j = -p_j (log p_j + H);  x = logits / T.
         # One output per call (the other is empty), so exactly one of the two gradients is given.
         if spec.logprobs:
-            coef = (grad_logprob * valid / spec.temperature).float()
-            hit = (coef * inside).unsqueeze(-1)
+            neg_coef = -(grad_logprob * valid / spec.temperature).float()
+            minus_one = -inside.float().unsqueeze(-1)
         else:
-            coef = (grad_entropy / spec.temperature).float()
+            neg_coef = -(grad_entropy / spec.temperature).float()
         for rows, cols in _blocks(batch, tokens, spec.chunk_tokens):
-            out = _scaled(local[rows, cols], spec.temperature) - logsumexp[rows, cols].unsqueeze(-1)  # log p
-            if spec.logprobs:
-                out.exp_().mul_(-coef[rows, cols].unsqueeze(-1))
-                out.scatter_add_(-1, column[rows, cols].unsqueeze(-1), hit[rows, cols])
-            else:
-                p = out.exp()
-                out.add_(entropy[rows, cols].unsqueeze(-1)).mul_(p).mul_(-coef[rows, cols].unsqueeze(-1))
-                del p
-            grad[rows, cols] = out
-            del out
+            x = local[rows, cols]
+            if spec.temperature != 1.0:
+                x = x.float() / spec.temperature
+            log_p = x - logsumexp[rows, cols].unsqueeze(-1)  # upcast and subtract in one pass
+            del x
+            if spec.logprobs:  # -coef * (p - one_hot(target))
+                out = log_p.exp_().scatter_add_(-1, column[rows, cols].unsqueeze(-1), minus_one[rows, cols])
+            else:  # -coef * p * (log p + H)
+                out = log_p.exp().mul_(log_p.add_(entropy[rows, cols].unsqueeze(-1)))
+            torch.mul(out, neg_coef[rows, cols].unsqueeze(-1), out=grad[rows, cols])  # scale and cast in one pass
+            del log_p, out
         return grad, None, None, None
 
 

@@ -220,7 +220,7 @@ class NewTensors(torch.utils._python_dispatch.TorchDispatchMode):
         self.allocated: list[tuple[torch.dtype, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if any(t is not torch.Tensor and t is not torch.nn.Parameter for t in types):
+        if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # a DTensor: let it run, then see its local ops
         out = func(*args, **(kwargs or {}))
         inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
