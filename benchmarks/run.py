@@ -1,6 +1,6 @@
 """plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
 
-    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe] [--markdown PATH]
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,loss] [--markdown PATH]
 
 1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
    (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
@@ -8,7 +8,10 @@
    ``parallelize_model`` vs transformers' ``DistributedConfig(tp_size=2, fsdp_size=2)`` (``step_time.py``);
 4. cli: ``plangen init`` and ``plangen verify`` wall time vs their import floor (``cli_speed.py``);
 5. moe: memory per rank against the ideal and TP traffic of Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3
-   and gpt-oss-120b at TP 2, 4, 8 x DP 2, plangen vs the Hugging Face plan (``moe_memory.py``).
+   and gpt-oss-120b at TP 2, 4, 8 x DP 2, plangen vs the Hugging Face plan (``moe_memory.py``);
+6. loss: peak memory and time of the loss on vocabulary-parallel logits (bf16, 8192 tokens, vocabulary
+   151,936, TP 2): a naive full-vocabulary log_softmax, the previous cross-entropy, the chunked one
+   (``loss_memory.py``).
 
 ``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
 results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
@@ -29,7 +32,7 @@ if str(HERE) not in sys.path:
 
 from common import Section, render_section_markdown, render_section_text  # noqa: E402
 
-SECTIONS = ("comm", "step", "cli", "moe")
+SECTIONS = ("comm", "step", "cli", "moe", "loss")
 
 
 def run_sections(names: list[str], quick: bool) -> list[Section]:
@@ -55,6 +58,10 @@ def run_sections(names: list[str], quick: bool) -> list[Section]:
             from moe_memory import run_moe_benchmark
 
             sections.append(run_moe_benchmark(quick))
+        elif name == "loss":
+            from loss_memory import run_loss_benchmark
+
+            sections.append(run_loss_benchmark(quick))
     return sections
 
 
