@@ -45,9 +45,7 @@ class CollectiveCounter(CommDebugMode):
         if packet in self.comm_registry or packet in c10d_collective_ops:
             packet = NATIVE_TO_PY_MAPPING.get(packet, packet)
             result = out[0] if isinstance(out, (tuple, list)) else out
-            # c10d ops (dist.all_reduce) return ([tensors], work): their size is the tensors'.
-            tensors = result if isinstance(result, (tuple, list)) else [result]
-            size = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+            size = result.numel() * result.element_size() if isinstance(result, torch.Tensor) else 0
             self.records.append((_short_name(packet), size))
         return out
 

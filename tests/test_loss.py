@@ -107,13 +107,13 @@ def check_against_float64(kind, logits, targets, weights, temperature, chunk_siz
 
     ``shard(leaf)``: the logits as the function takes them (a DTensor for TP); ``gather(grad)``: the
     leaf's gradient made whole."""
-    from plangen.comm import CollectiveCounter
+    from plangen.cost.measure import PayloadCounter  # CommDebugMode's counts, and c10d collectives' bytes
 
     leaf = logits.clone().requires_grad_()
     sharded = shard(leaf) if shard else leaf
-    with CollectiveCounter() as forward:
+    with PayloadCounter() as forward:
         got = ours(kind, sharded[:, :-1], targets, temperature, chunk_size)
-    with CollectiveCounter() as backward:
+    with PayloadCounter() as backward:
         (got * weights if got.ndim else got).sum().backward()
     grad = gather(leaf.grad) if gather else leaf.grad
 
