@@ -1,6 +1,6 @@
 """plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
 
-    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step] [--markdown PATH]
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step,loss] [--markdown PATH]
 
 1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
    (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
@@ -11,6 +11,9 @@
    and gpt-oss-120b at TP 2, 4, 8 x DP 2, plangen vs the Hugging Face plan (``moe_memory.py``);
 6. moe_step and 7.: step time and peak memory per rank as 2 and 3, for a small Qwen3-MoE: plangen's
    experts split whole over TP vs transformers' ``moe_tp_experts`` (``step_time.py``).
+8. loss: peak memory and time of the loss on vocabulary-parallel logits (bf16, 8192 tokens, vocabulary
+   151,936, TP 2): a naive full-vocabulary log_softmax, the previous cross-entropy, the chunked one
+   (``loss_memory.py``).
 
 ``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
 results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
@@ -31,7 +34,7 @@ if str(HERE) not in sys.path:
 
 from common import Section, render_section_markdown, render_section_text  # noqa: E402
 
-SECTIONS = ("comm", "step", "cli", "moe", "moe_step")
+SECTIONS = ("comm", "step", "cli", "moe", "moe_step", "loss")
 
 
 def run_sections(names: list[str], quick: bool) -> list[Section]:
@@ -61,6 +64,10 @@ def run_sections(names: list[str], quick: bool) -> list[Section]:
             from step_time import run_step_benchmark
 
             sections.extend(run_step_benchmark(quick, kind="moe"))
+        elif name == "loss":
+            from loss_memory import run_loss_benchmark
+
+            sections.append(run_loss_benchmark(quick))
     return sections
 
 

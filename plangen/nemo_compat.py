@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
-from plangen.loss import vocab_parallel_cross_entropy
+from plangen.loss import vocab_parallel_logprobs
 from plangen.plan_checks import resolve_tied_styles
 from plangen.plans.choice import choose_plan
 
@@ -95,17 +95,16 @@ def get_logprobs_from_vocab_parallel_logits(
     """Log-probability of each next token, ``[batch, seq - 1]``, from vocabulary-sharded logits.
 
     NeMo RL 0.3's name: ``logprobs[:, t] = log softmax(logits[:, t])[input_ids[:, t + 1]]``, computed
-    on each rank's vocabulary slice with two small all-reduces (:mod:`plangen.loss`), the vocabulary
-    never gathered. Plain (unsharded) logits work too. Context-parallel logits (``seq_index``) are
-    not supported.
+    on each rank's vocabulary slice in chunks of tokens with two small all-reduces
+    (:func:`plangen.loss.vocab_parallel_logprobs`), the vocabulary never gathered. Plain (unsharded)
+    logits work too. Context-parallel logits (``seq_index``) are not supported.
     """
     if seq_index is not None:
         raise NotImplementedError("get_logprobs_from_vocab_parallel_logits: context parallel (seq_index) is not supported")
     if isinstance(input_ids, DTensor):
         input_ids = input_ids.full_tensor()
     targets = input_ids[:, 1:]
-    losses = vocab_parallel_cross_entropy(vocab_parallel_logits[:, :-1], targets, reduction="none")
-    return -losses.reshape(targets.shape)
+    return vocab_parallel_logprobs(vocab_parallel_logits[:, :-1], targets)
 
 
 __all__ = [

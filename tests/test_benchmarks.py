@@ -24,7 +24,7 @@ def bench():
     try:
         yield {
             name: importlib.import_module(name)
-            for name in ("run", "common", "comm_bytes", "step_time", "cli_speed", "moe_memory")
+            for name in ("run", "common", "comm_bytes", "step_time", "cli_speed", "moe_memory", "loss_memory")
         }
     finally:
         sys.path.remove(str(BENCHMARKS))
@@ -53,6 +53,26 @@ def test_quick_moe_benchmark_meets_its_goals(fake_pg, bench):
     [row] = section.rows
     assert row[:3] == ["Qwen3-30B-A3B", "2", "hand-written"] and float(row[5].rstrip("x")) <= 1.05
     assert row[6] == "cannot run" and any("Hugging Face plan cannot run" in note for note in section.notes)
+
+
+def test_quick_loss_benchmark_meets_its_memory_goal(fake_pg, bench):
+    """On fake tensors (no memory used, exact bytes): at 8192 tokens and a 151,936 vocabulary at TP 2, the
+    previous cross-entropy peaks at three float32 copies of the rank's logits (upcast, shifted, exp), the
+    naive one at twice that; the chunked one at the bf16 gradient, two float32 chunks and a few values
+    per token."""
+    import plangen.loss
+
+    loss, gib = bench["loss_memory"], bench["common"].format_gib
+    section = loss.run_loss_benchmark(quick=True)
+    assert_goals_met(section)
+    shard = loss.TOKENS * (loss.VOCAB // loss.TP)
+    naive, today, chunked = section.rows
+    assert naive[1] == f"{gib(6 * 4 * shard)} (fake tensors)" and naive[3] == gib(2 * 4 * shard)
+    assert today[1] == f"{gib(3 * 4 * shard)} (fake tensors)" and today[3] == gib(4 * shard)
+    peak, largest, _, _ = loss.measure("chunked", loss.TOKENS, fake=True)
+    assert 2 * shard < peak <= 2 * shard + 2 * plangen.loss.CHUNK_BYTES + 64 * loss.TOKENS
+    assert largest <= plangen.loss.CHUNK_BYTES
+    assert chunked[1] == f"{gib(peak)} (fake tensors)"
 
 
 def test_megatron_minimum_formula(bench):
