@@ -190,13 +190,16 @@ def render_plan_module(
 def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool) -> bool:
     """Whether the file at ``path`` is a plan generated for ``spec`` with these settings: rendering
     may then give its very text (left alone), which only the write can tell."""
-    from plangen.check.static import read_plan_metadata
-    from plangen.models import resolve_recorded_spec
-
     try:
-        recorded = read_plan_metadata(path) if path.is_file() else {}
+        if not path.is_file():
+            return False
+        from plangen.check.static import read_plan_metadata  # libcst: only when there is a file to read
+
+        recorded = read_plan_metadata(path)
     except OSError:
         return False
+    from plangen.models import resolve_recorded_spec
+
     model = recorded.get("PLANGEN_MODEL")
     if not isinstance(model, str):
         return False
