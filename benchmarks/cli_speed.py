@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from common import Goal, Section, format_ratio
+from floor_timing import best_of
 
 HERE = Path(__file__).resolve().parent
 GOAL = 1.2  # init_speed.py's --goal and verify_speed.py's --budget defaults
@@ -32,16 +33,6 @@ def load_benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def best_of(timed, commands: list[list[str]], repeat: int) -> list[tuple[float, float]]:
-    """Per command, the smallest (CPU, wall) seconds over ``repeat`` interleaved rounds."""
-    best = [(float("inf"), float("inf"))] * len(commands)
-    for _ in range(repeat):
-        for i, command in enumerate(commands):
-            cpu, wall = timed(command)
-            best[i] = (min(best[i][0], cpu), min(best[i][1], wall))
-    return best
 
 
 def run_cli_benchmark(quick: bool = False, timed: Callable[[list[str]], tuple[float, float]] | None = None) -> Section:
