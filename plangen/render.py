@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from plangen.errors import one_line
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
+from plangen.style_facts import EXPERTS, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -239,23 +239,11 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _module_kind(module: "nn.Module") -> str | None:
-    from torch import nn
-
-    if isinstance(module, nn.Embedding):
-        return EMBEDDING
-    if isinstance(module, nn.Linear):
-        return LINEAR
-    from plangen.moe_styles import expert_count
-
-    return EXPERTS if expert_count(module) else None
-
-
 def _weight_shape(module: "nn.Module") -> tuple[int, ...] | None:
     import torch
 
     weight = getattr(module, "weight", None)
-    if weight is None and _module_kind(module) == EXPERTS:  # packed experts: their first 3-D weight
+    if weight is None and module_kind(module) == EXPERTS:  # packed experts: their first 3-D weight
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
@@ -264,7 +252,7 @@ def _count_by_kind(modules: list["nn.Module"]) -> list[tuple[int, str, tuple[int
     """(count, type name, weight shape, kind) per distinct (type, shape), in first-seen order."""
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
     for module in modules:
-        key = (type(module).__name__, _weight_shape(module), _module_kind(module))
+        key = (type(module).__name__, _weight_shape(module), module_kind(module))
         counts[key] = counts.get(key, 0) + 1
     return [(n, name, shape, kind) for (name, shape, kind), n in counts.items()]
 

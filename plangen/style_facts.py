@@ -33,6 +33,7 @@ PLANGEN_STYLES = "plangen.styles"
 LINEAR = "linear"
 EMBEDDING = "embedding"
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
+NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
+        StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -162,8 +165,8 @@ def _module_home(module: str) -> str | None:
     # torch defines its styles in torch.distributed.tensor.parallel.style and exports them one level up.
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
-    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles).
-    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles") else None
+    # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles, plangen.norm_styles).
+    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles", "plangen.norm_styles") else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:
@@ -178,16 +181,34 @@ def style_kind(style: "ParallelStyle") -> str:
     return facts.role if facts is not None else "other"
 
 
-def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | None:
-    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
+def module_kind(module: "nn.Module") -> str | None:
+    """The kind of module a style splits (:data:`LINEAR`, :data:`EMBEDDING`, :data:`EXPERTS`,
+    :data:`NORM`), None for any other."""
     from torch import nn
 
+    if isinstance(module, nn.Embedding):
+        return EMBEDDING
+    if isinstance(module, nn.Linear):
+        return LINEAR
+    from plangen.moe_styles import expert_count
+
+    if expert_count(module):
+        return EXPERTS
+    own = [p for _, p in module.named_parameters(recurse=False)]
+    if own and all(p.dim() == 1 for p in own) and not any(True for c in module.children() for _ in c.parameters()):
+        return NORM
+    return None
+
+
+def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | None:
+    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
     if style is None:
         return "plain"
     facts = facts_of(style)
     if facts is None:
         return None
-    return facts.weight_layout(EMBEDDING if isinstance(module, nn.Embedding) else LINEAR)
+    kind = module_kind(module)
+    return facts.weight_layout(kind if kind in (EMBEDDING, NORM) else LINEAR)
 
 
 def placement_from_text(text: str) -> "Placement":

@@ -37,6 +37,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
+from plangen.norm_styles import ShardedNormParallel
 
 
 class RotaryEmbedParallel(SequenceParallel):
@@ -315,6 +316,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         ExpertsParallel,
         AllReduceOutputGrad,
+        ShardedNormParallel,
     )
 }
 
@@ -534,6 +536,7 @@ __all__ = [
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
     "Replicate",
+    "ShardedNormParallel",
     "Shard",
     "UnsupportedStyleError",
     "build_style",

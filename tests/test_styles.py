@@ -537,11 +537,13 @@ class _PackedExperts(nn.Module):
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS
+    from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, NORM, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
+    elif NORM in facts.shard_dim:  # a style for norms only
+        kinds = {NORM: lambda: nn.LayerNorm(8)}
     else:
         kinds = {LINEAR: lambda: nn.Linear(8, 8)}
         if not facts.shards or EMBEDDING in facts.shard_dim:
