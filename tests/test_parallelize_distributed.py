@@ -16,7 +16,7 @@ MULTIMODAL = [
     "Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
-MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
+MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "olmo2", "olmo3"]
 MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
 
 
@@ -44,8 +44,11 @@ def _cases():
     moe = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MOE_MODELS for sp in (False, True)]
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
-    moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied")]
+    moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied", "olmo2")]
     cases += moe
+    # A runtime that only calls parallelize_module then fully_shard (NeMo RL's): plangen's own styles
+    # need nothing else (OLMo-2's norms over the whole projection).
+    cases += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.

@@ -136,13 +136,16 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 
     model_state = {k: v.detach().clone() for k, v in model.state_dict().items()} if case.get("state_dict") else None
     plan = build_case_plan(case, model)
-    sharded = parallelize_model(
-        model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
-        sequence_parallel=case.get("sp", False),
-        activation_checkpointing=case.get("ac", False),
-        cpu_offload=case.get("cpu_offload", False),
-        custom_parallel_plan=plan,
-    )
+    if case.get("bare"):
+        sharded = parallelize_bare(model, dp_mesh, tp_mesh, case.get("sp", False))
+    else:
+        sharded = parallelize_model(
+            model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
+            sequence_parallel=case.get("sp", False),
+            activation_checkpointing=case.get("ac", False),
+            cpu_offload=case.get("cpu_offload", False),
+            custom_parallel_plan=plan,
+        )
     state_dict = check_state_dict_round_trip(sharded, model_state) if case.get("state_dict") else None
     with CollectiveCounter() as forward:
         out = sharded(input_ids=ids[rows], attention_mask=mask[rows])
@@ -188,6 +191,21 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "routes": routed,
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
+
+
+def parallelize_bare(model: torch.nn.Module, dp_mesh, tp_mesh, sequence_parallel: bool) -> torch.nn.Module:
+    """A runtime that knows nothing of plangen (NeMo RL's): torch's parallelize_module with the
+    class's plan, then fully_shard on each layer and the root; no checks, no re-tie, no hooks."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.module_tree import find_transformer_layers
+    from plangen.plans.choice import choose_plan
+
+    parallelize_module(model, tp_mesh, choose_plan(model, sequence_parallel).build_styles())
+    for layer in find_transformer_layers(model):
+        fully_shard(layer, mesh=dp_mesh)
+    return fully_shard(model, mesh=dp_mesh)
 
 
 def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, torch.Tensor]) -> dict[str, Any]:
