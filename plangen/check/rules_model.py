@@ -36,6 +36,7 @@ from plangen.styles import (
     PackedColwiseParallel,
     PackedRowwiseParallel,
     ReplicatedWithGradAllReduce,
+    ShardedNormParallel,
 )
 
 # --- what a style does, in the few words the rules need ---------------------------------------
@@ -124,6 +125,14 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
                 f" 5.x), not {what}"
             )
         return None
+    if isinstance(style, ShardedNormParallel):
+        from plangen.norm_styles import resolve_norm_math
+
+        try:
+            resolve_norm_math(module)
+        except ValueError as err:
+            return f"`{name}` shards a norm over its last dim and sums its statistics over TP: {err}"
+        return None
     if isinstance(style, (PackedColwiseParallel, PackedRowwiseParallel, MlaKvAProjParallel)):
         if not isinstance(module, nn.Linear):
             return f"`{name}` shards nn.Linear only, not {what}"
@@ -209,6 +218,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
             return [("out_features", module.out_features, split)]
         if isinstance(style, RowwiseParallel) and takes_local_shard(style):
             return [("in_features", module.in_features, split)]
+    if isinstance(style, ShardedNormParallel) and isinstance(getattr(module, "weight", None), nn.Parameter):
+        return [("normalized width", module.weight.shape[0], 1)]  # local slices of the projection's output
     if isinstance(module, nn.Embedding) and isinstance(style, ColwiseParallel) and leaves_local_shard(style):
         return [("embedding_dim", module.embedding_dim, 1)]
     return []
