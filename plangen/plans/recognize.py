@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
+from plangen.plans.forward_source import BlockCall, read_applied_to, read_block_call, read_input_readers
 
 
 @dataclass(frozen=True)
@@ -101,12 +101,15 @@ class ShardedBlock:
 
     ``per_head_norms`` are norms of one head's width applied after the column-parallel projections:
     each rank sees only its heads, so their weight gradient must be summed over TP.
+    ``projection_norms`` are norms over a whole column-parallel projection's output (OLMo-2): sharded
+    with its heads, their statistics summed over TP.
     """
 
     kind: str  # "attention" | "mlp"
     colwise: tuple[str, ...]
     rowwise: str
     per_head_norms: tuple[str, ...] = ()
+    projection_norms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,16 +191,19 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
-    if whole:
-        return KeptBlock(
-            "attention",
-            f"norm {whole[0]} spans the whole projection output (all heads): on a rank that holds "
-            "only its heads it would normalise over the wrong values (OLMo-2 style)",
-        )
-    unknown = _unexpected_children(block, {*reading, *outputs, *per_head})
+    for norm in whole:
+        # Sharded with its projection only when it is applied straight to that projection's output.
+        projection = read_applied_to(type(block)).get(norm)
+        if projection not in reading or not is_per_feature(getattr(block, norm), reading[projection].out_features):
+            return KeptBlock(
+                "attention",
+                f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
+                "column-parallel projection's output, so it cannot be sharded with its heads",
+            )
+    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head))
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), tuple(whole))
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
