@@ -46,9 +46,9 @@ def _cases():
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
     moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied", "olmo2")]
     cases += moe
-    # A runtime that only calls parallelize_module then fully_shard (NeMo RL's): plangen's own styles
-    # need nothing else (OLMo-2's norms over the whole projection).
-    cases += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
+    # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
+    # own styles need nothing else (OLMo-2's norms over the whole projection).
+    extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
