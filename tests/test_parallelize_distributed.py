@@ -28,7 +28,7 @@ def _cases():
         {"name": "qwen3-custom-file", "model": "qwen3", "plan": "tests/custom_plans.py:qwen3_plan_function"},
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
         {"name": "llama-cpu-offload", "model": "llama", "cpu_offload": True},
-        *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3")),
+        *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3", "olmo2")),
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
