@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, STYLE_FACTS, layout_defaults
+from plangen.style_facts import EXPERTS, HEADS, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -245,23 +245,6 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def _module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
-    """The kind of module a style splits; ``by_heads``: the style splits a block's own per-head
-    parameters (gpt-oss attention's sinks), so such a block is one of that kind."""
-    from torch import nn
-
-    if isinstance(module, nn.Embedding):
-        return EMBEDDING
-    if isinstance(module, nn.Linear):
-        return LINEAR
-    from plangen.attention_styles import head_parameters
-    from plangen.moe_styles import expert_count
-
-    if expert_count(module):
-        return EXPERTS
-    return HEADS if by_heads and head_parameters(module) else None
-
-
 def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | None:
     import torch
 
@@ -281,7 +264,7 @@ def _count_by_kind(
     """(count, type name, weight shape, kind) per distinct (type, shape), in first-seen order."""
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
     for module in modules:
-        kind = _module_kind(module, by_heads)
+        kind = module_kind(module, by_heads)
         key = (type(module).__name__, _weight_shape(module, kind), kind)
         counts[key] = counts.get(key, 0) + 1
     return [(n, name, shape, kind) for (name, shape, kind), n in counts.items()]

@@ -34,6 +34,7 @@ LINEAR = "linear"
 EMBEDDING = "embedding"
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
+NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
         StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}),
+        # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
+        StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -204,6 +207,8 @@ PLANGEN_STYLE_MODULES = (
     "plangen.tied_styles",
     "plangen.kv_styles",
     "plangen.attention_styles",
+    "plangen.mla_styles",
+    "plangen.norm_styles",
 )
 
 
@@ -227,16 +232,38 @@ def style_kind(style: "ParallelStyle") -> str:
     return facts.role if facts is not None else "other"
 
 
-def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | None:
-    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
+def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
+    """The kind of module a style splits (:data:`LINEAR`, :data:`EMBEDDING`, :data:`EXPERTS`,
+    :data:`NORM`), None for any other. ``by_heads``: the style splits a block's own per-head
+    parameters (gpt-oss attention's sinks), so such a block is of kind :data:`HEADS`."""
     from torch import nn
 
+    if isinstance(module, nn.Embedding):
+        return EMBEDDING
+    if isinstance(module, nn.Linear):
+        return LINEAR
+    from plangen.attention_styles import head_parameters
+    from plangen.moe_styles import expert_count
+
+    if expert_count(module):
+        return EXPERTS
+    if by_heads and head_parameters(module):
+        return HEADS
+    own = [p for _, p in module.named_parameters(recurse=False)]
+    if own and all(p.dim() == 1 for p in own) and not any(True for c in module.children() for _ in c.parameters()):
+        return NORM
+    return None
+
+
+def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | None:
+    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
     if style is None:
         return "plain"
     facts = facts_of(style)
     if facts is None:
         return None
-    return facts.weight_layout(EMBEDDING if isinstance(module, nn.Embedding) else LINEAR)
+    kind = module_kind(module)
+    return facts.weight_layout(kind if kind in (EMBEDDING, NORM) else LINEAR)
 
 
 def placement_from_text(text: str) -> "Placement":

@@ -36,10 +36,11 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.attention_styles import AttentionSinksParallel
+from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
+from plangen.norm_styles import ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
     LeaveUnsharded,
@@ -211,6 +212,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         PrepareAttentionInput,
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
+        ShardedNormParallel,
     )
 }
 
@@ -434,6 +436,7 @@ __all__ = [
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
     "Replicate",
+    "ShardedNormParallel",
     "Shard",
     "TiedEmbeddingParallel",
     "TiedHeadParallel",

@@ -40,6 +40,7 @@ WRONG_AT = {
     "PG210": [(7, 40)],
     "PG211": [(7, 27)],
     "PG212": [(5, 5)],
+    "PG213": [(8, 5), (10, 5)],
 }
 
 
@@ -89,6 +90,7 @@ def test_generated_plan_is_clean_against_its_model(path):
 LLAMA = (ROOT / "generated" / "llama_plan.py").read_text()
 LLAMA_SP = (ROOT / "generated" / "llama_sp_plan.py").read_text()
 QWEN3 = (ROOT / "generated" / "qwen3_plan.py").read_text()
+OLMO2 = (ROOT / "generated" / "olmo2_plan.py").read_text()
 
 
 def _edit(text: str, old: str, new: str) -> str:
@@ -219,6 +221,36 @@ def test_per_head_norms_need_their_gradient_summed(tmp_path):
     found = _verify(tmp_path, plan).diagnostics
     assert [(d.code, d.line, d.col) for d in found] == [("PG207", _line_of(plan, '"model.layers.*.self_attn.k_proj"'), 5)]
     assert "ReplicatedWithGradAllReduce()" in found[0].message
+
+
+@pytest.mark.parametrize("style", ["ReplicatedWithGradAllReduce", "AllReduceParamGrads"])
+def test_whole_projection_norm_given_another_style_is_flagged_at_its_entry(tmp_path, style):
+    key = '"model.layers.*.self_attn.q_norm"'
+    plan = _edit(OLMO2, f"{key}: ShardedNormParallel()", f"{key}: {style}()")
+    plan = _edit(plan, "from plangen.styles import ShardedNormParallel", f"from plangen.styles import ShardedNormParallel, {style}")
+    found = _verify(tmp_path, plan).diagnostics
+    assert [(d.code, d.line, d.col) for d in found] == [("PG213", _line_of(plan, key), 5)]
+    assert f"`{style}` would normalise each rank's heads alone" in found[0].message
+
+
+def test_whole_projection_norm_left_replicated_is_flagged_at_its_projection(tmp_path):
+    plan = _drop(OLMO2, "model.layers.*.self_attn.k_norm")
+    found = _verify(tmp_path, plan).diagnostics
+    assert [(d.code, d.line, d.col) for d in found] == [("PG213", _line_of(plan, '"model.layers.*.self_attn.k_proj"'), 5)]
+    assert '`"model.layers.*.self_attn.k_norm": ShardedNormParallel()`' in found[0].message
+
+
+def test_sharded_norm_without_its_column_parallel_projection_is_flagged(tmp_path):
+    plan = _drop(OLMO2, "model.layers.*.self_attn.k_proj")
+    found = [(d.code, d.line) for d in _verify(tmp_path, plan).diagnostics if d.code == "PG213"]
+    assert found == [("PG213", _line_of(plan, '"model.layers.*.self_attn.k_norm"'))]
+
+
+def test_sharded_norm_on_a_module_that_is_no_norm_does_not_fit(tmp_path):
+    plan = _edit(OLMO2, '"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)', '"model.embed_tokens": ShardedNormParallel()')
+    found = [d for d in _verify(tmp_path, plan).diagnostics if d.code == "PG203"]
+    assert [(d.line, d.col) for d in found] == [(_line_of(plan, '"model.embed_tokens"'), 27)]
+    assert "Embedding has no 1-D weight of its own" in found[0].message
 
 
 GEMMA3 = (ROOT / "generated" / "gemma3_text_plan.py").read_text()

@@ -522,3 +522,17 @@ def test_replicated_kv_weights_are_counted_per_rank(fake_pg):
     memory = build_memory_cost(list(shards.values()), settings)
     assert memory.local_parameters == (whole - replicated) // 4 + replicated // 2
     assert memory.replicated == 4 * 4 * replicated // 2  # parameter, gradient, 2 AdamW states; fp32
+
+
+def test_olmo2_1b_whole_projection_norms_bring_memory_to_the_ideal(fake_pg):
+    """OLMo-2-1B's q/k norms span the whole projection: sharded with their heads, nothing but the
+    residual norms stays whole (was 1.18x the ideal with attention replicated), for one all-reduce of
+    B·S values per norm each way."""
+    from pathlib import Path
+
+    config = Path(__file__).parent / "data" / "model-configs" / "olmo-2-1b.json"
+    plan = build_cost_report(str(config), tp_size=2, dp_size=2).plans[0]
+    assert plan.name == "hand-written"
+    assert plan.memory.total <= 1.001 * plan.memory.ideal
+    small = {(c.phase, c.count) for c in plan.collectives if c.source == "TP" and c.tensor == "B·S" and c.scope == "per layer"}
+    assert small == {("forward", 2 * 16), ("backward", 2 * 16)}

@@ -16,7 +16,7 @@ MULTIMODAL = [
     "Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
-MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
+MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "olmo2", "olmo3"]
 MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss"]
 # Attention other than sdpa, for classes without it.
 ATTN = {"gpt_oss": "eager"}
@@ -30,7 +30,7 @@ def _cases():
         {"name": "qwen3-custom-file", "model": "qwen3", "plan": "tests/custom_plans.py:qwen3_plan_function"},
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
         {"name": "llama-cpu-offload", "model": "llama", "cpu_offload": True},
-        *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3")),
+        *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3", "olmo2")),
         # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.fsdp_shard).
         {"name": "mixtral-2-experts-state-dict", "model": "mixtral-2-experts", "state_dict": True},
         {"name": "mixtral-2-experts-sp", "model": "mixtral-2-experts", "sp": True},
@@ -57,9 +57,12 @@ def _cases():
     # gpt-oss: attention sinks split with the heads come back as the [heads] tensor.
     moe += [
         {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
-        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2")
+        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2")
     ]
     cases += moe
+    # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
+    # own styles need nothing else (OLMo-2's norms over the whole projection).
+    extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.

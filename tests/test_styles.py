@@ -648,13 +648,15 @@ class _HeadsBlock(nn.Module):
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, STYLE_FACTS
+    from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, NORM, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
     elif HEADS in facts.shard_dim:  # a style for a block's own per-head parameters only
         kinds = {HEADS: _HeadsBlock}
+    elif NORM in facts.shard_dim:  # a style for norms only
+        kinds = {NORM: lambda: nn.LayerNorm(8)}
     else:
         makers = {LINEAR: _MODULE_OF.get(name, lambda: nn.Linear(8, 8)), EMBEDDING: lambda: nn.Embedding(16, 8)}
         if name in _MODULE_OF:  # a style for one module type only, on that module

@@ -124,14 +124,23 @@ def test_forward_source_reader():
 # --- what cannot be sharded stays replicated, with the reason -----------------------------------
 
 
-def test_olmo2_whole_projection_norms_keep_attention_replicated():
-    model = meta("olmo2")
-    plan = build_synthesized_plan(model, False)
-    assert not any(p.startswith("model.layers.*.self_attn") for p in styles_of(plan))
-    assert "OLMo-2" in why_of(plan, "model.layers.*.self_attn")
-    assert styles_of(plan)["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
-    # Under sequence parallel the replicated block gets the whole sequence and keeps its shard of the output.
-    assert styles_of(build_synthesized_plan(model, True))["model.layers.*.self_attn"] == "PrepareModuleInputOutput"
+@pytest.mark.parametrize("model_type", ["olmo2", "olmoe", "flex_olmo", "minimax_m2"])
+def test_whole_projection_norms_are_sharded_with_their_heads(model_type):
+    model = meta(model_type)
+    for sp in (False, True):
+        styles = styles_of(build_synthesized_plan(model, sp))
+        assert styles["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
+        assert styles["model.layers.*.self_attn.q_norm"] == "ShardedNormParallel"
+        assert styles["model.layers.*.self_attn.k_norm"] == "ShardedNormParallel"
+        assert styles["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
+
+
+def test_a_whole_projection_norm_not_applied_to_a_projection_keeps_attention_replicated():
+    """BitNet's attn_sub_norm spans all heads but normalises the attention output, not a projection's."""
+    from plangen.plans.analysis import analyze_model
+
+    kept = {k.pattern: k.why for k in analyze_model(meta("bitnet")).kept}
+    assert "not applied straight to a column-parallel projection's output" in kept["model.layers.0.self_attn"]
 
 
 def test_fused_projections_stay_replicated_with_the_reason():

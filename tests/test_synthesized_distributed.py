@@ -1,9 +1,8 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
 Ten classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
-OLMo-2's whole-projection norms, MoE (experts split over TP), hybrid Mamba and convolution layers,
-tied and untied; each at
-TP=2 and DP=2 x TP=2, sequence parallel off and on: logits, loss, every gradient and the gradient
+OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
+and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and on: logits, loss, every gradient and the gradient
 norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
 steps (eps 1e-6, see train_steps in tests/distributed/cases.py). The plan is forced to the
 synthesized one, and the committed sweep results (plangen/plans/proven.json, which the runtime
@@ -19,7 +18,7 @@ from plangen.launch import run_distributed
 CLASSES = {
     # model_type: (class, tied embeddings)
     "olmo": ("OlmoForCausalLM", False),  # parameter-free LayerNorms
-    "olmo2": ("Olmo2ForCausalLM", False),  # q/k norms over all heads: attention replicated
+    "olmoe": ("OlmoeForCausalLM", False),  # q/k norms over all heads, sharded with them; MoE
     "glm": ("GlmForCausalLM", False),  # packed gate|up: MLP replicated
     "cohere": ("CohereForCausalLM", True),  # attention and MLP in parallel on one norm, logit scale
     "phi": ("PhiForCausalLM", False),  # biases, fc1/fc2, partial rotary, parallel residual

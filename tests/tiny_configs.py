@@ -17,6 +17,10 @@ TINY = {
     "qwen2": dict(model_type="qwen2", **COMMON),
     "qwen3": dict(model_type="qwen3", **COMMON),
     "qwen3-tied": dict(model_type="qwen3", tie_word_embeddings=True, **COMMON),
+    "olmo2": dict(model_type="olmo2", **COMMON),
+    "olmo3": dict(
+        model_type="olmo3", sliding_window=4, layer_types=["sliding_attention", "full_attention"], **COMMON
+    ),
     "gemma3": dict(
         model_type="gemma3_text", tie_word_embeddings=True, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8, **COMMON,

@@ -154,6 +154,7 @@ STYLES: dict[str, StyleSpec] = {
         ),
         _spec("AllReduceParamGrads", ()),
         _spec("LeaveUnsharded", ()),
+        _spec("ShardedNormParallel", ()),
         # The layouts are annotated Any there and passed on to ColwiseParallel / RowwiseParallel.
         _spec(
             "PackedColwiseParallel",

@@ -31,6 +31,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
 from plangen.check.plan_file import PlanFile, find_comments, string_value
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import SHAPE_RULES
+from plangen.check.rules_model_norms import ProjectionNormsRule
 from plangen.check.rules_model_regions import REGION_RULES
 from plangen.check.static import decode_source
 from plangen.errors import one_line
@@ -107,7 +108,7 @@ def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
 
 # --- the rules ---------------------------------------------------------------------------------
 
-MODEL_RULES: dict[str, ModelRule] = {rule.code: rule for rule in (*SHAPE_RULES, *REGION_RULES)}
+MODEL_RULES: dict[str, ModelRule] = {rule.code: rule for rule in (*SHAPE_RULES, *REGION_RULES, ProjectionNormsRule())}
 
 
 def check_rules(plan: ModelPlan) -> Iterator[ModelFinding]:

@@ -38,6 +38,7 @@ from plangen.styles import (
     PackedColwiseParallel,
     PackedRowwiseParallel,
     ReplicatedWithGradAllReduce,
+    ShardedNormParallel,
 )
 
 # --- what a style does, in the few words the rules need ---------------------------------------
@@ -125,6 +126,14 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
                 f"`{name}` shards a packed experts module (num_experts and [experts, ...] weights, transformers"
                 f" 5.x), not {what}"
             )
+        return None
+    if isinstance(style, ShardedNormParallel):
+        from plangen.norm_styles import resolve_norm_math
+
+        try:
+            resolve_norm_math(module)
+        except ValueError as err:
+            return f"`{name}` shards a norm over its last dim and sums its statistics over TP: {err}"
         return None
     if isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
@@ -224,6 +233,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
             return [("out_features", module.out_features, split)]
         if isinstance(style, RowwiseParallel) and takes_local_shard(style):
             return [("in_features", module.in_features, split)]
+    if isinstance(style, ShardedNormParallel) and isinstance(getattr(module, "weight", None), nn.Parameter):
+        return [("normalized width", module.weight.shape[0], 1)]  # local slices of the projection's output
     if isinstance(module, nn.Embedding) and isinstance(style, ColwiseParallel) and leaves_local_shard(style):
         return [("embedding_dim", module.embedding_dim, 1)]
     return []

@@ -1,4 +1,4 @@
-"""Hand-written Megatron-style plans for dense decoder families (Llama, Mistral, Qwen2/3, Gemma3).
+"""Hand-written Megatron-style plans for dense decoder families (Llama, Mistral, Qwen2/3, Gemma3, OLMo-2/3).
 
 Without sequence parallel (SP), each decoder layer costs two all-reduces in the forward (after
 ``o_proj`` and ``down_proj``). With SP the residual stream stays a sequence-sharded DTensor
@@ -30,6 +30,7 @@ def build_dense_decoder_plan(
     layer_norms: tuple[str, ...],
     per_head_norms: bool,
     replicate_kv: bool = False,
+    projection_norms: bool = False,
     lm_head: str | None = "lm_head",
 ) -> Plan:
     """A plan for ``{prefix}.embed_tokens``, ``{prefix}.layers.*``, ``{prefix}.norm`` and the head.
@@ -37,7 +38,9 @@ def build_dense_decoder_plan(
     ``per_head_norms`` adds ``self_attn.q_norm``/``k_norm``: they see only this rank's heads, so
     their weight gradient must be summed over TP. ``replicate_kv`` (grouped-query attention, see
     :func:`grouped_query`): the attention block and its k/v projections take the styles of
-    :mod:`plangen.kv_styles`, so a TP size above the KV heads replicates them.
+    :mod:`plangen.kv_styles`, so a TP size above the KV heads replicates them. ``projection_norms``
+    adds the q/k norms as norms over the whole q and k projections (OLMo-2): sharded with the heads,
+    statistics summed over TP.
     """
     p = f"{prefix}." if prefix else ""
     layer = f"{p}layers.*"
@@ -95,6 +98,14 @@ def build_dense_decoder_plan(
                 "per-head norm sees only local heads: its weight gradient is summed over TP",
                 sequence_dim=2,
                 use_local_output=True,
+            )
+    if projection_norms:
+        for norm in ("q_norm", "k_norm"):
+            add(
+                f"{layer}.self_attn.{norm}",
+                "ShardedNormParallel",
+                "attention",
+                "norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way",
             )
     add(
         f"{layer}.self_attn.o_proj",
@@ -175,6 +186,7 @@ def grouped_query(model: nn.Module) -> bool:
 
 
 LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+OLMO2_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")  # after each block, before the residual add
 GEMMA3_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_layernorm")
 
 
@@ -217,4 +229,15 @@ def plan_gemma3(model: nn.Module, sequence_parallel: bool) -> Plan:
         layer_norms=GEMMA3_NORMS,
         per_head_norms=True,
         replicate_kv=grouped_query(model),
+    )
+
+
+@register_plan("Olmo2ForCausalLM", "Olmo3ForCausalLM")
+def plan_olmo2(model: nn.Module, sequence_parallel: bool) -> Plan:
+    return build_dense_decoder_plan(
+        _text_prefix(model),
+        sequence_parallel=sequence_parallel,
+        layer_norms=OLMO2_NORMS,
+        per_head_norms=False,
+        projection_norms=True,
     )

@@ -159,3 +159,52 @@ def read_input_readers(block_cls: type) -> frozenset[str] | None:
         if reassigned is None or node.lineno < reassigned.lineno or id(node) in inside_reassignment:
             readers.add(node.func.attr)
     return frozenset(readers)
+
+
+def _self_call_name(node: ast.AST | None) -> str | None:
+    """``B`` for a ``self.B(...)`` call node, else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+    ):
+        return node.func.attr
+    return None
+
+
+@lru_cache(maxsize=None)
+def read_applied_to(block_cls: type) -> dict[str, str]:
+    """Children that ``block_cls.forward`` applies, every time, straight to another child's output.
+
+    ``self.q_norm(self.q_proj(x))`` gives ``{"q_norm": "q_proj"}``; so does ``q = self.q_proj(x)``
+    then ``self.q_norm(q)`` when ``q`` is assigned only there. A child called on anything else, or
+    called on outputs of two different children, is left out.
+    """
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return {}
+    assigned: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        assigned.setdefault(name.id, []).append(node)
+
+    def producer(arg: ast.AST) -> str | None:
+        if isinstance(arg, ast.Name):
+            sources = assigned.get(arg.id, [])
+            if len(sources) != 1 or not isinstance(sources[0], ast.Assign) or len(sources[0].targets) != 1:
+                return None
+            if not isinstance(sources[0].targets[0], ast.Name):
+                return None
+            arg = sources[0].value
+        return _self_call_name(arg)
+
+    found: dict[str, set[str | None]] = {}
+    for name, calls in _self_calls(block_cls).items():
+        for call, _ in calls:
+            arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
+            found.setdefault(name, set()).add(producer(arg) if arg is not None else None)
+    return {name: next(iter(p)) for name, p in found.items() if len(p) == 1 and None not in p}

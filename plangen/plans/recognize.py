@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
+from plangen.plans.forward_source import BlockCall, read_applied_to, read_block_call, read_input_readers
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,8 @@ class ShardedBlock:
 
     ``per_head_norms`` are norms of one head's width applied after the column-parallel projections:
     each rank sees only its heads, so their weight gradient must be summed over TP.
+    ``projection_norms`` are norms over a whole column-parallel projection's output (OLMo-2): sharded
+    with its heads, their statistics summed over TP.
     """
 
     kind: str  # "attention" | "mlp"
@@ -110,6 +112,7 @@ class ShardedBlock:
     # Attention with fewer KV heads than query heads: the k/v projections, whose heads a TP size
     # above the KV head count replicates (plangen.kv_styles).
     kv_projections: tuple[str, ...] = ()
+    projection_norms: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,17 +194,21 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
-    if whole:
-        return KeptBlock(
-            "attention",
-            f"norm {whole[0]} spans the whole projection output (all heads): on a rank that holds "
-            "only its heads it would normalise over the wrong values (OLMo-2 style)",
-        )
-    unknown = _unexpected_children(block, {*reading, *outputs, *per_head})
+    for norm in whole:
+        # Sharded with its projection only when it is applied straight to that projection's output.
+        projection = read_applied_to(type(block)).get(norm)
+        if projection not in reading or not is_per_feature(getattr(block, norm), reading[projection].out_features):
+            return KeptBlock(
+                "attention",
+                f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
+                "column-parallel projection's output, so it cannot be sharded with its heads",
+            )
+    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
-    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n else ()
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv)
+    # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
+    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole))
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:

@@ -10,10 +10,11 @@ recognises, by structure and shapes (:mod:`plangen.plans.recognize`):
   gradient is reduced once per block, as in :mod:`plangen.plans.dense`;
 * per-feature modules on the residual stream (norms): ``SequenceParallel`` under SP.
 
-Everything else stays replicated, with the reason: packed q|k|v or gate|up projections (their
-parts would need ``_StridedShard``, which FSDP2 cannot lay out), norms over a whole projection
-(OLMo-2), mixture-of-experts blocks, state-space / linear-attention mixers, anything unrecognised.
-Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
+Norms over a whole q or k projection, applied straight to its output (OLMo-2, OLMoE), are sharded
+with its heads (``ShardedNormParallel``: statistics summed over TP). Everything else stays
+replicated, with the reason: packed q|k|v or gate|up projections (their parts would need
+``_StridedShard``, which FSDP2 cannot lay out), mixture-of-experts blocks, state-space /
+linear-attention mixers, anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
 Under sequence parallelism a replicated block of a layer is handed the whole sequence and keeps its
 shard of the output (``PrepareModuleInputOutput``: one all-gather each way); anything else on the
 residual stream that cannot take a sequence shard makes SP unavailable for the class, with the reason.
@@ -180,6 +181,13 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             PlanEntry(
                 f"{part.path}.{name}", "ReplicatedWithGradAllReduce", dict(sequence_dim=2, use_local_output=True),
                 group, "per-head norm sees only local heads: its weight gradient is summed over TP",
+            )
+        )
+    for name in block.projection_norms:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}", "ShardedNormParallel", {}, group,
+                "norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way",
             )
         )
     rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)

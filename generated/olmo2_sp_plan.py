@@ -1,0 +1,99 @@
+"""Tensor-parallel plan for Olmo2ForCausalLM, made by `plangen init`: edit it freely.
+
+Model:       olmo2 (Olmo2ForCausalLM), TP size 2, sequence parallel on
+Seed:        the hand-written plan for Olmo2ForCausalLM
+Regenerate:  plangen init olmo2 -o generated/olmo2_sp_plan.py --tp-size 2 --sequence-parallel --force
+Made with:   plangen 0.1.0, transformers 5.24.0, torch 2.13.0+cpu
+
+Each entry maps a module pattern (torch's fnmatch rule, one name per dot) to a ParallelStyle with
+every argument written out. Commented-out patterns are left replicated on purpose. Use it with
+
+    parallelize_model(..., custom_parallel_plan="generated.olmo2_sp_plan.custom_parallel_plan")
+
+and check it after editing with `plangen verify generated/olmo2_sp_plan.py`.
+
+It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
+then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+ShardedNormParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+"""
+
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from plangen.styles import ShardedNormParallel
+
+# Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
+PLANGEN_MODEL = "olmo2"
+PLANGEN_TP_SIZE = 2
+PLANGEN_SEQUENCE_PARALLEL = True
+
+custom_parallel_plan: dict[str, ParallelStyle] = {
+    # Embeddings
+    # 1 × Embedding [50304, 4096] → local [25152, 4096] at TP=2
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual
+    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+
+    # Attention
+    # 32 × Olmo2Attention: one all-gather of the sequence per attention block; one gradient reduction per block in
+    # backward
+    "model.layers.*.self_attn": PrepareModuleInput(
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=False,
+    ),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.k_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
+    "model.layers.*.self_attn.v_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Olmo2RMSNorm [4096] → local [2048] at TP=2
+    # norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way
+    "model.layers.*.self_attn.q_norm": ShardedNormParallel(),
+    # 32 × Olmo2RMSNorm [4096] → local [2048] at TP=2
+    # norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way
+    "model.layers.*.self_attn.k_norm": ShardedNormParallel(),
+    # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
+
+    # MLP
+    # 32 × Olmo2MLP: one all-gather of the sequence per MLP block; one gradient reduction per block in backward
+    "model.layers.*.mlp": PrepareModuleInput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output=False,
+    ),
+    # 32 × Linear [11008, 4096] → local [5504, 4096] at TP=2; column-parallel
+    "model.layers.*.mlp.gate_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [11008, 4096] → local [5504, 4096] at TP=2; column-parallel
+    "model.layers.*.mlp.up_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
+    # 32 × Linear [4096, 11008] → local [4096, 5504] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.mlp.down_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
+
+    # Norms
+    # 32 × Olmo2RMSNorm [4096], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.post_attention_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 32 × Olmo2RMSNorm [4096], replicated at TP=2; norm on the local sequence shard
+    "model.layers.*.post_feedforward_layernorm": SequenceParallel(sequence_dim=1, use_local_output=False),
+    # 1 × Olmo2RMSNorm [4096], replicated at TP=2; norm on the local sequence shard
+    "model.norm": SequenceParallel(sequence_dim=1, use_local_output=False),
+
+    # Output head
+    # 1 × Linear [50304, 4096] → local [25152, 4096] at TP=2
+    # vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy
+    "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+}

@@ -1,0 +1,153 @@
+"""ShardedNormParallel: a norm over a whole column-parallel projection, statistics summed over TP.
+
+Against the unsharded module over gloo (output, input gradient, weight and bias gradients), its
+collectives counted exactly, the formula read from the module's own forward, and the refusals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from plangen.norm_styles import NormMath, ShardedNormParallel, resolve_norm_math
+
+
+class _OffsetRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the scale is 1 + weight."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class _L2Norm(nn.Module):
+    """Not a norm this style knows: scales by the norm, not the root mean square, and has an eps."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x / (x.norm(dim=-1, keepdim=True) + self.eps)
+
+
+def _norms() -> dict[str, Any]:
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    return {
+        "olmo2_rms": lambda: Olmo2RMSNorm(16, eps=1e-6),
+        "layer_norm": lambda: nn.LayerNorm(16, eps=1e-5),
+        "layer_norm_no_bias": lambda: nn.LayerNorm(16, eps=1e-5, bias=False),
+        "offset_rms": lambda: _OffsetRMSNorm(16),
+    }
+
+
+def test_the_formula_is_read_from_the_modules_own_forward():
+    norms = _norms()
+    assert resolve_norm_math(norms["olmo2_rms"]()) == NormMath("rms", False, 1e-6)
+    assert resolve_norm_math(norms["layer_norm"]()) == NormMath("layer", False, 1e-5)
+    assert resolve_norm_math(norms["layer_norm_no_bias"]()) == NormMath("layer", False, 1e-5)
+    assert resolve_norm_math(norms["offset_rms"]()) == NormMath("rms", True, 1e-6)
+    with torch.device("meta"):  # a meta module is probed on a CPU copy, and stays on meta
+        meta = norms["olmo2_rms"]()
+    assert resolve_norm_math(meta) == NormMath("rms", False, 1e-6) and meta.weight.is_meta
+    with pytest.raises(ValueError, match="neither an RMSNorm nor a LayerNorm"):
+        resolve_norm_math(_L2Norm(16))
+    with pytest.raises(ValueError, match="no 1-D weight"):
+        resolve_norm_math(nn.Linear(4, 4))
+    wrong_eps = norms["olmo2_rms"]()
+    wrong_eps.variance_epsilon = 1e-2  # the eps is read where the forward reads it
+    assert resolve_norm_math(wrong_eps).eps == 1e-2
+
+
+def test_width_must_divide_by_the_tp_size(fake_pg):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    holder = nn.Module()
+    holder.m = nn.LayerNorm(6)
+    with pytest.raises(ValueError, match="width 6 cannot be split evenly over TP size 4"):
+        parallelize_module(holder, DeviceMesh("cpu", torch.arange(4)), {"m": ShardedNormParallel()})
+
+
+@pytest.mark.parametrize("name", ["olmo2_rms", "layer_norm"])
+def test_one_small_all_reduce_each_way(fake_pg, name):
+    """B·S values (RMS: the sum of squares) or 2·B·S (LayerNorm: the sum too), once forward and once backward."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.comm import CollectiveCounter
+
+    holder = nn.Module()
+    holder.m = _norms()[name]()
+    parallelize_module(holder, DeviceMesh("cpu", torch.arange(2)), {"m": ShardedNormParallel()})
+    x = torch.randn(3, 5, 8, requires_grad=True)  # this rank's 8 of 16 features
+    with CollectiveCounter() as forward:
+        out = holder.m(x)
+    with CollectiveCounter() as backward:
+        out.sum().backward()
+    values = 3 * 5 * (2 if name == "layer_norm" else 1)
+    assert forward.records == [("all_reduce", values * 4)]
+    assert backward.records == [("all_reduce", values * 4)]
+    assert holder.m.weight.grad.placements[0].is_shard(0) and holder.m.weight.grad.to_local().shape == (8,)
+
+
+@pytest.mark.distributed
+def test_matches_the_unsharded_norm_over_gloo():
+    from plangen.launch import run_distributed
+
+    results = run_distributed(f"{__file__}:gloo_worker", 2, timeout=120)
+    for rank, diffs in enumerate(results):
+        assert set(diffs) >= {f"{n}/{w}" for n in _norms() for w in ("out", "grad_input", "grad_weight")}
+        bad = {case: d for case, d in diffs.items() if d > 1e-6}
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def gloo_worker(payload: Any) -> dict[str, float]:
+    """One rank: each norm sharded over 2 ranks against the whole one; loss sum(out * c)."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    diffs: dict[str, float] = {}
+    for name, make in _norms().items():
+        torch.manual_seed(0)
+        reference = make()
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.copy_(torch.randn_like(p))
+        holder = nn.Module()
+        holder.m = copy.deepcopy(reference)
+        parallelize_module(holder, mesh, {"m": ShardedNormParallel()})
+        x = torch.randn(2, 3, 16) * 3 + 1
+        c = torch.randn(2, 3, 16)
+        x_ref = x.clone().requires_grad_(True)
+        out_ref = reference(x_ref)
+        (out_ref * c).sum().backward()
+        x_local = x.chunk(world, -1)[rank].clone().requires_grad_(True)
+        out = holder.m(x_local)
+        (out * c.chunk(world, -1)[rank]).sum().backward()
+        diffs[f"{name}/out"] = (out - out_ref.chunk(world, -1)[rank]).abs().max().item()
+        diffs[f"{name}/grad_input"] = (x_local.grad - x_ref.grad.chunk(world, -1)[rank]).abs().max().item()
+        for pname, param in reference.named_parameters():
+            got = dict(holder.m.named_parameters())[pname].grad
+            assert isinstance(got, DTensor) and got.placements == (Shard(0),)
+            diffs[f"{name}/grad_{pname}"] = (got.full_tensor() - param.grad).abs().max().item()
+        # A DTensor input sharded on the last dim comes back the same way.
+        dt = DTensor.from_local(x.chunk(world, -1)[rank], mesh, (Shard(2),), run_check=False)
+        diffs[f"{name}/dtensor"] = (holder.m(dt).full_tensor() - reference(x)).abs().max().item()
+    return diffs
