@@ -32,6 +32,7 @@ PLANGEN_STYLES = "plangen.styles"
 # The module kinds a style can split, by the weight layout torch gives them.
 LINEAR = "linear"
 EMBEDDING = "embedding"
+CONV1D = "conv1d"  # GPT-2's Conv1D: an nn.Linear whose weight is stored transposed, [in, out]
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 
 
@@ -124,6 +125,17 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # A fused projection's output features, re-laid out so each rank's rows are its own parts.
+        StyleFacts(
+            "FusedColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, CONV1D: 1},
+            layout_defaults={"input_layouts": _REPLICATE},
+            produces=_LAST,
+        ),
+        # Divides the attention module's head counts; its parameters are its children's business.
+        StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
         StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
@@ -163,7 +175,7 @@ def _module_home(module: str) -> str | None:
     if module == TORCH_STYLES or module.startswith(f"{TORCH_STYLES}."):
         return TORCH_STYLES
     # plangen.styles re-exports the styles of its sibling modules (plangen.moe_styles).
-    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles") else None
+    return PLANGEN_STYLES if module in (PLANGEN_STYLES, "plangen.moe_styles", "plangen.fused_styles") else None
 
 
 def is_sharding(style: "ParallelStyle") -> bool:

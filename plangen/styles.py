@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
+from plangen.fused_styles import FusedColwiseParallel, LocalHeadCounts
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 
 
@@ -312,6 +313,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
+        FusedColwiseParallel,
+        LocalHeadCounts,
         MlaKvAProjParallel,
         ExpertsParallel,
         AllReduceOutputGrad,
@@ -526,8 +529,10 @@ __all__ = [
     "AllReduceParamGrads",
     "ColwiseParallelWithGather",
     "ExpertsParallel",
+    "FusedColwiseParallel",
     "HfStyleSpec",
     "LeaveUnsharded",
+    "LocalHeadCounts",
     "MlaKvAProjParallel",
     "PackedColwiseParallel",
     "PackedRowwiseParallel",

@@ -35,7 +35,8 @@ def test_sources_are_in_priority_order_and_match_the_plan_data_vocabulary():
         ("llama", True, "hand-written", True),
         ("qwen3", False, "hand-written", True),
         ("olmo", True, "synthesized", True),  # proven.json: TP and SP passed
-        ("phi3", False, "hf", True),  # packed q|k|v: nothing to synthesize; its HF plan passed the sweep
+        ("phi3", True, "hand-written", True),  # fused q|k|v re-laid out for TP (plangen.fused_styles)
+        ("phi4_multimodal", False, "hf", True),  # packed q|k|v: nothing to synthesize; its HF plan passed the sweep
     ],
 )
 def test_priority(spec, sp, source, proven):
@@ -149,6 +150,6 @@ def test_hugging_face_plans_are_used_only_where_the_sweep_proved_them(monkeypatc
 
     monkeypatch.setattr(P, "load_proven", lambda: {})  # no records: nothing proven
     with pytest.raises(NoPlanError, match="not checked by the sweep"):
-        choose_plan(meta("phi3"), False)
-    monkeypatch.setattr(P, "load_proven", lambda: {"Phi3ForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
-    assert choose_plan(meta("phi3"), False).source == "hf"
+        choose_plan(meta("phi4_multimodal"), False)
+    monkeypatch.setattr(P, "load_proven", lambda: {"Phi4MultimodalForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    assert choose_plan(meta("phi4_multimodal"), False).source == "hf"

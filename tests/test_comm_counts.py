@@ -49,7 +49,7 @@ def per_layer(name: str, sequence_parallel: bool):
     return diff(f2.counts(), f4.counts()), diff(b2.counts(), b4.counts()), f2.counts(), b2.counts()
 
 
-DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"]
 
 
 @pytest.mark.parametrize("name", DENSE)

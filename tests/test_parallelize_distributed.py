@@ -16,7 +16,7 @@ MULTIMODAL = [
     "Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
-MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3"]
+MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "phi3"]
 MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3"]
 
 
@@ -45,6 +45,8 @@ def _cases():
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
     moe += [{"name": f"{m}-state-dict", "model": m, "state_dict": True} for m in ("qwen2_moe", "llama-tied")]
+    # Fused projections re-laid out for TP: the state dict still reads and loads Hugging Face's layout.
+    moe += [{"name": "phi3-state-dict" + ("-sp" if sp else ""), "model": "phi3", "sp": sp, "state_dict": True} for sp in (False, True)]
     cases += moe
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]

@@ -60,3 +60,6 @@ TINY["deepseek_v3"] = dict(
     n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
     rope_interleave=True, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
 )
+
+# Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
+TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)
