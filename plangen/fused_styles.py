@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 
 def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torch.Tensor:
@@ -58,14 +58,75 @@ def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torc
 
 def _output_dim(module: nn.Module, param_name: str) -> int:
     # nn.Linear keeps [out, in]; GPT-2's Conv1D keeps its weight transposed, [in, out]. Biases are [out].
-    return 1 if param_name == "weight" and _is_conv1d(module) else 0
+    return 1 if param_name == "weight" and is_conv1d(module) else 0
 
 
-def _is_conv1d(module: nn.Module) -> bool:
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+def is_conv1d(module: nn.Module) -> bool:
+    """GPT-2's ``Conv1D`` (transformers.pytorch_utils): an ``nn.Linear`` with its weight stored ``[in, out]``."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "nx")
 
 
-class FusedColwiseParallel(ColwiseParallel):
+def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
+    if not (isinstance(module, nn.Linear) or is_conv1d(module)):
+        raise NotImplementedError(f"{type(style).__name__} shards nn.Linear and Conv1D only, not {type(module).__name__}")
+
+
+class Conv1DColwiseParallel(ColwiseParallel):
+    """:class:`ColwiseParallel` that also takes GPT-2's ``Conv1D``: its weight is split on dim 1
+    (the output features of ``[in, out]``), its bias on dim 0; ``nn.Linear`` as torch does."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            dim = _output_dim(module, param_name)
+            dist_param = nn.Parameter(
+                distribute_tensor(self._relayout(param.detach(), dim, device_mesh), device_mesh, [Shard(dim)],
+                                  src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad,
+            )
+            module.register_parameter(param_name, dist_param)
+
+    def _relayout(self, tensor: torch.Tensor, dim: int, device_mesh: DeviceMesh) -> torch.Tensor:
+        return tensor
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_projection(self, module)
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+class Conv1DRowwiseParallel(RowwiseParallel):
+    """:class:`RowwiseParallel` that also takes GPT-2's ``Conv1D``: its weight is split on dim 0
+    (the input features of ``[in, out]``), its bias replicated (added once, after the sum)."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        if not is_conv1d(module):
+            return super()._partition_linear_fn(name, module, device_mesh)
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            placement = Shard(0) if param_name == "weight" else Replicate()
+            dist_param = nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad,
+            )
+            module.register_parameter(param_name, dist_param)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_projection(self, module)
+        self.desired_input_layouts = (Shard(-1),)  # what torch sets for a row-parallel Linear
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+class FusedColwiseParallel(Conv1DColwiseParallel):
     """Column-wise for a projection whose output packs parts of sizes in proportion ``part_sizes``.
 
     ``part_sizes=(1, 1)`` for ``[gate; up]``; ``(heads, kv_heads, kv_heads)`` for ``[q; k; v]``.
@@ -87,31 +148,13 @@ class FusedColwiseParallel(ColwiseParallel):
         super().__init__(input_layouts=input_layouts, output_layouts=Shard(-1), use_local_output=use_local_output)
         self.part_sizes = tuple(part_sizes)
 
+    def _relayout(self, tensor: torch.Tensor, dim: int, device_mesh: DeviceMesh) -> torch.Tensor:
+        index = interleave_index(tensor.shape[dim], self.part_sizes, device_mesh.size())
+        return tensor.index_select(dim, index.to(tensor.device))
+
     def _partition_linear_fn(self, name, module, device_mesh):
-        for param_name, param in list(module.named_parameters(recurse=False)):
-            dim = _output_dim(module, param_name)
-            index = interleave_index(param.shape[dim], self.part_sizes, device_mesh.size())
-            permuted = param.detach().index_select(dim, index.to(param.device))
-            dist_param = nn.Parameter(
-                distribute_tensor(permuted, device_mesh, [Shard(dim)], src_data_rank=self.src_data_rank),
-                requires_grad=param.requires_grad,
-            )
-            module.register_parameter(param_name, dist_param)
+        super()._partition_linear_fn(name, module, device_mesh)
         _install_layout_hooks(module, self.part_sizes, device_mesh.size())
-
-    def _partition_embedding_fn(self, name, module, device_mesh):
-        raise NotImplementedError(f"{type(self).__name__} shards nn.Linear and Conv1D only")
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not (isinstance(module, nn.Linear) or _is_conv1d(module)):
-            raise NotImplementedError(f"{type(self).__name__} shards nn.Linear and Conv1D only, not {type(module).__name__}")
-        return distribute_module(
-            module,
-            device_mesh,
-            self._partition_linear_fn,
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
 
     def __repr__(self) -> str:
         return (

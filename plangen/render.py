@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from plangen.errors import one_line
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
+from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, LINEAR, STYLE_FACTS, layout_defaults
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -246,8 +246,11 @@ def _module_kind(module: "nn.Module") -> str | None:
         return EMBEDDING
     if isinstance(module, nn.Linear):
         return LINEAR
+    from plangen.fused_styles import is_conv1d
     from plangen.moe_styles import expert_count
 
+    if is_conv1d(module):
+        return CONV1D
     return EXPERTS if expert_count(module) else None
 
 

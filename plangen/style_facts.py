@@ -134,6 +134,23 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"input_layouts": _REPLICATE},
             produces=_LAST,
         ),
+        # GPT-2's Conv1D keeps its weight [in, out]: the output features are dim 1, the input ones dim 0.
+        StyleFacts(
+            "Conv1DColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, CONV1D: 1},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+        ),
+        StyleFacts(
+            "Conv1DRowwiseParallel",
+            PLANGEN_STYLES,
+            "rowwise",
+            shard_dim={LINEAR: 1, CONV1D: 0},
+            layout_defaults={"input_layouts": _LAST, "output_layouts": _REPLICATE},
+            produces=_SUM,
+        ),
         # Divides the attention module's head counts; its parameters are its children's business.
         StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
@@ -199,7 +216,9 @@ def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | N
     facts = facts_of(style)
     if facts is None:
         return None
-    return facts.weight_layout(EMBEDDING if isinstance(module, nn.Embedding) else LINEAR)
+    from plangen.fused_styles import is_conv1d
+
+    return facts.weight_layout(EMBEDDING if isinstance(module, nn.Embedding) else CONV1D if is_conv1d(module) else LINEAR)
 
 
 def placement_from_text(text: str) -> "Placement":

@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.fused_styles import FusedColwiseParallel, LocalHeadCounts
+from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, FusedColwiseParallel, LocalHeadCounts
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 
 
@@ -313,8 +313,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
-        FusedColwiseParallel,
-        LocalHeadCounts,
+        *(FusedColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
         MlaKvAProjParallel,
         ExpertsParallel,
         AllReduceOutputGrad,
@@ -528,6 +527,7 @@ __all__ = [
     "AllReduceOutputGrad",
     "AllReduceParamGrads",
     "ColwiseParallelWithGather",
+    *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),
     "ExpertsParallel",
     "FusedColwiseParallel",
     "HfStyleSpec",

@@ -52,7 +52,10 @@ def per_layer(name: str, sequence_parallel: bool):
 DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"]
 
 
-@pytest.mark.parametrize("name", DENSE)
+TP_ONLY = ["gpt2", "openai-gpt"]  # Conv1D projections and a fused c_attn; no sequence-parallel plan
+
+
+@pytest.mark.parametrize("name", DENSE + TP_ONLY)
 def test_tensor_parallel_costs_two_all_reduces_per_layer(fake_pg, name):
     forward, backward, total_forward, total_backward = per_layer(name, False)
     assert forward == {AR: 2}

@@ -109,3 +109,33 @@ def test_local_head_counts_refuse_a_count_that_does_not_divide(tp_mesh):
     attention = _Attention(SimpleNamespace(num_attention_heads=3, num_key_value_heads=3))
     with pytest.raises(ValueError, match="num_attention_heads=3 does not divide by the TP size 2"):
         _apply(attention, LocalHeadCounts(attributes=("config.num_attention_heads",)), tp_mesh)
+
+
+def test_conv1d_styles_split_the_transposed_weight(tp_mesh):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from transformers.pytorch_utils import Conv1D
+
+    from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel
+
+    # Fused c_attn [in, out] = [8, 16]: q, k, v in proportion 2 : 1 : 1 along dim 1, bias along dim 0.
+    fused = Conv1D(16, 8)
+    weight, bias = fused.weight.detach().clone(), fused.bias.detach().clone()
+    m = _apply(fused, FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh).m
+    assert tuple(m.weight.placements) == (Shard(1),) and torch.equal(m.weight.to_local(), weight[:, RANK0])
+    x = torch.randn(2, 5, 8)
+    with CommDebugMode() as comm:
+        out = m(x)
+    assert comm.get_total_counts() == 0
+    torch.testing.assert_close(out, (x @ weight + bias)[..., RANK0])
+
+    column = _apply(Conv1D(16, 8), Conv1DColwiseParallel(), tp_mesh).m
+    assert tuple(column.weight.placements) == (Shard(1),) and column.weight.to_local().shape == (8, 8)
+    assert column(x).shape == (2, 5, 8)
+
+    row = _apply(Conv1D(8, 16), Conv1DRowwiseParallel(), tp_mesh).m  # [in 16, out 8]
+    assert tuple(row.weight.placements) == (Shard(0),) and row.weight.to_local().shape == (8, 8)
+    assert tuple(row.bias.placements) == (Replicate(),)  # added once, after the sum
+    with CommDebugMode() as comm:
+        out = row(torch.randn(2, 5, 8)) * 1  # this rank's half of the 16 input features
+    assert out.shape == (2, 5, 8) and comm.get_comm_counts() and comm.get_total_counts() == 1

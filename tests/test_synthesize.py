@@ -264,7 +264,9 @@ def test_seed_plan_order(proven):
     assert build_seed_plan(meta("olmo"), False).source == "synthesized"
     # No Hugging Face plan: the unproven synthesized plan is the best start there is.
     assert build_seed_plan(meta("mpt"), False).source == "synthesized"
-    with pytest.raises(ValueError, match="no plan for GPT2LMHeadModel"):
+    with pytest.raises(ValueError, match="no plan for CTRLLMHeadModel"):
+        build_seed_plan(meta("ctrl"), True)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel: no sequence-parallel plan"):  # hand-written, TP only
         build_seed_plan(meta("gpt2"), True)
 
 

@@ -184,6 +184,8 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("use_local_output", BOOL, True),
             ),
         ),
+        _spec("Conv1DColwiseParallel", _LAYOUTS),
+        _spec("Conv1DRowwiseParallel", _LAYOUTS),
         _spec("LocalHeadCounts", (StyleParam("attributes", STR_TUPLE, ()),)),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),

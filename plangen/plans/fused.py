@@ -138,3 +138,68 @@ def plan_phi3(model: nn.Module, sequence_parallel: bool) -> Plan:
         head_attributes=("num_key_value_heads", "config.num_attention_heads", "config.num_key_value_heads"),
         layer_norms=LLAMA_NORMS,
     )
+
+
+def build_conv1d_decoder_plan(
+    model: nn.Module,
+    *,
+    sequence_parallel: bool,
+    embedding: str,
+    head_attributes: tuple[str, ...],
+    norms: tuple[str, ...],
+    layer: str = "transformer.h.*",
+) -> Plan:
+    """GPT-2-style decoders: ``Conv1D`` projections (weights ``[in, out]``), a fused ``c_attn``
+    ``[q; k; v]`` of equal parts, learned position embeddings, the head tied to the embedding."""
+    if sequence_parallel:
+        raise ValueError(
+            f"{type(model).__name__}: no sequence-parallel plan: its learned position embedding is added to the"
+            " token embedding outside any module a style can lay out; use sequence_parallel=False"
+        )
+    entries: list[PlanEntry] = []
+
+    def add(pattern: str, style: str, group: str, why: str, **kwargs: object) -> None:
+        entries.append(PlanEntry(pattern, style, kwargs, group, why))
+
+    add(embedding, "RowwiseParallel", "embeddings", "vocab-parallel embedding; all-reduce",
+        input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
+    add(f"{layer}.attn", "LocalHeadCounts", "attention", "splits the fused c_attn by split_size: make it this rank's",
+        attributes=head_attributes)
+    add(f"{layer}.attn.c_attn", "FusedColwiseParallel", "attention",
+        "each rank holds its own heads' q, k, v; one input-gradient reduction per block",
+        part_sizes=(1, 1, 1), input_layouts=Replicate(), use_local_output=True)
+    add(f"{layer}.attn.c_proj", "Conv1DRowwiseParallel", "attention", "row-parallel: one all-reduce",
+        input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True)
+    add(f"{layer}.mlp.c_fc", "Conv1DColwiseParallel", "mlp", "column-parallel; one input-gradient reduction per block",
+        input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
+    add(f"{layer}.mlp.c_proj", "Conv1DRowwiseParallel", "mlp", "row-parallel: one all-reduce",
+        input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True)
+    add("lm_head", "ColwiseParallel", "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+        input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
+    replicated = [Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms]
+    replicated.append(Replicated(
+        embedding.rsplit(".", 1)[0] + (".wpe" if embedding.endswith("wte") else ".positions_embed"),
+        "learned position embedding, small: kept whole", "embeddings"))
+    return Plan(tuple(entries), "hand-written", tuple(replicated), sequence_parallel)
+
+
+@register_plan("GPT2LMHeadModel")
+def plan_gpt2(model: nn.Module, sequence_parallel: bool) -> Plan:
+    return build_conv1d_decoder_plan(
+        model,
+        sequence_parallel=sequence_parallel,
+        embedding="transformer.wte",
+        head_attributes=("num_heads", "split_size"),
+        norms=("transformer.h.*.ln_1", "transformer.h.*.ln_2", "transformer.ln_f"),
+    )
+
+
+@register_plan("OpenAIGPTLMHeadModel")
+def plan_openai_gpt(model: nn.Module, sequence_parallel: bool) -> Plan:
+    return build_conv1d_decoder_plan(
+        model,
+        sequence_parallel=sequence_parallel,
+        embedding="transformer.tokens_embed",
+        head_attributes=("n_head", "split_size"),
+        norms=("transformer.h.*.ln_1", "transformer.h.*.ln_2"),
+    )
