@@ -134,17 +134,14 @@ def test_olmo2_whole_projection_norms_keep_attention_replicated():
     assert styles_of(build_synthesized_plan(model, True))["model.layers.*.self_attn"] == "PrepareModuleInputOutput"
 
 
-def test_fused_projections_stay_replicated_with_the_reason():
-    glm = build_synthesized_plan(meta("glm"), False)
-    assert "packed gate|up projection gate_up_proj" in why_of(glm, "model.layers.*.mlp")
+def test_packed_gate_up_is_re_laid_out_and_packed_qkv_stays_replicated_with_the_reason():
+    glm = build_synthesized_plan(meta("glm"), False)  # [gate; up] chunked in two: each rank its slice of both
+    gate_up = next(e for e in glm.entries if e.pattern == "model.layers.*.mlp.gate_up_proj")
+    assert (gate_up.style, gate_up.kwargs["part_sizes"]) == ("FusedColwiseParallel", (1, 1))
+    assert styles_of(glm)["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
     assert styles_of(glm)["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
-    analysis = analyze_model(meta("phi3"))  # q|k|v and gate|up both fused: nothing left to shard
-    assert {k.why.split(" (")[0] for k in analysis.kept if k.group in ("attention", "mlp")} == {
-        "packed q|k|v projection qkv_proj", "packed gate|up projection gate_up_proj"
-    }
-    with pytest.raises(ValueError, match=r"^Phi3ForCausalLM: no synthesized plan: nothing in its decoder layers") as err:
-        build_synthesized_plan(meta("phi3"), False)
-    assert "\n" not in str(err.value)
+    analysis = analyze_model(meta("phi4_multimodal"))  # q|k|v packed: attention kept whole
+    assert {k.why.split(" (")[0] for k in analysis.kept if k.group == "attention"} == {"packed q|k|v projection qkv_proj"}
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe"])

@@ -36,7 +36,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
-from plangen.plans.recognize import MoeBlock
+from plangen.plans.recognize import MoeBlock, ShardedBlock
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
 
@@ -114,11 +114,8 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 "shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once",
             ))
         for proj in mlp.colwise:
-            entries.append(PlanEntry(
-                f"{part.path}.{name}.{proj}", "ColwiseParallel",
-                dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True), "mlp",
-                "shared experts: column-parallel",
-            ))
+            entries.append(_colwise_entry(f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp",
+                                          "shared experts: column-parallel"))
         entries.append(PlanEntry(
             f"{part.path}.{name}.{mlp.rowwise}", "RowwiseParallel",
             dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",
@@ -130,6 +127,17 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP",
         ))
     return entries
+
+
+def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: Any, group: str, why: str) -> PlanEntry:
+    """Column-parallel; a packed projection re-laid out so each rank holds its slice of every part."""
+    parts = dict(block.fused).get(name)
+    if parts is None:
+        return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
+                                                           use_local_output=True), group, why)
+    return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
+                                                           use_local_output=True), group,
+                     f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part")
 
 
 def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
@@ -151,9 +159,8 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     else:
         colwise_input = SEQ if sp else Replicate()
         colwise_why = "column-parallel, taking its own input (the layer's call of the block could not be read)"
-    colwise = dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True)
     for name in block.colwise:
-        entries.append(PlanEntry(f"{part.path}.{name}", "ColwiseParallel", colwise, group, colwise_why))
+        entries.append(_colwise_entry(f"{part.path}.{name}", block, name, colwise_input, group, colwise_why))
     for name in block.per_head_norms:
         entries.append(
             PlanEntry(
