@@ -98,12 +98,14 @@ def test_optimized_plan_wins_over_hf():
     assert resolved.source == "hand-written" and "LlamaForCausalLM" in resolved.reason
 
 
-def test_hf_plan_without_optimized_plan_refuses_sequence_parallel():
-    # Phi-4-multimodal packs q|k|v and gate|up: no hand-written plan and nothing to synthesize, only its HF plan.
+def test_hf_plan_without_optimized_plan_refuses_sequence_parallel(monkeypatch):
+    # OLMo recorded with only its Hugging Face plan proven (no class of this transformers is).
+    import plangen.plans.proven as proven
     from plangen.catalog import Architecture, build_catalog_model
 
-    model = build_catalog_model(Architecture("Phi4MultimodalForCausalLM", "phi4_multimodal"))
-    with pytest.raises(P.PlanError, match="sequence_parallel=True but Phi4MultimodalForCausalLM has no hand-written or proven synthesized plan"):
+    monkeypatch.setattr(proven, "load_proven", lambda: {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
+    with pytest.raises(P.PlanError, match="sequence_parallel=True but OlmoForCausalLM has no hand-written or proven synthesized plan"):
         P.choose_plan(model, True, None)
 
 

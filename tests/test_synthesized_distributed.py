@@ -20,7 +20,7 @@ CLASSES = {
     # model_type: (class, tied embeddings)
     "olmo": ("OlmoForCausalLM", False),  # parameter-free LayerNorms
     "olmo2": ("Olmo2ForCausalLM", False),  # q/k norms over all heads: attention replicated
-    "glm": ("GlmForCausalLM", False),  # packed gate|up: MLP replicated
+    "glm": ("GlmForCausalLM", False),  # packed gate|up re-laid out per rank (FusedColwiseParallel)
     "cohere": ("CohereForCausalLM", True),  # attention and MLP in parallel on one norm, logit scale
     "phi": ("PhiForCausalLM", False),  # biases, fc1/fc2, partial rotary, parallel residual
     "starcoder2": ("Starcoder2ForCausalLM", True),  # LayerNorm with bias, c_fc/c_proj
