@@ -32,6 +32,7 @@ PLANGEN_STYLES = "plangen.styles"
 # The module kinds a style can split, by the weight layout torch gives them.
 LINEAR = "linear"
 EMBEDDING = "embedding"
+CONV1D = "conv1d"  # GPT-2's Conv1D: an nn.Linear whose weight is stored transposed, [in, out]
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
@@ -128,6 +129,34 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # A fused projection's output features, re-laid out so each rank's rows are its own parts.
+        StyleFacts(
+            "FusedColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, CONV1D: 1},
+            layout_defaults={"input_layouts": _REPLICATE},
+            produces=_LAST,
+        ),
+        # GPT-2's Conv1D keeps its weight [in, out]: the output features are dim 1, the input ones dim 0.
+        StyleFacts(
+            "Conv1DColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, CONV1D: 1},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+        ),
+        StyleFacts(
+            "Conv1DRowwiseParallel",
+            PLANGEN_STYLES,
+            "rowwise",
+            shard_dim={LINEAR: 1, CONV1D: 0},
+            layout_defaults={"input_layouts": _LAST, "output_layouts": _REPLICATE},
+            produces=_SUM,
+        ),
+        # Divides the attention module's head counts; its parameters are its children's business.
+        StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
         # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
         StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input"),
@@ -209,6 +238,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.attention_styles",
     "plangen.mla_styles",
     "plangen.norm_styles",
+    "plangen.fused_styles",
 )
 
 
@@ -233,8 +263,8 @@ def style_kind(style: "ParallelStyle") -> str:
 
 
 def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
-    """The kind of module a style splits (:data:`LINEAR`, :data:`EMBEDDING`, :data:`EXPERTS`,
-    :data:`NORM`), None for any other. ``by_heads``: the style splits a block's own per-head
+    """The kind of module a style splits (:data:`LINEAR`, :data:`EMBEDDING`, :data:`CONV1D`,
+    :data:`EXPERTS`, :data:`NORM`), None for any other. ``by_heads``: the style splits a block's own per-head
     parameters (gpt-oss attention's sinks), so such a block is of kind :data:`HEADS`."""
     from torch import nn
 
@@ -243,7 +273,11 @@ def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
     if isinstance(module, nn.Linear):
         return LINEAR
     from plangen.attention_styles import head_parameters
+    from plangen.fused_styles import is_conv1d
     from plangen.moe_styles import expert_count
+
+    if is_conv1d(module):
+        return CONV1D
 
     if expert_count(module):
         return EXPERTS
@@ -263,7 +297,7 @@ def weight_layout(style: "ParallelStyle | None", module: "nn.Module") -> str | N
     if facts is None:
         return None
     kind = module_kind(module)
-    return facts.weight_layout(kind if kind in (EMBEDDING, NORM) else LINEAR)
+    return facts.weight_layout(kind if kind in (EMBEDDING, NORM, CONV1D) else LINEAR)
 
 
 def placement_from_text(text: str) -> "Placement":

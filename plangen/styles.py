@@ -37,6 +37,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from plangen.attention_styles import AttentionSinksParallel
+from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, FusedColwiseParallel, LocalHeadCounts
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
@@ -203,6 +204,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
+        *(FusedColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
         MlaKvAProjParallel,
         MlaAttentionParallel,
         ExpertsParallel,
@@ -424,11 +426,14 @@ __all__ = [
     "AllReduceParamGrads",
     "AttentionSinksParallel",
     "ColwiseParallelWithGather",
+    *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),
     "ExpertsParallel",
+    "FusedColwiseParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "MlaAttentionParallel",
+    "LocalHeadCounts",
     "MlaKvAProjParallel",
     "PackedColwiseParallel",
     "PackedRowwiseParallel",

@@ -53,10 +53,12 @@ def test_rows_follow_the_plan_priority(listing):
     rows = rows_by_class(listing)
     olmo = rows["OlmoForCausalLM"]
     assert (olmo["plan"], olmo["sequence_parallel"], olmo["check"]) == ("synthesized", True, "passed")
-    assert rows["Phi3ForCausalLM"]["plan"] == "hf"  # fused q|k|v and gate|up: nothing to synthesize
-    assert "packed q|k|v" in rows["Phi3ForCausalLM"]["note"]
-    gpt2 = rows["GPT2LMHeadModel"]
-    assert gpt2["plan"] == "none" and "Conv1D" in gpt2["note"]
+    # Fused q|k|v and gate|up: Phi-3's own plan re-lays out both; Phi-4-MM's synthesized plan its gate|up only.
+    assert rows["Phi3ForCausalLM"]["plan"] == "hand-written" and rows["Phi3ForCausalLM"]["sequence_parallel"] is True
+    assert rows["Phi4MultimodalForCausalLM"]["plan"] == "synthesized"
+    assert rows["GPT2LMHeadModel"]["plan"] == "hand-written"  # Conv1D styles, fused c_attn re-laid out
+    ctrl = rows["CTRLLMHeadModel"]
+    assert ctrl["plan"] == "none" and "not recognised as attention or MLP" in ctrl["note"]
     for row in rows.values():
         assert row["plan"] in ("hand-written", "synthesized", "hf", "none")
         if row["plan"] == "synthesized":  # the runtime uses a synthesized plan only where it is proven
@@ -65,14 +67,14 @@ def test_rows_follow_the_plan_priority(listing):
 
 
 def test_text_table_for_some_models():
-    result = CliRunner().invoke(app, ["list", "olmo", "llama", "Phi3ForCausalLM"])
+    result = CliRunner().invoke(app, ["list", "olmo", "llama", "ctrl"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "TP-sharded", "note"]
-    assert lines[1].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
-    assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
-    assert lines[3].split()[:3] == ["Phi3ForCausalLM", "phi3", "hf"]
-    assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 1 hf, 0 none; ")
+    assert lines[1].split()[:3] == ["CTRLLMHeadModel", "ctrl", "none"]
+    assert lines[2].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
+    assert lines[3].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
+    assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 0 hf, 1 none; ")
     assert lines[-1].endswith("shard ≥ 95% of their parameters over TP")
 
 

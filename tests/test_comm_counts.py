@@ -51,10 +51,13 @@ def per_layer(name: str, sequence_parallel: bool):
     return diff(f2.counts(), f4.counts()), diff(b2.counts(), b4.counts()), f2.counts(), b2.counts()
 
 
-DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3"]
+DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"]
 
 
-@pytest.mark.parametrize("name", DENSE)
+TP_ONLY = ["gpt2", "openai-gpt"]  # Conv1D projections and a fused c_attn; no sequence-parallel plan
+
+
+@pytest.mark.parametrize("name", DENSE + TP_ONLY)
 def test_tensor_parallel_costs_two_all_reduces_per_layer(fake_pg, name):
     forward, backward, total_forward, total_backward = per_layer(name, False)
     assert forward == {AR: 2}

@@ -99,13 +99,14 @@ def test_optimized_plan_wins_over_hf():
     assert resolved.source == "hand-written" and "LlamaForCausalLM" in resolved.reason
 
 
-def test_hf_plan_without_optimized_plan_refuses_sequence_parallel():
-    # Phi-3 packs q|k|v and gate|up: no hand-written plan and nothing to synthesize, only its HF plan.
-    config = AutoConfig.for_model("phi3", vocab_size=64, pad_token_id=0, hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    with pytest.raises(P.PlanError, match="sequence_parallel=True but Phi3ForCausalLM has no hand-written or proven synthesized plan"):
+def test_hf_plan_without_optimized_plan_refuses_sequence_parallel(monkeypatch):
+    # OLMo recorded with only its Hugging Face plan proven (no class of this transformers is).
+    import plangen.plans.proven as proven
+    from plangen.catalog import Architecture, build_catalog_model
+
+    monkeypatch.setattr(proven, "load_proven", lambda: {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
+    with pytest.raises(P.PlanError, match="sequence_parallel=True but OlmoForCausalLM has no hand-written or proven synthesized plan"):
         P.choose_plan(model, True, None)
 
 

@@ -16,7 +16,8 @@ MULTIMODAL = [
     "Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
     "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
 ]
-MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "olmo2", "olmo3"]
+MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "olmo2", "olmo3", "phi3"]
+TP_ONLY_MODELS = ["gpt2", "openai-gpt"]  # Conv1D projections, fused c_attn; no sequence-parallel plan
 MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss"]
 # Attention other than sdpa, for classes without it.
 ATTN = {"gpt_oss": "eager"}
@@ -24,6 +25,7 @@ ATTN = {"gpt_oss": "eager"}
 
 def _cases():
     cases = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MODELS for sp in (False, True)]
+    cases += [{"name": m, "model": m, "attn": "eager" if m == "openai-gpt" else "sdpa"} for m in TP_ONLY_MODELS]
     extra = [
         {"name": "llama-activation-checkpointing", "model": "llama", "sp": True, "ac": True},
         {"name": "llama-custom-dotted", "model": "llama", "plan": "custom_plans.llama_gathered_logits"},
@@ -59,6 +61,9 @@ def _cases():
         {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
         for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2")
     ]
+    # Fused projections re-laid out for TP: the state dict still reads and loads Hugging Face's layout.
+    moe += [{"name": "phi3-state-dict" + ("-sp" if sp else ""), "model": "phi3", "sp": sp, "state_dict": True} for sp in (False, True)]
+    moe.append({"name": "gpt2-state-dict", "model": "gpt2", "state_dict": True})  # Conv1D [in, out], fused c_attn with bias
     cases += moe
     # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
     # own styles need nothing else (OLMo-2's norms over the whole projection).
@@ -130,7 +135,7 @@ def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(result
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if "tied" in c or "gemma3" in c])
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt"))])
 def test_tied_embeddings_stay_one_parameter(results, case_id):
     assert all(per_case[case_id]["tied"] for per_case in results)
 

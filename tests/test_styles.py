@@ -648,7 +648,7 @@ class _HeadsBlock(nn.Module):
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import EMBEDDING, EXPERTS, HEADS, LINEAR, NORM, STYLE_FACTS
+    from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, NORM, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
@@ -658,7 +658,13 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     elif NORM in facts.shard_dim:  # a style for norms only
         kinds = {NORM: lambda: nn.LayerNorm(8)}
     else:
-        makers = {LINEAR: _MODULE_OF.get(name, lambda: nn.Linear(8, 8)), EMBEDDING: lambda: nn.Embedding(16, 8)}
+        from transformers.pytorch_utils import Conv1D
+
+        makers = {
+            LINEAR: _MODULE_OF.get(name, lambda: nn.Linear(8, 8)),
+            EMBEDDING: lambda: nn.Embedding(16, 8),
+            CONV1D: lambda: Conv1D(8, 16),  # weight [in 16, out 8]: the split dim is not the square's
+        }
         if name in _MODULE_OF:  # a style for one module type only, on that module
             kinds = {LINEAR: makers[LINEAR]}
         else:  # a sharding style on the module kinds it splits (a tied pair's ends take one kind each)

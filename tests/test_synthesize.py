@@ -143,17 +143,14 @@ def test_a_whole_projection_norm_not_applied_to_a_projection_keeps_attention_rep
     assert "not applied straight to a column-parallel projection's output" in kept["model.layers.0.self_attn"]
 
 
-def test_fused_projections_stay_replicated_with_the_reason():
-    glm = build_synthesized_plan(meta("glm"), False)
-    assert "packed gate|up projection gate_up_proj" in why_of(glm, "model.layers.*.mlp")
+def test_packed_gate_up_is_re_laid_out_and_packed_qkv_stays_replicated_with_the_reason():
+    glm = build_synthesized_plan(meta("glm"), False)  # [gate; up] chunked in two: each rank its slice of both
+    gate_up = next(e for e in glm.entries if e.pattern == "model.layers.*.mlp.gate_up_proj")
+    assert (gate_up.style, gate_up.kwargs["part_sizes"]) == ("FusedColwiseParallel", (1, 1))
+    assert styles_of(glm)["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
     assert styles_of(glm)["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
-    analysis = analyze_model(meta("phi3"))  # q|k|v and gate|up both fused: nothing left to shard
-    assert {k.why.split(" (")[0] for k in analysis.kept if k.group in ("attention", "mlp")} == {
-        "packed q|k|v projection qkv_proj", "packed gate|up projection gate_up_proj"
-    }
-    with pytest.raises(ValueError, match=r"^Phi3ForCausalLM: no synthesized plan: nothing in its decoder layers") as err:
-        build_synthesized_plan(meta("phi3"), False)
-    assert "\n" not in str(err.value)
+    analysis = analyze_model(meta("phi4_multimodal"))  # q|k|v packed: attention kept whole
+    assert {k.why.split(" (")[0] for k in analysis.kept if k.group == "attention"} == {"packed q|k|v projection qkv_proj"}
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe"])
@@ -277,7 +274,9 @@ def test_seed_plan_order(proven):
     assert build_seed_plan(meta("olmo"), False).source == "synthesized"
     # No Hugging Face plan: the unproven synthesized plan is the best start there is.
     assert build_seed_plan(meta("mpt"), False).source == "synthesized"
-    with pytest.raises(ValueError, match="no plan for GPT2LMHeadModel"):
+    with pytest.raises(ValueError, match="no plan for CTRLLMHeadModel"):
+        build_seed_plan(meta("ctrl"), True)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel: no sequence-parallel plan"):  # hand-written, TP only
         build_seed_plan(meta("gpt2"), True)
 
 

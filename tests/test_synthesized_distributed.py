@@ -2,8 +2,8 @@
 
 Ten classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
-and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and on: logits, loss, every gradient and the gradient
-norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
+and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
+on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
 steps (eps 1e-6, see train_steps in tests/distributed/cases.py). The plan is forced to the
 synthesized one, and the committed sweep results (plangen/plans/proven.json, which the runtime
 reads) must agree.
@@ -19,7 +19,7 @@ CLASSES = {
     # model_type: (class, tied embeddings)
     "olmo": ("OlmoForCausalLM", False),  # parameter-free LayerNorms
     "olmoe": ("OlmoeForCausalLM", False),  # q/k norms over all heads, sharded with them; MoE
-    "glm": ("GlmForCausalLM", False),  # packed gate|up: MLP replicated
+    "glm": ("GlmForCausalLM", False),  # packed gate|up re-laid out per rank (FusedColwiseParallel)
     "cohere": ("CohereForCausalLM", True),  # attention and MLP in parallel on one norm, logit scale
     "phi": ("PhiForCausalLM", False),  # biases, fc1/fc2, partial rotary, parallel residual
     "starcoder2": ("Starcoder2ForCausalLM", True),  # LayerNorm with bias, c_fc/c_proj

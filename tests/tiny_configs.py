@@ -83,3 +83,10 @@ TINY["deepseek_v2"] = dict(
     n_group=1, topk_group=1, topk_method="greedy", q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=4,
     qk_nope_head_dim=8, v_head_dim=8, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
 )
+
+# Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
+TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)
+# GPT-2-style Conv1D projections (weights [in, out]) and a fused c_attn of equal q, k, v; tied head.
+GPT = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64)
+TINY["gpt2"] = dict(model_type="gpt2", n_inner=64, use_cache=False, **GPT)
+TINY["openai-gpt"] = dict(model_type="openai-gpt", **GPT)

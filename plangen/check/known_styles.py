@@ -19,7 +19,7 @@ from plangen.style_facts import STYLE_FACTS, TORCH_STYLES
 class ValueKind:
     """The type a keyword argument accepts, as far as a literal in the source can show it.
 
-    ``base`` is ``"placement"``, ``"placement_dict"``, ``"bool"`` or ``"int"``; a tuple of the base
+    ``base`` is ``"placement"``, ``"placement_dict"``, ``"bool"``, ``"int"`` or ``"str"``; a tuple of the base
     type is accepted when ``allows_tuple``, and ``None`` at top level / inside the tuple when the
     flags say so.
     """
@@ -49,6 +49,9 @@ PLACEMENT = ValueKind("Placement", "placement")
 PLACEMENT_DICT_OR_NONE = ValueKind("dict[str, Placement] | None", "placement_dict", allows_none=True)
 BOOL = ValueKind("bool", "bool")
 INT = ValueKind("int", "int")
+# A tuple literal of ints / of strings (a fused projection's part sizes, attribute names).
+INT_TUPLE = ValueKind("tuple[int, ...]", "int", allows_tuple=True)
+STR_TUPLE = ValueKind("tuple[str, ...]", "str", allows_tuple=True)
 
 VALUE_KINDS: tuple[ValueKind, ...] = (
     PLACEMENT_OR_NONE,
@@ -58,6 +61,8 @@ VALUE_KINDS: tuple[ValueKind, ...] = (
     PLACEMENT_DICT_OR_NONE,
     BOOL,
     INT,
+    INT_TUPLE,
+    STR_TUPLE,
 )
 
 # Marks a keyword argument without a default.
@@ -172,6 +177,17 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("use_local_output", BOOL, True),
             ),
         ),
+        _spec(
+            "FusedColwiseParallel",
+            (
+                StyleParam("part_sizes", INT_TUPLE, (1, 1)),
+                StyleParam("input_layouts", PLACEMENT_OR_NONE, None),
+                StyleParam("use_local_output", BOOL, True),
+            ),
+        ),
+        _spec("Conv1DColwiseParallel", _LAYOUTS),
+        _spec("Conv1DRowwiseParallel", _LAYOUTS),
+        _spec("LocalHeadCounts", (StyleParam("attributes", STR_TUPLE, ()),)),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         # PrepareModuleInput's arguments; the rope width is read from the module when applied.
         _spec("MlaAttentionParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, True))),

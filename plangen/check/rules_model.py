@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
+from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
@@ -144,6 +145,9 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
     elif isinstance(style, (PackedColwiseParallel, PackedRowwiseParallel, MlaKvAProjParallel)):
         if not isinstance(module, nn.Linear):
             return f"`{name}` shards nn.Linear only, not {what}"
+    elif isinstance(style, (Conv1DColwiseParallel, Conv1DRowwiseParallel)):
+        if not (isinstance(module, nn.Linear) or is_conv1d(module)):
+            return f"`{name}` shards nn.Linear and GPT-2's Conv1D only, not {what}"
     elif is_sharding(style):
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             return f"`{name}` shards nn.Linear and nn.Embedding only, not {what} (torch raises NotImplementedError)"
@@ -228,11 +232,12 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
         return [("num_experts", expert_count(module), 1)]  # whole experts per rank
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
-    if isinstance(module, nn.Linear):
+    if isinstance(module, nn.Linear) or is_conv1d(module):
+        out_features, in_features = (module.nf, module.nx) if is_conv1d(module) else (module.out_features, module.in_features)
         if isinstance(style, ColwiseParallel) and leaves_local_shard(style):
-            return [("out_features", module.out_features, split)]
+            return [("out_features", out_features, split)]
         if isinstance(style, RowwiseParallel) and takes_local_shard(style):
-            return [("in_features", module.in_features, split)]
+            return [("in_features", in_features, split)]
     if isinstance(style, ShardedNormParallel) and isinstance(getattr(module, "weight", None), nn.Parameter):
         return [("normalized width", module.weight.shape[0], 1)]  # local slices of the projection's output
     if isinstance(module, nn.Embedding) and isinstance(style, ColwiseParallel) and leaves_local_shard(style):

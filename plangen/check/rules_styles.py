@@ -372,6 +372,15 @@ def _type_errors(
         if not kind.allows_none:
             yield node, _expected_words(kind)
         return
+    if kind.base in ("int", "str") and kind.allows_tuple:
+        words = _expected_words(kind)
+        if category != "tuple":
+            yield node, words
+            return
+        for element in node.elements:  # type: ignore[attr-defined]
+            if isinstance(element, cst.Element) and plan.classify(element.value).category not in (kind.base, *UNJUDGED):
+                yield element.value, words
+        return
     if kind.base == "bool":
         if category != "bool":
             yield node, "True or False"
@@ -404,6 +413,8 @@ def _type_errors(
 
 
 def _expected_words(kind: known.ValueKind) -> str:
+    if kind.allows_tuple and kind.base in ("int", "str"):
+        return f"a tuple of {kind.base}s"
     return {"bool": "True or False", "int": "an int", "placement_dict": "a dict of keyword name → placement"}.get(
         kind.base, _PLACEMENT_WORDS if not kind.allows_tuple else f"{_PLACEMENT_WORDS} or a tuple of them"
     )

@@ -66,6 +66,14 @@ def full_tensor(tensor: "torch.Tensor") -> "torch.Tensor":
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def full_parameter(model: "nn.Module", name: str, tensor: "torch.Tensor") -> "torch.Tensor":
+    """The whole parameter (or its gradient) ``name`` of a parallelized ``model``, in Hugging
+    Face's layout: fused projections are held re-laid out for TP (:mod:`plangen.fused_styles`)."""
+    from plangen.fused_styles import hugging_face_layout
+
+    return hugging_face_layout(model, name, full_tensor(tensor))
+
+
 def next_token_loss(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
     """Cross-entropy of each next token; vocabulary-parallel logits are never gathered."""
     from torch.distributed.tensor import DTensor, Shard
@@ -108,7 +116,7 @@ def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str,
         if name not in grads:
             missing.append(name)
             continue
-        grad = full_tensor(grads[name])
+        grad = full_parameter(sharded, name, grads[name])
         if tuple(grad.shape) != tuple(param.grad.shape):
             shapes[name] = [list(grad.shape), list(param.grad.shape)]
             continue

@@ -113,6 +113,9 @@ class ShardedBlock:
     # above the KV head count replicates (plangen.kv_styles).
     kv_projections: tuple[str, ...] = ()
     projection_norms: tuple[str, ...] = ()
+    # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
+    # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
+    fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,13 +227,9 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     (down, down_m), = downs.items()
     width = down_m.in_features
     packed = [name for name, m in reading.items() if m.out_features == 2 * width]
-    if packed and len(reading) == 1:
-        return KeptBlock(
-            "mlp",
-            f"packed gate|up projection {packed[0]} (out {2 * width} = 2 x {width}): its halves would need "
-            "strided shards, which FSDP2 cannot lay out",
-        )
-    if any(m.out_features != width for m in reading.values()) or len(others) != 1:
+    # A packed [gate; up] (chunked in two by the forward, which the sweep's numerical check proves per class).
+    fused = ((packed[0], (1, 1)),) if packed and len(reading) == 1 else ()
+    if (not fused and any(m.out_features != width for m in reading.values())) or len(others) != 1:
         return None
     if own_parameters(block):
         names = ", ".join(own_parameters(block))
@@ -243,7 +242,7 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     unknown = _unexpected_children(block, set(reading) | {down})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
-    return ShardedBlock("mlp", tuple(reading), down)
+    return ShardedBlock("mlp", tuple(reading), down, fused=fused)
 
 
 @dataclass(frozen=True)

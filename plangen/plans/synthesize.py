@@ -38,7 +38,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
-from plangen.plans.recognize import LatentBlock, MoeBlock
+from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
 from plangen.plans.tied import tie_plan_entries
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
@@ -117,11 +117,8 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 "shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once",
             ))
         for proj in mlp.colwise:
-            entries.append(PlanEntry(
-                f"{part.path}.{name}.{proj}", "ColwiseParallel",
-                dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True), "mlp",
-                "shared experts: column-parallel",
-            ))
+            entries.append(_colwise_entry(f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp",
+                                          "shared experts: column-parallel"))
         entries.append(PlanEntry(
             f"{part.path}.{name}.{mlp.rowwise}", "RowwiseParallel",
             dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",
@@ -142,6 +139,17 @@ def _latent_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     first = entries[0]
     prepared = dict(**_input_layouts(part.call, sp), use_local_output=True)
     return [PlanEntry(first.pattern, first.style, prepared, first.group, first.why), *entries[1:]]
+
+
+def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: Any, group: str, why: str) -> PlanEntry:
+    """Column-parallel; a packed projection re-laid out so each rank holds its slice of every part."""
+    parts = dict(block.fused).get(name)
+    if parts is None:
+        return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
+                                                           use_local_output=True), group, why)
+    return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
+                                                           use_local_output=True), group,
+                     f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part")
 
 
 def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
@@ -169,13 +177,13 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     else:
         colwise_input = SEQ if sp else Replicate()
         colwise_why = "column-parallel, taking its own input (the layer's call of the block could not be read)"
-    colwise = dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True)
     for name in block.colwise:
         if name in kv:
             why = "column-parallel over KV heads; replicated where TP exceeds them"
+            colwise = dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True)
             entries.append(PlanEntry(f"{part.path}.{name}", "KVHeadsColwiseParallel", colwise, group, why))
         else:
-            entries.append(PlanEntry(f"{part.path}.{name}", "ColwiseParallel", colwise, group, colwise_why))
+            entries.append(_colwise_entry(f"{part.path}.{name}", block, name, colwise_input, group, colwise_why))
     for name in block.per_head_norms:
         entries.append(
             PlanEntry(

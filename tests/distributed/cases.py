@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for dotte
 
 from tiny_configs import build_tiny  # noqa: E402
 
-from plangen.check.run import full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
+from plangen.check.run import full_parameter, full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
 from plangen.comm import CollectiveCounter  # noqa: E402
 from plangen.loss import vocab_parallel_cross_entropy  # noqa: E402
 from plangen.models import text_config  # noqa: E402
@@ -170,7 +170,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     norm = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group())
     norm_inf = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group(), norm_type="inf")
     ref_norm_inf = max(g.abs().max().item() for g in ref_grads.values())
-    grad_diffs = {n: (full(grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads}
+    grad_diffs = {n: (full_parameter(sharded, n, grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads}
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
     ref_slice_loss = next_token_loss(ref_logits[rows], ids[rows]).item()
     param_drift = train_steps(
@@ -269,7 +269,10 @@ def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: f
         ref_opt.step()
         opt.step()
     ref_params = dict(reference.named_parameters())
-    return max((full(p.detach()) - ref_params[n].detach()).abs().max().item() for n, p in sharded.named_parameters())
+    return max(
+        (full_parameter(sharded, n, p.detach()) - ref_params[n].detach()).abs().max().item()
+        for n, p in sharded.named_parameters()
+    )
 
 
 def run_cases(payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,284 @@
+"""Fused (packed) projections under TP and FSDP2: each rank holds its own heads' q, k and v.
+
+A fused projection packs several parts along its output features: Phi-3's ``qkv_proj`` is
+``[q; k; v]`` (with GQA, k and v are smaller than q), its ``gate_up_proj`` is ``[gate; up]``.
+A plain ``Shard(0)`` would give rank 0 all of q and rank 1 k and v. :class:`FusedColwiseParallel`
+re-lays the fused weight out once, when TP is applied, as ``[q_0; k_0; v_0; q_1; k_1; v_1; ...]``,
+and shards that with an ordinary ``Shard(0)``: each rank's local output is its own
+``[q_r; k_r; v_r]``, and FSDP2 composes with a plain ``Shard`` exactly as it does for any
+column-parallel weight. torch's ``_StridedShard`` cannot say this: it splits equal parts only
+(not GQA's q/k/v), and FSDP2 (torch 2.13) gathers it back permuted (docs/fused.md measures both).
+
+The parameter then holds the rows in an order of plangen's own, so the style also installs two
+state-dict hooks on the module that translate both ways: ``state_dict()`` gives the Hugging Face
+layout (a ``Replicate()`` DTensor of the whole fused weight, gathered once per fused weight, which
+is what a full state dict gathers anyway), and ``load_state_dict`` takes the Hugging Face layout
+(a plain tensor or any DTensor of the whole weight) and keeps this rank's rows. The model's own
+split of the fused output (``chunk(2, -1)``, or slices by head counts that
+:class:`LocalHeadCounts` makes local) then sees this rank's parts.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+
+
+def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torch.Tensor:
+    """The fused rows in their TP order: for each rank ``r``, the ``r``-th slice of every part.
+
+    ``part_sizes`` are the parts' relative sizes (``(heads, kv_heads, kv_heads)``, ``(1, 1)``);
+    ``permuted = fused.index_select(dim, index)``, and ``argsort(index)`` undoes it.
+    """
+    total = sum(part_sizes)
+    if rows % total:
+        raise ValueError(f"{rows} fused features do not split in the proportions {tuple(part_sizes)}")
+    sizes = [rows // total * p for p in part_sizes]
+    bad = [s for s in sizes if s % tp_size]
+    if bad:
+        raise ValueError(
+            f"fused parts of {sizes} features (proportions {tuple(part_sizes)}) must each split evenly over "
+            f"{tp_size} TP ranks; {bad[0]} does not"
+        )
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return torch.cat(
+        [
+            torch.arange(start + rank * (size // tp_size), start + (rank + 1) * (size // tp_size))
+            for rank in range(tp_size)
+            for start, size in zip(starts, sizes)
+        ]
+    )
+
+
+def _output_dim(module: nn.Module, param_name: str) -> int:
+    # nn.Linear keeps [out, in]; GPT-2's Conv1D keeps its weight transposed, [in, out]. Biases are [out].
+    return 1 if param_name == "weight" and is_conv1d(module) else 0
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """GPT-2's ``Conv1D`` (transformers.pytorch_utils): an ``nn.Linear`` with its weight stored ``[in, out]``."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "nx")
+
+
+def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
+    if not (isinstance(module, nn.Linear) or is_conv1d(module)):
+        raise NotImplementedError(f"{type(style).__name__} shards nn.Linear and Conv1D only, not {type(module).__name__}")
+
+
+class Conv1DColwiseParallel(ColwiseParallel):
+    """:class:`ColwiseParallel` that also takes GPT-2's ``Conv1D``: its weight is split on dim 1
+    (the output features of ``[in, out]``), its bias on dim 0; ``nn.Linear`` as torch does."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            dim = _output_dim(module, param_name)
+            dist_param = nn.Parameter(
+                distribute_tensor(self._relayout(param.detach(), dim, device_mesh), device_mesh, [Shard(dim)],
+                                  src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad,
+            )
+            module.register_parameter(param_name, dist_param)
+
+    def _relayout(self, tensor: torch.Tensor, dim: int, device_mesh: DeviceMesh) -> torch.Tensor:
+        return tensor
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_projection(self, module)
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+class Conv1DRowwiseParallel(RowwiseParallel):
+    """:class:`RowwiseParallel` that also takes GPT-2's ``Conv1D``: its weight is split on dim 0
+    (the input features of ``[in, out]``), its bias replicated (added once, after the sum)."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        if not is_conv1d(module):
+            return super()._partition_linear_fn(name, module, device_mesh)
+        for param_name, param in list(module.named_parameters(recurse=False)):
+            placement = Shard(0) if param_name == "weight" else Replicate()
+            dist_param = nn.Parameter(
+                distribute_tensor(param, device_mesh, [placement], src_data_rank=self.src_data_rank),
+                requires_grad=param.requires_grad,
+            )
+            module.register_parameter(param_name, dist_param)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_projection(self, module)
+        self.desired_input_layouts = (Shard(-1),)  # what torch sets for a row-parallel Linear
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition_linear_fn,
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
+
+
+class FusedColwiseParallel(Conv1DColwiseParallel):
+    """Column-wise for a projection whose output packs parts of sizes in proportion ``part_sizes``.
+
+    ``part_sizes=(1, 1)`` for ``[gate; up]``; ``(heads, kv_heads, kv_heads)`` for ``[q; k; v]``.
+    Each rank's local output is ``[part0_r; part1_r; ...]`` (see the module docstring); the
+    input is handled as :class:`ColwiseParallel` does (``input_layouts=Shard(1)`` gathers a
+    sequence-sharded input once, and reduce-scatters its gradient). The output stays sharded on
+    the last dim: a gathered output would interleave the parts. Works on ``nn.Linear`` and on
+    GPT-2's ``Conv1D`` (weight ``[in, out]``); weights are ordinary ``Shard`` DTensors, so FSDP2
+    shards them further like any column-parallel weight.
+    """
+
+    def __init__(
+        self,
+        *,
+        part_sizes: tuple[int, ...] = (1, 1),
+        input_layouts: Any = None,
+        use_local_output: bool = True,
+    ) -> None:
+        super().__init__(input_layouts=input_layouts, output_layouts=Shard(-1), use_local_output=use_local_output)
+        self.part_sizes = tuple(part_sizes)
+
+    def _relayout(self, tensor: torch.Tensor, dim: int, device_mesh: DeviceMesh) -> torch.Tensor:
+        index = interleave_index(tensor.shape[dim], self.part_sizes, device_mesh.size())
+        return tensor.index_select(dim, index.to(tensor.device))
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        super()._partition_linear_fn(name, module, device_mesh)
+        _install_layout_hooks(module, self.part_sizes, device_mesh.size())
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(part_sizes={self.part_sizes}, input_layouts={self.input_layouts}, "
+            f"use_local_output={self.use_local_output})"
+        )
+
+
+# The attribute a re-laid-out module carries: (part_sizes, tp_size), what undoes its layout.
+LAYOUT_ATTRIBUTE = "_plangen_fused_layout"
+
+
+def hugging_face_layout(model: nn.Module, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """The whole parameter (or gradient) ``name`` of ``model`` in Hugging Face's layout.
+
+    ``tensor`` is the gathered value as the parallelized model holds it (``full_tensor()`` of the
+    parameter or of its gradient); parameters of modules :class:`FusedColwiseParallel` did not
+    re-lay out come back unchanged.
+    """
+    path, _, param_name = name.rpartition(".")
+    module = model.get_submodule(path)
+    layout = getattr(module, LAYOUT_ATTRIBUTE, None)
+    if layout is None:
+        return tensor
+    part_sizes, tp_size = layout
+    dim = _output_dim(module, param_name)
+    index = interleave_index(tensor.shape[dim], part_sizes, tp_size).to(tensor.device)
+    return tensor.index_select(dim, torch.argsort(index))
+
+
+def _install_layout_hooks(module: nn.Module, part_sizes: tuple[int, ...], tp_size: int) -> None:
+    """State-dict hooks that show the Hugging Face layout outside and keep the TP order inside."""
+    setattr(module, LAYOUT_ATTRIBUTE, (part_sizes, tp_size))
+
+    def index_of(param_name: str, rows: int, device: torch.device) -> torch.Tensor:
+        return interleave_index(rows, part_sizes, tp_size).to(device)
+
+    def to_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+        for param_name, param in mod.named_parameters(recurse=False):
+            key = prefix + param_name
+            value = state_dict.get(key)
+            if value is None:
+                continue
+            dim = _output_dim(mod, param_name)
+            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            index = index_of(param_name, whole.shape[dim], whole.device)
+            restored = whole.index_select(dim, torch.argsort(index))
+            if isinstance(value, DTensor):  # replicated, so a sharded checkpoint still saves it once
+                ones = [Replicate()] * value.device_mesh.ndim
+                restored = DTensor.from_local(restored, value.device_mesh, ones, run_check=False)
+            state_dict[key] = restored
+
+    def from_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+        for param_name, param in mod.named_parameters(recurse=False):
+            key = prefix + param_name
+            value = state_dict.get(key)
+            if value is None or tuple(value.shape) != tuple(param.shape):
+                continue  # load_state_dict reports the missing key or the wrong shape itself
+            dim = _output_dim(mod, param_name)
+            whole = value.full_tensor() if isinstance(value, DTensor) else value
+            permuted = whole.index_select(dim, index_of(param_name, whole.shape[dim], whole.device))
+            if isinstance(param, DTensor):  # keep this rank's rows: a local slice, no communication
+                permuted = distribute_tensor(
+                    permuted.to(param.device_mesh.device_type), param.device_mesh, param.placements, src_data_rank=None
+                )
+            state_dict[key] = permuted
+
+    module.register_state_dict_post_hook(to_hugging_face)
+    module.register_load_state_dict_pre_hook(from_hugging_face)
+
+
+class LocalHeadCounts(ParallelStyle):
+    """The attention module sees only this rank's heads: its head counts are divided by the TP size.
+
+    For attention that splits a fused projection's output by head counts (Phi-3 slices ``qkv`` at
+    ``config.num_attention_heads * head_dim``; GPT-2 splits ``c_attn`` by ``split_size``), after
+    :class:`FusedColwiseParallel` made that output this rank's ``[q_r; k_r; v_r]``. ``attributes``
+    names the module's integer attributes to divide (``"num_key_value_heads"``, ``"split_size"``);
+    ``"config.X"`` gives the module a view of its config with ``X`` divided (the model's own config
+    is untouched). Parameters and the forward are left alone. A count that does not divide is refused.
+    """
+
+    def __init__(self, *, attributes: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.attributes = tuple(attributes)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp = device_mesh.size()
+        overrides: dict[str, int] = {}
+        for attribute in self.attributes:
+            owner, name = (module.config, attribute[len("config."):]) if attribute.startswith("config.") else (module, attribute)
+            value = getattr(owner, name)
+            if not isinstance(value, int) or value % tp:
+                raise ValueError(f"{type(self).__name__}: {type(module).__name__}.{attribute}={value!r} does not divide by the TP size {tp}")
+            if owner is module:
+                setattr(module, name, value // tp)
+            else:
+                overrides[name] = value // tp
+        if overrides:
+            module.config = ConfigView(module.config, overrides)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(attributes={self.attributes})"
+
+
+class ConfigView:
+    """A config with a few attributes overridden; every other attribute read or written is the base's."""
+
+    def __init__(self, base: Any, overrides: dict[str, Any]) -> None:
+        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_overrides", dict(overrides))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not on the view itself; guard copies/unpickling before __init__ ran.
+        state = self.__dict__
+        if name in state.get("_overrides", {}):
+            return state["_overrides"][name]
+        if "_base" not in state:
+            raise AttributeError(name)
+        return getattr(state["_base"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._base, name, value)
+
+    def __repr__(self) -> str:
+        return f"ConfigView({self._overrides}, of {type(self._base).__name__})"

@@ -1,0 +1,141 @@
+"""Fused projections re-laid out for TP (plangen.fused_styles), on a single-process fake TP=2 mesh.
+
+What each rank holds, what it computes, and the state-dict translation that needs no collective
+(loading a plain Hugging Face tensor); the gathered round trip at DP 2 × TP 2 runs in
+tests/test_parallelize_distributed.py (``phi3-state-dict``).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from plangen.fused_styles import ConfigView, FusedColwiseParallel, LocalHeadCounts, hugging_face_layout, interleave_index
+
+
+@pytest.fixture(scope="module")
+def tp_mesh():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    owned = not dist.is_initialized()
+    if owned:
+        dist.init_process_group("fake", rank=0, world_size=2)
+    yield init_device_mesh("cpu", (2,)) if dist.get_world_size() == 2 else DeviceMesh("cpu", [0, 1])
+    if owned:
+        dist.destroy_process_group()
+
+
+def _apply(module: nn.Module, style, mesh) -> nn.Module:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    holder = nn.Module()
+    holder.m = module
+    parallelize_module(holder, mesh, {"m": style})
+    return holder
+
+
+# q has 8 rows (2 parts of 4), k and v 4 each, as GQA with twice as many query heads.
+RANK0 = [0, 1, 2, 3, 8, 9, 12, 13]
+RANK1 = [4, 5, 6, 7, 10, 11, 14, 15]
+
+
+def test_interleave_index_puts_each_ranks_slice_of_every_part_together():
+    assert interleave_index(16, (2, 1, 1), 2).tolist() == RANK0 + RANK1
+    assert interleave_index(8, (1, 1), 2).tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    with pytest.raises(ValueError, match="must each split evenly"):
+        interleave_index(12, (2, 1, 1), 2)  # k and v of 3 rows each
+    with pytest.raises(ValueError, match="proportions"):
+        interleave_index(10, (2, 1, 1), 2)
+
+
+def test_fused_colwise_gives_each_rank_its_own_parts_without_communication(tp_mesh):
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    linear = nn.Linear(8, 16)
+    weight, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
+    m = _apply(linear, FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh).m
+    assert isinstance(m.weight, DTensor) and tuple(m.weight.placements) == (Shard(0),)  # FSDP2 composes with it
+    assert torch.equal(m.weight.to_local(), weight[RANK0]) and torch.equal(m.bias.to_local(), bias[RANK0])
+    x = torch.randn(2, 5, 8)
+    with CommDebugMode() as comm:
+        out = m(x)
+    assert type(out) is torch.Tensor and comm.get_total_counts() == 0
+    torch.testing.assert_close(out, (x @ weight.T + bias)[..., RANK0])
+
+
+def test_fused_colwise_loads_a_hugging_face_tensor_into_this_ranks_rows(tp_mesh):
+    holder = _apply(nn.Linear(8, 16), FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh)
+    new_weight, new_bias = torch.randn(16, 8), torch.randn(16)
+    holder.load_state_dict({"m.weight": new_weight, "m.bias": new_bias})
+    assert torch.equal(holder.m.weight.to_local(), new_weight[RANK0])
+    assert torch.equal(holder.m.bias.to_local(), new_bias[RANK0])
+    # The gathered (TP-ordered) weight is put back in Hugging Face's order by name.
+    gathered = torch.cat([new_weight[RANK0], new_weight[RANK1]])
+    assert torch.equal(hugging_face_layout(holder, "m.weight", gathered), new_weight)
+    assert torch.equal(hugging_face_layout(holder, "m.bias", torch.cat([new_bias[RANK0], new_bias[RANK1]])), new_bias)
+
+
+def test_fused_colwise_refuses_modules_it_cannot_split(tp_mesh):
+    with pytest.raises(ValueError, match="must each split evenly"):
+        _apply(nn.Linear(8, 12), FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh)
+    with pytest.raises(NotImplementedError, match="nn.Linear and Conv1D only"):
+        _apply(nn.Embedding(8, 8), FusedColwiseParallel(), tp_mesh)
+
+
+class _Attention(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.num_key_value_heads = config.num_key_value_heads
+
+
+def test_local_head_counts_divide_the_modules_counts_and_leave_the_models_config(tp_mesh):
+    config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=2, _attn_implementation="sdpa")
+    attention = _Attention(config)
+    style = LocalHeadCounts(attributes=("num_key_value_heads", "config.num_attention_heads"))
+    _apply(attention, style, tp_mesh)
+    assert attention.num_key_value_heads == 1 and attention.config.num_attention_heads == 2
+    assert isinstance(attention.config, ConfigView) and config.num_attention_heads == 4
+    config._attn_implementation = "eager"  # a later change to the model's config shows through
+    assert attention.config._attn_implementation == "eager" and attention.config.num_key_value_heads == 2
+
+
+def test_local_head_counts_refuse_a_count_that_does_not_divide(tp_mesh):
+    attention = _Attention(SimpleNamespace(num_attention_heads=3, num_key_value_heads=3))
+    with pytest.raises(ValueError, match="num_attention_heads=3 does not divide by the TP size 2"):
+        _apply(attention, LocalHeadCounts(attributes=("config.num_attention_heads",)), tp_mesh)
+
+
+def test_conv1d_styles_split_the_transposed_weight(tp_mesh):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from transformers.pytorch_utils import Conv1D
+
+    from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel
+
+    # Fused c_attn [in, out] = [8, 16]: q, k, v in proportion 2 : 1 : 1 along dim 1, bias along dim 0.
+    fused = Conv1D(16, 8)
+    weight, bias = fused.weight.detach().clone(), fused.bias.detach().clone()
+    m = _apply(fused, FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh).m
+    assert tuple(m.weight.placements) == (Shard(1),) and torch.equal(m.weight.to_local(), weight[:, RANK0])
+    x = torch.randn(2, 5, 8)
+    with CommDebugMode() as comm:
+        out = m(x)
+    assert comm.get_total_counts() == 0
+    torch.testing.assert_close(out, (x @ weight + bias)[..., RANK0])
+
+    column = _apply(Conv1D(16, 8), Conv1DColwiseParallel(), tp_mesh).m
+    assert tuple(column.weight.placements) == (Shard(1),) and column.weight.to_local().shape == (8, 8)
+    assert column(x).shape == (2, 5, 8)
+
+    row = _apply(Conv1D(8, 16), Conv1DRowwiseParallel(), tp_mesh).m  # [in 16, out 8]
+    assert tuple(row.weight.placements) == (Shard(0),) and row.weight.to_local().shape == (8, 8)
+    assert tuple(row.bias.placements) == (Replicate(),)  # added once, after the sum
+    with CommDebugMode() as comm:
+        out = row(torch.randn(2, 5, 8)) * 1  # this rank's half of the 16 input features
+    assert out.shape == (2, 5, 8) and comm.get_comm_counts() and comm.get_total_counts() == 1
