@@ -36,11 +36,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from plangen.module_tree import ModuleIndex
+from plangen.module_tree import LORA_PARTS, ModuleIndex
 from plangen.plan_checks import PlanError
-
-# The parts of a LoRA layer: a plan key that selects one of them directly bypasses the translation.
-LORA_PARTS = ("base_layer", "lora_A", "lora_B", "lora_dropout", "lora_embedding_A", "lora_embedding_B")
 
 
 def is_lora_layer(module: nn.Module) -> bool:
