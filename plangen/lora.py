@@ -63,6 +63,26 @@ def find_lora_base(model: nn.Module) -> tuple[str, nn.Module]:
     return (path, base) if path else ("", model)
 
 
+def resolve_plan_model(model: nn.Module) -> nn.Module:
+    """The model whose plan ``model`` gets: itself, or for a peft model the wrapped model, seen
+    without its LoRA layers (an empty copy on the meta device, built from its config).
+
+    Plan builders and synthesis read the module tree (``nn.Linear`` children, forward sources): on
+    the LoRA layers a synthesized plan would not be found, or not be the one the sweep proved.
+    The plan is written for the bare model; :func:`resolve_lora_styles` then translates it."""
+    import torch
+
+    _, base = find_lora_base(model)
+    if not is_lora_model(base):
+        return base
+    config = getattr(base, "config", None)
+    build = getattr(type(base), "_from_config", None)
+    if config is None or build is None:
+        return base  # not a transformers model: its plan is a custom one, chosen without reading it
+    with torch.device("meta"):
+        return build(config)
+
+
 class ReplicatedAdapter(ParallelStyle):
     """A LoRA adapter kept whole on every TP rank, as ``Replicate()`` DTensors, between sharded layers.
 

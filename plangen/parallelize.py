@@ -33,7 +33,7 @@ from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.hf_plan import get_hf_tp_plan
-from plangen.lora import find_lora_base
+from plangen.lora import find_lora_base, resolve_plan_model
 from plangen.module_tree import find_matching_modules, find_unmatched_keys  # noqa: F401 - public here too
 from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
     PlanError,
@@ -185,7 +185,7 @@ def parallelize_model(
     # A peft model: the plan is the wrapped model's (apply_tp translates it onto the LoRA layers).
     _, base = find_lora_base(model)
     if tp_size > 1:
-        chosen = choose_plan(base, sequence_parallel, custom_parallel_plan)
+        chosen = choose_plan(resolve_plan_model(model), sequence_parallel, custom_parallel_plan)
         logger.info("plangen: using the %s plan: %s", chosen.source, chosen.reason)
         apply_tp(model, tp_mesh, chosen.build_styles(), dp_size=dp_mesh.size())
         if sequence_parallel:

@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
 from plangen.comm import CollectiveCounter
-from plangen.lora import ReplicatedAdapter, find_lora_base, resolve_lora_styles
+from plangen.lora import ReplicatedAdapter, find_lora_base, resolve_lora_styles, resolve_plan_model
 from plangen.loss import vocab_parallel_cross_entropy
 from plangen.plan_checks import PlanError
 from plangen.plans.choice import choose_plan
@@ -109,6 +109,21 @@ def test_lora_on_replicated_kv_heads_is_refused():
     with pytest.raises(PlanError, match=r"KV heads \(1\) are replicated over TP size 2"):
         resolve_lora_styles(model, plan, tp_size=2)
     assert resolve_lora_styles(model, plan, tp_size=1)  # TP 1 slices nothing
+
+
+@pytest.mark.parametrize("name", ["granite-1kv", "llama"])
+def test_the_plan_is_chosen_for_the_model_without_lora(name):
+    """Synthesis reads nn.Linear children and forward sources: on the LoRA layers it finds another
+    plan than the sweep proved (or none), so the plan is chosen on the model without LoRA."""
+    bare = choose_plan(build_tiny(name), False)
+    model = lora_model(name, targets=("q_proj", "o_proj"))
+    view = resolve_plan_model(model)
+    assert view.device.type == "meta" and not any("lora" in n for n, _ in view.named_modules())
+    chosen = choose_plan(view, False)
+    assert (chosen.source, repr(chosen.build_styles())) == (bare.source, repr(bare.build_styles()))
+    if name == "granite-1kv":  # read on the LoRA layers, the tree gives another plan than the one proven
+        on_lora = choose_plan(find_lora_base(model)[1], False)
+        assert repr(on_lora.build_styles()) != repr(bare.build_styles())
 
 
 @pytest.fixture

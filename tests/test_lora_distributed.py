@@ -22,6 +22,8 @@ CASES = {
         {"name": "llama-all-linear-sp", "model": "llama", "targets": ALL_LINEAR, "sp": True},
         {"name": "qwen3-q-v", "model": "qwen3", "targets": ["q_proj", "v_proj"]},  # per-head norms, frozen
         {"name": "gemma3-all-linear-sp", "model": "gemma3", "targets": ALL_LINEAR, "sp": True},  # tied, frozen
+        # The synthesized plan (chosen on the model without LoRA), one KV head replicated at TP 2.
+        {"name": "granite-1kv-synthesized", "model": "granite-1kv", "targets": ["q_proj", "o_proj", "gate_proj", "down_proj"]},
     ]
 }
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
