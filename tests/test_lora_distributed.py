@@ -23,7 +23,10 @@ CASES = {
         {"name": "qwen3-q-v", "model": "qwen3", "targets": ["q_proj", "v_proj"]},  # per-head norms, frozen
         {"name": "gemma3-all-linear-sp", "model": "gemma3", "targets": ALL_LINEAR, "sp": True},  # tied, frozen
         # The synthesized plan (chosen on the model without LoRA), one KV head replicated at TP 2.
+        {"name": "llama-all-linear-sp-checkpointed", "model": "llama", "targets": ALL_LINEAR, "sp": True, "ac": True},
         {"name": "granite-1kv-synthesized", "model": "granite-1kv", "targets": ["q_proj", "o_proj", "gate_proj", "down_proj"]},
+        # Mixed precision (bf16 compute, fp32 reduction): peft casts the input to the adapters' dtype.
+        {"name": "llama-all-linear-sp-bf16", "model": "llama", "targets": ALL_LINEAR, "sp": True, "dtype": "bfloat16", "steps": 0},
     ]
 }
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
@@ -35,8 +38,11 @@ def results() -> list:
     return run_distributed("tests/distributed/lora_cases.py:run_lora_cases", 4, CASES, timeout=300)
 
 
+BF16 = [c for c in CASE_IDS if c.endswith("-bf16")]
+
+
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c not in BF16])
 def test_lora_model_matches_the_unsharded_lora_model(results, case_id):
     for rank, per_case in enumerate(results):
         r = per_case[case_id]
@@ -59,6 +65,15 @@ def test_frozen_base_weights_get_no_gradient_and_no_gradient_communication(resul
         assert r["frozen"] > 0 and r["frozen_with_grad"] == []
         assert r["fsdp_reduce_scatter_bytes"] == r["trainable_bytes"]
         assert r["frozen_bytes"] > 3 * r["trainable_bytes"]  # would show, had any frozen gradient been reduced
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", BF16)
+def test_bf16_lora_model_runs_and_stays_close_to_fp32(results, case_id):
+    for per_case in results:
+        r = per_case[case_id]
+        assert "error" not in r, r.get("trace")
+        assert r["logits"] < 0.05 and r["adapter_grads"] == r["ref_adapter_grads"], r
 
 
 @pytest.mark.distributed

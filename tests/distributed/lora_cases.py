@@ -57,7 +57,10 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
     ref_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in ref_grads.values()])).item()
 
-    sharded = parallelize_model(model, dp_mesh, tp_mesh, torch.float32, sequence_parallel=case.get("sp", False))
+    sharded = parallelize_model(
+        model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
+        sequence_parallel=case.get("sp", False), activation_checkpointing=case.get("ac", False),
+    )
     logits = sharded(input_ids=ids[rows]).logits
     loss = next_token_loss(logits, ids[rows])
     with CollectiveCounter() as backward:
@@ -84,7 +87,7 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "frozen_with_grad": sorted(n for n, p in sharded.named_parameters() if not p.requires_grad and p.grad is not None),
         "frozen": sum(1 for p in sharded.parameters() if not p.requires_grad),
         "grad_norm": abs(norm - ref_norm),
-        "param_drift": train_steps(reference, sharded, ids, mask, rows, dp, 3),
+        "param_drift": train_steps(reference, sharded, ids, mask, rows, dp, case.get("steps", 3)),
         # FSDP2's reduce-scatters (c10d's) carry the adapters' gradients only: exactly their local bytes.
         "fsdp_reduce_scatter_bytes": sum(size for op, size in backward.records if op == "_reduce_scatter_base_"),
         "trainable_bytes": _local_bytes(p for p in sharded.parameters() if p.requires_grad),
