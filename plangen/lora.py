@@ -28,7 +28,6 @@ Dropout and scaling are peft's own, untouched. Frozen base weights keep ``requir
 
 from __future__ import annotations
 
-import copy
 from typing import Mapping
 
 from torch import nn

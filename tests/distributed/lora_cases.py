@@ -26,7 +26,6 @@ from tiny_configs import build_tiny  # noqa: E402
 from plangen.comm import CollectiveCounter  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
 
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def build_lora_model(name: str, targets: list[str], rank: int = 4) -> torch.nn.Module:
