@@ -7,6 +7,7 @@
 * The pattern of a module path: :func:`generalize` (``model.layers.3.mlp`` → ``model.layers.*.mlp``).
 * The repeated blocks (:func:`find_transformer_layers`) and the tied embeddings
   (:func:`tied_embeddings`).
+* The parts of a peft LoRA layer (:data:`LORA_PARTS`), which plan keys must not name.
 
 Importing this module does not import torch: the level-1 checks use the string functions too.
 """
@@ -18,6 +19,11 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
+
+
+# The children of a peft LoRA layer: plangen.lora places them from the key of the wrapped module,
+# so a key naming one (``...q_proj.base_layer``) bypasses that (refused by the runtime, PG008).
+LORA_PARTS = ("base_layer", "lora_A", "lora_B", "lora_dropout", "lora_embedding_A", "lora_embedding_B")
 
 
 def key_matches(pattern: str, module_path: str) -> bool:

@@ -7,10 +7,11 @@ bad input fails before any collective with the numbers.
 
 Order of work in :func:`parallelize_model`:
   1. choose the plan (custom > hand-written for the class > synthesized and proven > Hugging Face:
-     :func:`plangen.plans.choice.choose_plan`), pure, logged;
+     :func:`plangen.plans.choice.choose_plan`; for a peft model, the wrapped model's), pure, logged;
   2-3. apply TP (:func:`plangen.tensor_parallel.apply_tp`): complete tied embeddings, check the plan
      against the model (keys that match nothing, head counts vs TP size) before anything is sharded,
-     ``parallelize_module``, then re-tie what TP split apart;
+     ``parallelize_module``, then re-tie what TP split apart; on a peft LoRA model the plan's keys
+     are first translated onto the LoRA layers' base layers and adapters (:mod:`plangen.lora`);
   4. activation checkpointing of the decoder layers;
   5. FSDP2: each decoder layer, then the root without resharding after forward; each parameter
      sharded on dim 0 over DP, or on another dim where its TP-local dim 0 is smaller than DP
@@ -32,6 +33,7 @@ from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.hf_plan import get_hf_tp_plan
+from plangen.lora import find_lora_base, resolve_plan_model
 from plangen.module_tree import find_matching_modules, find_unmatched_keys  # noqa: F401 - public here too
 from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
     PlanError,
@@ -180,8 +182,10 @@ def parallelize_model(
     """Apply TP with the plan of highest priority, then FSDP2; returns the FSDP2-wrapped model."""
     tp_size = tp_mesh.size()
     layers = find_transformer_layers(model)
+    # A peft model: the plan is the wrapped model's (apply_tp translates it onto the LoRA layers).
+    _, base = find_lora_base(model)
     if tp_size > 1:
-        chosen = choose_plan(model, sequence_parallel, custom_parallel_plan)
+        chosen = choose_plan(resolve_plan_model(model), sequence_parallel, custom_parallel_plan)
         logger.info("plangen: using the %s plan: %s", chosen.source, chosen.reason)
         apply_tp(model, tp_mesh, chosen.build_styles(), dp_size=dp_mesh.size())
         if sequence_parallel:
@@ -189,7 +193,7 @@ def parallelize_model(
     elif custom_parallel_plan is not None:
         logger.info("plangen: TP size is 1: the custom plan is not applied")
     if activation_checkpointing:
-        keep = CHECKPOINT_FILTERS.get(type(model).__name__, lambda layer: True)
+        keep = CHECKPOINT_FILTERS.get(type(base).__name__, lambda layer: True)
         apply_activation_checkpointing([layer for layer in layers if keep(layer)])
     return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
 

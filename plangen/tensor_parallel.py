@@ -1,7 +1,9 @@
 """Apply a plan with TP: the one step the runtime, ``plangen cost`` and ``plangen verify --run`` share.
 
-    tie -> check -> parallelize_module -> re-tie
+    LoRA -> tie -> check -> parallelize_module -> re-tie
 
+A plan written for the base model is first translated onto its peft LoRA layers, if it has any
+(:func:`plangen.lora.resolve_lora_styles`: base layers and adapters placed to match).
 Tied embeddings first get a vocabulary sharding at both ends (a plan may shard one end only), the
 plan is checked against the model before anything is sharded (every rank fails the same way, before
 any rank communicates), then torch applies it, and the embedding and head that ``parallelize_module``
@@ -17,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
+from plangen.lora import resolve_lora_styles
 from plangen.plan_checks import (
     PlanError,
     check_packed_without_fsdp,
@@ -34,14 +37,26 @@ def apply_tp(
     ``dp_size``: the FSDP2 size the model will be sharded over next (packed projections refuse it).
     Raises :class:`~plangen.plan_checks.PlanError` before changing anything when the plan does not fit.
     """
+    styles = resolve_lora_styles(model, styles, tp_mesh.size())
     styles = resolve_tied_styles(model, styles)
     check_plan_fits(model, styles, tp_mesh.size())
     check_packed_without_fsdp(model, styles, dp_size)
     tied = tied_embeddings(model)
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     parallelize_module(model, tp_mesh, styles)
+    apply_frozen(model, frozen)
     if tied is not None:
         apply_retie(model, *tied)
     return styles
+
+
+def apply_frozen(model: nn.Module, frozen: set[str]) -> None:
+    """Frozen weights stay frozen: torch's ``SequenceParallel`` (and so ``ReplicatedWithGradAllReduce``)
+    makes each weight it replicates a new, trainable ``nn.Parameter``; a frozen norm (LoRA freezes the
+    whole base model) would then get a gradient, a gradient reduction, and optimizer steps."""
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
 
 
 def apply_retie(model: nn.Module, emb_path: str, head_path: str) -> None:

@@ -21,6 +21,7 @@ from plangen.check.plan_file import (
     string_value,
 )
 from plangen.check.rule import TP_IMPORT
+from plangen.module_tree import LORA_PARTS
 
 _NOT_A_DICT_NODES = (
     cst.Integer,
@@ -340,6 +341,49 @@ def _module_constants(module: cst.Module) -> Iterator[tuple[str, cst.BaseExpress
                 yield small.target.value, small.value
 
 
+class LoraPartKeyRule(StaticRule):
+    code = "PG008"
+    title = "key names a part of a LoRA layer"
+    explanation = (
+        "On a peft LoRA model, plangen's runtime translates the key of each wrapped module"
+        " (`model.layers.*.self_attn.q_proj`) onto the LoRA layer's `base_layer` and adapters, placing"
+        " the adapters to match the base's style (docs/rl.md). A key that names `base_layer`, `lora_A`,"
+        " `lora_B` or another part itself bypasses that: the adapters would be left unplaced, so the"
+        " runtime refuses it. Write the key of the wrapped module, as for the model without LoRA."
+    )
+    wrong = (
+        f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n'
+        '    "model.layers.*.self_attn.q_proj.base_layer": ColwiseParallel(),\n}'
+    )
+    right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n}}'
+    message = "key {key!r} names `{part}` inside a LoRA layer: write {wrapped!r}; plangen places the base layer and adapters"
+    VALID = (
+        f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'base_model.model.model.layers.*.mlp.up_proj': C()}}\n",
+        f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'model.lora_Alpha': C()}}\n",
+    )
+    INVALID = (
+        Invalid(
+            f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    'model.layers.*.mlp.up_proj.base_layer': C(),\n}}\n",
+            3, 5, "'model.layers.*.mlp.up_proj'",
+        ),
+        Invalid(
+            f"{TP_IMPORT} ColwiseParallel as C\ndef custom_parallel_plan():\n    return {{'lm_head.lora_B.default': C()}}\n",
+            3, 13, "names `lora_B`",
+        ),
+    )
+
+    def check(self, plan: PlanFile) -> Iterator[Finding]:
+        for entry in plan.entries:
+            key = string_value(entry.key)
+            if not isinstance(key, str):
+                continue
+            parts = key.split(".")
+            for i, part in enumerate(parts):
+                if part in LORA_PARTS and i:
+                    yield entry.key, self.message.format(key=key, part=part, wrapped=".".join(parts[:i]))
+                    break
+
+
 STRUCTURE_RULES: tuple[StaticRule, ...] = (
     SyntaxErrorRule(),
     MissingPlanRule(),
@@ -348,4 +392,5 @@ STRUCTURE_RULES: tuple[StaticRule, ...] = (
     KeyNotAStringRule(),
     DuplicateKeyRule(),
     PlanConstantRule(),
+    LoraPartKeyRule(),
 )
