@@ -67,8 +67,7 @@ def full_tensor(tensor: "torch.Tensor") -> "torch.Tensor":
 
 
 def full_parameter(model: "nn.Module", name: str, tensor: "torch.Tensor") -> "torch.Tensor":
-    """The whole parameter (or its gradient) ``name`` of a parallelized ``model``, in Hugging
-    Face's layout: fused projections are held re-laid out for TP (:mod:`plangen.fused_styles`)."""
+    """Whole parameter (or gradient) ``name`` in Hugging Face's layout (fused ones are re-laid out)."""
     from plangen.fused_styles import hugging_face_layout
 
     return hugging_face_layout(model, name, full_tensor(tensor))
