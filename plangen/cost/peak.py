@@ -68,6 +68,7 @@ class PhasePeak:
     phase: str  # "forward", "backward" or "optimizer"
     module: str  # the innermost module running at the peak ("" when none: the loss, the optimizer)
     breakdown: Breakdown
+    tracked_total: int  # the tracker's own total at that moment (the breakdown must add up to it)
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def track_step(model: Any, batch: int, seq: int, vocab: int, lr: float = 1e-4) -
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
         for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
     )
-    return {phase: PhasePeak(phase, module, _breakdown(snapshot, states))
+    return {phase: PhasePeak(phase, module, _breakdown(snapshot, states), snapshot["Total"])
             for phase, (snapshot, module) in tracker.phase_peaks.items()}
 
 
@@ -270,25 +271,31 @@ def measure_peak(
     plan: str | None = None,
     *,
     model: str | None = None,
-    tp_size: int = 2,
+    tp_size: int | None = None,
     dp_size: int = 1,
     seq_len: int = 4096,
     micro_batch: int = 1,
     dtype: str = "bf16",
     master_dtype: str = "fp32",
-    sequence_parallel: bool = False,
+    sequence_parallel: bool | None = None,
     activation_checkpointing: bool = False,
 ) -> PeakReport:
     """Peak memory of rank 0 in one training step of ``target`` (a MODEL or plan file) under ``plan``
-    (default: the plan the runtime would use, or the plan file), at DP x TP."""
+    (default: the plan the runtime would use, or the plan file), at DP x TP.
+
+    TP size and sequence parallel default to the plan file's, else TP 2 without sequence parallel,
+    as in :func:`plangen.cost.report.build_cost_report`.
+    """
     from plangen.cost.measure import count_layers
-    from plangen.cost.report import read_target, resolve_cost_model
+    from plangen.cost.report import _recorded_tp_size, read_target, resolve_cost_model
     from plangen.models import config_for_class
 
     started = time.perf_counter()
-    subject, spec, _ = read_target(target, model)
+    subject, spec, metadata = read_target(target, model)
+    if sequence_parallel is None:
+        sequence_parallel = bool(metadata.get("PLANGEN_SEQUENCE_PARALLEL", False))
     settings = build_cost_settings(
-        tp_size=tp_size, dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
+        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata), dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
         master_dtype=master_dtype, sequence_parallel=sequence_parallel,
     )
     resolved = resolve_cost_model(spec, settings)
