@@ -16,16 +16,16 @@ from plangen.cost.settings import CostError, CostSettings
 
 # Small enough for gloo in seconds, large enough that activations and weights are both megabytes.
 LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 704,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 3, "vocab_size": 2048,
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1024,
     "max_position_embeddings": 1024, "tie_word_embeddings": False,
 }
 QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256, "intermediate_size": 704,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "num_hidden_layers": 3,
-    "vocab_size": 2048, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "intermediate_size": 352,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "num_hidden_layers": 2,
+    "vocab_size": 1024, "max_position_embeddings": 1024, "tie_word_embeddings": False,
 }
-BATCH, SEQ = 2, 256
+BATCH, SEQ = 2, 128
 CASES = [
     {"name": f"{name}{'-sp' if sp else ''}{'-ac' if ac else ''}", "model": name, "config": config,
      "sp": sp, "ac": ac, "batch": BATCH, "seq_len": SEQ}
@@ -123,9 +123,46 @@ def measured():
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", [c["name"] for c in CASES])
-def test_prediction_is_within_10_percent_of_real_tensors(predicted, measured, case):
-    real = measured[0][case]
-    assert "error" not in real, real.get("trace")
-    for phase in predicted[case].phases:
-        got, want = phase.breakdown.total, real["phases"][phase.phase]["total"]
-        assert abs(got - want) <= 0.10 * want, (phase.phase, got, want)
+def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measured, case):
+    """Byte for byte, forward's and backward's peaks and each kind (the goal was 10 %): the fake trace
+    sees the tensors the real step makes. Without skipping DTensor's shape propagation, the first case
+    traced came out 17 % high in forward (global-shaped fake tensors counted as memory).
+
+    The optimizer step: its states, parameters and gradients exactly; its temporaries at least the
+    predicted ones. Once in a few launches a gloo rank releases FSDP2's last reduce-scatter input
+    (the root's unsharded gradients) only after the step has begun, which the trace cannot see."""
+    for rank, per_case in enumerate(measured):
+        real = per_case[case]
+        assert "error" not in real, f"rank {rank}: {real.get('trace')}"
+        for phase in predicted[case].phases:
+            want = {"total": phase.breakdown.total, **dict(phase.breakdown.items())}
+            got = real["phases"][phase.phase]
+            if phase.phase == "optimizer":
+                assert got["temporary"] >= want["temporary"], rank
+                got, want = ({k: v for k, v in d.items() if k not in ("total", "temporary")} for d in (got, want))
+            assert got == want, (rank, phase.phase)
+
+
+def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    runner = CliRunner()
+    args = ["cost", str(config_files["llama"]), "--peak", "--tp-size", "2", "--dp-size", "2", "--seq-len", str(SEQ),
+            "--micro-batch", str(BATCH)]
+    peak = predicted["llama"].peak.breakdown.total
+    fits = runner.invoke(app, [*args, "--gpu-memory", str(peak), "--format", "json"])
+    assert fits.exit_code == 0, fits.output
+    plan = json.loads(fits.stdout)["plans"][0]
+    assert plan["peak"]["bytes"] == peak and plan["fits"] is True and plan["margin_bytes"] == 0
+    short = runner.invoke(app, [*args, "--gpu-memory", str(peak - 1)])
+    assert short.exit_code == 0 and "does not fit in" in short.stdout and "short by 1 B" in short.stdout
+    for bad, message in (
+        (["--gpu-memory", "lots"], "--gpu-memory 'lots': expected a size"),
+        (["--tp-size", "3"], "--tp-size 3"),
+    ):
+        result = runner.invoke(app, [*args, *bad])
+        assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
+    no_peak = runner.invoke(app, ["cost", str(config_files["llama"]), "--gpu-memory", "80GiB"])
+    assert no_peak.exit_code == 2 and "need --peak" in no_peak.output

@@ -39,7 +39,9 @@ UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 NOT_COVERED = (
     "not covered: the CUDA caching allocator's fragmentation and reserve, the CUDA context and NCCL buffers "
     "(together often 1-3 GiB per GPU), attention kernels' workspaces (CPU sdpa is traced), and the "
-    "optimizer's temporaries are those of torch's single-tensor AdamW on these DTensors"
+    "optimizer's temporaries are those of torch's single-tensor AdamW on these DTensors (foreach AdamW holds "
+    "one more copy of the parameters); an asynchronous backend that releases FSDP2's last reduce-scatter "
+    "input late adds up to the root unit's unsharded gradients to the optimizer step"
 )
 
 
