@@ -91,19 +91,16 @@ def test_breakdown_adds_up_to_the_trackers_total(predicted):
 
 
 def test_steady_state_and_no_global_shaped_transients(predicted):
-    """AdamW's states are held from the start (the measured step is the second) and are 2x the
-    parameters; the optimizer step's temporaries stay below one more copy (single-tensor AdamW)."""
+    """AdamW's states are held from the start (the measured step is the second); the step's
+    temporaries are foreach AdamW's one copy of the sharded parameters, not global-shaped tensors."""
     for report in predicted.values():
         for phase in report.phases:
             b = phase.breakdown
-            assert b.optimizer == 2 * b.parameters - 2 * _buffers(b)
+            sharded = b.optimizer // 2
+            assert b.optimizer == 2 * sharded and 0 <= b.parameters - sharded < 0.01 * sharded  # + rotary buffers
         step = next(p for p in report.phases if p.phase == "optimizer").breakdown
-        assert step.gradients == step.parameters - _buffers(step)
-        assert 0 < step.temporary <= step.parameters
-
-
-def _buffers(b: Breakdown) -> int:
-    return b.parameters - b.optimizer // 2  # parameters include the (tiny) rotary buffers
+        assert step.gradients == step.optimizer // 2
+        assert 0 <= step.temporary - step.optimizer // 2 < 1024  # + AdamW's step counters and scalars
 
 
 def test_sequence_parallel_and_checkpointing_lower_activations(predicted):
@@ -124,23 +121,26 @@ def measured():
 @pytest.mark.distributed
 @pytest.mark.parametrize("case", [c["name"] for c in CASES])
 def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measured, case):
-    """Byte for byte, forward's and backward's peaks and each kind (the goal was 10 %): the fake trace
-    sees the tensors the real step makes. Without skipping DTensor's shape propagation, the first case
-    traced came out 17 % high in forward (global-shaped fake tensors counted as memory).
+    """Each phase's peak within 10 % on every rank, and every kind but the temporaries byte for byte:
+    the fake trace sees the tensors the real step makes. Without skipping DTensor's shape propagation,
+    the first case traced came out 17 % high in forward (global-shaped fake tensors counted as memory).
 
-    The optimizer step: its states, parameters and gradients exactly; its temporaries at least the
-    predicted ones. Once in a few launches a gloo rank releases FSDP2's last reduce-scatter input
-    (the root's unsharded gradients) only after the step has begun, which the trace cannot see."""
+    Temporaries: at least the predicted ones. gloo's work objects hold a collective's tensors until its
+    thread is done, so now and then a rank still holds a reduce-scatter input (a layer's unsharded
+    gradients in backward, the root's in the optimizer step) that the trace has already released:
+    timing, which a trace cannot see (up to 19 % of the step at these sizes, where the root's
+    gradients are a large part of it)."""
     for rank, per_case in enumerate(measured):
         real = per_case[case]
         assert "error" not in real, f"rank {rank}: {real.get('trace')}"
         for phase in predicted[case].phases:
             want = {"total": phase.breakdown.total, **dict(phase.breakdown.items())}
             got = real["phases"][phase.phase]
-            if phase.phase == "optimizer":
-                assert got["temporary"] >= want["temporary"], rank
-                got, want = ({k: v for k, v in d.items() if k not in ("total", "temporary")} for d in (got, want))
-            assert got == want, (rank, phase.phase)
+            assert got["temporary"] >= want["temporary"], (rank, phase.phase)
+            if phase.phase != "optimizer":
+                assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
+            exact = lambda d: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
+            assert exact(got) == exact(want), (rank, phase.phase)
 
 
 def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):

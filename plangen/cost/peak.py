@@ -36,12 +36,13 @@ from plangen.cost.settings import CostError, CostSettings, build_cost_settings
 PHASES = ("forward", "backward", "optimizer")
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-NOT_COVERED = (
+NOTES = (
     "not covered: the CUDA caching allocator's fragmentation and reserve, the CUDA context and NCCL buffers "
-    "(together often 1-3 GiB per GPU), attention kernels' workspaces (CPU sdpa is traced), and the "
-    "optimizer's temporaries are those of torch's single-tensor AdamW on these DTensors (foreach AdamW holds "
-    "one more copy of the parameters); an asynchronous backend that releases FSDP2's last reduce-scatter "
-    "input late adds up to the root unit's unsharded gradients to the optimizer step"
+    "(together often 1-3 GiB per GPU), and attention kernels' workspaces (the CPU sdpa kernel is traced)",
+    "the optimizer step is foreach AdamW's (CUDA's default): one temporary copy of the parameters; fused AdamW "
+    "holds none",
+    "an asynchronous backend that releases FSDP2's last reduce-scatter input late adds up to the root unit's "
+    "unsharded gradients to the optimizer step",
 )
 
 
@@ -178,17 +179,19 @@ def _breakdown(snapshot: dict[str, int], optimizer_states: int) -> Breakdown:
     )
 
 
-def track_step(model: Any, batch: int, seq: int, vocab: int, lr: float = 1e-4) -> dict[str, PhasePeak]:
+def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = True) -> dict[str, PhasePeak]:
     """Each phase's peak of the second AdamW step of ``model`` (an FSDP2 module), real or fake tensors.
 
     The first step (zero gradients) only creates the optimizer states; the second is measured:
     forward, next-token loss through :mod:`plangen.loss`, backward, ``optimizer.step()``.
+    ``foreach``: torch's default on CUDA (one temporary copy of the parameters in the step; the
+    single-tensor step, CPU's default, holds two copies of one parameter at a time).
     """
     import torch
 
     from plangen.cost.measure import quiet_fake_tensor_log, step_loss
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
     for param in model.parameters():
         param.grad = torch.zeros_like(param)
     optimizer.step()
@@ -305,5 +308,5 @@ def measure_peak(
     choice, peaks = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing)
     return PeakReport(
         spec, resolved.model_class.__name__, choice.name, settings, activation_checkpointing, count_layers(config),
-        tuple(peaks[p] for p in PHASES if p in peaks), time.perf_counter() - started, (NOT_COVERED,),
+        tuple(peaks[p] for p in PHASES if p in peaks), time.perf_counter() - started, NOTES,
     )
