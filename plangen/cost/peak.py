@@ -27,6 +27,7 @@ Nothing is printed; errors are one-line :class:`CostError`.
 from __future__ import annotations
 
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -142,8 +143,13 @@ def _make_tracker(model: Any, optimizer: Any):
 
 
 def _innermost(parents: set[str]) -> str:
+    """The innermost module's name as the model names it (``model.layers.3.mlp``), without the
+    root's class name the tracker puts first; the root's class name when only the root runs."""
     names = [p for p in parents if p != "Global"]
-    return max(names, key=lambda n: (n.count("."), len(n))) if names else ""
+    if not names:
+        return ""
+    name = max(names, key=lambda n: (n.count("."), len(n)))
+    return name.split(".", 1)[1] if "." in name else name
 
 
 @contextmanager
@@ -258,7 +264,9 @@ def trace_peak(resolved: Any, config: Any, plan: str, settings: CostSettings, ac
         # Outside fake mode: a mesh reads its ranks from a real tensor.
         mesh = DeviceMesh("cpu", torch.arange(world).view(settings.dp_size, settings.tp_size), mesh_dim_names=("dp", "tp"))
         model = _parallelize(meta, choice, settings, activation_checkpointing, mesh["dp"], mesh["tp"])
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+            # FSDP2's warning for a root returning a view (some plans' logits): about in-place ops, none here.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
             model.to_empty(device="cpu")
             model.train()
             try:
