@@ -191,6 +191,10 @@ def cost(
     gpu_memory: str | None = typer.Option(
         None, "--gpu-memory", metavar="SIZE", help="With --peak: say whether the peak fits in SIZE (80GiB, 80GB)."
     ),
+    fit: bool = typer.Option(
+        False, "--fit", help="Trace every TP x DP layout of --world-size (SP, checkpointing): those that fit --gpu-memory."
+    ),
+    world_size: int | None = typer.Option(None, "--world-size", metavar="N", help="With --fit: the ranks to lay out."),
 ) -> None:
     """What a plan costs per rank (weights, gradients, AdamW) and per step (every collective, TP and FSDP2).
 
@@ -200,6 +204,11 @@ def cost(
     """
     if output_format not in ("text", "json"):
         fail("--format must be one of: text, json")
+    if fit:
+        _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype)
+        return
+    if world_size is not None:
+        fail("--world-size needs --fit")
     if not peak and (gpu_memory is not None or activation_checkpointing):
         fail("--gpu-memory and --activation-checkpointing need --peak")
     if peak:
@@ -300,6 +309,32 @@ def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, d
         typer.echo(json.dumps(build_peak_json(reports, gpu_bytes), indent=2))
     else:
         typer.echo(render_peak_text(reports, gpu_bytes), nl=False)
+
+
+def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype) -> None:
+    """``plangen cost --fit``: the TP x DP layouts of --world-size that fit --gpu-memory."""
+    from plangen.cost.peak import parse_memory
+    from plangen.cost.settings import CostError
+
+    if world_size is None or gpu_memory is None:
+        fail("--fit needs --world-size and --gpu-memory")
+    try:
+        gpu_bytes = parse_memory(gpu_memory)
+    except CostError as error:
+        fail(str(error))
+    from plangen.cost.fit import search_layouts
+    from plangen.cost.render import render_fit_text
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        search = search_layouts(target, world_size, gpu_bytes, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
+                                master_dtype=master_dtype, model=model)
+    except CostError as error:
+        fail(str(error))
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while searching layouts: {type(error).__name__}: {error}")
+    typer.echo(render_fit_text(search), nl=False)
 
 
 def main() -> None:

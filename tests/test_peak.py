@@ -166,3 +166,28 @@ def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
         assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
     no_peak = runner.invoke(app, ["cost", str(config_files["llama"]), "--gpu-memory", "80GiB"])
     assert no_peak.exit_code == 2 and "need --peak" in no_peak.output
+
+
+def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files):
+    from plangen.cost.fit import candidate_layouts, search_layouts
+    from plangen.cost.peak import measure_peak
+
+    assert candidate_layouts(4, 6) == [(1, 4, False, False), (1, 4, False, True), (2, 2, False, False),
+                                       (2, 2, False, True), (2, 2, True, False), (2, 2, True, True),
+                                       (4, 1, False, False), (4, 1, False, True)]  # 6 tokens: no SP at TP 4
+    llama = str(config_files["llama"])
+    # Exactly the peak of TP 2 with SP, without checkpointing: the boundary.
+    gpu = measure_peak(llama, tp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True).peak.breakdown.total
+    search = search_layouts(llama, 2, gpu, seq_len=SEQ, micro_batch=BATCH)
+    assert len(search.layouts) == len(candidate_layouts(2, SEQ)) == 6 and not search.skipped
+    by_layout = {(l.tp_size, l.sequence_parallel, l.activation_checkpointing): l for l in search.layouts}
+    assert by_layout[(2, True, False)].peak_bytes == gpu and by_layout[(2, True, False)].margin_bytes == 0
+    assert by_layout[(2, True, False)].fits and by_layout[(2, True, True)].fits
+    assert not by_layout[(2, False, False)].fits  # SP off holds more
+    assert not by_layout[(1, False, False)].fits  # no TP: whole activations and logits
+    assert by_layout[(1, False, False)].tp_sent_bytes == 0 < by_layout[(2, False, False)].tp_sent_bytes
+    fitting = search.fitting
+    assert search.layouts[: len(fitting)] == fitting and all(not l.fits for l in search.layouts[len(fitting):])
+    # By TP traffic; at equal traffic without checkpointing first (no recompute), then the lower peak.
+    keys = [(l.tp_sent_bytes, l.activation_checkpointing, l.peak_bytes) for l in fitting]
+    assert keys == sorted(keys) and len(set(k[0] for k in keys)) == 2  # SP on and off send different bytes

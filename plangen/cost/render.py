@@ -219,3 +219,19 @@ def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
         ],
         "notes": list(first.notes),
     }
+
+
+def render_fit_text(search) -> str:
+    """The layouts that fit, by TP traffic per rank and step, then those that do not."""
+    lines = [f"{search.model}: layouts of {search.world_size} ranks on {format_bytes(search.gpu_bytes)} GPUs "
+             "(fitting first, by TP bytes sent per rank and step)",
+             f"{'TP':>4} {'DP':>4} {'SP':>4} {'ckpt':>5} {'peak':>11} {'margin':>11} {'TP sent':>11}  verdict"]
+    for l in search.layouts:
+        margin = ("" if l.fits else "-") + format_bytes(abs(l.margin_bytes))
+        lines.append(f"{l.tp_size:>4} {l.dp_size:>4} {'on' if l.sequence_parallel else 'off':>4} "
+                     f"{'on' if l.activation_checkpointing else 'off':>5} {format_bytes(l.peak_bytes):>11} {margin:>11} "
+                     f"{format_bytes(l.tp_sent_bytes):>11}  {'fits' if l.fits else 'does not fit'}")
+    if not search.fitting:
+        lines.append("no layout fits")
+    lines += [f"skipped {reason}" for reason in search.skipped]
+    return "\n".join(lines) + "\n"
