@@ -182,13 +182,39 @@ def cost(
         None, "--compare", metavar="hf,hand-written,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
     ),
     output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
+    peak: bool = typer.Option(
+        False, "--peak", help="Trace one training step with fake tensors: peak memory per rank, activations included."
+    ),
+    activation_checkpointing: bool = typer.Option(
+        False, "--activation-checkpointing", help="With --peak: checkpoint the decoder layers, as the runtime does."
+    ),
+    gpu_memory: str | None = typer.Option(
+        None, "--gpu-memory", metavar="SIZE", help="With --peak: say whether the peak fits in SIZE (80GiB, 80GB)."
+    ),
+    fit: bool = typer.Option(
+        False, "--fit", help="Trace every TP x DP layout of --world-size (SP, checkpointing): those that fit --gpu-memory."
+    ),
+    world_size: int | None = typer.Option(None, "--world-size", metavar="N", help="With --fit: the ranks to lay out."),
 ) -> None:
     """What a plan costs per rank (weights, gradients, AdamW) and per step (every collective, TP and FSDP2).
+
+    With --peak: the peak memory per rank of one traced training step, split by kind.
 
     Exit status: 0 printed, 2 usage error.
     """
     if output_format not in ("text", "json"):
         fail("--format must be one of: text, json")
+    if fit:
+        _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype)
+        return
+    if world_size is not None:
+        fail("--world-size needs --fit")
+    if not peak and (gpu_memory is not None or activation_checkpointing):
+        fail("--gpu-memory and --activation-checkpointing need --peak")
+    if peak:
+        _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
+                   sequence_parallel, activation_checkpointing, gpu_memory, output_format)
+        return
     # Heavy imports only here: torch, transformers and a fake process group for the measurements.
     import shutil
 
@@ -247,9 +273,74 @@ def list_architectures(
         typer.echo(render_catalog_text(rows, width=max(120, shutil.get_terminal_size((160, 24)).columns)), nl=False)
 
 
+def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
+               sequence_parallel, activation_checkpointing, gpu_memory, output_format) -> None:
+    """``plangen cost --peak``: the subject plan and each --compare alternative, traced with fake tensors."""
+    import json
+
+    from plangen.cost.peak import parse_memory
+    from plangen.cost.settings import CostError
+
+    try:
+        gpu_bytes = None if gpu_memory is None else parse_memory(gpu_memory)
+    except CostError as error:
+        fail(str(error))
+    from plangen.cost.choices import check_plan_name
+    from plangen.cost.peak import measure_peak
+    from plangen.cost.render import build_peak_json, render_peak_text
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        plans = [None, *(check_plan_name(n.strip()) for n in (compare or "").split(",") if n.strip())]
+        reports = [
+            measure_peak(
+                target, plan, model=model, tp_size=tp_size, dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch,
+                dtype=dtype, master_dtype=master_dtype, sequence_parallel=sequence_parallel,
+                activation_checkpointing=activation_checkpointing,
+            )
+            for plan in plans
+        ]
+    except CostError as error:
+        fail(str(error))
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while tracing the step: {type(error).__name__}: {error}")
+    if output_format == "json":
+        typer.echo(json.dumps(build_peak_json(reports, gpu_bytes), indent=2))
+    else:
+        typer.echo(render_peak_text(reports, gpu_bytes), nl=False)
+
+
+def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype) -> None:
+    """``plangen cost --fit``: the TP x DP layouts of --world-size that fit --gpu-memory."""
+    from plangen.cost.peak import parse_memory
+    from plangen.cost.settings import CostError
+
+    if world_size is None or gpu_memory is None:
+        fail("--fit needs --world-size and --gpu-memory")
+    try:
+        gpu_bytes = parse_memory(gpu_memory)
+    except CostError as error:
+        fail(str(error))
+    from plangen.cost.fit import search_layouts
+    from plangen.cost.render import render_fit_text
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    try:
+        search = search_layouts(target, world_size, gpu_bytes, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
+                                master_dtype=master_dtype, model=model)
+    except CostError as error:
+        fail(str(error))
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while searching layouts: {type(error).__name__}: {error}")
+    typer.echo(render_fit_text(search), nl=False)
+
+
 def main() -> None:
     app()
 
 
 if __name__ == "__main__":
     main()
+

@@ -14,10 +14,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "plangen"
 MAX_LINES = 550
-# What runs plans on processes: the runtime itself, the commands around it, and `plangen verify
-# --run`, which runs a plan through the runtime on purpose. Everything else (plans, their checks,
+# What runs plans on processes: the runtime itself, the commands around it, `plangen verify --run`
+# and `plangen cost --peak` (plangen.cost.peak), which run a plan through the runtime's FSDP2 and
+# activation checkpointing on purpose. Everything else (plans, their checks,
 # styles, the module tree, models, rendering, cost's measurements) sits below and never imports it.
-MAY_IMPORT_RUNTIME = {"plangen.parallelize", "plangen.cli", "plangen.__main__", "plangen.check.run"}
+MAY_IMPORT_RUNTIME = {"plangen.parallelize", "plangen.cli", "plangen.__main__", "plangen.check.run", "plangen.cost.peak"}
 # `python -m plangen` is the CLI's other entry point.
 MAY_IMPORT_CLI = {"plangen.cli", "plangen.__main__"}
 

@@ -7,6 +7,8 @@
 * :mod:`~plangen.cost.measure` and :mod:`~plangen.cost.scaling` — TP collectives measured on shrunk
   models and scaled to the real one (the formula: ``docs/cost.md``);
 * :mod:`~plangen.cost.report` — :func:`build_cost_report`, the one entry point;
+* :mod:`~plangen.cost.peak` — ``measure_peak``: one training step traced with fake tensors, its peak
+  memory per rank by kind (``--peak``); :mod:`~plangen.cost.fit` — the layouts that fit (``--fit``);
 * :mod:`~plangen.cost.render` — the table and the JSON.
 
 Only the settings are imported here, so that importing the package stays light.

@@ -164,3 +164,74 @@ def build_cost_json(report: CostReport) -> dict[str, Any]:
 
 def render_cost_json(report: CostReport) -> str:
     return json.dumps(build_cost_json(report), indent=2) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# --peak
+
+
+def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
+    """Each plan's peak per rank, split by kind, each phase's peak, and the verdict for ``gpu_bytes``."""
+    first = reports[0]
+    s = first.settings
+    lines = [
+        f"{first.model} ({first.model_class}, {first.layers} layers): peak memory per rank of one training step",
+        f"TP {s.tp_size} x DP {s.dp_size}, {s.micro_batch} x {s.seq_len} tokens per DP rank, {s.dtype} compute, "
+        f"{s.master_dtype} weights/gradients/AdamW, sequence parallel {'on' if s.sequence_parallel else 'off'}, "
+        f"activation checkpointing {'on' if first.activation_checkpointing else 'off'}",
+    ]
+    for report in reports:
+        peak = report.peak
+        if peak.phase == "optimizer":
+            where = "optimizer.step()"
+        else:
+            where = peak.module or "outside the model's modules (the loss)"
+        lines += ["", f"plan {report.plan}: peak {format_bytes(peak.breakdown.total)} in {peak.phase}, {where} "
+                      f"(traced in {report.seconds:.1f} s)"]
+        lines += [f"  {name:<12} {format_bytes(value):>11}" for name, value in peak.breakdown.items()]
+        lines.append("  each phase's peak: " + ", ".join(f"{p.phase} {format_bytes(p.breakdown.total)}" for p in report.phases))
+        if gpu_bytes is not None:
+            margin = report.margin(gpu_bytes)
+            verdict = "fits" if margin >= 0 else "does not fit"
+            lines.append(f"  {verdict} in {format_bytes(gpu_bytes)}: {'margin' if margin >= 0 else 'short by'} "
+                         f"{format_bytes(abs(margin))}")
+    lines += [f"note: {note}" for note in first.notes]
+    return "\n".join(lines) + "\n"
+
+
+def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
+    first = reports[0]
+    return {
+        "schema": "plangen.cost.peak/1",
+        "model": first.model, "model_class": first.model_class, "layers": first.layers,
+        "settings": {**asdict(first.settings), "activation_checkpointing": first.activation_checkpointing},
+        "gpu_memory_bytes": gpu_bytes,
+        "plans": [
+            {
+                "name": r.plan, "seconds": round(r.seconds, 2),
+                "peak": {"bytes": r.peak.breakdown.total, "phase": r.peak.phase, "module": r.peak.module,
+                         **dict(r.peak.breakdown.items())},
+                "phases": {p.phase: p.breakdown.total for p in r.phases},
+                "fits": None if gpu_bytes is None else r.margin(gpu_bytes) >= 0,
+                "margin_bytes": None if gpu_bytes is None else r.margin(gpu_bytes),
+            }
+            for r in reports
+        ],
+        "notes": list(first.notes),
+    }
+
+
+def render_fit_text(search) -> str:
+    """The layouts that fit, by TP traffic per rank and step, then those that do not."""
+    lines = [f"{search.model}: layouts of {search.world_size} ranks on {format_bytes(search.gpu_bytes)} GPUs "
+             "(fitting first, by TP bytes sent per rank and step)",
+             f"{'TP':>4} {'DP':>4} {'SP':>4} {'ckpt':>5} {'peak':>11} {'margin':>11} {'TP sent':>11}  verdict"]
+    for l in search.layouts:
+        margin = ("" if l.fits else "-") + format_bytes(abs(l.margin_bytes))
+        lines.append(f"{l.tp_size:>4} {l.dp_size:>4} {'on' if l.sequence_parallel else 'off':>4} "
+                     f"{'on' if l.activation_checkpointing else 'off':>5} {format_bytes(l.peak_bytes):>11} {margin:>11} "
+                     f"{format_bytes(l.tp_sent_bytes):>11}  {'fits' if l.fits else 'does not fit'}")
+    if not search.fitting:
+        lines.append("no layout fits")
+    lines += [f"skipped {reason}" for reason in search.skipped]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,320 @@
+"""``measure_peak``: peak memory per rank of one training step, activations included, at full size.
+
+The real model is built on the meta device, parallelized as the runtime does it (TP by the plan,
+activation checkpointing, FSDP2) on device meshes of a single-process fake process group, made
+outside fake mode (a mesh reads rank tensors), then materialised with ``to_empty`` inside
+``FakeTensorMode``: every tensor has its real shape and none its memory. One step (forward, loss
+through :mod:`plangen.loss`, backward, AdamW) runs under torch's ``FSDPMemTracker``, which follows
+every tensor and files it by kind. Two corrections to the tracker, both explicit:
+
+* **DTensor's shape propagation is not memory.** DTensor works out each op's output shape by
+  running the op on *global*-shaped fake tensors, in the active fake mode when there is one. On real
+  tensors it uses a fake mode of its own, which the tracker ignores; under our ``FakeTensorMode`` the
+  tracker counted those global tensors as allocations (a transient of the whole unsharded tensor:
+  AdamW's step on a DP 2 x TP 2 model came out at 6.6x the parameters instead of 3x). The tracker
+  here skips every op run inside ``ShardingPropagator._propagate_tensor_meta_non_cached``.
+* **Steady state, not the first step.** AdamW creates its states lazily in the first step, so a
+  first step under-reports forward and backward (no states yet) and files the new states' creation
+  as step temporaries. One untracked warm-up step (zero gradients) creates them first; the step
+  measured is the second, as every step after the first is.
+
+Depth: every layer is built and traced (a step of fake tensors costs about 0.3 s per layer here).
+Extrapolating from two shallow builds was tried and refused: with few layers backward peaks late,
+with gradients accumulated; with many, at its start, with every activation saved.
+Nothing is printed; errors are one-line :class:`CostError`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from plangen.cost.settings import CostError, CostSettings, build_cost_settings
+
+PHASES = ("forward", "backward", "optimizer")
+UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+NOTES = (
+    "not covered: the CUDA caching allocator's fragmentation and reserve, the CUDA context and NCCL buffers "
+    "(together often 1-3 GiB per GPU), and attention kernels' workspaces (the CPU sdpa kernel is traced)",
+    "the optimizer step is foreach AdamW's (CUDA's default): one temporary copy of the parameters; fused AdamW "
+    "holds none",
+    "an asynchronous backend that releases FSDP2's last reduce-scatter input late adds up to the root unit's "
+    "unsharded gradients to the optimizer step",
+)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes one rank holds at one moment, by kind (they sum to :attr:`total`)."""
+
+    parameters: int = 0  # FSDP2's sharded parameters in the master dtype, and buffers
+    gradients: int = 0  # sharded gradients, and unsharded ones before their reduce-scatter
+    optimizer: int = 0  # AdamW's exp_avg and exp_avg_sq
+    activations: int = 0  # tensors made in forward (saved for backward or not yet freed), inputs
+    gathered: int = 0  # FSDP2's all-gathered parameters and its all-gather / reduce-scatter buffers
+    temporary: int = 0  # backward's temporaries (activation gradients), the optimizer step's temporaries
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.gathered + self.temporary
+
+    def items(self) -> list[tuple[str, int]]:
+        return [(name, getattr(self, name)) for name in
+                ("parameters", "gradients", "optimizer", "activations", "gathered", "temporary")]
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    phase: str  # "forward", "backward" or "optimizer"
+    module: str  # the innermost module running at the peak ("" when none: the loss, the optimizer)
+    breakdown: Breakdown
+    tracked_total: int  # the tracker's own total at that moment (the breakdown must add up to it)
+
+
+@dataclass(frozen=True)
+class PeakReport:
+    model: str
+    model_class: str
+    plan: str  # the plan's source or name, as in the cost report
+    settings: CostSettings
+    activation_checkpointing: bool
+    layers: int
+    phases: tuple[PhasePeak, ...]  # each phase's own peak
+    seconds: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def peak(self) -> PhasePeak:
+        return max(self.phases, key=lambda p: p.breakdown.total)
+
+    def margin(self, gpu_bytes: int) -> int:
+        """Bytes left on a GPU of ``gpu_bytes`` at the peak (negative: it does not fit)."""
+        return gpu_bytes - self.peak.breakdown.total
+
+
+def parse_memory(text: str, option: str = "--gpu-memory") -> int:
+    """``80GiB``, ``80 GB``, ``141e9`` -> bytes; anything else is a one-line :class:`CostError`."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]i?b|b)?\s*", text.strip().lower())
+    if not match:
+        raise CostError(f"{option} {text!r}: expected a size such as 80GiB, 80GB or 141e9 (bytes)")
+    number, unit = float(match.group(1)), match.group(2) or "b"
+    value = int(number * UNITS[unit])
+    if value <= 0:
+        raise CostError(f"{option} {text!r}: must be more than 0")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The tracker
+
+
+def _make_tracker(model: Any, optimizer: Any):
+    """An ``FSDPMemTracker`` that skips DTensor's shape propagation and records each phase's peak."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class StepTracker(FSDPMemTracker):
+        def __init__(self) -> None:
+            super().__init__(model, optimizer)
+            self.propagating = 0
+            self.phase_peaks: dict[str, tuple[dict[str, int], str]] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.propagating:  # global-shaped fake tensors that exist only to give a shape
+                return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def _update_peak_stats(self, peak_state) -> None:
+            super()._update_peak_stats(peak_state)
+            phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            for snapshot in self._curr_mem_snap.values():
+                best = self.phase_peaks.get(phase)
+                if best is None or snapshot["Total"] > best[0]["Total"]:
+                    self.phase_peaks[phase] = (
+                        {str(getattr(k, "name", k)): v for k, v in snapshot.items()}, _innermost(self._mod_tracker.parents)
+                    )
+
+    return StepTracker()
+
+
+def _innermost(parents: set[str]) -> str:
+    """The innermost module's name as the model names it (``model.layers.3.mlp``), without the
+    root's class name the tracker puts first; the root's class name when only the root runs."""
+    names = [p for p in parents if p != "Global"]
+    if not names:
+        return ""
+    name = max(names, key=lambda n: (n.count("."), len(n)))
+    return name.split(".", 1)[1] if "." in name else name
+
+
+@contextmanager
+def _skip_shape_propagation(tracker: Any) -> Iterator[None]:
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self, op_schema):
+        tracker.propagating += 1
+        try:
+            return original(self, op_schema)
+        finally:
+            tracker.propagating -= 1
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def _breakdown(snapshot: dict[str, int], optimizer_states: int) -> Breakdown:
+    get = lambda *names: sum(snapshot.get(n, 0) for n in names)  # noqa: E731
+    optimizer = min(get("OPT"), optimizer_states)
+    return Breakdown(
+        parameters=get("SHARDED_PARAM", "BUFFER"),
+        gradients=get("SHARDED_GRAD", "UNSHARDED_GRAD"),
+        optimizer=optimizer,
+        activations=get("ACT", "INP"),
+        gathered=get("UNSHARDED_PARAM", "ALL_GATHER", "REDUCE_SCATTER"),
+        temporary=get("TEMP") + get("OPT") - optimizer,
+    )
+
+
+def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = True) -> dict[str, PhasePeak]:
+    """Each phase's peak of the second AdamW step of ``model`` (an FSDP2 module), real or fake tensors.
+
+    The first step (zero gradients) only creates the optimizer states; the second is measured:
+    forward, next-token loss through :mod:`plangen.loss`, backward, ``optimizer.step()``.
+    ``foreach``: torch's default on CUDA (one temporary copy of the parameters in the step; the
+    single-tensor step, CPU's default, holds two copies of one parameter at a time).
+    """
+    import torch
+
+    from plangen.cost.measure import quiet_fake_tensor_log, step_loss
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
+    for param in model.parameters():
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    ids = torch.randint(0, vocab, (batch, seq))
+    positions = torch.arange(seq).expand(batch, seq)
+    tracker = _make_tracker(model, optimizer)
+    tracker.track_inputs((ids, positions))
+    with quiet_fake_tensor_log(), _skip_shape_propagation(tracker), tracker:
+        step_loss(model(input_ids=ids, position_ids=positions).logits, ids).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    states = sum(
+        (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
+        for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    return {phase: PhasePeak(phase, module, _breakdown(snapshot, states), snapshot["Total"])
+            for phase, (snapshot, module) in tracker.phase_peaks.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The model at a depth, parallelized as the runtime does it
+
+
+def _parallelize(model: Any, choice: Any, settings: CostSettings, activation_checkpointing: bool, dp_mesh, tp_mesh):
+    """TP by ``choice``, activation checkpointing, FSDP2: :func:`plangen.parallelize.parallelize_model`'s
+    steps, for any plan the cost report names."""
+    from plangen.cost.measure import TORCH_DTYPES, quiet_partial_matches
+    from plangen.parallelize import apply_activation_checkpointing, apply_fsdp
+    from plangen.plan_checks import PlanError, find_transformer_layers
+    from plangen.plans import CHECKPOINT_FILTERS
+    from plangen.tensor_parallel import apply_tp
+
+    layers = find_transformer_layers(model)
+    if settings.tp_size > 1:
+        try:
+            with quiet_partial_matches():
+                apply_tp(model, tp_mesh, choice.build(model), dp_size=settings.dp_size)
+        except (PlanError, ValueError) as error:
+            raise CostError(f"{choice.name}: {error}") from None
+    if activation_checkpointing:
+        keep = CHECKPOINT_FILTERS.get(type(model).__name__, lambda layer: True)
+        apply_activation_checkpointing([layer for layer in layers if keep(layer)])
+    return apply_fsdp(model, layers, dp_mesh, TORCH_DTYPES[settings.dtype])
+
+
+def trace_peak(resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool):
+    """Each phase's peak for rank 0 of a model built from ``config``, traced with fake tensors."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from plangen.cost.choices import resolve_plan_choice
+    from plangen.cost.measure import TORCH_DTYPES, fake_process_group
+    from plangen.models import build_meta_model, text_config
+
+    world = settings.dp_size * settings.tp_size
+    with fake_process_group(world):
+        try:
+            meta = build_meta_model(config, resolved.model_class, dtype=TORCH_DTYPES[settings.master_dtype])
+        except Exception as error:  # transformers raises many types for a config it cannot build
+            raise CostError(f"cannot build {resolved.model_class.__name__}: {error}") from None
+        choice = resolve_plan_choice(plan, meta, settings.sequence_parallel)
+        # Outside fake mode: a mesh reads its ranks from a real tensor.
+        mesh = DeviceMesh("cpu", torch.arange(world).view(settings.dp_size, settings.tp_size), mesh_dim_names=("dp", "tp"))
+        model = _parallelize(meta, choice, settings, activation_checkpointing, mesh["dp"], mesh["tp"])
+        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+            # FSDP2's warning for a root returning a view (some plans' logits): about in-place ops, none here.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+            model.to_empty(device="cpu")
+            model.train()
+            try:
+                peaks = track_step(model, settings.micro_batch, settings.seq_len, text_config(config).vocab_size)
+            except CostError:
+                raise
+            except Exception as error:  # the plan's or the model's, not the trace's: one line
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise CostError(f"{choice.name}: a traced step fails: {type(error).__name__}: {first}") from None
+    return choice, peaks
+
+
+def measure_peak(
+    target: str,
+    plan: str | None = None,
+    *,
+    model: str | None = None,
+    tp_size: int | None = None,
+    dp_size: int = 1,
+    seq_len: int = 4096,
+    micro_batch: int = 1,
+    dtype: str = "bf16",
+    master_dtype: str = "fp32",
+    sequence_parallel: bool | None = None,
+    activation_checkpointing: bool = False,
+) -> PeakReport:
+    """Peak memory of rank 0 in one training step of ``target`` (a MODEL or plan file) under ``plan``
+    (default: the plan the runtime would use, or the plan file), at DP x TP.
+
+    TP size and sequence parallel default to the plan file's, else TP 2 without sequence parallel,
+    as in :func:`plangen.cost.report.build_cost_report`.
+    """
+    from plangen.cost.measure import count_layers
+    from plangen.cost.report import _recorded_tp_size, read_target, resolve_cost_model
+    from plangen.models import config_for_class
+
+    started = time.perf_counter()
+    subject, spec, metadata = read_target(target, model)
+    if sequence_parallel is None:
+        sequence_parallel = bool(metadata.get("PLANGEN_SEQUENCE_PARALLEL", False))
+    settings = build_cost_settings(
+        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata), dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
+        master_dtype=master_dtype, sequence_parallel=sequence_parallel,
+    )
+    resolved = resolve_cost_model(spec, settings)
+    config = config_for_class(resolved.config, resolved.model_class)
+    choice, peaks = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing)
+    return PeakReport(
+        spec, resolved.model_class.__name__, choice.name, settings, activation_checkpointing, count_layers(config),
+        tuple(peaks[p] for p in PHASES if p in peaks), time.perf_counter() - started, NOTES,
+    )

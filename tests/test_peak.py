@@ -1,0 +1,193 @@
+"""``plangen cost --peak``: peak memory per rank of one traced training step (plangen.cost.peak).
+
+The traced figures are checked against the same step on real tensors at DP 2 x TP 2 (gloo), and for
+the properties a user relies on: the kinds add up to the tracker's total, sequence parallel and
+activation checkpointing lower activations, the verdict flips exactly at the peak.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plangen.cost.peak import Breakdown, PeakReport, PhasePeak, parse_memory
+from plangen.cost.settings import CostError, CostSettings
+
+# Small enough for gloo in seconds, large enough that activations and weights are both megabytes.
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1024,
+    "max_position_embeddings": 1024, "tie_word_embeddings": False,
+}
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "intermediate_size": 352,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "num_hidden_layers": 2,
+    "vocab_size": 1024, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+}
+BATCH, SEQ = 2, 128
+CASES = [
+    {"name": f"{name}{'-sp' if sp else ''}{'-ac' if ac else ''}", "model": name, "config": config,
+     "sp": sp, "ac": ac, "batch": BATCH, "seq_len": SEQ}
+    for name, config in (("llama", LLAMA), ("qwen3", QWEN3)) for sp in (False, True) for ac in (False, True)
+]
+
+
+def _report(total: int) -> PeakReport:
+    breakdown = Breakdown(parameters=total - 100, activations=100)
+    return PeakReport("m", "LlamaForCausalLM", "hand-written", CostSettings(), False, 2,
+                      (PhasePeak("backward", "", breakdown, total),), 0.0)
+
+
+def test_parse_memory_units_and_one_line_errors():
+    assert parse_memory("80GiB") == 80 * 2**30
+    assert parse_memory("80 GB") == 80 * 10**9
+    assert parse_memory("141e9") == 141 * 10**9
+    assert parse_memory("1.5mib") == 3 * 2**19
+    for bad in ("lots", "80 GiBs", "-1GB", "0"):
+        with pytest.raises(CostError, match="--gpu-memory"):
+            parse_memory(bad)
+
+
+def test_verdict_flips_exactly_at_the_peak():
+    from plangen.cost.render import build_peak_json, render_peak_text
+
+    report = _report(2**30)
+    assert report.margin(2**30) == 0 and report.margin(2**30 - 1) == -1
+    assert "fits in 1 GiB: margin 0 B" in render_peak_text([report], 2**30)
+    assert "does not fit in" in render_peak_text([report], 2**30 - 1)
+    assert "short by 1 B" in render_peak_text([report], 2**30 - 1)
+    doc = build_peak_json([report], 2**30 - 1)
+    assert doc["plans"][0]["fits"] is False and doc["plans"][0]["margin_bytes"] == -1
+
+
+@pytest.fixture(scope="module")
+def config_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("peak")
+    paths = {}
+    for name, values in (("llama", LLAMA), ("qwen3", QWEN3)):
+        paths[name] = root / f"{name}.json"
+        paths[name].write_text(json.dumps(values))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def predicted(config_files):
+    """Every case traced with fake tensors on the single-process fake group (rank 0)."""
+    from plangen.cost.peak import measure_peak
+
+    return {
+        c["name"]: measure_peak(str(config_files[c["model"]]), tp_size=2, dp_size=2, seq_len=SEQ, micro_batch=BATCH,
+                                sequence_parallel=c["sp"], activation_checkpointing=c["ac"])
+        for c in CASES
+    }
+
+
+def test_breakdown_adds_up_to_the_trackers_total(predicted):
+    for report in predicted.values():
+        assert {p.phase for p in report.phases} == {"forward", "backward", "optimizer"}
+        for phase in report.phases:
+            assert phase.breakdown.total == phase.tracked_total > 0
+
+
+def test_steady_state_and_no_global_shaped_transients(predicted):
+    """AdamW's states are held from the start (the measured step is the second); the step's
+    temporaries are foreach AdamW's one copy of the sharded parameters, not global-shaped tensors."""
+    for report in predicted.values():
+        for phase in report.phases:
+            b = phase.breakdown
+            sharded = b.optimizer // 2
+            assert b.optimizer == 2 * sharded and 0 <= b.parameters - sharded < 0.01 * sharded  # + rotary buffers
+        step = next(p for p in report.phases if p.phase == "optimizer").breakdown
+        assert step.gradients == step.optimizer // 2
+        assert 0 <= step.temporary - step.optimizer // 2 < 1024  # + AdamW's step counters and scalars
+
+
+def test_sequence_parallel_and_checkpointing_lower_activations(predicted):
+    for model in ("llama", "qwen3"):
+        peak = lambda name: predicted[name].peak.breakdown  # noqa: E731
+        assert peak(f"{model}-sp").activations < peak(model).activations
+        assert peak(f"{model}-ac").activations < peak(model).activations / 2
+        assert peak(f"{model}-sp").parameters == peak(model).parameters
+
+
+@pytest.fixture(scope="module")
+def measured():
+    from plangen.launch import run_distributed
+
+    return run_distributed("tests/distributed/peak_cases.py:run_peak_cases", 4, CASES, timeout=300)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", [c["name"] for c in CASES])
+def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measured, case):
+    """Each phase's peak within 10 % on every rank, and every kind but the temporaries byte for byte:
+    the fake trace sees the tensors the real step makes. Without skipping DTensor's shape propagation,
+    the first case traced came out 17 % high in forward (global-shaped fake tensors counted as memory).
+
+    Temporaries: at least the predicted ones. gloo's work objects hold a collective's tensors until its
+    thread is done, so now and then a rank still holds a reduce-scatter input (a layer's unsharded
+    gradients in backward, the root's in the optimizer step) that the trace has already released:
+    timing, which a trace cannot see (up to 19 % of the step at these sizes, where the root's
+    gradients are a large part of it)."""
+    for rank, per_case in enumerate(measured):
+        real = per_case[case]
+        assert "error" not in real, f"rank {rank}: {real.get('trace')}"
+        for phase in predicted[case].phases:
+            want = {"total": phase.breakdown.total, **dict(phase.breakdown.items())}
+            got = real["phases"][phase.phase]
+            assert got["temporary"] >= want["temporary"], (rank, phase.phase)
+            if phase.phase != "optimizer":
+                assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
+            exact = lambda d: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
+            assert exact(got) == exact(want), (rank, phase.phase)
+
+
+def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    runner = CliRunner()
+    args = ["cost", str(config_files["llama"]), "--peak", "--tp-size", "2", "--dp-size", "2", "--seq-len", str(SEQ),
+            "--micro-batch", str(BATCH)]
+    peak = predicted["llama"].peak.breakdown.total
+    fits = runner.invoke(app, [*args, "--gpu-memory", str(peak), "--format", "json"])
+    assert fits.exit_code == 0, fits.output
+    plan = json.loads(fits.stdout)["plans"][0]
+    assert plan["peak"]["bytes"] == peak and plan["fits"] is True and plan["margin_bytes"] == 0
+    short = runner.invoke(app, [*args, "--gpu-memory", str(peak - 1)])
+    assert short.exit_code == 0 and "does not fit in" in short.stdout and "short by 1 B" in short.stdout
+    for bad, message in (
+        (["--gpu-memory", "lots"], "--gpu-memory 'lots': expected a size"),
+        (["--tp-size", "3"], "--tp-size 3"),
+    ):
+        result = runner.invoke(app, [*args, *bad])
+        assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
+    no_peak = runner.invoke(app, ["cost", str(config_files["llama"]), "--gpu-memory", "80GiB"])
+    assert no_peak.exit_code == 2 and "need --peak" in no_peak.output
+
+
+def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files):
+    from plangen.cost.fit import candidate_layouts, search_layouts
+    from plangen.cost.peak import measure_peak
+
+    assert candidate_layouts(4, 6) == [(1, 4, False, False), (1, 4, False, True), (2, 2, False, False),
+                                       (2, 2, False, True), (2, 2, True, False), (2, 2, True, True),
+                                       (4, 1, False, False), (4, 1, False, True)]  # 6 tokens: no SP at TP 4
+    llama = str(config_files["llama"])
+    # Exactly the peak of TP 2 with SP, without checkpointing: the boundary.
+    gpu = measure_peak(llama, tp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True).peak.breakdown.total
+    search = search_layouts(llama, 2, gpu, seq_len=SEQ, micro_batch=BATCH)
+    assert len(search.layouts) == len(candidate_layouts(2, SEQ)) == 6 and not search.skipped
+    by_layout = {(l.tp_size, l.sequence_parallel, l.activation_checkpointing): l for l in search.layouts}
+    assert by_layout[(2, True, False)].peak_bytes == gpu and by_layout[(2, True, False)].margin_bytes == 0
+    assert by_layout[(2, True, False)].fits and by_layout[(2, True, True)].fits
+    assert not by_layout[(2, False, False)].fits  # SP off holds more
+    assert not by_layout[(1, False, False)].fits  # no TP: whole activations and logits
+    assert by_layout[(1, False, False)].tp_sent_bytes == 0 < by_layout[(2, False, False)].tp_sent_bytes
+    fitting = search.fitting
+    assert search.layouts[: len(fitting)] == fitting and all(not l.fits for l in search.layouts[len(fitting):])
+    # By TP traffic; at equal traffic without checkpointing first (no recompute), then the lower peak.
+    keys = [(l.tp_sent_bytes, l.activation_checkpointing, l.peak_bytes) for l in fitting]
+    assert keys == sorted(keys) and len(set(k[0] for k in keys)) == 2  # SP on and off send different bytes
