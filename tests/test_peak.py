@@ -72,7 +72,7 @@ def config_files(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def predicted(config_files):
+def predicted(config_files, fake_pg):
     """Every case traced with fake tensors on the single-process fake group (rank 0)."""
     from plangen.cost.peak import measure_peak
 
@@ -168,7 +168,7 @@ def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
     assert no_peak.exit_code == 2 and "need --peak" in no_peak.output
 
 
-def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files):
+def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files, fake_pg):
     from plangen.cost.fit import candidate_layouts, search_layouts
     from plangen.cost.peak import measure_peak
 
