@@ -66,6 +66,13 @@ def init(
     template: str | None = typer.Option(
         None, "--template", metavar="DIR", help="Templates that override plangen's own (plan.py.j2)."
     ),
+    variant: str = typer.Option(
+        "optimized",
+        "--variant",
+        metavar="optimized|stable",
+        help="optimized, or stable: no cross-rank sums in the forward (o_proj/down_proj column-parallel on "
+        "their gathered input, NeMo RL's numerically stable plan; default output <name>_stable_plan.py).",
+    ),
 ) -> None:
     """Write an editable custom-plan module for MODEL, seeded with its hand-written, synthesized or Hugging Face plan.
 
@@ -75,7 +82,8 @@ def init(
 
     try:
         result = init_plan(
-            model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template
+            model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template,
+            variant=variant,
         )
     except InitError as error:
         fail(str(error))

@@ -264,6 +264,7 @@ PLAN_CONSTANTS: dict[str, str] = {
     "PLANGEN_MODEL": "a model spec string (a model_type, a class name or a config path)",
     "PLANGEN_TP_SIZE": "a positive integer",
     "PLANGEN_SEQUENCE_PARALLEL": "True or False",
+    "PLANGEN_PLAN_VARIANT": "'optimized' or 'stable' (written only for 'stable')",
 }
 
 
@@ -275,6 +276,10 @@ def constant_problem(name: str, value: object) -> str | None:
         good = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     elif name == "PLANGEN_SEQUENCE_PARALLEL":
         good = isinstance(value, bool)
+    elif name == "PLANGEN_PLAN_VARIANT":
+        from plangen.plans.variants import VARIANTS
+
+        good = value in VARIANTS
     else:
         return None
     return None if good else f"{name} must be {PLAN_CONSTANTS[name]}, got {value!r}"
