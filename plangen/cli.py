@@ -187,7 +187,7 @@ def cost(
         None, "--sequence-parallel/--no-sequence-parallel", help="[default: the plan file's, else off]", show_default=False
     ),
     compare: str | None = typer.Option(
-        None, "--compare", metavar="hf,hand-written,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
+        None, "--compare", metavar="hf,hand-written,stable,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
     ),
     output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
 ) -> None:
