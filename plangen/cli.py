@@ -6,9 +6,14 @@ answer at once. The core never prints or exits; errors reach the user as one lin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import typer
 
 from plangen import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.check import VerifyOptions
 
 app = typer.Typer(
     name="plangen",
@@ -127,6 +132,9 @@ def verify(
     ),
     strict: bool = typer.Option(False, "--strict", help="Warnings set the exit status too."),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
+    drift: bool = typer.Option(
+        False, "--drift", help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16)."
+    ),
 ) -> None:
     """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
 
@@ -142,6 +150,8 @@ def verify(
 
     if static and run:
         fail("--static and --run exclude each other")
+    if drift and not run:
+        fail("--drift runs the plans: add --run")
     if output_format not in {f.value for f in OutputFormat}:
         fail(f"--format must be one of: {', '.join(f.value for f in OutputFormat)}")
     for plan in plans:
@@ -154,6 +164,7 @@ def verify(
 
     try:
         report = verify_plan_files(plans, options, progress)
+        drift_rows = _drift_rows(plans, options, progress) if drift else None
     except OSError as error:
         fail(f"cannot read {error.filename}: {error.strerror}")
     except VerifyUsageError as error:
@@ -162,8 +173,26 @@ def verify(
         fail(f"internal error while checking: {type(error).__name__}: {' '.join(str(error).split())}")
     for note in report.notes:
         typer.echo(f"plangen: note: {note}", err=True)
-    typer.echo(render(report.diagnostics, output_format), nl=False)
+    rendered = render(report.diagnostics, output_format)
+    if drift_rows is not None and output_format == "json":
+        import json
+
+        from plangen.check.drift import render_drift_json
+
+        rendered = json.dumps({"diagnostics": json.loads(rendered), "drift": render_drift_json(drift_rows)}, indent=2) + "\n"
+    elif drift_rows is not None:
+        from plangen.check.drift import render_drift_text
+
+        rendered += render_drift_text(drift_rows)
+    typer.echo(rendered, nl=False)
     raise typer.Exit(EXIT_FINDINGS if report.failed(strict) else EXIT_OK)
+
+
+def _drift_rows(plans: list[str], options: "VerifyOptions", progress: Callable[[str], None]) -> list:
+    from plangen.check.drift import DRIFT_TP_SIZES, check_drift, drift_cases
+
+    progress(f"drift: {len(plans)} plan(s) at TP {', '.join(map(str, DRIFT_TP_SIZES))} over gloo against TP=1")
+    return check_drift(drift_cases(plans, options), timeout=options.timeout)
 
 
 @app.command()
