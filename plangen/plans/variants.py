@@ -21,11 +21,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from plangen.plan import Plan, PlanEntry
+from plangen.plan import VARIANTS, Plan, PlanEntry
 
-# Importing this module does not import torch (plangen verify --static checks PLANGEN_PLAN_VARIANT).
-
-VARIANTS: tuple[str, ...] = ("optimized", "stable")
 DEFAULT_VARIANT = "optimized"
 
 # Styles whose forward sums partial results across TP ranks and that the stable variant cannot
