@@ -106,7 +106,7 @@ def choose_plan(
     not proven (``plangen init`` seeds editable files; the runtime never applies one unasked: a
     Hugging Face plan that failed the sweep is refused with the failing tensor and the way out).
     ``variant``: ``optimized`` or ``stable`` (:mod:`plangen.plans.variants`: no cross-rank sums in
-    the forward), applied to the chosen plan's data; a custom plan is applied as given.
+    the forward), applied to the chosen plan's data; refused for a custom plan (applied as written).
     A hand-written plan without a sequence-parallel variant raises its own ``ValueError`` (final, as
     the class has a plan); with no plan at all, :class:`NoPlanError` says why each source failed.
     """
