@@ -6,9 +6,14 @@ answer at once. The core never prints or exits; errors reach the user as one lin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Callable
+
 import typer
 
 from plangen import __version__
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.check import VerifyOptions
 
 app = typer.Typer(
     name="plangen",
@@ -66,6 +71,13 @@ def init(
     template: str | None = typer.Option(
         None, "--template", metavar="DIR", help="Templates that override plangen's own (plan.py.j2)."
     ),
+    variant: str = typer.Option(
+        "optimized",
+        "--variant",
+        metavar="optimized|stable",
+        help="optimized, or stable: no cross-rank sums in the forward (o_proj/down_proj column-parallel on "
+        "their gathered input, NeMo RL's numerically stable plan; default output <name>_stable_plan.py).",
+    ),
 ) -> None:
     """Write an editable custom-plan module for MODEL, seeded with its hand-written, synthesized or Hugging Face plan.
 
@@ -75,7 +87,8 @@ def init(
 
     try:
         result = init_plan(
-            model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template
+            model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template,
+            variant=variant,
         )
     except InitError as error:
         fail(str(error))
@@ -119,6 +132,9 @@ def verify(
     ),
     strict: bool = typer.Option(False, "--strict", help="Warnings set the exit status too."),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
+    drift: bool = typer.Option(
+        False, "--drift", help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16)."
+    ),
 ) -> None:
     """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
 
@@ -134,6 +150,8 @@ def verify(
 
     if static and run:
         fail("--static and --run exclude each other")
+    if drift and not run:
+        fail("--drift runs the plans: add --run")
     if output_format not in {f.value for f in OutputFormat}:
         fail(f"--format must be one of: {', '.join(f.value for f in OutputFormat)}")
     for plan in plans:
@@ -146,6 +164,7 @@ def verify(
 
     try:
         report = verify_plan_files(plans, options, progress)
+        drift_rows = _drift_rows(plans, options, progress) if drift else None
     except OSError as error:
         fail(f"cannot read {error.filename}: {error.strerror}")
     except VerifyUsageError as error:
@@ -154,8 +173,26 @@ def verify(
         fail(f"internal error while checking: {type(error).__name__}: {' '.join(str(error).split())}")
     for note in report.notes:
         typer.echo(f"plangen: note: {note}", err=True)
-    typer.echo(render(report.diagnostics, output_format), nl=False)
+    rendered = render(report.diagnostics, output_format)
+    if drift_rows is not None and output_format == "json":
+        import json
+
+        from plangen.check.drift import render_drift_json
+
+        rendered = json.dumps({"diagnostics": json.loads(rendered), "drift": render_drift_json(drift_rows)}, indent=2) + "\n"
+    elif drift_rows is not None:
+        from plangen.check.drift import render_drift_text
+
+        rendered += render_drift_text(drift_rows)
+    typer.echo(rendered, nl=False)
     raise typer.Exit(EXIT_FINDINGS if report.failed(strict) else EXIT_OK)
+
+
+def _drift_rows(plans: list[str], options: "VerifyOptions", progress: Callable[[str], None]) -> list:
+    from plangen.check.drift import DRIFT_TP_SIZES, check_drift, drift_cases
+
+    progress(f"drift: {len(plans)} plan(s) at TP {', '.join(map(str, DRIFT_TP_SIZES))} over gloo against TP=1")
+    return check_drift(drift_cases(plans, options), timeout=options.timeout)
 
 
 @app.command()
@@ -179,7 +216,7 @@ def cost(
         None, "--sequence-parallel/--no-sequence-parallel", help="[default: the plan file's, else off]", show_default=False
     ),
     compare: str | None = typer.Option(
-        None, "--compare", metavar="hf,hand-written,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
+        None, "--compare", metavar="hf,hand-written,stable,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
     ),
     output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
     peak: bool = typer.Option(

@@ -58,6 +58,7 @@ class InitResult:
     tp_size: int
     sequence_parallel: bool
     backup: Path | None
+    variant: str
     unchanged: bool
     next_command: str
 
@@ -112,17 +113,32 @@ def check_seed_plan_heads(model: "nn.Module", plan: Plan, tp_size: int) -> None:
         check_tp_size(model.config, tp_size, type(model).__name__, replicate_kv=False)
 
 
-def build_seed_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[Plan, str]:
+def build_seed_plan(model: "nn.Module", sequence_parallel: bool, variant: str = "optimized") -> tuple[Plan, str]:
     """The plan the file starts from (:func:`plangen.plans.choice.choose_plan`, which may seed from an
-    unproven synthesized plan), and a short description of where it came from."""
+    unproven synthesized plan), as ``variant`` (:mod:`plangen.plans.variants`), and a short
+    description of where it came from."""
     from plangen.plans.choice import choose_plan
+    from plangen.plans.variants import VariantError
 
     try:
-        chosen = choose_plan(model, sequence_parallel, allow_unproven=True)
+        chosen = choose_plan(model, sequence_parallel, allow_unproven=True, variant=variant)
+    except VariantError as err:
+        raise InitError(f"--variant {variant}: {err}") from None
     except ValueError as err:
         raise InitError(f"--sequence-parallel: {err}" if sequence_parallel else str(err)) from None
     assert chosen.plan is not None
-    return chosen.plan, chosen.describe()
+    stable = ", stable variant: no cross-rank sums in the forward" if variant == "stable" else ""
+    return chosen.plan, chosen.describe() + stable
+
+
+def check_variant_option(variant: str) -> str:
+    """``--variant`` as a one-line :class:`InitError` when it names no variant."""
+    from plangen.plans.variants import VariantError, check_variant
+
+    try:
+        return check_variant(variant)
+    except VariantError as err:
+        raise InitError(f"--variant: {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,11 +146,14 @@ def build_seed_plan(model: "nn.Module", sequence_parallel: bool) -> tuple[Plan, 
 
 
 def regenerate_command(
-    spec: str, output: Path, tp_size: int, sequence_parallel: bool, template_dir: Path | str | None = None
+    spec: str, output: Path, tp_size: int, sequence_parallel: bool, template_dir: Path | str | None = None,
+    variant: str = "optimized",
 ) -> str:
     args = ["plangen", "init", spec, "-o", str(output), "--tp-size", str(tp_size)]
     if sequence_parallel:
         args.append("--sequence-parallel")
+    if variant != "optimized":
+        args += ["--variant", variant]
     if template_dir is not None:
         args += ["--template", str(template_dir)]
     args.append("--force")
@@ -147,8 +166,9 @@ def module_name(name: str) -> str:
     return f"m_{cleaned}" if cleaned[0].isdigit() else cleaned
 
 
-def default_output(name: str, sequence_parallel: bool) -> Path:
-    return DEFAULT_DIR / f"{module_name(name)}{'_sp' if sequence_parallel else ''}_plan.py"
+def default_output(name: str, sequence_parallel: bool, variant: str = "optimized") -> Path:
+    stable = "_stable" if variant == "stable" else ""
+    return DEFAULT_DIR / f"{module_name(name)}{'_sp' if sequence_parallel else ''}{stable}_plan.py"
 
 
 def render_plan_module(
@@ -160,17 +180,19 @@ def render_plan_module(
     template_dir: Path | str | None = None,
     versions: Mapping[str, str] | None = None,
     loaded: LoadedModel | None = None,
+    variant: str = "optimized",
 ) -> RenderedPlan:
     """Render the plan module for ``spec`` (nothing written). ``loaded`` reuses a model already built."""
     if tp_size < 1:
         raise InitError(f"--tp-size must be at least 1, got {tp_size}")
+    check_variant_option(variant)
     resolved = resolve(spec) if loaded is None else loaded.resolved
     # Before building anything; the built model's text config has the same heads.
     check_tp_size(resolved.config, tp_size, resolved.model_class.__name__)
     if loaded is None:
         loaded = load_model(resolved)
-    path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel)
-    plan, seed = build_seed_plan(loaded.model, sequence_parallel)
+    path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel, variant)
+    plan, seed = build_seed_plan(loaded.model, sequence_parallel, variant)
     check_seed_plan_heads(loaded.model, plan, tp_size)
     text = render_plan_text(
         loaded.model,
@@ -180,14 +202,15 @@ def render_plan_module(
         output=path,
         tp_size=tp_size,
         sequence_parallel=sequence_parallel,
-        command=regenerate_command(spec, path, tp_size, sequence_parallel, template_dir),
+        command=regenerate_command(spec, path, tp_size, sequence_parallel, template_dir, variant),
         versions=versions,
         template_dir=template_dir,
+        variant=variant,
     )
     return RenderedPlan(path, text, seed, plan, type(loaded.model).__name__)
 
 
-def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool) -> bool:
+def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool, variant: str) -> bool:
     """Whether the file at ``path`` is a plan generated for ``spec`` with these settings: rendering
     may then give its very text (left alone), which only the write can tell."""
     try:
@@ -211,6 +234,7 @@ def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_paralle
         same_model
         and recorded.get("PLANGEN_TP_SIZE") == tp_size
         and recorded.get("PLANGEN_SEQUENCE_PARALLEL") is bool(sequence_parallel)
+        and recorded.get("PLANGEN_PLAN_VARIANT", "optimized") == variant
     )
 
 
@@ -223,6 +247,7 @@ def init_plan(
     force: bool = False,
     template_dir: Path | str | None = None,
     loaded: LoadedModel | None = None,
+    variant: str = "optimized",
 ) -> InitResult:
     """``plangen init``: render the plan module for ``spec`` and write it. Raises :class:`InitError`."""
     if tp_size < 1:
@@ -231,12 +256,13 @@ def init_plan(
         raise InitError(f"-o {output}: a plan module must be a .py file")
     if template_dir is not None and not Path(template_dir).is_dir():
         raise InitError(f"--template {template_dir}: no such directory")
+    check_variant_option(variant)
     # The output path is checked before anything is imported or built (seconds for a large model).
     if output is not None:
         path = Path(output)
     else:
-        path = default_output((resolve(spec) if loaded is None else loaded.resolved).name, sequence_parallel)
-    same = _records_same_settings(path, spec, tp_size, sequence_parallel)
+        path = default_output((resolve(spec) if loaded is None else loaded.resolved).name, sequence_parallel, variant)
+    same = _records_same_settings(path, spec, tp_size, sequence_parallel, variant)
     check_output_path(path, force=force, same_plan=same)
     rendered = render_plan_module(
         spec,
@@ -245,6 +271,7 @@ def init_plan(
         sequence_parallel=sequence_parallel,
         template_dir=template_dir,
         loaded=loaded,
+        variant=variant,
     )
     outcome = write_plan_file(rendered.path, rendered.text, force=force)
     return InitResult(
@@ -254,6 +281,7 @@ def init_plan(
         tp_size=tp_size,
         sequence_parallel=sequence_parallel,
         backup=outcome.backup,
+        variant=variant,
         unchanged=outcome.unchanged,
         next_command=shlex.join(["plangen", "verify", str(outcome.path)]),
     )

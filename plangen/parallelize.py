@@ -46,6 +46,7 @@ from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; im
 from plangen.plan_source import PlanLike
 from plangen.plans import CHECKPOINT_FILTERS
 from plangen.plans.choice import ChosenPlan, NoPlanError, choose_plan
+from plangen.plans.variants import check_variant
 from plangen.nemo_compat import (  # noqa: F401 - NeMo RL's names, answered by plangen's plans
     SequenceParallelAllGatherActivation,
     _parallelize_gemma3,
@@ -178,14 +179,19 @@ def parallelize_model(
     activation_checkpointing: bool = False,
     cpu_offload: bool = False,
     custom_parallel_plan: Optional[PlanLike] = None,
+    plan_variant: str = "optimized",
 ) -> FSDPModule:
-    """Apply TP with the plan of highest priority, then FSDP2; returns the FSDP2-wrapped model."""
+    """Apply TP with the plan of highest priority, then FSDP2; returns the FSDP2-wrapped model.
+
+    ``plan_variant``: ``"stable"`` applies the plan without cross-rank sums in the forward
+    (:mod:`plangen.plans.variants`, NeMo RL's numerically stable plan); not with a custom plan."""
+    check_variant(plan_variant)  # a typo fails at once, at any TP size
     tp_size = tp_mesh.size()
     layers = find_transformer_layers(model)
     # A peft model: the plan is the wrapped model's (apply_tp translates it onto the LoRA layers).
     _, base = find_lora_base(model)
     if tp_size > 1:
-        chosen = choose_plan(resolve_plan_model(model), sequence_parallel, custom_parallel_plan)
+        chosen = choose_plan(resolve_plan_model(model), sequence_parallel, custom_parallel_plan, variant=plan_variant)
         logger.info("plangen: using the %s plan: %s", chosen.source, chosen.reason)
         apply_tp(model, tp_mesh, chosen.build_styles(), dp_size=dp_mesh.size())
         if sequence_parallel:

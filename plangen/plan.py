@@ -19,6 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 # Where a plan came from, in the order of priority used by the runtime.
 PlanSource = Literal["custom", "hand-written", "synthesized", "hf"]
 
+# Plan variants (plangen.plans.variants says what each changes); here, torch-free, for verify --static.
+VARIANTS: tuple[str, ...] = ("optimized", "stable")
+
 # Groups in the order the generated file lists them.
 GROUPS = ("embeddings", "attention", "mlp", "norms", "output", "other")
 

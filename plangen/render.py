@@ -346,6 +346,7 @@ def build_plan_context(
     sequence_parallel: bool,
     command: str,
     versions: Mapping[str, str],
+    variant: str = "optimized",
 ) -> dict[str, Any]:
     """Plain data for the plan template: header facts, what the file relies on, imports, constants,
     grouped entries."""
@@ -402,6 +403,8 @@ def build_plan_context(
             {"name": "PLANGEN_MODEL", "value": render_value(record_model_spec(resolved, output))},
             {"name": "PLANGEN_TP_SIZE", "value": repr(tp_size)},
             {"name": "PLANGEN_SEQUENCE_PARALLEL", "value": repr(bool(sequence_parallel))},
+            # Only where not the default: files of the optimized plans stay as they were.
+            *([{"name": "PLANGEN_PLAN_VARIANT", "value": render_value(variant)}] if variant != "optimized" else []),
         ],
         "groups": [
             {"key": g, "title": GROUP_TITLES[g], **grouped[g]}
@@ -507,6 +510,7 @@ def render_plan_text(
     command: str,
     versions: Mapping[str, str] | None = None,
     template_dir: Path | str | None = None,
+    variant: str = "optimized",
 ) -> str:
     """The plan module's text for ``plan`` on ``model`` (``versions``: those installed when None)."""
     context = build_plan_context(
@@ -519,5 +523,6 @@ def render_plan_text(
         sequence_parallel=sequence_parallel,
         command=command,
         versions=versions if versions is not None else installed_versions(),
+        variant=variant,
     )
     return render_template(context, template_dir)

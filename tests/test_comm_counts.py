@@ -24,7 +24,7 @@ BATCH, SEQ = 2, 8
 AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
 
 
-def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2):
+def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, variant: str = "optimized"):
     kwargs = dict(TINY[name], num_hidden_layers=layers)
     if "layer_types" in kwargs:
         kwargs["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
@@ -32,7 +32,7 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     mesh = DeviceMesh("cpu", torch.arange(tp))
-    chosen = choose_plan(model, sequence_parallel)
+    chosen = choose_plan(model, sequence_parallel, variant=variant)
     assert chosen.source == "hand-written"
     apply_tp(model, mesh, chosen.build_styles())
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
@@ -44,9 +44,9 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2):
     return config, logits, forward, backward
 
 
-def per_layer(name: str, sequence_parallel: bool):
-    _, _, f2, b2 = run_step(name, 2, sequence_parallel)
-    _, _, f4, b4 = run_step(name, 4, sequence_parallel)
+def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized"):
+    _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant)
+    _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant)
     diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
     return diff(f2.counts(), f4.counts()), diff(b2.counts(), b4.counts()), f2.counts(), b2.counts()
 
@@ -230,3 +230,29 @@ def test_whole_projection_norms_add_two_all_reduces_of_one_value_per_token_per_l
     tokens = BATCH * SEQ * 4  # one float32 per token
     assert [size for op, size in f2.records if op == AR and size == tokens] == [tokens] * 2 * 2
     assert [size for op, size in b2.records if op == AR and size == tokens] == [tokens] * 2 * 2
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3", "phi3"])
+def test_stable_variant_forward_only_gathers(fake_pg, name):
+    """The stable variant (plangen.plans.variants): no cross-rank sum in a layer's forward. o_proj
+    and down_proj all-gather their input and their output; the one all-reduce left is the
+    vocab-parallel embedding's, exact (one rank holds each token's row, the others add zeros)."""
+    forward, backward, total_forward, total_backward = per_layer(name, False, "stable")
+    assert forward == {AG: 4}
+    # Backward still sums: each block's input gradient (as optimized), and the column-parallel
+    # o_proj/down_proj input gradient reduce-scattered back to their Shard(-1) input.
+    assert backward == {AR: 2, RS: 2}
+    assert total_forward == {AG: 2 * 4, AR: 1} and total_backward == {AR: 2 * 2 + 1, RS: 2 * 2}
+
+
+def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
+    from plangen.plans.variants import VariantError
+
+    config = AutoConfig.for_model(**TINY["olmo2"])
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(VariantError, match="q_norm: its style ShardedNormParallel sums across TP ranks"):
+        choose_plan(model, variant="stable")
+    with pytest.raises(VariantError, match="stable variant has no sequence parallel"):
+        choose_plan(AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["llama"])), True, variant="stable")
+    with pytest.raises(VariantError, match="unknown plan variant 'fast': expected one of optimized, stable"):
+        choose_plan(model, variant="fast")

@@ -276,6 +276,27 @@ def test_gathers_of_different_tensors_never_share_a_size_at_the_measured_scale(f
     assert {"B·S·I", "B·S·V"} <= gathers
 
 
+def test_stable_variant_is_scaled_exactly_and_gathers_where_optimized_sums(fake_pg, configs):
+    """--compare stable (plangen.plans.variants): the scaled collectives equal a direct measurement
+    (the attention output B·S·N·D and the hidden state B·S·H are gathered apart: the base widths
+    keep their sizes apart), no per-layer all-reduce in the forward, more bytes than optimized."""
+    report = build_cost_report(configs["llama"], ["stable"], sequence_parallel=False, **MID_SETTINGS)
+    optimized, stable = report.plans
+    assert stable.name == "stable" and "stable variant" in stable.description
+    assert _reported_tp(stable) == _direct_tp_measurement(configs["llama"], "stable", False)
+    per_layer = {(c.phase, c.kind, c.tensor): c.count for c in stable.collectives if c.source == "TP" and c.scope == "per layer"}
+    layers = 3
+    assert per_layer == {
+        ("forward", "all-gather", "B·S·H"): 2 * layers,  # o_proj and down_proj outputs
+        ("forward", "all-gather", "B·S·N·D"): layers,  # o_proj input
+        ("forward", "all-gather", "B·S·I"): layers,  # down_proj input
+        ("backward", "all-reduce", "B·S·H"): 2 * layers,  # each block's input gradient, as optimized
+        ("backward", "reduce-scatter", "B·S·N·D"): layers,
+        ("backward", "reduce-scatter", "B·S·I"): layers,
+    }
+    assert stable.sent_bytes("TP") > optimized.sent_bytes("TP")
+
+
 def test_plangen_moves_no_more_than_hf_or_nemo(llama_mid_report):
     optimized, hf, nemo = llama_mid_report.plans
     assert optimized.sent_bytes("TP") <= hf.sent_bytes("TP")
@@ -376,6 +397,7 @@ def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, co
         (["{noname}"], "names no model"),
         (["no-such-model-type"], "no-such-model-type"),
         (["{hand}", "--model", "llama"], "--model is for plan files"),
+        (["{hand}", "--sequence-parallel", "--compare", "stable"], "stable: the stable variant has no sequence parallel"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(configs, tmp_path, args, message):

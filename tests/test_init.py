@@ -293,6 +293,9 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
         (["qwen3", "--tp-size", "0"], "--tp-size must be at least 1, got 0"),
         (["qwen3", "--tp-size", "-2"], "--tp-size must be at least 1, got -2"),
         (["ctrl", "--sequence-parallel"], "--sequence-parallel: no plan for CTRLLMHeadModel: Hugging Face plans have no sequence parallel"),
+        (["llama", "--variant", "fast"], "--variant: unknown plan variant 'fast': expected one of optimized, stable"),
+        (["llama", "--variant", "stable", "--sequence-parallel"], "--variant stable: the stable variant has no sequence parallel"),
+        (["olmo2", "--variant", "stable"], "no stable variant for model.layers.*.self_attn.q_norm: its style ShardedNormParallel sums"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_no_file(args, message, tmp_path, monkeypatch):
@@ -410,3 +413,36 @@ def test_example_trains_llama_with_the_generated_plan():
     assert len(losses) == 6
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < losses[0] - 0.5, losses
+
+
+# --- plan variants ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["llama", "gemma3_text"])
+def test_stable_variant_file_records_it_and_verifies_clean(spec, tmp_path, monkeypatch):
+    """``plangen init --variant stable``: o_proj/down_proj column-parallel on their gathered input
+    (plangen.plans.variants), the variant recorded and in the regenerate command, levels 1+2 clean."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    from plangen.check import verify_plan_files
+    from plangen.check.static import read_plan_metadata
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "generated").mkdir()
+    result = invoke(spec, "--variant", "stable")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "generated" / f"{spec}_stable_plan.py"
+    assert "stable variant: no cross-rank sums in the forward" in result.output
+    assert read_plan_metadata(path)["PLANGEN_PLAN_VARIANT"] == "stable"
+    assert f"--tp-size 2 --variant stable --force" in path.read_text()
+    styles = load_custom_plan(str(path))
+    for key in ("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"):
+        style = styles[key]
+        assert type(style) is ColwiseParallel and style.input_layouts == (Shard(-1),), key
+        assert style.output_layouts == (Replicate(),) and style.use_local_output, key
+    assert not any(type(s).__name__ == "RowwiseParallel" and "layers" in k for k, s in styles.items())
+    report = verify_plan_files([path])
+    assert report.diagnostics == [] and report.notes == []
+    again = invoke(spec, "--variant", "stable")  # the same settings: left alone, not refused
+    assert again.exit_code == 0 and "already up to date" in again.output

@@ -23,6 +23,11 @@ MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "d
 ATTN = {"gpt_oss": "eager"}
 
 
+STABLE_MODELS = ["llama", "qwen3", "gemma3", "phi3"]
+BITWISE_MODELS = ["llama", "qwen3", "gemma3"]
+VARIANTS = ["optimized", "stable"]
+
+
 def _cases():
     cases = [{"name": m + ("-sp" if sp else ""), "model": m, "sp": sp} for m in MODELS for sp in (False, True)]
     cases += [{"name": m, "model": m, "attn": "eager" if m == "openai-gpt" else "sdpa"} for m in TP_ONLY_MODELS]
@@ -72,7 +77,11 @@ def _cases():
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
     hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
-    return {"tp2": cases + masked, "dp2tp2": cases + extra + masked, "hsdp": hsdp}
+    # The stable variant (no cross-rank sums in forward), and at TP 2 the same models with every
+    # TP-local matmul as wide as MKL needs to pick the full-width kernel (tiny_configs): bitwise.
+    stable = [{"name": f"{m}-stable", "model": m, "variant": "stable"} for m in STABLE_MODELS]
+    bitwise = [{"name": f"{m}-4kv-{v}", "model": f"{m}-4kv", "variant": v} for m in BITWISE_MODELS for v in VARIANTS]
+    return {"tp2": cases + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
 
 
 CASES = _cases()
@@ -196,3 +205,29 @@ def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, 
         multimodal = "ForConditionalGeneration" in case_id  # vision towers: not enumerated here
         if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe")) or case_id.startswith("tp2/")):
             assert layouts == {}, layouts
+
+
+STABLE_IDS = [c for c in CASE_IDS if c.endswith("-stable")]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", STABLE_IDS)
+def test_stable_variant_forward_has_no_cross_rank_sum(results, case_id):
+    # 2 layers x (o_proj, down_proj) x (input, output) all-gathers; the one all-reduce is the
+    # vocab-parallel embedding's, exact (plangen.plans.variants). FSDP2's own gathers are apart.
+    forward = results[0][case_id]["forward_collectives"]
+    assert forward.get("all_reduce") == 1 and forward.get("all_gather_into_tensor") == 8, forward
+    assert "reduce_scatter_tensor" not in forward, forward
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("model", BITWISE_MODELS)
+def test_stable_variant_logits_are_bitwise_those_of_tp1_and_optimized_ones_are_not(results, model):
+    """CPU fp32, TP 2: the stable plan computes each logit as one device does, bit for bit, where
+    every TP-local matmul is wide enough for MKL to use the same kernel (16 columns here; the
+    8-column k_proj shard of the 2-KV-head tiny models is not, and drifts by ~1e-7). The optimized
+    plan sums o_proj/down_proj partials across ranks in another order: not bitwise."""
+    for per_case in results:
+        assert per_case[f"tp2/{model}-4kv-stable"]["logits_bitwise"] is True
+        assert per_case[f"tp2/{model}-4kv-optimized"]["logits_bitwise"] is False
+    assert all(results[0][f"tp2/{m}-stable"]["logits_bitwise"] is False for m in BITWISE_MODELS)

@@ -29,6 +29,10 @@ TINY = {
 # One KV head (Gemma-3-1B's layout): TP 2 replicates it (plangen.kv_styles).
 TINY["gemma3-1kv"] = {**TINY["gemma3"], "num_key_value_heads": 1}
 TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
+# Every TP-local matmul at TP 2 at least 16 columns wide: on this CPU's MKL a narrower one (the 8
+# columns of a 2-KV-head k_proj) takes another kernel than the full width (plangen.plans.variants).
+for _name in ("llama", "qwen3", "gemma3"):
+    TINY[f"{_name}-4kv"] = {**TINY[_name], "num_key_value_heads": 4}
 TINY["granite-1kv"] = dict(model_type="granite", **{**COMMON, "num_key_value_heads": 1})  # a synthesized plan
 
 

@@ -97,15 +97,21 @@ class ModelPlan:
     @cached_property
     def styles_below(self) -> dict[str, set[str]]:
         """Module path → the kinds (``colwise``, ``rowwise``, ``gather_output``...) of the styles
-        on the modules under it, so "is anything under this block row-parallel" is one lookup."""
+        on the modules under it, so "is anything under this block row-parallel" is one lookup.
+        A column-parallel style that gathers a feature-sharded input (``input_layouts=Shard(-1)``, the
+        stable variant's ``o_proj``, :mod:`plangen.plans.variants`) also counts as ``gather_input``:
+        like a row-parallel one, it consumes the shards a column-parallel projection leaves."""
         from plangen.style_facts import style_kind
 
         below: dict[str, set[str]] = {}
         for path, key in self.covering.items():
-            kind = style_kind(self.styles[key])
+            style = self.styles[key]
+            kinds = {style_kind(style)}
+            if kinds == {"colwise"} and _gathers_feature_shards(style):
+                kinds.add("gather_input")
             parts = path.split(".")
             for cut in range(len(parts) - 1, 0, -1):
-                below.setdefault(".".join(parts[:cut]), set()).add(kind)
+                below.setdefault(".".join(parts[:cut]), set()).update(kinds)
         return below
 
     @cached_property
@@ -115,3 +121,11 @@ class ModelPlan:
     @property
     def model_name(self) -> str:
         return type(self.model).__name__
+
+
+def _gathers_feature_shards(style: "ParallelStyle") -> bool:
+    from torch.distributed.tensor import Shard
+
+    layouts = getattr(style, "input_layouts", None)
+    layout = layouts[0] if isinstance(layouts, tuple) and layouts else layouts
+    return isinstance(layout, Shard) and layout.dim == -1

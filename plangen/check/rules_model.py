@@ -386,7 +386,7 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
     kinds = plan.styles_below.get(block, set())
     block_style = plan.style_of(block)
     name, shown = generalize(name), generalize(block) or plan.model_name
-    if "rowwise" in kinds or "gather_output" in kinds or (block_style and style_kind(block_style) == "gather_output"):
+    if "rowwise" in kinds or "gather_input" in kinds or "gather_output" in kinds or (block_style and style_kind(block_style) == "gather_output"):
         return None
     return (
         f"column-parallel `{name}` leaves its output split over TP, but nothing in `{shown}` is"

@@ -265,6 +265,7 @@ PLAN_CONSTANTS: dict[str, str] = {
     "PLANGEN_MODEL": "a model spec string (a model_type, a class name or a config path)",
     "PLANGEN_TP_SIZE": "a positive integer",
     "PLANGEN_SEQUENCE_PARALLEL": "True or False",
+    "PLANGEN_PLAN_VARIANT": "'optimized' or 'stable' (written only for 'stable')",
 }
 
 
@@ -276,6 +277,10 @@ def constant_problem(name: str, value: object) -> str | None:
         good = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     elif name == "PLANGEN_SEQUENCE_PARALLEL":
         good = isinstance(value, bool)
+    elif name == "PLANGEN_PLAN_VARIANT":
+        from plangen.plan import VARIANTS  # torch-free: level 1 never imports torch
+
+        good = value in VARIANTS
     else:
         return None
     return None if good else f"{name} must be {PLAN_CONSTANTS[name]}, got {value!r}"
@@ -299,6 +304,7 @@ class PlanConstantRule(StaticRule):
     VALID = (
         'PLANGEN_MODEL = "llama"\nPLANGEN_TP_SIZE = 8\nPLANGEN_SEQUENCE_PARALLEL = False\ncustom_parallel_plan = {}\n',
         "PLANGEN_TP_SIZE: int = 2\nPLANGEN_OTHER = object()\ncustom_parallel_plan = {}\n",
+        'PLANGEN_PLAN_VARIANT = "stable"\ncustom_parallel_plan = {}\n',
         "def f():\n    PLANGEN_TP_SIZE = 'local, not the constant'\ncustom_parallel_plan = {}\n",
     )
     INVALID = (
@@ -309,6 +315,7 @@ class PlanConstantRule(StaticRule):
         Invalid("PLANGEN_TP_SIZE = True\ncustom_parallel_plan = {}\n", 1, 19, "got True"),
         Invalid("x = 1\nPLANGEN_MODEL = ''\ncustom_parallel_plan = {}\n", 2, 17, "model spec string"),
         Invalid("PLANGEN_SEQUENCE_PARALLEL = 'yes'\ncustom_parallel_plan = {}\n", 1, 29, "True or False"),
+        Invalid("PLANGEN_PLAN_VARIANT = 'fast'\ncustom_parallel_plan = {}\n", 1, 24, "'optimized' or 'stable'"),
         Invalid("import os\nPLANGEN_TP_SIZE = int(os.environ['TP'])\ncustom_parallel_plan = {}\n", 2, 19, "not a literal"),
     )
 

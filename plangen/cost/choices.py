@@ -1,7 +1,8 @@
 """Which plan to cost: the names ``--compare`` accepts, each turned into a styles builder.
 
 ``hand-written`` is plangen's hand-written plan for the class (``optimized`` and ``plangen`` are
-accepted for it), ``hf`` the model's Hugging Face plan, ``nemo`` the NeMo-RL-style baseline
+accepted for it), ``stable`` the runtime's plan as its stable variant (no cross-rank sums in the
+forward, :mod:`plangen.plans.variants`), ``hf`` the model's Hugging Face plan, ``nemo`` the NeMo-RL-style baseline
 (:mod:`plangen.cost.nemo_plan`), and a ``.py`` path a custom plan file. The subject of a MODEL (no
 plan file) is what ``parallelize_model`` would pick without a custom plan, by the runtime's own
 :func:`~plangen.plans.choice.choose_plan`; it is named by its source, as everywhere else.
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 
-NAMED_PLANS = ("hand-written", "hf", "nemo")
+NAMED_PLANS = ("hand-written", "stable", "hf", "nemo")
 ALIASES = {"optimized": "hand-written", "plangen": "hand-written", "hugging-face": "hf", "huggingface": "hf", "nemo-rl": "nemo"}
 DEFAULT = "default"
 
@@ -68,6 +69,8 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
 
         key = f"hand-written:{sequence_parallel}"
         return PlanChoice("hand-written", f"plangen's hand-written plan for {cls}{sp_label}", key, build_hand_written)
+    if name == "stable":
+        return resolve_runtime_choice(model, sequence_parallel, variant="stable")
     if name == "hf":
         def build_hf(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
             from plangen.hf_plan import get_hf_tp_plan
@@ -92,17 +95,21 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
     return load_plan_file_choice(name)
 
 
-def resolve_runtime_choice(model: "nn.Module", sequence_parallel: bool) -> PlanChoice:
-    """The plan ``parallelize_model`` picks without a custom plan, by the runtime's own priority."""
+def resolve_runtime_choice(model: "nn.Module", sequence_parallel: bool, variant: str = "optimized") -> PlanChoice:
+    """The plan ``parallelize_model`` picks without a custom plan, by the runtime's own priority
+    (``variant``: its ``plan_variant``)."""
     from plangen.plans.choice import choose_plan
 
     try:
-        chosen = choose_plan(model, sequence_parallel)
+        chosen = choose_plan(model, sequence_parallel, variant=variant)
     except ValueError as error:
-        raise CostError(str(error)) from None
+        raise CostError(f"{variant}: {error}" if variant != "optimized" else str(error)) from None
 
     def build(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
-        return choose_plan(m, sequence_parallel).build_styles()
+        return choose_plan(m, sequence_parallel, variant=variant).build_styles()
+
+    if variant != "optimized":
+        return PlanChoice(variant, chosen.reason, f"{variant}:{chosen.source}:{sequence_parallel}", build)
 
     # The same styles as the named plan of that source: share its measurements.
     key = {"hand-written": f"hand-written:{sequence_parallel}", "hf": "hf"}.get(

@@ -164,6 +164,12 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
         text.vocab_size = units * tp_size
     if isinstance(getattr(text, "intermediate_size", None), int):
         text.intermediate_size = BASE_INTERMEDIATE_PER_RANK * tp_size
+    heads, head_dim, hidden = (getattr(text, k, None) for k in ("num_attention_heads", "head_dim", "hidden_size"))
+    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and heads * head_dim == hidden:
+        # Attention as wide as the hidden state would give a gather of the attention output (B·S·N·D)
+        # and one of the hidden state (B·S·H) the same size at the base, which scaling cannot tell
+        # apart: the stable plan variant (plangen.plans.variants) has both.
+        text.head_dim = head_dim * 2
     if isinstance(getattr(text, "kv_lora_rank", None), int):
         text.kv_lora_rank = BASE_KV_LATENT
         if isinstance(getattr(text, "q_lora_rank", None), int):

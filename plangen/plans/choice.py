@@ -12,11 +12,12 @@ Pure: nothing is applied to the model; plans stay data until :meth:`ChosenPlan.b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from plangen.plan import Plan, PlanSource, build_parallel_styles
 from plangen.plan_checks import PlanError
+from plangen.plans.variants import DEFAULT_VARIANT, VariantError, build_plan_variant, check_variant
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -97,15 +98,33 @@ def choose_plan(
     custom_parallel_plan: Optional["PlanLike"] = None,
     *,
     allow_unproven: bool = False,
+    variant: str = "optimized",
 ) -> ChosenPlan:
     """The plan ``model`` gets at TP > 1, by priority, with the source and the reason.
 
     ``allow_unproven``: fall back to a Hugging Face plan, then a synthesized plan, that the sweep has
     not proven (``plangen init`` seeds editable files; the runtime never applies one unasked: a
     Hugging Face plan that failed the sweep is refused with the failing tensor and the way out).
+    ``variant``: ``optimized`` or ``stable`` (:mod:`plangen.plans.variants`: no cross-rank sums in
+    the forward), applied to the chosen plan's data; refused for a custom plan (applied as written).
     A hand-written plan without a sequence-parallel variant raises its own ``ValueError`` (final, as
     the class has a plan); with no plan at all, :class:`NoPlanError` says why each source failed.
     """
+    check_variant(variant)
+    chosen = _choose_plan(model, sequence_parallel, custom_parallel_plan, allow_unproven)
+    if variant == DEFAULT_VARIANT:
+        return chosen
+    if chosen.plan is None:
+        raise VariantError(f"the {variant} variant applies to plangen's plans, not to a custom plan: pass it as written")
+    return replace(chosen, plan=build_plan_variant(chosen.plan, variant), reason=f"{chosen.reason} ({variant} variant)")
+
+
+def _choose_plan(
+    model: "nn.Module",
+    sequence_parallel: bool,
+    custom_parallel_plan: Optional["PlanLike"],
+    allow_unproven: bool,
+) -> ChosenPlan:
     from plangen.plans import HAND_WRITTEN
     from plangen.plans.proven import hf_check, is_proven
 

@@ -147,6 +147,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
             activation_checkpointing=case.get("ac", False),
             cpu_offload=case.get("cpu_offload", False),
             custom_parallel_plan=plan,
+            plan_variant=case.get("variant", "optimized"),
         )
     state_dict = check_state_dict_round_trip(sharded, model_state) if case.get("state_dict") else None
     off_dim0 = read_off_dim0_layouts(sharded, dp_mesh)
@@ -182,6 +183,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "logits_type": "DTensor" if isinstance(logits, DTensor) else "Tensor",
         "logits_placements": [str(p) for p in logits.placements] if isinstance(logits, DTensor) else None,
         "logits": (full(logits) - ref_logits[rows]).abs().max().item(),
+        "logits_bitwise": bool(torch.equal(full(logits), ref_logits[rows])),
         "loss": abs(loss.item() - ref_slice_loss),
         "grad": grad_diffs[worst] if worst else None,
         "worst_grad": worst,
