@@ -133,7 +133,7 @@ def build_seed_plan(model: "nn.Module", sequence_parallel: bool, variant: str = 
 
 def check_variant_option(variant: str) -> str:
     """``--variant`` as a one-line :class:`InitError` when it names no variant."""
-    from plangen.plans.variants import VariantError, check_variant
+    from plangen.plan import VariantError, check_variant
 
     try:
         return check_variant(variant)

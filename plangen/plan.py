@@ -22,6 +22,19 @@ PlanSource = Literal["custom", "hand-written", "synthesized", "hf"]
 # Plan variants (plangen.plans.variants says what each changes); here, torch-free, for verify --static.
 VARIANTS: tuple[str, ...] = ("optimized", "stable")
 
+
+class VariantError(ValueError):
+    """The variant is unknown, or the plan has no form without cross-rank sums in the forward."""
+
+
+def check_variant(variant: str) -> str:
+    """``variant`` if it is known; a one-line :class:`VariantError` naming the known ones otherwise.
+    Torch-free, so ``plangen init`` refuses a bad ``--variant`` before importing anything heavy."""
+    if variant not in VARIANTS:
+        raise VariantError(f"unknown plan variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    return variant
+
+
 # Groups in the order the generated file lists them.
 GROUPS = ("embeddings", "attention", "mlp", "norms", "output", "other")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from plangen.plan import VARIANTS, Plan, PlanEntry
+from plangen.plan import Plan, PlanEntry, VariantError, check_variant  # noqa: F401 - re-exported
 
 DEFAULT_VARIANT = "optimized"
 
@@ -33,17 +33,6 @@ _SUMMING_STYLES = (
     "ExpertsParallel",
     "ShardedNormParallel",
 )
-
-
-class VariantError(ValueError):
-    """The variant is unknown, or the plan has no form without cross-rank sums in the forward."""
-
-
-def check_variant(variant: str) -> str:
-    """``variant`` if it is known; a one-line :class:`VariantError` naming the known ones otherwise."""
-    if variant not in VARIANTS:
-        raise VariantError(f"unknown plan variant {variant!r}: expected one of {', '.join(VARIANTS)}")
-    return variant
 
 
 def _feature_sharded_input(entry: PlanEntry) -> bool:
