@@ -96,6 +96,7 @@ def test_runner_exits_non_zero_when_a_goal_is_missed(bench, monkeypatch, tmp_pat
         run.main(["--only", "nope"])
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_quick_step_time_and_memory_benchmark_meets_its_goals(bench):
     time_section, memory_section = bench["step_time"].run_step_benchmark(quick=True)
@@ -109,6 +110,7 @@ def test_quick_step_time_and_memory_benchmark_meets_its_goals(bench):
     assert_goals_met(memory_section)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_quick_moe_step_benchmark_runs_transformers_moe_tp_on_the_same_weights(bench):
     """transformers' own MoE TP (moe_tp_experts, packed_colwise experts) runs on CPU/gloo beside

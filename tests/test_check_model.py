@@ -382,6 +382,7 @@ def test_cli_sequence_parallel_flag_overrides_the_file():
 # --- speed ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_levels_1_and_2_on_405b_within_budget_of_the_import_floor():
     script = ROOT / "benchmarks" / "verify_speed.py"
     result = subprocess.run(

@@ -390,6 +390,7 @@ def test_console_script_subprocess(tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_init_speed_benchmark():
     """`plangen init` on Llama 3.1 405B within 1.2x of importing torch+transformers and building it on meta."""
     done = subprocess.run(
