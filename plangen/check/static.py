@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import libcst as cst
 
@@ -85,13 +85,7 @@ def read_plan_metadata_source(source: str | bytes) -> dict[str, Any]:
     except (SyntaxError, ValueError, UnicodeDecodeError):
         return {}
     metadata: dict[str, Any] = {}
-    for statement in tree.body:
-        if isinstance(statement, ast.Assign):
-            targets, value = statement.targets, statement.value
-        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-            targets, value = [statement.target], statement.value
-        else:
-            continue
+    for targets, value in _module_assignments(tree):
         for target in targets:
             if isinstance(target, ast.Name) and target.id.startswith("PLANGEN_"):
                 try:
@@ -107,13 +101,16 @@ def read_constant_position(path: str | Path, name: str) -> tuple[int, int]:
         tree = ast.parse(decode_source(Path(path).read_bytes()))
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return 1, 1
-    for statement in tree.body:
-        if isinstance(statement, ast.Assign):
-            targets, value = statement.targets, statement.value
-        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-            targets, value = [statement.target], statement.value
-        else:
-            continue
+    for targets, value in _module_assignments(tree):
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
             return value.lineno, value.col_offset + 1
     return 1, 1
+
+
+def _module_assignments(tree: ast.Module) -> Iterator[tuple[list[ast.expr], ast.expr]]:
+    """(targets, value) of each module-level assignment, annotated ones with a value included."""
+    for statement in tree.body:
+        if isinstance(statement, ast.Assign):
+            yield statement.targets, statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            yield [statement.target], statement.value
