@@ -277,17 +277,22 @@ def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: f
     )
 
 
+def result_or_error(run, *args) -> dict[str, Any]:
+    """``run(*args)``, or the error it raised as the case's result: one broken case must not hide the others."""
+    try:
+        return run(*args)
+    except Exception as err:
+        import traceback
+
+        return {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+
+
 def run_cases(payload: dict[str, Any]) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for mesh_kind, cases in payload.items():
         dp_mesh, tp_mesh = build_meshes(mesh_kind)
         for case in cases:
-            try:
-                results[f"{mesh_kind}/{case['name']}"] = run_case(case, dp_mesh, tp_mesh)
-            except Exception as err:  # report per case: one broken case must not hide the others
-                import traceback
-
-                results[f"{mesh_kind}/{case['name']}"] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+            results[f"{mesh_kind}/{case['name']}"] = result_or_error(run_case, case, dp_mesh, tp_mesh)
     return results
 
 

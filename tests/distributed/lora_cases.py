@@ -20,7 +20,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cases import BATCH, SEQ, build_meshes, full, next_token_loss, train_steps  # noqa: E402
+from cases import BATCH, SEQ, build_meshes, full, next_token_loss, result_or_error, train_steps  # noqa: E402
 from tiny_configs import build_tiny  # noqa: E402
 
 from plangen.comm import CollectiveCounter  # noqa: E402
@@ -104,10 +104,5 @@ def run_lora_cases(payload: dict[str, Any]) -> dict[str, Any]:
     for mesh_kind, cases in payload.items():
         dp_mesh, tp_mesh = build_meshes(mesh_kind)
         for case in cases:
-            try:
-                results[f"{mesh_kind}/{case['name']}"] = run_lora_case(case, dp_mesh, tp_mesh)
-            except Exception as err:  # report per case: one broken case must not hide the others
-                import traceback
-
-                results[f"{mesh_kind}/{case['name']}"] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+            results[f"{mesh_kind}/{case['name']}"] = result_or_error(run_lora_case, case, dp_mesh, tp_mesh)
     return results

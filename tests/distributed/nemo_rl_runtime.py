@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cases import BATCH, SEQ, full, next_token_loss, train_steps  # noqa: E402
+from cases import BATCH, SEQ, full, next_token_loss, result_or_error, train_steps  # noqa: E402
 from tiny_configs import build_tiny  # noqa: E402
 
 
@@ -116,11 +116,6 @@ def run_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     results: dict[str, Any] = {}
     for case in cases:
-        try:
-            results[case["name"]] = run_case(case, mesh["dp"], mesh["tp"])
-        except Exception as err:  # one broken case must not hide the others
-            import traceback
-
-            results[case["name"]] = {"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+        results[case["name"]] = result_or_error(run_case, case, mesh["dp"], mesh["tp"])
     dist.barrier()
     return results
