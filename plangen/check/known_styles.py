@@ -160,6 +160,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("AllReduceParamGrads", ()),
         _spec("LeaveUnsharded", ()),
         _spec("ShardedNormParallel", ()),
+        _spec("GatheredNormParallel", ()),
         # The layouts are annotated Any there and passed on to ColwiseParallel / RowwiseParallel.
         _spec(
             "PackedColwiseParallel",
