@@ -197,25 +197,41 @@ def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = Tru
 
     from plangen.cost.measure import quiet_fake_tensor_log, step_loss
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
-    for param in model.parameters():
+    # AdamW runs on the parameters' local shards (the same storages, so the same memory): on
+    # DTensors each foreach op pays for a sharding propagation over every parameter (Llama-3.1-70B,
+    # 32 layers at TP 8 x DP 4: 106 s traced, 78 s this way; the same bytes).
+    params = list(model.parameters())
+    shards = [_local(p) for p in params]
+    optimizer = torch.optim.AdamW(shards, lr=1e-4, foreach=foreach)
+
+    def optimizer_step() -> None:
+        for param, shard in zip(params, shards):
+            shard.grad = None if param.grad is None else _local(param.grad)
+        optimizer.step()
+        for param, shard in zip(params, shards):
+            param.grad = shard.grad = None
+
+    for param in params:
         param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer_step()
     ids = torch.randint(0, vocab, (batch, seq))
     positions = torch.arange(seq).expand(batch, seq)
     tracker = _make_tracker(model, optimizer)
     tracker.track_inputs((ids, positions))
     with quiet_fake_tensor_log(), _skip_shape_propagation(tracker), tracker:
         step_loss(model(input_ids=ids, position_ids=positions).logits, ids).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step()
     states = sum(
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
         for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
     )
     return {phase: PhasePeak(phase, module, _breakdown(snapshot, states), snapshot["Total"])
             for phase, (snapshot, module) in tracker.phase_peaks.items()}
+
+
+def _local(tensor: Any) -> Any:
+    # A DTensor's local shard: the same storage, so the tracker files it as the DTensor's.
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
 
 
 # ---------------------------------------------------------------------------------------------
