@@ -32,6 +32,7 @@ from plangen.plans.recognize import (
     own_parameters,
     read_dims,
     recognize_block,
+    recognize_layer_mlp,
 )
 
 
@@ -145,12 +146,11 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     emb = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
     # A plain embedding: torch's row-parallel style re-registers every parameter below it by name.
-    emb_ok = (
-        isinstance(emb, nn.Embedding)
-        and emb.weight.shape[-1] == dims.hidden
-        and not any(has_parameters(child) for child in emb.children())
-    )
-    head_ok = head is not None and is_linear(head) and head.in_features == dims.hidden
+    emb_ok = isinstance(emb, nn.Embedding) and not any(has_parameters(child) for child in emb.children())
+    # Narrower (or wider) than the hidden size (OPT-350m's 512 into 1024): a replicated projection
+    # outside the layers maps it, and the head reads that width back.
+    width = emb.weight.shape[-1] if emb_ok else dims.hidden
+    head_ok = head is not None and is_linear(head) and head.in_features in (dims.hidden, width)
     if emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
@@ -164,6 +164,10 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     if not emb_ok:
         found.sp_problems.append(
             "the input embedding is not vocabulary-sharded, so nothing puts the residual stream on sequence shards"
+        )
+    elif width != dims.hidden:
+        found.sp_problems.append(
+            f"the input embedding is {width} wide, not the hidden size {dims.hidden}: what maps it is not sequence-sharded"
         )
     if head is not None and not head_ok:
         found.sp_problems.append("the output head is not sharded, so nothing gathers the sequence for it")
@@ -183,9 +187,14 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
                    f"{path} has its own parameters ({names}) on the residual stream")
+    flat = recognize_layer_mlp(layer, dims)
+    for up, down in flat:
+        # No block around them: the column-parallel one takes the layer's hidden state itself.
+        found.blocks.append(BlockPart(path, ShardedBlock("mlp", (up,), down), None))
+    in_flat = {name for pair in flat for name in pair}
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
-        if not has_parameters(child):
+        if not has_parameters(child) or name in in_flat:
             continue
         call = read_block_call(type(layer), name, type(child))
         if is_per_feature(child, dims.hidden):
