@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from plangen.plan import Replicated
-from plangen.plans.forward_source import BlockCall, read_block_call
+from plangen.plans.forward_source import BlockCall, read_added_children, read_block_call
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize import (
     LatentBlock,
@@ -73,6 +73,9 @@ class Analysis:
     gathered: tuple[KeptPart, ...]  # replicated blocks on the residual stream, wrapped under SP
     sp_problems: tuple[str, ...]
     problem: str | None  # why no plan can be synthesized at all
+    # Position embeddings added to the token embedding outside the layers (BART's embed_positions):
+    # whole on every rank; under SP their output is laid out so the sum takes this rank's slice.
+    positions: tuple[str, ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -172,6 +175,22 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     if head is not None and not head_ok:
         found.sp_problems.append("the output head is not sharded, so nothing gathers the sequence for it")
     return _Ends(emb, head, emb_ok, head_ok)
+
+
+def find_position_embeddings(model: nn.Module, embedding: str, dims: ModelDims) -> list[str]:
+    """Modules beside the token embedding whose output its parent's forward adds to it: position
+    tables (learned, an ``nn.Embedding`` of the hidden width, or parameter-free sinusoids)."""
+    parent_path, _, own = embedding.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    found = []
+    for name in sorted(read_added_children(type(parent)) - {own}):
+        child = getattr(parent, name, None)
+        if not isinstance(child, nn.Module) or is_linear(child):
+            continue
+        table = isinstance(child, nn.Embedding) and child.weight.shape[-1] == dims.hidden
+        if table or not has_parameters(child):
+            found.append(f"{parent_path}.{name}" if parent_path else name)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,6 +293,11 @@ def analyze_model(model: nn.Module) -> Analysis:
     for index, layer in enumerate(layers):
         _analyze_layer(layer, f"{layers_path}.{index}", dims, found)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
+    for path in positions:
+        anchors.add(id(model.get_submodule(path)))
+        if has_parameters(model.get_submodule(path)):
+            found.keep(path, "position embedding added to the token embedding: a table, whole on every rank", "embeddings")
     _analyze_outside(model, "", anchors, dims, found)
     problem = None
     if not found.blocks:
@@ -292,4 +316,5 @@ def analyze_model(model: nn.Module) -> Analysis:
         gathered=tuple(found.gathered),
         sp_problems=tuple(dict.fromkeys(found.sp_problems)),
         problem=problem,
+        positions=tuple(positions),
     )

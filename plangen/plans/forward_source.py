@@ -26,6 +26,7 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -335,6 +336,60 @@ def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
                 elif isinstance(part, ast.Name) and part.id in widths:
                     input_width = True
     return ShapeSizes(frozenset(attributes), frozenset(last), input_width)
+
+
+@lru_cache(maxsize=None)
+def read_added_children(parent_cls: type) -> frozenset[str]:
+    """Children whose output ``parent_cls.forward`` adds to another value with ``+`` (BART's
+    ``inputs_embeds + positions`` after ``positions = self.embed_positions(...)``): the operand is
+    the call, or a name whose latest binding before the sum is the call (``x = x.to(device)``
+    rebindings passed over)."""
+    tree = _forward_tree(parent_cls)
+    if tree is None:
+        return frozenset()
+    bindings: dict[str, list[ast.Assign]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            bindings.setdefault(node.targets[0].id, []).append(node)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        bindings.setdefault(name.id, []).append(None)  # type: ignore[arg-type]
+
+    def latest(name: str, line: int) -> str | None:
+        before = [b for b in bindings.get(name, []) if b is None or b.lineno < line]
+        if any(b is None for b in before):
+            return None  # also bound by unpacking or augmented assignment: cannot tell
+        for binding in sorted(before, key=lambda b: b.lineno, reverse=True):
+            value = binding.value
+            if _strip_to(value) is not value and isinstance(_strip_to(value), ast.Name) and _strip_to(value).id == name:
+                continue  # x = x.to(device)
+            return _child_output(value, lambda n: None)
+        return None
+
+    added = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            for operand in (node.left, node.right):
+                child = _child_output(operand, lambda n, line=node.lineno: latest(n, line))
+                if child is not None:
+                    added.add(child)
+    return frozenset(added)
+
+
+def _strip_to(expr: ast.AST) -> ast.AST:
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "to":
+        expr = expr.func.value
+    return expr
+
+
+def _child_output(expr: ast.AST, name_of: Any) -> str | None:
+    """The child whose output ``expr`` is: ``self.c(...)``, ``self.c(...).to(...)``, or a name ``name_of`` resolves."""
+    expr = _strip_to(expr)
+    if isinstance(expr, ast.Name):
+        return name_of(expr.id)
+    return _self_call_name(expr)
 
 
 def _self_call_name(node: ast.AST | None) -> str | None:

@@ -229,6 +229,17 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
                 "embeddings", f"vocab-parallel embedding; {reduced}",
             )
         )
+    if sp:
+        entries += [
+            PlanEntry(
+                path, "PrepareModuleOutput",
+                dict(output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False),
+                "embeddings",
+                "position embedding, whole on every rank: a Replicate DTensor, so adding it to the "
+                "sequence-sharded token embedding takes this rank's slice (no communication)",
+            )
+            for path in analysis.positions
+        ]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
     if sp:
