@@ -69,6 +69,10 @@ _HIDDEN_KEYS = (
     "hidden_size", "d_model", "n_embd", "embed_dim", "dim", "embedding_size", "embedding_dim",
     "lru_width",
 )
+# The token embedding's own width, where a model may project it to the hidden size (OPT-350m's
+# 512 into 1024): equal to the hidden size stays equal (no projection the real model lacks),
+# different stays different.
+_EMBEDDING_WIDTH_KEYS = ("word_embed_proj_dim",)
 # Widths of side inputs that only need to stay small (Gemma-3n per-layer embeddings).
 _SMALL_WIDTH_KEYS = ("hidden_size_per_layer_input",)
 _INTERMEDIATE_KEYS = (
@@ -251,6 +255,10 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         # Stated even where the config class derives it, so checks can read config.head_dim.
         values["head_dim"] = head_dim
     _shrink_latent_attention(values, head_dim)
+    old_hidden = next((original[k] for name in _HIDDEN_KEYS if (k := key(name)) is not None), None)
+    for name in _EMBEDDING_WIDTH_KEYS:
+        if (k := key(name)) is not None:
+            values[k] = hidden if original[k] == old_hidden else _round_up(max(_MIN_HEAD_DIM, hidden // 2), tp)
     for name in _HIDDEN_KEYS:
         if (k := key(name)) is not None:
             values[k] = hidden
