@@ -112,8 +112,23 @@ class PrepareAttentionInput(PrepareModuleInput):
     reshapes this rank's heads (one style per module: the input preparation carries it).
     """
 
-    def __init__(self, *, head_attributes: tuple[str, ...] = (), **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        *,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_output: bool = False,
+        head_attributes: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_output=use_local_output,
+        )
         self.head_attributes = tuple(head_attributes)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:

@@ -106,6 +106,10 @@ _STATE_SPACE_HEADS = (
 )
 _STATE_SIZE_KEYS = ("state_size", "mamba_d_state", "ssm_state_size")
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+# Musicgen's input rows are batch x codebooks: two codebooks keep the layout and let a DP rank's
+# two rows of the checks' batch of four be one sample.
+_CODEBOOK_KEYS = ("num_codebooks",)
+TINY_CODEBOOKS = 2
 _SLIDING_WINDOW_KEYS = (
     "sliding_window", "sliding_window_size", "attention_window", "attention_chunk_size",
 )
@@ -274,6 +278,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     _shrink_experts(values, key, tp)
     _shrink_state_space(values, key, hidden, head_dim)
     _cap_all(values, key, _POSITION_KEYS, TINY_MAX_POSITIONS, keep_at_least=TINY_MAX_POSITIONS)
+    _cap_all(values, key, _CODEBOOK_KEYS, TINY_CODEBOOKS)
     _cap_all(values, key, _SLIDING_WINDOW_KEYS, TINY_SLIDING_WINDOW)
     for name in _LAYER_PERIOD_KEYS:
         if (k := key(name)) is not None and values[k] > 2:
