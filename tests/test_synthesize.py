@@ -506,3 +506,11 @@ def test_an_embedding_narrower_than_the_hidden_size_is_still_vocabulary_parallel
     assert any("not the hidden size" in p for p in analysis.sp_problems)
     # shrink_config keeps an embedding as wide as the hidden size as wide (no projection appears).
     assert shrink_config(resolved.config, 2).word_embed_proj_dim == shrink_config(resolved.config, 2).hidden_size
+
+
+def test_per_codebook_embeddings_and_heads_are_each_vocabulary_parallel():
+    # Musicgen: a ModuleList of one embedding and one head per codebook; the embeddings are summed.
+    plan = build_synthesized_plan(meta("musicgen"), True)
+    assert styles_of(plan)["model.decoder.embed_tokens.*"] == "RowwiseParallel"
+    assert styles_of(plan)["lm_heads.*"] == "ColwiseParallel"
+    assert styles_of(plan)["model.decoder.embed_positions"] == "PrepareModuleOutput"  # sinusoids, no parameters

@@ -149,11 +149,18 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     emb = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
     # A plain embedding: torch's row-parallel style re-registers every parameter below it by name.
-    emb_ok = isinstance(emb, nn.Embedding) and not any(has_parameters(child) for child in emb.children())
+    def plain(module: nn.Module) -> bool:
+        return isinstance(module, nn.Embedding) and not any(has_parameters(child) for child in module.children())
+
     # Narrower (or wider) than the hidden size (OPT-350m's 512 into 1024): a replicated projection
     # outside the layers maps it, and the head reads that width back.
-    width = emb.weight.shape[-1] if emb_ok else dims.hidden
-    head_ok = head is not None and is_linear(head) and head.in_features in (dims.hidden, width)
+    width = emb.weight.shape[-1] if plain(emb) else dims.hidden
+    # Musicgen: one embedding and one head per codebook (ModuleLists), each vocabulary-parallel.
+    emb_ok = plain(emb) or _each_of(emb, lambda m: plain(m) and m.weight.shape[-1] == dims.hidden)
+    head_ok = head is not None and (
+        (is_linear(head) and head.in_features in (dims.hidden, width))
+        or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
+    )
     if emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
@@ -175,6 +182,15 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     if head is not None and not head_ok:
         found.sp_problems.append("the output head is not sharded, so nothing gathers the sequence for it")
     return _Ends(emb, head, emb_ok, head_ok)
+
+
+def _each_of(module: nn.Module | None, test) -> bool:
+    return isinstance(module, nn.ModuleList) and len(module) > 0 and all(test(m) for m in module)
+
+
+def _end_pattern(module: nn.Module, paths: dict[int, str]) -> str:
+    """The plan key of an end: its path, or every member of a per-codebook list."""
+    return paths[id(module)] + (".*" if isinstance(module, nn.ModuleList) else "")
 
 
 def find_position_embeddings(model: nn.Module, embedding: str, dims: ModelDims) -> list[str]:
@@ -308,8 +324,8 @@ def analyze_model(model: nn.Module) -> Analysis:
         class_name=class_name,
         layers_path=layers_path,
         layer_count=len(layers),
-        embedding=paths[id(ends.embedding)] if ends.embedding_ok else None,
-        head=paths[id(ends.head)] if ends.head_ok else None,
+        embedding=_end_pattern(ends.embedding, paths) if ends.embedding_ok else None,
+        head=_end_pattern(ends.head, paths) if ends.head_ok else None,
         norms=tuple(found.norms),
         blocks=tuple(found.blocks),
         kept=tuple(found.kept),
