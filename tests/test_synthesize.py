@@ -514,3 +514,12 @@ def test_per_codebook_embeddings_and_heads_are_each_vocabulary_parallel():
     assert styles_of(plan)["model.decoder.embed_tokens.*"] == "RowwiseParallel"
     assert styles_of(plan)["lm_heads.*"] == "ColwiseParallel"
     assert styles_of(plan)["model.decoder.embed_positions"] == "PrepareModuleOutput"  # sinusoids, no parameters
+
+
+def test_a_head_width_is_not_a_head_count_even_where_one_kv_head_is_as_wide():
+    # Granite with one KV head: kv_heads x head_dim == head_dim; view(..., -1, self.head_dim) stays as it is.
+    from tiny_configs import build_tiny
+
+    plan = build_synthesized_plan(build_tiny("granite-1kv"), False)
+    attention = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn")
+    assert attention.style == "PrepareAttentionInput" and "head_attributes" not in attention.kwargs

@@ -238,7 +238,7 @@ def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims
 
     Without making them local, ``view(bsz, -1, self.num_heads, self.head_dim)`` of one rank's heads
     folds the missing heads into the sequence dimension: no error, wrong numbers (OPT, XGLM). A
-    value equal to the head count and the head width alike is a head width where it is the last size.
+    value equal to the head width is a head width where it is ever the last size.
     """
     n, d, k = dims.heads, dims.head_dim, dims.kv_heads or dims.heads
     found = []
@@ -246,8 +246,10 @@ def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims
         value = getattr(block, name, None)
         if not isinstance(value, int) or isinstance(value, bool) or n is None or d is None:
             continue
+        if value == d and name in shapes.last:
+            continue  # a per-head width (also what k x d is at one KV head)
         # KV head counts too: divided with the heads (a TP size above them is refused when applied).
-        if value in (n * d, k * d) or (value in (n, k) and (value != d or name not in shapes.last)):
+        if value in (n * d, k * d, n, k):
             found.append(name)
     return tuple(found)
 
