@@ -15,7 +15,15 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import BlockCall, read_applied_to, read_block_call, read_input_readers
+from plangen.plans.forward_source import (
+    BlockCall,
+    ShapeSizes,
+    read_applied_to,
+    read_argument_chains,
+    read_block_call,
+    read_input_readers,
+    read_shape_sizes,
+)
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,9 @@ class ShardedBlock:
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
+    # ``view(bsz, -1, self.num_heads, self.head_dim)``): made this rank's when the plan is applied.
+    head_attributes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -209,9 +220,38 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
+    shapes = read_shape_sizes(type(block))
+    if shapes is not None and shapes.input_width:
+        return KeptBlock(
+            "attention",
+            "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
+            "which is all heads' width: a rank holding some heads cannot follow it",
+        )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole))
+    heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), head_attributes=heads)
+
+
+def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
+    """The integer attributes the forward shapes by that count all heads, or all heads' width.
+
+    Without making them local, ``view(bsz, -1, self.num_heads, self.head_dim)`` of one rank's heads
+    folds the missing heads into the sequence dimension: no error, wrong numbers (OPT, XGLM). A
+    value equal to the head width is a head width where it is ever the last size.
+    """
+    n, d, k = dims.heads, dims.head_dim, dims.kv_heads or dims.heads
+    found = []
+    for name in sorted(shapes.attributes):
+        value = getattr(block, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or n is None or d is None:
+            continue
+        if value == d and name in shapes.last:
+            continue  # a per-head width (also what k x d is at one KV head)
+        # KV head counts too: divided with the heads (a TP size above them is refused when applied).
+        if value in (n * d, k * d, n, k):
+            found.append(name)
+    return tuple(found)
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
@@ -243,6 +283,39 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
     return ShardedBlock("mlp", tuple(reading), down, fused=fused)
+
+
+def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:
+    """Dense MLPs whose two linears sit in the decoder layer itself (BART's, OPT's ``fc1``/``fc2``).
+
+    ``(up, down)`` pairs: ``down`` maps the intermediate back to the hidden size and reads ``up``'s
+    output through parameter-free calls only (the activation, dropout), as the layer's forward
+    source says; ``up`` reads the hidden size, and no other child reads its output.
+    """
+    chains = read_argument_chains(type(layer))
+    linears = _linears(layer)
+
+    def producer(name: str) -> str | None:
+        # The first child with parameters (or the lost track) that the argument came through.
+        for step in chains.get(name, ("?",)):
+            child = getattr(layer, step, None) if step != "?" else None
+            if child is None or has_parameters(child):
+                return step if child is not None else None
+        return None
+
+    pairs = []
+    for down, down_m in linears.items():
+        up = producer(down)
+        up_m = linears.get(up) if up is not None else None
+        if up_m is None or down_m.out_features != dims.hidden or up_m.in_features != dims.hidden:
+            continue
+        if up_m.out_features != down_m.in_features:
+            continue
+        readers = [o for o in chains if o != down and has_parameters(getattr(layer, o, nn.Module())) and producer(o) == up]
+        if readers:
+            continue  # another block reads the intermediate too: it would see only a slice
+        pairs.append((up, down))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True)
