@@ -18,7 +18,8 @@ MULTIMODAL = [
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "olmo2", "olmo3", "phi3"]
 TP_ONLY_MODELS = ["gpt2", "openai-gpt"]  # Conv1D projections, fused c_attn; no sequence-parallel plan
-MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss"]
+# llama4: every expert runs every token (EveryTokenMoeParallel), a dense layer then a MoE one.
+MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "deepseek_v2", "gpt_oss", "llama4"]
 # Attention other than sdpa, for classes without it.
 ATTN = {"gpt_oss": "eager"}
 
@@ -64,7 +65,7 @@ def _cases():
     # gpt-oss: attention sinks split with the heads come back as the [heads] tensor.
     moe += [
         {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
-        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2")
+        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4")
     ]
     # Fused projections re-laid out for TP: the state dict still reads and loads Hugging Face's layout.
     moe += [{"name": "phi3-state-dict" + ("-sp" if sp else ""), "model": "phi3", "sp": sp, "state_dict": True} for sp in (False, True)]
