@@ -87,6 +87,10 @@ def test_sharded_fraction_at_the_default_size(listing):
     assert rows["LlamaForCausalLM"]["sharded_fraction"] >= 0.95
     assert rows["Qwen3MoeForCausalLM"]["sharded_fraction"] >= 0.95  # experts split over TP
     assert rows["MixtralForCausalLM"]["sharded_fraction"] >= 0.95
+    # Llama-4's every-token experts (EveryTokenMoeParallel), Dots1 built from a completed default
+    # config, GraniteMoE-SWA's attention split with its sinks.
+    for name in ("Llama4ForCausalLM", "Dots1ForCausalLM", "GraniteMoeSWAForCausalLM"):
+        assert rows[name]["sharded_fraction"] >= 0.95, name
 
 
 def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):

@@ -116,6 +116,9 @@ class ShardedBlock:
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # The attention block's own parameters of one value per query head (attention sinks): split
+    # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
+    head_parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,8 +196,9 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         return packed
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
-    if own_parameters(block):
-        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
+    own = own_parameters(block)
+    if own and any(shape != (n,) for shape in own.values()):
+        names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
     for norm in whole:
@@ -211,7 +215,8 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole))
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
+                        head_parameters=tuple(own))
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:

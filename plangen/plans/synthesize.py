@@ -165,13 +165,11 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     kv = block.kv_projections if call is not None else ()
     if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
-        entries.append(
-            PlanEntry(
-                part.path, "PrepareAttentionInput" if kv else "PrepareModuleInput",
-                dict(**_input_layouts(call, sp), use_local_output=False), group,
-                f"{gathered}; one gradient reduction per block in backward",
-            )
-        )
+        style = "PrepareAttentionInput" if kv else "PrepareModuleInput"
+        why = f"{gathered}; one gradient reduction per block in backward"
+        if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
+            style, why = "AttentionSinksParallel", f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads"
+        entries.append(PlanEntry(part.path, style, dict(**_input_layouts(call, sp), use_local_output=False), group, why))
         colwise_input = Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
     else:
