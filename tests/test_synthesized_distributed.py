@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Ten classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
+Thirteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -29,6 +29,10 @@ CLASSES = {
     "jamba": ("JambaForCausalLM", False),  # Mamba + attention layers, dense + MoE MLPs
     "lfm2": ("Lfm2ForCausalLM", True),  # w1/w2/w3, out_proj, q_layernorm: recognised by data flow
     "gemma": ("GemmaForCausalLM", True),  # scaled embeddings
+    # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
+    "dots1": ("Dots1ForCausalLM", False),
+    "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias
+    "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
 }
 MESHES = ("tp2", "dp2tp2")
 
