@@ -15,7 +15,13 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import BlockCall, read_applied_to, read_block_call, read_input_readers
+from plangen.plans.forward_source import (
+    BlockCall,
+    read_applied_to,
+    read_block_call,
+    read_input_readers,
+    read_returned_child,
+)
 
 
 @dataclass(frozen=True)
@@ -309,6 +315,9 @@ class MoeBlock:
     routers: tuple[str, ...]
     gates: tuple[str, ...]
     kind: str = "moe"
+    # A norm the block applies to the summed branches and returns (A.X-K1's post_mlp_layernorm):
+    # the partial sums are reduced into it rather than at the block's output.
+    output_norm: str | None = None
 
 
 _ROUTING_ARGUMENTS = ({"top_k_index", "router_indices"}, {"top_k_weights", "routing_weights"})
@@ -353,6 +362,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     shared: list[tuple[str, ShardedBlock, BlockCall | None]] = []
     routers: list[str] = []
     gates: list[str] = []
+    output_norm: str | None = None
     for child_name, child in block.named_children():
         if child_name == name or not has_parameters(child):
             continue
@@ -364,6 +374,9 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
         if is_linear(child) and child.in_features == dims.hidden and child.out_features == 1:
             gates.append(child_name)  # one value per token, scaling a shared expert's output
             continue
+        if is_per_feature(child, dims.hidden) and read_returned_child(type(block)) == child_name:
+            output_norm = child_name
+            continue
         mlp = recognize_mlp(child, dims)
         if isinstance(mlp, ShardedBlock):
             shared.append((child_name, mlp, read_block_call(type(block), child_name, type(child))))
@@ -372,7 +385,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
         return KeptBlock("moe", f"beside the experts: {why}")
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
-    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates))
+    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm)
 
 
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
