@@ -13,6 +13,7 @@ from importlib import resources
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor import Partial, Replicate
 
 from plangen.models import build_meta_model, resolve_model
 from plangen.shrink import shrink_config
@@ -219,6 +220,27 @@ def test_llama4_plan_splits_its_every_token_experts_and_keeps_dense_layers_dense
     # The default config (every layer MoE): one pattern for all layers.
     assert styles_of(HAND_WRITTEN["Llama4ForCausalLM"](meta("llama4"), sequence_parallel))[
         "model.layers.*.feed_forward"] == "EveryTokenMoeParallel"
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_norm_on_the_summed_branches_takes_the_partial_sums(sequence_parallel):
+    # A.X-K1: DeepSeek-V3's MoE block returning post_mlp_layernorm(experts + shared experts): the
+    # partial sums are all-reduced into the norm, and the block's output is already whole.
+    plan = build_synthesized_plan(meta("axk1"), sequence_parallel)
+    entries = {e.pattern: e for e in plan.entries}
+    norm = entries["model.layers.*.mlp.post_mlp_layernorm"]
+    assert norm.style == "PrepareModuleInput"
+    assert norm.kwargs["input_layouts"] == (Partial(),) and norm.kwargs["desired_input_layouts"] == (Replicate(),)
+    assert entries["model.layers.1.mlp"].kwargs["output_layouts"][0] == Replicate()
+    assert entries["model.layers.*.mlp.experts"].style == "ExpertsParallel"
+
+
+def test_a_norm_inside_a_moe_block_not_on_its_output_keeps_it_replicated():
+    from plangen.plans.forward_source import read_returned_child
+
+    model = meta("axk1")
+    assert read_returned_child(type(model.model.layers[1].mlp)) == "post_mlp_layernorm"
+    assert read_returned_child(type(model.model.layers[1].self_attn)) is None  # returns (output, weights)
 
 
 @pytest.mark.parametrize("model_type", ["granitemoe_swa", "granite_swa"])
