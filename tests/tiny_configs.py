@@ -101,3 +101,4 @@ TINY["llama4"] = dict(
     intermediate_size_mlp=64, interleave_moe_layer_step=2, attention_chunk_size=4,
     **{k: v for k, v in COMMON.items() if k != "intermediate_size"},
 )
+TINY["llama4-moe"] = dict(TINY["llama4"], interleave_moe_layer_step=1)  # every layer MoE (Scout's pattern)
