@@ -266,6 +266,14 @@ def test_attention_parameters_not_one_per_head_keep_the_block_replicated():
     attention.sinks = nn.Parameter(torch.empty(heads + 1, device="meta"))
     found = recognize_attention(attention, read_dims(model))
     assert isinstance(found, KeptBlock) and "sinks" in found.why
+    # As many heads as a head is wide: a [heads] parameter could as well be one value per feature.
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("granitemoe_swa", hidden_size=64, num_attention_heads=8, num_key_value_heads=8,
+                                  num_hidden_layers=1, num_local_experts=4, intermediate_size=32, vocab_size=128)
+    square = build_meta_model(config, type(model))
+    found = recognize_attention(square.model.layers[0].self_attn, read_dims(square))
+    assert isinstance(found, KeptBlock) and "sinks (8,)" in found.why
 
 
 def test_heterogeneous_layers_get_per_layer_patterns():

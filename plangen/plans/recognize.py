@@ -203,7 +203,9 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
     own = own_parameters(block)
-    if own and any(shape != (n,) for shape in own.values()):
+    # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
+    # cannot tell it from one value per feature of a head (DiffLlama's lambdas).
+    if own and (n == d or any(shape != (n,) for shape in own.values())):
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
