@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Thirteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
+Classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -34,6 +34,11 @@ CLASSES = {
     "bart": ("BartForCausalLM", True),
     "opt": ("OPTForCausalLM", True),  # views by self.num_heads: made this rank's count
     "xglm": ("XGLMForCausalLM", True),  # views by self.num_heads and self.embed_dim; sinusoidal positions
+    # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
+    "dots1": ("Dots1ForCausalLM", False),
+    "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias
+    "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
+    "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
 }
 MESHES = ("tp2", "dp2tp2")
 

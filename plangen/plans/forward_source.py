@@ -439,3 +439,19 @@ def read_applied_to(block_cls: type) -> dict[str, str]:
             arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
             found.setdefault(name, set()).add(producer(arg) if arg is not None else None)
     return {name: next(iter(p)) for name, p in found.items() if len(p) == 1 and None not in p}
+
+
+@lru_cache(maxsize=None)
+def read_returned_child(block_cls: type) -> str | None:
+    """The child whose output ``block_cls.forward`` returns as it is (``return self.norm(x)``, every
+    return statement alike), called nowhere else; None otherwise."""
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return None
+    names = {_self_call_name(node.value) for node in ast.walk(tree) if isinstance(node, ast.Return)}
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    if name is None or len(_self_calls(block_cls).get(name, [])) != 1:
+        return None
+    return name
