@@ -19,19 +19,22 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from plangen.plan import Replicated
-from plangen.plans.forward_source import BlockCall, read_block_call
+from plangen.plans.forward_source import BlockCall, read_block_call, read_helper_block_call
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize import (
     LatentBlock,
     ModelDims,
     MoeBlock,
     ShardedBlock,
+    SplitBlock,
+    describe,
     has_parameters,
     is_linear,
     is_per_feature,
     own_parameters,
     read_dims,
     recognize_block,
+    recognize_split_blocks,
 )
 
 
@@ -39,9 +42,9 @@ from plangen.plans.recognize import (
 class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
-    path: str
-    block: ShardedBlock | MoeBlock | LatentBlock
-    call: BlockCall | None
+    path: str  # for a SplitBlock: the parent of its two halves
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock
+    call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
 
 
 @dataclass(frozen=True)
@@ -178,14 +181,61 @@ def _group_of(kind: str) -> str:
     return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
 
 
+def _analyze_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> set[str]:
+    """Blocks split over two children of ``parent`` (BERT): record them, and what else their row-parallel
+    half holds (norms on the residual stream; the rest computed whole after the reduction). The
+    names of the children they cover."""
+    covered: set[str] = set()
+    for block in recognize_split_blocks(parent, dims):
+        inner = parent.get_submodule(block.inner)
+        found.blocks.append(BlockPart(path, block, read_helper_block_call(type(parent), block.inner, type(inner))))
+        covered |= {block.inner, block.outer}
+        outer = parent.get_submodule(block.outer)
+        for name, child in outer.named_children():
+            child_path = f"{path}.{block.outer}.{name}"
+            if name == block.rowwise or not has_parameters(child):
+                continue
+            if is_per_feature(child, dims.hidden):
+                found.norms.append(child_path)
+                call = read_block_call(type(outer), name, type(child))
+                if call is None or call.positional < 1:
+                    found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+                continue
+            found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
+                       f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+    return covered
+
+
+def _analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> bool:
+    """A layer child holding a split block (BERT's ``attention``: ``self`` and ``output``): the block,
+    and the child's other parts (per-feature norms). False, recording nothing, when it holds none."""
+    if own_parameters(parent) or not recognize_split_blocks(parent, dims):
+        return False
+    covered = _analyze_split(parent, path, dims, found)
+    for name, child in parent.named_children():
+        child_path = f"{path}.{name}"
+        if name in covered or not has_parameters(child):
+            continue
+        if is_per_feature(child, dims.hidden):
+            found.norms.append(child_path)
+            call = read_block_call(type(parent), name, type(child))
+            if call is None or call.positional < 1:
+                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+        else:
+            found.keep(child_path, f"not recognised beside the split block ({describe(name, child)})", "other",
+                       f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+    return True
+
+
 def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
                    f"{path} has its own parameters ({names}) on the residual stream")
+    covered = _analyze_split(layer, path, dims, found)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
-        if not has_parameters(child):
+        if not has_parameters(child) or name in covered:
             continue
         call = read_block_call(type(layer), name, type(child))
         if is_per_feature(child, dims.hidden):
@@ -213,6 +263,8 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call))
+        elif _analyze_parent_of_split(child, child_path, dims, found):
+            continue
         elif call is None or call.outputs is None:
             found.keep(child_path, recognized.why, _group_of(recognized.kind),
                        f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "

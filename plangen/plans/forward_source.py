@@ -208,3 +208,137 @@ def read_applied_to(block_cls: type) -> dict[str, str]:
             arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
             found.setdefault(name, set()).add(producer(arg) if arg is not None else None)
     return {name: next(iter(p)) for name, p in found.items() if len(p) == 1 and None not in p}
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocks split over two sibling modules (BERT's ``attention.self`` then ``attention.output``,
+# ``intermediate`` then ``output``): the column-parallel half's output must reach the row-parallel
+# half and nothing else, which only the parent's source can tell.
+
+
+@lru_cache(maxsize=None)
+def _forward_and_helpers(cls: type) -> tuple[ast.FunctionDef, ...]:
+    """``cls.forward`` and the methods of ``cls`` it names as ``self.<method>`` (BERT's layer hands
+    ``self.feed_forward_chunk`` to ``apply_chunking_to_forward``), each parsed on its own."""
+    tree = _forward_tree(cls)
+    if tree is None:
+        return ()
+    trees = [tree]
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            continue
+        method = inspect.getattr_static(cls, node.attr, None)
+        if not inspect.isfunction(method) or node.attr == "forward":
+            continue
+        try:
+            parsed = ast.parse(textwrap.dedent(inspect.getsource(method)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return ()
+        if parsed.body and isinstance(parsed.body[0], ast.FunctionDef) and parsed.body[0] not in trees:
+            trees.append(parsed.body[0])
+    return tuple(trees)
+
+
+def _calls_in(function: ast.FunctionDef) -> dict[str, list[tuple[ast.Call, ast.AST | None]]]:
+    calls: dict[str, list[tuple[ast.Call, ast.AST | None]]] = {}
+    for parent in ast.walk(function):
+        for node in ast.iter_child_nodes(parent):
+            name = _self_call_name(node)
+            if name is not None:
+                calls.setdefault(name, []).append((node, parent))  # type: ignore[arg-type]
+    return calls
+
+
+def read_helper_block_call(parent_cls: type, child_name: str, child_cls: type) -> BlockCall | None:
+    """:func:`read_block_call` over ``forward`` and the helper methods it names; None when ``self.<child>``
+    is called other than exactly once there, or in a way that cannot be told for sure."""
+    calls = [c for tree in _forward_and_helpers(parent_cls) for c in _calls_in(tree).get(child_name, [])]
+    if len(calls) != 1:
+        return None
+    call, parent = calls[0]
+    if any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    if call.args:
+        return BlockCall(len(call.args), None, _unpacked_outputs(call, parent))
+    first = _first_parameter(child_cls)
+    if first is None or first not in {k.arg for k in call.keywords}:
+        return None
+    return BlockCall(0, first, _unpacked_outputs(call, parent))
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return (node.lineno, node.col_offset)  # type: ignore[attr-defined]
+
+
+def _bound_once_to(function: ast.FunctionDef, call: ast.Call) -> str | None:
+    """The child whose output alone is ``call``'s first argument: ``x = self.A(...)`` or
+    ``x, _ = self.A(...)`` as a plain statement of the function body, ``x`` used nowhere else before
+    its next assignment (that use being ``call``)."""
+    if not call.args or not isinstance(call.args[0], ast.Name):
+        return None
+    name = call.args[0].id
+    assigns = sorted((n for n in ast.walk(function) if _assigns(n, name)), key=_position)
+    before = [a for a in assigns if _position(a) < _position(call) and call not in ast.walk(a)]
+    if not before or before[-1] not in function.body or not isinstance(before[-1], ast.Assign):
+        return None
+    producing = before[-1]
+    target = producing.targets[0] if len(producing.targets) == 1 else None
+    if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+        target = target.elts[0]
+    source = _self_call_name(producing.value)
+    if source is None or not (isinstance(target, ast.Name) and target.id == name):
+        return None
+    later = [a for a in assigns if _position(a) > _position(producing)]
+    following = later[0] if later else None
+    inside_following = {id(n) for n in ast.walk(following.value)} if following is not None and following.value else set()
+    uses = [
+        n for n in ast.walk(function)
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+        and _position(n) > _position(producing)
+        and (following is None or _position(n) < _position(following) or id(n) in inside_following)
+    ]
+    return source if uses == [call.args[0]] else None
+
+
+@lru_cache(maxsize=None)
+def read_fed_by(parent_cls: type) -> dict[str, str]:
+    """Children that ``parent_cls`` (forward and its helper methods) calls, exactly once, on another
+    child's output and nothing else reads that output: ``{"output": "self"}`` for BERT's attention
+    (``out, w = self.self(h, ...)`` then ``self.output(out, h)``)."""
+    found: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for tree in _forward_and_helpers(parent_cls):
+        for name, calls in _calls_in(tree).items():
+            counts[name] = counts.get(name, 0) + len(calls)
+            for call, _ in calls:
+                source = _bound_once_to(tree, call)
+                if source is not None:
+                    found[name] = source
+    return {name: source for name, source in found.items() if counts[name] == 1 and counts.get(source) == 1}
+
+
+@lru_cache(maxsize=None)
+def read_sole_reader(block_cls: type) -> str | None:
+    """The child that alone reads ``block_cls.forward``'s first argument (``self.dense(hidden_states)``),
+    before that argument is reassigned by a plain statement of the body; None otherwise."""
+    tree = _forward_tree(block_cls)
+    first = _first_parameter(block_cls)
+    if tree is None or first is None:
+        return None
+    assigns = sorted((n for n in ast.walk(tree) if _assigns(n, first)), key=_position)
+    reassigned = assigns[0] if assigns else None
+    if reassigned is not None and reassigned not in tree.body:
+        return None
+    inside = {id(n) for n in ast.walk(reassigned.value)} if reassigned is not None and reassigned.value else set()
+    uses = [
+        n for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and n.id == first and isinstance(n.ctx, ast.Load)
+        and (reassigned is None or _position(n) < _position(reassigned) or id(n) in inside)
+    ]
+    if len(uses) != 1:
+        return None
+    for node in ast.walk(tree):
+        name = _self_call_name(node)
+        if name is not None and node.args and node.args[0] is uses[0] and len(node.args) == 1:  # type: ignore[attr-defined]
+            return name
+    return None

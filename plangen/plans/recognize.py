@@ -15,7 +15,14 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import BlockCall, read_applied_to, read_block_call, read_input_readers
+from plangen.plans.forward_source import (
+    BlockCall,
+    read_applied_to,
+    read_block_call,
+    read_fed_by,
+    read_input_readers,
+    read_sole_reader,
+)
 
 
 @dataclass(frozen=True)
@@ -368,6 +375,62 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
     return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates))
+
+
+@dataclass(frozen=True)
+class SplitBlock:
+    """Attention or an MLP whose projections sit in two sibling modules of one parent (the BERT
+    family: ``attention.self`` then ``attention.output``, ``intermediate`` then ``output``).
+
+    ``inner`` holds only the column-parallel projections, all reading its input; the parent feeds
+    ``inner``'s output to ``outer`` and to nothing else, and in ``outer`` the one row-parallel
+    projection alone reads it. Everything else in ``outer`` (the post-norm after the residual add,
+    adapters) runs after the row-parallel reduction, on the whole hidden state.
+    """
+
+    kind: str  # "attention" | "mlp"
+    inner: str
+    colwise: tuple[str, ...]
+    outer: str
+    rowwise: str
+
+
+def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int] | None:
+    """(kind, output width) when every parameter of ``inner`` is a linear reading its input from the
+    hidden size: three or more of whole heads (attention, as many KV heads as query heads), or
+    one (an MLP's up-projection)."""
+    readers = read_input_readers(type(inner))
+    if readers is None or own_parameters(inner):
+        return None
+    linears = _linears(inner)
+    if not linears or any(n not in readers or m.in_features != dims.hidden for n, m in linears.items()):
+        return None
+    if any(has_parameters(c) for n, c in inner.named_children() if n not in linears):
+        return None
+    widths = {m.out_features for m in linears.values()}
+    heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
+    if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
+        return "attention", heads
+    if len(linears) == 1:
+        return "mlp", widths.pop()
+    return None
+
+
+def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock]:
+    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`)."""
+    children = dict(parent.named_children())
+    found = []
+    for outer_name, inner_name in read_fed_by(type(parent)).items():
+        inner, outer = children.get(inner_name), children.get(outer_name)
+        if inner is None or outer is None or own_parameters(outer):
+            continue
+        column = _column_half(inner, dims)
+        rowwise = read_sole_reader(type(outer))
+        row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
+        if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
+            continue
+        found.append(SplitBlock(column[0], inner_name, tuple(_linears(inner)), outer_name, rowwise))
+    return found
 
 
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
