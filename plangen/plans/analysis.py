@@ -181,40 +181,45 @@ def _group_of(kind: str) -> str:
     return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
 
 
-def _analyze_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> set[str]:
-    """Blocks split over two children of ``parent`` (BERT): record them, and what else their row-parallel
-    half holds (norms on the residual stream; the rest computed whole after the reduction). The
-    names of the children they cover."""
-    covered: set[str] = set()
-    for block in recognize_split_blocks(parent, dims):
-        inner = parent.get_submodule(block.inner)
-        found.blocks.append(BlockPart(path, block, read_helper_block_call(type(parent), block.inner, type(inner))))
-        covered |= {block.inner, block.outer}
-        outer = parent.get_submodule(block.outer)
-        for name, child in outer.named_children():
-            child_path = f"{path}.{block.outer}.{name}"
-            if name == block.rowwise or not has_parameters(child):
-                continue
-            if is_per_feature(child, dims.hidden):
-                found.norms.append(child_path)
-                call = read_block_call(type(outer), name, type(child))
-                if call is None or call.positional < 1:
-                    found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
-                continue
-            found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
-                       f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
-    return covered
+def _analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelDims, found: _Findings) -> None:
+    """A block split over two children of ``parent`` (BERT): the block, and what else its row-parallel
+    half holds (norms on the residual stream; the rest computed whole after the reduction)."""
+    inner = parent.get_submodule(block.inner)
+    found.blocks.append(BlockPart(path, block, read_helper_block_call(type(parent), block.inner, type(inner))))
+    if block.inner_norm is not None:
+        found.keep(f"{path}.{block.inner}.{block.inner_norm}",
+                   "norm inside the block, before its column-parallel projections: sees the whole input", block.kind)
+    outer = parent.get_submodule(block.outer)
+    for name, child in outer.named_children():
+        child_path = f"{path}.{block.outer}.{name}"
+        if name == block.rowwise or not has_parameters(child):
+            continue
+        if is_per_feature(child, dims.hidden):
+            found.norms.append(child_path)
+            call = read_block_call(type(outer), name, type(child))
+            if call is None or call.positional < 1:
+                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+            continue
+        found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
+                   f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+
+
+def _split_blocks_by_child(parent: nn.Module, dims: ModelDims) -> dict[str, SplitBlock]:
+    """The split blocks of ``parent`` by the names of the two children each covers."""
+    return {name: block for block in recognize_split_blocks(parent, dims) for name in (block.inner, block.outer)}
 
 
 def _analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> bool:
     """A layer child holding a split block (BERT's ``attention``: ``self`` and ``output``): the block,
     and the child's other parts (per-feature norms). False, recording nothing, when it holds none."""
-    if own_parameters(parent) or not recognize_split_blocks(parent, dims):
+    splits = _split_blocks_by_child(parent, dims)
+    if own_parameters(parent) or not splits:
         return False
-    covered = _analyze_split(parent, path, dims, found)
     for name, child in parent.named_children():
         child_path = f"{path}.{name}"
-        if name in covered or not has_parameters(child):
+        if name in splits and splits[name].inner == name:
+            _analyze_split(parent, path, splits[name], dims, found)
+        if name in splits or not has_parameters(child):
             continue
         if is_per_feature(child, dims.hidden):
             found.norms.append(child_path)
@@ -232,10 +237,12 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
                    f"{path} has its own parameters ({names}) on the residual stream")
-    covered = _analyze_split(layer, path, dims, found)
+    splits = _split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
-        if not has_parameters(child) or name in covered:
+        if name in splits and splits[name].inner == name:
+            _analyze_split(layer, path, splits[name], dims, found)
+        if not has_parameters(child) or name in splits:
             continue
         call = read_block_call(type(layer), name, type(child))
         if is_per_feature(child, dims.hidden):

@@ -270,20 +270,37 @@ def _position(node: ast.AST) -> tuple[int, int]:
     return (node.lineno, node.col_offset)  # type: ignore[attr-defined]
 
 
+def _end(node: ast.AST) -> tuple[int, int]:
+    return (node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+
+
+def _is_rest_of(node: ast.AST, name: str) -> bool:
+    """``name[1:]``: the outputs after the first (attention weights handed up and dropped)."""
+    return (
+        isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name
+        and isinstance(node.slice, ast.Slice) and node.slice.upper is None and node.slice.step is None
+        and isinstance(node.slice.lower, ast.Constant) and node.slice.lower.value == 1
+    )
+
+
 def _bound_once_to(function: ast.FunctionDef, call: ast.Call) -> str | None:
-    """The child whose output alone is ``call``'s first argument: ``x = self.A(...)`` or
-    ``x, _ = self.A(...)`` as a plain statement of the function body, ``x`` used nowhere else before
-    its next assignment (that use being ``call``)."""
-    if not call.args or not isinstance(call.args[0], ast.Name):
+    """The child whose first output alone is ``call``'s first argument: ``x = self.A(...)`` or
+    ``x, _ = self.A(...)`` then ``call(x, ...)``, or ``x = self.A(...)`` then ``call(x[0], ...)``, the
+    assignment a plain statement of the function body, ``x`` read nowhere else before its next
+    assignment (but as ``x[1:]``, the outputs after the first)."""
+    arg = call.args[0] if call.args else None
+    first_of = isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Constant) and arg.slice.value == 0
+    name_node = arg.value if first_of else arg  # type: ignore[union-attr]
+    if not isinstance(name_node, ast.Name):
         return None
-    name = call.args[0].id
+    name = name_node.id
     assigns = sorted((n for n in ast.walk(function) if _assigns(n, name)), key=_position)
     before = [a for a in assigns if _position(a) < _position(call) and call not in ast.walk(a)]
     if not before or before[-1] not in function.body or not isinstance(before[-1], ast.Assign):
         return None
     producing = before[-1]
     target = producing.targets[0] if len(producing.targets) == 1 else None
-    if isinstance(target, (ast.Tuple, ast.List)) and target.elts:
+    if isinstance(target, (ast.Tuple, ast.List)) and target.elts and not first_of:
         target = target.elts[0]
     source = _self_call_name(producing.value)
     if source is None or not (isinstance(target, ast.Name) and target.id == name):
@@ -291,13 +308,14 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call) -> str | None:
     later = [a for a in assigns if _position(a) > _position(producing)]
     following = later[0] if later else None
     inside_following = {id(n) for n in ast.walk(following.value)} if following is not None and following.value else set()
+    rest = {id(n.value) for n in ast.walk(function) if _is_rest_of(n, name)}  # type: ignore[attr-defined]
     uses = [
         n for n in ast.walk(function)
-        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-        and _position(n) > _position(producing)
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in rest
+        and _position(n) > _end(producing)
         and (following is None or _position(n) < _position(following) or id(n) in inside_following)
     ]
-    return source if uses == [call.args[0]] else None
+    return source if uses == [name_node] else None
 
 
 @lru_cache(maxsize=None)

@@ -382,10 +382,11 @@ class SplitBlock:
     """Attention or an MLP whose projections sit in two sibling modules of one parent (the BERT
     family: ``attention.self`` then ``attention.output``, ``intermediate`` then ``output``).
 
-    ``inner`` holds only the column-parallel projections, all reading its input; the parent feeds
-    ``inner``'s output to ``outer`` and to nothing else, and in ``outer`` the one row-parallel
-    projection alone reads it. Everything else in ``outer`` (the post-norm after the residual add,
-    adapters) runs after the row-parallel reduction, on the whole hidden state.
+    ``inner`` holds the column-parallel projections, all reading its input (or all reading the
+    output of ``inner_norm``, a norm inside ``inner`` applied to its input: RoBERTa-PreLayerNorm);
+    the parent feeds ``inner``'s output to ``outer`` and to nothing else, and in ``outer`` the one
+    row-parallel projection alone reads it. Everything else in ``outer`` (the post-norm after the
+    residual add, adapters) runs after the row-parallel reduction, on the whole hidden state.
     """
 
     kind: str  # "attention" | "mlp"
@@ -393,26 +394,31 @@ class SplitBlock:
     colwise: tuple[str, ...]
     outer: str
     rowwise: str
+    inner_norm: str | None = None
 
 
-def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int] | None:
-    """(kind, output width) when every parameter of ``inner`` is a linear reading its input from the
-    hidden size: three or more of whole heads (attention, as many KV heads as query heads), or
-    one (an MLP's up-projection)."""
+def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None] | None:
+    """(kind, output width, inner norm) when every parameter of ``inner`` is a linear from the hidden
+    size reading its input (or all reading one per-feature norm of it): three or more of whole heads
+    (attention, as many KV heads as query heads), or one (an MLP's up-projection)."""
     readers = read_input_readers(type(inner))
     if readers is None or own_parameters(inner):
         return None
     linears = _linears(inner)
-    if not linears or any(n not in readers or m.in_features != dims.hidden for n, m in linears.items()):
+    others = [n for n, c in inner.named_children() if n not in linears and has_parameters(c)]
+    norm = others[0] if len(others) == 1 and is_per_feature(getattr(inner, others[0]), dims.hidden) else None
+    if len(others) > (norm is not None) or not linears or any(m.in_features != dims.hidden for m in linears.values()):
         return None
-    if any(has_parameters(c) for n, c in inner.named_children() if n not in linears):
+    if norm is None and any(n not in readers for n in linears):
+        return None
+    if norm is not None and (norm not in readers or any(read_fed_by(type(inner)).get(n) != norm for n in linears)):
         return None
     widths = {m.out_features for m in linears.values()}
     heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
     if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
-        return "attention", heads
+        return "attention", heads, norm
     if len(linears) == 1:
-        return "mlp", widths.pop()
+        return "mlp", widths.pop(), norm
     return None
 
 
@@ -429,7 +435,8 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
         row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
         if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
             continue
-        found.append(SplitBlock(column[0], inner_name, tuple(_linears(inner)), outer_name, rowwise))
+        kind, _, norm = column
+        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm))
     return found
 
 

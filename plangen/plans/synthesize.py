@@ -161,8 +161,12 @@ def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     entries: list[PlanEntry] = []
     if part.call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
-        entries.append(PlanEntry(inner, "PrepareModuleInput", dict(**_input_layouts(part.call, sp), use_local_output=False),
-                                 group, f"{gathered}; one gradient reduction per block in backward"))
+        if block.inner_norm is None:
+            prepared, how = False, f"{gathered}; one gradient reduction per block in backward"
+        else:  # the norm inside takes a plain tensor: each projection then reduces its own input gradient
+            prepared, how = True, f"{gathered}; the norm inside computes on the whole input"
+        entries.append(PlanEntry(inner, "PrepareModuleInput", dict(**_input_layouts(part.call, sp), use_local_output=prepared),
+                                 group, how))
         colwise_input, why = Replicate(), "column-parallel: each rank computes its own " + (
             "heads" if group == "attention" else "slice")
     else:
