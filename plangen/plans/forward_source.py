@@ -360,3 +360,53 @@ def read_sole_reader(block_cls: type) -> str | None:
         if name is not None and node.args and node.args[0] is uses[0] and len(node.args) == 1:  # type: ignore[attr-defined]
             return name
     return None
+
+
+@lru_cache(maxsize=None)
+def read_choice_readers(block_cls: type) -> frozenset[str]:
+    """Children ``block_cls.forward`` calls on ``x = <other argument> if <cond> else <first argument>``
+    (BERT's ``current_states``: the encoder's states for cross-attention, else the block input), ``x``
+    assigned once, by a plain statement of the body. Either way they read an input of the block."""
+    tree = _forward_tree(block_cls)
+    first = _first_parameter(block_cls)
+    if tree is None or first is None:
+        return frozenset()
+    arguments = {a.arg for a in (*tree.args.posonlyargs, *tree.args.args, *tree.args.kwonlyargs)}
+    aliases = set()
+    for statement in tree.body:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.IfExp)):
+            continue
+        branches = {b.id for b in (statement.value.body, statement.value.orelse) if isinstance(b, ast.Name)}
+        alias = statement.targets[0].id
+        if first in branches and len(branches) == 2 and branches <= arguments and alias not in arguments:
+            if sum(_assigns(n, alias) for n in ast.walk(tree)) == 1:
+                aliases.add(alias)
+    readers = set()
+    for node in ast.walk(tree):
+        name = _self_call_name(node)
+        args = getattr(node, "args", None)
+        if name is not None and args and isinstance(args[0], ast.Name) and args[0].id in aliases:
+            readers.add(name)
+    return frozenset(readers)
+
+
+@lru_cache(maxsize=None)
+def read_reshape_attributes(block_cls: type) -> frozenset[str]:
+    """Attributes ``self.X`` that ``block_cls.forward`` passes to ``.view(...)`` / ``.reshape(...)``:
+    sizes fixed when the module was built (``context.view(..., self.all_head_size)``), which a split
+    by heads would leave at the unsharded value."""
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return frozenset()
+    sizes: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape"):
+            sizes += node.args
+    # A shape built beforehand (``shape = x.size()[:-2] + (self.all_head_size,)``): what it was built from.
+    names = {n.id for arg in sizes for n in ast.walk(arg) if isinstance(n, ast.Name)}
+    sizes += [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(_assigns(n, name) for name in names)]
+    return frozenset(
+        n.attr for arg in sizes for n in ast.walk(arg)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    )

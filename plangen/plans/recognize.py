@@ -19,8 +19,10 @@ from plangen.plans.forward_source import (
     BlockCall,
     read_applied_to,
     read_block_call,
+    read_choice_readers,
     read_fed_by,
     read_input_readers,
+    read_reshape_attributes,
     read_sole_reader,
 )
 
@@ -397,13 +399,15 @@ class SplitBlock:
     inner_norm: str | None = None
 
 
-def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None] | None:
+def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None] | str | None:
     """(kind, output width, inner norm) when every parameter of ``inner`` is a linear from the hidden
     size reading its input (or all reading one per-feature norm of it): three or more of whole heads
-    (attention, as many KV heads as query heads), or one (an MLP's up-projection)."""
+    (attention, as many KV heads as query heads), or one (an MLP's up-projection). Why not, where
+    it is attention that cannot be split by heads."""
     readers = read_input_readers(type(inner))
     if readers is None or own_parameters(inner):
         return None
+    readers |= read_choice_readers(type(inner))
     linears = _linears(inner)
     others = [n for n, c in inner.named_children() if n not in linears and has_parameters(c)]
     norm = others[0] if len(others) == 1 and is_per_feature(getattr(inner, others[0]), dims.hidden) else None
@@ -416,16 +420,21 @@ def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | Non
     widths = {m.out_features for m in linears.values()}
     heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
     if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
+        fixed = sorted(a for a in read_reshape_attributes(type(inner)) if getattr(inner, a, None) in (dims.heads, heads))
+        if fixed:
+            return (f"{type(inner).__name__} reshapes its heads with {', '.join('self.' + a for a in fixed)}, the "
+                    "unsharded head count or width fixed when it was built: a split by heads would not reach it")
         return "attention", heads, norm
     if len(linears) == 1:
         return "mlp", widths.pop(), norm
     return None
 
 
-def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock]:
-    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`)."""
+def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock | tuple[str, str, str]]:
+    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`), and
+    (inner, outer, why not) for pairs that have the layout but cannot be split."""
     children = dict(parent.named_children())
-    found = []
+    found: list[SplitBlock | tuple[str, str, str]] = []
     for outer_name, inner_name in read_fed_by(type(parent)).items():
         inner, outer = children.get(inner_name), children.get(outer_name)
         if inner is None or outer is None or own_parameters(outer):
@@ -433,7 +442,10 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
         column = _column_half(inner, dims)
         rowwise = read_sole_reader(type(outer))
         row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
-        if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
+        if isinstance(column, str) and is_linear(row):
+            found.append((inner_name, outer_name, column))
+            continue
+        if not isinstance(column, tuple) or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
             continue
         kind, _, norm = column
         found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm))
