@@ -192,8 +192,35 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     if row.plan == "none":
         return row
     fraction, why = build_sharded_fraction(arch, model)
-    note = "; ".join(n for n in (row.note, why) if n)
+    kept = _largest_replicated(arch) if row.plan == "synthesized" and fraction < WELL_SHARDED else ""
+    note = "; ".join(n for n in (row.note, why, kept) if n)
     return replace(row, note=note, sharded_fraction=round(fraction, 4))
+
+
+def _largest_replicated(arch: Architecture) -> str:
+    """What most of the replicated share of a synthesized plan is, and why, at the default size:
+    what keeps it under :data:`WELL_SHARDED`."""
+    from plangen.plans.analysis import analyze_model
+
+    try:
+        model = build_full_size_model(arch)
+        analysis = analyze_model(model)
+        # Each parameter counted once, for the deepest replicated module holding it; the sharded
+        # ends (a tied output bias held by a replicated parent too) not at all.
+        counted = {id(p) for end in (analysis.embedding, analysis.head) if end for p in model.get_submodule(end).parameters()}
+        by_reason: dict[str, tuple[int, str]] = {}
+        for kept in sorted(analysis.kept, key=lambda k: -k.pattern.count(".")):
+            fresh = [p for p in model.get_submodule(kept.pattern).parameters() if id(p) not in counted]
+            counted |= {id(p) for p in fresh}
+            count, first = by_reason.get(kept.why, (0, kept.pattern))
+            by_reason[kept.why] = (count + sum(p.numel() for p in fresh), first)
+    except Exception:  # noqa: BLE001 - the default size does not build: the fraction's note says so
+        return ""
+    if not by_reason:
+        return ""
+    why, (size, path) = max(by_reason.items(), key=lambda item: item[1][0])
+    total = sum(p.numel() for p in model.parameters())
+    return f"most of the replicated share ({size / total:.0%} of the parameters): {path} and alike: {why}"
 
 
 def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:

@@ -424,12 +424,15 @@ def test_bert_has_no_sequence_parallel_plan_and_says_why():
 
 
 @pytest.mark.parametrize("model_type, layers", [("roformer", "roformer"), ("megatron-bert", "bert")])
-def test_attention_reshaping_with_its_built_in_width_stays_replicated_with_the_reason(model_type, layers):
+def test_attention_reshaping_with_its_built_in_width_gets_local_head_counts(model_type, layers):
     # Their k/v read `encoder_hidden_states if is_cross_attention else hidden_states` (an input either
-    # way: read), but the context is viewed as (..., self.all_head_size): a split by heads breaks it.
+    # way), and the context is viewed as (..., self.all_head_size): that width is made this rank's.
     plan = build_synthesized_plan(meta(model_type), False)
-    assert "reshapes its heads with self.all_head_size" in why_of(plan, f"{layers}.encoder.layer.*.attention")
-    assert styles_of(plan)[f"{layers}.encoder.layer.*.output.dense"] == "RowwiseParallel"  # the MLP is sharded
+    attention = next(e for e in plan.entries if e.pattern == f"{layers}.encoder.layer.*.attention.self")
+    assert (attention.style, attention.kwargs) == ("LocalHeadCounts", {"attributes": ("all_head_size",)})
+    styles = styles_of(plan)
+    assert all(styles[f"{layers}.encoder.layer.*.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value"))
+    assert styles[f"{layers}.encoder.layer.*.output.dense"] == "RowwiseParallel"
 
 
 class _Inner(nn.Module):

@@ -206,13 +206,7 @@ def _analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelD
 
 def _split_blocks_by_child(parent: nn.Module, dims: ModelDims) -> dict[str, SplitBlock]:
     """The split blocks of ``parent`` by the names of the two children each covers."""
-    blocks = [b for b in recognize_split_blocks(parent, dims) if isinstance(b, SplitBlock)]
-    return {name: block for block in blocks for name in (block.inner, block.outer)}
-
-
-def _split_refusal(parent: nn.Module, dims: ModelDims) -> str | None:
-    """Why ``parent`` holds a block with the split layout that cannot be split, if it does."""
-    return next((b[2] for b in recognize_split_blocks(parent, dims) if isinstance(b, tuple)), None)
+    return {name: block for block in recognize_split_blocks(parent, dims) for name in (block.inner, block.outer)}
 
 
 def _analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> bool:
@@ -279,12 +273,11 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         elif _analyze_parent_of_split(child, child_path, dims, found):
             continue
         elif call is None or call.outputs is None:
-            why = _split_refusal(child, dims) or recognized.why
-            found.keep(child_path, why, _group_of(recognized.kind),
-                       f"{child_path} is replicated ({why}) and the reader cannot follow how its layer "
+            found.keep(child_path, recognized.why, _group_of(recognized.kind),
+                       f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
                        "calls it, so it cannot be given the whole sequence under sequence parallel")
         else:
-            found.keep(child_path, _split_refusal(child, dims) or recognized.why, _group_of(recognized.kind))
+            found.keep(child_path, recognized.why, _group_of(recognized.kind))
             found.gathered.append(KeptPart(child_path, call))
 
 

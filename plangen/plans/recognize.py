@@ -397,13 +397,15 @@ class SplitBlock:
     outer: str
     rowwise: str
     inner_norm: str | None = None
+    # Attributes of ``inner`` its forward reshapes with that hold the unsharded head count or width
+    # (``context.view(..., self.all_head_size)``): made this rank's (plangen.fused_styles.LocalHeadCounts).
+    head_attributes: tuple[str, ...] = ()
 
 
-def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None] | str | None:
-    """(kind, output width, inner norm) when every parameter of ``inner`` is a linear from the hidden
-    size reading its input (or all reading one per-feature norm of it): three or more of whole heads
-    (attention, as many KV heads as query heads), or one (an MLP's up-projection). Why not, where
-    it is attention that cannot be split by heads."""
+def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None, tuple[str, ...]] | None:
+    """(kind, output width, inner norm, head attributes) when every parameter of ``inner`` is a linear
+    from the hidden size reading its input (or all reading one per-feature norm of it): three or more
+    of whole heads (attention, as many KV heads as query heads), or one (an MLP's up-projection)."""
     readers = read_input_readers(type(inner))
     if readers is None or own_parameters(inner):
         return None
@@ -420,21 +422,17 @@ def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | Non
     widths = {m.out_features for m in linears.values()}
     heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
     if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
-        fixed = sorted(a for a in read_reshape_attributes(type(inner)) if getattr(inner, a, None) in (dims.heads, heads))
-        if fixed:
-            return (f"{type(inner).__name__} reshapes its heads with {', '.join('self.' + a for a in fixed)}, the "
-                    "unsharded head count or width fixed when it was built: a split by heads would not reach it")
-        return "attention", heads, norm
+        fixed = tuple(sorted(a for a in read_reshape_attributes(type(inner)) if getattr(inner, a, None) in (dims.heads, heads)))
+        return "attention", heads, norm, fixed
     if len(linears) == 1:
-        return "mlp", widths.pop(), norm
+        return "mlp", widths.pop(), norm, ()
     return None
 
 
-def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock | tuple[str, str, str]]:
-    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`), and
-    (inner, outer, why not) for pairs that have the layout but cannot be split."""
+def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock]:
+    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`)."""
     children = dict(parent.named_children())
-    found: list[SplitBlock | tuple[str, str, str]] = []
+    found: list[SplitBlock] = []
     for outer_name, inner_name in read_fed_by(type(parent)).items():
         inner, outer = children.get(inner_name), children.get(outer_name)
         if inner is None or outer is None or own_parameters(outer):
@@ -442,13 +440,10 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
         column = _column_half(inner, dims)
         rowwise = read_sole_reader(type(outer))
         row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
-        if isinstance(column, str) and is_linear(row):
-            found.append((inner_name, outer_name, column))
+        if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
             continue
-        if not isinstance(column, tuple) or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
-            continue
-        kind, _, norm = column
-        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm))
+        kind, _, norm, fixed = column
+        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed))
     return found
 
 

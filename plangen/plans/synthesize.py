@@ -159,7 +159,13 @@ def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     assert isinstance(block, SplitBlock)
     inner, group = f"{part.path}.{block.inner}", block.kind
     entries: list[PlanEntry] = []
-    if part.call is not None:
+    if block.head_attributes:
+        # One style per module: the head counts made local instead of one prepared input (each
+        # projection then takes, and reduces the gradient of, its own input).
+        entries.append(PlanEntry(inner, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
+                                 "reshapes its heads with its built-in width: make it this rank's"))
+        colwise_input, why = SEQ if sp else Replicate(), "column-parallel: each rank computes its own heads, from its own input"
+    elif part.call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         if block.inner_norm is None:
             prepared, how = False, f"{gathered}; one gradient reduction per block in backward"
