@@ -143,3 +143,11 @@ def test_committed_table_covers_every_architecture(listing):
     assert "scripts/sweep_plans.py" in table
     for name in rows_by_class(listing):
         assert f"| {name} |" in table, f"docs/plans.md lacks {name}: run scripts/sweep_plans.py --docs-only"
+
+
+def test_an_under_sharded_synthesized_plan_names_what_stays_replicated():
+    from plangen.catalog import Architecture, _largest_replicated
+
+    # Git: the vision tower outside the text decoder is most of what stays whole.
+    note = _largest_replicated(Architecture("GitForCausalLM", "git"))
+    assert note.startswith("most of the replicated share (") and "git.image_encoder" in note
