@@ -535,3 +535,37 @@ def test_shared_parameters_stay_one_after_tp_and_in_one_fsdp_unit(fake_pg):
     apply_tp(model, DeviceMesh("cpu", torch.arange(2)), resolve_tied_styles(model, styles))
     assert predictions.bias is predictions.decoder.bias and isinstance(predictions.bias, DTensor)
     assert model.bert.embeddings.word_embeddings.weight is predictions.decoder.weight
+
+
+def test_ctrl_attention_called_with_one_variable_thrice_and_its_sequential_mlp_are_sharded():
+    # CTRL: self.multi_head_attention(normed, normed, normed, ...) into forward(v, k, q, ...); the MLP
+    # is nn.Sequential(Linear, ReLU, Linear), whose children run in order.
+    styles = styles_of(build_synthesized_plan(meta("ctrl"), False))
+    layer = "transformer.h.*"
+    assert all(styles[f"{layer}.multi_head_attention.{p}"] == "ColwiseParallel" for p in ("Wq", "Wk", "Wv"))
+    assert styles[f"{layer}.multi_head_attention.dense"] == "RowwiseParallel"
+    assert (styles[f"{layer}.ffn.0"], styles[f"{layer}.ffn.2"]) == ("ColwiseParallel", "RowwiseParallel")
+
+
+class _ThreeInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, y, z):
+        return self.a(x) + self.b(y) + self.c(z)
+
+
+class _CallsAlike(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _ThreeInputs()
+
+    def forward(self, h, other):
+        return self.block(h, other, h)
+
+
+def test_forward_source_reader_follows_one_variable_into_several_parameters():
+    from plangen.plans.forward_source import read_alike_readers
+
+    assert read_alike_readers(_CallsAlike, "block", _ThreeInputs) == {"a", "c"}  # y gets another value

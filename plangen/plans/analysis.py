@@ -33,6 +33,7 @@ from plangen.plans.recognize import (
     is_per_feature,
     own_parameters,
     read_dims,
+    recognize_attention_called_alike,
     recognize_block,
     recognize_split_blocks,
 )
@@ -272,6 +273,8 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
             found.blocks.append(BlockPart(child_path, recognized, call))
         elif _analyze_parent_of_split(child, child_path, dims, found):
             continue
+        elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
+            found.blocks.append(BlockPart(child_path, alike, call))
         elif call is None or call.outputs is None:
             found.keep(child_path, recognized.why, _group_of(recognized.kind),
                        f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
@@ -304,6 +307,25 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
 # ---------------------------------------------------------------------------------------------
 
 
+def _embedding_sum_problem(
+    model: nn.Module, paths: dict[int, str], embedding: nn.Module | None, layers: nn.Module
+) -> str | None:
+    """Why SP cannot start at an embedding held with other parameters in a module of its own (BERT's
+    embeddings: token + position + token type, then a norm): the sum is formed inside that module."""
+    if embedding is None:
+        return None
+    path = paths[id(embedding)]
+    parent_path = path.rpartition(".")[0]
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if parent is model or any(m is layers for m in parent.modules()):
+        return None
+    others = [n for n, c in parent.named_children() if c is not embedding and has_parameters(c)]
+    if not others:
+        return None
+    return (f"the token embedding is combined with {', '.join(others)} inside {parent_path} "
+            f"({type(parent).__name__}), where no style can lay the sum out on sequence shards")
+
+
 def _failed(class_name: str, problem: str) -> Analysis:
     return Analysis(class_name, None, 0, None, None, (), (), (), (), (), problem)
 
@@ -324,6 +346,9 @@ def analyze_model(model: nn.Module) -> Analysis:
     for index, layer in enumerate(layers):
         _analyze_layer(layer, f"{layers_path}.{index}", dims, found)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers)
+    if embedding_sum is not None:
+        found.sp_problems.insert(0, embedding_sum)
     _analyze_outside(model, "", anchors, dims, found)
     problem = None
     if not found.blocks:

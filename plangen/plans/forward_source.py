@@ -410,3 +410,31 @@ def read_reshape_attributes(block_cls: type) -> frozenset[str]:
         n.attr for arg in sizes for n in ast.walk(arg)
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
     )
+
+
+@lru_cache(maxsize=None)
+def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> frozenset[str]:
+    """Children of ``child_cls`` that its forward calls on any parameter ``parent_cls`` passes the same
+    variable as the first (CTRL: ``self.multi_head_attention(normed, normed, normed, ...)`` into
+    ``forward(self, v, k, q, ...)``, then ``self.Wq(q)``, ``self.Wk(k)``, ``self.Wv(v)``): they all
+    read the block's input. Only parameters the forward never reassigns; empty when unsure."""
+    calls = _self_calls(parent_cls).get(child_name, [])
+    tree = _forward_tree(child_cls)
+    if len(calls) != 1 or tree is None:
+        return frozenset()
+    args = calls[0][0].args
+    if not args or not isinstance(args[0], ast.Name) or any(isinstance(a, ast.Starred) for a in args):
+        return frozenset()
+    try:
+        params = [p.name for p in list(inspect.signature(child_cls.forward).parameters.values())[1:]]
+    except (TypeError, ValueError):
+        return frozenset()
+    alike = {
+        params[i] for i, a in enumerate(args[: len(params)]) if isinstance(a, ast.Name) and a.id == args[0].id
+    }
+    alike = {p for p in alike if not any(_assigns(n, p) for n in ast.walk(tree))}
+    return frozenset(
+        name for node in ast.walk(tree)
+        if (name := _self_call_name(node)) is not None
+        and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in alike  # type: ignore[attr-defined]
+    )

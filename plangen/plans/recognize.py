@@ -18,6 +18,7 @@ from plangen.models import text_config
 from plangen.plans.forward_source import (
     BlockCall,
     read_applied_to,
+    read_alike_readers,
     read_block_call,
     read_choice_readers,
     read_fed_by,
@@ -139,9 +140,12 @@ def _linears(block: nn.Module) -> dict[str, nn.Linear]:
     return {name: child for name, child in block.named_children() if is_linear(child)}
 
 
-def _split_by_reading(block: nn.Module) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
-    """The block's linears that read its input, and the others; None when its source cannot be read."""
-    readers = read_input_readers(type(block))
+def _split_by_reading(
+    block: nn.Module, readers: frozenset[str] | None = None
+) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
+    """The block's linears that read its input (``readers``: as its caller shows them), and the
+    others; None when its source cannot be read."""
+    readers = read_input_readers(type(block)) if readers is None else readers
     if readers is None:
         return None
     linears = _linears(block)
@@ -182,14 +186,17 @@ def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple
     return per_head, whole
 
 
-def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
+def recognize_attention(
+    block: nn.Module, dims: ModelDims, readers: frozenset[str] | None = None
+) -> ShardedBlock | KeptBlock | None:
     """Self-attention with separate head projections: shard by heads, or say why not.
 
-    Column-parallel: the projections that read the block input and give a whole number of heads (q,
-    k, v, an output gate). Row-parallel: the one projection from all heads back to the hidden size.
-    None when the block does not look like attention at all.
+    Column-parallel: the projections that read the block input (``readers``: as its caller shows
+    them, see :func:`~plangen.plans.forward_source.read_alike_readers`) and give a whole number of
+    heads (q, k, v, an output gate). Row-parallel: the one projection from all heads back to the
+    hidden size. None when the block does not look like attention at all.
     """
-    split = _split_by_reading(block) if dims.heads and dims.head_dim else None
+    split = _split_by_reading(block, readers) if dims.heads and dims.head_dim else None
     if split is None:
         return None
     reading, others = split
@@ -223,9 +230,17 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole))
 
 
+def _sequential_readers(block: nn.Module) -> frozenset[str] | None:
+    """An ``nn.Sequential`` applies its children in order: the first reads the input (CTRL's MLP)."""
+    if type(block) is not nn.Sequential:
+        return None
+    first = next((name for name, _ in block.named_children()), None)
+    return frozenset({first}) if first is not None else frozenset()
+
+
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
     """A dense MLP (up [and gate] → elementwise → down): shard the intermediate width, or say why not."""
-    split = _split_by_reading(block)
+    split = _split_by_reading(block, _sequential_readers(block))
     if split is None:
         return None
     reading, others = split
@@ -427,6 +442,14 @@ def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | Non
     if len(linears) == 1:
         return "mlp", widths.pop(), norm, ()
     return None
+
+
+def recognize_attention_called_alike(parent: nn.Module, name: str, dims: ModelDims) -> ShardedBlock | None:
+    """Attention whose q, k and v read three parameters that ``parent`` passes one variable (CTRL)."""
+    block = getattr(parent, name)
+    readers = read_alike_readers(type(parent), name, type(block))
+    found = recognize_attention(block, dims, readers) if readers else None
+    return found if isinstance(found, ShardedBlock) else None
 
 
 def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock]:
