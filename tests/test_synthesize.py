@@ -274,8 +274,8 @@ def test_seed_plan_order(proven):
     assert build_seed_plan(meta("olmo"), False).source == "synthesized"
     # No Hugging Face plan: the unproven synthesized plan is the best start there is.
     assert build_seed_plan(meta("mpt"), False).source == "synthesized"
-    with pytest.raises(ValueError, match="no plan for CTRLLMHeadModel"):
-        build_seed_plan(meta("ctrl"), True)
+    with pytest.raises(ValueError, match="no plan for XLMWithLMHeadModel"):  # its layers are parallel lists
+        build_seed_plan(meta("xlm"), True)
     with pytest.raises(ValueError, match="GPT2LMHeadModel: no sequence-parallel plan"):  # hand-written, TP only
         build_seed_plan(meta("gpt2"), True)
 
@@ -419,8 +419,11 @@ def test_a_norm_inside_the_column_half_sees_the_whole_input():
 
 
 def test_bert_has_no_sequence_parallel_plan_and_says_why():
-    with pytest.raises(ValueError, match=r"BertLMHeadModel: no sequence-parallel synthesized plan: .*position_embeddings"):
+    with pytest.raises(ValueError, match=r"BertLMHeadModel: no sequence-parallel synthesized plan: the token embedding is "
+                       r"combined with position_embeddings, token_type_embeddings inside bert.embeddings \(BertEmbeddings\)"):
         build_synthesized_plan(meta("bert"), True)
+    # An embedding module holding only a norm beside the token embedding is not such a sum.
+    assert not analyze_model(meta("modernbert-decoder")).sp_problems[0].startswith("the token embedding is combined")
 
 
 @pytest.mark.parametrize("model_type, layers", [("roformer", "roformer"), ("megatron-bert", "bert")])

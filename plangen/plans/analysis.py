@@ -308,7 +308,7 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
 
 
 def _embedding_sum_problem(
-    model: nn.Module, paths: dict[int, str], embedding: nn.Module | None, layers: nn.Module
+    model: nn.Module, paths: dict[int, str], embedding: nn.Module | None, layers: nn.Module, dims: ModelDims
 ) -> str | None:
     """Why SP cannot start at an embedding held with other parameters in a module of its own (BERT's
     embeddings: token + position + token type, then a norm): the sum is formed inside that module."""
@@ -319,7 +319,10 @@ def _embedding_sum_problem(
     parent = model.get_submodule(parent_path) if parent_path else model
     if parent is model or any(m is layers for m in parent.modules()):
         return None
-    others = [n for n, c in parent.named_children() if c is not embedding and has_parameters(c)]
+    others = [
+        n for n, c in parent.named_children()
+        if c is not embedding and has_parameters(c) and not is_per_feature(c, dims.hidden)
+    ]
     if not others:
         return None
     return (f"the token embedding is combined with {', '.join(others)} inside {parent_path} "
@@ -346,7 +349,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     for index, layer in enumerate(layers):
         _analyze_layer(layer, f"{layers_path}.{index}", dims, found)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
-    embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers)
+    embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers, dims)
     if embedding_sum is not None:
         found.sp_problems.insert(0, embedding_sum)
     _analyze_outside(model, "", anchors, dims, found)
