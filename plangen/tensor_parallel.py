@@ -65,13 +65,16 @@ def find_shared_parameters(model: nn.Module) -> list[list[tuple[str, str]]]:
 
 def apply_shared_retie(model: nn.Module, shared: list[list[tuple[str, str]]]) -> None:
     """A parameter that several modules held is one again: ``parallelize_module`` replaced it where a
-    style sharded it (one holder) and left the stale original at the others."""
+    style sharded it and left the stale original at the others (two holders sharded alike get one of
+    the two copies, so their gradients add up as in the unsharded model)."""
     for group in shared:
         held = {id(p): p for p in (getattr(model.get_submodule(path), name) for path, name in group)}
         if len(held) == 1:
             continue
         sharded = [p for p in held.values() if isinstance(p, DTensor)]
-        if len(sharded) != 1 or len(held) != 2:
+        layouts = {(tuple(p.placements), tuple(p.shape)) for p in sharded}
+        # The one plain tensor left is the stale original; sharded two ways, no one parameter can be both.
+        if len(layouts) != 1:
             names = ", ".join(f"{path}.{name}" if path else name for path, name in group)
             raise PlanError(f"shared parameter {names} got different layouts: shard it in one place only")
         for path, name in group:

@@ -572,3 +572,20 @@ def test_forward_source_reader_follows_one_variable_into_several_parameters():
     from plangen.plans.forward_source import read_alike_readers
 
     assert read_alike_readers(_CallsAlike, "block", _ThreeInputs) == {"a", "c"}  # y gets another value
+
+
+def test_verify_pairs_the_halves_of_a_split_block_across_sibling_modules(tmp_path):
+    # PG205 looks for the row-parallel partner in the column-parallel projection's own block; for
+    # BERT it is in the sibling the parent feeds (intermediate -> output).
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    runner, plan = CliRunner(), tmp_path / "bert_plan.py"
+    assert runner.invoke(app, ["init", "bert", "-o", str(plan)]).exit_code == 0
+    assert runner.invoke(app, ["verify", str(plan)]).exit_code == 0
+    text = plan.read_text()
+    row = next(line for line in text.splitlines() if line.strip().startswith('"bert.encoder.layer.*.output.dense"'))
+    plan.write_text(text.replace(row, ""))  # the MLP's row half left out: its column half feeds a slice on
+    result = runner.invoke(app, ["verify", str(plan)])
+    assert result.exit_code != 0 and "PG205 column-parallel `bert.encoder.layer.*.intermediate.dense`" in result.output
