@@ -108,6 +108,23 @@ def find_transformer_layers(model: "nn.Module") -> list["nn.Module"]:
     return [child for module in model.modules() if isinstance(module, nn.ModuleList) for child in module]
 
 
+def find_separable_units(model: "nn.Module", layers: list["nn.Module"]) -> list["nn.Module"]:
+    """The ``layers`` that can be FSDP2 units of their own: those holding no parameter that a module
+    outside them holds too. FSDP2 manages a shared parameter in one group only, so a token embedding
+    declared a block (BERT's ``_no_split_modules`` lists its embeddings) but tied to the output head
+    stays with the root, where the head is."""
+    owners: dict[int, list[int]] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(id(module))
+    units = []
+    for layer in layers:
+        inside = {id(m) for m in layer.modules()}
+        if all(owner in inside for param in layer.parameters() for owner in owners.get(id(param), ())):
+            units.append(layer)
+    return units
+
+
 def tied_embeddings(model: "nn.Module") -> tuple[str, str] | None:
     """Module paths of (input embedding, output head) when their weights are one parameter."""
     get_in = getattr(model, "get_input_embeddings", None)

@@ -34,7 +34,7 @@ from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
 from plangen.hf_plan import get_hf_tp_plan
 from plangen.lora import find_lora_base, resolve_plan_model
-from plangen.module_tree import find_matching_modules, find_unmatched_keys  # noqa: F401 - public here too
+from plangen.module_tree import find_matching_modules, find_separable_units, find_unmatched_keys  # noqa: F401 - public here too
 from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
     PlanError,
     check_heads_divisible,
@@ -157,7 +157,7 @@ def apply_fsdp(
     # would fill whole ranks there (plangen.fsdp_shard).
     placement = build_shard_placement_fn(dp_shard_size(dp_mesh))
     # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
-    for layer in layers:
+    for layer in find_separable_units(model, layers):
         fully_shard(layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy, shard_placement_fn=placement)
     # The root's parameters (embeddings, head) are used again at once in backward: keep them.
     return fully_shard(

@@ -42,12 +42,43 @@ def apply_tp(
     check_plan_fits(model, styles, tp_mesh.size())
     check_packed_without_fsdp(model, styles, dp_size)
     tied = tied_embeddings(model)
+    shared = find_shared_parameters(model)
     frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     parallelize_module(model, tp_mesh, styles)
     apply_frozen(model, frozen)
     if tied is not None:
         apply_retie(model, *tied)
+    apply_shared_retie(model, shared)
     return styles
+
+
+def find_shared_parameters(model: nn.Module) -> list[list[tuple[str, str]]]:
+    """(module path, name) of every parameter that several modules hold: BERT's output bias is both
+    ``cls.predictions.bias`` and ``cls.predictions.decoder.bias``."""
+    holders: dict[int, list[tuple[str, str]]] = {}
+    for path, module in model.named_modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((path, name))
+    return [group for group in holders.values() if len(group) > 1]
+
+
+def apply_shared_retie(model: nn.Module, shared: list[list[tuple[str, str]]]) -> None:
+    """A parameter that several modules held is one again: ``parallelize_module`` replaced it where a
+    style sharded it and left the stale original at the others (two holders sharded alike get one of
+    the two copies, so their gradients add up as in the unsharded model)."""
+    for group in shared:
+        held = {id(p): p for p in (getattr(model.get_submodule(path), name) for path, name in group)}
+        if len(held) == 1:
+            continue
+        sharded = [p for p in held.values() if isinstance(p, DTensor)]
+        layouts = {(tuple(p.placements), tuple(p.shape)) for p in sharded}
+        # The one plain tensor left is the stale original; sharded two ways, no one parameter can be both.
+        if len(layouts) != 1:
+            names = ", ".join(f"{path}.{name}" if path else name for path, name in group)
+            raise PlanError(f"shared parameter {names} got different layouts: shard it in one place only")
+        for path, name in group:
+            setattr(model.get_submodule(path), name, sharded[0])
 
 
 def apply_frozen(model: nn.Module, frozen: set[str]) -> None:

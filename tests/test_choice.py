@@ -61,12 +61,12 @@ def test_custom_plan_wins_and_keeps_its_styles():
 
 def test_no_plan_says_why_each_source_was_passed_over():
     with pytest.raises(NoPlanError) as info:
-        choose_plan(meta("ctrl"), False)
+        choose_plan(meta("xlm"), False)
     passed = {p.source: p.why for p in info.value.passed_over}
     assert list(passed) == list(SOURCES)
     assert "not recognised" in passed["synthesized"] or "not numerically proven" in passed["synthesized"]
     assert "no Hugging Face tensor-parallel plan" in passed["hf"]
-    assert str(info.value).startswith("no plan for CTRLLMHeadModel at TP>1: write a custom plan with `plangen init")
+    assert str(info.value).startswith("no plan for XLMWithLMHeadModel at TP>1: write a custom plan with `plangen init")
 
 
 def test_an_unproven_synthesized_plan_only_seeds_a_file(monkeypatch):
@@ -98,7 +98,7 @@ def test_a_hand_written_plan_without_sp_variant_is_final(monkeypatch):
     assert choose_plan(meta("llama"), False).source == "hand-written"
 
 
-@pytest.mark.parametrize("spec", ["llama", "olmo", "phi3", "gpt2", "ctrl"])
+@pytest.mark.parametrize("spec", ["llama", "olmo", "phi3", "gpt2", "ctrl", "xlm"])
 def test_runtime_init_cost_and_list_agree(spec, monkeypatch):
     """The four users of the plan choice name the same source for the same class."""
     from plangen.catalog import Architecture, build_row

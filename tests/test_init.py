@@ -292,7 +292,7 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
         ([str(LLAMA_405B), "--tp-size", "256"], "num_attention_heads=128 is not divisible by the TP size 256: the largest legal TP size for LlamaForCausalLM is 128 (8 without KV head replication)"),
         (["qwen3", "--tp-size", "0"], "--tp-size must be at least 1, got 0"),
         (["qwen3", "--tp-size", "-2"], "--tp-size must be at least 1, got -2"),
-        (["ctrl", "--sequence-parallel"], "--sequence-parallel: no plan for CTRLLMHeadModel: Hugging Face plans have no sequence parallel"),
+        (["xlm", "--sequence-parallel"], "--sequence-parallel: no plan for XLMWithLMHeadModel: Hugging Face plans have no sequence parallel"),
         (["llama", "--variant", "fast"], "--variant: unknown plan variant 'fast': expected one of optimized, stable"),
         (["llama", "--variant", "stable", "--sequence-parallel"], "--variant stable: the stable variant has no sequence parallel"),
     ],

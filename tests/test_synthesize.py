@@ -355,8 +355,8 @@ def test_seed_plan_order(proven):
     assert build_seed_plan(meta("olmo"), False).source == "synthesized"
     # No Hugging Face plan: the unproven synthesized plan is the best start there is.
     assert build_seed_plan(meta("mpt"), False).source == "synthesized"
-    with pytest.raises(ValueError, match="no plan for CTRLLMHeadModel"):
-        build_seed_plan(meta("ctrl"), True)
+    with pytest.raises(ValueError, match="no plan for XLMWithLMHeadModel"):  # its layers are parallel lists
+        build_seed_plan(meta("xlm"), True)
     with pytest.raises(ValueError, match="GPT2LMHeadModel: no sequence-parallel plan"):  # hand-written, TP only
         build_seed_plan(meta("gpt2"), True)
 
@@ -604,3 +604,208 @@ def test_a_head_width_is_not_a_head_count_even_where_one_kv_head_is_as_wide():
     plan = build_synthesized_plan(build_tiny("granite-1kv"), False)
     attention = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn")
     assert attention.style == "PrepareAttentionInput" and "head_attributes" not in attention.kwargs
+# --- blocks split over two sibling modules (the BERT family as causal decoders) --------------------
+
+
+@pytest.mark.parametrize("model_type, layers", [
+    ("bert", "bert.encoder.layer.*"), ("roberta", "roberta.encoder.layer.*"), ("electra", "electra.encoder.layer.*"),
+    ("xlm-roberta-xl", "roberta.encoder.layer.*"),  # pre-norms beside attention.self and intermediate
+])
+def test_bert_blocks_split_over_sibling_modules_are_sharded_megatron_style(model_type, layers):
+    # attention.self holds q/k/v, attention.output the projection back; intermediate the up-projection,
+    # output the down-projection: paired by what the parent feeds from one to the other.
+    plan = build_synthesized_plan(meta(model_type), False)
+    styles = styles_of(plan)
+    for inner, colwise, outer in (("attention.self", ("query", "key", "value"), "attention.output.dense"),
+                                  ("intermediate", ("dense",), "output.dense")):
+        assert styles[f"{layers}.{inner}"] == "PrepareModuleInput"  # one Replicate DTensor: one gradient reduction
+        assert all(styles[f"{layers}.{inner}.{c}"] == "ColwiseParallel" for c in colwise)
+        assert styles[f"{layers}.{outer}"] == "RowwiseParallel"
+    # The post-norms after the residual add see the whole hidden state; the tied head is vocabulary-parallel.
+    assert not any(p.endswith("LayerNorm") for p in styles)
+    assert styles[next(p for p in styles if p.endswith("word_embeddings"))] == "TiedEmbeddingParallel"
+    from plangen.module_tree import find_unmatched_keys
+
+    assert find_unmatched_keys(meta(model_type), styles) == []
+
+
+def test_a_norm_inside_the_column_half_sees_the_whole_input():
+    # RoBERTa-PreLayerNorm: intermediate = LayerNorm then dense; the norm takes a plain tensor.
+    plan = build_synthesized_plan(meta("roberta-prelayernorm"), False)
+    prepared = next(e for e in plan.entries if e.pattern == "roberta_prelayernorm.encoder.layer.*.intermediate")
+    assert prepared.style == "PrepareModuleInput" and prepared.kwargs["use_local_output"] is True
+    assert styles_of(plan)["roberta_prelayernorm.encoder.layer.*.intermediate.dense"] == "ColwiseParallel"
+    assert "before its column-parallel projections" in why_of(plan, "roberta_prelayernorm.encoder.layer.*.intermediate.LayerNorm")
+
+
+def test_bert_has_no_sequence_parallel_plan_and_says_why():
+    with pytest.raises(ValueError, match=r"BertLMHeadModel: no sequence-parallel synthesized plan: the token embedding is "
+                       r"combined with position_embeddings, token_type_embeddings inside bert.embeddings \(BertEmbeddings\)"):
+        build_synthesized_plan(meta("bert"), True)
+    # An embedding module holding only a norm beside the token embedding is not such a sum.
+    assert not analyze_model(meta("modernbert-decoder")).sp_problems[0].startswith("the token embedding is combined")
+
+
+@pytest.mark.parametrize("model_type, layers", [("roformer", "roformer"), ("megatron-bert", "bert")])
+def test_attention_reshaping_with_its_built_in_width_gets_local_head_counts(model_type, layers):
+    # Their k/v read `encoder_hidden_states if is_cross_attention else hidden_states` (an input either
+    # way), and the context is viewed as (..., self.all_head_size): that width is made this rank's.
+    plan = build_synthesized_plan(meta(model_type), False)
+    attention = next(e for e in plan.entries if e.pattern == f"{layers}.encoder.layer.*.attention.self")
+    assert (attention.style, attention.kwargs) == ("LocalHeadCounts", {"attributes": ("all_head_size",)})
+    styles = styles_of(plan)
+    assert all(styles[f"{layers}.encoder.layer.*.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value"))
+    assert styles[f"{layers}.encoder.layer.*.output.dense"] == "RowwiseParallel"
+
+
+class _Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(4, 8)
+
+    def forward(self, hidden_states):
+        return self.up(hidden_states), None
+
+
+class _Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.down, self.norm = nn.Linear(8, 4), nn.LayerNorm(4)
+
+    def forward(self, hidden_states, residual):
+        hidden_states = self.down(hidden_states)
+        return self.norm(hidden_states + residual)
+
+
+class _Choosing(_Inner):
+    def forward(self, hidden_states, encoder_states=None):
+        states = encoder_states if encoder_states is not None else hidden_states
+        return self.up(states), None
+
+
+class _TwiceRead(_Outer):
+    def forward(self, hidden_states, residual):
+        return self.norm(self.down(hidden_states) + hidden_states.sum())
+
+
+class _Split(nn.Module):
+    def __init__(self, outer=_Outer) -> None:
+        super().__init__()
+        self.inner, self.outer = _Inner(), outer()
+
+    def forward(self, x):
+        h, _ = self.inner(x)
+        h = self.outer(h, x)
+        return h
+
+
+class _SplitByIndex(_Split):
+    def forward(self, x):
+        out = self.inner(x)
+        return (self.outer(out[0], x),) + out[1:]
+
+
+class _Leaky(_Split):
+    def forward(self, x):
+        h, _ = self.inner(x)
+        return self.outer(h, x) + h.mean()  # the column-parallel half's output read elsewhere: its shard
+
+
+class _Chunked(_Split):
+    def forward(self, x):
+        return self.chunk(x)
+
+    def chunk(self, x):
+        h, _ = self.inner(x)
+        return self.outer(h, x)
+
+
+def test_forward_source_reader_pairs_split_halves():
+    from plangen.plans.forward_source import read_choice_readers, read_fed_by, read_helper_block_call, read_sole_reader
+
+    assert read_fed_by(_Split) == read_fed_by(_SplitByIndex) == read_fed_by(_Chunked) == {"outer": "inner"}
+    assert read_fed_by(_Leaky) == {}
+    assert read_helper_block_call(_Chunked, "inner", _Inner) == BlockCall(1, None, 2)  # found in a helper method
+    assert read_sole_reader(_Outer) == "down" and read_sole_reader(_TwiceRead) is None
+    assert read_choice_readers(_Choosing) == {"up"} and read_choice_readers(_Inner) == frozenset()
+
+
+@pytest.mark.parametrize("parent, found", [(_Split, True), (_Chunked, True), (_Leaky, False)])
+def test_split_blocks_are_recognised_only_where_the_data_flow_allows(parent, found):
+    from plangen.plans.recognize import ModelDims, SplitBlock, recognize_split_blocks
+
+    dims = ModelDims(hidden=4, heads=2, kv_heads=2, head_dim=2, vocab=None, experts=None)
+    blocks = recognize_split_blocks(parent(), dims)
+    assert blocks == ([SplitBlock("mlp", "inner", ("up",), "outer", "down")] if found else [])
+    assert recognize_split_blocks(_Split(_TwiceRead), dims) == []  # the row half reads its input twice
+
+
+def test_shared_parameters_stay_one_after_tp_and_in_one_fsdp_unit(fake_pg):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    from plangen.module_tree import find_separable_units, find_transformer_layers
+    from plangen.parallelize import apply_tp, resolve_tied_styles
+
+    resolved = resolve_model("bert")
+    model = resolved.model_class._from_config(shrink_config(resolved.config, 2))
+    predictions = model.cls.predictions
+    assert predictions.bias is predictions.decoder.bias  # transformers ties the output bias too
+    # BERT declares its embeddings a block; tied to the head, they stay in the root's FSDP2 unit.
+    layers = find_transformer_layers(model)
+    assert model.bert.embeddings in layers and model.bert.embeddings not in find_separable_units(model, layers)
+    styles = build_parallel_styles(build_synthesized_plan(model, False))
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), resolve_tied_styles(model, styles))
+    assert predictions.bias is predictions.decoder.bias and isinstance(predictions.bias, DTensor)
+    assert model.bert.embeddings.word_embeddings.weight is predictions.decoder.weight
+
+
+def test_ctrl_attention_called_with_one_variable_thrice_and_its_sequential_mlp_are_sharded():
+    # CTRL: self.multi_head_attention(normed, normed, normed, ...) into forward(v, k, q, ...); the MLP
+    # is nn.Sequential(Linear, ReLU, Linear), whose children run in order.
+    styles = styles_of(build_synthesized_plan(meta("ctrl"), False))
+    layer = "transformer.h.*"
+    assert all(styles[f"{layer}.multi_head_attention.{p}"] == "ColwiseParallel" for p in ("Wq", "Wk", "Wv"))
+    assert styles[f"{layer}.multi_head_attention.dense"] == "RowwiseParallel"
+    assert (styles[f"{layer}.ffn.0"], styles[f"{layer}.ffn.2"]) == ("ColwiseParallel", "RowwiseParallel")
+
+
+class _ThreeInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, y, z):
+        return self.a(x) + self.b(y) + self.c(z)
+
+
+class _CallsAlike(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _ThreeInputs()
+
+    def forward(self, h, other):
+        return self.block(h, other, h)
+
+
+def test_forward_source_reader_follows_one_variable_into_several_parameters():
+    from plangen.plans.forward_source import read_alike_readers
+
+    assert read_alike_readers(_CallsAlike, "block", _ThreeInputs) == {"a", "c"}  # y gets another value
+
+
+def test_verify_pairs_the_halves_of_a_split_block_across_sibling_modules(tmp_path):
+    # PG205 looks for the row-parallel partner in the column-parallel projection's own block; for
+    # BERT it is in the sibling the parent feeds (intermediate -> output).
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    runner, plan = CliRunner(), tmp_path / "bert_plan.py"
+    assert runner.invoke(app, ["init", "bert", "-o", str(plan)]).exit_code == 0
+    assert runner.invoke(app, ["verify", str(plan)]).exit_code == 0
+    text = plan.read_text()
+    row = next(line for line in text.splitlines() if line.strip().startswith('"bert.encoder.layer.*.output.dense"'))
+    plan.write_text(text.replace(row, ""))  # the MLP's row half left out: its column half feeds a slice on
+    result = runner.invoke(app, ["verify", str(plan)])
+    assert result.exit_code != 0 and "PG205 column-parallel `bert.encoder.layer.*.intermediate.dense`" in result.output

@@ -1,9 +1,10 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
 Classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
+Thirteen classes with no hand-written plan, old and new, dense, BERT-style split blocks, fused (GLM's packed gate|up), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
-on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
+on (off only for the BERT family, which has none): logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
 steps (eps 1e-6, see train_steps in tests/distributed/cases.py). The plan is forced to the
 synthesized one, and the committed sweep results (plangen/plans/proven.json, which the runtime
 reads) must agree.
@@ -39,7 +40,17 @@ CLASSES = {
     "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias
     "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
+    # The BERT family as causal decoders: q/k/v and the projection back in sibling modules
+    # (attention.self, attention.output), the MLP in intermediate/output, post-norms after the
+    # residual add, the output bias tied too. RoFormer's attention stays replicated (it reshapes with
+    # its built-in width): its MLP is sharded.
+    "bert": ("BertLMHeadModel", True),
+    "roberta": ("RobertaForCausalLM", True),
+    "roformer": ("RoFormerForCausalLM", True),
 }
+# No sequence parallel: their position and token-type embeddings are added to the token embedding
+# inside the embeddings module, where no style can lay the sum out on sequence shards.
+TP_ONLY = {"bert", "roberta", "roformer"}
 MESHES = ("tp2", "dp2tp2")
 
 
@@ -47,7 +58,7 @@ def _cases() -> list[dict]:
     return [
         {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6}
         for t in CLASSES
-        for sp in (False, True)
+        for sp in ((False,) if t in TP_ONLY else (False, True))
     ]
 
 
@@ -103,3 +114,5 @@ def test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong(results, m
         result = per_case[f"{mesh}/opt-global-heads"]
         assert "error" not in result, result.get("trace", result["error"])
         assert result["logits"] > 1e-2, case_problem(result)
+    assert is_proven(class_name, False), f"{class_name}: run scripts/sweep_plans.py"
+    assert is_proven(class_name, True) == (model_type not in TP_ONLY)

@@ -50,3 +50,24 @@ def test_heads_that_do_not_divide_are_refused_before_anything_is_sharded(fake_pg
     with pytest.raises(PlanError, match="largest legal TP size"):
         apply_tp(model, DeviceMesh("cpu", torch.arange(4)), {"model.layers.*.self_attn.q_proj": ColwiseParallel()})
     assert _sharded(model) == []
+
+
+class _SharedBias(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        self.b.bias = self.a.bias  # one parameter in two modules, as BERT's output bias
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
+def test_a_parameter_two_modules_hold_stays_one_where_one_style_shards_it(mesh):
+    from torch.distributed.tensor.parallel import RowwiseParallel
+
+    model = _SharedBias()
+    apply_tp(model, mesh, {"a": ColwiseParallel()})
+    assert model.b.bias is model.a.bias and isinstance(model.a.bias, DTensor)
+    # Sharded two ways, it cannot be one parameter: refused with both names.
+    with pytest.raises(PlanError, match=r"shared parameter a.bias, b.bias got different layouts"):
+        apply_tp(_SharedBias(), mesh, {"a": ColwiseParallel(), "b": RowwiseParallel()})

@@ -388,6 +388,9 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
     name, shown = generalize(name), generalize(block) or plan.model_name
     if "rowwise" in kinds or "gather_input" in kinds or "gather_output" in kinds or (block_style and style_kind(block_style) == "gather_output"):
         return None
+    partner = _split_partner(plan, block)
+    if partner is not None and "rowwise" in plan.styles_below.get(partner, set()):
+        return None
     return (
         f"column-parallel `{name}` leaves its output split over TP, but nothing in `{shown}` is"
         " row-parallel to consume it: shard the projection that reads it with RowwiseParallel, or gather this"
@@ -395,9 +398,28 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
     )
 
 
+def _split_partner(plan: ModelPlan, block: str) -> str | None:
+    """The sibling holding the other half when ``block`` is one half of a block split over two modules
+    (BERT's ``attention.self`` / ``attention.output``: see :class:`plangen.plans.recognize.SplitBlock`)."""
+    from plangen.plans.recognize import read_dims, recognize_split_blocks
+
+    parent, _, child = block.rpartition(".")
+    dims = read_dims(plan.model)
+    if not child or dims is None:
+        return None
+    for split in recognize_split_blocks(plan.model.get_submodule(parent) if parent else plan.model, dims):
+        other = {split.inner: split.outer, split.outer: split.inner}.get(child)
+        if other is not None:
+            return f"{parent}.{other}" if parent else other
+    return None
+
+
 def _row_problem(plan: ModelPlan, name: str) -> str | None:
     block = parent_path(name)
     if "colwise" in plan.styles_below.get(block, set()):
+        return None
+    partner = _split_partner(plan, block)
+    if partner is not None and "colwise" in plan.styles_below.get(partner, set()):
         return None
     return (
         f"row-parallel `{generalize(name)}` reads its input as this rank's shard, but nothing in"

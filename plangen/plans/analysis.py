@@ -19,20 +19,24 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from plangen.plan import Replicated
-from plangen.plans.forward_source import BlockCall, read_added_children, read_block_call
+from plangen.plans.forward_source import BlockCall, read_added_children, read_block_call, read_helper_block_call
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize import (
     LatentBlock,
     ModelDims,
     MoeBlock,
     ShardedBlock,
+    SplitBlock,
+    describe,
     has_parameters,
     is_linear,
     is_per_feature,
     own_parameters,
     read_dims,
+    recognize_attention_called_alike,
     recognize_block,
     recognize_layer_mlp,
+    recognize_split_blocks,
 )
 
 
@@ -40,9 +44,9 @@ from plangen.plans.recognize import (
 class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
-    path: str
-    block: ShardedBlock | MoeBlock | LatentBlock
-    call: BlockCall | None
+    path: str  # for a SplitBlock: the parent of its two halves
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock
+    call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,57 @@ def _group_of(kind: str) -> str:
     return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
 
 
+def _analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelDims, found: _Findings) -> None:
+    """A block split over two children of ``parent`` (BERT): the block, and what else its row-parallel
+    half holds (norms on the residual stream; the rest computed whole after the reduction)."""
+    inner = parent.get_submodule(block.inner)
+    found.blocks.append(BlockPart(path, block, read_helper_block_call(type(parent), block.inner, type(inner))))
+    if block.inner_norm is not None:
+        found.keep(f"{path}.{block.inner}.{block.inner_norm}",
+                   "norm inside the block, before its column-parallel projections: sees the whole input", block.kind)
+    outer = parent.get_submodule(block.outer)
+    for name, child in outer.named_children():
+        child_path = f"{path}.{block.outer}.{name}"
+        if name == block.rowwise or not has_parameters(child):
+            continue
+        if is_per_feature(child, dims.hidden):
+            found.norms.append(child_path)
+            call = read_block_call(type(outer), name, type(child))
+            if call is None or call.positional < 1:
+                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+            continue
+        found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
+                   f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+
+
+def _split_blocks_by_child(parent: nn.Module, dims: ModelDims) -> dict[str, SplitBlock]:
+    """The split blocks of ``parent`` by the names of the two children each covers."""
+    return {name: block for block in recognize_split_blocks(parent, dims) for name in (block.inner, block.outer)}
+
+
+def _analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> bool:
+    """A layer child holding a split block (BERT's ``attention``: ``self`` and ``output``): the block,
+    and the child's other parts (per-feature norms). False, recording nothing, when it holds none."""
+    splits = _split_blocks_by_child(parent, dims)
+    if own_parameters(parent) or not splits:
+        return False
+    for name, child in parent.named_children():
+        child_path = f"{path}.{name}"
+        if name in splits and splits[name].inner == name:
+            _analyze_split(parent, path, splits[name], dims, found)
+        if name in splits or not has_parameters(child):
+            continue
+        if is_per_feature(child, dims.hidden):
+            found.norms.append(child_path)
+            call = read_block_call(type(parent), name, type(child))
+            if call is None or call.positional < 1:
+                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+        else:
+            found.keep(child_path, f"not recognised beside the split block ({describe(name, child)})", "other",
+                       f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+    return True
+
+
 def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
@@ -227,9 +282,12 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         # No block around them: the column-parallel one takes the layer's hidden state itself.
         found.blocks.append(BlockPart(path, ShardedBlock("mlp", (up,), down), None))
     in_flat = {name for pair in flat for name in pair}
+    splits = _split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
-        if not has_parameters(child) or name in in_flat:
+        if name in splits and splits[name].inner == name:
+            _analyze_split(layer, path, splits[name], dims, found)
+        if not has_parameters(child) or name in in_flat or name in splits:
             continue
         call = read_block_call(type(layer), name, type(child))
         if is_per_feature(child, dims.hidden):
@@ -261,6 +319,10 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
                        "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call))
+        elif _analyze_parent_of_split(child, child_path, dims, found):
+            continue
+        elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
+            found.blocks.append(BlockPart(child_path, alike, call))
         elif call is None or call.outputs is None:
             found.keep(child_path, recognized.why, _group_of(recognized.kind),
                        f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
@@ -293,6 +355,28 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
 # ---------------------------------------------------------------------------------------------
 
 
+def _embedding_sum_problem(
+    model: nn.Module, paths: dict[int, str], embedding: nn.Module | None, layers: nn.Module, dims: ModelDims
+) -> str | None:
+    """Why SP cannot start at an embedding held with other parameters in a module of its own (BERT's
+    embeddings: token + position + token type, then a norm): the sum is formed inside that module."""
+    if embedding is None:
+        return None
+    path = paths[id(embedding)]
+    parent_path = path.rpartition(".")[0]
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if parent is model or any(m is layers for m in parent.modules()):
+        return None
+    others = [
+        n for n, c in parent.named_children()
+        if c is not embedding and has_parameters(c) and not is_per_feature(c, dims.hidden)
+    ]
+    if not others:
+        return None
+    return (f"the token embedding is combined with {', '.join(others)} inside {parent_path} "
+            f"({type(parent).__name__}), where no style can lay the sum out on sequence shards")
+
+
 def _failed(class_name: str, problem: str) -> Analysis:
     return Analysis(class_name, None, 0, None, None, (), (), (), (), (), problem)
 
@@ -318,6 +402,9 @@ def analyze_model(model: nn.Module) -> Analysis:
         anchors.add(id(model.get_submodule(path)))
         if has_parameters(model.get_submodule(path)):
             found.keep(path, "position embedding added to the token embedding: a table, whole on every rank", "embeddings")
+    embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers, dims)
+    if embedding_sum is not None:
+        found.sp_problems.insert(0, embedding_sum)
     _analyze_outside(model, "", anchors, dims, found)
     problem = None
     if not found.blocks:

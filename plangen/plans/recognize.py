@@ -18,12 +18,17 @@ from plangen.models import text_config
 from plangen.plans.forward_source import (
     BlockCall,
     ShapeSizes,
+    read_alike_readers,
     read_applied_to,
     read_argument_chains,
     read_block_call,
+    read_choice_readers,
+    read_fed_by,
     read_input_readers,
+    read_reshape_attributes,
     read_returned_child,
     read_shape_sizes,
+    read_sole_reader,
 )
 
 
@@ -145,9 +150,12 @@ def _linears(block: nn.Module) -> dict[str, nn.Linear]:
     return {name: child for name, child in block.named_children() if is_linear(child)}
 
 
-def _split_by_reading(block: nn.Module) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
-    """The block's linears that read its input, and the others; None when its source cannot be read."""
-    readers = read_input_readers(type(block))
+def _split_by_reading(
+    block: nn.Module, readers: frozenset[str] | None = None
+) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
+    """The block's linears that read its input (``readers``: as its caller shows them), and the
+    others; None when its source cannot be read."""
+    readers = read_input_readers(type(block)) if readers is None else readers
     if readers is None:
         return None
     linears = _linears(block)
@@ -188,14 +196,17 @@ def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple
     return per_head, whole
 
 
-def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
+def recognize_attention(
+    block: nn.Module, dims: ModelDims, readers: frozenset[str] | None = None
+) -> ShardedBlock | KeptBlock | None:
     """Self-attention with separate head projections: shard by heads, or say why not.
 
-    Column-parallel: the projections that read the block input and give a whole number of heads (q,
-    k, v, an output gate). Row-parallel: the one projection from all heads back to the hidden size.
-    None when the block does not look like attention at all.
+    Column-parallel: the projections that read the block input (``readers``: as its caller shows
+    them, see :func:`~plangen.plans.forward_source.read_alike_readers`) and give a whole number of
+    heads (q, k, v, an output gate). Row-parallel: the one projection from all heads back to the
+    hidden size. None when the block does not look like attention at all.
     """
-    split = _split_by_reading(block) if dims.heads and dims.head_dim else None
+    split = _split_by_reading(block, readers) if dims.heads and dims.head_dim else None
     if split is None:
         return None
     reading, others = split
@@ -268,9 +279,17 @@ def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims
     return tuple(found)
 
 
+def _sequential_readers(block: nn.Module) -> frozenset[str] | None:
+    """An ``nn.Sequential`` applies its children in order: the first reads the input (CTRL's MLP)."""
+    if type(block) is not nn.Sequential:
+        return None
+    first = next((name for name, _ in block.named_children()), None)
+    return frozenset({first}) if first is not None else frozenset()
+
+
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
     """A dense MLP (up [and gate] → elementwise → down): shard the intermediate width, or say why not."""
-    split = _split_by_reading(block)
+    split = _split_by_reading(block, _sequential_readers(block))
     if split is None:
         return None
     reading, others = split
@@ -462,6 +481,82 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
     return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm)
+
+
+@dataclass(frozen=True)
+class SplitBlock:
+    """Attention or an MLP whose projections sit in two sibling modules of one parent (the BERT
+    family: ``attention.self`` then ``attention.output``, ``intermediate`` then ``output``).
+
+    ``inner`` holds the column-parallel projections, all reading its input (or all reading the
+    output of ``inner_norm``, a norm inside ``inner`` applied to its input: RoBERTa-PreLayerNorm);
+    the parent feeds ``inner``'s output to ``outer`` and to nothing else, and in ``outer`` the one
+    row-parallel projection alone reads it. Everything else in ``outer`` (the post-norm after the
+    residual add, adapters) runs after the row-parallel reduction, on the whole hidden state.
+    """
+
+    kind: str  # "attention" | "mlp"
+    inner: str
+    colwise: tuple[str, ...]
+    outer: str
+    rowwise: str
+    inner_norm: str | None = None
+    # Attributes of ``inner`` its forward reshapes with that hold the unsharded head count or width
+    # (``context.view(..., self.all_head_size)``): made this rank's (plangen.fused_styles.LocalHeadCounts).
+    head_attributes: tuple[str, ...] = ()
+
+
+def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None, tuple[str, ...]] | None:
+    """(kind, output width, inner norm, head attributes) when every parameter of ``inner`` is a linear
+    from the hidden size reading its input (or all reading one per-feature norm of it): three or more
+    of whole heads (attention, as many KV heads as query heads), or one (an MLP's up-projection)."""
+    readers = read_input_readers(type(inner))
+    if readers is None or own_parameters(inner):
+        return None
+    readers |= read_choice_readers(type(inner))
+    linears = _linears(inner)
+    others = [n for n, c in inner.named_children() if n not in linears and has_parameters(c)]
+    norm = others[0] if len(others) == 1 and is_per_feature(getattr(inner, others[0]), dims.hidden) else None
+    if len(others) > (norm is not None) or not linears or any(m.in_features != dims.hidden for m in linears.values()):
+        return None
+    if norm is None and any(n not in readers for n in linears):
+        return None
+    if norm is not None and (norm not in readers or any(read_fed_by(type(inner)).get(n) != norm for n in linears)):
+        return None
+    widths = {m.out_features for m in linears.values()}
+    heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
+    if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
+        fixed = tuple(sorted(a for a in read_reshape_attributes(type(inner)) if getattr(inner, a, None) in (dims.heads, heads)))
+        return "attention", heads, norm, fixed
+    if len(linears) == 1:
+        return "mlp", widths.pop(), norm, ()
+    return None
+
+
+def recognize_attention_called_alike(parent: nn.Module, name: str, dims: ModelDims) -> ShardedBlock | None:
+    """Attention whose q, k and v read three parameters that ``parent`` passes one variable (CTRL)."""
+    block = getattr(parent, name)
+    readers = read_alike_readers(type(parent), name, type(block))
+    found = recognize_attention(block, dims, readers) if readers else None
+    return found if isinstance(found, ShardedBlock) else None
+
+
+def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock]:
+    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`)."""
+    children = dict(parent.named_children())
+    found: list[SplitBlock] = []
+    for outer_name, inner_name in read_fed_by(type(parent)).items():
+        inner, outer = children.get(inner_name), children.get(outer_name)
+        if inner is None or outer is None or own_parameters(outer):
+            continue
+        column = _column_half(inner, dims)
+        rowwise = read_sole_reader(type(outer))
+        row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
+        if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
+            continue
+        kind, _, norm, fixed = column
+        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed))
+    return found
 
 
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}

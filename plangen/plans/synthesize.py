@@ -38,7 +38,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
-from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock, SplitBlock
 from plangen.plans.tied import tie_plan_entries
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
@@ -162,7 +162,44 @@ def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: A
                      f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part")
 
 
+def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """A block split over two sibling modules (BERT): the inner one entered as one Replicate DTensor,
+    its projections column-parallel, the outer one's projection row-parallel."""
+    block = part.block
+    assert isinstance(block, SplitBlock)
+    inner, group = f"{part.path}.{block.inner}", block.kind
+    entries: list[PlanEntry] = []
+    if block.head_attributes:
+        # One style per module: the head counts made local instead of one prepared input (each
+        # projection then takes, and reduces the gradient of, its own input).
+        entries.append(PlanEntry(inner, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
+                                 "reshapes its heads with its built-in width: make it this rank's"))
+        colwise_input, why = SEQ if sp else Replicate(), "column-parallel: each rank computes its own heads, from its own input"
+    elif part.call is not None:
+        gathered = "one all-gather of the sequence per block" if sp else "no communication"
+        if block.inner_norm is None:
+            prepared, how = False, f"{gathered}; one gradient reduction per block in backward"
+        else:  # the norm inside takes a plain tensor: each projection then reduces its own input gradient
+            prepared, how = True, f"{gathered}; the norm inside computes on the whole input"
+        entries.append(PlanEntry(inner, "PrepareModuleInput", dict(**_input_layouts(part.call, sp), use_local_output=prepared),
+                                 group, how))
+        colwise_input, why = Replicate(), "column-parallel: each rank computes its own " + (
+            "heads" if group == "attention" else "slice")
+    else:
+        colwise_input, why = SEQ if sp else Replicate(), "column-parallel, taking its own input (the call of its module could not be read)"
+    for name in block.colwise:
+        entries.append(PlanEntry(f"{inner}.{name}", "ColwiseParallel",
+                                 dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True), group, why))
+    rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
+    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
+    entries.append(PlanEntry(f"{part.path}.{block.outer}.{block.rowwise}", "RowwiseParallel", rowwise, group,
+                             f"row-parallel, in the module its column-parallel half feeds: {reduced}"))
+    return entries
+
+
 def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    if isinstance(part.block, SplitBlock):
+        return _split_entries(part, sp)
     if isinstance(part.block, MoeBlock):
         return _moe_entries(part, sp)
     if isinstance(part.block, LatentBlock):
