@@ -41,6 +41,8 @@ WRONG_AT = {
     "PG211": [(7, 27)],
     "PG212": [(5, 5)],
     "PG213": [(8, 5), (10, 5)],
+    "PG214": [(7, 5)],
+    "PG215": [(8, 5)],
 }
 
 
@@ -289,8 +291,9 @@ def test_leave_unsharded_and_commented_keys_mark_deliberate_replication(tmp_path
 
 
 def test_ignore_comment_silences_a_level2_finding(tmp_path):
-    plan = _edit(LLAMA, '"model.layers.*.mlp.up_proj"', '"model.layer.*.mlp.up_proj"')
-    plan = plan.replace("use_local_output=True),\n", "use_local_output=True),  # plangen: ignore[PG202]\n")
+    # (A typo in an MLP key would leave that projection unplanned inside a prepared block: PG214.)
+    plan = _edit(LLAMA, '"lm_head"', '"lm_heads"')
+    plan = _edit(plan, "use_local_output=False),\n}", "use_local_output=False),  # plangen: ignore[PG202]\n}")
     plan = plan.replace("= {\n", "= {  # plangen: ignore[PG209]\n", 1)
     assert _verify(tmp_path, plan).diagnostics == []
 
