@@ -435,3 +435,91 @@ def test_a_low_rank_latent_norm_is_not_taken_for_a_per_head_norm(tmp_path):
         "}\n"
     )
     assert [code for code, *_ in _found(_verify(tmp_path, source)) if code == "PG207"] == []
+
+
+# --- plans that break at run time, caught at level 2 (issue 14) -------------------------------------
+
+Q_PROJ = '"model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)'
+DOWN_PROJ = '"model.layers.*.mlp.down_proj": RowwiseParallel(input_layouts=Shard(-1)'
+UP_PROJ = '"model.layers.*.mlp.up_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)'
+EMBED = '"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()'
+A = "model.layers.*.self_attn"
+M = "model.layers.*.mlp"
+# name -> (the edited plan, the entry the finding sits on, its message)
+BROKEN_EDITS = {
+    "q_proj_rowwise": (
+        _edit(LLAMA, Q_PROJ, f'"{A}.q_proj": RowwiseParallel()'),
+        f'"{A}.q_proj"',
+        f"`{A}.q_proj` leaves a plain tensor, whole (Replicate()), but `{A}.o_proj` (RowwiseParallel) reads a plain"
+        f" tensor, this rank's shard on dim -1 (Shard(-1)) (like `{A}.k_proj`, `{A}.v_proj`): the shapes do not"
+        " meet at run time",
+    ),
+    "down_proj_reads_shard_0": (
+        _edit(LLAMA, DOWN_PROJ, DOWN_PROJ.replace("Shard(-1)", "Shard(0)")),
+        f'"{M}.down_proj"',
+        f"`{M}.down_proj` (RowwiseParallel) reads its input as a plain tensor, this rank's shard on dim 0 (Shard(0)),"
+        f" but `{M}.gate_proj`, `{M}.up_proj` leave a plain tensor, this rank's shard on dim -1 (Shard(-1)): its"
+        " input_layouts should say Shard(-1)",
+    ),
+    "up_proj_leaves_shard_1": (
+        _edit(LLAMA, UP_PROJ, UP_PROJ.replace("Shard(-1)", "Shard(1)")),
+        f'"{M}.up_proj"',
+        f"`{M}.up_proj` leaves a plain tensor, this rank's shard on dim 1 (Shard(1)), but `{M}.down_proj`"
+        f" (RowwiseParallel) reads a plain tensor, this rank's shard on dim -1 (Shard(-1)) (like `{M}.gate_proj`):"
+        " the shapes do not meet at run time",
+    ),
+    "embed_tokens_leaves_shard_0": (
+        _edit(LLAMA, EMBED, EMBED.replace("output_layouts=Replicate()", "output_layouts=Shard(0)")),
+        '"model.embed_tokens"',
+        f"`model.embed_tokens` leaves a plain tensor, this rank's shard on dim 0 (Shard(0)), but `{A}`"
+        " (PrepareModuleInput) reads a plain tensor, whole (Replicate()): the shapes do not meet at run time",
+    ),
+    "up_proj_deleted": (
+        _drop(LLAMA, f"{M}.up_proj"),
+        f'"{M}"',
+        f"`{M}` hands a DTensor to `{M}.up_proj` (Linear), which has no entry: its weights are plain tensors and"
+        " torch refuses to mix a Tensor and a DTensor; give it a style (as its siblings have) or leave"
+        f" `{M}`'s output plain (use_local_output=True)",
+    ),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_EDITS))
+def test_an_edit_that_breaks_at_run_time_fails_level_2_on_the_entry_that_causes_it(tmp_path, name):
+    plan, entry, message = BROKEN_EDITS[name]
+    path = tmp_path / "llama_plan.py"
+    path.write_text(plan)
+    before = _snapshot(tmp_path)
+    result = _invoke(str(path))  # levels 1 and 2, no --run
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stdout.splitlines() if " warning: " not in line]
+    assert errors == [f"{path}:{_line_of(plan, entry + ':')}:5: PG214 {message}"]
+    assert _snapshot(tmp_path) == before  # nothing written, nothing touched
+
+
+# The run on a fake process group blames the same entries by itself, not the module that crashed.
+FAKE_RUN_BLAMES = {
+    "q_proj_rowwise": (f"{A}.q_proj", "model.layers.0.self_attn.o_proj"),
+    "down_proj_reads_shard_0": (f"{M}.down_proj", "model.layers.0.mlp.down_proj"),
+    "up_proj_leaves_shard_1": (f"{M}.up_proj", "model.layers.0.mlp"),
+    "embed_tokens_leaves_shard_0": ("model.embed_tokens", None),
+    "up_proj_deleted": (M, "model.layers.0.mlp.up_proj"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_RUN_BLAMES))
+def test_the_fake_process_group_run_blames_the_entry_not_the_crashed_module(tmp_path, name):
+    from plangen.check.fake_run import run_on_fake_group
+    from plangen.check.model import load_meta_model
+    from plangen.check.model_plan import build_shrunk_model
+    from plangen.plan_source import load_custom_plan
+
+    path = tmp_path / "llama_plan.py"
+    path.write_text(BROKEN_EDITS[name][0])
+    shrunk = build_shrunk_model(load_meta_model("llama")[0], 2, load_custom_plan(str(path)))
+    failure = run_on_fake_group(shrunk.model, shrunk.written, 2, sequence_parallel=False)
+    assert (failure.key, failure.module) == FAKE_RUN_BLAMES[name], failure

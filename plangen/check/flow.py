@@ -429,7 +429,7 @@ def _message(junction: Junction, blame: str, agreed: str) -> str:
         layout = mine[0]
         wanted = agreed or junction.takes
         siblings = [p.key for p in voters if p.key != blame and p.placement == wanted]
-        also = f", as {_names(siblings)} leave theirs" if siblings else ""
+        also = f" (like {_names(siblings)})" if siblings else ""
         return (
             f"`{blame}` leaves {_describe(layout.dtensor, layout.shown)}, but {reader} reads"
             f" {_describe(False, junction.takes_shown or '?')}{also}: the shapes do not meet at run time"
