@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
+from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, one_thread
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 
 
@@ -53,7 +53,8 @@ class LayoutFlowRule(ModelRule):
         if shrunk is None:
             return
         try:
-            junctions = trace_junctions(shrunk.model, shrunk.styles, shrunk.input_ids)
+            with one_thread():
+                junctions = trace_junctions(shrunk.model, shrunk.styles, shrunk.input_ids)
         except Exception:  # noqa: BLE001 - the unsharded model does not run: PG215 says why, if the plan is to blame
             return
         for conflict in iter_conflicts_by_entry(find_layout_conflicts(junctions)):
@@ -94,7 +95,8 @@ class FakeRunRule(ModelRule):
         if shrunk is None:
             return
         try:
-            failure = run_on_fake_group(shrunk.model, shrunk.written, plan.tp_size, bool(plan.sequence_parallel))
+            with one_thread():
+                failure = run_on_fake_group(shrunk.model, shrunk.written, plan.tp_size, bool(plan.sequence_parallel))
         except Exception:  # noqa: BLE001 - no fake group here (a real one is running), or the model does not run
             return
         if failure is None:
