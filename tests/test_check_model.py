@@ -515,7 +515,7 @@ FAKE_RUN_BLAMES = {
 def test_the_fake_process_group_run_blames_the_entry_not_the_crashed_module(tmp_path, name):
     from plangen.check.fake_run import run_on_fake_group
     from plangen.check.model import load_meta_model
-    from plangen.check.model_plan import build_shrunk_model
+    from plangen.check.shrunk import build_shrunk_model
     from plangen.plan_source import load_custom_plan
 
     path = tmp_path / "llama_plan.py"

@@ -10,7 +10,6 @@ findings into diagnostics is :mod:`plangen.check.model`. Nothing here imports to
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
@@ -20,6 +19,8 @@ from plangen.module_tree import ModuleIndex
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
+
+    from plangen.check.shrunk import ShrunkModel
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
@@ -70,6 +71,8 @@ class ModelPlan:
     def shrunk(self) -> "ShrunkModel | None":
         """The shrunk model of the same architecture at this TP size, and the plan's keys that
         select a module of it; None where it cannot be built or run (the checks that need it skip)."""
+        from plangen.check.shrunk import build_shrunk_model
+
         if self.source is None:
             return None
         return build_shrunk_model(self.source, self.tp_size, self.written)
@@ -131,60 +134,6 @@ class ModelPlan:
     @property
     def model_name(self) -> str:
         return type(self.model).__name__
-
-
-@dataclass(frozen=True)
-class ShrunkModel:
-    """A shrunk model (:func:`plangen.shrink.build_tiny_model`), a batch for it, and the plan on it:
-    ``written`` as the file wrote it (what the runtime takes), ``styles`` after the runtime's
-    tied-embedding resolution (what it applies). Never changed by the checks that read it."""
-
-    model: "nn.Module"
-    input_ids: Any
-    written: Mapping[str, "ParallelStyle"]
-    styles: Mapping[str, "ParallelStyle"]
-
-
-_SHRUNK: dict[tuple[int, int], Any] = {}
-
-
-@contextmanager
-def one_thread() -> Iterator[None]:
-    """torch on one thread for the shrunk model: its ops are too small to share, and sharing them
-    costs several times their CPU time (a fake-group run: 1.1 s CPU on two threads, 0.2 s on one)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def build_shrunk_model(source: Any, tp_size: int, written: Mapping[str, "ParallelStyle"]) -> ShrunkModel | None:
-    """The shrunk model of ``source`` (built once per spec and TP size in a process) with the keys of
-    ``written`` that select one of its modules (a shrunk model has fewer layers)."""
-    import warnings
-
-    from plangen.check.run import _matching_styles, sample_batch
-    from plangen.plan_checks import resolve_tied_styles
-    from plangen.shrink import build_tiny_model
-
-    cache = (id(source), tp_size)
-    if cache not in _SHRUNK:
-        try:
-            with warnings.catch_warnings(), one_thread():
-                warnings.simplefilter("ignore")
-                model = build_tiny_model(source, tp_size=tp_size, seed=0)
-            _SHRUNK[cache] = (source, model, sample_batch(model, tp_size))
-        except Exception:  # noqa: BLE001 - an architecture that cannot be shrunk: nothing to run
-            _SHRUNK[cache] = (source, None, None)
-    _, model, ids = _SHRUNK[cache]
-    if model is None:
-        return None
-    matching = _matching_styles(model, written)
-    return ShrunkModel(model, ids, matching, resolve_tied_styles(model, matching))
 
 
 def _gathers_feature_shards(style: "ParallelStyle") -> bool:

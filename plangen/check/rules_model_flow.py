@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, one_thread
+from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
+from plangen.check.shrunk import one_thread
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 
 

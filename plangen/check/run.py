@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from plangen.check.model_plan import ModelFinding, parent_path
 from plangen.check.rules_run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
+from plangen.check.shrunk import matching_styles
 from plangen.errors import one_line
 from plangen.module_tree import generalize
+from plangen.shrink import sample_batch  # noqa: F401 - part of the harness core (tests/distributed/cases.py)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -42,7 +44,6 @@ TOLERANCE = 1e-5
 PARITY_TP_SIZE = 2
 SHAPES_TARGET = "plangen.check.run:check_shapes_worker"
 PARITY_TARGET = "plangen.check.run:check_parity_worker"
-BATCH = 2
 
 Progress = Callable[[str], None]
 
@@ -86,20 +87,6 @@ def next_token_loss(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tenso
     return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
 
 
-def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tensor":
-    """Token ids below the special tokens (image placeholders) of a tiny model, a sequence length
-    every TP size divides (sequence parallel needs it); the same on every process."""
-    import torch
-
-    from plangen.models import text_config
-    from plangen.shrink import SPECIAL_TOKEN_SPAN
-
-    vocab = text_config(model.config).vocab_size
-    seq = tp_size * max(1, -(-8 // tp_size))
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (BATCH, seq), generator=generator)
-
-
 def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str, Any]:
     """Each parameter's gradient against the reference's, in the reference's order.
 
@@ -123,15 +110,6 @@ def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str,
     first = next((n for n, d in differences.items() if not d <= TOLERANCE), None)
     return {"first_differing": first, "difference": differences.get(first) if first else None,
             "missing": missing, "shapes": shapes}  # fmt: skip
-
-
-def _matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys that select a module of this model: a shrunk model has fewer layers, so a key
-    naming layer 31 selects nothing in it (level 2 checked every key against the real model)."""
-    from plangen.module_tree import find_unmatched_keys
-
-    unmatched = set(find_unmatched_keys(model, styles))
-    return {key: style for key, style in styles.items() if key not in unmatched}
 
 
 def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
@@ -188,7 +166,7 @@ def _build_case(case: Mapping[str, Any], tp_size: int):
     from plangen.plan_source import load_custom_plan
 
     model = build_tiny_model(resolve_model(case["model"]), tp_size=tp_size, seed=0)
-    styles = _matching_styles(model, load_custom_plan(case["path"]))
+    styles = matching_styles(model, load_custom_plan(case["path"]))
     return model, styles
 
 
