@@ -523,3 +523,19 @@ def test_the_fake_process_group_run_blames_the_entry_not_the_crashed_module(tmp_
     shrunk = build_shrunk_model(load_meta_model("llama")[0], 2, load_custom_plan(str(path)))
     failure = run_on_fake_group(shrunk.model, shrunk.written, 2, sequence_parallel=False)
     assert (failure.key, failure.module) == FAKE_RUN_BLAMES[name], failure
+
+
+def test_level_3s_shapes_stage_blames_the_entry_too(tmp_path):
+    # verify --run used to name o_proj for a row-parallel q_proj (the module that crashed).
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from plangen.check.run import _quietly, run_case
+    from plangen.cost.measure import fake_process_group
+
+    path = tmp_path / "llama_plan.py"
+    path.write_text(BROKEN_EDITS["q_proj_rowwise"][0])
+    with fake_process_group(2):
+        mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+        case = {"model": "llama", "path": str(path), "sequence_parallel": False}
+        result = _quietly(lambda: run_case(case, 2, mesh, compare=False))
+    assert (result["stage"], result["module"], result["key"]) == ("forward", "model.layers.0.self_attn.o_proj", f"{A}.q_proj")

@@ -142,7 +142,7 @@ def _split(tensor: "torch.Tensor", unsharded: tuple[int, ...] | None) -> tuple[i
     return tuple(round(u / l) if l else 0 for u, l in zip(unsharded, local.shape))
 
 
-def _record_shapes(model: "nn.Module", ids: "torch.Tensor") -> dict[str, list[tuple[int, ...]]]:
+def record_shapes(model: "nn.Module", ids: "torch.Tensor") -> dict[str, list[tuple[int, ...]]]:
     """Each module's output shape, call by call, in one unsharded forward."""
     shapes: dict[str, list[tuple[int, ...]]] = {}
     handles = []
@@ -265,7 +265,7 @@ def _run_on_fake_group(
     reference, model = copy.deepcopy(model), copy.deepcopy(model)
     ids = sample_batch(reference, tp_size)
     with torch.enable_grad():
-        shapes = _record_shapes(reference, ids)
+        shapes = record_shapes(reference, ids)
         ref_logits = reference(input_ids=ids).logits
         next_token_loss(ref_logits, ids).backward()
     index = ModuleIndex(model)

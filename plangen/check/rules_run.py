@@ -22,7 +22,8 @@ class FailsAtTpSizeRule(ModelRule):
         " forward, or in the backward), lost a gradient, or gave a gradient of the wrong shape. Level 2 ran"
         " the same check in its own process (PG215), so what fails here is what differs in a launched"
         " worker: here a plan that reads the launcher's environment (`LOCAL_RANK`) is another plan there."
-        " The finding sits on the key of the module that failed."
+        " The finding sits on the entry that caused the failure, found as level 2 finds it (the planned"
+        " module whose output stands apart where it failed), else on the key of the module that failed."
     )
     wrong = (
         f"import os\n\n{DTENSOR_IMPORT} Replicate, Shard\n{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"

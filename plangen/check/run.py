@@ -126,37 +126,6 @@ def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
     return below[0] if below else None
 
 
-class ModuleTracker:
-    """Which module is running: forward hooks keep a stack, so an exception names the innermost one."""
-
-    def __init__(self, model: "nn.Module") -> None:
-        self.stack: list[str] = []
-        self.handles = []
-        for name, module in model.named_modules():
-            if name:
-                self.handles.append(module.register_forward_pre_hook(self._enter(name)))
-                # No always_call: a forward that raises keeps its module on the stack, to be named.
-                self.handles.append(module.register_forward_hook(self._leave))
-
-    def _enter(self, name: str):
-        def hook(module, args):
-            self.stack.append(name)
-
-        return hook
-
-    def _leave(self, module, args, output):
-        if self.stack:
-            self.stack.pop()
-
-    @property
-    def innermost(self) -> str | None:
-        return self.stack[-1] if self.stack else None
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 # --- one case, inside a worker --------------------------------------------------------------------
 
 
@@ -206,8 +175,12 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles))
     if problem is not None:
         return {"skipped": problem}
+    from plangen.check.fake_run import RunRecorder, attribute_failure, record_shapes
+    from plangen.module_tree import ModuleIndex
+
     reference = copy.deepcopy(model)
     ids = sample_batch(model, tp_size)
+    shapes = record_shapes(reference, ids)
     ref_logits = reference(input_ids=ids).logits
     next_token_loss(ref_logits, ids).backward()
     try:
@@ -217,15 +190,16 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001
         return {"stage": "apply", "error": one_line(error, part="first", with_type=True), "key": _first_failing_key(case, tp_size, mesh["tp"])}
-    tracker = ModuleTracker(sharded)
+    index = ModuleIndex(sharded)
+    # The entry that caused a failure, not the module that crashed (plangen.check.fake_run).
+    recorder = RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
     try:
         logits = sharded(input_ids=ids).logits
     except Exception as error:  # noqa: BLE001
-        module = tracker.innermost
-        return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module,
-                "key": key_for_module(styles, module) if module else None}  # fmt: skip
+        key, module = attribute_failure(recorder, styles)
+        return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module, "key": key}
     finally:
-        tracker.remove()
+        recorder.remove()
     if tuple(logits.shape) != tuple(ref_logits.shape):
         return {"stage": "forward", "error": f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}",
                 "key": key_for_module(styles, "lm_head")}  # fmt: skip
