@@ -29,12 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from plangen.check.model_plan import ModelFinding, parent_path
+from plangen.check.blame import key_for_module
+from plangen.check.model_plan import ModelFinding
 from plangen.check.rules_run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
 from plangen.check.shrunk import matching_styles
 from plangen.errors import one_line
-from plangen.module_tree import generalize
-from plangen.shrink import sample_batch  # noqa: F401 - part of the harness core (tests/distributed/cases.py)
+from plangen.shrink import sample_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -112,20 +112,6 @@ def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str,
             "missing": missing, "shapes": shapes}  # fmt: skip
 
 
-def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
-    """The plan key that governs ``path``: its own, else its nearest ancestor's, else a descendant's."""
-    from plangen.module_tree import key_matches
-
-    probe = path
-    while probe:
-        found = [key for key in styles if key_matches(key, probe)]
-        if found:
-            return found[-1]
-        probe = parent_path(probe)
-    below = [key for key in styles if key.startswith(generalize(path) + ".") or key.startswith(path + ".")]
-    return below[0] if below else None
-
-
 # --- one case, inside a worker --------------------------------------------------------------------
 
 
@@ -175,7 +161,7 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles))
     if problem is not None:
         return {"skipped": problem}
-    from plangen.check.fake_run import RunRecorder, attribute_failure, record_shapes
+    from plangen.check.blame import RunRecorder, attribute_failure, record_shapes
     from plangen.module_tree import ModuleIndex
 
     reference = copy.deepcopy(model)
