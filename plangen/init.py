@@ -113,6 +113,19 @@ def check_seed_plan_heads(model: "nn.Module", plan: Plan, tp_size: int) -> None:
         check_tp_size(model.config, tp_size, type(model).__name__, replicate_kv=False)
 
 
+def check_seed_plan_splits(model: "nn.Module", plan: Plan, tp_size: int) -> None:
+    """Refuse a seed plan whose sharded dimensions do not divide by the TP size, as ``plangen verify``
+    would (PG204, the same rule): a file written only to be rejected helps nobody."""
+    from plangen.check.model import build_model_plan
+    from plangen.check.rules_model import DivisibilityRule
+    from plangen.plan import build_parallel_styles
+
+    model_plan = build_model_plan(model, build_parallel_styles(plan), tp_size)
+    problem = next(iter(DivisibilityRule().check(model_plan)), None)
+    if problem is not None:
+        raise InitError(f"--tp-size {tp_size}: {problem.message}")
+
+
 def build_seed_plan(model: "nn.Module", sequence_parallel: bool, variant: str = "optimized") -> tuple[Plan, str]:
     """The plan the file starts from (:func:`plangen.plans.choice.choose_plan`, which may seed from an
     unproven synthesized plan), as ``variant`` (:mod:`plangen.plans.variants`), and a short
@@ -194,6 +207,7 @@ def render_plan_module(
     path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel, variant)
     plan, seed = build_seed_plan(loaded.model, sequence_parallel, variant)
     check_seed_plan_heads(loaded.model, plan, tp_size)
+    check_seed_plan_splits(loaded.model, plan, tp_size)
     text = render_plan_text(
         loaded.model,
         loaded.resolved,

@@ -63,6 +63,13 @@ class StyleFacts:
     produces: str | None = None
     # One end of a tied-embedding pair: the style the other end must have (plangen.tied_styles).
     tied_partner: str | None = None
+    # How the style lays out the module's inputs and outputs, which level 2 follows through each
+    # block (plangen.check.flow): MODULE_HOOKS (a plain first input is read as ``input_layouts``, the
+    # output left as ``output_layouts``, plain when ``use_local_output``), SEQUENCE_HOOKS (read and
+    # left as ``sequence_sharding``), PREPARE_INPUT / PREPARE_OUTPUT / PREPARE_INPUT_OUTPUT (torch's
+    # PrepareModule* attributes); None: its hooks do something else, and level 2 does not judge
+    # the layouts that meet there.
+    hooks: str | None = None
 
     @property
     def shards(self) -> bool:
@@ -76,6 +83,12 @@ class StyleFacts:
             return f"_StridedShard({dim})" if self.strided else f"Shard({dim})"
         return "Replicate()" if self.replicate_dtensor else "plain"
 
+
+MODULE_HOOKS = "module"
+SEQUENCE_HOOKS = "sequence"
+PREPARE_INPUT = "prepare_input"
+PREPARE_OUTPUT = "prepare_output"
+PREPARE_INPUT_OUTPUT = "prepare_input_output"
 
 _REPLICATE = "Replicate()"
 _LAST = "Shard(-1)"
@@ -92,6 +105,7 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 0, EMBEDDING: 1},
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
             produces=_LAST,
+            hooks=MODULE_HOOKS,
         ),
         # Input features of a Linear, the vocabulary of an Embedding.
         StyleFacts(
@@ -101,11 +115,12 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 1, EMBEDDING: 0},
             layout_defaults={"input_layouts": _LAST, "output_layouts": _REPLICATE},
             produces=_SUM,
+            hooks=MODULE_HOOKS,
         ),
-        StyleFacts("SequenceParallel", TORCH_STYLES, "sequence", replicates=True, replicate_dtensor=True),
-        StyleFacts("PrepareModuleInput", TORCH_STYLES, "prepare_input"),
-        StyleFacts("PrepareModuleOutput", TORCH_STYLES, "gather_output"),
-        StyleFacts("PrepareModuleInputOutput", TORCH_STYLES, "gather_output"),
+        StyleFacts("SequenceParallel", TORCH_STYLES, "sequence", replicates=True, replicate_dtensor=True, hooks=SEQUENCE_HOOKS),
+        StyleFacts("PrepareModuleInput", TORCH_STYLES, "prepare_input", hooks=PREPARE_INPUT),
+        StyleFacts("PrepareModuleOutput", TORCH_STYLES, "gather_output", hooks=PREPARE_OUTPUT),
+        StyleFacts("PrepareModuleInputOutput", TORCH_STYLES, "gather_output", hooks=PREPARE_INPUT_OUTPUT),
         StyleFacts("RotaryEmbedParallel", PLANGEN_STYLES, "sequence", replicates=True, replicate_dtensor=True),
         StyleFacts(
             "ReplicatedWithGradAllReduce", PLANGEN_STYLES, "grad_reduce", replicates=True, replicate_dtensor=True
@@ -146,6 +161,7 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 0, CONV1D: 1},
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
             produces=_LAST,
+            hooks=MODULE_HOOKS,
         ),
         StyleFacts(
             "Conv1DRowwiseParallel",
@@ -154,12 +170,13 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 1, CONV1D: 0},
             layout_defaults={"input_layouts": _LAST, "output_layouts": _REPLICATE},
             produces=_SUM,
+            hooks=MODULE_HOOKS,
         ),
         # Divides the attention module's head counts; its parameters are its children's business.
         StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
         # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
-        StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input"),
+        StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
         StyleFacts(
@@ -181,6 +198,7 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _REPLICATE},
             produces=_SUM,
             tied_partner="TiedHeadParallel",
+            hooks=MODULE_HOOKS,
         ),
         StyleFacts(
             "TiedHeadParallel",
@@ -190,9 +208,10 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
             produces=_LAST,
             tied_partner="TiedEmbeddingParallel",
+            hooks=MODULE_HOOKS,
         ),
         # The attention block's input; where TP exceeds the KV heads, one local KV head per rank.
-        StyleFacts("PrepareAttentionInput", PLANGEN_STYLES, "prepare_input"),
+        StyleFacts("PrepareAttentionInput", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         # Column-parallel where TP divides the KV heads; where TP exceeds them (plangen.kv_styles) the
         # weight stays whole (Replicate()) and each rank computes its KV head's rows.
         StyleFacts(
@@ -202,9 +221,10 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 0},
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
             produces=_LAST,
+            hooks=MODULE_HOOKS,
         ),
         # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
-        StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}),
+        StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),
         # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
         StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
@@ -217,6 +237,7 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 0, EMBEDDING: 1},
             layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
             produces=_LAST,
+            hooks=MODULE_HOOKS,
         ),
     )
 }

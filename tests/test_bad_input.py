@@ -19,6 +19,7 @@ CONFIGS = {
         "text_config.vocab_size must be a positive integer, got -1",
     ),
     "bool_layers": ({"model_type": "llama", "num_hidden_layers": True}, "num_hidden_layers must be a positive integer, got True"),
+    "zero_layers": ({"model_type": "llama", "num_hidden_layers": 0}, "num_hidden_layers must be a positive integer, got 0"),
     "a_list": ([1, 2], "holds a JSON list; a config.json is an object"),
     "no_model_type": ({}, 'has no "model_type": a config.json names its model type'),
     # transformers' own validation: the field and the reason, not only the first line.
@@ -42,6 +43,26 @@ def test_a_bad_config_is_one_line_naming_the_field_and_writes_nothing(tmp_path, 
     [line] = result.output.strip().splitlines()
     assert line.startswith("plangen: error: ") and str(config) in line and expected in line
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_init_refuses_a_plan_its_own_verify_would_reject_and_writes_nothing(tmp_path):
+    # An FFN width of 1001 does not split over TP 2 into the plain local shards the MLP hands on (PG204).
+    config = tmp_path / "odd_ffn.json"
+    config.write_text(json.dumps({"model_type": "llama", "intermediate_size": 1001}))
+    out = tmp_path / "plan.py"
+    before = sorted(tmp_path.iterdir())
+
+    result = CliRunner().invoke(app, ["init", str(config), "-o", str(out), "--tp-size", "2"])
+
+    assert result.exit_code == EXIT_USAGE
+    [line] = result.output.strip().splitlines()
+    assert line == (
+        "plangen: error: --tp-size 2: `ColwiseParallel` splits out_features=1001 of `model.layers.*.mlp.gate_proj`"
+        " into plain local shards, which needs it divisible by the TP size 2; the largest legal TP size for this"
+        " plan is 1"
+    )
+    assert sorted(tmp_path.iterdir()) == before  # nothing written
+    assert CliRunner().invoke(app, ["init", str(config), "-o", str(out), "--tp-size", "1"]).exit_code == 0
 
 
 @pytest.mark.parametrize("spec", ["", "   ", ".relative", "a..b", "pkg.1bad"])

@@ -41,6 +41,8 @@ WRONG_AT = {
     "PG211": [(7, 27)],
     "PG212": [(5, 5)],
     "PG213": [(8, 5), (10, 5)],
+    "PG214": [(7, 5)],
+    "PG215": [(8, 5)],
 }
 
 
@@ -289,8 +291,9 @@ def test_leave_unsharded_and_commented_keys_mark_deliberate_replication(tmp_path
 
 
 def test_ignore_comment_silences_a_level2_finding(tmp_path):
-    plan = _edit(LLAMA, '"model.layers.*.mlp.up_proj"', '"model.layer.*.mlp.up_proj"')
-    plan = plan.replace("use_local_output=True),\n", "use_local_output=True),  # plangen: ignore[PG202]\n")
+    # (A typo in an MLP key would leave that projection unplanned inside a prepared block: PG214.)
+    plan = _edit(LLAMA, '"lm_head"', '"lm_heads"')
+    plan = _edit(plan, "use_local_output=False),\n}", "use_local_output=False),  # plangen: ignore[PG202]\n}")
     plan = plan.replace("= {\n", "= {  # plangen: ignore[PG209]\n", 1)
     assert _verify(tmp_path, plan).diagnostics == []
 
@@ -432,3 +435,107 @@ def test_a_low_rank_latent_norm_is_not_taken_for_a_per_head_norm(tmp_path):
         "}\n"
     )
     assert [code for code, *_ in _found(_verify(tmp_path, source)) if code == "PG207"] == []
+
+
+# --- plans that break at run time, caught at level 2 (issue 14) -------------------------------------
+
+Q_PROJ = '"model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)'
+DOWN_PROJ = '"model.layers.*.mlp.down_proj": RowwiseParallel(input_layouts=Shard(-1)'
+UP_PROJ = '"model.layers.*.mlp.up_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)'
+EMBED = '"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()'
+A = "model.layers.*.self_attn"
+M = "model.layers.*.mlp"
+# name -> (the edited plan, the entry the finding sits on, its message)
+BROKEN_EDITS = {
+    "q_proj_rowwise": (
+        _edit(LLAMA, Q_PROJ, f'"{A}.q_proj": RowwiseParallel()'),
+        f'"{A}.q_proj"',
+        f"`{A}.q_proj` leaves a plain tensor, whole (Replicate()), but `{A}.o_proj` (RowwiseParallel) reads a plain"
+        f" tensor, this rank's shard on dim -1 (Shard(-1)) (like `{A}.k_proj`, `{A}.v_proj`): the shapes do not"
+        " meet at run time",
+    ),
+    "down_proj_reads_shard_0": (
+        _edit(LLAMA, DOWN_PROJ, DOWN_PROJ.replace("Shard(-1)", "Shard(0)")),
+        f'"{M}.down_proj"',
+        f"`{M}.down_proj` (RowwiseParallel) reads its input as a plain tensor, this rank's shard on dim 0 (Shard(0)),"
+        f" but `{M}.gate_proj`, `{M}.up_proj` leave a plain tensor, this rank's shard on dim -1 (Shard(-1)): its"
+        " input_layouts should say Shard(-1)",
+    ),
+    "up_proj_leaves_shard_1": (
+        _edit(LLAMA, UP_PROJ, UP_PROJ.replace("Shard(-1)", "Shard(1)")),
+        f'"{M}.up_proj"',
+        f"`{M}.up_proj` leaves a plain tensor, this rank's shard on dim 1 (Shard(1)), but `{M}.down_proj`"
+        f" (RowwiseParallel) reads a plain tensor, this rank's shard on dim -1 (Shard(-1)) (like `{M}.gate_proj`):"
+        " the shapes do not meet at run time",
+    ),
+    "embed_tokens_leaves_shard_0": (
+        _edit(LLAMA, EMBED, EMBED.replace("output_layouts=Replicate()", "output_layouts=Shard(0)")),
+        '"model.embed_tokens"',
+        f"`model.embed_tokens` leaves a plain tensor, this rank's shard on dim 0 (Shard(0)), but `{A}`"
+        " (PrepareModuleInput) reads a plain tensor, whole (Replicate()): the shapes do not meet at run time",
+    ),
+    "up_proj_deleted": (
+        _drop(LLAMA, f"{M}.up_proj"),
+        f'"{M}"',
+        f"`{M}` hands a DTensor to `{M}.up_proj` (Linear), which has no entry: its weights are plain tensors and"
+        " torch refuses to mix a Tensor and a DTensor; give it a style (as its siblings have) or leave"
+        f" `{M}`'s output plain (use_local_output=True)",
+    ),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_EDITS))
+def test_an_edit_that_breaks_at_run_time_fails_level_2_on_the_entry_that_causes_it(tmp_path, name):
+    plan, entry, message = BROKEN_EDITS[name]
+    path = tmp_path / "llama_plan.py"
+    path.write_text(plan)
+    before = _snapshot(tmp_path)
+    result = _invoke(str(path))  # levels 1 and 2, no --run
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stdout.splitlines() if " warning: " not in line]
+    assert errors == [f"{path}:{_line_of(plan, entry + ':')}:5: PG214 {message}"]
+    assert _snapshot(tmp_path) == before  # nothing written, nothing touched
+
+
+# The run on a fake process group blames the same entries by itself, not the module that crashed.
+FAKE_RUN_BLAMES = {
+    "q_proj_rowwise": (f"{A}.q_proj", "model.layers.0.self_attn.o_proj"),
+    "down_proj_reads_shard_0": (f"{M}.down_proj", "model.layers.0.mlp.down_proj"),
+    "up_proj_leaves_shard_1": (f"{M}.up_proj", "model.layers.0.mlp"),
+    "embed_tokens_leaves_shard_0": ("model.embed_tokens", None),
+    "up_proj_deleted": (M, "model.layers.0.mlp.up_proj"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_RUN_BLAMES))
+def test_the_fake_process_group_run_blames_the_entry_not_the_crashed_module(tmp_path, name):
+    from plangen.check.fake_run import run_on_fake_group
+    from plangen.check.model import load_meta_model
+    from plangen.check.shrunk import build_shrunk_model
+    from plangen.plan_source import load_custom_plan
+
+    path = tmp_path / "llama_plan.py"
+    path.write_text(BROKEN_EDITS[name][0])
+    shrunk = build_shrunk_model(load_meta_model("llama")[0], 2, load_custom_plan(str(path)))
+    failure = run_on_fake_group(shrunk.model, shrunk.written, 2, sequence_parallel=False)
+    assert (failure.key, failure.module) == FAKE_RUN_BLAMES[name], failure
+
+
+def test_level_3s_shapes_stage_blames_the_entry_too(tmp_path):
+    # verify --run used to name o_proj for a row-parallel q_proj (the module that crashed).
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from plangen.check.run import _quietly, run_case
+    from plangen.cost.measure import fake_process_group
+
+    path = tmp_path / "llama_plan.py"
+    path.write_text(BROKEN_EDITS["q_proj_rowwise"][0])
+    with fake_process_group(2):
+        mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+        case = {"model": "llama", "path": str(path), "sequence_parallel": False}
+        result = _quietly(lambda: run_case(case, 2, mesh, compare=False))
+    assert (result["stage"], result["module"], result["key"]) == ("forward", "model.layers.0.self_attn.o_proj", f"{A}.q_proj")

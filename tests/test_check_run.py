@@ -27,7 +27,7 @@ GENERATED = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "generated").glob("
 LEVEL3_CODES = sorted(code for code in CODES if code > "PG300")
 
 # Where each wrong example's finding is: (line, col).
-WRONG_AT = {"PG301": (9, 5), "PG302": (8, 5), "PG303": (9, 24)}
+WRONG_AT = {"PG301": (12, 5), "PG302": (8, 5), "PG303": (9, 24)}
 
 
 CUSTOM_STYLE_PLAN = """\
@@ -62,7 +62,8 @@ def verified(tmp_path_factory, monkeypatch_module):
     at_tp4 = folder / "qwen3_sp_tp4_plan.py"
     at_tp4.write_text((ROOT / "generated" / "qwen3_sp_plan.py").read_text().replace("PLANGEN_TP_SIZE = 2", "PLANGEN_TP_SIZE = 4"))
     examples["tp4", "right"] = str(at_tp4)
-    # A style of the user's own that level 2 cannot judge, and that fails when applied.
+    # A style of the user's own that level 2 cannot judge from its facts, and that fails when applied:
+    # level 2's own run on a fake process group finds it (PG215), so it never reaches level 3.
     custom = folder / "custom_style_plan.py"
     custom.write_text(CUSTOM_STYLE_PLAN)
     examples["custom", "wrong"] = str(custom)
@@ -82,11 +83,15 @@ def monkeypatch_module():
 
 
 def test_exit_status_is_1_for_the_findings(verified):
-    exit_code, findings, stderr, _ = verified
+    exit_code, findings, stderr, examples = verified
     assert exit_code == 1, stderr
     notes = [line for line in stderr.splitlines() if line.startswith("plangen: note:")]
-    # Nothing skipped, nothing cut short: the only notes say the examples record no TP size.
-    assert all(line.endswith("no --tp-size and no PLANGEN_TP_SIZE: checked at TP size 2") for line in notes), notes
+    # Nothing skipped, nothing cut short: the notes say the examples record no TP size, and that the
+    # custom style level 2 found failing is not run.
+    stopped = f"plangen: note: {examples['custom', 'wrong']}: not run (--run): fix its findings against the model first"
+    assert stopped in notes
+    others = [line for line in notes if line != stopped]
+    assert all(line.endswith("no --tp-size and no PLANGEN_TP_SIZE: checked at TP size 2") for line in others), notes
 
 
 @pytest.mark.parametrize("path", GENERATED)
@@ -116,19 +121,20 @@ def test_shapes_are_checked_at_the_plans_own_tp_size(verified):
     assert f"{examples['tp4', 'right']} (TP=2, gloo)" in stderr
 
 
-def test_a_style_that_fails_to_apply_is_found_on_its_key(verified):
-    _, findings, _, examples = verified
-    assert findings[examples["custom", "wrong"]] == [("PG301", 12, 5)]
+def test_a_style_that_fails_to_apply_is_found_on_its_key_at_level_2(verified):
+    _, findings, stderr, examples = verified
+    assert findings[examples["custom", "wrong"]] == [("PG215", 12, 5)]
+    assert f"{examples['custom', 'wrong']} (TP=2, fake process group)" not in stderr  # level 3 never ran it
 
 
 def test_progress_names_each_stage_and_case(verified):
     _, _, stderr, _ = verified
     lines = [line for line in stderr.splitlines() if line.startswith("plangen: verify --run: ")]
-    total = len(GENERATED) + 2 * len(LEVEL3_CODES) + 2
+    total = len(GENERATED) + 2 * len(LEVEL3_CODES) + 1  # the failing custom style stops at level 2
     assert lines[0].endswith(f"shapes: {total} plan(s) on a fake process group at their own TP size")
     assert any(line.startswith(f"plangen: verify --run: [shapes {total}/{total}] ") for line in lines)
-    # PG301's wrong example and the failing custom style stop at the shapes stage.
-    assert any(f"parity: {total - 2} plan(s) at TP=2" in line for line in lines)
+    # PG301's wrong example stops at the shapes stage.
+    assert any(f"parity: {total - 1} plan(s) at TP=2" in line for line in lines)
 
 
 def test_hung_rank_ends_the_run_within_the_time_limit(tmp_path):

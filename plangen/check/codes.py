@@ -61,7 +61,8 @@ def render_diagnostics_doc(codes: Mapping[str, CodeInfo] | None = None) -> str:
         " reused: PG0xx concern the file's structure and PG1xx the styles and their arguments (level 1,"
         " read from the source, never run); PG2xx the plan against its model on the meta device (level 2,"
         " the default with level 1: the file is imported as the runtime imports it, its prints go to"
-        " stderr); PG3xx the plan run on CPU (level 3, `--run`). A level runs on a file only when the"
+        " stderr), and, where those find no error, on a shrunk model of the same architecture (PG214,"
+        " PG215); PG3xx the plan run on CPU (level 3, `--run`). A level runs on a file only when the"
         " levels before it found no error there.",
         "",
         "Examples of levels 2 and 3 name their model as generated files do (`PLANGEN_MODEL`,"

@@ -31,6 +31,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
 from plangen.check.plan_file import PlanFile, find_comments, string_value
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import SHAPE_RULES
+from plangen.check.rules_model_flow import FakeRunRule, LayoutFlowRule
 from plangen.check.rules_model_norms import ProjectionNormsRule
 from plangen.check.rules_model_regions import REGION_RULES
 from plangen.check.static import decode_source
@@ -108,12 +109,33 @@ def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
 
 # --- the rules ---------------------------------------------------------------------------------
 
-MODEL_RULES: dict[str, ModelRule] = {rule.code: rule for rule in (*SHAPE_RULES, *REGION_RULES, ProjectionNormsRule())}
+MODEL_RULES: dict[str, ModelRule] = {
+    rule.code: rule for rule in (*SHAPE_RULES, *REGION_RULES, ProjectionNormsRule(), LayoutFlowRule(), FakeRunRule())
+}
+
+
+# Run only where the rules above found no error, in this order, each only where the one before it
+# found none: they name what the others cannot see, never the same fault a second time.
+SHRUNK_RULES: tuple[type[ModelRule], ...] = (LayoutFlowRule, FakeRunRule)
 
 
 def check_rules(plan: ModelPlan) -> Iterator[ModelFinding]:
+    """Every rule's findings; those that run the shrunk model (:data:`SHRUNK_RULES`) only where
+    the others found no error."""
+    errors = False
     for rule in MODEL_RULES.values():
-        yield from rule.check(plan)
+        if isinstance(rule, SHRUNK_RULES):
+            continue
+        for finding in rule.check(plan):
+            errors = errors or finding.severity == "error"
+            yield finding
+    for cls in SHRUNK_RULES:
+        rule = MODEL_RULES.get(cls.code)
+        if errors or rule is None:
+            return
+        for finding in rule.check(plan):
+            errors = errors or finding.severity == "error"
+            yield finding
 
 
 # --- the runner ---------------------------------------------------------------------------------
@@ -196,7 +218,7 @@ def check_model(
     """
     source = decode_source(Path(path).read_bytes())
     positions = read_plan_positions(source)
-    _, model = load_meta_model(model_spec)
+    resolved, model = load_meta_model(model_spec)
     try:
         failed = probe(str(path)) if probe is not None else None
         if failed is not None:
@@ -207,7 +229,7 @@ def check_model(
         message = f"the plan file cannot be loaded: {failure}"
         rule = PlanLoadFailureRule
         return drop_ignored([Diagnostic(str(path), line, col, rule.code, message, rule.severity)], positions.ignores)
-    plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose)
+    plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose, resolved)
     return diagnostics_for(str(path), check_rules(plan), positions)
 
 
@@ -217,11 +239,12 @@ def build_model_plan(
     tp_size: int,
     sequence_parallel: bool | None = None,
     replicated_on_purpose: list[str] | None = None,
+    source: "ResolvedModel | None" = None,
 ) -> ModelPlan:
     from plangen.plan_checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, written)  # what the runtime will apply
-    return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()))
+    return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()), source)
 
 
 def diagnostics_for(path: str, findings: Iterator[ModelFinding], positions: PlanPositions) -> list[Diagnostic]:

@@ -19,6 +19,8 @@ from plangen.module_tree import ModuleIndex
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
+
+    from plangen.check.shrunk import ShrunkModel
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
@@ -63,6 +65,17 @@ class ModelPlan:
     written: Mapping[str, "ParallelStyle"]
     styles: Mapping[str, "ParallelStyle"]
     replicated_on_purpose: list[str] = field(default_factory=list)
+    source: Any = None  # the resolved model spec (plangen.models.ResolvedModel); None: no shrunk model
+
+    @cached_property
+    def shrunk(self) -> "ShrunkModel | None":
+        """The shrunk model of the same architecture at this TP size, and the plan's keys that
+        select a module of it; None where it cannot be built or run (the checks that need it skip)."""
+        from plangen.check.shrunk import build_shrunk_model
+
+        if self.source is None:
+            return None
+        return build_shrunk_model(self.source, self.tp_size, self.written)
 
     @cached_property
     def modules(self) -> dict[str, "nn.Module"]:

@@ -83,7 +83,7 @@ class SequenceParallelRule(ModelRule):
         f"{TP_IMPORT} ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel\n\n"
         'PLANGEN_MODEL = "llama"\nPLANGEN_SEQUENCE_PARALLEL = True\nSEQ, WHOLE = Shard(1), Replicate()\n'
         "custom_parallel_plan = {\n"
-        '    "model.embed_tokens": RowwiseParallel(input_layouts=WHOLE, output_layouts=SEQ),\n'
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=WHOLE, output_layouts=SEQ, use_local_output=False),\n'
         '    "model.layers.*.input_layernorm": SequenceParallel(),\n'
         '    "model.layers.*.self_attn": PrepareModuleInput(\n'
         '        input_kwarg_layouts={"hidden_states": SEQ}, desired_input_kwarg_layouts={"hidden_states": WHOLE}\n'
@@ -91,7 +91,7 @@ class SequenceParallelRule(ModelRule):
         '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
         '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
         '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
-        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=SEQ),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=SEQ, use_local_output=False),\n'
         '    "model.layers.*.post_attention_layernorm": SequenceParallel(),\n'
         '    "model.layers.*.mlp": PrepareModuleInput(input_layouts=(SEQ,), desired_input_layouts=(WHOLE,)),\n'
         '    "model.layers.*.mlp.gate_proj": ColwiseParallel(),\n'
@@ -105,7 +105,7 @@ class SequenceParallelRule(ModelRule):
         f"{TP_IMPORT} ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel\n\n"
         'PLANGEN_MODEL = "llama"\nPLANGEN_SEQUENCE_PARALLEL = True\nSEQ, WHOLE = Shard(1), Replicate()\n'
         "custom_parallel_plan = {\n"
-        '    "model.embed_tokens": RowwiseParallel(input_layouts=WHOLE, output_layouts=SEQ),\n'
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=WHOLE, output_layouts=SEQ, use_local_output=False),\n'
         '    "model.layers.*.input_layernorm": SequenceParallel(),\n'
         '    "model.layers.*.self_attn": PrepareModuleInput(\n'
         '        input_kwarg_layouts={"hidden_states": SEQ}, desired_input_kwarg_layouts={"hidden_states": WHOLE}\n'
@@ -113,12 +113,12 @@ class SequenceParallelRule(ModelRule):
         '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
         '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
         '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
-        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=SEQ),\n'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(output_layouts=SEQ, use_local_output=False),\n'
         '    "model.layers.*.post_attention_layernorm": SequenceParallel(),\n'
         '    "model.layers.*.mlp": PrepareModuleInput(input_layouts=(SEQ,), desired_input_layouts=(WHOLE,)),\n'
         '    "model.layers.*.mlp.gate_proj": ColwiseParallel(),\n'
         '    "model.layers.*.mlp.up_proj": ColwiseParallel(),\n'
-        '    "model.layers.*.mlp.down_proj": RowwiseParallel(output_layouts=SEQ),\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(output_layouts=SEQ, use_local_output=False),\n'
         '    "model.norm": SequenceParallel(),\n'
         '    "lm_head": ColwiseParallel(input_layouts=SEQ, output_layouts=WHOLE),\n}'
     )

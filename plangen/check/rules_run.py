@@ -18,16 +18,22 @@ class FailsAtTpSizeRule(ModelRule):
     title = "fails at its TP size"
     explanation = (
         "Applied to a shrunk model of the same architecture on a fake process group of the plan's TP"
-        " size, the plan raised (applying it, in the forward, or in the backward), lost a gradient, or"
-        " gave a gradient of the wrong shape. The finding sits on the key of the module that failed."
+        " size, in a worker started as training starts its ranks, the plan raised (applying it, in the"
+        " forward, or in the backward), lost a gradient, or gave a gradient of the wrong shape. Level 2 ran"
+        " the same check in its own process (PG215), so what fails here is what differs in a launched"
+        " worker: here a plan that reads the launcher's environment (`LOCAL_RANK`) is another plan there."
+        " The finding sits on the entry that caused the failure, found as level 2 finds it (the planned"
+        " module whose output stands apart where it failed), else on the key of the module that failed."
     )
     wrong = (
-        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
-        'PLANGEN_MODEL = "llama"\ncustom_parallel_plan = {\n'
+        f"import os\n\n{DTENSOR_IMPORT} Replicate, Shard\n{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "llama"\n'
+        'O_PROJ_INPUT = Replicate() if "LOCAL_RANK" in os.environ else Shard(-1)\n'
+        "custom_parallel_plan = {\n"
         '    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n'
         '    "model.layers.*.self_attn.k_proj": ColwiseParallel(),\n'
         '    "model.layers.*.self_attn.v_proj": ColwiseParallel(),\n'
-        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Replicate()),\n}'
+        '    "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=O_PROJ_INPUT),\n}'
     )
     right = (
         f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"

@@ -29,10 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from plangen.check.model_plan import ModelFinding, parent_path
+from plangen.check.blame import key_for_module
+from plangen.check.model_plan import ModelFinding
 from plangen.check.rules_run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
+from plangen.check.shrunk import matching_styles
 from plangen.errors import one_line
-from plangen.module_tree import generalize
+from plangen.shrink import sample_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -42,7 +44,6 @@ TOLERANCE = 1e-5
 PARITY_TP_SIZE = 2
 SHAPES_TARGET = "plangen.check.run:check_shapes_worker"
 PARITY_TARGET = "plangen.check.run:check_parity_worker"
-BATCH = 2
 
 Progress = Callable[[str], None]
 
@@ -86,20 +87,6 @@ def next_token_loss(logits: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tenso
     return vocab_parallel_cross_entropy(logits[:, :-1], ids[:, 1:])
 
 
-def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tensor":
-    """Token ids below the special tokens (image placeholders) of a tiny model, a sequence length
-    every TP size divides (sequence parallel needs it); the same on every process."""
-    import torch
-
-    from plangen.models import text_config
-    from plangen.shrink import SPECIAL_TOKEN_SPAN
-
-    vocab = text_config(model.config).vocab_size
-    seq = tp_size * max(1, -(-8 // tp_size))
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (BATCH, seq), generator=generator)
-
-
 def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str, Any]:
     """Each parameter's gradient against the reference's, in the reference's order.
 
@@ -125,60 +112,6 @@ def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str,
             "missing": missing, "shapes": shapes}  # fmt: skip
 
 
-def _matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys that select a module of this model: a shrunk model has fewer layers, so a key
-    naming layer 31 selects nothing in it (level 2 checked every key against the real model)."""
-    from plangen.module_tree import find_unmatched_keys
-
-    unmatched = set(find_unmatched_keys(model, styles))
-    return {key: style for key, style in styles.items() if key not in unmatched}
-
-
-def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
-    """The plan key that governs ``path``: its own, else its nearest ancestor's, else a descendant's."""
-    from plangen.module_tree import key_matches
-
-    probe = path
-    while probe:
-        found = [key for key in styles if key_matches(key, probe)]
-        if found:
-            return found[-1]
-        probe = parent_path(probe)
-    below = [key for key in styles if key.startswith(generalize(path) + ".") or key.startswith(path + ".")]
-    return below[0] if below else None
-
-
-class ModuleTracker:
-    """Which module is running: forward hooks keep a stack, so an exception names the innermost one."""
-
-    def __init__(self, model: "nn.Module") -> None:
-        self.stack: list[str] = []
-        self.handles = []
-        for name, module in model.named_modules():
-            if name:
-                self.handles.append(module.register_forward_pre_hook(self._enter(name)))
-                # No always_call: a forward that raises keeps its module on the stack, to be named.
-                self.handles.append(module.register_forward_hook(self._leave))
-
-    def _enter(self, name: str):
-        def hook(module, args):
-            self.stack.append(name)
-
-        return hook
-
-    def _leave(self, module, args, output):
-        if self.stack:
-            self.stack.pop()
-
-    @property
-    def innermost(self) -> str | None:
-        return self.stack[-1] if self.stack else None
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 # --- one case, inside a worker --------------------------------------------------------------------
 
 
@@ -188,7 +121,7 @@ def _build_case(case: Mapping[str, Any], tp_size: int):
     from plangen.plan_source import load_custom_plan
 
     model = build_tiny_model(resolve_model(case["model"]), tp_size=tp_size, seed=0)
-    styles = _matching_styles(model, load_custom_plan(case["path"]))
+    styles = matching_styles(model, load_custom_plan(case["path"]))
     return model, styles
 
 
@@ -228,8 +161,12 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles))
     if problem is not None:
         return {"skipped": problem}
+    from plangen.check.blame import RunRecorder, attribute_failure, record_shapes
+    from plangen.module_tree import ModuleIndex
+
     reference = copy.deepcopy(model)
     ids = sample_batch(model, tp_size)
+    shapes = record_shapes(reference, ids)
     ref_logits = reference(input_ids=ids).logits
     next_token_loss(ref_logits, ids).backward()
     try:
@@ -239,15 +176,16 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001
         return {"stage": "apply", "error": one_line(error, part="first", with_type=True), "key": _first_failing_key(case, tp_size, mesh["tp"])}
-    tracker = ModuleTracker(sharded)
+    index = ModuleIndex(sharded)
+    # The entry that caused a failure, not the module that crashed (plangen.check.fake_run).
+    recorder = RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
     try:
         logits = sharded(input_ids=ids).logits
     except Exception as error:  # noqa: BLE001
-        module = tracker.innermost
-        return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module,
-                "key": key_for_module(styles, module) if module else None}  # fmt: skip
+        key, module = attribute_failure(recorder, styles)
+        return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module, "key": key}
     finally:
-        tracker.remove()
+        recorder.remove()
     if tuple(logits.shape) != tuple(ref_logits.shape):
         return {"stage": "forward", "error": f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}",
                 "key": key_for_module(styles, "lm_head")}  # fmt: skip
