@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from plangen.plan import Replicated
-from plangen.plans.forward_source import BlockCall, read_block_call
+from plangen.plans.forward_source import BlockCall, read_block_call, read_modified_in_place
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize import (
     LatentBlock,
@@ -42,6 +42,8 @@ class BlockPart:
     path: str
     block: ShardedBlock | MoeBlock | LatentBlock
     call: BlockCall | None
+    # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
+    modified_in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def _group_of(kind: str) -> str:
     return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
 
 
-def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings) -> None:
+def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings, per_head_input: str | None = None) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
@@ -211,8 +213,17 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and per_head_input is not None:
+            why = (f"the model computes a tensor per head for all heads outside the attention ({per_head_input}: "
+                   "ALiBi?) and hands it to every layer: sharded by heads, each rank would add every head's values")
+            if call is None or call.outputs is None:
+                found.keep(child_path, why, "attention", f"{child_path} is replicated ({why}) and the reader cannot "
+                           "follow how its layer calls it")
+            else:
+                found.keep(child_path, why, "attention")
+                found.gathered.append(KeptPart(child_path, call))
         elif isinstance(recognized, ShardedBlock):
-            found.blocks.append(BlockPart(child_path, recognized, call))
+            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
         elif call is None or call.outputs is None:
             found.keep(child_path, recognized.why, _group_of(recognized.kind),
                        f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
@@ -245,6 +256,15 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
 # ---------------------------------------------------------------------------------------------
 
 
+def _per_head_input(model: nn.Module, layers_path: str, dims: ModelDims) -> str | None:
+    """A call in the forward of the module holding the layers that is given a head count (ALiBi)."""
+    from plangen.plans.packed_source import read_per_head_arguments
+
+    owner_path = layers_path.rpartition(".")[0]
+    owner = model.get_submodule(owner_path) if owner_path else model
+    return read_per_head_arguments(owner, {c for c in (dims.heads, dims.kv_heads) if c})
+
+
 def _failed(class_name: str, problem: str) -> Analysis:
     return Analysis(class_name, None, 0, None, None, (), (), (), (), (), problem)
 
@@ -262,8 +282,9 @@ def analyze_model(model: nn.Module) -> Analysis:
     if stack is None:
         return _failed(class_name, "no list of decoder layers found")
     layers_path, layers = stack
+    per_head_input = _per_head_input(model, layers_path, dims)
     for index, layer in enumerate(layers):
-        _analyze_layer(layer, f"{layers_path}.{index}", dims, found)
+        _analyze_layer(layer, f"{layers_path}.{index}", dims, found, per_head_input)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
     _analyze_outside(model, "", anchors, dims, found)
     problem = None

@@ -116,6 +116,9 @@ class ShardedBlock:
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # The block's own head counts its forward shapes the packed q|k|v by: made this rank's
+    # (plangen.fused_styles.LocalHeadCounts), the packed projection then taking its own input.
+    head_attributes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,53 @@ def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | N
     )
 
 
+def _packed_attention(
+    block: nn.Module, reading: dict[str, nn.Linear], output: str, dims: ModelDims
+) -> ShardedBlock | KeptBlock | None:
+    """Attention with one packed q|k|v projection, sharded by heads as its forward splits it
+    (:mod:`plangen.plans.packed_source`): whole groups per rank, or the parts re-laid out per rank.
+    None when the forward cannot be followed (the caller then keeps the block, with the reason)."""
+    from math import gcd
+
+    from plangen.plans.packed_source import Refused, read_packed_split
+
+    (name, linear), = reading.items()
+    d = dims.head_dim
+    counts = {c for c in (dims.heads, dims.kv_heads) if c}
+    split = read_packed_split(block, name, linear.out_features, counts)
+    if split is None:
+        return None
+    if isinstance(split, Refused):
+        return KeptBlock("attention", f"packed q|k|v projection {name}: {split.why}")
+    if d in counts:  # an attribute equal to both could not be told apart
+        return KeptBlock("attention", f"packed q|k|v projection {name}: head size {d} equals a head count, so the "
+                         "forward's head counts cannot be told from its head sizes")
+    if own_parameters(block):
+        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
+        return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
+    per_head, whole = _attention_norms(block, {name, output}, dims)
+    if whole:
+        return KeptBlock("attention", f"norm {whole[0]} spans a whole part of the packed projection {name}")
+    unknown = _unexpected_children(block, {name, output, *per_head})
+    if unknown:
+        return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
+    fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    if split.kind == "parts":
+        small = [p for p in split.parts if p % d or p // d < 2]
+        if small:
+            return KeptBlock(
+                "attention",
+                f"packed q|k|v projection {name} splits into parts {split.parts}: a part of {small[0]} features is "
+                f"not a whole number of at least two heads of {d} (multi-query: one key/value head no TP size splits)",
+            )
+        common = 0
+        for p in split.parts:
+            common = gcd(common, p)
+        fused = ((name, tuple(p // common for p in split.parts)),)
+    return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
+                        head_attributes=split.head_attributes)
+
+
 def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple[list[str], list[str]]:
     """Norms inside attention: one head wide (shardable with the heads), or as wide as a projection (not)."""
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
@@ -190,7 +240,7 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         return None
     packed = _packed_qkv(reading, dims)
     if packed is not None:
-        return packed
+        return _packed_attention(block, reading, outputs[0], dims) or packed
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
     if own_parameters(block):

@@ -163,7 +163,18 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     # Grouped-query attention entered through its own input: KV heads replicated where the TP size
     # exceeds them (plangen.kv_styles; the styles read the head counts when applied).
     kv = block.kv_projections if call is not None else ()
-    if call is not None:
+    if block.head_attributes:
+        # One style per module: the head counts take the block's place, so its one (packed) projection
+        # takes the block input itself, which reduces the input gradient once all the same.
+        entries.append(
+            PlanEntry(
+                part.path, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
+                "shapes the packed q|k|v by its head counts: make them this rank's",
+            )
+        )
+        colwise_input = SEQ if sp else Replicate()
+        colwise_why = "column-parallel: each rank computes its own heads, taking the block input itself"
+    elif call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         entries.append(
             PlanEntry(
@@ -200,9 +211,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         )
     rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
     reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
-    entries.append(
-        PlanEntry(f"{part.path}.{block.rowwise}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}")
-    )
+    style, why = "RowwiseParallel", f"row-parallel: {reduced}"
+    if part.modified_in_place and not sp:  # under SP the output stays a DTensor: no view is handed out
+        style, why = "RowwiseParallelOwnOutput", f"{why}; its output is a copy, which the layer modifies in place"
+    entries.append(PlanEntry(f"{part.path}.{block.rowwise}", style, rowwise, group, why))
     return entries
 
 

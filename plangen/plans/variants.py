@@ -30,6 +30,7 @@ DEFAULT_VARIANT = "optimized"
 _SUMMING_STYLES = (
     "PackedRowwiseParallel",
     "Conv1DRowwiseParallel",
+    "RowwiseParallelOwnOutput",
     "ExpertsParallel",
     "ShardedNormParallel",
 )
