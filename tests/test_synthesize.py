@@ -382,3 +382,93 @@ def test_latent_attention_with_a_sparse_indexer_stays_whole():
     plan = build_synthesized_plan(meta("deepseek_v32"), False)
     assert not any(".self_attn" in e.pattern for e in plan.entries)
     assert "not recognised" in why_of(plan, "model.layers.*.self_attn")
+
+
+# --- packed q|k|v projections: split as the forward splits them (plangen.plans.packed_source) -----
+
+
+def _entry(plan, pattern: str):
+    return next(e for e in plan.entries if e.pattern == pattern)
+
+
+def test_packed_qkv_viewed_per_head_is_plain_column_parallel():
+    # GPT-NeoX views query_key_value as [..., -1 heads, 3 x head_size] and chunks inside each head:
+    # a plain Shard(0) gives each rank whole heads, nothing to re-lay out or to make local.
+    plan = build_synthesized_plan(meta("gpt_neox"), False)
+    attention = "gpt_neox.layers.*.attention"
+    assert _entry(plan, f"{attention}.query_key_value").style == "ColwiseParallel"
+    assert _entry(plan, f"{attention}.dense").style == "RowwiseParallel"
+    assert _entry(plan, attention).style == "PrepareModuleInput"
+    # CodeGen: mp_num blocks of [q; v; k], viewed as [..., -1 blocks, 3 x embed_dim // mp_num].
+    codegen = build_synthesized_plan(meta("codegen"), True)
+    assert _entry(codegen, "transformer.h.*.attn.qkv_proj").style == "ColwiseParallel"
+    assert _entry(codegen, "transformer.h.*.attn").style == "PrepareModuleInput"
+
+
+def test_packed_qkv_viewed_by_head_counts_makes_them_local():
+    # Persimmon views it as [b, s, self.num_heads, 3, head_dim] inside a helper (_split_heads) and
+    # indexes [..., i, :]; its q/k LayerNorms are one head wide.
+    plan = build_synthesized_plan(meta("persimmon"), True)
+    attention = "model.layers.*.self_attn"
+    heads = _entry(plan, attention)
+    assert (heads.style, heads.kwargs) == ("LocalHeadCounts", {"attributes": ("num_heads",)})
+    qkv = _entry(plan, f"{attention}.query_key_value")
+    assert qkv.style == "ColwiseParallel" and repr(qkv.kwargs["input_layouts"]) == "Shard(dim=1)"  # gathers the sequence itself
+    assert _entry(plan, f"{attention}.q_layernorm").style == "ReplicatedWithGradAllReduce"
+
+
+def test_packed_qkv_chunked_into_parts_is_re_laid_out():
+    from plangen.plans.recognize import read_dims, recognize_attention
+
+    model = meta("mpt")  # Wqkv(x).chunk(3, dim=2): [q; k; v] one after another
+    block = recognize_attention(model.transformer.blocks[0].attn, read_dims(model))
+    assert block.fused == (("Wqkv", (1, 1, 1)),) and block.head_attributes == ("n_heads",)
+
+
+def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
+    kept = {k.pattern: k.why for k in analyze_model(meta("gpt_bigcode")).kept}  # multi-query split((embed, kv, kv))
+    assert "multi-query" in kept["transformer.h.0.attn"] and "(96, 8, 8)" in kept["transformer.h.0.attn"]
+    for model_type, layers in (("mpt", "transformer.blocks"), ("bloom", "transformer.h")):  # ALiBi built for all heads
+        why = {k.pattern: k.why for k in analyze_model(meta(model_type)).kept}[f"{layers}.0.{'attn' if model_type == 'mpt' else 'self_attention'}"]
+        assert "a tensor per head for all heads outside the attention" in why
+
+
+class _Packed(nn.Module):
+    """A packed attention under other names, viewed as [b, s, heads + 2, head_dim] (multi-query)."""
+
+    def __init__(self, hidden=64, heads=4, head_dim=16, multi_query=True):
+        super().__init__()
+        self.heads, self.head_dim, self.multi_query = heads, head_dim, multi_query
+        self.mix = nn.Linear(hidden, (heads + 2) * head_dim if multi_query else 3 * hidden)
+        self.back = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        packed = self.mix(x)
+        if self.multi_query:
+            packed = packed.view(b, s, self.heads + 2, self.head_dim)
+            q, k, v = packed[..., :-2, :], packed[..., [-2], :], packed[..., [-1], :]
+        else:
+            packed = packed.view(b, s, self.heads, 3, self.head_dim)
+            q, k, v = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
+        scores = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2), -1)
+        return self.back((scores @ v.transpose(1, 2)).transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+def test_packed_reader_follows_the_forward_not_the_names():
+    from plangen.plans.packed_source import PackedSplit, Refused, read_packed_split
+
+    mqa = read_packed_split(_Packed(), "mix", 96, {4, 1})  # k and v after every q head: split across groups
+    assert isinstance(mqa, Refused) and "split across the groups" in mqa.why
+    mha = read_packed_split(_Packed(multi_query=False), "mix", 192, {4})  # the dead branch is left out
+    assert mha == PackedSplit("groups", groups=4, head_attributes=("heads",))
+
+
+def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
+    from plangen.plans.forward_source import read_modified_in_place
+
+    model = meta("falcon")  # parallel attention: mlp_output += attention_output
+    assert read_modified_in_place(type(model.transformer.h[0])) == {"mlp"}
+    assert _entry(build_synthesized_plan(model, False), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallelOwnOutput"
+    # Under SP the output stays a DTensor (no view handed out): torch's style as it is.
+    assert _entry(build_synthesized_plan(model, True), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallel"
