@@ -1,6 +1,7 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Ten classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
+Fifteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up; GPT-NeoX's,
+Persimmon's and CodeGen's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -29,13 +30,22 @@ CLASSES = {
     "jamba": ("JambaForCausalLM", False),  # Mamba + attention layers, dense + MoE MLPs
     "lfm2": ("Lfm2ForCausalLM", True),  # w1/w2/w3, out_proj, q_layernorm: recognised by data flow
     "gemma": ("GemmaForCausalLM", True),  # scaled embeddings
+    # Packed q|k|v split as the forward splits it (plangen.plans.packed_source), state dict round trip at DP>1:
+    "gpt_neox": ("GPTNeoXForCausalLM", False),  # viewed per head: whole heads per rank, plain Shard(0)
+    "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms
+    "codegen": ("CodeGenForCausalLM", False),  # mp_num blocks of [q; v; k]: whole blocks per rank
+    "falcon": ("FalconForCausalLM", True),  # mlp_output += attention_output: the MLP's output is a copy
+    "mpt": ("MptForCausalLM", True),  # ALiBi built for all heads: attention whole, the MLP sharded
 }
+# Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
+STATE_DICT = {"gpt_neox", "persimmon", "codegen"}
 MESHES = ("tp2", "dp2tp2")
 
 
 def _cases() -> list[dict]:
     return [
-        {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6}
+        {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
+         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
         for t in CLASSES
         for sp in (False, True)
     ]
@@ -47,7 +57,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh]]
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    return run_distributed("tests/distributed/cases.py:run_cases", 4, CASES, timeout=300)
+    return run_distributed("tests/distributed/cases.py:run_cases", 4, CASES, timeout=450)
 
 
 @pytest.mark.distributed
@@ -70,6 +80,14 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
     # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
     assert ("reduce_scatter_tensor" in r["forward_collectives"]) == sequence_parallel
     assert r["tied"] == CLASSES[model_type][1]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("model_type", sorted(STATE_DICT))
+def test_packed_state_dict_is_the_hugging_face_one_at_dp2(results, model_type):
+    for rank, per_case in enumerate(results):
+        sd = per_case[f"dp2tp2/{model_type}"]["state_dict"]
+        assert sd == {"names": [], "shapes": [], "read": 0.0, "loaded": 0.0}, f"rank {rank}: {sd}"
 
 
 @pytest.mark.parametrize("model_type", CLASSES)

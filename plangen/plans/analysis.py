@@ -22,6 +22,7 @@ from plangen.plan import Replicated
 from plangen.plans.forward_source import BlockCall, read_block_call, read_modified_in_place
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize import (
+    KeptBlock,
     LatentBlock,
     ModelDims,
     MoeBlock,
@@ -32,6 +33,7 @@ from plangen.plans.recognize import (
     own_parameters,
     read_dims,
     recognize_block,
+    recognize_wrapped_attention,
 )
 
 
@@ -44,6 +46,9 @@ class BlockPart:
     call: BlockCall | None
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
+    # A thin wrapper around the block (GPT-Neo's attn around attn.attention), and how the layer calls it.
+    wrapper: str | None = None
+    wrapper_call: BlockCall | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,14 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
                 found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
             continue
         recognized = recognize_block(name, child, dims)
+        wrapped = recognize_wrapped_attention(child, dims) if isinstance(recognized, KeptBlock) else None
+        if isinstance(wrapped, tuple) and per_head_input is None:
+            inner, block = wrapped
+            inner_call = read_block_call(type(child), inner, type(getattr(child, inner)))
+            found.blocks.append(BlockPart(f"{child_path}.{inner}", block, inner_call, wrapper=child_path, wrapper_call=call))
+            continue
+        if isinstance(wrapped, KeptBlock):
+            recognized = wrapped
         if isinstance(recognized, MoeBlock) and (call is None or call.outputs is None):
             # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
             found.keep(child_path, "mixture of experts whose call by the layer the reader cannot follow", "mlp",

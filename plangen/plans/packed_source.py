@@ -346,7 +346,9 @@ def _shape_heads(reader: _Reader, counts: set[int], widths: set[str], cls: type,
     return found
 
 
-def read_packed_split(block: nn.Module, projection: str, out_features: int, head_counts: set[int]) -> PackedSplit | Refused | None:
+def read_packed_split(
+    block: nn.Module, projection: str, out_features: int, head_counts: set[int], head_size: int | None = None
+) -> PackedSplit | Refused | None:
     """How ``block``'s forward splits the output of its packed projection ``projection``.
 
     ``head_counts`` are the model's head counts (query and key/value heads): attributes of the
@@ -365,13 +367,13 @@ def read_packed_split(block: nn.Module, projection: str, out_features: int, head
     if op is None:
         return None
     if op.method in ("view", "reshape"):
-        return _read_groups(op, out_features, head_counts, cls)
+        return _read_groups(op, out_features, head_counts, cls, head_size)
     if op.method in ("chunk", "split") and not op.moved:
-        return _read_parts(op, out_features, head_counts, cls, reader)
+        return _read_parts(op, out_features, head_counts, cls, reader, head_size)
     return None
 
 
-def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type) -> PackedSplit | Refused | None:
+def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_size: int | None) -> PackedSplit | Refused | None:
     reader, view = op.reader, op.node
     assert isinstance(view, ast.Call)
     shape = reader.expand_shape(list(view.args))
@@ -407,13 +409,24 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type) -> Pac
         )
     # The attributes sizing one group (CodeGen's embed_dim // mp_num) stay whole: a group is not split.
     widths = {a for e in trailing[1:] for a in _attributes_in(reader, e)}
-    if any(isinstance(getattr(reader.module, a, None), int) and getattr(reader.module, a) in counts for a in widths):
-        return Refused(f"a group's width ({', '.join(sorted(widths))}) reads an attribute equal to a head count")
     heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, widths, cls, set())  # type: ignore[arg-type]
+    unsure = _unsure(reader.module, heads - group_attrs, head_size)
+    if unsure:
+        return unsure
     return PackedSplit("groups", groups=groups, head_attributes=tuple(sorted(heads | group_attrs)))
 
 
-def _read_parts(op: _Op, out_features: int, counts: set[int], cls: type, forward: _Reader) -> PackedSplit | Refused | None:
+def _unsure(module: nn.Module, found: set[str], head_size: int | None) -> Refused | None:
+    # An attribute equal to a head count and to the head size, read outside a role the view fixes.
+    same = sorted(a for a in found if getattr(module, a) == head_size)
+    if same:
+        return Refused(f"{', '.join(same)} equals both a head count and the head size {head_size}: which it is cannot be told")
+    return None
+
+
+def _read_parts(
+    op: _Op, out_features: int, counts: set[int], cls: type, forward: _Reader, head_size: int | None
+) -> PackedSplit | Refused | None:
     reader, call = op.reader, op.node
     assert isinstance(call, ast.Call)
     axis = _split_axis(op, 3 + op.rank_added)  # the projection output is [batch, sequence, features]
@@ -440,6 +453,9 @@ def _read_parts(op: _Op, out_features: int, counts: set[int], cls: type, forward
     sized = {a.attr for a in ast.walk(call.args[0]) if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)
              and a.value.id == "self"}
     heads = _shape_heads(forward, counts, set(), cls, set())
+    unsure = _unsure(reader.module, heads - sized, head_size)
+    if unsure:
+        return unsure
     return PackedSplit("parts", parts=parts, head_attributes=tuple(sorted(heads | sized)))
 
 
@@ -469,3 +485,14 @@ def read_per_head_arguments(owner: nn.Module, head_counts: set[int]) -> str | No
             if isinstance(value, int) and not isinstance(value, bool) and value in head_counts:
                 return f"{ast.unparse(node.func)}({ast.unparse(arg)}, ...)"
     return None
+
+
+def read_shape_head_attributes(block: nn.Module, head_counts: set[int], head_size: int | None) -> tuple[str, ...] | Refused | None:
+    """The head-count attributes ``block``'s forward (and the methods it calls on self) uses in
+    shapes (GPT-Neo's ``self._split_heads(query, self.num_heads, self.head_dim)``); None without source."""
+    tree = _function(type(block), "forward")
+    if tree is None:
+        return None
+    heads = _shape_heads(_Reader(block, tree), head_counts, set(), type(block), set())
+    unsure = _unsure(block, heads, head_size)
+    return unsure if unsure is not None else tuple(sorted(heads))

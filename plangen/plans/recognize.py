@@ -175,14 +175,11 @@ def _packed_attention(
     (name, linear), = reading.items()
     d = dims.head_dim
     counts = {c for c in (dims.heads, dims.kv_heads) if c}
-    split = read_packed_split(block, name, linear.out_features, counts)
+    split = read_packed_split(block, name, linear.out_features, counts, d)
     if split is None:
         return None
     if isinstance(split, Refused):
         return KeptBlock("attention", f"packed q|k|v projection {name}: {split.why}")
-    if d in counts:  # an attribute equal to both could not be told apart
-        return KeptBlock("attention", f"packed q|k|v projection {name}: head size {d} equals a head count, so the "
-                         "forward's head counts cannot be told from its head sizes")
     if own_parameters(block):
         names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
@@ -262,6 +259,29 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole))
+
+
+def recognize_wrapped_attention(block: nn.Module, dims: ModelDims) -> tuple[str, ShardedBlock] | KeptBlock | None:
+    """A thin wrapper (GPT-Neo's ``attn``) around one attention module, which it hands its input to:
+    the inner attention sharded by heads, its head counts made local where its forward shapes by them."""
+    from dataclasses import replace
+
+    from plangen.plans.packed_source import Refused, read_shape_head_attributes
+
+    inner = [(n, c) for n, c in block.named_children() if has_parameters(c)]
+    readers = read_input_readers(type(block))
+    if len(inner) != 1 or own_parameters(block) or readers is None or inner[0][0] not in readers:
+        return None
+    name, child = inner[0]
+    found = recognize_attention(child, dims)
+    if not isinstance(found, ShardedBlock):
+        return None
+    heads = read_shape_head_attributes(child, {c for c in (dims.heads, dims.kv_heads) if c}, dims.head_dim)
+    if heads is None:
+        return None
+    if isinstance(heads, Refused):
+        return KeptBlock("attention", f"{name}: {heads.why}")
+    return name, replace(found, kv_projections=() if heads else found.kv_projections, head_attributes=heads)
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:

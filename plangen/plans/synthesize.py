@@ -164,14 +164,26 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     # exceeds them (plangen.kv_styles; the styles read the head counts when applied).
     kv = block.kv_projections if call is not None else ()
     if block.head_attributes:
-        # One style per module: the head counts take the block's place, so its one (packed) projection
-        # takes the block input itself, which reduces the input gradient once all the same.
         entries.append(
             PlanEntry(
                 part.path, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
-                "shapes the packed q|k|v by its head counts: make them this rank's",
+                "shapes q, k, v by its head counts: make them this rank's",
             )
         )
+    if block.head_attributes and part.wrapper is not None and part.wrapper_call is not None:
+        # The wrapper around the attention takes the block input once, as the block itself would.
+        gathered = "one all-gather of the sequence per block" if sp else "no communication"
+        entries.append(
+            PlanEntry(
+                part.wrapper, "PrepareModuleInput", dict(**_input_layouts(part.wrapper_call, sp), use_local_output=False),
+                group, f"{gathered}; one gradient reduction per block in backward",
+            )
+        )
+        colwise_input = Replicate()
+        colwise_why = "column-parallel: each rank computes its own heads"
+    elif block.head_attributes:
+        # One style per module: the head counts take the block's place, so its one (packed) projection
+        # takes the block input itself, which reduces the input gradient once all the same.
         colwise_input = SEQ if sp else Replicate()
         colwise_why = "column-parallel: each rank computes its own heads, taking the block input itself"
     elif call is not None:
