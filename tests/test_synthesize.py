@@ -472,3 +472,15 @@ def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
     assert _entry(build_synthesized_plan(model, False), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallelOwnOutput"
     # Under SP the output stays a DTensor (no view handed out): torch's style as it is.
     assert _entry(build_synthesized_plan(model, True), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallel"
+
+
+def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_and_entered_through_the_wrapper():
+    # GPT-Neo: attn (GPTNeoAttention) hands its input to attn.attention (q/k/v/out_proj), whose
+    # _split_heads(query, self.num_heads, self.head_dim) shapes by the module's head count.
+    plan = build_synthesized_plan(meta("gpt_neo"), False)
+    inner = "transformer.h.*.attn.attention"
+    assert (_entry(plan, inner).style, _entry(plan, inner).kwargs) == ("LocalHeadCounts", {"attributes": ("num_heads",)})
+    assert _entry(plan, "transformer.h.*.attn").style == "PrepareModuleInput"
+    assert {_entry(plan, f"{inner}.{p}").style for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
+    assert repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"  # prepared once, by the wrapper
+    assert _entry(plan, f"{inner}.out_proj").style == "RowwiseParallel"

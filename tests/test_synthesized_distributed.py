@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Fifteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up; GPT-NeoX's,
+Sixteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up; GPT-NeoX's,
 Persimmon's and CodeGen's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
@@ -36,6 +36,7 @@ CLASSES = {
     "codegen": ("CodeGenForCausalLM", False),  # mp_num blocks of [q; v; k]: whole blocks per rank
     "falcon": ("FalconForCausalLM", True),  # mlp_output += attention_output: the MLP's output is a copy
     "mpt": ("MptForCausalLM", True),  # ALiBi built for all heads: attention whole, the MLP sharded
+    "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
 }
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"gpt_neox", "persimmon", "codegen"}
