@@ -428,9 +428,21 @@ def test_packed_qkv_chunked_into_parts_is_re_laid_out():
 def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
     kept = {k.pattern: k.why for k in analyze_model(meta("gpt_bigcode")).kept}  # multi-query split((embed, kv, kv))
     assert "multi-query" in kept["transformer.h.0.attn"] and "(96, 8, 8)" in kept["transformer.h.0.attn"]
-    for model_type, layers in (("mpt", "transformer.blocks"), ("bloom", "transformer.h")):  # ALiBi built for all heads
-        why = {k.pattern: k.why for k in analyze_model(meta(model_type)).kept}[f"{layers}.0.{'attn' if model_type == 'mpt' else 'self_attention'}"]
-        assert "a tensor per head for all heads outside the attention" in why
+    # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq]: not sliceable.
+    why = {k.pattern: k.why for k in analyze_model(meta("bloom")).kept}["transformer.h.0.self_attention"]
+    assert "a tensor per head for all heads outside the attention" in why
+
+
+def test_a_per_head_bias_built_for_all_heads_is_sliced_to_each_ranks_heads():
+    # MPT: position_bias = self.build_mpt_alibi_tensor(self.num_heads, ...), [heads, 1, seq], handed to
+    # every layer by keyword; its builder, on the meta device, shows the head dimension.
+    plan = build_synthesized_plan(meta("mpt"), True)
+    layer = _entry(plan, "transformer.blocks.*")
+    assert layer.style == "PrepareModuleInput"
+    assert layer.kwargs["desired_input_kwarg_layouts"] == {"position_bias": torch.distributed.tensor.Shard(0)}
+    assert layer.kwargs["input_layouts"] is None  # the hidden state passes untouched
+    wqkv = _entry(plan, "transformer.blocks.*.attn.Wqkv")
+    assert (wqkv.style, wqkv.kwargs["part_sizes"]) == ("FusedColwiseParallel", (1, 1, 1))
 
 
 class _Packed(nn.Module):

@@ -1,7 +1,7 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
 Sixteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up; GPT-NeoX's,
-Persimmon's and CodeGen's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
+Persimmon's, CodeGen's and MPT's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -35,11 +35,11 @@ CLASSES = {
     "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms
     "codegen": ("CodeGenForCausalLM", False),  # mp_num blocks of [q; v; k]: whole blocks per rank
     "falcon": ("FalconForCausalLM", True),  # mlp_output += attention_output: the MLP's output is a copy
-    "mpt": ("MptForCausalLM", True),  # ALiBi built for all heads: attention whole, the MLP sharded
+    "mpt": ("MptForCausalLM", True),  # chunk(3): [q; k; v] re-laid out per rank; ALiBi bias sliced to its heads
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
 }
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"gpt_neox", "persimmon", "codegen"}
+STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt"}
 MESHES = ("tp2", "dp2tp2")
 
 

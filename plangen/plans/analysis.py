@@ -21,6 +21,7 @@ from torch import nn
 from plangen.plan import Replicated
 from plangen.plans.forward_source import BlockCall, read_block_call, read_modified_in_place
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.packed_source import PerHeadInput
 from plangen.plans.recognize import (
     KeptBlock,
     LatentBlock,
@@ -79,6 +80,8 @@ class Analysis:
     gathered: tuple[KeptPart, ...]  # replicated blocks on the residual stream, wrapped under SP
     sp_problems: tuple[str, ...]
     problem: str | None  # why no plan can be synthesized at all
+    # Layers whose per-head input (MPT's ALiBi bias) is sliced to this rank's heads, and how.
+    head_inputs: tuple[tuple[str, PerHeadInput], ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -96,6 +99,7 @@ class _Findings:
     kept: list[Replicated] = field(default_factory=list)
     gathered: list[KeptPart] = field(default_factory=list)
     sp_problems: list[str] = field(default_factory=list)
+    head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
 
     def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
         self.kept.append(Replicated(path, why, group))
@@ -185,7 +189,9 @@ def _group_of(kind: str) -> str:
     return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
 
 
-def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings, per_head_input: str | None = None) -> None:
+def _analyze_layer(
+    layer: nn.Module, path: str, dims: ModelDims, found: _Findings, per_head_input: PerHeadInput | str | None = None
+) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
@@ -226,6 +232,9 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(per_head_input, PerHeadInput):
+            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
+            found.head_inputs.append((path, per_head_input))
         elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and per_head_input is not None:
             why = (f"the model computes a tensor per head for all heads outside the attention ({per_head_input}: "
                    "ALiBi?) and hands it to every layer: sharded by heads, each rank would add every head's values")
@@ -269,7 +278,7 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
 # ---------------------------------------------------------------------------------------------
 
 
-def _per_head_input(model: nn.Module, layers_path: str, dims: ModelDims) -> str | None:
+def _per_head_input(model: nn.Module, layers_path: str, dims: ModelDims) -> PerHeadInput | str | None:
     """A call in the forward of the module holding the layers that is given a head count (ALiBi)."""
     from plangen.plans.packed_source import read_per_head_arguments
 
@@ -317,4 +326,5 @@ def analyze_model(model: nn.Module) -> Analysis:
         gathered=tuple(found.gathered),
         sp_problems=tuple(dict.fromkeys(found.sp_problems)),
         problem=problem,
+        head_inputs=tuple(found.head_inputs),
     )

@@ -244,6 +244,18 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         )
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
+    for layer, head_input in analysis.head_inputs:
+        entries.append(
+            PlanEntry(
+                layer, "PrepareModuleInput",
+                dict(input_layouts=None, desired_input_layouts=None,
+                     input_kwarg_layouts={head_input.keyword: Replicate()},
+                     desired_input_kwarg_layouts={head_input.keyword: Shard(head_input.dim)}, use_local_output=True),
+                "attention",
+                f"{head_input.keyword} holds every head's values ({head_input.source}): each rank keeps its own heads' "
+                "(a local slice, no communication)",
+            )
+        )
     if sp:
         groups = {k.pattern: k.group for k in analysis.kept}
         entries += [_gathered_entry(part, groups.get(part.path, "other")) for part in analysis.gathered]
