@@ -191,9 +191,24 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     row = _plan_row(arch, model, proven.get(arch.class_name))
     if row.plan == "none":
         return row
+    kept = _kept_in_layers(model) if row.plan == "synthesized" else ""
     fraction, why = build_sharded_fraction(arch, model)
-    note = "; ".join(n for n in (row.note, why) if n)
+    note = "; ".join(n for n in (row.note, why, kept if fraction < WELL_SHARDED else "") if n)
     return replace(row, note=note, sharded_fraction=round(fraction, 4))
+
+
+def _kept_in_layers(model: "nn.Module") -> str:
+    """What a synthesized plan keeps whole inside the decoder layers (the first reason), for the note."""
+    from plangen.plans.analysis import analyze_model
+
+    analysis = analyze_model(model)
+    prefix = f"{analysis.layers_path}."
+    reasons = [k for k in analysis.kept if k.pattern.startswith(prefix) and k.group != "norms"
+               and not k.why.startswith("the router")]
+    if not reasons:
+        return ""
+    first = reasons[0]
+    return f"kept whole: {first.pattern.removeprefix(prefix).partition('.')[2] or first.pattern} ({first.why})"
 
 
 def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:
