@@ -428,6 +428,9 @@ def test_packed_qkv_chunked_into_parts_is_re_laid_out():
 def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
     kept = {k.pattern: k.why for k in analyze_model(meta("gpt_bigcode")).kept}  # multi-query split((embed, kv, kv))
     assert "multi-query" in kept["transformer.h.0.attn"] and "(96, 8, 8)" in kept["transformer.h.0.attn"]
+    # Falcon's multi-query view(b, s, num_heads + 2, head_dim), its k and v after the query heads.
+    falcon = {k.pattern: k.why for k in analyze_model(meta("falcon")).kept}["transformer.h.0.self_attention"]
+    assert "is split across the groups" in falcon
     # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq]: not sliceable.
     why = {k.pattern: k.why for k in analyze_model(meta("bloom")).kept}["transformer.h.0.self_attention"]
     assert "a tensor per head for all heads outside the attention" in why

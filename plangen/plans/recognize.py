@@ -238,6 +238,12 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     packed = _packed_qkv(reading, dims)
     if packed is not None:
         return _packed_attention(block, reading, outputs[0], dims) or packed
+    if len(reading) == 1 and next(iter(reading.values())).out_features > h:
+        # Wider than q alone but not (heads + 2 x kv heads) x head_dim by the config (Falcon's
+        # multi-query keeps num_kv_heads unused): only the forward's reason to keep it whole is taken.
+        refused = _packed_attention(block, reading, outputs[0], dims)
+        if isinstance(refused, KeptBlock):
+            return refused
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
     if own_parameters(block):
