@@ -21,7 +21,7 @@ from torch import nn
 from plangen.plan import Replicated
 from plangen.plans.forward_source import BlockCall, read_block_call, read_modified_in_place
 from plangen.plans.latent import latent_attention_entries
-from plangen.plans.packed_source import PerHeadInput
+from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
     KeptBlock,
     LatentBlock,
@@ -280,7 +280,7 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
 
 def _per_head_input(model: nn.Module, layers_path: str, dims: ModelDims) -> PerHeadInput | str | None:
     """A call in the forward of the module holding the layers that is given a head count (ALiBi)."""
-    from plangen.plans.packed_source import read_per_head_arguments
+    from plangen.plans.per_head_inputs import read_per_head_arguments
 
     owner_path = layers_path.rpartition(".")[0]
     owner = model.get_submodule(owner_path) if owner_path else model
