@@ -499,3 +499,15 @@ def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_and_entered_through
     assert {_entry(plan, f"{inner}.{p}").style for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
     assert repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"  # prepared once, by the wrapper
     assert _entry(plan, f"{inner}.out_proj").style == "RowwiseParallel"
+
+
+def test_packed_qkv_grouped_per_kv_head_makes_both_head_counts_local():
+    from tiny_configs import build_tiny
+
+    # Falcon-40B's layout: view(b, s, -1, num_heads // num_kv_heads + 2, head_dim), split inside each
+    # KV group; num_heads and num_kv_heads only as a ratio there (kept when both are divided) and
+    # num_heads again in later reshapes: both made local, whole groups per rank.
+    plan = build_synthesized_plan(build_tiny("falcon-gqa"), False)
+    heads = _entry(plan, "transformer.h.*.self_attention")
+    assert (heads.style, heads.kwargs) == ("LocalHeadCounts", {"attributes": ("num_heads", "num_kv_heads")})
+    assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "ColwiseParallel"

@@ -38,8 +38,12 @@ CLASSES = {
     "mpt": ("MptForCausalLM", True),  # chunk(3): [q; k; v] re-laid out per rank; ALiBi bias sliced to its heads
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
 }
+# Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
+TINY_CASES = {
+    "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
+}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt"}
+STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa"}
 # No sequence-parallel plan: the learned position embedding is added outside any module (the sweep says so too).
 NO_SP = {"gpt_neo"}
 MESHES = ("tp2", "dp2tp2")
@@ -51,6 +55,11 @@ def _cases() -> list[dict]:
          **({"state_dict": True} if t in STATE_DICT and not sp else {})}
         for t in CLASSES
         for sp in ((False,) if t in NO_SP else (False, True))
+    ] + [
+        {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
+         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
+        for t in TINY_CASES
+        for sp in (False, True)
     ]
 
 
@@ -82,7 +91,7 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
     assert r["logits_type"] == "DTensor" and r["logits_placements"] == ["S(2)"]  # vocabulary-parallel
     # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
     assert ("reduce_scatter_tensor" in r["forward_collectives"]) == sequence_parallel
-    assert r["tied"] == CLASSES[model_type][1]
+    assert r["tied"] == (CLASSES[model_type][1] if model_type in CLASSES else TINY_CASES[model_type])
 
 
 @pytest.mark.distributed

@@ -231,6 +231,19 @@ def _attributes_in(reader: _Reader, node: ast.AST) -> set[str]:
     return found
 
 
+def _ratios(reader: _Reader, nodes: list[ast.expr], counts: set[int]) -> set[str]:
+    """Head counts read only as a ratio of two (Falcon's ``num_heads // num_kv_heads`` query heads per
+    group): the ratio stays when both become this rank's, so they are head counts, not widths."""
+    found: set[str] = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.FloorDiv):
+                pair = [reader.head_attributes(side, counts, set()) for side in (sub.left, sub.right)]
+                if all(len(p) == 1 and _attributes_in(reader, side) == p for p, side in zip(pair, (sub.left, sub.right))):
+                    found |= pair[0] | pair[1]
+    return found
+
+
 @dataclass
 class _Op:
     """The first operation on the packed values: a method call on them, or a subscript."""
@@ -407,7 +420,7 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
             "shared key/value heads after all query heads?), so a rank's rows are not its own heads"
         )
     # The attributes sizing one group (CodeGen's embed_dim // mp_num) stay whole: a group is not split.
-    widths = {a for e in trailing[1:] for a in _attributes_in(reader, e)}
+    widths = {a for e in trailing[1:] for a in _attributes_in(reader, e)} - _ratios(reader, trailing[1:], counts)
     heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, widths, cls, set())  # type: ignore[arg-type]
     unsure = _unsure(reader.module, heads - group_attrs, head_size)
     if unsure:
