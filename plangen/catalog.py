@@ -191,24 +191,31 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     row = _plan_row(arch, model, proven.get(arch.class_name))
     if row.plan == "none":
         return row
-    kept = _kept_in_layers(model) if row.plan == "synthesized" else ""
+    largest = render_largest_replicated(model) if row.plan == "synthesized" else ""
     fraction, why = build_sharded_fraction(arch, model)
-    note = "; ".join(n for n in (row.note, why, kept if fraction < WELL_SHARDED else "") if n)
+    below = f"below {WELL_SHARDED:.0%} TP-sharded: {largest}" if largest and fraction < WELL_SHARDED else ""
+    note = "; ".join(n for n in (row.note, why, below) if n)
     return replace(row, note=note, sharded_fraction=round(fraction, 4))
 
 
-def _kept_in_layers(model: "nn.Module") -> str:
-    """What a synthesized plan keeps whole inside the decoder layers (the first reason), for the note."""
+def render_largest_replicated(model: "nn.Module") -> str:
+    """What a synthesized plan keeps whole that holds the most parameters, and why ("" if nothing)."""
+    import re
+
     from plangen.plans.analysis import analyze_model
 
-    analysis = analyze_model(model)
-    prefix = f"{analysis.layers_path}."
-    reasons = [k for k in analysis.kept if k.pattern.startswith(prefix) and k.group != "norms"
-               and not k.why.startswith("the router")]
-    if not reasons:
+    by_why: dict[str, tuple[int, str]] = {}
+    for kept in analyze_model(model).kept:
+        try:
+            count = sum(p.numel() for p in model.get_submodule(kept.pattern).parameters())
+        except AttributeError:
+            continue
+        total, first = by_why.get(kept.why, (0, kept.pattern))
+        by_why[kept.why] = (total + count, first)
+    if not by_why:
         return ""
-    first = reasons[0]
-    return f"kept whole: {first.pattern.removeprefix(prefix).partition('.')[2] or first.pattern} ({first.why})"
+    why, (_, path) = max(by_why.items(), key=lambda item: item[1][0])
+    return f"{re.sub(r'[.][0-9]+(?=[.]|$)', '.*', path)} stays whole ({why})"
 
 
 def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:

@@ -105,10 +105,38 @@ class PrepareAttentionInput(PrepareModuleInput):
     ``num_key_value_groups`` becomes its local query head count and its k/v projections (the
     ``nn.Linear`` children of ``kv_heads * head_dim`` outputs) learn which rows this rank computes,
     which :class:`KVHeadsColwiseParallel` on them reads. Head counts come from the module's config.
+
+    ``head_attributes`` names integer attributes the block shapes its tensors by that count all its
+    heads (OPT's ``self.num_heads`` in ``view(bsz, -1, self.num_heads, self.head_dim)``): they are
+    divided by the TP size, as :class:`~plangen.fused_styles.LocalHeadCounts` does, so the block
+    reshapes this rank's heads (one style per module: the input preparation carries it).
     """
 
+    def __init__(
+        self,
+        *,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_output: bool = False,
+        head_attributes: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_output=use_local_output,
+        )
+        self.head_attributes = tuple(head_attributes)
+
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from plangen.fused_styles import LocalHeadCounts
+
         apply_kv_head_layout(module, device_mesh)
+        if self.head_attributes:
+            LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         return super()._apply(module, device_mesh)
 
 

@@ -115,7 +115,9 @@ def tied_embeddings(model: "nn.Module") -> tuple[str, str] | None:
     if get_in is None or get_out is None:
         return None
     emb, head = get_in(), get_out()
-    if emb is None or head is None or emb.weight is not head.weight:
+    # Musicgen's ends are ModuleLists of one embedding / head per codebook: no single weight.
+    weight = getattr(emb, "weight", None)
+    if weight is None or weight is not getattr(head, "weight", None):
         return None
     names = {id(m): n for n, m in model.named_modules()}
     return names[id(emb)], names[id(head)]

@@ -36,6 +36,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen.replicated_styles import AllReduceParamGrads
+
 _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
 
@@ -192,3 +194,56 @@ def _sharded_forward(module: nn.Module, math: NormMath, width: int, mesh: Device
         )
     out = normalize(x, weight, bias, math, width, mesh)
     return out if placements is None else DTensor.from_local(out, mesh, placements, run_check=False)
+
+
+class GatheredNormParallel(ShardedNormParallel):
+    """The same contract as :class:`ShardedNormParallel` (this rank's slice of a column-parallel
+    projection in, its slice of the normalised output out), computed without a cross-rank sum: the
+    stable plan variant's (:mod:`plangen.plans.variants`).
+
+    The slices are all-gathered (one all-gather of the projection's whole output), the module's own
+    forward normalises the whole of it on every rank as one device does, and each rank keeps its
+    slice. The weight stays whole on every TP rank (FSDP2 still shards it over DP, and the state dict
+    is Hugging Face's); each rank's output covers its slice of it only, so its gradient is summed over
+    TP, and the input gradient comes back reduce-scattered (the all-gather's backward).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        resolve_norm_math(module)  # the same norms as ShardedNormParallel, refused the same way
+        weight, _ = _norm_parameters(module)
+        tp = device_mesh.size()
+        if weight.shape[0] % tp:
+            raise ValueError(
+                f"GatheredNormParallel: {type(module).__name__} of width {weight.shape[0]} cannot be split evenly over TP size {tp}"
+            )
+        AllReduceParamGrads()._apply(module, device_mesh)
+        layout: dict[str, Any] = {}  # the input's placements, returned the same way
+
+        def gather(mod: nn.Module, args: tuple) -> tuple:
+            x, *rest = args
+            if isinstance(x, DTensor):
+                if not (len(x.placements) == 1 and x.placements[0].is_shard() and x.placements[0].dim in (-1, x.ndim - 1)):
+                    raise ValueError(f"GatheredNormParallel takes its input sharded on the last dim, not {x.placements}")
+                layout["placements"] = x.placements
+                x = x.to_local()
+            else:
+                layout["placements"] = None
+            whole = funcol.all_gather_single_autograd(x.contiguous(), x.ndim - 1, device_mesh)
+            if isinstance(whole, funcol.AsyncCollectiveTensor):
+                whole = whole.wait()
+            if whole.shape[-1] != weight.shape[0]:
+                raise ValueError(
+                    f"GatheredNormParallel: the gathered input is {whole.shape[-1]} wide, the norm {weight.shape[0]}:"
+                    " the projection before it must be column-parallel with a local output"
+                )
+            return (whole, *rest)
+
+        def take_slice(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            width = output.shape[-1] // tp
+            local = output.narrow(-1, device_mesh.get_local_rank() * width, width)
+            placements = layout["placements"]
+            return local if placements is None else DTensor.from_local(local, device_mesh, placements, run_check=False)
+
+        module.register_forward_pre_hook(gather)
+        module.register_forward_hook(take_slice)
+        return module

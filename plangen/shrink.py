@@ -69,6 +69,10 @@ _HIDDEN_KEYS = (
     "hidden_size", "d_model", "n_embd", "embed_dim", "dim", "embedding_size", "embedding_dim",
     "lru_width",
 )
+# The token embedding's own width, where a model may project it to the hidden size (OPT-350m's
+# 512 into 1024): equal to the hidden size stays equal (no projection the real model lacks),
+# different stays different.
+_EMBEDDING_WIDTH_KEYS = ("word_embed_proj_dim",)
 # Widths of side inputs that only need to stay small (Gemma-3n per-layer embeddings).
 _SMALL_WIDTH_KEYS = ("hidden_size_per_layer_input",)
 _INTERMEDIATE_KEYS = (
@@ -102,6 +106,10 @@ _STATE_SPACE_HEADS = (
 )
 _STATE_SIZE_KEYS = ("state_size", "mamba_d_state", "ssm_state_size")
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+# Musicgen's input rows are batch x codebooks: two codebooks keep the layout and let a DP rank's
+# two rows of the checks' batch of four be one sample.
+_CODEBOOK_KEYS = ("num_codebooks",)
+TINY_CODEBOOKS = 2
 _SLIDING_WINDOW_KEYS = (
     "sliding_window", "sliding_window_size", "attention_window", "attention_chunk_size",
 )
@@ -251,6 +259,10 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         # Stated even where the config class derives it, so checks can read config.head_dim.
         values["head_dim"] = head_dim
     _shrink_latent_attention(values, head_dim)
+    old_hidden = next((original[k] for name in _HIDDEN_KEYS if (k := key(name)) is not None), None)
+    for name in _EMBEDDING_WIDTH_KEYS:
+        if (k := key(name)) is not None:
+            values[k] = hidden if original[k] == old_hidden else _round_up(max(_MIN_HEAD_DIM, hidden // 2), tp)
     for name in _HIDDEN_KEYS:
         if (k := key(name)) is not None:
             values[k] = hidden
@@ -266,6 +278,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     _shrink_experts(values, key, tp)
     _shrink_state_space(values, key, hidden, head_dim)
     _cap_all(values, key, _POSITION_KEYS, TINY_MAX_POSITIONS, keep_at_least=TINY_MAX_POSITIONS)
+    _cap_all(values, key, _CODEBOOK_KEYS, TINY_CODEBOOKS)
     _cap_all(values, key, _SLIDING_WINDOW_KEYS, TINY_SLIDING_WINDOW)
     for name in _LAYER_PERIOD_KEYS:
         if (k := key(name)) is not None and values[k] > 2:

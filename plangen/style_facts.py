@@ -214,6 +214,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}),
         # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
         StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
+        # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
+        StyleFacts("GatheredNormParallel", PLANGEN_STYLES, "sharded_norm", replicates=True),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",

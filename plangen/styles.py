@@ -41,7 +41,7 @@ from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, F
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
-from plangen.norm_styles import ShardedNormParallel
+from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
     LeaveUnsharded,
@@ -215,6 +215,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
         ShardedNormParallel,
+        GatheredNormParallel,
     )
 }
 
@@ -447,6 +448,7 @@ __all__ = [
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),
     "ExpertsParallel",
     "FusedColwiseParallel",
+    "GatheredNormParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",

@@ -36,3 +36,27 @@ def hf_plan_of_llama():
         ("model." + k if not k.startswith("lm_head") else k): translate_parallel_style(v)
         for k, v in {**LlamaConfig.base_model_tp_plan, "lm_head": "colwise_gather_output"}.items()
     }
+
+
+def opt_plan_with_global_head_counts():
+    """OPT's synthesized TP plan as it was before its head counts were made local: the attention
+    then views one rank's heads by the global ``self.num_heads`` (``view(bsz, -1, num_heads,
+    head_dim)`` folds the missing heads into the sequence). Must fail the parity check: it pins the
+    cause of OPT's silently wrong logits (tests/test_synthesized_distributed.py)."""
+    from dataclasses import replace
+
+    from plangen.models import build_meta_model, resolve_model
+    from plangen.plan import build_parallel_styles
+    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.shrink import shrink_config
+
+    resolved = resolve_model("opt")
+    model = build_meta_model(shrink_config(resolved.config, 2), resolved.model_class)
+    plan = build_synthesized_plan(model, False)
+    entries = tuple(
+        replace(e, style="PrepareModuleInput", kwargs={k: v for k, v in e.kwargs.items() if k != "head_attributes"})
+        if e.style == "PrepareAttentionInput" else e
+        for e in plan.entries
+    )
+    assert any("head_attributes" in e.kwargs for e in plan.entries), "OPT's plan no longer makes its head counts local"
+    return build_parallel_styles(replace(plan, entries=entries))

@@ -89,6 +89,28 @@ def test_sharded_fraction_at_the_default_size(listing):
     assert rows["MixtralForCausalLM"]["sharded_fraction"] >= 0.95
 
 
+BART_FAMILY = (
+    "BartForCausalLM", "BigBirdPegasusForCausalLM", "BioGptForCausalLM", "BlenderbotForCausalLM",
+    "BlenderbotSmallForCausalLM", "MarianForCausalLM", "MBartForCausalLM", "MusicgenForCausalLM",
+    "MusicgenMelodyForCausalLM", "MvpForCausalLM", "PegasusForCausalLM", "PLBartForCausalLM",
+    "WhisperForCausalLM", "XGLMForCausalLM", "OPTForCausalLM",
+)
+
+
+def test_bart_family_decoders_are_synthesized_and_well_sharded(listing):
+    rows = rows_by_class(listing)
+    for name in BART_FAMILY:
+        assert (rows[name]["plan"], rows[name]["check"]) == ("synthesized", "passed"), name
+        assert rows[name]["sharded_fraction"] >= 0.95 and rows[name]["sequence_parallel"], name
+
+
+def test_a_class_below_the_target_says_what_stays_whole(listing):
+    # TrOCR reshapes its attention output by the input's own width: attention stays whole.
+    row = rows_by_class(listing)["TrOCRForCausalLM"]
+    assert row["sharded_fraction"] < 0.95
+    assert "below 95% TP-sharded: model.decoder.layers.*.self_attn stays whole (its forward shapes" in row["note"]
+
+
 def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):
     """Qwen3-MoE's hand-written plan without its experts styles: the experts stay on every rank."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_fraction

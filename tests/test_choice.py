@@ -69,8 +69,11 @@ def test_no_plan_says_why_each_source_was_passed_over():
     assert str(info.value).startswith("no plan for CTRLLMHeadModel at TP>1: write a custom plan with `plangen init")
 
 
-def test_an_unproven_synthesized_plan_only_seeds_a_file():
-    # OPT: synthesized, failed the sweep, no Hugging Face plan.
+def test_an_unproven_synthesized_plan_only_seeds_a_file(monkeypatch):
+    # OPT: synthesized, no Hugging Face plan; without a sweep record its plan is unproven.
+    import plangen.plans.proven as P
+
+    monkeypatch.setattr(P, "load_proven", lambda: {})
     with pytest.raises(NoPlanError):
         choose_plan(meta("opt"), False)
     seed = choose_plan(meta("opt"), False, allow_unproven=True)

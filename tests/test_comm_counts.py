@@ -232,7 +232,7 @@ def test_whole_projection_norms_add_two_all_reduces_of_one_value_per_token_per_l
     assert [size for op, size in b2.records if op == AR and size == tokens] == [tokens] * 2 * 2
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3", "phi3"])
+@pytest.mark.parametrize("name", ["llama", "gemma3", "phi3", "gpt2", "openai-gpt", "qwen2_moe"])
 def test_stable_variant_forward_only_gathers(fake_pg, name):
     """The stable variant (plangen.plans.variants): no cross-rank sum in a layer's forward. o_proj
     and down_proj all-gather their input and their output; the one all-reduce left is the
@@ -245,14 +245,40 @@ def test_stable_variant_forward_only_gathers(fake_pg, name):
     assert total_forward == {AG: 2 * 4, AR: 1} and total_backward == {AR: 2 * 2 + 1, RS: 2 * 2}
 
 
-def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
-    from plangen.plans.variants import VariantError
+def test_stable_variant_gathers_whole_projection_norms_instead_of_summing_their_statistics(fake_pg):
+    """OLMo-2: q_norm and k_norm all-gather their projection's slices (GatheredNormParallel), two
+    more gathers per layer forward and no all-reduce of statistics; backward, the gathers'
+    reduce-scatters and the two norms' weight gradients (head_dim x heads values) summed."""
+    config, _, _, backward_step = run_step("olmo2", 2, False, variant="stable")
+    forward, backward, total_forward, _ = per_layer("olmo2", False, "stable")
+    assert forward == {AG: 4 + 2} and total_forward == {AG: 2 * 6, AR: 1}
+    assert backward == {AR: 2 + 2, RS: 2 + 2}
+    norm_grad = config.num_attention_heads * config.head_dim * 4
+    kv_norm_grad = config.num_key_value_heads * config.head_dim * 4
+    sizes = sorted(size for op, size in backward_step.records if op == AR)
+    assert sizes.count(norm_grad) == 2 and sizes.count(kv_norm_grad) == 2
 
-    config = AutoConfig.for_model(**TINY["olmo2"])
-    model = AutoModelForCausalLM.from_config(config)
-    with pytest.raises(VariantError, match="q_norm: its style ShardedNormParallel sums across TP ranks"):
-        choose_plan(model, variant="stable")
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_stable_variant_keeps_experts_whole_so_a_moe_layer_sums_nothing(fake_pg, name):
+    """Experts whole over TP (plangen.plans.variants): a MoE layer without shared experts has only
+    attention's o_proj gathers forward; backward, attention's input gradient and o_proj's
+    reduce-scatter, and nothing for the experts (every rank computed every route: exact grads)."""
+    forward, backward, total_forward, _ = per_layer(name, False, "stable")
+    assert forward == {AG: 2}
+    assert backward == {AR: 1, RS: 1}
+    assert total_forward.get(AR) == 1 and RS not in total_forward
+
+
+def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
+    from plangen.plan import Plan, PlanEntry
+    from plangen.plans.variants import VariantError, build_stable_plan
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["llama"]))
+    packed = Plan((PlanEntry("layers.*.mlp.down_proj", "PackedRowwiseParallel", {}, "mlp", ""),), "custom", (), False)
+    with pytest.raises(VariantError, match="down_proj: its style PackedRowwiseParallel sums across TP ranks"):
+        build_stable_plan(packed)
     with pytest.raises(VariantError, match="stable variant has no sequence parallel"):
-        choose_plan(AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["llama"])), True, variant="stable")
+        choose_plan(model, True, variant="stable")
     with pytest.raises(VariantError, match="unknown plan variant 'fast': expected one of optimized, stable"):
         choose_plan(model, variant="fast")

@@ -295,7 +295,6 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
         (["ctrl", "--sequence-parallel"], "--sequence-parallel: no plan for CTRLLMHeadModel: Hugging Face plans have no sequence parallel"),
         (["llama", "--variant", "fast"], "--variant: unknown plan variant 'fast': expected one of optimized, stable"),
         (["llama", "--variant", "stable", "--sequence-parallel"], "--variant stable: the stable variant has no sequence parallel"),
-        (["olmo2", "--variant", "stable"], "no stable variant for model.layers.*.self_attn.q_norm: its style ShardedNormParallel sums"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_no_file(args, message, tmp_path, monkeypatch):
@@ -447,3 +446,33 @@ def test_stable_variant_file_records_it_and_verifies_clean(spec, tmp_path, monke
     assert report.diagnostics == [] and report.notes == []
     again = invoke(spec, "--variant", "stable")  # the same settings: left alone, not refused
     assert again.exit_code == 0 and "already up to date" in again.output
+
+
+@pytest.mark.parametrize("spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss"])
+def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_sums_nothing(spec, tmp_path, monkeypatch):
+    """Whole-projection norms (GatheredNormParallel), Conv1D row-parallel projections (column-parallel
+    on the gathered input) and experts (kept whole over TP, listed as such in the file): the file has
+    no style that sums across ranks in forward, and verifies clean at levels 1+2."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    from plangen.check import verify_plan_files
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "generated").mkdir()
+    result = invoke(spec, "--variant", "stable")
+    assert result.exit_code == 0, result.output
+    path = tmp_path / "generated" / f"{spec}_stable_plan.py"
+    styles = load_custom_plan(str(path))
+    summing = {"RowwiseParallel", "Conv1DRowwiseParallel", "ExpertsParallel", "ShardedNormParallel", "AllReduceOutputGrad"}
+    # The vocab-parallel embedding's all-reduce stays: one rank holds each token's row, the others add zeros.
+    embedding = {k for k, s in styles.items() if type(s).__name__ == "RowwiseParallel" and s.input_layouts == (Replicate(),)}
+    assert embedding == {"model.embed_tokens"} or spec == "gpt2"
+    assert not {type(s).__name__ for k, s in styles.items() if k not in embedding} & summing, styles
+    outputs = [getattr(getattr(s, "prepare_module_output", s), "output_layouts", None) or () for s in styles.values()]
+    assert not any(isinstance(o, Partial) for layouts in outputs for o in layouts)
+    if spec == "olmo2":
+        assert type(styles["model.layers.*.self_attn.q_norm"]).__name__ == "GatheredNormParallel"
+    if "moe" in spec or spec in ("deepseek_v3", "gpt_oss"):
+        assert "experts whole over TP" in path.read_text()
+    report = verify_plan_files([path])
+    assert report.diagnostics == [] and report.notes == []

@@ -27,6 +27,9 @@ CASES = {
         {"name": "granite-1kv-synthesized", "model": "granite-1kv", "targets": ["q_proj", "o_proj", "gate_proj", "down_proj"]},
         # Mixed precision (bf16 compute, fp32 reduction): peft casts the input to the adapters' dtype.
         {"name": "llama-all-linear-sp-bf16", "model": "llama", "targets": ALL_LINEAR, "sp": True, "dtype": "bfloat16", "steps": 0},
+        # The stable variant (o_proj/down_proj column-parallel on the gathered input, lora_B with them;
+        # OLMo-2's q/k norms gathered): adapters follow the rewritten base layers.
+        *({"name": f"{m}-all-linear-stable", "model": m, "targets": ALL_LINEAR, "variant": "stable"} for m in ("llama", "olmo2")),
     ]
 }
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
@@ -55,6 +58,13 @@ def test_lora_model_matches_the_unsharded_lora_model(results, case_id):
         assert r["grad"] < TOL, f"rank {rank}: gradient of {r['worst_grad']} differs by {r['grad']}"
         assert r["grad_norm"] < TOL
         assert r["param_drift"] < TOL, f"rank {rank}: parameters differ by {r['param_drift']} after 3 AdamW steps"
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c.endswith("-stable")])
+def test_stable_lora_logits_are_bitwise_those_of_the_unsharded_lora_model(results, case_id):
+    # No cross-rank sum in the forward, adapters included: each logit computed as one device does (fp32, CPU).
+    assert all(per_case[case_id]["logits"] == 0.0 for per_case in results)
 
 
 @pytest.mark.distributed

@@ -1,4 +1,5 @@
-"""ShardedNormParallel: a norm over a whole column-parallel projection, statistics summed over TP.
+"""ShardedNormParallel: a norm over a whole column-parallel projection, statistics summed over TP;
+GatheredNormParallel, its stable-variant twin: the projection's slices gathered, the norm computed whole.
 
 Against the unsharded module over gloo (output, input gradient, weight and bias gradients), its
 collectives counted exactly, the formula read from the module's own forward, and the refusals.
@@ -12,7 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from plangen.norm_styles import NormMath, ShardedNormParallel, resolve_norm_math
+from plangen.norm_styles import GatheredNormParallel, NormMath, ShardedNormParallel, resolve_norm_math
+
+STYLES = {"sharded": ShardedNormParallel, "gathered": GatheredNormParallel}
 
 
 class _OffsetRMSNorm(nn.Module):
@@ -75,8 +78,35 @@ def test_width_must_divide_by_the_tp_size(fake_pg):
 
     holder = nn.Module()
     holder.m = nn.LayerNorm(6)
-    with pytest.raises(ValueError, match="width 6 cannot be split evenly over TP size 4"):
-        parallelize_module(holder, DeviceMesh("cpu", torch.arange(4)), {"m": ShardedNormParallel()})
+    for style in STYLES.values():
+        with pytest.raises(ValueError, match="width 6 cannot be split evenly over TP size 4"):
+            parallelize_module(holder, DeviceMesh("cpu", torch.arange(4)), {"m": style()})
+    holder.m = _L2Norm(8)  # refused as ShardedNormParallel refuses it: not a norm it knows
+    with pytest.raises(ValueError, match="neither an RMSNorm nor a LayerNorm"):
+        parallelize_module(holder, DeviceMesh("cpu", torch.arange(2)), {"m": GatheredNormParallel()})
+
+
+def test_gathered_norm_gathers_the_slices_once_and_sums_nothing_forward(fake_pg):
+    """Forward: one all-gather of the projection's slices, no sum. Backward: the gather's
+    reduce-scatter of the input gradient and the whole weight's gradient summed (W values)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.comm import CollectiveCounter
+
+    holder = nn.Module()
+    holder.m = _norms()["olmo2_rms"]()
+    parallelize_module(holder, DeviceMesh("cpu", torch.arange(2)), {"m": GatheredNormParallel()})
+    x = torch.randn(3, 5, 8, requires_grad=True)  # this rank's 8 of 16 features
+    with CollectiveCounter() as forward:
+        out = holder.m(x)
+    with CollectiveCounter() as backward:
+        out.sum().backward()
+    assert out.shape == (3, 5, 8)
+    assert [op for op, _ in forward.records] == ["all_gather_into_tensor"]
+    assert sorted(op for op, _ in backward.records) == ["all_reduce", "reduce_scatter_tensor"]
+    assert ("all_reduce", 16 * 4) in backward.records
+    assert not isinstance(holder.m.weight, torch.distributed.tensor.DTensor) and holder.m.weight.grad.shape == (16,)
 
 
 @pytest.mark.parametrize("name", ["olmo2_rms", "layer_norm"])
@@ -108,12 +138,14 @@ def test_matches_the_unsharded_norm_over_gloo():
     results = run_distributed(f"{__file__}:gloo_worker", 2, timeout=120)
     for rank, diffs in enumerate(results):
         assert set(diffs) >= {f"{n}/{w}" for n in _norms() for w in ("out", "grad_input", "grad_weight")}
+        assert set(diffs) >= {f"gathered/{n}/{w}" for n in _norms() for w in ("out", "out_not_bitwise", "grad_weight")}
         bad = {case: d for case, d in diffs.items() if d > 1e-6}
         assert not bad, f"rank {rank}: {bad}"
 
 
 def gloo_worker(payload: Any) -> dict[str, float]:
-    """One rank: each norm sharded over 2 ranks against the whole one; loss sum(out * c)."""
+    """One rank: each norm split over 2 ranks by each style against the whole one; loss sum(out * c).
+    The gathered style computes the whole norm as one device does: its output is bitwise the reference's."""
     import copy
 
     import torch.distributed as dist
@@ -124,7 +156,8 @@ def gloo_worker(payload: Any) -> dict[str, float]:
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     diffs: dict[str, float] = {}
-    for name, make in _norms().items():
+    for (style_name, style), (name, make) in ((st, n) for st in STYLES.items() for n in _norms().items()):
+        key = name if style_name == "sharded" else f"{style_name}/{name}"
         torch.manual_seed(0)
         reference = make()
         with torch.no_grad():
@@ -132,7 +165,7 @@ def gloo_worker(payload: Any) -> dict[str, float]:
                 p.copy_(torch.randn_like(p))
         holder = nn.Module()
         holder.m = copy.deepcopy(reference)
-        parallelize_module(holder, mesh, {"m": ShardedNormParallel()})
+        parallelize_module(holder, mesh, {"m": style()})
         x = torch.randn(2, 3, 16) * 3 + 1
         c = torch.randn(2, 3, 16)
         x_ref = x.clone().requires_grad_(True)
@@ -141,13 +174,19 @@ def gloo_worker(payload: Any) -> dict[str, float]:
         x_local = x.chunk(world, -1)[rank].clone().requires_grad_(True)
         out = holder.m(x_local)
         (out * c.chunk(world, -1)[rank]).sum().backward()
-        diffs[f"{name}/out"] = (out - out_ref.chunk(world, -1)[rank]).abs().max().item()
-        diffs[f"{name}/grad_input"] = (x_local.grad - x_ref.grad.chunk(world, -1)[rank]).abs().max().item()
+        diffs[f"{key}/out"] = (out - out_ref.chunk(world, -1)[rank]).abs().max().item()
+        if style is GatheredNormParallel:
+            diffs[f"{key}/out_not_bitwise"] = float(not torch.equal(out, out_ref.chunk(world, -1)[rank]))
+        diffs[f"{key}/grad_input"] = (x_local.grad - x_ref.grad.chunk(world, -1)[rank]).abs().max().item()
         for pname, param in reference.named_parameters():
             got = dict(holder.m.named_parameters())[pname].grad
-            assert isinstance(got, DTensor) and got.placements == (Shard(0),)
-            diffs[f"{name}/grad_{pname}"] = (got.full_tensor() - param.grad).abs().max().item()
+            if style is ShardedNormParallel:
+                assert isinstance(got, DTensor) and got.placements == (Shard(0),)
+                got = got.full_tensor()
+            else:  # whole on every rank, its gradient summed over TP
+                assert not isinstance(got, DTensor) and got.shape == param.shape
+            diffs[f"{key}/grad_{pname}"] = (got - param.grad).abs().max().item()
         # A DTensor input sharded on the last dim comes back the same way.
         dt = DTensor.from_local(x.chunk(world, -1)[rank], mesh, (Shard(2),), run_check=False)
-        diffs[f"{name}/dtensor"] = (holder.m(dt).full_tensor() - reference(x)).abs().max().item()
+        diffs[f"{key}/dtensor"] = (holder.m(dt).full_tensor() - reference(x)).abs().max().item()
     return diffs

@@ -23,8 +23,12 @@ MOE_MODELS = ["qwen3_moe", "mixtral", "qwen2_moe", "glm4_moe", "deepseek_v3", "d
 ATTN = {"gpt_oss": "eager"}
 
 
-STABLE_MODELS = ["llama", "qwen3", "gemma3", "phi3"]
-BITWISE_MODELS = ["llama", "qwen3", "gemma3"]
+# The stable variant's all-gathers in one forward of the 2-layer tiny models: o_proj and down_proj
+# (c_proj for GPT-2; a MoE layer's shared experts or dense MLP) gather their input and their output,
+# OLMo-2's q/k norms their projection's slices; experts kept whole gather nothing.
+STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4}
+STABLE_MODELS = list(STABLE_GATHERS)
+BITWISE_MODELS = ["llama", "qwen3", "gemma3", "olmo2", "qwen3_moe"]
 VARIANTS = ["optimized", "stable"]
 
 
@@ -79,7 +83,7 @@ def _cases():
     hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
     # The stable variant (no cross-rank sums in forward), and at TP 2 the same models with every
     # TP-local matmul as wide as MKL needs to pick the full-width kernel (tiny_configs): bitwise.
-    stable = [{"name": f"{m}-stable", "model": m, "variant": "stable"} for m in STABLE_MODELS]
+    stable = [{"name": f"{m}-stable", "model": m, "variant": "stable", "attn": ATTN.get(m, "sdpa")} for m in STABLE_MODELS]
     bitwise = [{"name": f"{m}-4kv-{v}", "model": f"{m}-4kv", "variant": v} for m in BITWISE_MODELS for v in VARIANTS]
     return {"tp2": cases + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
 
@@ -213,10 +217,11 @@ STABLE_IDS = [c for c in CASE_IDS if c.endswith("-stable")]
 @pytest.mark.distributed
 @pytest.mark.parametrize("case_id", STABLE_IDS)
 def test_stable_variant_forward_has_no_cross_rank_sum(results, case_id):
-    # 2 layers x (o_proj, down_proj) x (input, output) all-gathers; the one all-reduce is the
-    # vocab-parallel embedding's, exact (plangen.plans.variants). FSDP2's own gathers are apart.
+    # STABLE_GATHERS all-gathers; the one all-reduce is the vocab-parallel embedding's, exact
+    # (plangen.plans.variants). FSDP2's own gathers are apart.
     forward = results[0][case_id]["forward_collectives"]
-    assert forward.get("all_reduce") == 1 and forward.get("all_gather_into_tensor") == 8, forward
+    model = case_id.split("/")[1].removesuffix("-stable")
+    assert forward.get("all_reduce") == 1 and forward.get("all_gather_into_tensor") == STABLE_GATHERS[model], forward
     assert "reduce_scatter_tensor" not in forward, forward
 
 

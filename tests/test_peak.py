@@ -191,3 +191,72 @@ def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files, fake_
     # By TP traffic; at equal traffic without checkpointing first (no recompute), then the lower peak.
     keys = [(l.tp_sent_bytes, l.activation_checkpointing, l.peak_bytes) for l in fitting]
     assert keys == sorted(keys) and len(set(k[0] for k in keys)) == 2  # SP on and off send different bytes
+
+
+# --- depth: traced at 3, 4 and 5 layers, extrapolated (plangen.cost.depth) ---------------------
+
+
+def _linear_samples(per_layer: int = 10, per_depth: int = 100):
+    """Samples as the tracker files them, every value exactly linear in the depth and the layer."""
+    samples = {}
+    for n in (3, 4, 5):
+        at = {("forward", None): {"x": 1000 + per_depth * n}, ("backward", -1): {"x": 5000 + 3 * per_depth * n},
+              ("optimizer", None): {"x": 2 * per_depth * n}}
+        for k in range(n):
+            at[("backward", k)] = {"x": 4000 + per_depth * n + (7 if k == 0 else 0) - per_layer * k}
+        samples[n] = at
+    return samples
+
+
+def test_extrapolation_fits_each_place_exactly_and_refuses_what_is_not_linear():
+    from plangen.cost.depth import extrapolate
+
+    fitted = extrapolate(_linear_samples(), 80)
+    assert fitted[("forward", None)] == {"x": 1000 + 100 * 80}
+    assert fitted[("backward", -1)] == {"x": 5000 + 300 * 80}
+    assert fitted[("backward", 0)] == {"x": 4000 + 100 * 80 + 7}  # the first layer, apart
+    assert fitted[("backward", 1)] == {"x": 4000 + 100 * 80 - 10}
+    assert fitted[("backward", 78)] == {"x": 4000 + 100 * 80 - 780}
+    assert fitted[("backward", 79)] == {"x": 4000 + 100 * 80 - 790}
+    bent = _linear_samples()
+    bent[5][("backward", 2)]["x"] += 1  # one byte off the line, on a point the fit does not use
+    assert extrapolate(bent, 80) is None
+    missing = _linear_samples()
+    del missing[4][("backward", -1)]
+    assert extrapolate(missing, 80) is None
+
+
+def test_layers_alike_only_where_no_layer_differs(fake_pg):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plangen.cost.depth import layers_alike
+    from plangen.plan_checks import find_transformer_layers
+    from tiny_configs import TINY
+
+    def why(name: str, **overrides):
+        config = AutoConfig.for_model(**{**TINY[name], "num_hidden_layers": 6, **overrides})
+        model = AutoModelForCausalLM.from_config(config)
+        return layers_alike(find_transformer_layers(model), config)
+
+    assert why("llama") is None
+    assert why("qwen3_moe", mlp_only_layers=[]) is None
+    assert why("qwen3_moe") == "its decoder layers differ in modules or parameter shapes"  # layer 0 dense
+    assert why("olmo3", layer_types=["sliding_attention", "full_attention"] * 3) == "its config sets layer_types per layer"
+
+
+def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg):
+    """Six layers traced one by one against 3, 4 and 5 traced and extrapolated: every phase, every
+    kind, to the byte, with sequence parallel and checkpointing (where backward's peak moves from
+    the head to layer 0 as the model deepens)."""
+    from plangen.cost.peak import measure_peak
+
+    kwargs = dict(tp_size=2, dp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True, activation_checkpointing=True)
+    deep = json.loads(config_files["llama"].read_text()) | {"num_hidden_layers": 6}
+    path = config_files["llama"].with_name("llama-6-layers.json")
+    path.write_text(json.dumps(deep))
+    fast, full = measure_peak(str(path), **kwargs), measure_peak(str(path), extrapolate=False, **kwargs)
+    assert fast.notes[0].startswith("depth: traced at 3, 4, 5 layers and extrapolated to 6")
+    assert full.notes[0] == "depth: every layer traced"
+    assert [(p.phase, p.breakdown, p.tracked_total) for p in fast.phases] == [
+        (p.phase, p.breakdown, p.tracked_total) for p in full.phases
+    ]

@@ -578,7 +578,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "MlaKvAProjParallel": {"rope_dim": 2},
 }
 # Styles that apply to one kind of module only, and that module.
-_MODULE_OF = {"MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6)}
+_MODULE_OF = {"MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6), "GatheredNormParallel": lambda: nn.LayerNorm(8)}
 
 
 def _built(name: str):

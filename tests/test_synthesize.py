@@ -411,17 +411,17 @@ def test_packed_qkv_viewed_by_head_counts_makes_them_local():
     plan = build_synthesized_plan(meta("persimmon"), True)
     attention = "model.layers.*.self_attn"
     heads = _entry(plan, attention)
-    assert (heads.style, heads.kwargs) == ("LocalHeadCounts", {"attributes": ("num_heads",)})
-    qkv = _entry(plan, f"{attention}.query_key_value")
-    assert qkv.style == "ColwiseParallel" and repr(qkv.kwargs["input_layouts"]) == "Shard(dim=1)"  # gathers the sequence itself
+    assert (heads.style, heads.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads",))
+    assert _entry(plan, f"{attention}.query_key_value").style == "ColwiseParallel"
     assert _entry(plan, f"{attention}.q_layernorm").style == "ReplicatedWithGradAllReduce"
 
 
 def test_packed_qkv_chunked_into_parts_is_re_laid_out():
-    from plangen.plans.recognize import read_dims, recognize_attention
+    from plangen.plans.recognize import read_dims
+    from plangen.plans.recognize_packed import recognize_packed_attention
 
     model = meta("mpt")  # Wqkv(x).chunk(3, dim=2): [q; k; v] one after another
-    block = recognize_attention(model.transformer.blocks[0].attn, read_dims(model))
+    block = recognize_packed_attention(model.transformer.blocks[0].attn, read_dims(model))
     assert block.fused == (("Wqkv", (1, 1, 1)),) and block.head_attributes == ("n_heads",)
 
 
@@ -489,15 +489,14 @@ def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
     assert _entry(build_synthesized_plan(model, True), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallel"
 
 
-def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_and_entered_through_the_wrapper():
+def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_where_the_wrapper_calls_it():
     # GPT-Neo: attn (GPTNeoAttention) hands its input to attn.attention (q/k/v/out_proj), whose
     # _split_heads(query, self.num_heads, self.head_dim) shapes by the module's head count.
     plan = build_synthesized_plan(meta("gpt_neo"), False)
     inner = "transformer.h.*.attn.attention"
-    assert (_entry(plan, inner).style, _entry(plan, inner).kwargs) == ("LocalHeadCounts", {"attributes": ("num_heads",)})
-    assert _entry(plan, "transformer.h.*.attn").style == "PrepareModuleInput"
+    assert (_entry(plan, inner).style, _entry(plan, inner).kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads",))
     assert {_entry(plan, f"{inner}.{p}").style for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
-    assert repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"  # prepared once, by the wrapper
+    assert repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"  # prepared once, where the wrapper calls it
     assert _entry(plan, f"{inner}.out_proj").style == "RowwiseParallel"
 
 
@@ -509,5 +508,144 @@ def test_packed_qkv_grouped_per_kv_head_makes_both_head_counts_local():
     # num_heads again in later reshapes: both made local, whole groups per rank.
     plan = build_synthesized_plan(build_tiny("falcon-gqa"), False)
     heads = _entry(plan, "transformer.h.*.self_attention")
-    assert (heads.style, heads.kwargs) == ("LocalHeadCounts", {"attributes": ("num_heads", "num_kv_heads")})
+    assert (heads.style, heads.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads", "num_kv_heads"))
     assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "ColwiseParallel"
+# --- BART-family decoders: cross-attention's alias, fc1/fc2 in the layer, head counts, positions --------
+
+
+@pytest.mark.parametrize(
+    "model_type, layers",
+    [("bart", "model.decoder.layers.*"), ("xglm", "model.layers.*"), ("biogpt", "biogpt.layers.*"),
+     ("whisper", "model.decoder.layers.*"), ("musicgen", "model.decoder.layers.*")],
+)
+def test_bart_family_attention_and_the_layer_level_mlp_are_sharded(model_type, layers):
+    styles = styles_of(build_synthesized_plan(meta(model_type), False))
+    for proj in ("q_proj", "k_proj", "v_proj"):  # k/v read `current_states`, the input under self-attention
+        assert styles[f"{layers}.self_attn.{proj}"] == "ColwiseParallel"
+    assert styles[f"{layers}.self_attn.out_proj"] == "RowwiseParallel"
+    # No block around fc1/fc2: fc1 takes the layer's hidden state itself (one gradient reduction).
+    assert (styles[f"{layers}.fc1"], styles[f"{layers}.fc2"]) == ("ColwiseParallel", "RowwiseParallel")
+    assert f"{layers}" not in styles
+
+
+def test_cross_attention_that_a_causal_lm_never_runs_is_sharded_like_self_attention():
+    styles = styles_of(build_synthesized_plan(meta("bart"), True))
+    assert styles["model.decoder.layers.*.encoder_attn.k_proj"] == "ColwiseParallel"
+    assert styles["model.decoder.layers.*.encoder_attn.out_proj"] == "RowwiseParallel"
+
+
+def test_input_readers_follow_the_cross_attention_alias():
+    from transformers.models.bart.modeling_bart import BartAttention
+
+    assert read_input_readers(BartAttention) == {"q_proj", "k_proj", "v_proj"}
+
+
+class _GatedLayer(nn.Module):
+    """fc1/fc2 in the layer, but fc2 reads fc1's output times another projection: not a plain MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc1, self.gate, self.fc2 = nn.LayerNorm(4), nn.Linear(4, 8), nn.Linear(4, 8), nn.Linear(8, 4)
+        self.act = nn.GELU()
+
+    def forward(self, hidden_states):
+        x = self.norm(hidden_states)
+        y = self.act(self.fc1(x))
+        y = nn.functional.dropout(y, p=0.1, training=self.training)
+        return hidden_states + self.fc2(y * self.gate(x))
+
+
+class _PlainLayer(_GatedLayer):
+    def forward(self, hidden_states):
+        x = self.norm(hidden_states)
+        y = self.act(self.fc1(x))
+        if hidden_states.shape[0] > 1:
+            x = self.gate(x)  # bound in a branch: unknown after it
+        y = nn.functional.dropout(y, p=0.1, training=self.training)
+        return hidden_states + self.fc2(y) + self.fc1(x)
+
+
+def test_argument_chains_pair_fc1_and_fc2_only_through_parameter_free_steps():
+    from plangen.plans.forward_source import read_argument_chains
+    from plangen.plans.recognize import ModelDims, recognize_layer_mlp
+
+    dims = ModelDims(hidden=4, heads=None, kv_heads=None, head_dim=None, vocab=None, experts=None)
+    assert read_argument_chains(_GatedLayer)["fc2"] == ("?",)
+    assert recognize_layer_mlp(_GatedLayer(), dims) == ()
+    chains = read_argument_chains(_PlainLayer)
+    assert chains["fc2"] == ("act", "fc1", "norm")
+    # fc1 is called on two different things (`x` is unknown after the branch): no single chain.
+    assert "fc1" not in chains and chains["act"] == ("fc1", "norm")
+    assert recognize_layer_mlp(_PlainLayer(), dims) == (("fc1", "fc2"),)
+
+
+@pytest.mark.parametrize(
+    "model_type, layers, attributes",
+    [("opt", "model.decoder.layers.*", ("num_heads",)), ("xglm", "model.layers.*", ("embed_dim", "num_heads")),
+     ("bart", "model.decoder.layers.*", None)],
+)
+def test_attention_that_views_by_its_head_count_gets_it_made_local(model_type, layers, attributes):
+    """OPT's ``view(bsz, -1, self.num_heads, self.head_dim)``: with this rank's half of the heads the
+    -1 takes the missing heads into the sequence, no error. The plan divides such attributes."""
+    attention = next(e for e in build_synthesized_plan(meta(model_type), False).entries if e.pattern == f"{layers}.self_attn")
+    if attributes is None:  # BART views by (-1, head_dim) only: nothing to change
+        assert attention.style == "PrepareModuleInput"
+    else:
+        assert (attention.style, attention.kwargs["head_attributes"]) == ("PrepareAttentionInput", attributes)
+
+
+def test_prepare_attention_input_divides_the_head_attributes(fake_pg):
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from plangen.styles import build_style
+
+    attention = meta("opt").model.decoder.layers[0].self_attn
+    heads, width = attention.num_heads, attention.embed_dim
+    style = build_style("PrepareAttentionInput", {"head_attributes": ("num_heads",), "input_kwarg_layouts": None})
+    style._apply(attention, DeviceMesh("cpu", torch.arange(2)))
+    assert (attention.num_heads, attention.embed_dim, attention.head_dim) == (heads // 2, width, width // heads)
+
+
+def test_attention_reshaped_by_the_inputs_own_width_stays_whole_with_the_reason():
+    # TrOCR: `bsz, tgt_len, embed_dim = hidden_states.size()` ... `reshape(bsz, tgt_len, embed_dim)`.
+    plan = build_synthesized_plan(meta("trocr"), False)
+    assert "the input's own width" in why_of(plan, "model.decoder.layers.*.self_attn")
+    assert styles_of(plan)["model.decoder.layers.*.fc1"] == "ColwiseParallel"
+
+
+@pytest.mark.parametrize("model_type, path", [("bart", "model.decoder.embed_positions"), ("xglm", "model.embed_positions")])
+def test_position_embeddings_added_to_the_token_embedding_are_laid_out_under_sp(model_type, path):
+    model = meta(model_type)
+    assert analyze_model(model).positions == (path,) and analyze_model(model).sequence_parallel
+    entry = next(e for e in build_synthesized_plan(model, True).entries if e.pattern == path)
+    assert entry.style == "PrepareModuleOutput" and not entry.kwargs["use_local_output"]
+    assert path not in styles_of(build_synthesized_plan(model, False))
+
+
+def test_an_embedding_narrower_than_the_hidden_size_is_still_vocabulary_parallel():
+    # OPT-350m: a 512-wide embedding, project_in to 1024; the head reads project_out's 512.
+    resolved = resolve_model("opt")
+    config = shrink_config(resolved.config, 2, attn_implementation="eager")
+    config.word_embed_proj_dim = config.hidden_size // 2
+    analysis = analyze_model(build_meta_model(config, resolved.model_class))
+    assert (analysis.embedding, analysis.head) == ("model.decoder.embed_tokens", "lm_head")
+    assert any("not the hidden size" in p for p in analysis.sp_problems)
+    # shrink_config keeps an embedding as wide as the hidden size as wide (no projection appears).
+    assert shrink_config(resolved.config, 2).word_embed_proj_dim == shrink_config(resolved.config, 2).hidden_size
+
+
+def test_per_codebook_embeddings_and_heads_are_each_vocabulary_parallel():
+    # Musicgen: a ModuleList of one embedding and one head per codebook; the embeddings are summed.
+    plan = build_synthesized_plan(meta("musicgen"), True)
+    assert styles_of(plan)["model.decoder.embed_tokens.*"] == "RowwiseParallel"
+    assert styles_of(plan)["lm_heads.*"] == "ColwiseParallel"
+    assert styles_of(plan)["model.decoder.embed_positions"] == "PrepareModuleOutput"  # sinusoids, no parameters
+
+
+def test_a_head_width_is_not_a_head_count_even_where_one_kv_head_is_as_wide():
+    # Granite with one KV head: kv_heads x head_dim == head_dim; view(..., -1, self.head_dim) stays as it is.
+    from tiny_configs import build_tiny
+
+    plan = build_synthesized_plan(build_tiny("granite-1kv"), False)
+    attention = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn")
+    assert attention.style == "PrepareAttentionInput" and "head_attributes" not in attention.kwargs

@@ -31,7 +31,7 @@ TINY["gemma3-1kv"] = {**TINY["gemma3"], "num_key_value_heads": 1}
 TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
 # Every TP-local matmul at TP 2 at least 16 columns wide: on this CPU's MKL a narrower one (the 8
 # columns of a 2-KV-head k_proj) takes another kernel than the full width (plangen.plans.variants).
-for _name in ("llama", "qwen3", "gemma3"):
+for _name in ("llama", "qwen3", "gemma3", "olmo2"):
     TINY[f"{_name}-4kv"] = {**TINY[_name], "num_key_value_heads": 4}
 TINY["granite-1kv"] = dict(model_type="granite", **{**COMMON, "num_key_value_heads": 1})  # a synthesized plan
 # Falcon-40B's layout: packed q|k|v grouped by KV head, [q x heads/kv_heads; k; v] per group.
@@ -63,6 +63,8 @@ TINY["qwen3_moe"] = dict(
     model_type="qwen3_moe", num_experts=8, moe_intermediate_size=16, norm_topk_prob=True,
     mlp_only_layers=[0], decoder_sparse_step=1, **MOE, **COMMON,
 )
+# The stable variant's bitwise check (every TP-local matmul at least 16 columns wide, as above).
+TINY["qwen3_moe-4kv"] = {**TINY["qwen3_moe"], "num_key_value_heads": 4}
 TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window=None, **MOE, **COMMON)
 # One expert per TP rank at TP 2 (Mixtral-8x7B at TP 8 in miniature): FSDP2 must split each expert
 # on another dim than the expert dim over DP, or DP 2 holds one expert and one pad of its size.

@@ -160,6 +160,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("AllReduceParamGrads", ()),
         _spec("LeaveUnsharded", ()),
         _spec("ShardedNormParallel", ()),
+        _spec("GatheredNormParallel", ()),
         # The layouts are annotated Any there and passed on to ColwiseParallel / RowwiseParallel.
         _spec(
             "PackedColwiseParallel",
@@ -195,7 +196,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
         _spec(
             "PrepareAttentionInput",
-            (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False)),
+            (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False), StyleParam("head_attributes", STR_TUPLE, ())),
         ),
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),

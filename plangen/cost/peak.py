@@ -18,9 +18,11 @@ every tensor and files it by kind. Two corrections to the tracker, both explicit
   as step temporaries. One untracked warm-up step (zero gradients) creates them first; the step
   measured is the second, as every step after the first is.
 
-Depth: every layer is built and traced (a step of fake tensors costs about 0.3 s per layer here).
-Extrapolating from two shallow builds was tried and refused: with few layers backward peaks late,
-with gradients accumulated; with many, at its start, with every activation saved.
+Depth: where every decoder layer is alike, the step is traced at 3, 4 and 5 layers and each phase's
+peak in each place of the step (outside the layers, the first, the last, the others) fitted exactly
+and extrapolated (:mod:`plangen.cost.depth`; a single peak per phase cannot be: with few layers
+backward peaks in the head, with many in layer 0); elsewhere, and where a fit is not exact, every
+layer is built and traced.
 Nothing is printed; errors are one-line :class:`CostError`.
 """
 
@@ -32,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from plangen.cost.depth import AFTER_LAYERS
 from plangen.cost.settings import CostError, CostSettings, build_cost_settings
 
 PHASES = ("forward", "backward", "optimizer")
@@ -114,15 +117,20 @@ def parse_memory(text: str, option: str = "--gpu-memory") -> int:
 # The tracker
 
 
-def _make_tracker(model: Any, optimizer: Any):
-    """An ``FSDPMemTracker`` that skips DTensor's shape propagation and records each phase's peak."""
+def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
+    """An ``FSDPMemTracker`` that skips DTensor's shape propagation and records the peak of each
+    phase in each decoder layer (``layer_names``: their names, as the model names them, by index)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     class StepTracker(FSDPMemTracker):
         def __init__(self) -> None:
             super().__init__(model, optimizer)
             self.propagating = 0
-            self.phase_peaks: dict[str, tuple[dict[str, int], str]] = {}
+            # (phase, where) -> (snapshot, innermost module); where: a decoder layer's index, None
+            # before the phase's first layer, AFTER_LAYERS once it has run one (the embedding and the
+            # head in forward, the head and the embedding in backward: different moments).
+            self.peaks: dict[tuple[str, int | None], tuple[dict[str, int], str]] = {}
+            self.past_layers: set[str] = set()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.propagating:  # global-shaped fake tensors that exist only to give a shape
@@ -132,14 +140,25 @@ def _make_tracker(model: Any, optimizer: Any):
         def _update_peak_stats(self, peak_state) -> None:
             super()._update_peak_stats(peak_state)
             phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            parents = self._mod_tracker.parents
+            layer = next((layer_names[n] for p in parents if (n := _without_root(p)) in layer_names), None)
+            if layer is not None:
+                self.past_layers.add(phase)
+            elif phase in self.past_layers:
+                layer = AFTER_LAYERS
             for snapshot in self._curr_mem_snap.values():
-                best = self.phase_peaks.get(phase)
+                best = self.peaks.get((phase, layer))
                 if best is None or snapshot["Total"] > best[0]["Total"]:
-                    self.phase_peaks[phase] = (
-                        {str(getattr(k, "name", k)): v for k, v in snapshot.items()}, _innermost(self._mod_tracker.parents)
+                    self.peaks[(phase, layer)] = (
+                        {str(getattr(k, "name", k)): v for k, v in snapshot.items()}, _innermost(parents)
                     )
 
     return StepTracker()
+
+
+def _without_root(name: str) -> str:
+    # The tracker names modules after the root's class: ``LlamaForCausalLM.model.layers.3``.
+    return name.split(".", 1)[1] if "." in name else name
 
 
 def _innermost(parents: set[str]) -> str:
@@ -148,8 +167,7 @@ def _innermost(parents: set[str]) -> str:
     names = [p for p in parents if p != "Global"]
     if not names:
         return ""
-    name = max(names, key=lambda n: (n.count("."), len(n)))
-    return name.split(".", 1)[1] if "." in name else name
+    return _without_root(max(names, key=lambda n: (n.count("."), len(n))))
 
 
 @contextmanager
@@ -186,7 +204,25 @@ def _breakdown(snapshot: dict[str, int], optimizer_states: int) -> Breakdown:
 
 
 def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = True) -> dict[str, PhasePeak]:
-    """Each phase's peak of the second AdamW step of ``model`` (an FSDP2 module), real or fake tensors.
+    """Each phase's peak of the second AdamW step of ``model``: :func:`track_layer_peaks`'s, the
+    highest of each phase."""
+    return peaks_by_phase(track_layer_peaks(model, batch, seq, vocab, foreach))
+
+
+def peaks_by_phase(peaks: dict[tuple[str, int | None], PhasePeak]) -> dict[str, PhasePeak]:
+    best: dict[str, PhasePeak] = {}
+    for (phase, _), peak in peaks.items():
+        if phase not in best or peak.tracked_total > best[phase].tracked_total:
+            best[phase] = peak
+    return {phase: best[phase] for phase in PHASES if phase in best}
+
+
+def track_layer_peaks(
+    model: Any, batch: int, seq: int, vocab: int, foreach: bool = True
+) -> dict[tuple[str, int | None], PhasePeak]:
+    """The peak of each phase in each decoder layer (index), before the phase's first layer (None)
+    and after its layers (``AFTER_LAYERS``) of the second AdamW step of ``model`` (an FSDP2 module),
+    real or fake tensors.
 
     The first step (zero gradients) only creates the optimizer states; the second is measured:
     forward, next-token loss through :mod:`plangen.loss`, backward, ``optimizer.step()``.
@@ -196,26 +232,45 @@ def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = Tru
     import torch
 
     from plangen.cost.measure import quiet_fake_tensor_log, step_loss
+    from plangen.plan_checks import find_transformer_layers
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=foreach)
-    for param in model.parameters():
+    # AdamW runs on the parameters' local shards (the same storages, so the same memory): on
+    # DTensors each foreach op pays for a sharding propagation over every parameter (Llama-3.1-70B,
+    # 32 layers at TP 8 x DP 4: 106 s traced, 78 s this way; the same bytes).
+    params = list(model.parameters())
+    shards = [_local(p) for p in params]
+    optimizer = torch.optim.AdamW(shards, lr=1e-4, foreach=foreach)
+
+    def optimizer_step() -> None:
+        for param, shard in zip(params, shards):
+            shard.grad = None if param.grad is None else _local(param.grad)
+        optimizer.step()
+        for param, shard in zip(params, shards):
+            param.grad = shard.grad = None
+
+    for param in params:
         param.grad = torch.zeros_like(param)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer_step()
     ids = torch.randint(0, vocab, (batch, seq))
     positions = torch.arange(seq).expand(batch, seq)
-    tracker = _make_tracker(model, optimizer)
+    index = {id(layer): i for i, layer in enumerate(find_transformer_layers(model))}
+    layer_names = {name: index[id(m)] for name, m in model.named_modules() if id(m) in index}
+    tracker = _make_tracker(model, optimizer, layer_names)
     tracker.track_inputs((ids, positions))
     with quiet_fake_tensor_log(), _skip_shape_propagation(tracker), tracker:
         step_loss(model(input_ids=ids, position_ids=positions).logits, ids).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step()
     states = sum(
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
         for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
     )
-    return {phase: PhasePeak(phase, module, _breakdown(snapshot, states), snapshot["Total"])
-            for phase, (snapshot, module) in tracker.phase_peaks.items()}
+    return {key: PhasePeak(key[0], module, _breakdown(snapshot, states), snapshot["Total"])
+            for key, (snapshot, module) in tracker.peaks.items()}
+
+
+def _local(tensor: Any) -> Any:
+    # A DTensor's local shard: the same storage, so the tracker files it as the DTensor's.
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,8 +299,78 @@ def _parallelize(model: Any, choice: Any, settings: CostSettings, activation_che
     return apply_fsdp(model, layers, dp_mesh, TORCH_DTYPES[settings.dtype])
 
 
-def trace_peak(resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool):
-    """Each phase's peak for rank 0 of a model built from ``config``, traced with fake tensors."""
+def trace_peak(
+    resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool, extrapolate: bool = True
+):
+    """(plan choice, each phase's peak for rank 0 of a model built from ``config``, how the depth was
+    traced): at depths 3, 4 and 5 and extrapolated where every layer is alike and the fit is exact
+    (:mod:`plangen.cost.depth`), else every layer."""
+    from plangen.cost import depth as deep
+    from plangen.cost.measure import TORCH_DTYPES, count_layers
+    from plangen.models import build_meta_model
+    from plangen.plan_checks import find_transformer_layers
+
+    layers = count_layers(config)
+    why = f"{layers} layers: few enough to trace each" if layers <= max(deep.DEPTHS) else None
+    if why is None and extrapolate:
+        try:
+            meta = build_meta_model(config, resolved.model_class, dtype=TORCH_DTYPES[settings.master_dtype])
+        except Exception as error:  # transformers raises many types for a config it cannot build
+            raise CostError(f"cannot build {resolved.model_class.__name__}: {error}") from None
+        why = deep.layers_alike(find_transformer_layers(meta), config)
+        if why is None:
+            traced = {n: _trace_at(resolved, deep.config_at_depth(config, n), plan, settings, activation_checkpointing)
+                      for n in deep.DEPTHS}
+            peaks = _extrapolated_peaks({n: p for n, (_, p) in traced.items()}, layers)
+            if peaks is not None:
+                how = (f"depth: traced at {', '.join(map(str, deep.DEPTHS))} layers and extrapolated to {layers}"
+                       " (every layer alike; each figure exactly linear in the depth, checked)")
+                return traced[deep.DEPTHS[0]][0], peaks, how
+            why = "its memory is not exactly linear in the depth"
+    choice, peaks = _trace_at(resolved, config, plan, settings, activation_checkpointing)
+    how = f"depth: every layer traced ({why})" if why else "depth: every layer traced"
+    return choice, peaks_by_phase(peaks), how
+
+
+def _extrapolated_peaks(samples: dict[int, dict[tuple[str, int | None], PhasePeak]], layers: int) -> dict[str, PhasePeak] | None:
+    from plangen.cost import depth as deep
+
+    values = {n: {key: {**dict(p.breakdown.items()), "tracked_total": p.tracked_total} for key, p in peaks.items()}
+              for n, peaks in samples.items()}
+    fitted = deep.extrapolate(values, layers)
+    if fitted is None:
+        return None
+    deepest = deep.DEPTHS[-1]
+    peaks = {}
+    for (phase, layer), v in fitted.items():
+        source = samples[deepest].get((phase, _traced_layer(layer, layers, deepest)))
+        module = _module_at_depth(source.module if source else "", deepest, layers)
+        total = v.pop("tracked_total")
+        peaks[(phase, layer)] = PhasePeak(phase, module, Breakdown(**v), total)
+    return peaks_by_phase(peaks)
+
+
+def _traced_layer(layer: int | None, layers: int, traced: int) -> int | None:
+    # The layer of the traced model that stands for ``layer`` of the real one (same place).
+    if layer is None or layer in (0, AFTER_LAYERS):
+        return layer
+    return traced - 1 if layer == layers - 1 else traced - 2 if layer == layers - 2 else layer
+
+
+def _module_at_depth(module: str, traced: int, layers: int) -> str:
+    # ``model.layers.4.mlp`` of the 5-layer trace is ``model.layers.79.mlp`` of the 80-layer model.
+    import re
+
+    def renumber(match: "re.Match[str]") -> str:
+        i = int(match.group(1))
+        return f".{layers - (traced - i)}" if i >= traced - 2 else match.group(0)
+
+    return re.sub(r"\.(\d+)(?=\.|$)", renumber, module, count=1)
+
+
+def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool):
+    """(plan choice, the peak of each phase in each layer) for rank 0 of a model built from
+    ``config``, traced with fake tensors."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.device_mesh import DeviceMesh
@@ -270,7 +395,7 @@ def trace_peak(resolved: Any, config: Any, plan: str, settings: CostSettings, ac
             model.to_empty(device="cpu")
             model.train()
             try:
-                peaks = track_step(model, settings.micro_batch, settings.seq_len, text_config(config).vocab_size)
+                peaks = track_layer_peaks(model, settings.micro_batch, settings.seq_len, text_config(config).vocab_size)
             except CostError:
                 raise
             except Exception as error:  # the plan's or the model's, not the trace's: one line
@@ -292,12 +417,14 @@ def measure_peak(
     master_dtype: str = "fp32",
     sequence_parallel: bool | None = None,
     activation_checkpointing: bool = False,
+    extrapolate: bool = True,
 ) -> PeakReport:
     """Peak memory of rank 0 in one training step of ``target`` (a MODEL or plan file) under ``plan``
     (default: the plan the runtime would use, or the plan file), at DP x TP.
 
     TP size and sequence parallel default to the plan file's, else TP 2 without sequence parallel,
-    as in :func:`plangen.cost.report.build_cost_report`.
+    as in :func:`plangen.cost.report.build_cost_report`. ``extrapolate=False`` traces every layer
+    even where the depth could be extrapolated (:mod:`plangen.cost.depth`).
     """
     from plangen.cost.measure import count_layers
     from plangen.cost.report import _recorded_tp_size, read_target, resolve_cost_model
@@ -313,8 +440,8 @@ def measure_peak(
     )
     resolved = resolve_cost_model(spec, settings)
     config = config_for_class(resolved.config, resolved.model_class)
-    choice, peaks = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing)
+    choice, peaks, how = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing, extrapolate)
     return PeakReport(
         spec, resolved.model_class.__name__, choice.name, settings, activation_checkpointing, count_layers(config),
-        tuple(peaks[p] for p in PHASES if p in peaks), time.perf_counter() - started, NOTES,
+        tuple(peaks[p] for p in PHASES if p in peaks), time.perf_counter() - started, (how, *NOTES),
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from plangen.plan import Replicated
-from plangen.plans.forward_source import BlockCall, read_block_call, read_modified_in_place
+from plangen.plans.forward_source import BlockCall, read_added_children, read_block_call, read_modified_in_place
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
@@ -34,8 +34,9 @@ from plangen.plans.recognize import (
     own_parameters,
     read_dims,
     recognize_block,
-    recognize_wrapped_attention,
+    recognize_layer_mlp,
 )
+from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,6 @@ class BlockPart:
     call: BlockCall | None
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
-    # A thin wrapper around the block (GPT-Neo's attn around attn.attention), and how the layer calls it.
-    wrapper: str | None = None
-    wrapper_call: BlockCall | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +78,9 @@ class Analysis:
     gathered: tuple[KeptPart, ...]  # replicated blocks on the residual stream, wrapped under SP
     sp_problems: tuple[str, ...]
     problem: str | None  # why no plan can be synthesized at all
+    # Position embeddings added to the token embedding outside the layers (BART's embed_positions):
+    # whole on every rank; under SP their output is laid out so the sum takes this rank's slice.
+    positions: tuple[str, ...] = ()
     # Layers whose per-head input (MPT's ALiBi bias) is sliced to this rank's heads, and how.
     head_inputs: tuple[tuple[str, PerHeadInput], ...] = ()
 
@@ -156,12 +157,18 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     emb = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
     # A plain embedding: torch's row-parallel style re-registers every parameter below it by name.
-    emb_ok = (
-        isinstance(emb, nn.Embedding)
-        and emb.weight.shape[-1] == dims.hidden
-        and not any(has_parameters(child) for child in emb.children())
+    def plain(module: nn.Module) -> bool:
+        return isinstance(module, nn.Embedding) and not any(has_parameters(child) for child in module.children())
+
+    # Narrower (or wider) than the hidden size (OPT-350m's 512 into 1024): a replicated projection
+    # outside the layers maps it, and the head reads that width back.
+    width = emb.weight.shape[-1] if plain(emb) else dims.hidden
+    # Musicgen: one embedding and one head per codebook (ModuleLists), each vocabulary-parallel.
+    emb_ok = plain(emb) or _each_of(emb, lambda m: plain(m) and m.weight.shape[-1] == dims.hidden)
+    head_ok = head is not None and (
+        (is_linear(head) and head.in_features in (dims.hidden, width))
+        or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
     )
-    head_ok = head is not None and is_linear(head) and head.in_features == dims.hidden
     if emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
@@ -176,9 +183,38 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
         found.sp_problems.append(
             "the input embedding is not vocabulary-sharded, so nothing puts the residual stream on sequence shards"
         )
+    elif width != dims.hidden:
+        found.sp_problems.append(
+            f"the input embedding is {width} wide, not the hidden size {dims.hidden}: what maps it is not sequence-sharded"
+        )
     if head is not None and not head_ok:
         found.sp_problems.append("the output head is not sharded, so nothing gathers the sequence for it")
     return _Ends(emb, head, emb_ok, head_ok)
+
+
+def _each_of(module: nn.Module | None, test) -> bool:
+    return isinstance(module, nn.ModuleList) and len(module) > 0 and all(test(m) for m in module)
+
+
+def _end_pattern(module: nn.Module, paths: dict[int, str]) -> str:
+    """The plan key of an end: its path, or every member of a per-codebook list."""
+    return paths[id(module)] + (".*" if isinstance(module, nn.ModuleList) else "")
+
+
+def find_position_embeddings(model: nn.Module, embedding: str, dims: ModelDims) -> list[str]:
+    """Modules beside the token embedding whose output its parent's forward adds to it: position
+    tables (learned, an ``nn.Embedding`` of the hidden width, or parameter-free sinusoids)."""
+    parent_path, _, own = embedding.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    found = []
+    for name in sorted(read_added_children(type(parent)) - {own}):
+        child = getattr(parent, name, None)
+        if not isinstance(child, nn.Module) or is_linear(child):
+            continue
+        table = isinstance(child, nn.Embedding) and child.weight.shape[-1] == dims.hidden
+        if table or not has_parameters(child):
+            found.append(f"{parent_path}.{name}" if parent_path else name)
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,9 +232,14 @@ def _analyze_layer(
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
                    f"{path} has its own parameters ({names}) on the residual stream")
+    flat = recognize_layer_mlp(layer, dims)
+    for up, down in flat:
+        # No block around them: the column-parallel one takes the layer's hidden state itself.
+        found.blocks.append(BlockPart(path, ShardedBlock("mlp", (up,), down), None))
+    in_flat = {name for pair in flat for name in pair}
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
-        if not has_parameters(child):
+        if not has_parameters(child) or name in in_flat:
             continue
         call = read_block_call(type(layer), name, type(child))
         if is_per_feature(child, dims.hidden):
@@ -207,11 +248,14 @@ def _analyze_layer(
                 found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
             continue
         recognized = recognize_block(name, child, dims)
+        if isinstance(recognized, KeptBlock):
+            recognized = recognize_packed_attention(child, dims) or recognized
         wrapped = recognize_wrapped_attention(child, dims) if isinstance(recognized, KeptBlock) else None
         if isinstance(wrapped, tuple) and per_head_input is None:
             inner, block = wrapped
             inner_call = read_block_call(type(child), inner, type(getattr(child, inner)))
-            found.blocks.append(BlockPart(f"{child_path}.{inner}", block, inner_call, wrapper=child_path, wrapper_call=call))
+            # Entered where the wrapper calls it (the wrapper hands it the hidden state as it got it).
+            found.blocks.append(BlockPart(f"{child_path}.{inner}", block, inner_call))
             continue
         if isinstance(wrapped, KeptBlock):
             recognized = wrapped
@@ -308,6 +352,11 @@ def analyze_model(model: nn.Module) -> Analysis:
     for index, layer in enumerate(layers):
         _analyze_layer(layer, f"{layers_path}.{index}", dims, found, per_head_input)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
+    for path in positions:
+        anchors.add(id(model.get_submodule(path)))
+        if has_parameters(model.get_submodule(path)):
+            found.keep(path, "position embedding added to the token embedding: a table, whole on every rank", "embeddings")
     _analyze_outside(model, "", anchors, dims, found)
     problem = None
     if not found.blocks:
@@ -318,13 +367,14 @@ def analyze_model(model: nn.Module) -> Analysis:
         class_name=class_name,
         layers_path=layers_path,
         layer_count=len(layers),
-        embedding=paths[id(ends.embedding)] if ends.embedding_ok else None,
-        head=paths[id(ends.head)] if ends.head_ok else None,
+        embedding=_end_pattern(ends.embedding, paths) if ends.embedding_ok else None,
+        head=_end_pattern(ends.head, paths) if ends.head_ok else None,
         norms=tuple(found.norms),
         blocks=tuple(found.blocks),
         kept=tuple(found.kept),
         gathered=tuple(found.gathered),
         sp_problems=tuple(dict.fromkeys(found.sp_problems)),
         problem=problem,
+        positions=tuple(positions),
         head_inputs=tuple(found.head_inputs),
     )

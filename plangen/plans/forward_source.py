@@ -1,13 +1,16 @@
 """What a module's ``forward`` source says about its children: how each is called, what each reads.
 
-The synthesized plans depend on two facts that shapes cannot tell:
+The synthesized plans depend on facts that shapes cannot tell:
 
 * how a decoder layer passes the hidden state to a block (``self.self_attn(hidden_states=...)`` as a
   keyword, ``self.mlp(hidden_states)`` positionally, and how many positional arguments), because
   ``PrepareModuleInput`` must name that argument exactly;
 * which of a block's linear layers read the block's own input (q/k/v, gate/up: column-parallel)
   and which read something computed inside it (o_proj, down_proj: row-parallel), because with
-  ``hidden == heads x head_dim`` all four attention projections have the same shape.
+  ``hidden == heads x head_dim`` all four attention projections have the same shape;
+* which children read which one's output (a BART layer's ``fc2`` reads ``fc1``'s through its
+  activation), and which module attributes a block shapes its tensors by (``self.num_heads`` in
+  OPT's ``view(bsz, -1, self.num_heads, self.head_dim)``, which must become this rank's count).
 
 Both are read from the source (``ast``), not observed by running a model: plans must come from a
 meta-device model in milliseconds (``plangen list`` derives ~200), and a real forward of every
@@ -23,6 +26,7 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -131,12 +135,14 @@ def read_input_readers(block_cls: type) -> frozenset[str] | None:
     """Children that ``block_cls.forward`` calls directly on its first argument, before reassigning it.
 
     ``self.q_proj(hidden_states)`` counts; ``self.o_proj(attn_output)`` and anything after
-    ``hidden_states = ...`` (except inside that very statement's right-hand side) do not.
+    ``hidden_states = ...`` (except inside that very statement's right-hand side) do not. So does a
+    call on a name bound once to the first argument (see :func:`_input_aliases`).
     """
     tree = _forward_tree(block_cls)
     first = _first_parameter(block_cls)
     if tree is None or first is None:
         return None
+    inputs = {first, *_input_aliases(tree, first)}
     reassignments = sorted(
         (n for n in ast.walk(tree) if _assigns(n, first)), key=lambda n: (n.lineno, n.col_offset)
     )
@@ -153,12 +159,237 @@ def read_input_readers(block_cls: type) -> frozenset[str] | None:
             and node.func.value.id == "self"
             and node.args
             and isinstance(node.args[0], ast.Name)
-            and node.args[0].id == first
+            and node.args[0].id in inputs
         ):
             continue
         if reassigned is None or node.lineno < reassigned.lineno or id(node) in inside_reassignment:
             readers.add(node.func.attr)
     return frozenset(readers)
+
+
+def _input_aliases(tree: ast.AST, first: str) -> set[str]:
+    """Names bound once to the first argument, or to it or another input (cross-attention's
+    ``current_states = key_value_states if is_cross_attention else hidden_states``): a projection
+    called on one reads the block input whenever the block runs as self-attention."""
+    bound: dict[str, list[ast.AST]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        bound.setdefault(name.id, []).append(node)
+
+    def is_first(value: ast.AST) -> bool:
+        return isinstance(value, ast.Name) and value.id == first
+
+    aliases = set()
+    for name, nodes in bound.items():
+        node = nodes[0]
+        if name == first or len(nodes) != 1 or not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        if not isinstance(node.targets[0], ast.Name):
+            continue
+        value = node.value
+        if is_first(value) or (isinstance(value, ast.IfExp) and (is_first(value.body) or is_first(value.orelse))):
+            aliases.add(name)
+    return aliases
+
+
+_UNKNOWN = "?"
+
+
+def _argument_chain(expr: ast.AST, chains: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The ``self`` children an expression's value came through, outermost first; ends in ``"?"``
+    where it came from anything but one call's first argument (a sum, a tuple, an unknown name)."""
+    if isinstance(expr, ast.Name):
+        return chains.get(expr.id, (_UNKNOWN,))
+    if not isinstance(expr, ast.Call) or not expr.args or any(isinstance(a, ast.Starred) for a in expr.args):
+        return (_UNKNOWN,)
+    rest = [*expr.args[1:], *(k.value for k in expr.keywords)]
+    # Other arguments may be settings (p=self.dropout, training=self.training), never other tensors.
+    if any(isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id != "self") for r in rest for n in ast.walk(r)):
+        return (_UNKNOWN,)
+    inner = _argument_chain(expr.args[0], chains)
+    name = _self_call_name(expr)
+    return (name, *inner) if name is not None else inner
+
+
+def _bound_names(statement: ast.AST) -> set[str]:
+    return {n.id for node in ast.walk(statement) if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+@lru_cache(maxsize=None)
+def read_argument_chains(parent_cls: type) -> dict[str, tuple[str, ...]]:
+    """For each child ``parent_cls.forward`` calls on one argument: the children that argument came
+    through, outermost first (``"?"`` where the reader lost track), the same at every call.
+
+    In a BART decoder layer ``x = self.activation_fn(self.fc1(x)); x = dropout(x, p=...);
+    self.fc2(x)`` gives ``fc2: ("activation_fn", "fc1", ...)``: ``fc2`` reads ``fc1``'s output
+    through a parameter-free activation only. Names bound inside ``if``/``for``/``with`` blocks are
+    unknown after them (the branch may not run).
+    """
+    tree = _forward_tree(parent_cls)
+    first = _first_parameter(parent_cls)
+    if tree is None or first is None:
+        return {}
+    chains: dict[str, tuple[str, ...]] = {first: ()}
+    found: dict[str, set[tuple[str, ...]]] = {}
+
+    def record(node: ast.AST) -> None:
+        for call in ast.walk(node):
+            name = _self_call_name(call)
+            if name is not None:
+                assert isinstance(call, ast.Call)
+                chain = _argument_chain(call.args[0], chains) if len(call.args) >= 1 else (_UNKNOWN,)
+                found.setdefault(name, set()).add(chain)
+
+    def walk(statements: list[ast.stmt], nested: bool) -> None:
+        for statement in statements:
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                record(statement.value)
+                target = statement.targets[0]
+                if isinstance(target, ast.Name):
+                    chains[target.id] = _argument_chain(statement.value, chains)
+                else:
+                    chains.update({n: (_UNKNOWN,) for n in _bound_names(statement)})
+                continue
+            bodies = [getattr(statement, f, None) for f in ("body", "orelse", "finalbody")]
+            bodies = [b for b in bodies if isinstance(b, list) and b and isinstance(b[0], ast.stmt)]
+            if not bodies:
+                record(statement)
+                chains.update({n: (_UNKNOWN,) for n in _bound_names(statement)})
+                continue
+            for field_name in ("test", "iter", "items"):  # the header of a compound statement
+                header = getattr(statement, field_name, None)
+                for part in header if isinstance(header, list) else [header]:
+                    if isinstance(part, ast.AST):
+                        record(part)
+            for body in bodies:
+                walk(body, True)
+            chains.update({n: (_UNKNOWN,) for n in _bound_names(statement)})
+
+    walk(tree.body, False)
+    return {name: next(iter(c)) for name, c in found.items() if len(c) == 1}
+
+
+@dataclass(frozen=True)
+class ShapeSizes:
+    """The sizes a forward gives ``.view``/``.reshape``: ``self`` attributes (``self.num_heads``),
+    those ever given as the last size (a per-head width), and whether a size is the block input's
+    own width (``bsz, tgt_len, embed_dim = hidden_states.size()``)."""
+
+    attributes: frozenset[str]
+    last: frozenset[str]
+    input_width: bool
+
+
+@lru_cache(maxsize=None)
+def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
+    """What ``block_cls.forward`` shapes its tensors by; None when its source cannot be read."""
+    tree = _forward_tree(block_cls)
+    first = _first_parameter(block_cls)
+    if tree is None or first is None:
+        return None
+    tuples: dict[str, list[ast.expr]] = {}
+    widths: set[str] = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target, value = node.targets[0], node.value
+        if isinstance(target, ast.Name) and isinstance(value, ast.Tuple):
+            tuples[target.id] = list(value.elts)
+        # a, b, width = x.size() / x.shape: the last name is the input's width
+        source = value.func if isinstance(value, ast.Call) and not value.args else value
+        if (
+            isinstance(target, ast.Tuple)
+            and target.elts
+            and isinstance(target.elts[-1], ast.Name)
+            and isinstance(source, ast.Attribute)
+            and source.attr == ("size" if source is not value else "shape")
+            and isinstance(source.value, ast.Name)
+            and source.value.id == first
+        ):
+            widths.add(target.elts[-1].id)
+    attributes: set[str] = set()
+    last: set[str] = set()
+    input_width = False
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape")):
+            continue
+        sizes: list[ast.expr] = []
+        for arg in node.args:
+            named = arg.value if isinstance(arg, ast.Starred) else arg
+            if isinstance(named, ast.Name) and named.id in tuples:  # view(*shape), view(shape)
+                sizes += tuples[named.id]
+            elif isinstance(arg, ast.Tuple):
+                sizes += list(arg.elts)
+            else:
+                sizes.append(arg)
+        for index, size in enumerate(sizes):
+            for part in ast.walk(size):
+                if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == "self":
+                    attributes.add(part.attr)
+                    if index == len(sizes) - 1 and part is size:
+                        last.add(part.attr)
+                elif isinstance(part, ast.Name) and part.id in widths:
+                    input_width = True
+    return ShapeSizes(frozenset(attributes), frozenset(last), input_width)
+
+
+@lru_cache(maxsize=None)
+def read_added_children(parent_cls: type) -> frozenset[str]:
+    """Children whose output ``parent_cls.forward`` adds to another value with ``+`` (BART's
+    ``inputs_embeds + positions`` after ``positions = self.embed_positions(...)``): the operand is
+    the call, or a name whose latest binding before the sum is the call (``x = x.to(device)``
+    rebindings passed over)."""
+    tree = _forward_tree(parent_cls)
+    if tree is None:
+        return frozenset()
+    bindings: dict[str, list[ast.Assign]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            bindings.setdefault(node.targets[0].id, []).append(node)
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        bindings.setdefault(name.id, []).append(None)  # type: ignore[arg-type]
+
+    def latest(name: str, line: int) -> str | None:
+        before = [b for b in bindings.get(name, []) if b is None or b.lineno < line]
+        if any(b is None for b in before):
+            return None  # also bound by unpacking or augmented assignment: cannot tell
+        for binding in sorted(before, key=lambda b: b.lineno, reverse=True):
+            value = binding.value
+            if _strip_to(value) is not value and isinstance(_strip_to(value), ast.Name) and _strip_to(value).id == name:
+                continue  # x = x.to(device)
+            return _child_output(value, lambda n: None)
+        return None
+
+    added = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            for operand in (node.left, node.right):
+                child = _child_output(operand, lambda n, line=node.lineno: latest(n, line))
+                if child is not None:
+                    added.add(child)
+    return frozenset(added)
+
+
+def _strip_to(expr: ast.AST) -> ast.AST:
+    while isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "to":
+        expr = expr.func.value
+    return expr
+
+
+def _child_output(expr: ast.AST, name_of: Any) -> str | None:
+    """The child whose output ``expr`` is: ``self.c(...)``, ``self.c(...).to(...)``, or a name ``name_of`` resolves."""
+    expr = _strip_to(expr)
+    if isinstance(expr, ast.Name):
+        return name_of(expr.id)
+    return _self_call_name(expr)
 
 
 def _self_call_name(node: ast.AST | None) -> str | None:

@@ -39,9 +39,24 @@ def _per_head_call(reader: _Reader, head_counts: set[int]) -> tuple[ast.Call, st
                 value = reader.attribute(arg)
             except Exception:  # noqa: BLE001
                 continue
-            if isinstance(value, int) and not isinstance(value, bool) and value in head_counts:
+            if isinstance(value, int) and not isinstance(value, bool) and value in head_counts and _reaches_layers(reader, node):
                 return node, f"{ast.unparse(node.func)}({ast.unparse(arg)}, ...)"
     return None
+
+
+def _reaches_layers(reader: _Reader, call: ast.Call) -> bool:
+    """The call's result is bound to a name handed to a layer (``block(hidden_states, position_bias=alibi)``:
+    a call of a loop variable), not a reshape by a count that happens to equal the heads."""
+    assign = reader.parents.get(id(call))
+    if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0], ast.Name)):
+        return False
+    name = assign.targets[0].id
+    for node in ast.walk(reader.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not hasattr(builtins, node.func.id):
+            values = [*node.args, *(k.value for k in node.keywords)]
+            if any(isinstance(v, ast.Name) and v.id == name for v in values):
+                return True
+    return False
 
 
 def read_per_head_arguments(owner: nn.Module, head_counts: set[int]) -> PerHeadInput | str | None:

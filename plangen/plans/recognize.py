@@ -15,7 +15,15 @@ from typing import Any
 from torch import nn
 
 from plangen.models import text_config
-from plangen.plans.forward_source import BlockCall, read_applied_to, read_block_call, read_input_readers
+from plangen.plans.forward_source import (
+    BlockCall,
+    ShapeSizes,
+    read_applied_to,
+    read_argument_chains,
+    read_block_call,
+    read_input_readers,
+    read_shape_sizes,
+)
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,9 @@ class ShardedBlock:
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    # The block's own head counts its forward shapes the packed q|k|v by: made this rank's
-    # (plangen.fused_styles.LocalHeadCounts), the packed projection then taking its own input.
+    # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
+    # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
+    # made this rank's when the plan is applied.
     head_attributes: tuple[str, ...] = ()
 
 
@@ -162,50 +171,6 @@ def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | N
     )
 
 
-def _packed_attention(
-    block: nn.Module, reading: dict[str, nn.Linear], output: str, dims: ModelDims
-) -> ShardedBlock | KeptBlock | None:
-    """Attention with one packed q|k|v projection, sharded by heads as its forward splits it
-    (:mod:`plangen.plans.packed_source`): whole groups per rank, or the parts re-laid out per rank.
-    None when the forward cannot be followed (the caller then keeps the block, with the reason)."""
-    from math import gcd
-
-    from plangen.plans.packed_source import Refused, read_packed_split
-
-    (name, linear), = reading.items()
-    d = dims.head_dim
-    counts = {c for c in (dims.heads, dims.kv_heads) if c}
-    split = read_packed_split(block, name, linear.out_features, counts, d)
-    if split is None:
-        return None
-    if isinstance(split, Refused):
-        return KeptBlock("attention", f"packed q|k|v projection {name}: {split.why}")
-    if own_parameters(block):
-        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
-        return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
-    per_head, whole = _attention_norms(block, {name, output}, dims)
-    if whole:
-        return KeptBlock("attention", f"norm {whole[0]} spans a whole part of the packed projection {name}")
-    unknown = _unexpected_children(block, {name, output, *per_head})
-    if unknown:
-        return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
-    fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    if split.kind == "parts":
-        small = [p for p in split.parts if p % d or p // d < 2]
-        if small:
-            return KeptBlock(
-                "attention",
-                f"packed q|k|v projection {name} splits into parts {split.parts}: a part of {small[0]} features is "
-                f"not a whole number of at least two heads of {d} (multi-query: one key/value head no TP size splits)",
-            )
-        common = 0
-        for p in split.parts:
-            common = gcd(common, p)
-        fused = ((name, tuple(p // common for p in split.parts)),)
-    return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
-                        head_attributes=split.head_attributes)
-
-
 def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple[list[str], list[str]]:
     """Norms inside attention: one head wide (shardable with the heads), or as wide as a projection (not)."""
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
@@ -237,13 +202,7 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         return None
     packed = _packed_qkv(reading, dims)
     if packed is not None:
-        return _packed_attention(block, reading, outputs[0], dims) or packed
-    if len(reading) == 1 and next(iter(reading.values())).out_features > h:
-        # Wider than q alone but not (heads + 2 x kv heads) x head_dim by the config (Falcon's
-        # multi-query keeps num_kv_heads unused): only the forward's reason to keep it whole is taken.
-        refused = _packed_attention(block, reading, outputs[0], dims)
-        if isinstance(refused, KeptBlock):
-            return refused
+        return packed  # plangen.plans.recognize_packed reads how its forward splits it
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
     if own_parameters(block):
@@ -262,32 +221,38 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
+    shapes = read_shape_sizes(type(block))
+    if shapes is not None and shapes.input_width:
+        return KeptBlock(
+            "attention",
+            "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
+            "which is all heads' width: a rank holding some heads cannot follow it",
+        )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole))
+    heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), head_attributes=heads)
 
 
-def recognize_wrapped_attention(block: nn.Module, dims: ModelDims) -> tuple[str, ShardedBlock] | KeptBlock | None:
-    """A thin wrapper (GPT-Neo's ``attn``) around one attention module, which it hands its input to:
-    the inner attention sharded by heads, its head counts made local where its forward shapes by them."""
-    from dataclasses import replace
+def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
+    """The integer attributes the forward shapes by that count all heads, or all heads' width.
 
-    from plangen.plans.packed_source import Refused, read_shape_head_attributes
-
-    inner = [(n, c) for n, c in block.named_children() if has_parameters(c)]
-    readers = read_input_readers(type(block))
-    if len(inner) != 1 or own_parameters(block) or readers is None or inner[0][0] not in readers:
-        return None
-    name, child = inner[0]
-    found = recognize_attention(child, dims)
-    if not isinstance(found, ShardedBlock):
-        return None
-    heads = read_shape_head_attributes(child, {c for c in (dims.heads, dims.kv_heads) if c}, dims.head_dim)
-    if heads is None:
-        return None
-    if isinstance(heads, Refused):
-        return KeptBlock("attention", f"{name}: {heads.why}")
-    return name, replace(found, kv_projections=() if heads else found.kv_projections, head_attributes=heads)
+    Without making them local, ``view(bsz, -1, self.num_heads, self.head_dim)`` of one rank's heads
+    folds the missing heads into the sequence dimension: no error, wrong numbers (OPT, XGLM). A
+    value equal to the head width is a head width where it is ever the last size.
+    """
+    n, d, k = dims.heads, dims.head_dim, dims.kv_heads or dims.heads
+    found = []
+    for name in sorted(shapes.attributes):
+        value = getattr(block, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or n is None or d is None:
+            continue
+        if value == d and name in shapes.last:
+            continue  # a per-head width (also what k x d is at one KV head)
+        # KV head counts too: divided with the heads (a TP size above them is refused when applied).
+        if value in (n * d, k * d, n, k):
+            found.append(name)
+    return tuple(found)
 
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
@@ -319,6 +284,39 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
     return ShardedBlock("mlp", tuple(reading), down, fused=fused)
+
+
+def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:
+    """Dense MLPs whose two linears sit in the decoder layer itself (BART's, OPT's ``fc1``/``fc2``).
+
+    ``(up, down)`` pairs: ``down`` maps the intermediate back to the hidden size and reads ``up``'s
+    output through parameter-free calls only (the activation, dropout), as the layer's forward
+    source says; ``up`` reads the hidden size, and no other child reads its output.
+    """
+    chains = read_argument_chains(type(layer))
+    linears = _linears(layer)
+
+    def producer(name: str) -> str | None:
+        # The first child with parameters (or the lost track) that the argument came through.
+        for step in chains.get(name, ("?",)):
+            child = getattr(layer, step, None) if step != "?" else None
+            if child is None or has_parameters(child):
+                return step if child is not None else None
+        return None
+
+    pairs = []
+    for down, down_m in linears.items():
+        up = producer(down)
+        up_m = linears.get(up) if up is not None else None
+        if up_m is None or down_m.out_features != dims.hidden or up_m.in_features != dims.hidden:
+            continue
+        if up_m.out_features != down_m.in_features:
+            continue
+        readers = [o for o in chains if o != down and has_parameters(getattr(layer, o, nn.Module())) and producer(o) == up]
+        if readers:
+            continue  # another block reads the intermediate too: it would see only a slice
+        pairs.append((up, down))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True)

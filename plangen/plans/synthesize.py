@@ -163,43 +163,31 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     # Grouped-query attention entered through its own input: KV heads replicated where the TP size
     # exceeds them (plangen.kv_styles; the styles read the head counts when applied).
     kv = block.kv_projections if call is not None else ()
-    if block.head_attributes:
-        entries.append(
-            PlanEntry(
-                part.path, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
-                "shapes q, k, v by its head counts: make them this rank's",
-            )
-        )
-    if block.head_attributes and part.wrapper is not None and part.wrapper_call is not None:
-        # The wrapper around the attention takes the block input once, as the block itself would.
+    heads = block.head_attributes
+    if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
+        prepared = dict(**_input_layouts(call, sp), use_local_output=False)
+        if heads:
+            prepared["head_attributes"] = heads
         entries.append(
             PlanEntry(
-                part.wrapper, "PrepareModuleInput", dict(**_input_layouts(part.wrapper_call, sp), use_local_output=False),
-                group, f"{gathered}; one gradient reduction per block in backward",
-            )
-        )
-        colwise_input = Replicate()
-        colwise_why = "column-parallel: each rank computes its own heads"
-    elif block.head_attributes:
-        # One style per module: the head counts take the block's place, so its one (packed) projection
-        # takes the block input itself, which reduces the input gradient once all the same.
-        colwise_input = SEQ if sp else Replicate()
-        colwise_why = "column-parallel: each rank computes its own heads, taking the block input itself"
-    elif call is not None:
-        gathered = "one all-gather of the sequence per block" if sp else "no communication"
-        entries.append(
-            PlanEntry(
-                part.path, "PrepareAttentionInput" if kv else "PrepareModuleInput",
-                dict(**_input_layouts(call, sp), use_local_output=False), group,
-                f"{gathered}; one gradient reduction per block in backward",
+                part.path, "PrepareAttentionInput" if kv or heads else "PrepareModuleInput", prepared, group,
+                f"{gathered}; one gradient reduction per block in backward"
+                + (f"; its forward shapes by {', '.join(heads)}: made this rank's" if heads else ""),
             )
         )
         colwise_input = Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
     else:
+        if heads:
+            entries.append(PlanEntry(part.path, "LocalHeadCounts", dict(attributes=heads), group,
+                                     f"its forward shapes by {', '.join(heads)}: made this rank's"))
         colwise_input = SEQ if sp else Replicate()
-        colwise_why = "column-parallel, taking its own input (the layer's call of the block could not be read)"
+        colwise_why = (
+            "column-parallel, taking its own input: one gradient reduction, as its only input projection"
+            if len(block.colwise) == 1
+            else "column-parallel, taking its own input (the layer's call of the block could not be read)"
+        )
     for name in block.colwise:
         if name in kv:
             why = "column-parallel over KV heads; replicated where TP exceeds them"
@@ -242,6 +230,17 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
                 "embeddings", f"vocab-parallel embedding; {reduced}",
             )
         )
+    if sp:
+        entries += [
+            PlanEntry(
+                path, "PrepareModuleOutput",
+                dict(output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False),
+                "embeddings",
+                "position embedding, whole on every rank: a Replicate DTensor, so adding it to the "
+                "sequence-sharded token embedding takes this rank's slice (no communication)",
+            )
+            for path in analysis.positions
+        ]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
     for layer, head_input in analysis.head_inputs:

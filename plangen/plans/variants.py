@@ -10,6 +10,19 @@ input, and the output is all-gathered to ``Replicate``. The forward then has all
 cross-rank sums; the backward still sums (the input gradient of a column-parallel linear is a
 partial sum, reduce-scattered). The weights stay sharded over TP (now by output rows).
 
+The same rewrite covers GPT-2's ``Conv1D`` row-parallel projections (column-parallel ``Conv1D`` on
+the gathered input). Two more sums have no gather-based twin that keeps the same shards:
+
+* a norm over a whole column-parallel projection (OLMo-2's q/k norms, ``ShardedNormParallel``)
+  sums its statistics over TP: ``GatheredNormParallel`` all-gathers the projection's slices instead
+  and normalises the whole of it on every rank (its weight then whole over TP, a few KiB);
+* the experts split over TP (``ExpertsParallel``) sum each token's outputs over experts held by
+  other ranks: the stable variant keeps the experts whole over TP (every rank computes every
+  route, as one device does; FSDP2 still shards them over DP), so nothing is left to reduce at the
+  block (its partial output becomes whole) and a gate that scaled a partial output no longer sums
+  its gradient. This is the variant's price: the experts' memory per rank is TP times the
+  optimized plan's (``plangen cost --compare stable`` shows it).
+
 The vocab-parallel embedding keeps its all-reduce: each token's row lives on one rank, the others
 add exact zeros, so that sum is exact in any order.
 
@@ -27,13 +40,16 @@ DEFAULT_VARIANT = "optimized"
 
 # Styles whose forward sums partial results across TP ranks and that the stable variant cannot
 # rewrite into a gather: the plan is refused rather than silently left with a sum.
-_SUMMING_STYLES = (
-    "PackedRowwiseParallel",
-    "Conv1DRowwiseParallel",
-    "RowwiseParallelOwnOutput",
-    "ExpertsParallel",
-    "ShardedNormParallel",
+_SUMMING_STYLES = ("PackedRowwiseParallel", "RowwiseParallelOwnOutput")
+
+# Row-parallel styles and the column-parallel style that computes the same projection by output features.
+_COLUMN_TWIN = {"RowwiseParallel": "ColwiseParallel", "Conv1DRowwiseParallel": "Conv1DColwiseParallel"}
+
+_WHOLE_EXPERTS = (
+    "stable variant: experts whole over TP (a sum over experts on other ranks is a cross-rank sum);"
+    " FSDP2 still shards them over DP"
 )
+_WHOLE_GATE = "stable variant: the output it scales is whole on every rank, so its gradient is not summed"
 
 
 def _feature_sharded_input(entry: PlanEntry) -> bool:
@@ -44,35 +60,71 @@ def _feature_sharded_input(entry: PlanEntry) -> bool:
 
 
 def stable_entry(entry: PlanEntry) -> PlanEntry:
-    """A row-parallel linear as a column-parallel one on its all-gathered input, output replicated."""
+    """A row-parallel projection as a column-parallel one on its all-gathered input, output replicated."""
     from torch.distributed.tensor import Replicate, Shard
 
     return PlanEntry(
         entry.pattern,
-        "ColwiseParallel",
+        _COLUMN_TWIN[entry.style],
         {"input_layouts": Shard(-1), "output_layouts": Replicate(), "use_local_output": True},
         entry.group,
         "stable variant: column-parallel on the all-gathered input, output all-gathered: no cross-rank sum in forward",
     )
 
 
+def _whole_block_output(entry: PlanEntry) -> PlanEntry:
+    """A block that reduced its branches' partial sums, now that every branch returns a whole output."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    outputs = tuple(Replicate() if isinstance(o, Partial) else o for o in entry.kwargs["output_layouts"])
+    return replace(
+        entry,
+        kwargs={**entry.kwargs, "output_layouts": outputs},
+        why="stable variant: every branch returns a whole output, so the block reduces nothing",
+    )
+
+
+def _leaves_partial(entry: PlanEntry) -> bool:
+    from torch.distributed.tensor import Partial
+
+    outputs = entry.kwargs.get("output_layouts")
+    return entry.style == "PrepareModuleInputOutput" and any(isinstance(o, Partial) for o in outputs or ())
+
+
 def build_stable_plan(plan: Plan) -> Plan:
     """``plan`` with every cross-rank sum of its forward replaced by all-gathers (pure)."""
+    from plangen.plan import Replicated
+
     if plan.sequence_parallel:
         raise VariantError(
             "the stable variant has no sequence parallel: its residual stream stays replicated "
             "(sequence parallel reduce-scatters it, a cross-rank sum): use sequence_parallel=False"
         )
-    entries = []
+    entries, replicated = [], list(plan.replicated)
     for entry in plan.entries:
         if entry.style in _SUMMING_STYLES:
             raise VariantError(
                 f"no stable variant for {entry.pattern}: its style {entry.style} sums across TP ranks in forward"
             )
-        if entry.style == "RowwiseParallel" and _feature_sharded_input(entry):
+        if entry.style == "ExpertsParallel":
+            replicated.append(Replicated(entry.pattern, _WHOLE_EXPERTS, entry.group))
+            continue
+        if entry.style == "AllReduceOutputGrad":
+            replicated.append(Replicated(entry.pattern, _WHOLE_GATE, entry.group))
+            continue
+        if entry.style in _COLUMN_TWIN and _feature_sharded_input(entry):
             entry = stable_entry(entry)
+        elif entry.style == "ShardedNormParallel":
+            entry = replace(
+                entry,
+                style="GatheredNormParallel",
+                why="stable variant: the projection's slices all-gathered and normalised whole on every rank:"
+                " no statistics summed across ranks",
+            )
+        elif _leaves_partial(entry):
+            entry = _whole_block_output(entry)
         entries.append(entry)
-    return replace(plan, entries=tuple(entries))
+    return replace(plan, entries=tuple(entries), replicated=tuple(replicated))
 
 
 def build_plan_variant(plan: Plan, variant: str) -> Plan:

@@ -59,6 +59,7 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     sharded = parallelize_model(
         model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
         sequence_parallel=case.get("sp", False), activation_checkpointing=case.get("ac", False),
+        plan_variant=case.get("variant", "optimized"),
     )
     logits = sharded(input_ids=ids[rows]).logits
     loss = next_token_loss(logits, ids[rows])

@@ -1,0 +1,147 @@
+"""A traced step at three shallow depths, extrapolated to the model's own, where every layer is alike.
+
+Tracing every layer of a 126-layer model with fake tensors takes minutes; its memory does not need
+them all. Where every decoder layer has the same modules and parameter shapes (and the config no
+per-layer kinds), what a rank holds at any moment of the step is linear in the depth ``n``, and
+inside the step's pass over layer ``K`` linear in ``K`` too: the parameters, gradients and
+optimizer states of ``n`` layers, the activations saved by the layers before ``K`` in forward (by
+layers ``0..K`` in backward), the gradients of the layers after ``K`` in backward. The first and
+the last layer differ from the others (FSDP2 prefetches the next layer's parameters, and the last
+layer has none to prefetch; backward starts at the last), and what runs outside the layers
+depends on ``n`` alone, before the phase's layers (forward: the embedding; backward: the loss and
+the head) and after them (forward: the head; backward: the embedding, every gradient made) apart. So each phase's peak in
+each of those places is fitted from depths 3, 4 and 5, exactly (in bytes), and checked on the
+points the fit does not use; the peak at the model's depth is the highest of the first layer, the
+last, the interior at both ends (linear in ``K``: its maximum is at an end) and the outside.
+
+A single peak per phase cannot be extrapolated: which moment is highest changes with the depth
+(Llama-3.1-8B with activation checkpointing: backward peaks in the head up to ~13 layers, at the
+end of backward, in layer 0, beyond). Where a fit is not exact the caller traces every layer.
+Pure arithmetic on byte counts: no torch here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+DEPTHS = (3, 4, 5)
+# Where in a step a peak is: before the phase's first layer, after its layers, in the first layer,
+# the last, or another (by index). A layer index of -1 stands for "after the layers".
+BEFORE, AFTER, FIRST, LAST = "before", "after", "first", "last"
+AFTER_LAYERS = -1
+
+
+def layers_alike(layers: list[Any], config: Any) -> str | None:
+    """None where every decoder layer has the same modules and parameter shapes and the config states
+    no per-layer kinds; else why not (the caller then traces every layer)."""
+    from plangen.models import text_config
+    from plangen.shrink import _LAYER_PERIOD_KEYS, _LEADING_LAYER_KEYS, _TRAILING_LAYER_KEYS
+
+    def signature(layer: Any) -> tuple:
+        modules = tuple((name, type(m).__name__) for name, m in layer.named_modules())
+        params = tuple((name, tuple(p.shape), str(p.dtype)) for name, p in layer.named_parameters())
+        return modules, params
+
+    if len({signature(layer) for layer in layers}) > 1:
+        return "its decoder layers differ in modules or parameter shapes"
+    text = text_config(config)
+    for key, value in vars(text).items():
+        if isinstance(value, (list, tuple)) and len(value) == len(layers) and len({repr(v) for v in value}) > 1:
+            return f"its config sets {key} per layer"
+        leading = key in _LEADING_LAYER_KEYS + _TRAILING_LAYER_KEYS and value
+        periodic = key in _LAYER_PERIOD_KEYS and isinstance(value, int) and value > 1  # 1: every layer
+        if leading or periodic:
+            return f"its config sets {key}"
+    return None
+
+
+def config_at_depth(config: Any, depth: int) -> Any:
+    """A copy of ``config`` with ``depth`` layers (per-layer lists, all alike, cut to it)."""
+    import copy
+
+    from plangen.models import text_config
+
+    config = copy.deepcopy(config)
+    text = text_config(config)
+    layers = text.num_hidden_layers
+    for key, value in list(vars(text).items()):
+        if isinstance(value, list) and len(value) == layers:
+            setattr(text, key, value[:depth])
+    text.num_hidden_layers = depth
+    return config
+
+
+def place(layer: int | None, depth: int) -> str | int:
+    """Where ``layer`` of a model of ``depth`` layers is, as the fit tells places apart."""
+    if layer is None:
+        return BEFORE
+    if layer == AFTER_LAYERS:
+        return AFTER
+    return FIRST if layer == 0 else LAST if layer == depth - 1 else layer
+
+
+def extrapolate(
+    samples: Mapping[int, Mapping[tuple[str, int | None], Mapping[str, int]]], depth: int
+) -> dict[tuple[str, int | None], dict[str, int]] | None:
+    """Each phase's values at the candidate places of a model of ``depth`` layers, from ``samples``
+    (traced depth -> (phase, layer index, None before the layers, -1 after them) -> named byte
+    counts); None where the samples are
+    not exactly linear as the module docstring says (or a place is missing at some depth)."""
+    n1, n2, n3 = DEPTHS
+    if set(samples) != set(DEPTHS):
+        return None
+    keyed = {n: {(phase, place(layer, n)): v for (phase, layer), v in by_place.items()} for n, by_place in samples.items()}
+    phases = {phase for by_place in keyed.values() for phase, _ in by_place}
+    result: dict[tuple[str, int | None], dict[str, int]] = {}
+    for phase in sorted(phases):
+        for where, layer in ((BEFORE, None), (AFTER, AFTER_LAYERS), (FIRST, 0), (LAST, depth - 1)):
+            points = [keyed[n].get((phase, where)) for n in DEPTHS]
+            if all(p is None for p in points):
+                continue
+            if any(p is None for p in points):
+                return None
+            fitted = _fit_depth(points, depth)
+            if fitted is None:
+                return None
+            result[(phase, layer)] = fitted
+        interior = {(n, k): keyed[n].get((phase, k)) for n in DEPTHS for k in range(1, n - 1)}
+        if any(v is None for v in interior.values()):
+            if any(v is not None for v in interior.values()):
+                return None
+            continue
+        for k in (1, depth - 2):
+            fitted = _fit_depth_and_layer(interior, depth, k)
+            if fitted is None:
+                return None
+            result[(phase, k)] = fitted
+    return result
+
+
+def _fit_depth(points: list[Mapping[str, int]], depth: int) -> dict[str, int] | None:
+    # v(n) = a + b n from the first two depths, checked on the third.
+    (n1, n2, n3), (v1, v2, v3) = DEPTHS, points
+    if set(v1) != set(v2) or set(v2) != set(v3):
+        return None
+    out = {}
+    for name in v1:
+        step = v2[name] - v1[name]
+        if v3[name] != v2[name] + step * (n3 - n2):
+            return None
+        out[name] = v1[name] + step * (depth - n1)
+    return out
+
+
+def _fit_depth_and_layer(points: Mapping[tuple[int, int], Mapping[str, int]], depth: int, layer: int) -> dict[str, int] | None:
+    # v(n, K) = a + b n + c K from (3, 1), (4, 1), (4, 2), checked on every other point.
+    base, deeper, later = points[(3, 1)], points[(4, 1)], points[(4, 2)]
+    names = set(base)
+    if any(set(v) != names for v in points.values()):
+        return None
+    out = {}
+    for name in names:
+        per_depth, per_layer = deeper[name] - base[name], later[name] - deeper[name]
+        value = lambda n, k: base[name] + per_depth * (n - 3) + per_layer * (k - 1)  # noqa: E731
+        if any(v[name] != value(n, k) for (n, k), v in points.items()):
+            return None
+        out[name] = value(depth, layer)
+    return out
