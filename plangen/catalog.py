@@ -288,7 +288,8 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
     elif dist.get_backend() != "fake" or dist.get_world_size() < FRACTION_TP_SIZE:
         return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running"
     try:
-        return measure_sharded_fraction(lambda: build_full_size_model(arch)), ""
+        fraction, left = measure_sharded_share(lambda: build_full_size_model(arch))
+        return fraction, "" if fraction >= WELL_SHARDED else render_left_whole(left)
     except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
         why = one_line(err, part="first")
     try:
@@ -306,8 +307,20 @@ def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
     The plan is chosen for, and applied to, one layer of each kind (:func:`apply_layer_sample`);
     where that fails (a plan that follows the config's layer pattern), every layer.
     """
+    return measure_sharded_share(build_model)[0]
+
+
+def render_left_whole(left: list[tuple[str, float, str]], most: int = 2) -> str:
+    """The largest parts TP leaves whole (:func:`plangen.cost.memory.read_left_whole`), for a note."""
+    parts = [f"{pattern} {share:.1%}" + (f" ({why})" if why else "") for pattern, share, why in left[:most] if share >= 0.001]
+    return f"left whole at TP {FRACTION_TP_SIZE}: " + "; ".join(parts) if parts else ""
+
+
+def measure_sharded_share(build_model: Callable[[], "nn.Module"]) -> tuple[float, list[tuple[str, float, str]]]:
+    """:func:`measure_sharded_fraction`, and what stays whole with the plan's reasons
+    (:func:`plangen.cost.memory.read_left_whole`)."""
     from plangen.cost.measure import quiet_partial_matches, tp_mesh
-    from plangen.cost.memory import sharded_fraction
+    from plangen.cost.memory import read_left_whole, sharded_fraction
     from plangen.plans.choice import choose_plan
     from plangen.tensor_parallel import apply_tp
 
@@ -315,10 +328,12 @@ def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
     repeats = apply_layer_sample(model)
     for attempt in ("sample", "every layer"):
         try:
-            styles = choose_plan(model, sequence_parallel=False).build_styles()
+            plan = choose_plan(model, sequence_parallel=False)
+            styles = plan.build_styles()
             with quiet_partial_matches():
                 apply_tp(model, tp_mesh(FRACTION_TP_SIZE), styles)  # checks the plan before sharding
-            return sharded_fraction(model, repeats)
+            replicated = plan.plan.replicated if plan.plan is not None else ()
+            return sharded_fraction(model, repeats), read_left_whole(model, replicated, repeats)
         except Exception:  # noqa: BLE001 - a plan that reads the config's layer pattern: every layer next
             if attempt == "every layer" or not repeats:
                 raise

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from plangen.errors import one_line
+from plangen.default_configs import complete_default_config
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -149,7 +150,7 @@ def _resolve_model_type(spec: str, model_type: str) -> ResolvedModel:
             f"transformers cannot build the default {model_type} config: {one_line(exc, part='last')}; "
             f"pass a path to a real config.json instead"
         ) from exc
-    config = config_for_class(config, model_class)
+    config = complete_default_config(config_for_class(config, model_class))
     return ResolvedModel(spec, "model_type", config, model_class, model_type)
 
 
@@ -164,7 +165,7 @@ def _resolve_class_name(spec: str, name: str) -> ResolvedModel:
         raise ModelSpecError(f"cannot import transformers.{name}: {one_line(exc, part='first')}") from exc
     if model_class is None:
         raise ModelSpecError(_unknown_spec_message(name))
-    config = model_class.config_class()
+    config = complete_default_config(model_class.config_class())
     return ResolvedModel(spec, "class", config, model_class, config.model_type)
 
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -165,6 +165,97 @@ class AllReduceOutputGrad(ParallelStyle):
 
         module.register_forward_hook(reduce_grad)
         return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class EveryTokenMoeParallel(PrepareModuleInputOutput):
+    """A MoE block whose experts run on every token (Llama-4's ``Llama4TextMoe``), experts split on
+    the expert dimension: the block's own ``PrepareModuleInputOutput`` (same arguments), and the
+    experts sharded ``Shard(0)`` with the router's scores cut to this rank's experts.
+
+    Llama-4 scores every expert for every token (``sigmoid`` of the top-k logits, 0 elsewhere), feeds
+    the experts ``hidden.repeat(E, 1) * scores`` (expert-major) and sums the ``E`` outputs. Here:
+
+    * the router runs whole on every rank (routing exact); a forward hook hands the block this
+      rank's ``E / tp`` columns of the scores, so the block builds its ``[E/tp · T, H]`` input and
+      sums its ``E/tp`` outputs: a partial sum over ranks, reduced once by this style's output
+      layouts (all-reduce, or reduce-scatter under SP) together with the shared expert's;
+    * backward: the scores' gradient (``T · E``) and the experts' input's gradient with respect to the
+      hidden state (``T · H``) cover this rank's experts only and are summed over TP. The second is
+      taken where the block repeats the hidden state: the experts' input is recomputed from the
+      router's input with that reduction (the same product, the same values), and the block's own
+      copy is left unused. The router's input path and the shared expert's are exact as they are.
+
+    The block's children are found by transformers' names, ``experts``, ``router`` and
+    ``shared_expert``. The block adds the routed sum in place into the shared expert's output, which
+    a row-parallel ``down_proj`` returns as ``to_local``'s view (autograd forbids that in place): the
+    block gets a copy of it.
+    """
+
+    experts_name, router_name = "experts", "router"
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        experts, router = getattr(module, self.experts_name, None), getattr(module, self.router_name, None)
+        count = expert_count(experts) if isinstance(experts, nn.Module) else None
+        if count is None or not isinstance(router, nn.Module):
+            raise ValueError(
+                f"EveryTokenMoeParallel applies to a MoE block with a packed experts module "
+                f"{self.experts_name!r} and a router {self.router_name!r}; {type(module).__name__} has none"
+            )
+        tp = device_mesh.size()
+        if count % tp:
+            raise ValueError(f"EveryTokenMoeParallel: {count} experts cannot be split evenly over TP size {tp}")
+        for name, param in list(experts.named_parameters(recurse=False)):
+            if param.dim() >= 1 and param.shape[0] == count:
+                sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+                experts.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        local = count // tp
+        first = device_mesh.get_local_rank() * local
+        routed: dict[str, torch.Tensor] = {}
+        swapped: dict[str, nn.Parameter] = {}
+
+        def keep_router_input(mod: nn.Module, args: tuple) -> None:
+            routed["hidden"] = _local(args[0])
+
+        def local_scores(mod: nn.Module, args: tuple, output: tuple) -> tuple:
+            scores, *rest = output
+            scores = _local(scores)
+            if torch.is_grad_enabled():
+                scores = _all_reduce_grad(scores, device_mesh)
+            routed["scores"] = scores[:, first:first + local]
+            return (routed["scores"], *rest)
+
+        def local_experts(mod: nn.Module, args: tuple) -> tuple:
+            hidden, scores = routed.pop("hidden"), routed.pop("scores")
+            if torch.is_grad_enabled():
+                hidden = _all_reduce_grad(hidden, device_mesh)
+            for name, param in list(mod._parameters.items()):
+                if isinstance(param, DTensor):
+                    swapped[name] = param
+                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+            rebuilt = hidden.repeat(local, 1) * scores.transpose(0, 1).reshape(-1, 1)
+            if rebuilt.shape != args[0].shape:
+                raise ValueError(
+                    f"EveryTokenMoeParallel: the experts' input {tuple(args[0].shape)} is not "
+                    f"hidden.repeat(E/tp, 1) * scores ({tuple(rebuilt.shape)})"
+                )
+            return (rebuilt, *args[1:])
+
+        def restore(mod: nn.Module, args: tuple, output: Any) -> None:
+            mod._parameters.update(swapped)  # type: ignore[arg-type]
+            swapped.clear()
+
+        shared = getattr(module, "shared_expert", None)
+        if isinstance(shared, nn.Module):
+            shared.register_forward_hook(lambda mod, args, output: output.clone())
+        router.register_forward_pre_hook(keep_router_input)
+        router.register_forward_hook(local_scores)
+        experts.register_forward_pre_hook(local_experts)
+        # always_call: an exception inside forward must not leave local views in place of the parameters.
+        experts.register_forward_hook(restore, always_call=True)
+        return super()._apply(module, device_mesh)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -179,6 +179,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # A Llama-4 MoE block's PrepareModuleInputOutput that also splits its experts (the expert dim).
+        StyleFacts("EveryTokenMoeParallel", PLANGEN_STYLES, "gather_output"),
         # A tied embedding and head: one weight, vocabulary-sharded at both ends (plangen.tied_styles).
         StyleFacts(
             "TiedEmbeddingParallel",

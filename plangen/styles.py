@@ -40,7 +40,7 @@ from plangen.attention_styles import AttentionSinksParallel
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, FusedColwiseParallel, LocalHeadCounts
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
+from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -208,6 +208,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         MlaAttentionParallel,
         ExpertsParallel,
+        EveryTokenMoeParallel,
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
         TiedHeadParallel,
@@ -446,6 +447,7 @@ __all__ = [
     "AttentionSinksParallel",
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),
+    "EveryTokenMoeParallel",
     "ExpertsParallel",
     "FusedColwiseParallel",
     "GatheredNormParallel",

@@ -87,6 +87,10 @@ def test_sharded_fraction_at_the_default_size(listing):
     assert rows["LlamaForCausalLM"]["sharded_fraction"] >= 0.95
     assert rows["Qwen3MoeForCausalLM"]["sharded_fraction"] >= 0.95  # experts split over TP
     assert rows["MixtralForCausalLM"]["sharded_fraction"] >= 0.95
+    # Llama-4's every-token experts (EveryTokenMoeParallel), Dots1 built from a completed default
+    # config, GraniteMoE-SWA's attention split with its sinks.
+    for name in ("Llama4ForCausalLM", "Dots1ForCausalLM", "GraniteMoeSWAForCausalLM"):
+        assert rows[name]["sharded_fraction"] >= 0.95, name
 
 
 BART_FAMILY = (
@@ -165,3 +169,15 @@ def test_committed_table_covers_every_architecture(listing):
     assert "scripts/sweep_plans.py" in table
     for name in rows_by_class(listing):
         assert f"| {name} |" in table, f"docs/plans.md lacks {name}: run scripts/sweep_plans.py --docs-only"
+
+
+def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
+    """Below 95 % the note names the largest parts TP leaves whole, with the plan's reason: for
+    OLMo-Hybrid its linear-attention mixers."""
+    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
+
+    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("OlmoHybridForCausalLM", "olmo_hybrid")))
+    pattern, share, why = left[0]
+    assert pattern == "model.layers.*.linear_attn" and "linear-attention mixer" in why
+    assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
+    assert render_left_whole(left).startswith(f"left whole at TP 2: model.layers.*.linear_attn {share:.1%} (state-space")

@@ -137,6 +137,25 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_llama4_moe_layer_costs_one_reduction_forward_and_the_scores_and_inputs_backward(fake_pg, sequence_parallel):
+    """Llama-4's every-token experts (EveryTokenMoeParallel): forward, the block's one reduction with
+    the shared expert's (a reduce-scatter under SP). Backward per MoE block: the scores' gradient
+    (B·S·E), the repeated hidden state's (B·S·H) and the shared expert's input (B·S·H)."""
+    forward, backward, _, _ = per_layer("llama4-moe", sequence_parallel)
+    config, _, _, backward_step = run_step("llama4-moe", 2, sequence_parallel)
+    if sequence_parallel:
+        assert forward == {AG: 2, RS: 2}
+        assert backward == {AG: 2, RS: 1, AR: 3}
+    else:
+        assert forward == {AR: 2}
+        assert backward == {AR: 4}
+    bsh, bse = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_local_experts * 4
+    sizes = Counter(size for name, size in backward_step.records if name == AR)
+    assert sizes[bse] == 2  # one per MoE layer: nothing moves E x H per token
+    assert set(sizes) <= {bsh, bse}
+
+
 # --- KV heads replicated where TP exceeds them (plangen.kv_styles) -----------------------------
 
 # (tiny model, TP size, k/v parameters per layer whose gradients are summed over TP)

@@ -482,3 +482,31 @@ def test_every_causal_lm_type_builds_tiny_and_runs(model_type):
         logits = model(input_ids=_forward_ids(vocab)).logits
     assert logits.shape[:2] == (2, 8)
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    "spec, field, value",
+    [
+        ("HunYuanMoEV1ForCausalLM", "head_dim", 128),  # hidden 4096 / 32 heads
+        ("dots1", "n_routed_experts", 128),
+        ("Lfm2MoeForCausalLM", "layer_types", None),  # a pattern with both kinds, checked below
+    ],
+)
+def test_default_configs_get_what_their_class_reads_and_build(spec, field, value):
+    from plangen.models import build_meta_model
+    from plangen.shrink import shrink_config
+
+    resolved = resolve_model(spec)
+    got = getattr(resolved.config, field)
+    if value is not None:
+        assert got == value
+    else:
+        assert set(got) == {"conv", "full_attention"} and len(got) == resolved.config.num_hidden_layers
+    build_meta_model(shrink_config(resolved.config, 2), resolved.model_class)  # transformers' default alone fails
+
+
+def test_a_users_config_is_not_completed(tmp_path):
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("dots1").save_pretrained(tmp_path)
+    assert resolve_model(str(tmp_path)).config.n_routed_experts is None

@@ -200,8 +200,8 @@ def _linear_samples(per_layer: int = 10, per_depth: int = 100):
     """Samples as the tracker files them, every value exactly linear in the depth and the layer."""
     samples = {}
     for n in (3, 4, 5):
-        at = {("forward", None): {"x": 1000 + per_depth * n}, ("backward", -1): {"x": 5000 + 3 * per_depth * n},
-              ("optimizer", None): {"x": 2 * per_depth * n}}
+        at = {("forward", None): {"x": 1000 + per_depth * n},
+              ("backward", -1): {"x": 5000 + 3 * per_depth * n}, ("optimizer", None): {"x": 2 * per_depth * n}}
         for k in range(n):
             at[("backward", k)] = {"x": 4000 + per_depth * n + (7 if k == 0 else 0) - per_layer * k}
         samples[n] = at

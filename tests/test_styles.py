@@ -576,9 +576,26 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "PrepareModuleOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "PrepareModuleInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "MlaKvAProjParallel": {"rope_dim": 2},
+    "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
 }
+
+
+class _EveryTokenMoe(nn.Module):
+    """Llama-4's MoE block layout: packed experts and a router as children; ``weight`` its own (left whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = _PackedExperts()
+        self.router = nn.Linear(8, 4, bias=False)
+        self.weight = nn.Parameter(torch.zeros(8, 8))
+
+
 # Styles that apply to one kind of module only, and that module.
-_MODULE_OF = {"MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6), "GatheredNormParallel": lambda: nn.LayerNorm(8)}
+_MODULE_OF = {
+    "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
+    "EveryTokenMoeParallel": _EveryTokenMoe,
+    "GatheredNormParallel": lambda: nn.LayerNorm(8),
+}
 
 
 def _built(name: str):

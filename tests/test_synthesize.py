@@ -13,6 +13,7 @@ from importlib import resources
 import pytest
 import torch
 from torch import nn
+from torch.distributed.tensor import Partial, Replicate
 
 from plangen.models import build_meta_model, resolve_model
 from plangen.shrink import shrink_config
@@ -21,6 +22,9 @@ from plangen.plans import HAND_WRITTEN
 from plangen.plans.choice import NoPlanError, choose_plan
 from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
 from plangen.plans.synthesize import analyze_model, build_synthesized_plan
+
+
+HAND_WRITTEN_CLASS = {"llama4": resolve_model("llama4").model_class}
 
 
 def meta(model_type: str) -> nn.Module:
@@ -186,13 +190,90 @@ def test_routing_parameters_beside_the_experts_stay_whole_and_the_experts_are_sp
 @pytest.mark.parametrize(
     "model_type, why",
     [
-        ("llama4", "do not take (hidden, top-k ids, top-k weights)"),  # its experts run on all tokens at once
+        # its experts run on all tokens at once (the hand-written plan's EveryTokenMoeParallel splits them)
+        ("llama4", "do not take (hidden, top-k ids, top-k weights)"),
         ("jetmoe", "several experts modules"),
     ],
 )
 def test_moe_blocks_the_experts_style_cannot_split_stay_replicated_with_the_reason(model_type, why):
     analysis = analyze_model(meta(model_type))
     assert any(why in k.why for k in analysis.kept), [k.why for k in analysis.kept]
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_llama4_plan_splits_its_every_token_experts_and_keeps_dense_layers_dense(sequence_parallel):
+    from transformers import AutoConfig
+
+    from tiny_configs import TINY
+
+    kwargs = dict(TINY["llama4"])
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)  # layer 0 dense, layer 1 MoE
+    model = build_meta_model(config, HAND_WRITTEN_CLASS["llama4"])
+    plan = HAND_WRITTEN["Llama4ForCausalLM"](model, sequence_parallel)
+    styles = styles_of(plan)
+    assert styles["model.layers.1.feed_forward"] == "EveryTokenMoeParallel"
+    assert styles["model.layers.1.feed_forward.shared_expert.down_proj"] == "RowwiseParallel"
+    assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"
+    assert styles["model.layers.0.feed_forward.down_proj"] == "RowwiseParallel"
+    assert not any(p.startswith("model.layers.*.feed_forward") for p in styles)  # never across layer kinds
+    assert "routing stays exact" in why_of(plan, "model.layers.1.feed_forward.router")
+    # The default config (every layer MoE): one pattern for all layers.
+    assert styles_of(HAND_WRITTEN["Llama4ForCausalLM"](meta("llama4"), sequence_parallel))[
+        "model.layers.*.feed_forward"] == "EveryTokenMoeParallel"
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_a_norm_on_the_summed_branches_takes_the_partial_sums(sequence_parallel):
+    # A.X-K1: DeepSeek-V3's MoE block returning post_mlp_layernorm(experts + shared experts): the
+    # partial sums are all-reduced into the norm, and the block's output is already whole.
+    plan = build_synthesized_plan(meta("axk1"), sequence_parallel)
+    entries = {e.pattern: e for e in plan.entries}
+    norm = entries["model.layers.*.mlp.post_mlp_layernorm"]
+    assert norm.style == "PrepareModuleInput"
+    assert norm.kwargs["input_layouts"] == (Partial(),) and norm.kwargs["desired_input_layouts"] == (Replicate(),)
+    assert entries["model.layers.1.mlp"].kwargs["output_layouts"][0] == Replicate()
+    assert entries["model.layers.*.mlp.experts"].style == "ExpertsParallel"
+
+
+def test_a_norm_inside_a_moe_block_not_on_its_output_keeps_it_replicated():
+    from plangen.plans.forward_source import read_returned_child
+
+    model = meta("axk1")
+    assert read_returned_child(type(model.model.layers[1].mlp)) == "post_mlp_layernorm"
+    assert read_returned_child(type(model.model.layers[1].self_attn)) is None  # returns (output, weights)
+
+
+@pytest.mark.parametrize("model_type", ["granitemoe_swa", "granite_swa"])
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_attention_sinks_are_split_with_their_heads_by_the_blocks_own_style(model_type, sequence_parallel):
+    # One sink logit per query head, a parameter of the attention block itself (gpt-oss's layout):
+    # recognised by its shape, split by AttentionSinksParallel as the hand-written gpt-oss plan does.
+    model = meta(model_type)
+    analysis = analyze_model(model)
+    attention = [b for b in analysis.blocks if b.path.endswith("self_attn")]
+    assert attention and all(b.block.head_parameters == ("sinks",) for b in attention)
+    plan = build_synthesized_plan(model, sequence_parallel)
+    assert styles_of(plan)["model.layers.*.self_attn"] == "AttentionSinksParallel"
+    assert not any(r.pattern.endswith("self_attn") for r in plan.replicated)
+
+
+def test_attention_parameters_not_one_per_head_keep_the_block_replicated():
+    from plangen.plans.recognize import KeptBlock, read_dims, recognize_attention
+
+    model = meta("granitemoe_swa")
+    attention = model.model.layers[0].self_attn
+    heads = attention.sinks.shape[0]
+    attention.sinks = nn.Parameter(torch.empty(heads + 1, device="meta"))
+    found = recognize_attention(attention, read_dims(model))
+    assert isinstance(found, KeptBlock) and "sinks" in found.why
+    # As many heads as a head is wide: a [heads] parameter could as well be one value per feature.
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("granitemoe_swa", hidden_size=64, num_attention_heads=8, num_key_value_heads=8,
+                                  num_hidden_layers=1, num_local_experts=4, intermediate_size=32, vocab_size=128)
+    square = build_meta_model(config, type(model))
+    found = recognize_attention(square.model.layers[0].self_attn, read_dims(square))
+    assert isinstance(found, KeptBlock) and "sinks (8,)" in found.why
 
 
 def test_heterogeneous_layers_get_per_layer_patterns():

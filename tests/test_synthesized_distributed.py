@@ -1,7 +1,7 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Nineteen classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up; GPT-NeoX's,
-Persimmon's, CodeGen's and MPT's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
+Classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up; GPT-NeoX's, Persimmon's,
+CodeGen's and MPT's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on: logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -35,6 +35,11 @@ CLASSES = {
     "bart": ("BartForCausalLM", True),
     "opt": ("OPTForCausalLM", True),  # views by self.num_heads: made this rank's count
     "xglm": ("XGLMForCausalLM", True),  # views by self.num_heads and self.embed_dim; sinusoidal positions
+    # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
+    "dots1": ("Dots1ForCausalLM", False),
+    "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias
+    "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
+    "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
     # Packed q|k|v split as the forward splits it (plangen.plans.packed_source), state dict round trip at DP>1:
     "gpt_neox": ("GPTNeoXForCausalLM", False),  # viewed per head: whole heads per rank, plain Shard(0)
     "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms

@@ -101,3 +101,11 @@ TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token
 GPT = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64)
 TINY["gpt2"] = dict(model_type="gpt2", n_inner=64, use_cache=False, **GPT)
 TINY["openai-gpt"] = dict(model_type="openai-gpt", **GPT)
+# Llama-4: every expert runs on every token (scores 0 off the top-k), a shared expert, top-1; layer 0
+# dense (interleave step 2, Maverick's pattern), layer 1 MoE.
+TINY["llama4"] = dict(
+    model_type="llama4_text", num_local_experts=8, num_experts_per_tok=1, intermediate_size=16,
+    intermediate_size_mlp=64, interleave_moe_layer_step=2, attention_chunk_size=4,
+    **{k: v for k, v in COMMON.items() if k != "intermediate_size"},
+)
+TINY["llama4-moe"] = dict(TINY["llama4"], interleave_moe_layer_step=1)  # every layer MoE (Scout's pattern)

@@ -201,6 +201,15 @@ STYLES: dict[str, StyleSpec] = {
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("AllReduceOutputGrad", ()),
+        _spec(
+            "EveryTokenMoeParallel",
+            (
+                *_INPUT_PREPARATION,
+                StyleParam("use_local_input", BOOL, False),
+                *_OUTPUT_PREPARATION,
+                StyleParam("use_local_output", BOOL, True),
+            ),
+        ),
         _spec("TiedEmbeddingParallel", _LAYOUTS),
         _spec("TiedHeadParallel", _LAYOUTS),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),

@@ -9,9 +9,12 @@ layers ``0..K`` in backward), the gradients of the layers after ``K`` in backwar
 the last layer differ from the others (FSDP2 prefetches the next layer's parameters, and the last
 layer has none to prefetch; backward starts at the last), and what runs outside the layers
 depends on ``n`` alone, before the phase's layers (forward: the embedding; backward: the loss and
-the head) and after them (forward: the head; backward: the embedding, every gradient made) apart. So each phase's peak in
-each of those places is fitted from depths 3, 4 and 5, exactly (in bytes), and checked on the
-points the fit does not use; the peak at the model's depth is the highest of the first layer, the
+the head) and after them (forward: the head; backward: the embedding, every gradient made) apart. So each phase's peak in each of those places is fitted from
+depths 3, 4 and 5, exactly (in bytes), and checked on the points the fit does not use. Inside one
+layer every moment grows alike (what differs between them is the layer's own work); the places
+apart from the layers hold moments that grow alike too once FSDP2's post-backward callbacks are
+filed under backward (they hold every gradient, as the embedding's backward does), not forward
+(which, after the head, holds every activation: the two would cross as the model deepens); the peak at the model's depth is the highest of the first layer, the
 last, the interior at both ends (linear in ``K``: its maximum is at an end) and the outside.
 
 A single peak per phase cannot be extrapolated: which moment is highest changes with the depth
@@ -85,36 +88,53 @@ def extrapolate(
 ) -> dict[tuple[str, int | None], dict[str, int]] | None:
     """Each phase's values at the candidate places of a model of ``depth`` layers, from ``samples``
     (traced depth -> (phase, layer index, None before the layers, -1 after them) -> named byte
-    counts); None where the samples are
-    not exactly linear as the module docstring says (or a place is missing at some depth)."""
-    n1, n2, n3 = DEPTHS
+    counts); None where the samples are not exactly linear as the module docstring says, or a
+    place is missing at some depth."""
     if set(samples) != set(DEPTHS):
         return None
-    keyed = {n: {(phase, place(layer, n)): v for (phase, layer), v in by_place.items()} for n, by_place in samples.items()}
-    phases = {phase for by_place in keyed.values() for phase, _ in by_place}
+    keyed = {n: {(phase, place(layer, n)): v for (phase, layer), v in by_key.items()} for n, by_key in samples.items()}
+    phases = {phase for by_key in keyed.values() for phase, _ in by_key}
     result: dict[tuple[str, int | None], dict[str, int]] = {}
     for phase in sorted(phases):
         for where, layer in ((BEFORE, None), (AFTER, AFTER_LAYERS), (FIRST, 0), (LAST, depth - 1)):
             points = [keyed[n].get((phase, where)) for n in DEPTHS]
             if all(p is None for p in points):
                 continue
-            if any(p is None for p in points):
-                return None
-            fitted = _fit_depth(points, depth)
+            fitted = None if any(p is None for p in points) else _fit_depth(points, depth)
             if fitted is None:
                 return None
             result[(phase, layer)] = fitted
         interior = {(n, k): keyed[n].get((phase, k)) for n in DEPTHS for k in range(1, n - 1)}
-        if any(v is None for v in interior.values()):
-            if any(v is not None for v in interior.values()):
-                return None
+        if all(v is None for v in interior.values()):
             continue
+        if any(v is None for v in interior.values()):
+            return None
         for k in (1, depth - 2):
             fitted = _fit_depth_and_layer(interior, depth, k)
             if fitted is None:
                 return None
             result[(phase, k)] = fitted
     return result
+
+
+def traced_layer(layer: int | None, layers: int, traced: int) -> int | None:
+    """The layer of a ``traced``-layer model that stands where ``layer`` of a ``layers``-layer one does."""
+    if layer is None or layer in (0, AFTER_LAYERS):
+        return layer
+    return traced - 1 if layer == layers - 1 else traced - 2 if layer == layers - 2 else layer
+
+
+def renumber_module(module: str, traced: int, layers: int) -> str:
+    """``model.layers.4.mlp`` of the 5-layer trace as the ``layers``-layer model names it (the last
+    layers counted from the end). Only a label: under checkpointing torch's module tracker may name
+    another layer than the one whose backward runs."""
+    import re
+
+    def renumber(match: "re.Match[str]") -> str:
+        i = int(match.group(1))
+        return f".{layers - (traced - i)}" if i >= traced - 2 else match.group(0)
+
+    return re.sub(r"\.(\d+)(?=\.|$)", renumber, module, count=1)
 
 
 def _fit_depth(points: list[Mapping[str, int]], depth: int) -> dict[str, int] | None:

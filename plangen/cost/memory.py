@@ -11,15 +11,17 @@ figures are rank 0's, the largest when shards are uneven.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from torch import nn
 
 from plangen.cost.data import MemoryCost
 from plangen.cost.settings import CostSettings
 from plangen.fsdp_shard import fsdp_shard_dim
+from plangen.plan import Replicated
 
 ADAMW_STATES = 2
 
@@ -75,6 +77,35 @@ def sharded_fraction(model: nn.Module, repeats: Mapping[str, int] | None = None)
     whole = sum(weight(s.name) * s.global_numel for s in shards)
     sharded = sum(weight(s.name) * s.global_numel for s in shards if s.tp_sharded)
     return sharded / whole if whole else 0.0
+
+
+def read_left_whole(
+    model: nn.Module, replicated: Iterable[Replicated], repeats: Mapping[str, int] | None = None
+) -> list[tuple[str, float, str]]:
+    """What TP leaves whole on every rank, grouped by the plan's :class:`~plangen.plan.Replicated`
+    entries: ``(pattern, share of the parameters, why)``, largest first. Parameters under no entry
+    are grouped as ``"other"`` with no reason."""
+    repeats = repeats or {}
+    entries = list(replicated)
+
+    def weight(name: str) -> int:
+        return next((n for prefix, n in repeats.items() if name.startswith(prefix + ".")), 1)
+
+    def entry_of(name: str) -> Replicated | None:
+        parts = name.split(".")
+        owners = [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]  # nearest module first
+        return next((e for owner in owners for e in entries if fnmatch.fnmatchcase(owner, e.pattern)), None)
+
+    shards = read_parameter_shards(model)
+    whole = sum(weight(s.name) * s.global_numel for s in shards) or 1
+    groups: dict[tuple[str, str], int] = {}
+    for shard in shards:
+        if not shard.tp_sharded:
+            entry = entry_of(shard.name)
+            key = (entry.pattern, entry.why) if entry else ("other", "")
+            groups[key] = groups.get(key, 0) + weight(shard.name) * shard.global_numel
+    found = [(pattern, numel / whole, why) for (pattern, why), numel in groups.items()]
+    return sorted(found, key=lambda item: -item[1])
 
 
 def build_memory_cost(shards: list[ParameterShard], settings: CostSettings) -> MemoryCost:

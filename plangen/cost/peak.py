@@ -126,9 +126,10 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
         def __init__(self) -> None:
             super().__init__(model, optimizer)
             self.propagating = 0
-            # (phase, where) -> (snapshot, innermost module); where: a decoder layer's index, None
-            # before the phase's first layer, AFTER_LAYERS once it has run one (the embedding and the
-            # head in forward, the head and the embedding in backward: different moments).
+            # (phase, where) -> (snapshot, innermost module). where: a decoder layer's index, None
+            # before the phase's first layer, AFTER_LAYERS once it has run one (forward: the head;
+            # backward: the embedding, then FSDP2's last reduce-scatters). Inside one layer every
+            # moment grows alike with the depth and the layer's index; the places apart do not.
             self.peaks: dict[tuple[str, int | None], tuple[dict[str, int], str]] = {}
             self.past_layers: set[str] = set()
 
@@ -139,7 +140,10 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
 
         def _update_peak_stats(self, peak_state) -> None:
             super()._update_peak_stats(peak_state)
-            phase = "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
+            # Once backward has begun, what runs before the optimizer (FSDP2's post-backward
+            # callbacks) is backward's too, not forward's.
+            in_backward = self._mod_tracker.is_bw or "backward" in self.past_layers
+            phase = "optimizer" if self._in_opt else "backward" if in_backward else "forward"
             parents = self._mod_tracker.parents
             layer = next((layer_names[n] for p in parents if (n := _without_root(p)) in layer_names), None)
             if layer is not None:
@@ -209,9 +213,9 @@ def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = Tru
     return peaks_by_phase(track_layer_peaks(model, batch, seq, vocab, foreach))
 
 
-def peaks_by_phase(peaks: dict[tuple[str, int | None], PhasePeak]) -> dict[str, PhasePeak]:
+def peaks_by_phase(peaks: dict[tuple, PhasePeak]) -> dict[str, PhasePeak]:
     best: dict[str, PhasePeak] = {}
-    for (phase, _), peak in peaks.items():
+    for (phase, *_), peak in peaks.items():
         if phase not in best or peak.tracked_total > best[phase].tracked_total:
             best[phase] = peak
     return {phase: best[phase] for phase in PHASES if phase in best}
@@ -332,7 +336,7 @@ def trace_peak(
     return choice, peaks_by_phase(peaks), how
 
 
-def _extrapolated_peaks(samples: dict[int, dict[tuple[str, int | None], PhasePeak]], layers: int) -> dict[str, PhasePeak] | None:
+def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int) -> dict[str, PhasePeak] | None:
     from plangen.cost import depth as deep
 
     values = {n: {key: {**dict(p.breakdown.items()), "tracked_total": p.tracked_total} for key, p in peaks.items()}
@@ -343,29 +347,11 @@ def _extrapolated_peaks(samples: dict[int, dict[tuple[str, int | None], PhasePea
     deepest = deep.DEPTHS[-1]
     peaks = {}
     for (phase, layer), v in fitted.items():
-        source = samples[deepest].get((phase, _traced_layer(layer, layers, deepest)))
-        module = _module_at_depth(source.module if source else "", deepest, layers)
+        source = samples[deepest].get((phase, deep.traced_layer(layer, layers, deepest)))
         total = v.pop("tracked_total")
+        module = deep.renumber_module(source.module, deepest, layers) if source else ""
         peaks[(phase, layer)] = PhasePeak(phase, module, Breakdown(**v), total)
     return peaks_by_phase(peaks)
-
-
-def _traced_layer(layer: int | None, layers: int, traced: int) -> int | None:
-    # The layer of the traced model that stands for ``layer`` of the real one (same place).
-    if layer is None or layer in (0, AFTER_LAYERS):
-        return layer
-    return traced - 1 if layer == layers - 1 else traced - 2 if layer == layers - 2 else layer
-
-
-def _module_at_depth(module: str, traced: int, layers: int) -> str:
-    # ``model.layers.4.mlp`` of the 5-layer trace is ``model.layers.79.mlp`` of the 80-layer model.
-    import re
-
-    def renumber(match: "re.Match[str]") -> str:
-        i = int(match.group(1))
-        return f".{layers - (traced - i)}" if i >= traced - 2 else match.group(0)
-
-    return re.sub(r"\.(\d+)(?=\.|$)", renumber, module, count=1)
 
 
 def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool):

@@ -465,3 +465,19 @@ def read_modified_in_place(parent_cls: type) -> frozenset[str]:
         if target is not None:
             modified |= produced.get(target, set())
     return frozenset(modified)
+
+
+@lru_cache(maxsize=None)
+def read_returned_child(block_cls: type) -> str | None:
+    """The child whose output ``block_cls.forward`` returns as it is (``return self.norm(x)``, every
+    return statement alike), called nowhere else; None otherwise."""
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return None
+    names = {_self_call_name(node.value) for node in ast.walk(tree) if isinstance(node, ast.Return)}
+    if len(names) != 1:
+        return None
+    name = names.pop()
+    if name is None or len(_self_calls(block_cls).get(name, [])) != 1:
+        return None
+    return name

@@ -15,6 +15,7 @@ from dataclasses import replace
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from plangen.models import text_config
 from plangen.moe_styles import expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
@@ -180,3 +181,66 @@ def plan_deepseek(model: nn.Module, sequence_parallel: bool) -> Plan:
     # without a query latent: V2-Lite has q_proj).
     _check_experts(model)
     return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
+
+
+@register_plan("Llama4ForCausalLM")
+def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Attention as Llama's (its q/k L2 norm has no weight; chunked and NoPE layers differ only in
+    # masks and rotary, built outside the layers). MoE layers (config.moe_layers) run every expert on
+    # every token: EveryTokenMoeParallel splits them on the expert dim and reduces the block once; a
+    # shared expert column/row-parallel beside them. Dense layers (Maverick interleaves them) as Llama's MLP.
+    config = text_config(model.config)
+    prefix = _text_prefix(model)
+    sp = sequence_parallel
+    dense_plan = build_dense_decoder_plan(
+        prefix, sequence_parallel=sp, layer_norms=LLAMA_NORMS, per_head_norms=False, replicate_kv=grouped_query(model),
+    )
+    layer = f"{prefix}.layers.*"
+    entries = [e for e in dense_plan.entries if not e.pattern.startswith(f"{layer}.mlp")]
+    mlp_entries = [e for e in dense_plan.entries if e.pattern.startswith(f"{layer}.mlp")]
+    replicated = list(dense_plan.replicated)
+    count = config.num_hidden_layers
+    moe_layers = sorted(set(config.moe_layers))
+    # One pattern for every layer where all are alike; per layer index where MoE and dense layers mix.
+    every = len(moe_layers) == count
+    moe_at = ["*"] if every else [str(i) for i in moe_layers]
+    dense_at = [] if every else [str(i) for i in range(count) if i not in moe_layers]
+
+    def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
+        entries.append(PlanEntry(pattern, style, kwargs, "mlp", why))
+
+    for at in dense_at:
+        entries += [replace(e, pattern=e.pattern.replace(f"{layer}.mlp", f"{prefix}.layers.{at}.feed_forward"))
+                    for e in mlp_entries]
+    for at in moe_at:
+        block = f"{prefix}.layers.{at}.feed_forward"
+        add(
+            block,
+            "EveryTokenMoeParallel",
+            "each rank holds E/tp whole experts and scores of them; "
+            + ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
+            + " (the router logits pass through)",
+            input_layouts=(SEQ if sp else Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts=None,
+            desired_input_kwarg_layouts=None,
+            use_local_input=True,
+            output_layouts=(Partial(), None),
+            # The block returns [B·S, H]: under SP a Partial DTensor, reduce-scattered onto the
+            # sequence where the layer adds it to the sequence-sharded residual.
+            desired_output_layouts=(Partial() if sp else Replicate(), Replicate()),
+            use_local_output=not sp,
+        )
+        add(f"{block}.shared_expert", "PrepareModuleInput",
+            "shared expert: one Replicate DTensor input, so gate and up reduce their input gradient once",
+            input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False)
+        for proj in ("gate_proj", "up_proj"):
+            add(f"{block}.shared_expert.{proj}", "ColwiseParallel", "shared expert: column-parallel",
+                input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
+        add(f"{block}.shared_expert.down_proj", "RowwiseParallel",
+            "shared expert: row-parallel, partial sum out (reduced by the block)",
+            input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True)
+        replicated.append(Replicated(f"{block}.router", "the router scores every expert for every token on every "
+                                     "rank: routing stays exact (the block keeps this rank's experts' scores)", "mlp"))
+    return Plan(tuple(entries), "hand-written", tuple(replicated), sp)

@@ -22,6 +22,7 @@ from plangen.plans.forward_source import (
     read_argument_chains,
     read_block_call,
     read_input_readers,
+    read_returned_child,
     read_shape_sizes,
 )
 
@@ -128,6 +129,9 @@ class ShardedBlock:
     # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
     # made this rank's when the plan is applied.
     head_attributes: tuple[str, ...] = ()
+    # The attention block's own parameters of one value per query head (attention sinks): split
+    # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
+    head_parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,8 +209,11 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
         return packed  # plangen.plans.recognize_packed reads how its forward splits it
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
-    if own_parameters(block):
-        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
+    own = own_parameters(block)
+    # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
+    # cannot tell it from one value per feature of a head (DiffLlama's lambdas).
+    if own and (n == d or any(shape != (n,) for shape in own.values())):
+        names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
     for norm in whole:
@@ -231,7 +238,14 @@ def recognize_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | Kep
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), head_attributes=heads)
+    if heads and own:
+        return KeptBlock(
+            "attention",
+            f"its own per-head parameters ({', '.join(own)}) and its head-count attributes ({', '.join(heads)})"
+            " are made this rank's by two different styles, and a block takes one",
+        )
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
+                        head_attributes=heads, head_parameters=tuple(own))
 
 
 def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
@@ -378,6 +392,9 @@ class MoeBlock:
     routers: tuple[str, ...]
     gates: tuple[str, ...]
     kind: str = "moe"
+    # A norm the block applies to the summed branches and returns (A.X-K1's post_mlp_layernorm):
+    # the partial sums are reduced into it rather than at the block's output.
+    output_norm: str | None = None
 
 
 _ROUTING_ARGUMENTS = ({"top_k_index", "router_indices"}, {"top_k_weights", "routing_weights"})
@@ -422,6 +439,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     shared: list[tuple[str, ShardedBlock, BlockCall | None]] = []
     routers: list[str] = []
     gates: list[str] = []
+    output_norm: str | None = None
     for child_name, child in block.named_children():
         if child_name == name or not has_parameters(child):
             continue
@@ -433,6 +451,9 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
         if is_linear(child) and child.in_features == dims.hidden and child.out_features == 1:
             gates.append(child_name)  # one value per token, scaling a shared expert's output
             continue
+        if is_per_feature(child, dims.hidden) and read_returned_child(type(block)) == child_name:
+            output_norm = child_name
+            continue
         mlp = recognize_mlp(child, dims)
         if isinstance(mlp, ShardedBlock):
             shared.append((child_name, mlp, read_block_call(type(block), child_name, type(child))))
@@ -441,7 +462,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
         return KeptBlock("moe", f"beside the experts: {why}")
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
-    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates))
+    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm)
 
 
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}

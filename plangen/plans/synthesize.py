@@ -92,13 +92,16 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     assert isinstance(block, MoeBlock) and call is not None
     others = (call.outputs or 1) - 1  # e.g. router scores the layer unpacks and drops: passed through
     reduced = "one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce"
+    if block.output_norm is not None:
+        reduced = ("one all-gather of the sequence in; " if sp else "") + f"the sum reduced into {block.output_norm}"
     entries = [
         PlanEntry(
             part.path, "PrepareModuleInputOutput",
             dict(
                 **_input_layouts(call, sp),
                 use_local_input=True,
-                output_layouts=(Partial(), *(None,) * others),
+                # Reduced already where a norm on the summed branches is what the block returns.
+                output_layouts=(Partial() if block.output_norm is None else Replicate(), *(None,) * others),
                 desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * others),
                 use_local_output=not sp,
             ),
@@ -123,6 +126,13 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             f"{part.path}.{name}.{mlp.rowwise}", "RowwiseParallel",
             dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",
             "shared experts: row-parallel, partial sum out (reduced by the block)",
+        ))
+    if block.output_norm is not None:
+        entries.append(PlanEntry(
+            f"{part.path}.{block.output_norm}", "PrepareModuleInput",
+            dict(input_layouts=(Partial(),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
+                 desired_input_kwarg_layouts=None, use_local_output=True), "mlp",
+            "norm on the summed branches: their partial sums are all-reduced into it (one all-reduce of B·S·H)",
         ))
     for gate in block.gates:
         entries.append(PlanEntry(
@@ -167,15 +177,14 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         prepared = dict(**_input_layouts(call, sp), use_local_output=False)
+        style = "PrepareAttentionInput" if kv or heads else "PrepareModuleInput"
+        why = f"{gathered}; one gradient reduction per block in backward"
         if heads:
             prepared["head_attributes"] = heads
-        entries.append(
-            PlanEntry(
-                part.path, "PrepareAttentionInput" if kv or heads else "PrepareModuleInput", prepared, group,
-                f"{gathered}; one gradient reduction per block in backward"
-                + (f"; its forward shapes by {', '.join(heads)}: made this rank's" if heads else ""),
-            )
-        )
+            why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
+        if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
+            style, why = "AttentionSinksParallel", f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads"
+        entries.append(PlanEntry(part.path, style, prepared, group, why))
         colwise_input = Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
     else:

@@ -99,11 +99,16 @@ def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
     counts: list[list[int]] = []
     handles = []
     for module in model.modules():
+        if type(module).__name__ == "Llama4Router":  # every expert runs every token, scaled by its score (0 off the top-k)
+            handles.append(module.register_forward_hook(
+                lambda mod, args, out: counts.append((out[0] > 0).sum(0).tolist())
+            ))
+            continue
         experts = expert_count(module)
         if experts:
             handles.append(module.register_forward_hook(
                 lambda mod, args, out, n=experts: counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
-                if len(args) > 1 else None  # experts called without routing (Llama4's run every token)
+                if len(args) > 1 else None  # experts called without routing (Llama4's: counted at the router)
             ))
     return counts, handles
 

@@ -1,0 +1,49 @@
+"""Fields that transformers' default configs leave unset although their model classes read them.
+
+A class named without a config (``plangen list``, the sweep, ``plangen init dots1``) is built from
+its default config. A few of transformers' defaults (5.x) leave a field ``None`` that the modeling
+code then reads as a number or a list, so the class does not build at all. Each fix here states the
+value of the released model the class is for (or, where none is documented, the rule used), and is
+applied to default configs only, never to a config the user gave.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import PretrainedConfig
+
+
+def _hunyuan_head_dim(config: Any) -> dict[str, Any]:
+    # The attention reads getattr(config, "head_dim", hidden // heads): the field exists, so None.
+    return {"head_dim": config.hidden_size // config.num_attention_heads}
+
+
+def _dots1_experts(config: Any) -> dict[str, Any]:
+    # dots.llm1: 128 routed experts, 6 per token, 2 shared, the first layer dense.
+    return {"n_routed_experts": 128, "num_experts_per_tok": 6, "n_shared_experts": 2, "first_k_dense_replace": 1}
+
+
+def _lfm2_moe_layer_types(config: Any) -> dict[str, Any]:
+    # No default pattern: one attention layer in four (LFM2-8B-A1B has 6 in 24), the rest conv.
+    count = config.num_hidden_layers
+    return {"layer_types": ["full_attention" if i % 4 == 3 else "conv" for i in range(count)]}
+
+
+# model_type -> (the field that is None, what to set).
+_FIXES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
+    "hunyuan_v1_moe": ("head_dim", _hunyuan_head_dim),
+    "dots1": ("n_routed_experts", _dots1_experts),
+    "lfm2_moe": ("layer_types", _lfm2_moe_layer_types),
+}
+
+
+def complete_default_config(config: "PretrainedConfig") -> "PretrainedConfig":
+    """``config`` (a default one) with the fields its class needs filled in where they are unset."""
+    fix = _FIXES.get(getattr(config, "model_type", ""))
+    if fix is None or getattr(config, fix[0], None) is not None:
+        return config
+    for name, value in fix[1](config).items():
+        setattr(config, name, value)
+    return config
