@@ -172,6 +172,15 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             produces=_SUM,
             hooks=MODULE_HOOKS,
         ),
+        # torch's RowwiseParallel, its local output a copy the model may modify in place.
+        StyleFacts(
+            "RowwiseParallelOwnOutput",
+            PLANGEN_STYLES,
+            "rowwise",
+            shard_dim={LINEAR: 1, EMBEDDING: 0},
+            layout_defaults={"input_layouts": _LAST, "output_layouts": _REPLICATE},
+            produces=_SUM,
+        ),
         # Divides the attention module's head counts; its parameters are its children's business.
         StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),

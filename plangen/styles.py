@@ -420,6 +420,24 @@ class ColwiseParallelWithGather(ColwiseParallel):
 STYLE_CLASSES[ColwiseParallelWithGather.__name__] = ColwiseParallelWithGather
 
 
+class RowwiseParallelOwnOutput(RowwiseParallel):
+    """:class:`RowwiseParallel` whose local output is a tensor of its own, not a view.
+
+    ``to_local()`` returns a view made inside an autograd Function, which autograd forbids to
+    modify in place; a layer that adds to a block's output in place (Falcon's parallel attention:
+    ``mlp_output += attention_output``) then fails. This style hands out a copy of the reduced
+    output (one activation-sized copy per block, no communication); everything else is torch's.
+    """
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        outputs = RowwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh)
+        return outputs.clone() if use_local_output else outputs
+
+
+STYLE_CLASSES[RowwiseParallelOwnOutput.__name__] = RowwiseParallelOwnOutput
+
+
 __all__ = [
     "HF_STYLE_SPECS",
     "HF_UNSUPPORTED_STYLES",
@@ -444,6 +462,7 @@ __all__ = [
     "PrepareAttentionInput",
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
+    "RowwiseParallelOwnOutput",
     "Replicate",
     "ShardedNormParallel",
     "Shard",

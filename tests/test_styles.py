@@ -813,3 +813,33 @@ def test_tied_pair_ends_refuse_the_other_module_kind(tp_mesh):
         parallelize_module(nn.Linear(4, 4), tp_mesh, TiedEmbeddingParallel())
     with pytest.raises(NotImplementedError, match="nn.Linear"):
         parallelize_module(nn.Embedding(4, 4), tp_mesh, TiedHeadParallel())
+
+
+def test_rowwise_own_output_may_be_modified_in_place(tp_mesh):
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    from plangen.styles import RowwiseParallelOwnOutput
+
+    def weight_grad(style, in_place: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        holder = nn.Module()
+        holder.m = nn.Linear(8, 6)
+        parallelize_module(holder, tp_mesh, {"m": style})
+        out = holder.m(torch.randn(2, 5, 4))
+        if in_place:
+            out += 1.0  # Falcon's mlp_output += attention_output
+        else:
+            out = out + 1.0
+        (out * out).sum().backward()
+        return local(holder.m.weight.grad)
+
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        weight_grad(RowwiseParallel(), in_place=True)
+    # The output a copy: the in-place add is allowed, and the gradient is what the out-of-place add gives.
+    assert torch.equal(weight_grad(RowwiseParallelOwnOutput(), True), weight_grad(RowwiseParallel(), False))
+    m = apply_style(nn.Linear(8, 6), "rowwise", tp_mesh)
+    own = nn.Module()
+    own.m = nn.Linear(8, 6)
+    parallelize_module(own, tp_mesh, {"m": RowwiseParallelOwnOutput()})
+    x = torch.randn(2, 5, 4)
+    assert collectives(lambda: own.m(x)) == collectives(lambda: m(x)) == {"all_reduce": 1}

@@ -465,6 +465,132 @@ def test_latent_attention_with_a_sparse_indexer_stays_whole():
     assert "not recognised" in why_of(plan, "model.layers.*.self_attn")
 
 
+# --- packed q|k|v projections: split as the forward splits them (plangen.plans.packed_source) -----
+
+
+def _entry(plan, pattern: str):
+    return next(e for e in plan.entries if e.pattern == pattern)
+
+
+def test_packed_qkv_viewed_per_head_is_plain_column_parallel():
+    # GPT-NeoX views query_key_value as [..., -1 heads, 3 x head_size] and chunks inside each head:
+    # a plain Shard(0) gives each rank whole heads, nothing to re-lay out or to make local.
+    plan = build_synthesized_plan(meta("gpt_neox"), False)
+    attention = "gpt_neox.layers.*.attention"
+    assert _entry(plan, f"{attention}.query_key_value").style == "ColwiseParallel"
+    assert _entry(plan, f"{attention}.dense").style == "RowwiseParallel"
+    assert _entry(plan, attention).style == "PrepareModuleInput"
+    # CodeGen: mp_num blocks of [q; v; k], viewed as [..., -1 blocks, 3 x embed_dim // mp_num].
+    codegen = build_synthesized_plan(meta("codegen"), True)
+    assert _entry(codegen, "transformer.h.*.attn.qkv_proj").style == "ColwiseParallel"
+    assert _entry(codegen, "transformer.h.*.attn").style == "PrepareModuleInput"
+
+
+def test_packed_qkv_viewed_by_head_counts_makes_them_local():
+    # Persimmon views it as [b, s, self.num_heads, 3, head_dim] inside a helper (_split_heads) and
+    # indexes [..., i, :]; its q/k LayerNorms are one head wide.
+    plan = build_synthesized_plan(meta("persimmon"), True)
+    attention = "model.layers.*.self_attn"
+    heads = _entry(plan, attention)
+    assert (heads.style, heads.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads",))
+    assert _entry(plan, f"{attention}.query_key_value").style == "ColwiseParallel"
+    assert _entry(plan, f"{attention}.q_layernorm").style == "ReplicatedWithGradAllReduce"
+
+
+def test_packed_qkv_chunked_into_parts_is_re_laid_out():
+    from plangen.plans.recognize import read_dims
+    from plangen.plans.recognize_packed import recognize_packed_attention
+
+    model = meta("mpt")  # Wqkv(x).chunk(3, dim=2): [q; k; v] one after another
+    block = recognize_packed_attention(model.transformer.blocks[0].attn, read_dims(model))
+    assert block.fused == (("Wqkv", (1, 1, 1)),) and block.head_attributes == ("n_heads",)
+
+
+def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
+    kept = {k.pattern: k.why for k in analyze_model(meta("gpt_bigcode")).kept}  # multi-query split((embed, kv, kv))
+    assert "multi-query" in kept["transformer.h.0.attn"] and "(96, 8, 8)" in kept["transformer.h.0.attn"]
+    # Falcon's multi-query view(b, s, num_heads + 2, head_dim), its k and v after the query heads.
+    falcon = {k.pattern: k.why for k in analyze_model(meta("falcon")).kept}["transformer.h.0.self_attention"]
+    assert "is split across the groups" in falcon
+    # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq]: not sliceable.
+    why = {k.pattern: k.why for k in analyze_model(meta("bloom")).kept}["transformer.h.0.self_attention"]
+    assert "a tensor per head for all heads outside the attention" in why
+
+
+def test_a_per_head_bias_built_for_all_heads_is_sliced_to_each_ranks_heads():
+    # MPT: position_bias = self.build_mpt_alibi_tensor(self.num_heads, ...), [heads, 1, seq], handed to
+    # every layer by keyword; its builder, on the meta device, shows the head dimension.
+    plan = build_synthesized_plan(meta("mpt"), True)
+    layer = _entry(plan, "transformer.blocks.*")
+    assert layer.style == "PrepareModuleInput"
+    assert layer.kwargs["desired_input_kwarg_layouts"] == {"position_bias": torch.distributed.tensor.Shard(0)}
+    assert layer.kwargs["input_layouts"] is None  # the hidden state passes untouched
+    wqkv = _entry(plan, "transformer.blocks.*.attn.Wqkv")
+    assert (wqkv.style, wqkv.kwargs["part_sizes"]) == ("FusedColwiseParallel", (1, 1, 1))
+
+
+class _Packed(nn.Module):
+    """A packed attention under other names, viewed as [b, s, heads + 2, head_dim] (multi-query)."""
+
+    def __init__(self, hidden=64, heads=4, head_dim=16, multi_query=True):
+        super().__init__()
+        self.heads, self.head_dim, self.multi_query = heads, head_dim, multi_query
+        self.mix = nn.Linear(hidden, (heads + 2) * head_dim if multi_query else 3 * hidden)
+        self.back = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        packed = self.mix(x)
+        if self.multi_query:
+            packed = packed.view(b, s, self.heads + 2, self.head_dim)
+            q, k, v = packed[..., :-2, :], packed[..., [-2], :], packed[..., [-1], :]
+        else:
+            packed = packed.view(b, s, self.heads, 3, self.head_dim)
+            q, k, v = packed[..., 0, :], packed[..., 1, :], packed[..., 2, :]
+        scores = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2), -1)
+        return self.back((scores @ v.transpose(1, 2)).transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+def test_packed_reader_follows_the_forward_not_the_names():
+    from plangen.plans.packed_source import PackedSplit, Refused, read_packed_split
+
+    mqa = read_packed_split(_Packed(), "mix", 96, {4, 1})  # k and v after every q head: split across groups
+    assert isinstance(mqa, Refused) and "split across the groups" in mqa.why
+    mha = read_packed_split(_Packed(multi_query=False), "mix", 192, {4})  # the dead branch is left out
+    assert mha == PackedSplit("groups", groups=4, head_attributes=("heads",))
+
+
+def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
+    from plangen.plans.forward_source import read_modified_in_place
+
+    model = meta("falcon")  # parallel attention: mlp_output += attention_output
+    assert read_modified_in_place(type(model.transformer.h[0])) == {"mlp"}
+    assert _entry(build_synthesized_plan(model, False), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallelOwnOutput"
+    # Under SP the output stays a DTensor (no view handed out): torch's style as it is.
+    assert _entry(build_synthesized_plan(model, True), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallel"
+
+
+def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_where_the_wrapper_calls_it():
+    # GPT-Neo: attn (GPTNeoAttention) hands its input to attn.attention (q/k/v/out_proj), whose
+    # _split_heads(query, self.num_heads, self.head_dim) shapes by the module's head count.
+    plan = build_synthesized_plan(meta("gpt_neo"), False)
+    inner = "transformer.h.*.attn.attention"
+    assert (_entry(plan, inner).style, _entry(plan, inner).kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads",))
+    assert {_entry(plan, f"{inner}.{p}").style for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
+    assert repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"  # prepared once, where the wrapper calls it
+    assert _entry(plan, f"{inner}.out_proj").style == "RowwiseParallel"
+
+
+def test_packed_qkv_grouped_per_kv_head_makes_both_head_counts_local():
+    from tiny_configs import build_tiny
+
+    # Falcon-40B's layout: view(b, s, -1, num_heads // num_kv_heads + 2, head_dim), split inside each
+    # KV group; num_heads and num_kv_heads only as a ratio there (kept when both are divided) and
+    # num_heads again in later reshapes: both made local, whole groups per rank.
+    plan = build_synthesized_plan(build_tiny("falcon-gqa"), False)
+    heads = _entry(plan, "transformer.h.*.self_attention")
+    assert (heads.style, heads.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads", "num_kv_heads"))
+    assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "ColwiseParallel"
 # --- BART-family decoders: cross-attention's alias, fc1/fc2 in the layer, head counts, positions --------
 
 

@@ -1,7 +1,7 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Classes with no hand-written plan, old and new, dense, fused (GLM's packed gate|up), with
-Thirteen classes with no hand-written plan, old and new, dense, BERT-style split blocks, fused (GLM's packed gate|up), with
+Classes with no hand-written plan, old and new, dense, BERT-style split blocks, fused (GLM's packed gate|up;
+GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on (off only for the BERT family, which has none): logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -47,18 +47,37 @@ CLASSES = {
     "bert": ("BertLMHeadModel", True),
     "roberta": ("RobertaForCausalLM", True),
     "roformer": ("RoFormerForCausalLM", True),
+    # Packed q|k|v split as the forward splits it (plangen.plans.packed_source), state dict round trip at DP>1:
+    "gpt_neox": ("GPTNeoXForCausalLM", False),  # viewed per head: whole heads per rank, plain Shard(0)
+    "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms
+    "codegen": ("CodeGenForCausalLM", False),  # mp_num blocks of [q; v; k]: whole blocks per rank
+    "falcon": ("FalconForCausalLM", True),  # mlp_output += attention_output: the MLP's output is a copy
+    "mpt": ("MptForCausalLM", True),  # chunk(3): [q; k; v] re-laid out per rank; ALiBi bias sliced to its heads
+    "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
 TP_ONLY = {"bert", "roberta", "roformer"}
+# Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
+TINY_CASES = {
+    "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
+}
+# Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
+STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa"}
 MESHES = ("tp2", "dp2tp2")
 
 
 def _cases() -> list[dict]:
     return [
-        {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6}
+        {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
+         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
         for t in CLASSES
         for sp in ((False,) if t in TP_ONLY else (False, True))
+    ] + [
+        {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
+         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
+        for t in TINY_CASES
+        for sp in (False, True)
     ]
 
 
@@ -71,7 +90,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c i
 
 @pytest.fixture(scope="module")
 def results() -> list[dict]:
-    return run_distributed("tests/distributed/cases.py:run_cases", 4, CASES, timeout=300)
+    return run_distributed("tests/distributed/cases.py:run_cases", 4, CASES, timeout=450)
 
 
 @pytest.mark.distributed
@@ -93,7 +112,15 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
     assert r["logits_type"] == "DTensor" and r["logits_placements"] == ["S(2)"]  # vocabulary-parallel
     # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
     assert ("reduce_scatter_tensor" in r["forward_collectives"]) == sequence_parallel
-    assert r["tied"] == CLASSES[model_type][1]
+    assert r["tied"] == (CLASSES[model_type][1] if model_type in CLASSES else TINY_CASES[model_type])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("model_type", sorted(STATE_DICT))
+def test_packed_state_dict_is_the_hugging_face_one_at_dp2(results, model_type):
+    for rank, per_case in enumerate(results):
+        sd = per_case[f"dp2tp2/{model_type}"]["state_dict"]
+        assert sd == {"names": [], "shapes": [], "read": 0.0, "loaded": 0.0}, f"rank {rank}: {sd}"
 
 
 @pytest.mark.parametrize("model_type", CLASSES)

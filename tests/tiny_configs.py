@@ -34,6 +34,11 @@ TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
 for _name in ("llama", "qwen3", "gemma3", "olmo2"):
     TINY[f"{_name}-4kv"] = {**TINY[_name], "num_key_value_heads": 4}
 TINY["granite-1kv"] = dict(model_type="granite", **{**COMMON, "num_key_value_heads": 1})  # a synthesized plan
+# Falcon-40B's layout: packed q|k|v grouped by KV head, [q x heads/kv_heads; k; v] per group.
+TINY["falcon-gqa"] = dict(
+    model_type="falcon", vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+    new_decoder_architecture=True, alibi=False, bias=False, use_cache=False,
+)
 
 
 def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:

@@ -19,9 +19,17 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from plangen.plan import Replicated
-from plangen.plans.forward_source import BlockCall, read_added_children, read_block_call, read_helper_block_call
+from plangen.plans.forward_source import (
+    BlockCall,
+    read_added_children,
+    read_block_call,
+    read_helper_block_call,
+    read_modified_in_place,
+)
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
+    KeptBlock,
     LatentBlock,
     ModelDims,
     MoeBlock,
@@ -38,6 +46,7 @@ from plangen.plans.recognize import (
     recognize_layer_mlp,
     recognize_split_blocks,
 )
+from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,8 @@ class BlockPart:
     path: str  # for a SplitBlock: the parent of its two halves
     block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
+    # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
+    modified_in_place: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +91,8 @@ class Analysis:
     # Position embeddings added to the token embedding outside the layers (BART's embed_positions):
     # whole on every rank; under SP their output is laid out so the sum takes this rank's slice.
     positions: tuple[str, ...] = ()
+    # Layers whose per-head input (MPT's ALiBi bias) is sliced to this rank's heads, and how.
+    head_inputs: tuple[tuple[str, PerHeadInput], ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -97,6 +110,7 @@ class _Findings:
     kept: list[Replicated] = field(default_factory=list)
     gathered: list[KeptPart] = field(default_factory=list)
     sp_problems: list[str] = field(default_factory=list)
+    head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
 
     def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
         self.kept.append(Replicated(path, why, group))
@@ -272,7 +286,9 @@ def _analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, foun
     return True
 
 
-def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Findings) -> None:
+def _analyze_layer(
+    layer: nn.Module, path: str, dims: ModelDims, found: _Findings, per_head_input: PerHeadInput | str | None = None
+) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
@@ -296,6 +312,17 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
                 found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
             continue
         recognized = recognize_block(name, child, dims)
+        if isinstance(recognized, KeptBlock):
+            recognized = recognize_packed_attention(child, dims) or recognized
+        wrapped = recognize_wrapped_attention(child, dims) if isinstance(recognized, KeptBlock) else None
+        if isinstance(wrapped, tuple) and per_head_input is None:
+            inner, block = wrapped
+            inner_call = read_block_call(type(child), inner, type(getattr(child, inner)))
+            # Entered where the wrapper calls it (the wrapper hands it the hidden state as it got it).
+            found.blocks.append(BlockPart(f"{child_path}.{inner}", block, inner_call))
+            continue
+        if isinstance(wrapped, KeptBlock):
+            recognized = wrapped
         if isinstance(recognized, MoeBlock) and (call is None or call.outputs is None):
             # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
             found.keep(child_path, "mixture of experts whose call by the layer the reader cannot follow", "mlp",
@@ -313,12 +340,24 @@ def _analyze_layer(layer: nn.Module, path: str, dims: ModelDims, found: _Finding
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(per_head_input, PerHeadInput):
+            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
+            found.head_inputs.append((path, per_head_input))
+        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and per_head_input is not None:
+            why = (f"the model computes a tensor per head for all heads outside the attention ({per_head_input}: "
+                   "ALiBi?) and hands it to every layer: sharded by heads, each rank would add every head's values")
+            if call is None or call.outputs is None:
+                found.keep(child_path, why, "attention", f"{child_path} is replicated ({why}) and the reader cannot "
+                           "follow how its layer calls it")
+            else:
+                found.keep(child_path, why, "attention")
+                found.gathered.append(KeptPart(child_path, call))
         elif isinstance(recognized, ShardedBlock) and recognized.head_parameters and call is None:
             # Its per-head parameters are split by the block's own input style: it must be where the layer calls it.
             found.keep(child_path, "attention with per-head parameters whose call by the layer the reader cannot follow",
                        "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
-            found.blocks.append(BlockPart(child_path, recognized, call))
+            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
         elif _analyze_parent_of_split(child, child_path, dims, found):
             continue
         elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
@@ -377,6 +416,15 @@ def _embedding_sum_problem(
             f"({type(parent).__name__}), where no style can lay the sum out on sequence shards")
 
 
+def _per_head_input(model: nn.Module, layers_path: str, dims: ModelDims) -> PerHeadInput | str | None:
+    """A call in the forward of the module holding the layers that is given a head count (ALiBi)."""
+    from plangen.plans.per_head_inputs import read_per_head_arguments
+
+    owner_path = layers_path.rpartition(".")[0]
+    owner = model.get_submodule(owner_path) if owner_path else model
+    return read_per_head_arguments(owner, {c for c in (dims.heads, dims.kv_heads) if c})
+
+
 def _failed(class_name: str, problem: str) -> Analysis:
     return Analysis(class_name, None, 0, None, None, (), (), (), (), (), problem)
 
@@ -394,8 +442,9 @@ def analyze_model(model: nn.Module) -> Analysis:
     if stack is None:
         return _failed(class_name, "no list of decoder layers found")
     layers_path, layers = stack
+    per_head_input = _per_head_input(model, layers_path, dims)
     for index, layer in enumerate(layers):
-        _analyze_layer(layer, f"{layers_path}.{index}", dims, found)
+        _analyze_layer(layer, f"{layers_path}.{index}", dims, found, per_head_input)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
     positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
     for path in positions:
@@ -424,4 +473,5 @@ def analyze_model(model: nn.Module) -> Analysis:
         sp_problems=tuple(dict.fromkeys(found.sp_problems)),
         problem=problem,
         positions=tuple(positions),
+        head_inputs=tuple(found.head_inputs),
     )

@@ -442,6 +442,32 @@ def read_applied_to(block_cls: type) -> dict[str, str]:
 
 
 @lru_cache(maxsize=None)
+def read_modified_in_place(parent_cls: type) -> frozenset[str]:
+    """Children whose output ``parent_cls.forward`` modifies in place (``out = self.mlp(x)`` then
+    ``out += y``, or ``out.add_(y)``): a view handed out by a style must not be that output."""
+    tree = _forward_tree(parent_cls)
+    if tree is None:
+        return frozenset()
+    produced: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, name = node.targets[0], _self_call_name(node.value)
+            if name is not None and isinstance(target, ast.Name):
+                produced.setdefault(target.id, set()).add(name)
+    modified: set[str] = set()
+    for node in ast.walk(tree):
+        target = None
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            target = node.target.id
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
+              and not node.func.attr.startswith("_") and isinstance(node.func.value, ast.Name)):
+            target = node.func.value.id
+        if target is not None:
+            modified |= produced.get(target, set())
+    return frozenset(modified)
+
+
+@lru_cache(maxsize=None)
 def read_returned_child(block_cls: type) -> str | None:
     """The child whose output ``block_cls.forward`` returns as it is (``return self.norm(x)``, every
     return statement alike), called nowhere else; None otherwise."""

@@ -131,7 +131,8 @@ class ShardedBlock:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
-    # ``view(bsz, -1, self.num_heads, self.head_dim)``): made this rank's when the plan is applied.
+    # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
+    # made this rank's when the plan is applied.
     head_attributes: tuple[str, ...] = ()
     # The attention block's own parameters of one value per query head (attention sinks): split
     # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
@@ -216,7 +217,7 @@ def recognize_attention(
         return None
     packed = _packed_qkv(reading, dims)
     if packed is not None:
-        return packed
+        return packed  # plangen.plans.recognize_packed reads how its forward splits it
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
     own = own_parameters(block)

@@ -257,9 +257,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         )
     rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
     reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
-    entries.append(
-        PlanEntry(f"{part.path}.{block.rowwise}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}")
-    )
+    style, why = "RowwiseParallel", f"row-parallel: {reduced}"
+    if part.modified_in_place and not sp:  # under SP the output stays a DTensor: no view is handed out
+        style, why = "RowwiseParallelOwnOutput", f"{why}; its output is a copy, which the layer modifies in place"
+    entries.append(PlanEntry(f"{part.path}.{block.rowwise}", style, rowwise, group, why))
     return entries
 
 
@@ -288,6 +289,18 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         ]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
+    for layer, head_input in analysis.head_inputs:
+        entries.append(
+            PlanEntry(
+                layer, "PrepareModuleInput",
+                dict(input_layouts=None, desired_input_layouts=None,
+                     input_kwarg_layouts={head_input.keyword: Replicate()},
+                     desired_input_kwarg_layouts={head_input.keyword: Shard(head_input.dim)}, use_local_output=True),
+                "attention",
+                f"{head_input.keyword} holds every head's values ({head_input.source}): each rank keeps its own heads' "
+                "(a local slice, no communication)",
+            )
+        )
     if sp:
         groups = {k.pattern: k.group for k in analysis.kept}
         entries += [_gathered_entry(part, groups.get(part.path, "other")) for part in analysis.gathered]

@@ -40,7 +40,7 @@ DEFAULT_VARIANT = "optimized"
 
 # Styles whose forward sums partial results across TP ranks and that the stable variant cannot
 # rewrite into a gather: the plan is refused rather than silently left with a sum.
-_SUMMING_STYLES = ("PackedRowwiseParallel",)
+_SUMMING_STYLES = ("PackedRowwiseParallel", "RowwiseParallelOwnOutput")
 
 # Row-parallel styles and the column-parallel style that computes the same projection by output features.
 _COLUMN_TWIN = {"RowwiseParallel": "ColwiseParallel", "Conv1DRowwiseParallel": "Conv1DColwiseParallel"}

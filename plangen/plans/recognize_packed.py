@@ -1,0 +1,111 @@
+"""Recognise attention whose q, k and v come packed in one projection, or sit inside a thin wrapper.
+
+How the packed output is split is read from the forward (:mod:`plangen.plans.packed_source`); the
+rest of the checks are :mod:`plangen.plans.recognize`'s, so the two kinds of attention are judged alike.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from plangen.plans.forward_source import read_input_readers
+from plangen.plans.recognize import (
+    KeptBlock,
+    ModelDims,
+    ShardedBlock,
+    _attention_norms,
+    _packed_qkv,
+    _split_by_reading,
+    _unexpected_children,
+    has_parameters,
+    own_parameters,
+    recognize_attention,
+)
+
+
+def recognize_packed_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
+    """Attention with one input projection wider than q alone, sharded as its forward splits it.
+
+    As wide as q, k and v by the config: sharded, or kept with the forward's reason. Wider but not
+    by the config (Falcon's multi-query leaves num_kv_heads unused): only a reason to keep it whole
+    is taken from the forward. None when it is not such an attention or the forward cannot be read.
+    """
+    split = _split_by_reading(block) if dims.heads and dims.head_dim else None
+    if split is None:
+        return None
+    reading, others = split
+    h, n, d = dims.hidden, dims.heads, dims.head_dim
+    outputs = [name for name, m in others.items() if m.in_features == n * d and m.out_features == h]
+    if len(outputs) != 1 or len(reading) != 1 or next(iter(reading.values())).in_features != h:
+        return None
+    found = packed_attention(block, reading, outputs[0], dims)
+    if _packed_qkv(reading, dims) is not None or isinstance(found, KeptBlock):
+        return found
+    return None
+
+
+def packed_attention(
+    block: nn.Module, reading: dict[str, nn.Linear], output: str, dims: ModelDims
+) -> ShardedBlock | KeptBlock | None:
+    """Attention with one packed q|k|v projection, sharded by heads as its forward splits it
+    (:mod:`plangen.plans.packed_source`): whole groups per rank, or the parts re-laid out per rank.
+    None when the forward cannot be followed (the caller then keeps the block, with the reason)."""
+    from math import gcd
+
+    from plangen.plans.packed_source import Refused, read_packed_split
+
+    (name, linear), = reading.items()
+    d = dims.head_dim
+    counts = {c for c in (dims.heads, dims.kv_heads) if c}
+    split = read_packed_split(block, name, linear.out_features, counts, d)
+    if split is None:
+        return None
+    if isinstance(split, Refused):
+        return KeptBlock("attention", f"packed q|k|v projection {name}: {split.why}")
+    if own_parameters(block):
+        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
+        return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
+    per_head, whole = _attention_norms(block, {name, output}, dims)
+    if whole:
+        return KeptBlock("attention", f"norm {whole[0]} spans a whole part of the packed projection {name}")
+    unknown = _unexpected_children(block, {name, output, *per_head})
+    if unknown:
+        return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
+    fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    if split.kind == "parts":
+        small = [p for p in split.parts if p % d or p // d < 2]
+        if small:
+            return KeptBlock(
+                "attention",
+                f"packed q|k|v projection {name} splits into parts {split.parts}: a part of {small[0]} features is "
+                f"not a whole number of at least two heads of {d} (multi-query: one key/value head no TP size splits)",
+            )
+        common = 0
+        for p in split.parts:
+            common = gcd(common, p)
+        fused = ((name, tuple(p // common for p in split.parts)),)
+    return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
+                        head_attributes=split.head_attributes)
+
+
+def recognize_wrapped_attention(block: nn.Module, dims: ModelDims) -> tuple[str, ShardedBlock] | KeptBlock | None:
+    """A thin wrapper (GPT-Neo's ``attn``) around one attention module, which it hands its input to:
+    the inner attention sharded by heads, its head counts made local where its forward shapes by them."""
+    from dataclasses import replace
+
+    from plangen.plans.packed_source import Refused, read_shape_head_attributes
+
+    inner = [(n, c) for n, c in block.named_children() if has_parameters(c)]
+    readers = read_input_readers(type(block))
+    if len(inner) != 1 or own_parameters(block) or readers is None or inner[0][0] not in readers:
+        return None
+    name, child = inner[0]
+    found = recognize_attention(child, dims)
+    if not isinstance(found, ShardedBlock):
+        return None
+    heads = read_shape_head_attributes(child, {c for c in (dims.heads, dims.kv_heads) if c}, dims.head_dim)
+    if heads is None:
+        return None
+    if isinstance(heads, Refused):
+        return KeptBlock("attention", f"{name}: {heads.why}")
+    return name, replace(found, kv_projections=() if heads else found.kv_projections, head_attributes=heads)
