@@ -228,6 +228,9 @@ def cost(
     gpu_memory: str | None = typer.Option(
         None, "--gpu-memory", metavar="SIZE", help="With --peak: say whether the peak fits in SIZE (80GiB, 80GB)."
     ),
+    every_layer: bool = typer.Option(
+        False, "--every-layer", help="With --peak: trace every layer, never extrapolate from 3, 4 and 5 (docs/cost.md)."
+    ),
     fit: bool = typer.Option(
         False, "--fit", help="Trace every TP x DP layout of --world-size (SP, checkpointing): those that fit --gpu-memory."
     ),
@@ -246,11 +249,11 @@ def cost(
         return
     if world_size is not None:
         fail("--world-size needs --fit")
-    if not peak and (gpu_memory is not None or activation_checkpointing):
-        fail("--gpu-memory and --activation-checkpointing need --peak")
+    if not peak and (gpu_memory is not None or activation_checkpointing or every_layer):
+        fail("--gpu-memory, --activation-checkpointing and --every-layer need --peak")
     if peak:
         _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
-                   sequence_parallel, activation_checkpointing, gpu_memory, output_format)
+                   sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer)
         return
     # Heavy imports only here: torch, transformers and a fake process group for the measurements.
     import shutil
@@ -311,7 +314,7 @@ def list_architectures(
 
 
 def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
-               sequence_parallel, activation_checkpointing, gpu_memory, output_format) -> None:
+               sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer) -> None:
     """``plangen cost --peak``: the subject plan and each --compare alternative, traced with fake tensors."""
     import json
 
@@ -334,7 +337,7 @@ def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, d
             measure_peak(
                 target, plan, model=model, tp_size=tp_size, dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch,
                 dtype=dtype, master_dtype=master_dtype, sequence_parallel=sequence_parallel,
-                activation_checkpointing=activation_checkpointing,
+                activation_checkpointing=activation_checkpointing, extrapolate=not every_layer,
             )
             for plan in plans
         ]

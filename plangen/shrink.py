@@ -34,7 +34,6 @@ TINY_LORA_RANK = 32
 # top ids, so random input ids below ``TINY_VOCAB - SPECIAL_TOKEN_SPAN`` never hit an image
 # placeholder; small ids (bos 1, pad 0) keep their value.
 SPECIAL_TOKEN_SPAN = 32
-SAMPLE_BATCH = 2  # sequences in the batch of :func:`sample_batch`
 # Handled by PretrainedConfig itself rather than declared as fields.
 _ALWAYS_PASSED_KEYS = {
     "transformers_version", "_name_or_path", "model_type", "output_attentions", "per_layer_config",
@@ -541,16 +540,3 @@ def _cap_all(
 
 def _round_up(value: int, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
-
-
-def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tensor":
-    """Token ids below the special tokens (image placeholders) of a tiny model, a sequence length
-    every TP size divides (sequence parallel needs it); the same on every process."""
-    import torch
-
-    from plangen.models import text_config
-
-    vocab = text_config(model.config).vocab_size
-    seq = tp_size * max(1, -(-8 // tp_size))
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (SAMPLE_BATCH, seq), generator=generator)

@@ -260,3 +260,14 @@ def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg
     assert [(p.phase, p.breakdown, p.tracked_total) for p in fast.phases] == [
         (p.phase, p.breakdown, p.tracked_total) for p in full.phases
     ]
+    # The CLI's --every-layer is the same full trace.
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    args = ["cost", str(path), "--peak", "--tp-size", "2", "--dp-size", "2", "--seq-len", str(SEQ), "--micro-batch",
+            str(BATCH), "--sequence-parallel", "--activation-checkpointing", "--format", "json"]
+    doc = json.loads(CliRunner().invoke(app, [*args, "--every-layer"]).stdout)
+    assert doc["notes"][0] == "depth: every layer traced" and doc["plans"][0]["peak"]["bytes"] == full.peak.breakdown.total
+    no_peak = CliRunner().invoke(app, ["cost", str(path), "--every-layer"])
+    assert no_peak.exit_code == 2 and "need --peak" in no_peak.output

@@ -847,7 +847,7 @@ class _Chunked(_Split):
 
 
 def test_forward_source_reader_pairs_split_halves():
-    from plangen.plans.forward_source import read_choice_readers, read_fed_by, read_helper_block_call, read_sole_reader
+    from plangen.plans.split_source import read_choice_readers, read_fed_by, read_helper_block_call, read_sole_reader
 
     assert read_fed_by(_Split) == read_fed_by(_SplitByIndex) == read_fed_by(_Chunked) == {"outer": "inner"}
     assert read_fed_by(_Leaky) == {}
@@ -858,7 +858,8 @@ def test_forward_source_reader_pairs_split_halves():
 
 @pytest.mark.parametrize("parent, found", [(_Split, True), (_Chunked, True), (_Leaky, False)])
 def test_split_blocks_are_recognised_only_where_the_data_flow_allows(parent, found):
-    from plangen.plans.recognize import ModelDims, SplitBlock, recognize_split_blocks
+    from plangen.plans.recognize import ModelDims
+    from plangen.plans.recognize_split import SplitBlock, recognize_split_blocks
 
     dims = ModelDims(hidden=4, heads=2, kv_heads=2, head_dim=2, vocab=None, experts=None)
     blocks = recognize_split_blocks(parent(), dims)
@@ -915,7 +916,7 @@ class _CallsAlike(nn.Module):
 
 
 def test_forward_source_reader_follows_one_variable_into_several_parameters():
-    from plangen.plans.forward_source import read_alike_readers
+    from plangen.plans.split_source import read_alike_readers
 
     assert read_alike_readers(_CallsAlike, "block", _ThreeInputs) == {"a", "c"}  # y gets another value
 

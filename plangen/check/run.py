@@ -34,7 +34,7 @@ from plangen.check.model_plan import ModelFinding
 from plangen.check.rules_run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
 from plangen.check.shrunk import matching_styles
 from plangen.errors import one_line
-from plangen.shrink import sample_batch
+from plangen.check.shrunk import sample_batch
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -49,7 +49,7 @@ def build_shrunk_model(source: Any, tp_size: int, written: Mapping[str, "Paralle
     import warnings
 
     from plangen.plan_checks import resolve_tied_styles
-    from plangen.shrink import build_tiny_model, sample_batch
+    from plangen.shrink import build_tiny_model
 
     cache = (id(source), tp_size)
     if cache not in _SHRUNK:
@@ -74,3 +74,20 @@ def matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str, 
 
     unmatched = set(find_unmatched_keys(model, styles))
     return {key: style for key, style in styles.items() if key not in unmatched}
+
+
+SAMPLE_BATCH = 2  # sequences in the batch of :func:`sample_batch`
+
+
+def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tensor":
+    """Token ids below the special tokens (image placeholders) of a tiny model, a sequence length
+    every TP size divides (sequence parallel needs it); the same on every process."""
+    import torch
+
+    from plangen.models import text_config
+    from plangen.shrink import SPECIAL_TOKEN_SPAN
+
+    vocab = text_config(model.config).vocab_size
+    seq = tp_size * max(1, -(-8 // tp_size))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (SAMPLE_BATCH, seq), generator=generator)

@@ -23,9 +23,9 @@ from plangen.plans.forward_source import (
     BlockCall,
     read_added_children,
     read_block_call,
-    read_helper_block_call,
     read_modified_in_place,
 )
+from plangen.plans.split_source import read_helper_block_call
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
@@ -34,18 +34,16 @@ from plangen.plans.recognize import (
     ModelDims,
     MoeBlock,
     ShardedBlock,
-    SplitBlock,
     describe,
     has_parameters,
     is_linear,
     is_per_feature,
     own_parameters,
     read_dims,
-    recognize_attention_called_alike,
     recognize_block,
     recognize_layer_mlp,
-    recognize_split_blocks,
 )
+from plangen.plans.recognize_split import SplitBlock, recognize_attention_called_alike, recognize_split_blocks
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
 

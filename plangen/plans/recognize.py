@@ -18,17 +18,12 @@ from plangen.models import text_config
 from plangen.plans.forward_source import (
     BlockCall,
     ShapeSizes,
-    read_alike_readers,
     read_applied_to,
     read_argument_chains,
     read_block_call,
-    read_choice_readers,
-    read_fed_by,
     read_input_readers,
-    read_reshape_attributes,
     read_returned_child,
     read_shape_sizes,
-    read_sole_reader,
 )
 
 
@@ -482,85 +477,6 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
     return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm)
-
-
-@dataclass(frozen=True)
-class SplitBlock:
-    """Attention or an MLP whose projections sit in two sibling modules of one parent (the BERT
-    family: ``attention.self`` then ``attention.output``, ``intermediate`` then ``output``).
-
-    ``inner`` holds the column-parallel projections, all reading its input (or all reading the
-    output of ``inner_norm``, a norm inside ``inner`` applied to its input: RoBERTa-PreLayerNorm);
-    the parent feeds ``inner``'s output to ``outer`` and to nothing else, and in ``outer`` the one
-    row-parallel projection alone reads it. Everything else in ``outer`` (the post-norm after the
-    residual add, adapters) runs after the row-parallel reduction, on the whole hidden state.
-    """
-
-    kind: str  # "attention" | "mlp"
-    inner: str
-    colwise: tuple[str, ...]
-    outer: str
-    rowwise: str
-    inner_norm: str | None = None
-    # Attributes of ``inner`` its forward reshapes with that hold the unsharded head count or width
-    # (``context.view(..., self.all_head_size)``): made this rank's (plangen.fused_styles.LocalHeadCounts).
-    head_attributes: tuple[str, ...] = ()
-
-
-def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None, tuple[str, ...]] | None:
-    """(kind, output width, inner norm, head attributes) when every parameter of ``inner`` is a linear
-    from the hidden size reading its input (or all reading one per-feature norm of it): three or more
-    of whole heads (attention, as many KV heads as query heads), or one (an MLP's up-projection)."""
-    readers = read_input_readers(type(inner))
-    if readers is None or own_parameters(inner):
-        return None
-    readers |= read_choice_readers(type(inner))
-    linears = _linears(inner)
-    others = [n for n, c in inner.named_children() if n not in linears and has_parameters(c)]
-    norm = others[0] if len(others) == 1 and is_per_feature(getattr(inner, others[0]), dims.hidden) else None
-    if len(others) > (norm is not None) or not linears or any(m.in_features != dims.hidden for m in linears.values()):
-        return None
-    if norm is None and any(n not in readers for n in linears):
-        return None
-    if norm is not None and (norm not in readers or any(read_fed_by(type(inner)).get(n) != norm for n in linears)):
-        return None
-    widths = {m.out_features for m in linears.values()}
-    heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
-    if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
-        fixed = tuple(sorted(a for a in read_reshape_attributes(type(inner)) if getattr(inner, a, None) in (dims.heads, heads)))
-        return "attention", heads, norm, fixed
-    if len(linears) == 1:
-        return "mlp", widths.pop(), norm, ()
-    return None
-
-
-def recognize_attention_called_alike(parent: nn.Module, name: str, dims: ModelDims) -> ShardedBlock | None:
-    """Attention whose q, k and v read three parameters that ``parent`` passes one variable (CTRL)."""
-    block = getattr(parent, name)
-    readers = read_alike_readers(type(parent), name, type(block))
-    found = recognize_attention(block, dims, readers) if readers else None
-    return found if isinstance(found, ShardedBlock) else None
-
-
-def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBlock]:
-    """The blocks of ``parent`` split over two of its children (see :class:`SplitBlock`)."""
-    children = dict(parent.named_children())
-    found: list[SplitBlock] = []
-    for outer_name, inner_name in read_fed_by(type(parent)).items():
-        inner, outer = children.get(inner_name), children.get(outer_name)
-        if inner is None or outer is None or own_parameters(outer):
-            continue
-        column = _column_half(inner, dims)
-        rowwise = read_sole_reader(type(outer))
-        row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
-        if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
-            continue
-        kind, _, norm, fixed = column
-        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed))
-    return found
-
-
-_STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
 
 
 def _is_recurrent_mixer(block: nn.Module) -> bool:

@@ -38,7 +38,8 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
-from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock, SplitBlock
+from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]

@@ -1,0 +1,255 @@
+"""What a parent module's ``forward`` source says about blocks split over two of its children
+(BERT's ``attention.self`` then ``attention.output``, ``intermediate`` then ``output``), and the
+other readers the split blocks need: the column-parallel half's output must reach the row-parallel
+half and nothing else, which only the parent's source can tell.
+
+The general readers and their rules (read, never run; anything not followed answers ``None``) are
+:mod:`plangen.plans.forward_source`'s; this module adds the ones that follow a value across
+sibling children and helper methods.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from functools import lru_cache
+
+from plangen.plans.forward_source import (
+    BlockCall,
+    _assigns,
+    _first_parameter,
+    _forward_tree,
+    _self_call_name,
+    _self_calls,
+    _unpacked_outputs,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Blocks split over two sibling modules (BERT's ``attention.self`` then ``attention.output``,
+# ``intermediate`` then ``output``): the column-parallel half's output must reach the row-parallel
+# half and nothing else, which only the parent's source can tell.
+
+
+@lru_cache(maxsize=None)
+def _forward_and_helpers(cls: type) -> tuple[ast.FunctionDef, ...]:
+    """``cls.forward`` and the methods of ``cls`` it names as ``self.<method>`` (BERT's layer hands
+    ``self.feed_forward_chunk`` to ``apply_chunking_to_forward``), each parsed on its own."""
+    tree = _forward_tree(cls)
+    if tree is None:
+        return ()
+    trees = [tree]
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            continue
+        method = inspect.getattr_static(cls, node.attr, None)
+        if not inspect.isfunction(method) or node.attr == "forward":
+            continue
+        try:
+            parsed = ast.parse(textwrap.dedent(inspect.getsource(method)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            return ()
+        if parsed.body and isinstance(parsed.body[0], ast.FunctionDef) and parsed.body[0] not in trees:
+            trees.append(parsed.body[0])
+    return tuple(trees)
+
+
+def _calls_in(function: ast.FunctionDef) -> dict[str, list[tuple[ast.Call, ast.AST | None]]]:
+    calls: dict[str, list[tuple[ast.Call, ast.AST | None]]] = {}
+    for parent in ast.walk(function):
+        for node in ast.iter_child_nodes(parent):
+            name = _self_call_name(node)
+            if name is not None:
+                calls.setdefault(name, []).append((node, parent))  # type: ignore[arg-type]
+    return calls
+
+
+def read_helper_block_call(parent_cls: type, child_name: str, child_cls: type) -> BlockCall | None:
+    """:func:`read_block_call` over ``forward`` and the helper methods it names; None when ``self.<child>``
+    is called other than exactly once there, or in a way that cannot be told for sure."""
+    calls = [c for tree in _forward_and_helpers(parent_cls) for c in _calls_in(tree).get(child_name, [])]
+    if len(calls) != 1:
+        return None
+    call, parent = calls[0]
+    if any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    if call.args:
+        return BlockCall(len(call.args), None, _unpacked_outputs(call, parent))
+    first = _first_parameter(child_cls)
+    if first is None or first not in {k.arg for k in call.keywords}:
+        return None
+    return BlockCall(0, first, _unpacked_outputs(call, parent))
+
+
+def _position(node: ast.AST) -> tuple[int, int]:
+    return (node.lineno, node.col_offset)  # type: ignore[attr-defined]
+
+
+def _end(node: ast.AST) -> tuple[int, int]:
+    return (node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+
+
+def _is_rest_of(node: ast.AST, name: str) -> bool:
+    """``name[1:]``: the outputs after the first (attention weights handed up and dropped)."""
+    return (
+        isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name
+        and isinstance(node.slice, ast.Slice) and node.slice.upper is None and node.slice.step is None
+        and isinstance(node.slice.lower, ast.Constant) and node.slice.lower.value == 1
+    )
+
+
+def _bound_once_to(function: ast.FunctionDef, call: ast.Call) -> str | None:
+    """The child whose first output alone is ``call``'s first argument: ``x = self.A(...)`` or
+    ``x, _ = self.A(...)`` then ``call(x, ...)``, or ``x = self.A(...)`` then ``call(x[0], ...)``, the
+    assignment a plain statement of the function body, ``x`` read nowhere else before its next
+    assignment (but as ``x[1:]``, the outputs after the first)."""
+    arg = call.args[0] if call.args else None
+    first_of = isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Constant) and arg.slice.value == 0
+    name_node = arg.value if first_of else arg  # type: ignore[union-attr]
+    if not isinstance(name_node, ast.Name):
+        return None
+    name = name_node.id
+    assigns = sorted((n for n in ast.walk(function) if _assigns(n, name)), key=_position)
+    before = [a for a in assigns if _position(a) < _position(call) and call not in ast.walk(a)]
+    if not before or before[-1] not in function.body or not isinstance(before[-1], ast.Assign):
+        return None
+    producing = before[-1]
+    target = producing.targets[0] if len(producing.targets) == 1 else None
+    if isinstance(target, (ast.Tuple, ast.List)) and target.elts and not first_of:
+        target = target.elts[0]
+    source = _self_call_name(producing.value)
+    if source is None or not (isinstance(target, ast.Name) and target.id == name):
+        return None
+    later = [a for a in assigns if _position(a) > _position(producing)]
+    following = later[0] if later else None
+    inside_following = {id(n) for n in ast.walk(following.value)} if following is not None and following.value else set()
+    rest = {id(n.value) for n in ast.walk(function) if _is_rest_of(n, name)}  # type: ignore[attr-defined]
+    uses = [
+        n for n in ast.walk(function)
+        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in rest
+        and _position(n) > _end(producing)
+        and (following is None or _position(n) < _position(following) or id(n) in inside_following)
+    ]
+    return source if uses == [name_node] else None
+
+
+@lru_cache(maxsize=None)
+def read_fed_by(parent_cls: type) -> dict[str, str]:
+    """Children that ``parent_cls`` (forward and its helper methods) calls, exactly once, on another
+    child's output and nothing else reads that output: ``{"output": "self"}`` for BERT's attention
+    (``out, w = self.self(h, ...)`` then ``self.output(out, h)``)."""
+    found: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for tree in _forward_and_helpers(parent_cls):
+        for name, calls in _calls_in(tree).items():
+            counts[name] = counts.get(name, 0) + len(calls)
+            for call, _ in calls:
+                source = _bound_once_to(tree, call)
+                if source is not None:
+                    found[name] = source
+    return {name: source for name, source in found.items() if counts[name] == 1 and counts.get(source) == 1}
+
+
+@lru_cache(maxsize=None)
+def read_sole_reader(block_cls: type) -> str | None:
+    """The child that alone reads ``block_cls.forward``'s first argument (``self.dense(hidden_states)``),
+    before that argument is reassigned by a plain statement of the body; None otherwise."""
+    tree = _forward_tree(block_cls)
+    first = _first_parameter(block_cls)
+    if tree is None or first is None:
+        return None
+    assigns = sorted((n for n in ast.walk(tree) if _assigns(n, first)), key=_position)
+    reassigned = assigns[0] if assigns else None
+    if reassigned is not None and reassigned not in tree.body:
+        return None
+    inside = {id(n) for n in ast.walk(reassigned.value)} if reassigned is not None and reassigned.value else set()
+    uses = [
+        n for n in ast.walk(tree)
+        if isinstance(n, ast.Name) and n.id == first and isinstance(n.ctx, ast.Load)
+        and (reassigned is None or _position(n) < _position(reassigned) or id(n) in inside)
+    ]
+    if len(uses) != 1:
+        return None
+    for node in ast.walk(tree):
+        name = _self_call_name(node)
+        if name is not None and node.args and node.args[0] is uses[0] and len(node.args) == 1:  # type: ignore[attr-defined]
+            return name
+    return None
+
+
+@lru_cache(maxsize=None)
+def read_choice_readers(block_cls: type) -> frozenset[str]:
+    """Children ``block_cls.forward`` calls on ``x = <other argument> if <cond> else <first argument>``
+    (BERT's ``current_states``: the encoder's states for cross-attention, else the block input), ``x``
+    assigned once, by a plain statement of the body. Either way they read an input of the block."""
+    tree = _forward_tree(block_cls)
+    first = _first_parameter(block_cls)
+    if tree is None or first is None:
+        return frozenset()
+    arguments = {a.arg for a in (*tree.args.posonlyargs, *tree.args.args, *tree.args.kwonlyargs)}
+    aliases = set()
+    for statement in tree.body:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.IfExp)):
+            continue
+        branches = {b.id for b in (statement.value.body, statement.value.orelse) if isinstance(b, ast.Name)}
+        alias = statement.targets[0].id
+        if first in branches and len(branches) == 2 and branches <= arguments and alias not in arguments:
+            if sum(_assigns(n, alias) for n in ast.walk(tree)) == 1:
+                aliases.add(alias)
+    readers = set()
+    for node in ast.walk(tree):
+        name = _self_call_name(node)
+        args = getattr(node, "args", None)
+        if name is not None and args and isinstance(args[0], ast.Name) and args[0].id in aliases:
+            readers.add(name)
+    return frozenset(readers)
+
+
+@lru_cache(maxsize=None)
+def read_reshape_attributes(block_cls: type) -> frozenset[str]:
+    """Attributes ``self.X`` that ``block_cls.forward`` passes to ``.view(...)`` / ``.reshape(...)``:
+    sizes fixed when the module was built (``context.view(..., self.all_head_size)``), which a split
+    by heads would leave at the unsharded value."""
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return frozenset()
+    sizes: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape"):
+            sizes += node.args
+    # A shape built beforehand (``shape = x.size()[:-2] + (self.all_head_size,)``): what it was built from.
+    names = {n.id for arg in sizes for n in ast.walk(arg) if isinstance(n, ast.Name)}
+    sizes += [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(_assigns(n, name) for name in names)]
+    return frozenset(
+        n.attr for arg in sizes for n in ast.walk(arg)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    )
+
+
+@lru_cache(maxsize=None)
+def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> frozenset[str]:
+    """Children of ``child_cls`` that its forward calls on any parameter ``parent_cls`` passes the same
+    variable as the first (CTRL: ``self.multi_head_attention(normed, normed, normed, ...)`` into
+    ``forward(self, v, k, q, ...)``, then ``self.Wq(q)``, ``self.Wk(k)``, ``self.Wv(v)``): they all
+    read the block's input. Only parameters the forward never reassigns; empty when unsure."""
+    calls = _self_calls(parent_cls).get(child_name, [])
+    tree = _forward_tree(child_cls)
+    if len(calls) != 1 or tree is None:
+        return frozenset()
+    args = calls[0][0].args
+    if not args or not isinstance(args[0], ast.Name) or any(isinstance(a, ast.Starred) for a in args):
+        return frozenset()
+    try:
+        params = [p.name for p in list(inspect.signature(child_cls.forward).parameters.values())[1:]]
+    except (TypeError, ValueError):
+        return frozenset()
+    alike = {
+        params[i] for i, a in enumerate(args[: len(params)]) if isinstance(a, ast.Name) and a.id == args[0].id
+    }
+    alike = {p for p in alike if not any(_assigns(n, p) for n in ast.walk(tree))}
+    return frozenset(
+        name for node in ast.walk(tree)
+        if (name := _self_call_name(node)) is not None
+        and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in alike  # type: ignore[attr-defined]
+    )
