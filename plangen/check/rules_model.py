@@ -400,8 +400,9 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
 
 def _split_partner(plan: ModelPlan, block: str) -> str | None:
     """The sibling holding the other half when ``block`` is one half of a block split over two modules
-    (BERT's ``attention.self`` / ``attention.output``: see :class:`plangen.plans.recognize.SplitBlock`)."""
-    from plangen.plans.recognize import read_dims, recognize_split_blocks
+    (BERT's ``attention.self`` / ``attention.output``: see :class:`plangen.plans.recognize_split.SplitBlock`)."""
+    from plangen.plans.recognize import read_dims
+    from plangen.plans.recognize_split import recognize_split_blocks
 
     parent, _, child = block.rpartition(".")
     dims = read_dims(plan.model)

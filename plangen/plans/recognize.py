@@ -479,6 +479,9 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm)
 
 
+_STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
+
+
 def _is_recurrent_mixer(block: nn.Module) -> bool:
     if any(isinstance(m, nn.Conv1d) for m in block.modules()):
         return True

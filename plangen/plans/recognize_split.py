@@ -105,5 +105,3 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
         found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed))
     return found
 
-
-_STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
