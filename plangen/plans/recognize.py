@@ -198,7 +198,7 @@ def recognize_attention(
     """Self-attention with separate head projections: shard by heads, or say why not.
 
     Column-parallel: the projections that read the block input (``readers``: as its caller shows
-    them, see :func:`~plangen.plans.forward_source.read_alike_readers`) and give a whole number of
+    them, see :func:`~plangen.plans.split_source.read_alike_readers`) and give a whole number of
     heads (q, k, v, an output gate). Row-parallel: the one projection from all heads back to the
     hidden size. None when the block does not look like attention at all.
     """
