@@ -40,7 +40,9 @@ DEFAULT_VARIANT = "optimized"
 
 # Styles whose forward sums partial results across TP ranks and that the stable variant cannot
 # rewrite into a gather: the plan is refused rather than silently left with a sum.
-_SUMMING_STYLES = ("PackedRowwiseParallel", "RowwiseParallelOwnOutput")
+# EveryTokenMoeParallel (Llama-4) also copies the shared expert's row-parallel output for the
+# block's in-place add, which a column-parallel twin would not: refused until it has a stable form.
+_SUMMING_STYLES = ("PackedRowwiseParallel", "RowwiseParallelOwnOutput", "EveryTokenMoeParallel")
 
 # Row-parallel styles and the column-parallel style that computes the same projection by output features.
 _COLUMN_TWIN = {"RowwiseParallel": "ColwiseParallel", "Conv1DRowwiseParallel": "Conv1DColwiseParallel"}
