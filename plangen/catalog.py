@@ -34,7 +34,6 @@ PlanKind = Literal["hand-written", "synthesized", "hf", "none"]
 
 FRACTION_TP_SIZE = 2  # the TP size the sharded share is measured at
 # The fake group started for the measurement when none runs (as many ranks as the tests' own).
-FAKE_WORLD_SIZE = 8
 WELL_SHARDED = 0.95  # a plan that shards less leaves much of the model on every TP rank
 
 
@@ -259,9 +258,10 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
     """
     import torch.distributed as dist
 
+    from plangen.cost.measure import FAKE_WORLD_SIZE
+
     if not dist.is_initialized():
-        # Left running, as the tests' fake group is: DTensor keeps the meshes of its sharding
-        # decisions, and a later group would run a destroyed group's meshes over its own ranks.
+        # Left running, as plangen.cost.measure.fake_process_group leaves its group (why: there).
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
     elif dist.get_backend() != "fake" or dist.get_world_size() < FRACTION_TP_SIZE:
         return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running"

@@ -16,6 +16,9 @@ def fake_pg():
     """A single-process fake process group: TP at any size for shapes and collective counts."""
     import torch.distributed as dist
 
+    from plangen.cost.measure import FAKE_WORLD_SIZE
+
+    # The same group the code under test makes and leaves running (plangen.cost.measure).
     if not dist.is_initialized():
-        dist.init_process_group("fake", rank=0, world_size=8)
+        dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
     yield

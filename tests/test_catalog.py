@@ -115,7 +115,8 @@ def test_a_class_below_the_target_says_what_stays_whole(listing):
     # TrOCR reshapes its attention output by the input's own width: attention stays whole.
     row = rows_by_class(listing)["TrOCRForCausalLM"]
     assert row["sharded_fraction"] < 0.95
-    assert "below 95% TP-sharded: model.decoder.layers.*.self_attn stays whole (its forward shapes" in row["note"]
+    assert "left whole at TP 2: model.decoder.layers.*.self_attn " in row["note"]
+    assert "(its forward shapes the heads' output by the input's own width" in row["note"]
 
 
 def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):

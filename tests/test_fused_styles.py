@@ -17,16 +17,10 @@ from plangen.fused_styles import ConfigView, FusedColwiseParallel, LocalHeadCoun
 
 
 @pytest.fixture(scope="module")
-def tp_mesh():
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+def tp_mesh(fake_pg):
+    from torch.distributed.device_mesh import DeviceMesh
 
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("fake", rank=0, world_size=2)
-    yield init_device_mesh("cpu", (2,)) if dist.get_world_size() == 2 else DeviceMesh("cpu", [0, 1])
-    if owned:
-        dist.destroy_process_group()
+    return DeviceMesh("cpu", [0, 1])  # two ranks of the session's fake group
 
 
 def _apply(module: nn.Module, style, mesh) -> nn.Module:

@@ -430,9 +430,7 @@ def test_tiny_model_dtype():
 DEFAULT_CONFIG_BROKEN = {
     "cohere_compass_text": "default rope_parameters is empty but the model reads per-type entries",
     "dbrx": "DbrxAttentionConfig lacks rope_theta that the modeling file reads",
-    "dots1": "default n_routed_experts is None",
     "gemma4_assistant": "default config fails its own validation (hidden_size_per_layer_input)",
-    "lfm2_moe": "default layer_types is None",
     "qwen4_exp": "default indexer sizes are None",
     "qwen4_exp_text": "default indexer sizes are None",
 }

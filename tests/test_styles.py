@@ -118,18 +118,10 @@ def test_resolved_kwargs_are_fresh_copies():
 
 
 @pytest.fixture(scope="module")
-def tp_mesh():
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+def tp_mesh(fake_pg):
+    from torch.distributed.device_mesh import DeviceMesh
 
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("fake", rank=0, world_size=2)
-    # Another module's fake group may be larger: a 2-rank mesh over its first ranks works in both cases.
-    mesh = init_device_mesh("cpu", (2,)) if dist.get_world_size() == 2 else DeviceMesh("cpu", [0, 1])
-    yield mesh
-    if owned:
-        dist.destroy_process_group()
+    return DeviceMesh("cpu", [0, 1])  # two ranks of the session's fake group
 
 
 def apply_style(module: nn.Module, style: str, mesh) -> nn.Module:

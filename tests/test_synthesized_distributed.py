@@ -128,7 +128,8 @@ def test_committed_sweep_agrees(model_type):
     from plangen.plans.proven import is_proven
 
     class_name = CLASSES[model_type][0]
-    assert is_proven(class_name, False) and is_proven(class_name, True), f"{class_name}: run scripts/sweep_plans.py"
+    assert is_proven(class_name, False), f"{class_name}: run scripts/sweep_plans.py"
+    assert is_proven(class_name, True) == (model_type not in TP_ONLY)
 
 
 @pytest.mark.distributed
@@ -141,5 +142,3 @@ def test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong(results, m
         result = per_case[f"{mesh}/opt-global-heads"]
         assert "error" not in result, result.get("trace", result["error"])
         assert result["logits"] > 1e-2, case_problem(result)
-    assert is_proven(class_name, False), f"{class_name}: run scripts/sweep_plans.py"
-    assert is_proven(class_name, True) == (model_type not in TP_ONLY)
