@@ -152,15 +152,16 @@ def _fit_depth(points: list[Mapping[str, int]], depth: int) -> dict[str, int] | 
 
 
 def _fit_depth_and_layer(points: Mapping[tuple[int, int], Mapping[str, int]], depth: int, layer: int) -> dict[str, int] | None:
-    # v(n, K) = a + b n + c K from (3, 1), (4, 1), (4, 2), checked on every other point.
-    base, deeper, later = points[(3, 1)], points[(4, 1)], points[(4, 2)]
+    # v(n, K) = a + b n + c K from (n1, 1), (n2, 1), (n2, 2), checked on every other point.
+    n1, n2 = DEPTHS[:2]
+    base, deeper, later = points[(n1, 1)], points[(n2, 1)], points[(n2, 2)]
     names = set(base)
     if any(set(v) != names for v in points.values()):
         return None
     out = {}
     for name in names:
         per_depth, per_layer = deeper[name] - base[name], later[name] - deeper[name]
-        value = lambda n, k: base[name] + per_depth * (n - 3) + per_layer * (k - 1)  # noqa: E731
+        value = lambda n, k: base[name] + per_depth * (n - n1) + per_layer * (k - 1)  # noqa: E731
         if any(v[name] != value(n, k) for (n, k), v in points.items()):
             return None
         out[name] = value(depth, layer)
