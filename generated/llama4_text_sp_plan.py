@@ -15,9 +15,9 @@ and check it after editing with `plangen verify generated/llama4_text_sp_plan.py
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
-EveryTokenMoeParallel, KVHeadsColwiseParallel, PrepareAttentionInput). The logits leave as a DTensor
-sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
-torch's loss_parallel()).
+EveryTokenMoeParallel, KVHeadsColwiseParallel, PrepareAttentionInput, RowwiseParallelOwnOutput). The
+logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -29,7 +29,12 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from plangen.styles import EveryTokenMoeParallel, KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.styles import (
+    EveryTokenMoeParallel,
+    KVHeadsColwiseParallel,
+    PrepareAttentionInput,
+    RowwiseParallelOwnOutput,
+)
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "llama4_text"
@@ -100,8 +105,9 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         use_local_output=True,
     ),
     # 48 × Linear [5120, 8192] → local [5120, 4096] at TP=2
-    # shared expert: row-parallel, partial sum out (reduced by the block)
-    "model.layers.*.feed_forward.shared_expert.down_proj": RowwiseParallel(
+    # shared expert: row-parallel, partial sum out (reduced by the block); its output is a copy, which the block adds
+    # the routed experts' sum into in place
+    "model.layers.*.feed_forward.shared_expert.down_proj": RowwiseParallelOwnOutput(
         input_layouts=Shard(-1),
         output_layouts=Partial(reduce_op="sum"),
         use_local_output=True,

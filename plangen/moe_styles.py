@@ -188,10 +188,9 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
       router's input with that reduction (the same product, the same values), and the block's own
       copy is left unused. The router's input path and the shared expert's are exact as they are.
 
-    The block's children are found by transformers' names, ``experts``, ``router`` and
-    ``shared_expert``. The block adds the routed sum in place into the shared expert's output, which
-    a row-parallel ``down_proj`` returns as ``to_local``'s view (autograd forbids that in place): the
-    block gets a copy of it.
+    The block's children are found by transformers' names, ``experts`` and ``router``. (The block
+    adds the routed sum in place into the shared expert's output: the plan gives its ``down_proj``
+    ``RowwiseParallelOwnOutput``, whose output is a copy, not ``to_local``'s view.)
     """
 
     experts_name, router_name = "experts", "router"
@@ -247,9 +246,6 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
             mod._parameters.update(swapped)  # type: ignore[arg-type]
             swapped.clear()
 
-        shared = getattr(module, "shared_expert", None)
-        if isinstance(shared, nn.Module):
-            shared.register_forward_hook(lambda mod, args, output: output.clone())
         router.register_forward_pre_hook(keep_router_input)
         router.register_forward_hook(local_scores)
         experts.register_forward_pre_hook(local_experts)

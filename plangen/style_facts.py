@@ -180,6 +180,17 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             shard_dim={LINEAR: 1, EMBEDDING: 0},
             layout_defaults={"input_layouts": _LAST, "output_layouts": _REPLICATE},
             produces=_SUM,
+            hooks=MODULE_HOOKS,
+        ),
+        # torch's ColwiseParallel, its local output a copy (the stable twin of the one above).
+        StyleFacts(
+            "ColwiseParallelOwnOutput",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, EMBEDDING: 1},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _LAST},
+            produces=_LAST,
+            hooks=MODULE_HOOKS,
         ),
         # Divides the attention module's head counts; its parameters are its children's business.
         StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),

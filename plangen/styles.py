@@ -435,7 +435,19 @@ class RowwiseParallelOwnOutput(RowwiseParallel):
         return outputs.clone() if use_local_output else outputs
 
 
+class ColwiseParallelOwnOutput(ColwiseParallel):
+    """:class:`ColwiseParallel` whose local output is a tensor of its own, not a view: the stable
+    variant's twin of :class:`RowwiseParallelOwnOutput` (a column-parallel projection on the gathered
+    input whose gathered output the layer modifies in place)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        outputs = ColwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh)
+        return outputs.clone() if use_local_output else outputs
+
+
 STYLE_CLASSES[RowwiseParallelOwnOutput.__name__] = RowwiseParallelOwnOutput
+STYLE_CLASSES[ColwiseParallelOwnOutput.__name__] = ColwiseParallelOwnOutput
 
 
 __all__ = [
@@ -445,6 +457,7 @@ __all__ = [
     "AllReduceOutputGrad",
     "AllReduceParamGrads",
     "AttentionSinksParallel",
+    "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),
     "EveryTokenMoeParallel",

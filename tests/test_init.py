@@ -448,7 +448,7 @@ def test_stable_variant_file_records_it_and_verifies_clean(spec, tmp_path, monke
     assert again.exit_code == 0 and "already up to date" in again.output
 
 
-@pytest.mark.parametrize("spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss", "llama4"])
 def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_sums_nothing(spec, tmp_path, monkeypatch):
     """Whole-projection norms (GatheredNormParallel), Conv1D row-parallel projections (column-parallel
     on the gathered input) and experts (kept whole over TP, listed as such in the file): the file has
@@ -472,7 +472,7 @@ def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_su
     assert not any(isinstance(o, Partial) for layouts in outputs for o in layouts)
     if spec == "olmo2":
         assert type(styles["model.layers.*.self_attn.q_norm"]).__name__ == "GatheredNormParallel"
-    if "moe" in spec or spec in ("deepseek_v3", "gpt_oss"):
+    if "moe" in spec or spec in ("deepseek_v3", "gpt_oss", "llama4"):
         assert "experts whole over TP" in path.read_text()
     report = verify_plan_files([path])
     assert report.diagnostics == [] and report.notes == []

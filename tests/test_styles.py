@@ -835,3 +835,31 @@ def test_rowwise_own_output_may_be_modified_in_place(tp_mesh):
     parallelize_module(own, tp_mesh, {"m": RowwiseParallelOwnOutput()})
     x = torch.randn(2, 5, 4)
     assert collectives(lambda: own.m(x)) == collectives(lambda: m(x)) == {"all_reduce": 1}
+
+
+def test_colwise_own_output_may_be_modified_in_place(tp_mesh):
+    """The stable variant's twin: column-parallel on a gathered input, the gathered output a copy."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from torch.distributed.tensor import Replicate, Shard
+
+    from plangen.styles import ColwiseParallelOwnOutput
+
+    gathered = {"input_layouts": Shard(-1), "output_layouts": Replicate(), "use_local_output": True}
+
+    def weight_grad(style, in_place: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        holder = nn.Module()
+        holder.m = nn.Linear(8, 6)
+        parallelize_module(holder, tp_mesh, {"m": style})
+        out = holder.m(torch.randn(2, 5, 8 // tp_mesh.size()))
+        if in_place:
+            out += 1.0
+        else:
+            out = out + 1.0
+        (out * out).sum().backward()
+        return local(holder.m.weight.grad)
+
+    with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
+        weight_grad(ColwiseParallel(**gathered), in_place=True)
+    assert torch.equal(weight_grad(ColwiseParallelOwnOutput(**gathered), True), weight_grad(ColwiseParallel(**gathered), False))

@@ -109,3 +109,5 @@ TINY["llama4"] = dict(
     **{k: v for k, v in COMMON.items() if k != "intermediate_size"},
 )
 TINY["llama4-moe"] = dict(TINY["llama4"], interleave_moe_layer_step=1)  # every layer MoE (Scout's pattern)
+# The stable variant's bitwise check: 4 KV heads, and the shared expert 32 wide (16 columns per rank at TP 2).
+TINY["llama4-4kv"] = dict(TINY["llama4"], num_key_value_heads=4, intermediate_size=32)

@@ -142,7 +142,9 @@ class LayoutTracer:
     def _tag(self, tensor: "torch.Tensor", layout: Layout) -> "torch.Tensor":
         if not tensor.requires_grad:
             return tensor
-        tagged = tensor.view_as(tensor)
+        # A copy, not a view: a model that modifies the output in place (Llama-4's block adds its
+        # routed sum into the shared expert's output) would rebase a view's autograd node and lose the tag.
+        tagged = tensor.clone()
         self.keep.append(tagged.grad_fn)
         self.tags[id(tagged.grad_fn)] = layout
         return tagged

@@ -189,6 +189,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("Conv1DColwiseParallel", _LAYOUTS),
         _spec("Conv1DRowwiseParallel", _LAYOUTS),
         _spec("RowwiseParallelOwnOutput", _LAYOUTS),
+        _spec("ColwiseParallelOwnOutput", _LAYOUTS),
         _spec("LocalHeadCounts", (StyleParam("attributes", STR_TUPLE, ()),)),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         # PrepareModuleInput's arguments; the rope width is read from the module when applied.

@@ -238,8 +238,9 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
         for proj in ("gate_proj", "up_proj"):
             add(f"{block}.shared_expert.{proj}", "ColwiseParallel", "shared expert: column-parallel",
                 input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
-        add(f"{block}.shared_expert.down_proj", "RowwiseParallel",
-            "shared expert: row-parallel, partial sum out (reduced by the block)",
+        add(f"{block}.shared_expert.down_proj", "RowwiseParallelOwnOutput",
+            "shared expert: row-parallel, partial sum out (reduced by the block); its output is a copy,"
+            " which the block adds the routed experts' sum into in place",
             input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True)
         replicated.append(Replicated(f"{block}.router", "the router scores every expert for every token on every "
                                      "rank: routing stays exact (the block keeps this rank's experts' scores)", "mlp"))

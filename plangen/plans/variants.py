@@ -16,7 +16,8 @@ the gathered input). Two more sums have no gather-based twin that keeps the same
 * a norm over a whole column-parallel projection (OLMo-2's q/k norms, ``ShardedNormParallel``)
   sums its statistics over TP: ``GatheredNormParallel`` all-gathers the projection's slices instead
   and normalises the whole of it on every rank (its weight then whole over TP, a few KiB);
-* the experts split over TP (``ExpertsParallel``) sum each token's outputs over experts held by
+* the experts split over TP (``ExpertsParallel``, or by their block: Llama-4's
+  ``EveryTokenMoeParallel``) sum each token's outputs over experts held by
   other ranks: the stable variant keeps the experts whole over TP (every rank computes every
   route, as one device does; FSDP2 still shards them over DP), so nothing is left to reduce at the
   block (its partial output becomes whole) and a gate that scaled a partial output no longer sums
@@ -40,12 +41,19 @@ DEFAULT_VARIANT = "optimized"
 
 # Styles whose forward sums partial results across TP ranks and that the stable variant cannot
 # rewrite into a gather: the plan is refused rather than silently left with a sum.
-# EveryTokenMoeParallel (Llama-4) also copies the shared expert's row-parallel output for the
-# block's in-place add, which a column-parallel twin would not: refused until it has a stable form.
-_SUMMING_STYLES = ("PackedRowwiseParallel", "RowwiseParallelOwnOutput", "EveryTokenMoeParallel")
+_SUMMING_STYLES = ("PackedRowwiseParallel",)
 
-# Row-parallel styles and the column-parallel style that computes the same projection by output features.
-_COLUMN_TWIN = {"RowwiseParallel": "ColwiseParallel", "Conv1DRowwiseParallel": "Conv1DColwiseParallel"}
+# Row-parallel styles and the column-parallel style that computes the same projection by output
+# features (an output the layer modifies in place stays a copy of its own).
+_COLUMN_TWIN = {
+    "RowwiseParallel": "ColwiseParallel",
+    "Conv1DRowwiseParallel": "Conv1DColwiseParallel",
+    "RowwiseParallelOwnOutput": "ColwiseParallelOwnOutput",
+}
+
+# Blocks that split their experts themselves (Llama-4's every-token experts): the stable variant
+# drops the style and keeps the block's experts whole, as for ExpertsParallel.
+_EXPERT_SPLITTING_BLOCKS = {"EveryTokenMoeParallel": "experts"}
 
 _WHOLE_EXPERTS = (
     "stable variant: experts whole over TP (a sum over experts on other ranks is a cross-rank sum);"
@@ -110,6 +118,10 @@ def build_stable_plan(plan: Plan) -> Plan:
             )
         if entry.style == "ExpertsParallel":
             replicated.append(Replicated(entry.pattern, _WHOLE_EXPERTS, entry.group))
+            continue
+        if entry.style in _EXPERT_SPLITTING_BLOCKS:
+            experts = f"{entry.pattern}.{_EXPERT_SPLITTING_BLOCKS[entry.style]}"
+            replicated.append(Replicated(experts, _WHOLE_EXPERTS, entry.group))
             continue
         if entry.style == "AllReduceOutputGrad":
             replicated.append(Replicated(entry.pattern, _WHOLE_GATE, entry.group))
