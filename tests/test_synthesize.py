@@ -570,6 +570,19 @@ def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
     assert _entry(build_synthesized_plan(model, True), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallel"
 
 
+@pytest.mark.parametrize(("model_type", "embedding", "owner"), [("ctrl", "transformer.w", "transformer"),
+                                                               ("git", "git.embeddings.word_embeddings", "git.embeddings")])
+def test_an_embedding_output_the_model_modifies_in_place_gets_a_copy(model_type, embedding, owner):
+    """CTRL scales its token embedding in place (inputs_embeds *= sqrt(d)), Git adds the positions
+    into it (embeddings += position_embeddings): torch's row-parallel output is to_local's view."""
+    from plangen.plans.forward_source import read_modified_in_place
+
+    model = meta(model_type)
+    assert embedding.rpartition(".")[2] in read_modified_in_place(type(model.get_submodule(owner)))
+    assert _entry(build_synthesized_plan(model, False), embedding).style == "RowwiseParallelOwnOutput"
+    assert _entry(build_synthesized_plan(meta("llama"), False), "model.embed_tokens").style == "RowwiseParallel"
+
+
 def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_where_the_wrapper_calls_it():
     # GPT-Neo: attn (GPTNeoAttention) hands its input to attn.attention (q/k/v/out_proj), whose
     # _split_heads(query, self.num_heads, self.head_dim) shapes by the module's head count.
