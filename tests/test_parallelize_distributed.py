@@ -97,7 +97,11 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in case
 # The default run: every case at DP 2 x TP 2 (FSDP2 and TP together) and HSDP; at TP 2 alone the
 # bitwise cases and one of each kind (dense, SP, tied, Conv1D, hybrid, MoE, latent attention, sinks).
 # The rest of TP 2 repeats DP 2 x TP 2 without FSDP2: marked slow (-m "slow or not slow").
-TP2_DEFAULT = {"llama", "llama-sp", "gemma3-sp", "gpt2", "nemotron_h-sp", "qwen3_moe-sp", "deepseek_v3-sp", "gpt_oss-sp", "llama4-sp"}
+TP2_DEFAULT = {
+    "llama", "llama-sp", "gemma3-sp", "gpt2", "nemotron_h-sp", "llama4-sp",
+    # issue 10's MoE parity at TP 2, SP off and on:
+    *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
+}
 DEFAULT_IDS = {
     c for c in CASE_IDS
     if not c.startswith("tp2/") or c.split("/")[1] in TP2_DEFAULT or "-4kv-" in c
@@ -159,7 +163,9 @@ def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(result
     """The MoE parity cases mean something: in every MoE layer each TP rank's experts get tokens,
     and somewhere an expert gets none (the masked, empty path runs too)."""
     idle = 0
-    for case_id in MOE_IDS:
+    ran = [c for c in MOE_IDS if c in results[0]]  # the slow ones too, where selected
+    assert len(ran) >= len([c for c in MOE_IDS if c in DEFAULT_IDS])
+    for case_id in ran:
         for per_case in results:
             routes = per_case[case_id]["routes"]
             assert routes, case_id
