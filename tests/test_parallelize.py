@@ -255,7 +255,10 @@ def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
     plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
     assert P.find_unmatched_keys(model, plan) == []
     sharded = {n for key in plan for n in P.find_matching_modules(model, key)}
-    assert "model.layers.1.mixer.up_proj" in sharded and "model.layers.2.mixer.q_proj" in sharded
+    assert "model.layers.3.mixer.up_proj" in sharded and "model.layers.2.mixer.q_proj" in sharded
+    # The MoE block: experts split on the expert dim, the shared expert column/row-parallel, the router whole.
+    assert {"model.layers.1.mixer.experts", "model.layers.1.mixer.shared_experts.up_proj"} <= sharded
+    assert "model.layers.1.mixer.gate" not in sharded
     assert not any(n.startswith("model.layers.0.") for n in sharded)  # the Mamba block
     # SP: the Mamba mixer gathers the sequence, computes it whole and keeps its shard.
     sp_plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, True)
@@ -283,7 +286,7 @@ def test_nemotron_h_checkpoints_only_mlp_and_mamba_blocks(fake_pg, monkeypatch):
     monkeypatch.setattr(P, "apply_activation_checkpointing", lambda layers: checkpointed.extend(layers))
     mesh = DeviceMesh("cpu", torch.arange(1))
     P.parallelize_model(model, mesh, mesh, torch.float32, activation_checkpointing=True)
-    assert [layer.block_type for layer in checkpointed] == ["linear_attention", "mlp", "mlp"]
+    assert [layer.block_type for layer in checkpointed] == ["linear_attention", "mlp"]  # not attention, not MoE
 
 
 @pytest.mark.parametrize(
