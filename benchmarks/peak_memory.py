@@ -44,13 +44,16 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
         "gloo), DP 2 x TP 2, 2 layers, 2 x 128 tokens per DP rank",
         ["model", "SP", "AC", "routing", "phase", "predicted", "measured (4 ranks)", "error", "not byte for byte"],
     )
-    worst, inexact, failed, compared = (0.0, ""), [], [], 0
+    worst, inexact, failed, compared, shares = (-1.0, ""), [], [], 0, []
     for case in cases:
         per_rank = [rank[case["name"]] for rank in measured]
         errors = [r["error"] for r in per_rank if "error" in r]
         if errors:
             failed.append(f"{case['name']}: {errors[0]}")
             continue
+        if "route_share" in per_rank[0]:
+            split = " / ".join(f"{100 * share:.1f} %" for share in per_rank[0]["route_share"])
+            shares.append(f"{case['name']} {split}")
         for phase in PHASES:
             c = compare_phase(predicted[case["name"]], per_rank, phase)
             compared += 1
@@ -67,7 +70,8 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
     section.goals.append(Goal(
         f"every phase's predicted peak within {100 * GOAL:.0f} % of the measured one, every rank",
         not failed and worst[0] <= GOAL,
-        f"largest error {100 * worst[0]:.1f} % ({worst[1] or 'none'}), {compared} phases"
+        f"largest error {100 * max(worst[0], 0):.1f} % ({worst[1] if worst[0] > 0 else 'every total equal'}), "
+        f"{compared} phases"
         + (f"; failed: {'; '.join(failed)}" if failed else ""),
     ))
     section.goals.append(Goal(
@@ -83,6 +87,7 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
         "routing: the prediction has none (fake tensors); 'random' is the model's own router (routes spread over "
         "both TP ranks' experts), 'one-rank' a router of zero weights (every route to one TP rank's experts); "
         "both are compared with the same prediction"
+        + (f"; share of the routes each TP rank's experts got: {'; '.join(shares)}" if shares else "")
     )
     return section
 
