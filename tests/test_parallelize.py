@@ -307,3 +307,28 @@ def test_the_chosen_plan_and_its_reason_are_logged(fake_pg, caplog, custom, expe
     with caplog.at_level(logging.INFO, logger="plangen"):
         P.parallelize_model(build_tiny("llama"), mesh["dp"], mesh["tp"], torch.float32, custom_parallel_plan=custom)
     assert expected in caplog.messages
+
+
+def test_checkpointed_layers_leave_the_kv_cache_alone_in_training():
+    """Backward replays a checkpointed layer; with the KV cache in its call the replay would write the
+    layer's keys and values into the cache a second time (16 positions after a step of 8), and the
+    cache, kept by the replay's arguments, would hold them until backward ends (docs/cost.md). Under
+    training the layers get no cache (as transformers' own checkpointing does it), the gradients are
+    the uncheckpointed model's; without gradients (generation in train mode) the cache fills."""
+    from transformers import DynamicCache
+
+    from plangen.plan_checks import find_transformer_layers
+    from tiny_configs import build_tiny
+
+    plain, checkpointed = build_tiny("llama").train(), build_tiny("llama").train()
+    P.apply_activation_checkpointing(find_transformer_layers(checkpointed))
+    ids = torch.randint(0, 100, (2, 8))
+    plain(input_ids=ids, use_cache=False).logits.sum().backward()
+    cache = DynamicCache(config=checkpointed.config)
+    checkpointed(input_ids=ids, cache=cache, use_cache=True).logits.sum().backward()
+    assert cache.get_seq_length() == 0
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        checkpointed(input_ids=ids, cache=cache, use_cache=True)
+    assert cache.get_seq_length() == 8
