@@ -66,6 +66,28 @@ def test_breakdown_adds_up_to_the_trackers_total(predicted):
             assert phase.breakdown.total == phase.tracked_total > 0
 
 
+def test_each_peak_says_where_in_its_phase_it_is(predicted):
+    """A moment outside every module is named by its place: forward's loss is after the layers,
+    backward's end (the embedding's gradient, FSDP2's last reduce-scatters) after its layers."""
+    from dataclasses import replace
+
+    from plangen.cost.depth import AFTER_LAYERS
+    from plangen.cost.peak import place_of
+    from plangen.cost.render import render_peak_text
+
+    assert (place_of(None), place_of(0), place_of(3), place_of(AFTER_LAYERS)) == ("before", "layer", "layer", "after")
+    for report in predicted.values():
+        for peak in report.phases:
+            assert peak.place in ("before", "layer", "after")
+            assert (peak.place == "layer") == (".layers." in f".{peak.module}"), peak
+    report = _report(2**30)
+    backward = report.phases[0]
+    after = replace(report, phases=(replace(backward, place="after"),))
+    assert "in backward, after the decoder layers' backward (the embedding's gradient" in render_peak_text([after])
+    before = replace(report, phases=(replace(backward, place="before"),))
+    assert "in backward, before the output head's backward" in render_peak_text([before])
+
+
 def test_steady_state_and_no_global_shaped_transients(predicted):
     """AdamW's states are held from the start (the measured step is the second); the step's
     temporaries are foreach AdamW's one copy of the sharded parameters, not global-shaped tensors."""
