@@ -125,6 +125,9 @@ class ShardedBlock:
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Multi-query attention: the parts of the fused projection (by index) that are its one key and one
+    # value head, computed whole on every rank (plangen.fused_styles.MultiQueryColwiseParallel).
+    shared_parts: tuple[int, ...] = ()
     # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
     # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
     # made this rank's when the plan is applied.

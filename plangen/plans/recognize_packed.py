@@ -72,8 +72,16 @@ def packed_attention(
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    shared: tuple[int, ...] = ()
+    heads = split.head_attributes
     if split.kind == "parts":
-        small = [p for p in split.parts if p % d or p // d < 2]
+        shared = _multi_query_parts(split.parts, dims)
+        if shared:
+            # The shared head's width stays whole (its num_key_value_groups, which the attention
+            # interfaces repeat it by, PrepareAttentionInput makes this rank's query heads).
+            widths = {split.parts[i] for i in shared}
+            heads = tuple(a for a in heads if getattr(block, a) not in widths)
+        small = [p for i, p in enumerate(split.parts) if (p % d or p // d < 2) and i not in shared]
         if small:
             return KeptBlock(
                 "attention",
@@ -85,7 +93,16 @@ def packed_attention(
             common = gcd(common, p)
         fused = ((name, tuple(p // common for p in split.parts)),)
     return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
-                        head_attributes=split.head_attributes)
+                        head_attributes=heads, shared_parts=shared)
+
+
+def _multi_query_parts(parts: tuple[int, ...], dims: ModelDims) -> tuple[int, ...]:
+    """The parts that are one key and one value head after all query heads (GPT-BigCode's
+    ``split((embed_dim, kv_dim, kv_dim))`` with one KV head): their indices, else ()."""
+    d, heads = dims.head_dim, dims.heads
+    if len(parts) == 3 and heads and heads >= 2 and parts[0] == heads * d and parts[1:] == (d, d):
+        return (1, 2)
+    return ()
 
 
 def recognize_wrapped_attention(block: nn.Module, dims: ModelDims) -> tuple[str, ShardedBlock] | KeptBlock | None:

@@ -155,6 +155,11 @@ def _latent_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
 def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: Any, group: str, why: str) -> PlanEntry:
     """Column-parallel; a packed projection re-laid out so each rank holds its slice of every part."""
     parts = dict(block.fused).get(name)
+    if parts is not None and block.shared_parts:
+        return PlanEntry(pattern, "MultiQueryColwiseParallel",
+                         dict(part_sizes=parts, shared_parts=block.shared_parts, input_layouts=input_layout), group,
+                         f"{why}; multi-query: this rank's query heads, the one key/value head gathered whole "
+                         "(its gradient summed over TP)")
     if parts is None:
         return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
                                                            use_local_output=True), group, why)
