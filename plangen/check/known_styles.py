@@ -219,7 +219,7 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("use_local_output", BOOL, True),
             ),
         ),
-        _spec("TiedEmbeddingParallel", _LAYOUTS),
+        _spec("TiedEmbeddingParallel", (*_LAYOUTS, StyleParam("local_lookup", BOOL, False))),
         _spec("TiedHeadParallel", _LAYOUTS),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
     )

@@ -254,6 +254,13 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 group, "per-head norm sees only local heads: its weight gradient is summed over TP",
             )
         )
+    for name in block.scalar_children:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}", "AllReduceParamGrads", {}, group,
+                "single-valued parameters applied to this rank's slice only: their gradient is summed over TP",
+            )
+        )
     for name in block.projection_norms:
         entries.append(
             PlanEntry(
