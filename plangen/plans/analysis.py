@@ -91,6 +91,9 @@ class Analysis:
     positions: tuple[str, ...] = ()
     # Layers whose per-head input (MPT's ALiBi bias) is sliced to this rank's heads, and how.
     head_inputs: tuple[tuple[str, PerHeadInput], ...] = ()
+    # The token embedding scales its own lookup (Gemma's ScaledWordEmbedding, an embed_scale): the
+    # scale is applied to each rank's partial lookup before the reduction (local_lookup).
+    embedding_scaled: bool = False
 
     @property
     def synthesizable(self) -> bool:
@@ -472,4 +475,12 @@ def analyze_model(model: nn.Module) -> Analysis:
         problem=problem,
         positions=tuple(positions),
         head_inputs=tuple(found.head_inputs),
+        embedding_scaled=ends.embedding_ok and is_scaled_embedding(ends.embedding),
     )
+
+
+def is_scaled_embedding(module: nn.Module | None) -> bool:
+    """An ``nn.Embedding`` whose own forward scales the lookup by its ``embed_scale`` (Gemma3's
+    ``Gemma3TextScaledWordEmbedding``: ``super().forward(input_ids) * self.embed_scale``)."""
+    return (isinstance(module, nn.Embedding) and type(module).forward is not nn.Embedding.forward
+            and hasattr(module, "embed_scale"))

@@ -282,13 +282,12 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
     replicated = list(analysis.kept)
     if analysis.embedding is not None:
         reduced = "reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"
-        entries.append(
-            PlanEntry(
-                analysis.embedding, "RowwiseParallel",
-                dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
-                "embeddings", f"vocab-parallel embedding; {reduced}",
-            )
-        )
+        layouts = dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
+        if analysis.embedding_scaled:
+            entries.append(PlanEntry(analysis.embedding, "TiedEmbeddingParallel", dict(**layouts, local_lookup=True),
+                                     "embeddings", f"vocab-parallel embedding; {reduced}; its own scale applied to the partial lookup first"))
+        else:
+            entries.append(PlanEntry(analysis.embedding, "RowwiseParallel", layouts, "embeddings", f"vocab-parallel embedding; {reduced}"))
     if sp:
         entries += [
             PlanEntry(
