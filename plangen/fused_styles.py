@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 
@@ -192,7 +192,7 @@ class MultiQueryColwiseParallel(FusedColwiseParallel):
         *,
         part_sizes: tuple[int, ...] = (2, 1, 1),
         shared_parts: tuple[int, ...] = (1, 2),
-        input_layouts: Any = None,
+        input_layouts: Placement | None = None,
     ) -> None:
         super().__init__(part_sizes=part_sizes, input_layouts=input_layouts, use_local_output=True)
         self.shared_parts = tuple(shared_parts)
