@@ -43,11 +43,12 @@ PLANGEN_SEQUENCE_PARALLEL = False
 custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Gemma3TextScaledWordEmbedding [262208, 2304] → local [131104, 2304] at TP=2
-    # vocab-parallel embedding; all-reduce; one weight with lm_head (tied), sharded once
+    # vocab-parallel embedding; all-reduce; its own scale applied to the partial lookup first
     "model.language_model.embed_tokens": TiedEmbeddingParallel(
         input_layouts=Replicate(),
         output_layouts=Replicate(),
         use_local_output=True,
+        local_lookup=True,
     ),
 
     # Attention

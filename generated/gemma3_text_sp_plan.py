@@ -49,9 +49,14 @@ PLANGEN_SEQUENCE_PARALLEL = True
 custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Gemma3TextScaledWordEmbedding [262208, 2304] → local [131104, 2304] at TP=2
-    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual; one weight with lm_head (tied),
-    # sharded once
-    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+    # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual; its own scale applied to the partial
+    # lookup first
+    "model.embed_tokens": TiedEmbeddingParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(1),
+        use_local_output=False,
+        local_lookup=True,
+    ),
 
     # Attention
     # 26 × Gemma3Attention: one all-gather of the sequence per attention block; one gradient reduction per block in

@@ -44,7 +44,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Embedding [50257, 768] → local [25129, 768] at TP=2 (uneven split)
     # vocab-parallel embedding; all-reduce; one weight with lm_head (tied), sharded once
-    "transformer.wte": TiedEmbeddingParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
+    "transformer.wte": TiedEmbeddingParallel(
+        input_layouts=Replicate(),
+        output_layouts=Replicate(),
+        use_local_output=True,
+        local_lookup=False,
+    ),
     # Left replicated on purpose: learned position embedding, small: kept whole
     # "transformer.wpe": 1 × Embedding [1024, 768]
 

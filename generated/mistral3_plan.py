@@ -41,6 +41,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         input_layouts=Replicate(),
         output_layouts=Replicate(),
         use_local_output=True,
+        local_lookup=False,
     ),
 
     # Attention

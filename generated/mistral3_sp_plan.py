@@ -44,7 +44,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 1 × Embedding [131072, 5120] → local [65536, 5120] at TP=2
     # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual; one weight with lm_head (tied),
     # sharded once
-    "model.language_model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
+    "model.language_model.embed_tokens": TiedEmbeddingParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(1),
+        use_local_output=False,
+        local_lookup=False,
+    ),
 
     # Attention
     # 40 × MistralAttention: one all-gather of the sequence per attention block; one gradient reduction per block in

@@ -14,12 +14,15 @@ and check it after editing with `plangen verify generated/nemotron_h_plan.py`.
 
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
-nothing from plangen's runtime. The logits leave as a DTensor sharded on the vocabulary: the loss
-must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+ExpertsParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInputOutput, RowwiseParallel
+
+from plangen.styles import ExpertsParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "nemotron_h"
@@ -42,12 +45,40 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "model.layers.*.mixer.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 
     # MLP
+    # 1 × NemotronHMoE: one all-reduce of the summed branches: the experts and the shared expert leave partial sums,
+    # reduced once here
+    "model.layers.1.mixer": PrepareModuleInputOutput(
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Partial(reduce_op="sum"),),
+        desired_output_layouts=(Replicate(),),
+        use_local_output=True,
+    ),
+    # 1 × NemotronHExperts [8, 7688, 4096] → local [4, 7688, 4096] at TP=2
+    # each rank holds E/tp whole experts and computes the routes to them; partial sum out
+    "model.layers.*.mixer.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum")),
+    # 1 × Linear [7688, 4096] → local [3844, 4096] at TP=2; shared expert: column-parallel
+    "model.layers.*.mixer.shared_experts.up_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 1 × Linear [4096, 7688] → local [4096, 3844] at TP=2
+    # shared expert: row-parallel, partial sum out (reduced by the mixer)
+    "model.layers.*.mixer.shared_experts.down_proj": RowwiseParallel(
+        input_layouts=Shard(-1),
+        output_layouts=Partial(reduce_op="sum"),
+        use_local_output=True,
+    ),
     # 1 × Linear [21504, 4096] → local [10752, 4096] at TP=2; column-parallel
     "model.layers.*.mixer.up_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),
     # 1 × Linear [4096, 21504] → local [4096, 10752] at TP=2; row-parallel: one all-reduce
     "model.layers.*.mixer.down_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
-    # Left replicated on purpose: MoE experts need an expert-parallel kernel: replicated
-    # "model.layers.*.mixer.experts": 1 × NemotronHExperts [8, 7688, 4096]
+    # Left replicated on purpose: the router sees every token on every rank: routing stays exact
+    # "model.layers.*.mixer.gate": 1 × NemotronHTopkRouter [8, 4096]
 
     # Output head
     # 1 × Linear [131072, 4096] → local [65536, 4096] at TP=2

@@ -14,11 +14,12 @@ and check it after editing with `plangen verify generated/nemotron_h_sp_plan.py`
 
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
-nothing from plangen's runtime. The logits leave as a DTensor sharded on the vocabulary: the loss
-must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+nothing from plangen's runtime, though plangen.styles must be importable there (for
+ExpertsParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -27,6 +28,8 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
+
+from plangen.styles import ExpertsParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "nemotron_h"
@@ -59,6 +62,34 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "model.layers.*.mixer.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
 
     # MLP
+    # 1 × NemotronHMoE: one all-gather of the sequence in, one reduce-scatter out: the experts and the shared expert
+    # leave partial sums, reduced once here
+    "model.layers.1.mixer": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_input=True,
+        output_layouts=(Partial(reduce_op="sum"),),
+        desired_output_layouts=(Shard(1),),
+        use_local_output=False,
+    ),
+    # 1 × NemotronHExperts [8, 7688, 4096] → local [4, 7688, 4096] at TP=2
+    # each rank holds E/tp whole experts and computes the routes to them; partial sum out
+    "model.layers.*.mixer.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum")),
+    # 1 × Linear [7688, 4096] → local [3844, 4096] at TP=2; shared expert: column-parallel
+    "model.layers.*.mixer.shared_experts.up_proj": ColwiseParallel(
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    ),
+    # 1 × Linear [4096, 7688] → local [4096, 3844] at TP=2
+    # shared expert: row-parallel, partial sum out (reduced by the mixer)
+    "model.layers.*.mixer.shared_experts.down_proj": RowwiseParallel(
+        input_layouts=Shard(-1),
+        output_layouts=Partial(reduce_op="sum"),
+        use_local_output=True,
+    ),
     # 1 × NemotronHMLP: one all-gather of the sequence per MLP block
     "model.layers.3.mixer": PrepareModuleInput(
         input_layouts=(Shard(1),),
@@ -72,8 +103,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 1 × Linear [4096, 21504] → local [4096, 10752] at TP=2
     # row-parallel: reduce-scatter back to the sequence-sharded residual
     "model.layers.*.mixer.down_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
-    # Left replicated on purpose: MoE experts need an expert-parallel kernel: replicated
-    # "model.layers.*.mixer.experts": 1 × NemotronHExperts [8, 7688, 4096]
+    # Left replicated on purpose: the router sees every token on every rank: routing stays exact
+    # "model.layers.*.mixer.gate": 1 × NemotronHTopkRouter [8, 4096]
 
     # Norms
     # 4 × NemotronHRMSNorm [4096], replicated at TP=2; norm on the local sequence shard
@@ -90,17 +121,6 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 1 × NemotronHMamba2Mixer: replicated linear_attention mixer: gathers the sequence, computes it whole, keeps this
     # rank's shard
     "model.layers.0.mixer": PrepareModuleInputOutput(
-        input_layouts=(Shard(1),),
-        desired_input_layouts=(Replicate(),),
-        input_kwarg_layouts=None,
-        desired_input_kwarg_layouts=None,
-        use_local_input=True,
-        output_layouts=(Replicate(),),
-        desired_output_layouts=(Shard(1),),
-        use_local_output=False,
-    ),
-    # 1 × NemotronHMoE: replicated moe mixer: gathers the sequence, computes it whole, keeps this rank's shard
-    "model.layers.1.mixer": PrepareModuleInputOutput(
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,

@@ -44,7 +44,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Embedding [40478, 768] → local [20239, 768] at TP=2
     # vocab-parallel embedding; all-reduce; one weight with lm_head (tied), sharded once
-    "transformer.tokens_embed": TiedEmbeddingParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
+    "transformer.tokens_embed": TiedEmbeddingParallel(
+        input_layouts=Replicate(),
+        output_layouts=Replicate(),
+        use_local_output=True,
+        local_lookup=False,
+    ),
     # Left replicated on purpose: learned position embedding, small: kept whole
     # "transformer.positions_embed": 1 × Embedding [512, 768]
 

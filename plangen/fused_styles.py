@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 
@@ -161,6 +161,101 @@ class FusedColwiseParallel(Conv1DColwiseParallel):
             f"{type(self).__name__}(part_sizes={self.part_sizes}, input_layouts={self.input_layouts}, "
             f"use_local_output={self.use_local_output})"
         )
+
+
+class MultiQueryColwiseParallel(FusedColwiseParallel):
+    """Column-wise for a packed ``[q; k; v]`` with one key/value head (multi-query attention).
+
+    ``part_sizes`` are the parts' proportions (``(heads, 1, 1)``: GPT-BigCode's ``c_attn``,
+    Falcon-7B's ``query_key_value``), ``shared_parts`` the indices of the parts every rank needs
+    whole (the one k and the one v head: no TP size splits one head). Each rank computes
+    ``[q_r; k; v]``: its own query heads and the whole shared head, as Megatron replicates a KV head
+    the TP size exceeds.
+
+    The weight is stored as :class:`FusedColwiseParallel` stores it, a plain ``Shard`` of the
+    re-laid-out rows (each rank holds its query rows and ``1/tp`` of the shared rows), so FSDP2,
+    the gradient norm and the Hugging Face state dict (the same hooks) treat it as any
+    column-parallel weight. Each forward all-gathers the shared rows over TP (``2 · head_dim ·
+    hidden`` values of weight, not activations); backward reduce-scatters their gradient, which sums
+    every rank's query heads' part: exact. Why not a replicated copy of the shared rows inside the
+    sharded parameter: its full tensor would not be Hugging Face's, the gradient norm and the
+    optimizer would count the copy ``tp`` times, and the copies need the same sum over TP anyway
+    (an all-reduce: what the all-gather and reduce-scatter here cost together).
+
+    The input is taken as :class:`ColwiseParallel` takes it (``input_layouts=Shard(1)`` gathers a
+    sequence-sharded input once, and reduce-scatters its gradient); the output is local, this rank's
+    ``[q_r; k; v]`` (no DTensor describes q sharded beside k and v whole).
+    """
+
+    def __init__(
+        self,
+        *,
+        part_sizes: tuple[int, ...] = (2, 1, 1),
+        shared_parts: tuple[int, ...] = (1, 2),
+        input_layouts: Placement | None = None,
+    ) -> None:
+        super().__init__(part_sizes=part_sizes, input_layouts=input_layouts, use_local_output=True)
+        self.shared_parts = tuple(shared_parts)
+        if not self.shared_parts or any(not 0 <= i < len(self.part_sizes) for i in self.shared_parts):
+            raise ValueError(f"shared_parts {self.shared_parts} must name parts of part_sizes {self.part_sizes}")
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        _check_projection(self, module)
+        self._partition_linear_fn("", module, device_mesh)
+        apply_shared_parts(module, device_mesh, self.part_sizes, self.shared_parts, self.input_layouts[0])
+        return module
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(part_sizes={self.part_sizes}, shared_parts={self.shared_parts}, "
+            f"input_layouts={self.input_layouts})"
+        )
+
+
+def apply_shared_parts(
+    module: nn.Module, device_mesh: DeviceMesh, part_sizes: tuple[int, ...], shared: tuple[int, ...], input_layout: Any
+) -> None:
+    """During each forward, ``module``'s parameters are this rank's ``[part_0_r; ...]`` with the
+    ``shared`` parts gathered whole, and its input a local tensor whose gradient is summed over TP."""
+    tp = device_mesh.size()
+    swapped: dict[str, Any] = {}
+
+    def local_rows(param: torch.Tensor, dim: int) -> torch.Tensor:
+        local = param.to_local() if isinstance(param, DTensor) else param
+        unit = local.shape[dim] // sum(part_sizes)
+        pieces = list(local.split([unit * p for p in part_sizes], dim))
+        mine = torch.cat([pieces[i] for i in shared], dim)
+        # [shared parts of rank 0; of rank 1; ...], the gradient of each rank's copy summed back (Partial).
+        whole = DTensor.from_local(mine, device_mesh, (Shard(dim),), run_check=False)
+        whole = whole.redistribute(device_mesh, (Replicate(),)).to_local(grad_placements=(Partial(),))
+        by_rank = [whole.narrow(dim, r * mine.shape[dim], mine.shape[dim]) for r in range(tp)]
+        offsets = [sum(unit * part_sizes[j] for j in shared[:k]) for k in range(len(shared))]
+        for k, i in enumerate(shared):
+            size = unit * part_sizes[i]
+            pieces[i] = torch.cat([rows.narrow(dim, offsets[k], size) for rows in by_rank], dim)
+        return torch.cat(pieces, dim)
+
+    def swap_in(mod: nn.Module, args: tuple) -> tuple:
+        x, *rest = args
+        if not isinstance(x, DTensor):
+            x = DTensor.from_local(x, device_mesh, (input_layout,), run_check=False)
+        if any(not p.is_replicate() for p in x.placements):
+            x = x.redistribute(placements=[Replicate()])
+        x = x.to_local(grad_placements=(Partial(),))
+        for name, param in list(mod._parameters.items()):
+            if param is None:
+                continue
+            swapped[name] = param
+            mod._parameters[name] = local_rows(param, _output_dim(mod, name))  # type: ignore[assignment]
+        return (x, *rest)
+
+    def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
+        mod._parameters.update(swapped)
+        swapped.clear()
+
+    module.register_forward_pre_hook(swap_in)
+    # always_call: an exception inside forward must not leave local tensors in place of the parameters.
+    module.register_forward_hook(swap_back, always_call=True)
 
 
 # The attribute a re-laid-out module carries: (part_sizes, tp_size), what undoes its layout.

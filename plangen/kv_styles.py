@@ -81,6 +81,15 @@ def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
         for name, child in attention.named_children()
         if isinstance(child, nn.Linear) and child.out_features == kv_heads * head_dim
     ]
+    packed = any(
+        isinstance(child, nn.Linear) and child.out_features == (heads + 2 * kv_heads) * head_dim
+        for child in attention.children()
+    )
+    if not projections and packed:
+        # k and v packed with q in one projection (multi-query GPT-BigCode): its own style
+        # (MultiQueryColwiseParallel) gives each rank the whole KV head; it serves the local query heads.
+        attention.num_key_value_groups = heads // tp_size
+        return
     if not projections:
         raise ValueError(
             f"{type(attention).__name__}: no nn.Linear child gives num_key_value_heads={kv_heads} x head_dim={head_dim} "

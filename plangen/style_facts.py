@@ -153,6 +153,15 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"input_layouts": _REPLICATE},
             produces=_LAST,
         ),
+        # A packed [q; k; v] with one KV head: q column-parallel, the shared head gathered whole per forward.
+        StyleFacts(
+            "MultiQueryColwiseParallel",
+            PLANGEN_STYLES,
+            "colwise",
+            shard_dim={LINEAR: 0, CONV1D: 1},
+            layout_defaults={"input_layouts": _REPLICATE},
+            produces=_LAST,
+        ),
         # GPT-2's Conv1D keeps its weight [in, out]: the output features are dim 1, the input ones dim 0.
         StyleFacts(
             "Conv1DColwiseParallel",

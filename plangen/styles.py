@@ -37,7 +37,13 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from plangen.attention_styles import AttentionSinksParallel
-from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, FusedColwiseParallel, LocalHeadCounts
+from plangen.fused_styles import (
+    Conv1DColwiseParallel,
+    Conv1DRowwiseParallel,
+    FusedColwiseParallel,
+    LocalHeadCounts,
+    MultiQueryColwiseParallel,
+)
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
@@ -204,7 +210,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
-        *(FusedColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
+        *(FusedColwiseParallel, MultiQueryColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
         MlaKvAProjParallel,
         MlaAttentionParallel,
         ExpertsParallel,
@@ -470,6 +476,7 @@ __all__ = [
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",
+    "MultiQueryColwiseParallel",
     "PackedColwiseParallel",
     "PackedRowwiseParallel",
     "PrepareAttentionInput",

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import weakref
 
+from typing import Any
+
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 VOCAB = Shard(0)  # the one layout both ends give the tied weight ([vocab, hidden] in both modules)
@@ -63,6 +66,14 @@ class TiedEmbeddingParallel(RowwiseParallel):
     vocabulary slice and the partial lookups are reduced to ``output_layouts`` (``Replicate()``:
     all-reduce; ``Shard(1)``: reduce-scatter into the sequence-parallel residual). The weight is the
     one :class:`TiedHeadParallel` uses (see the module docstring).
+
+    ``local_lookup=True`` runs the module's own forward on this rank's partial lookup, as plain
+    tensors, and reduces what it returns: for an embedding that post-processes its lookup linearly
+    inside the module (Gemma3's ``Gemma3TextScaledWordEmbedding`` multiplies by ``embed_scale``),
+    the scale then acts on the partial sums and the reduction is the one ``output_layouts`` asks
+    for (a reduce-scatter under sequence parallel), where DTensor would all-reduce the lookup before
+    the scale. Exact: each token's row lives on one rank, the others add zeros. Only for a forward
+    linear in the lookup.
     """
 
     def __init__(
@@ -71,18 +82,66 @@ class TiedEmbeddingParallel(RowwiseParallel):
         input_layouts: Placement | None = None,
         output_layouts: Placement | None = None,
         use_local_output: bool = True,
+        local_lookup: bool = False,
     ) -> None:
         super().__init__(
             input_layouts=input_layouts or Replicate(), output_layouts=output_layouts, use_local_output=use_local_output
         )
+        self.local_lookup = local_lookup
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.Embedding):
             raise NotImplementedError(f"{type(self).__name__} shards the input embedding (nn.Embedding) only")
-        return super()._apply(module, device_mesh)
+        if not self.local_lookup:
+            return super()._apply(module, device_mesh)
+        self._partition_embedding_fn("", module, device_mesh)
+        apply_local_lookup(module, device_mesh, self.output_layouts[0], self.use_local_output)
+        return module
 
     def _partition_embedding_fn(self, name, module, device_mesh):
         module.register_parameter("weight", share_vocab_sharded(module.weight, device_mesh, self.src_data_rank))
+
+
+def apply_local_lookup(module: nn.Embedding, device_mesh: DeviceMesh, output_layout: Placement, use_local_output: bool) -> None:
+    """During each forward, ``module`` looks up this rank's vocabulary rows in plain tensors (ids
+    outside them read row 0 and are zeroed after the forward); its output, a partial sum over TP,
+    is reduced to ``output_layout``."""
+    state: dict[str, Any] = {}
+
+    def swap_in(mod: nn.Module, args: tuple) -> tuple:
+        ids, *rest = args
+        if isinstance(ids, DTensor):
+            ids = ids.full_tensor()
+        weight = mod.weight
+        local = weight.to_local() if isinstance(weight, DTensor) else weight
+        rows = local.shape[0]
+        # Shard(0) splits as torch.chunk does: ceil(vocab / tp) rows per rank, fewer on the last.
+        start = device_mesh.get_local_rank() * -(-weight.shape[0] // device_mesh.size())
+        outside = (ids < start) | (ids >= start + rows)
+        state.update(weight=weight, outside=outside, padding_idx=mod.padding_idx)
+        pad = mod.padding_idx
+        mod.padding_idx = pad - start if pad is not None and start <= pad < start + rows else None
+        mod._parameters["weight"] = local  # type: ignore[assignment]
+        return ((ids - start).masked_fill(outside, 0), *rest)
+
+    def reduce(mod: nn.Module, args: tuple, output: torch.Tensor) -> Any:
+        mod._parameters["weight"] = state.pop("weight")
+        mod.padding_idx = state.pop("padding_idx")
+        partial = output.masked_fill(state.pop("outside").unsqueeze(-1), 0)
+        out = DTensor.from_local(partial, device_mesh, (Partial(),), run_check=False)
+        out = out.redistribute(device_mesh, (output_layout,))
+        return out.to_local() if use_local_output else out
+
+    def restore(mod: nn.Module, args: tuple, output: Any) -> None:
+        # After an exception inside forward: the parameter and padding index put back.
+        if "weight" in state:
+            mod._parameters["weight"] = state.pop("weight")
+            mod.padding_idx = state.pop("padding_idx")
+            state.clear()
+
+    module.register_forward_pre_hook(swap_in)
+    module.register_forward_hook(reduce)
+    module.register_forward_hook(restore, always_call=True)
 
 
 class TiedHeadParallel(ColwiseParallel):

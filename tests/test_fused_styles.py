@@ -13,7 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from plangen.fused_styles import ConfigView, FusedColwiseParallel, LocalHeadCounts, hugging_face_layout, interleave_index
+from plangen.fused_styles import (
+    ConfigView,
+    FusedColwiseParallel,
+    LocalHeadCounts,
+    MultiQueryColwiseParallel,
+    hugging_face_layout,
+    interleave_index,
+)
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +86,43 @@ def test_fused_colwise_refuses_modules_it_cannot_split(tp_mesh):
         _apply(nn.Linear(8, 12), FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh)
     with pytest.raises(NotImplementedError, match="nn.Linear and Conv1D only"):
         _apply(nn.Embedding(8, 8), FusedColwiseParallel(), tp_mesh)
+
+
+def test_multi_query_colwise_stores_its_share_and_computes_its_query_heads_with_the_whole_kv_head(tp_mesh):
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    # Multi-query [q; k; v]: 4 query heads of 2 and one k and one v head: parts of 8, 2 and 2 rows.
+    linear = nn.Linear(8, 12)
+    weight, bias = linear.weight.detach().clone(), linear.bias.detach().clone()
+    m = _apply(linear, MultiQueryColwiseParallel(part_sizes=(4, 1, 1), shared_parts=(1, 2)), tp_mesh).m
+    # Stored as any column-parallel weight: this rank's query rows and half of the k and of the v rows.
+    assert isinstance(m.weight, DTensor) and tuple(m.weight.placements) == (Shard(0),)
+    assert torch.equal(m.weight.to_local(), weight[[0, 1, 2, 3, 8, 10]])
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    with CommDebugMode() as comm:
+        out = m(x)
+    # This rank's 2 query heads and the whole k and v head; the shared rows gathered once per parameter.
+    assert type(out) is torch.Tensor and out.shape == (2, 5, 4 + 2 + 2)
+    assert comm.get_comm_counts() == {torch.ops.c10d_functional.all_gather_into_tensor: 2}
+    torch.testing.assert_close(out[..., :4], x @ weight[:4].T + bias[:4])
+    assert isinstance(m.weight, DTensor) and isinstance(m.bias, DTensor)  # the parameters are back
+    with CommDebugMode() as comm:
+        out.sum().backward()
+    # The shared rows' gradient reduce-scattered, the input's all-reduced (as column-parallel's).
+    assert {str(op).split(".")[-1] for op in comm.get_comm_counts()} == {"reduce_scatter_tensor", "all_reduce"}
+    assert m.weight.grad.to_local().shape == (6, 8)
+
+
+def test_multi_query_colwise_keeps_the_hugging_face_state_dict(tp_mesh):
+    holder = _apply(nn.Linear(8, 12), MultiQueryColwiseParallel(part_sizes=(4, 1, 1)), tp_mesh)
+    new_weight = torch.randn(12, 8)
+    holder.load_state_dict({"m.weight": new_weight, "m.bias": torch.randn(12)})
+    assert torch.equal(holder.m.weight.to_local(), new_weight[[0, 1, 2, 3, 8, 10]])
+    gathered = torch.cat([new_weight[[0, 1, 2, 3, 8, 10]], new_weight[[4, 5, 6, 7, 9, 11]]])
+    assert torch.equal(hugging_face_layout(holder, "m.weight", gathered), new_weight)
+    with pytest.raises(ValueError, match="shared_parts"):
+        MultiQueryColwiseParallel(part_sizes=(4, 1, 1), shared_parts=(3,))
 
 
 class _Attention(nn.Module):

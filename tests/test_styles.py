@@ -863,3 +863,38 @@ def test_colwise_own_output_may_be_modified_in_place(tp_mesh):
     with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
         weight_grad(ColwiseParallel(**gathered), in_place=True)
     assert torch.equal(weight_grad(ColwiseParallelOwnOutput(**gathered), True), weight_grad(ColwiseParallel(**gathered), False))
+
+
+class _ScaledEmbedding(nn.Embedding):
+    """Gemma3's layout: the module scales its own lookup (Gemma3TextScaledWordEmbedding)."""
+
+    def forward(self, input_ids):
+        return super().forward(input_ids) * 3.0
+
+
+def test_local_lookup_scales_this_ranks_partial_lookup_and_reduces_it_once(tp_mesh):
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import TiedEmbeddingParallel
+
+    # 9 rows over TP 2 split as torch.chunk does: rank 0 (this fake rank) holds rows 0-4.
+    holder = nn.Module()
+    holder.m = _ScaledEmbedding(9, 4, padding_idx=7)
+    full = holder.m.weight.detach().clone()
+    parallelize_module(holder, tp_mesh, {"m": TiedEmbeddingParallel(output_layouts=Shard(1), use_local_output=False,
+                                                                     local_lookup=True)})
+    ids = torch.tensor([[0, 4, 5, 8], [7, 1, 2, 3]])
+    with CommDebugMode() as comm:
+        out = holder.m(ids)
+    # One reduce-scatter of the scaled partial lookup, nothing all-reduced (the fake group leaves this
+    # rank's partial sum in place: its rows scaled, the other rank's rows zero).
+    assert {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()} == {"reduce_scatter_tensor": 1}
+    assert isinstance(out, DTensor) and tuple(out.placements) == (Shard(1),)
+    expected = torch.where((ids < 5).unsqueeze(-1), full[ids.clamp(max=4)] * 3.0, torch.zeros(()))
+    torch.testing.assert_close(out.to_local(), expected[:, :2])
+    # The parameter and the global padding index are back after the forward.
+    assert isinstance(holder.m.weight, DTensor) and tuple(holder.m.weight.placements) == (Shard(0),)
+    assert holder.m.padding_idx == 7 and tuple(holder.m.weight.to_local().shape) == (5, 4)
+    assert Replicate() == TiedEmbeddingParallel(local_lookup=True).output_layouts[0]  # all-reduce by default

@@ -216,7 +216,7 @@ def test_llama4_plan_splits_its_every_token_experts_and_keeps_dense_layers_dense
     plan = HAND_WRITTEN["Llama4ForCausalLM"](model, sequence_parallel)
     styles = styles_of(plan)
     assert styles["model.layers.1.feed_forward"] == "EveryTokenMoeParallel"
-    assert styles["model.layers.1.feed_forward.shared_expert.down_proj"] == "RowwiseParallel"
+    assert styles["model.layers.1.feed_forward.shared_expert.down_proj"] == "RowwiseParallelOwnOutput"  # the block adds into it in place
     assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"
     assert styles["model.layers.0.feed_forward.down_proj"] == "RowwiseParallel"
     assert not any(p.startswith("model.layers.*.feed_forward") for p in styles)  # never across layer kinds
@@ -510,12 +510,34 @@ def test_packed_qkv_chunked_into_parts_is_re_laid_out():
     assert block.fused == (("Wqkv", (1, 1, 1)),) and block.head_attributes == ("n_heads",)
 
 
+def test_multi_query_packed_qkv_shards_the_query_heads_and_shares_the_kv_head():
+    from tiny_configs import build_tiny
+
+    # GPT-BigCode's split((embed_dim, kv_dim, kv_dim)): the query width made local, kv_dim kept whole.
+    plan = build_synthesized_plan(meta("gpt_bigcode"), False)
+    c_attn = _entry(plan, "transformer.h.*.attn.c_attn")
+    assert (c_attn.style, c_attn.kwargs["part_sizes"], c_attn.kwargs["shared_parts"]) == (
+        "MultiQueryColwiseParallel", (12, 1, 1), (1, 2))
+    attn = _entry(plan, "transformer.h.*.attn")
+    assert (attn.style, attn.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("embed_dim", "num_heads"))
+    assert _entry(plan, "transformer.h.*.attn.c_proj").style == "RowwiseParallel"
+    # Falcon's multi-query view(b, s, num_heads + 2, head_dim), then [..., :-2, :]: query heads first.
+    plan = build_synthesized_plan(build_tiny("falcon-mqa"), True)
+    qkv = _entry(plan, "transformer.h.*.self_attention.query_key_value")
+    assert (qkv.style, qkv.kwargs["part_sizes"], repr(qkv.kwargs["input_layouts"])) == (
+        "MultiQueryColwiseParallel", (4, 1, 1), "Replicate()")
+    assert _entry(plan, "transformer.h.*.self_attention").kwargs["head_attributes"] == ("num_heads",)
+
+
 def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
-    kept = {k.pattern: k.why for k in analyze_model(meta("gpt_bigcode")).kept}  # multi-query split((embed, kv, kv))
-    assert "multi-query" in kept["transformer.h.0.attn"] and "(96, 8, 8)" in kept["transformer.h.0.attn"]
-    # Falcon's multi-query view(b, s, num_heads + 2, head_dim), its k and v after the query heads.
+    # Falcon at its default size (Falcon-7B): 71 query heads, which no even TP size divides; shrunk, one.
     falcon = {k.pattern: k.why for k in analyze_model(meta("falcon")).kept}["transformer.h.0.self_attention"]
-    assert "is split across the groups" in falcon
+    assert "multi-query" in falcon and "(64, 64, 64)" in falcon
+    from plangen.catalog import build_full_size_model, list_architectures
+
+    arch = next(a for a in list_architectures() if a.class_name == "FalconForCausalLM")
+    full = {k.pattern: k.why for k in analyze_model(build_full_size_model(arch)).kept}["transformer.h.0.self_attention"]
+    assert "its 71 query heads, an odd count, split over no even TP size" in full
     # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq]: not sliceable.
     why = {k.pattern: k.why for k in analyze_model(meta("bloom")).kept}["transformer.h.0.self_attention"]
     assert "a tensor per head for all heads outside the attention" in why
@@ -558,8 +580,10 @@ class _Packed(nn.Module):
 def test_packed_reader_follows_the_forward_not_the_names():
     from plangen.plans.packed_source import PackedSplit, Refused, read_packed_split
 
-    mqa = read_packed_split(_Packed(), "mix", 96, {4, 1})  # k and v after every q head: split across groups
-    assert isinstance(mqa, Refused) and "split across the groups" in mqa.why
+    mqa = read_packed_split(_Packed(), "mix", 96, {4, 1}, 16)  # one k and one v head after every q head
+    assert mqa == PackedSplit("parts", parts=(64, 16, 16), head_attributes=("heads",))
+    # Not one head each (the groups 8 features wide, the head 16): split across the groups, refused.
+    assert isinstance(read_packed_split(_Packed(), "mix", 96, {4, 1}, 8), Refused)
     mha = read_packed_split(_Packed(multi_query=False), "mix", 192, {4})  # the dead branch is left out
     assert mha == PackedSplit("groups", groups=4, head_attributes=("heads",))
 
@@ -953,3 +977,11 @@ def test_verify_pairs_the_halves_of_a_split_block_across_sibling_modules(tmp_pat
     plan.write_text(text.replace(row, ""))  # the MLP's row half left out: its column half feeds a slice on
     result = runner.invoke(app, ["verify", str(plan)])
     assert result.exit_code != 0 and "PG205 column-parallel `bert.encoder.layer.*.intermediate.dense`" in result.output
+
+
+def test_an_activation_with_single_valued_parameters_runs_on_the_ranks_slice():
+    # Apertus' xIELU: alpha_p and alpha_n, shape (1,), the same for every feature of the intermediate.
+    plan = build_synthesized_plan(meta("apertus"), False)
+    assert _entry(plan, "model.layers.*.mlp.up_proj").style == "ColwiseParallel"
+    assert _entry(plan, "model.layers.*.mlp.act_fn").style == "AllReduceParamGrads"  # gradient summed over TP
+    assert _entry(plan, "model.layers.*.mlp.down_proj").style == "RowwiseParallel"

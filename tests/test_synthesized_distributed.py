@@ -1,7 +1,8 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
 Classes with no hand-written plan, old and new, dense, BERT-style split blocks, fused (GLM's packed gate|up;
-GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, their full state dict read and loaded back at DP 2 x TP 2), with
+GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
+dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
 and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on (off only for the BERT family, which has none): logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
@@ -56,6 +57,8 @@ CLASSES = {
     "falcon": ("FalconForCausalLM", True),  # mlp_output += attention_output: the MLP's output is a copy
     "mpt": ("MptForCausalLM", True),  # chunk(3): [q; k; v] re-laid out per rank; ALiBi bias sliced to its heads
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
+    # Multi-query split((embed_dim, kv_dim, kv_dim)): query heads by rank, the one KV head gathered whole
+    "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -63,9 +66,10 @@ TP_ONLY = {"bert", "roberta", "roformer"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
+    "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
 }
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa"}
+STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
 MESHES = ("tp2", "dp2tp2")
 
 

@@ -40,6 +40,12 @@ TINY["falcon-gqa"] = dict(
     new_decoder_architecture=True, alibi=False, bias=False, use_cache=False,
 )
 
+# Falcon-7B's layout: multi-query, [q of all heads; one k head; one v head] (Falcon-7B itself has 71 heads).
+TINY["falcon-mqa"] = dict(
+    model_type="falcon", vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
+    new_decoder_architecture=False, alibi=False, bias=False, use_cache=False,
+)
+
 
 def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
     kwargs = dict(TINY[name])

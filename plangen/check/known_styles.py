@@ -186,6 +186,14 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("use_local_output", BOOL, True),
             ),
         ),
+        _spec(
+            "MultiQueryColwiseParallel",
+            (
+                StyleParam("part_sizes", INT_TUPLE, (2, 1, 1)),
+                StyleParam("shared_parts", INT_TUPLE, (1, 2)),
+                StyleParam("input_layouts", PLACEMENT_OR_NONE, None),
+            ),
+        ),
         _spec("Conv1DColwiseParallel", _LAYOUTS),
         _spec("Conv1DRowwiseParallel", _LAYOUTS),
         _spec("RowwiseParallelOwnOutput", _LAYOUTS),
@@ -211,7 +219,7 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("use_local_output", BOOL, True),
             ),
         ),
-        _spec("TiedEmbeddingParallel", _LAYOUTS),
+        _spec("TiedEmbeddingParallel", (*_LAYOUTS, StyleParam("local_lookup", BOOL, False))),
         _spec("TiedHeadParallel", _LAYOUTS),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
     )

@@ -94,6 +94,9 @@ class Analysis:
     # The module holding the token embedding modifies its output in place (CTRL scales it,
     # Git adds the positions into it): a vocab-parallel style must hand out a copy, not a view.
     embedding_modified_in_place: bool = False
+    # The token embedding scales its own lookup (Gemma's ScaledWordEmbedding, an embed_scale): the
+    # scale is applied to each rank's partial lookup before the reduction (local_lookup).
+    embedding_scaled: bool = False
 
     @property
     def synthesizable(self) -> bool:
@@ -476,6 +479,7 @@ def analyze_model(model: nn.Module) -> Analysis:
         positions=tuple(positions),
         head_inputs=tuple(found.head_inputs),
         embedding_modified_in_place=ends.embedding_ok and _modified_in_place(model, paths[id(ends.embedding)]),
+        embedding_scaled=ends.embedding_ok and is_scaled_embedding(ends.embedding),
     )
 
 
@@ -483,3 +487,10 @@ def _modified_in_place(model: nn.Module, path: str) -> bool:
     parent_path, _, name = path.rpartition(".")
     parent = model.get_submodule(parent_path)
     return name in read_modified_in_place(type(parent))
+
+
+def is_scaled_embedding(module: nn.Module | None) -> bool:
+    """An ``nn.Embedding`` whose own forward scales the lookup by its ``embed_scale`` (Gemma3's
+    ``Gemma3TextScaledWordEmbedding``: ``super().forward(input_ids) * self.embed_scale``)."""
+    return (isinstance(module, nn.Embedding) and type(module).forward is not nn.Embedding.forward
+            and hasattr(module, "embed_scale"))

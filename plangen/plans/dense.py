@@ -32,6 +32,7 @@ def build_dense_decoder_plan(
     replicate_kv: bool = False,
     projection_norms: bool = False,
     lm_head: str | None = "lm_head",
+    scaled_embedding: bool = False,
 ) -> Plan:
     """A plan for ``{prefix}.embed_tokens``, ``{prefix}.layers.*``, ``{prefix}.norm`` and the head.
 
@@ -40,7 +41,9 @@ def build_dense_decoder_plan(
     :func:`grouped_query`): the attention block and its k/v projections take the styles of
     :mod:`plangen.kv_styles`, so a TP size above the KV heads replicates them. ``projection_norms``
     adds the q/k norms as norms over the whole q and k projections (OLMo-2): sharded with the heads,
-    statistics summed over TP.
+    statistics summed over TP. ``scaled_embedding``: the embedding module scales its own lookup
+    (Gemma3): the scale is applied to each rank's partial lookup before the one reduction
+    (``TiedEmbeddingParallel(local_lookup=True)``, which also serves an untied embedding).
     """
     p = f"{prefix}." if prefix else ""
     layer = f"{p}layers.*"
@@ -53,12 +56,14 @@ def build_dense_decoder_plan(
 
     add(
         f"{p}embed_tokens",
-        "RowwiseParallel",
+        "TiedEmbeddingParallel" if scaled_embedding else "RowwiseParallel",
         "embeddings",
-        "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"),
+        "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")
+        + ("; its own scale applied to the partial lookup first" if scaled_embedding else ""),
         input_layouts=Replicate(),
         output_layouts=SEQ if sp else Replicate(),
         use_local_output=not sp,
+        **({"local_lookup": True} if scaled_embedding else {}),
     )
     # The block input enters as one Replicate DTensor shared by q/k/v (and gate/up): their input
     # gradients add up as Partial and are reduced once per block, not once per projection.
@@ -229,6 +234,7 @@ def plan_gemma3(model: nn.Module, sequence_parallel: bool) -> Plan:
         layer_norms=GEMMA3_NORMS,
         per_head_norms=True,
         replicate_kv=grouped_query(model),
+        scaled_embedding=True,
     )
 
 

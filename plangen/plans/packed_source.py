@@ -414,6 +414,16 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
         return None
     axis = _split_axis(after, rank)
     inside = axis is not None and (axis == -1 if after.moved else -len(trailing) < axis <= -1)
+    shared = _shared_heads(reader, trailing, after, axis, counts, unit, head_size)
+    if shared:
+        # Multi-query (Falcon-7B's view(b, s, num_heads + 2, head_dim), then [..., :-2, :]): the query
+        # heads, then one key and one value head, one after another.
+        heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
+        unsure = _unsure(reader.module, heads - group_attrs, head_size)
+        if unsure:
+            return unsure
+        queries = (groups - shared) * unit
+        return PackedSplit("parts", parts=(queries, *(unit,) * shared), head_attributes=tuple(sorted(heads | group_attrs)))
     if not inside:
         return Refused(
             f"its output, viewed as {groups} groups of {unit} features, is split across the groups (multi-query's "
@@ -426,6 +436,28 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
     if unsure:
         return unsure
     return PackedSplit("groups", groups=groups, head_attributes=tuple(sorted(heads | group_attrs)))
+
+
+def _shared_heads(
+    reader: _Reader, trailing: list[ast.expr], after: _Op, axis: int | None, counts: set[int], unit: int,
+    head_size: int | None,
+) -> int:
+    """How many single heads follow the query heads in a view of ``heads + c`` groups of one head
+    each, split across the groups with the query heads taken first (``[..., :-c, :]``); else 0."""
+    count = trailing[0]
+    if (after.method != "subscript" or after.moved or unit != head_size or axis != -len(trailing)
+            or not isinstance(count, ast.BinOp) or not isinstance(count.op, ast.Add)):
+        return 0
+    shared = reader.int_value(count.right)
+    if not shared or not reader.head_attributes(count.left, counts, set()):
+        return 0
+    index = after.node.slice  # type: ignore[attr-defined]
+    items = list(index.elts) if isinstance(index, ast.Tuple) else [index]
+    picked = items[len(items) + axis] if len(items) >= -axis else None
+    if not (isinstance(picked, ast.Slice) and picked.lower is None and picked.step is None
+            and picked.upper is not None and reader.int_value(picked.upper) == -shared):
+        return 0
+    return shared
 
 
 def _unsure(module: nn.Module, found: set[str], head_size: int | None) -> Refused | None:

@@ -125,6 +125,12 @@ class ShardedBlock:
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
     # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # Multi-query attention: the parts of the fused projection (by index) that are its one key and one
+    # value head, computed whole on every rank (plangen.fused_styles.MultiQueryColwiseParallel).
+    shared_parts: tuple[int, ...] = ()
+    # Children whose parameters are single values applied alike to every feature (an activation's
+    # learnable scalars): replicated, their gradient summed over TP (AllReduceParamGrads).
+    scalar_children: tuple[str, ...] = ()
     # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
     # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
     # made this rank's when the plan is applied.
@@ -308,10 +314,16 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
             return KeptBlock(
                 "mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it"
             )
-    unknown = _unexpected_children(block, set(reading) | {down})
+    # An activation whose parameters are single values (Apertus' xIELU alpha_p, alpha_n): the same on
+    # every slice of the intermediate, so it runs on this rank's slice, its gradient summed over TP.
+    scalars = tuple(
+        name for name, child in block.named_children()
+        if name not in reading and name != down and has_parameters(child) and all(p.numel() == 1 for p in child.parameters())
+    )
+    unknown = _unexpected_children(block, set(reading) | {down, *scalars})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
-    return ShardedBlock("mlp", tuple(reading), down, fused=fused)
+    return ShardedBlock("mlp", tuple(reading), down, fused=fused, scalar_children=scalars)
 
 
 def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:

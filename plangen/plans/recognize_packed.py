@@ -27,8 +27,9 @@ def recognize_packed_attention(block: nn.Module, dims: ModelDims) -> ShardedBloc
     """Attention with one input projection wider than q alone, sharded as its forward splits it.
 
     As wide as q, k and v by the config: sharded, or kept with the forward's reason. Wider but not
-    by the config (Falcon's multi-query leaves num_kv_heads unused): only a reason to keep it whole
-    is taken from the forward. None when it is not such an attention or the forward cannot be read.
+    by the config (Falcon's multi-query leaves num_kv_heads unused): sharded where the forward splits
+    it as multi-query (q of the config's heads, one k and one v head), else only a reason to keep it
+    whole is taken from the forward. None when it is not such an attention or the forward cannot be read.
     """
     split = _split_by_reading(block) if dims.heads and dims.head_dim else None
     if split is None:
@@ -39,7 +40,9 @@ def recognize_packed_attention(block: nn.Module, dims: ModelDims) -> ShardedBloc
     if len(outputs) != 1 or len(reading) != 1 or next(iter(reading.values())).in_features != h:
         return None
     found = packed_attention(block, reading, outputs[0], dims)
-    if _packed_qkv(reading, dims) is not None or isinstance(found, KeptBlock):
+    # Multi-query as its forward splits it: q of the config's heads, one k and one v head.
+    multi_query = isinstance(found, ShardedBlock) and found.shared_parts
+    if _packed_qkv(reading, dims) is not None or isinstance(found, KeptBlock) or multi_query:
         return found
     return None
 
@@ -72,8 +75,21 @@ def packed_attention(
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    shared: tuple[int, ...] = ()
+    heads = split.head_attributes
     if split.kind == "parts":
-        small = [p for p in split.parts if p % d or p // d < 2]
+        shared = _multi_query_parts(split.parts, dims)
+        if shared and dims.heads % 2:
+            # Falcon-7B's 71: sharded, the plan would refuse every TP size a job uses instead of
+            # running with its attention whole.
+            return KeptBlock("attention", f"multi-query packed q|k|v projection {name}: its {dims.heads} query heads, "
+                                          "an odd count, split over no even TP size")
+        if shared:
+            # The shared head's width stays whole (its num_key_value_groups, which the attention
+            # interfaces repeat it by, PrepareAttentionInput makes this rank's query heads).
+            widths = {split.parts[i] for i in shared}
+            heads = tuple(a for a in heads if getattr(block, a) not in widths)
+        small = [p for i, p in enumerate(split.parts) if (p % d or p // d < 2) and i not in shared]
         if small:
             return KeptBlock(
                 "attention",
@@ -85,7 +101,16 @@ def packed_attention(
             common = gcd(common, p)
         fused = ((name, tuple(p // common for p in split.parts)),)
     return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
-                        head_attributes=split.head_attributes)
+                        head_attributes=heads, shared_parts=shared)
+
+
+def _multi_query_parts(parts: tuple[int, ...], dims: ModelDims) -> tuple[int, ...]:
+    """The parts that are one key and one value head after all query heads (GPT-BigCode's
+    ``split((embed_dim, kv_dim, kv_dim))`` with one KV head): their indices, else ()."""
+    d, heads = dims.head_dim, dims.heads
+    if len(parts) == 3 and heads and heads >= 2 and parts[0] == heads * d and parts[1:] == (d, d):
+        return (1, 2)
+    return ()
 
 
 def recognize_wrapped_attention(block: nn.Module, dims: ModelDims) -> tuple[str, ShardedBlock] | KeptBlock | None:

@@ -155,6 +155,11 @@ def _latent_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
 def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: Any, group: str, why: str) -> PlanEntry:
     """Column-parallel; a packed projection re-laid out so each rank holds its slice of every part."""
     parts = dict(block.fused).get(name)
+    if parts is not None and block.shared_parts:
+        return PlanEntry(pattern, "MultiQueryColwiseParallel",
+                         dict(part_sizes=parts, shared_parts=block.shared_parts, input_layouts=input_layout), group,
+                         f"{why}; multi-query: this rank's query heads, the one key/value head gathered whole "
+                         "(its gradient summed over TP)")
     if parts is None:
         return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
                                                            use_local_output=True), group, why)
@@ -249,6 +254,13 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 group, "per-head norm sees only local heads: its weight gradient is summed over TP",
             )
         )
+    for name in block.scalar_children:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}", "AllReduceParamGrads", {}, group,
+                "single-valued parameters applied to this rank's slice only: their gradient is summed over TP",
+            )
+        )
     for name in block.projection_norms:
         entries.append(
             PlanEntry(
@@ -270,16 +282,16 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
     replicated = list(analysis.kept)
     if analysis.embedding is not None:
         reduced = "reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"
-        style, why = "RowwiseParallel", f"vocab-parallel embedding; {reduced}"
-        if analysis.embedding_modified_in_place and not sp:  # under SP the output stays a DTensor
-            style, why = "RowwiseParallelOwnOutput", f"{why}; its output is a copy, which the model modifies in place"
-        entries.append(
-            PlanEntry(
-                analysis.embedding, style,
-                dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
-                "embeddings", why,
-            )
-        )
+        layouts = dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
+        why = f"vocab-parallel embedding; {reduced}"
+        if analysis.embedding_scaled:
+            entries.append(PlanEntry(analysis.embedding, "TiedEmbeddingParallel", dict(**layouts, local_lookup=True),
+                                     "embeddings", f"{why}; its own scale applied to the partial lookup first"))
+        elif analysis.embedding_modified_in_place and not sp:  # under SP the output stays a DTensor
+            entries.append(PlanEntry(analysis.embedding, "RowwiseParallelOwnOutput", layouts, "embeddings",
+                                     f"{why}; its output is a copy, which the model modifies in place"))
+        else:
+            entries.append(PlanEntry(analysis.embedding, "RowwiseParallel", layouts, "embeddings", why))
     if sp:
         entries += [
             PlanEntry(
