@@ -17,7 +17,6 @@ import pytest
 import verify_property as vp
 from plangen.check.codes import CONFUSION_PATH
 
-pytest.importorskip("hypothesis")
 
 
 def _recorded() -> dict:

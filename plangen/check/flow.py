@@ -214,7 +214,10 @@ class LayoutTracer:
                                bool(style.use_local_output))  # fmt: skip
         elif hooks == SEQUENCE_HOOKS:
             placement = _first(style.sequence_sharding)
-            self._module_hooks(path, module, key, name, placement, placement, bool(style.use_local_output))
+            if style.use_local_output:
+                self._local_sequence_hooks(path, module, key, name, placement)
+            else:
+                self._module_hooks(path, module, key, name, placement, placement, False)
         elif hooks in (PREPARE_INPUT, PREPARE_OUTPUT, PREPARE_INPUT_OUTPUT):
             if hooks == PREPARE_INPUT_OUTPUT:
                 self._prepare_input(path, module, key, name, style.prepare_module_input)
@@ -239,6 +242,29 @@ class LayoutTracer:
 
         def leave(mod, args, output):
             return _map_tensors(output, lambda t: self._tag(t, self._layout(key, t, leaves, not local, path)), first=True)
+
+        self.handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
+        self.handles.append(module.register_forward_hook(leave))
+
+    def _local_sequence_hooks(self, path, module, key, name, placement) -> None:
+        """A sequence-parallel style that returns its output local (``ReplicatedWithGradAllReduce`` on
+        a per-head norm): a plain input is only labelled with its placement, so the weight gradient
+        is summed over TP, and the module computes on it as given; what reads the output meets the
+        layouts above it (an edited ``q_proj`` seen through ``q_norm`` at ``o_proj``). A DTensor input
+        is redistributed to the placement, and its local shard leaves."""
+        redistributed: list[bool] = []
+
+        def read(mod, args, kwargs):
+            tensor = _first_tensor(args, kwargs)
+            dtensor = tensor is not None and any(p.dtensor for p in self.producers(tensor))
+            redistributed.append(dtensor)
+            if dtensor:
+                self._read(path, key, name, tensor, placement)
+
+        def leave(mod, args, output):
+            if not (redistributed and redistributed.pop()):
+                return None
+            return _map_tensors(output, lambda t: self._tag(t, self._layout(key, t, placement, False, path)), first=True)
 
         self.handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
         self.handles.append(module.register_forward_hook(leave))
