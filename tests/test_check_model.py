@@ -521,6 +521,16 @@ def test_a_per_head_norm_as_sequence_parallel_on_the_heads_dim_is_clean(tmp_path
     assert result.exit_code == 0, result.output
 
 
+def test_a_dtensor_into_a_per_head_norm_is_clean_where_it_leaves_the_heads_o_proj_reads(tmp_path):
+    # q_proj's DTensor (use_local_output=False) is viewed per head; q_norm keeps it on its heads shard and
+    # returns that shard, the one o_proj reads: the same run, right (the verify property's case124).
+    plan = _edit(QWEN3, Q_PROJ, Q_PROJ.replace("use_local_output=True", "use_local_output=False"))
+    path = tmp_path / "qwen3_plan.py"
+    path.write_text(plan)
+    result = _invoke(str(path))
+    assert result.exit_code == 0, result.output
+
+
 # The run on a fake process group blames the same entries by itself, not the module that crashed.
 FAKE_RUN_BLAMES = {
     "q_proj_rowwise": (f"{A}.q_proj", "model.layers.0.self_attn.o_proj"),

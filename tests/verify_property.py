@@ -329,7 +329,16 @@ def build_record(cases: list[dict[str, Any]]) -> dict[str, Any]:
         "families": sorted(FAMILIES.values()),
         "tp_sizes": list(TP_SIZES),
         "kinds": EDIT_KINDS,
+        "rtol": RTOL,
+        "default_run": len(cases[::SUBSET_STEP]),
         "matrix": confusion(cases),
         "false_clean": [describe(c) for c in false_cleans(cases)],
         "false_alarm": [describe(c) for c in false_alarms(cases)],
+        "false_alarm_kinds": sorted({alarm_kind(c) for c in false_alarms(cases)}),
     }
+
+
+def alarm_kind(case: dict[str, Any]) -> str:
+    """A false alarm without its config: the edit and the codes (another draw of cases, from another
+    hypothesis version, meets the same kinds in other configs)."""
+    return f"{case['edit']['kind']}: {re.sub(r'[(].*', '', case['what'])} -> {' '.join(case['codes'])}"

@@ -128,14 +128,14 @@ def render_confusion_section(record: Mapping[str, Any] | None) -> list[str]:
         "## How far \"clean\" holds",
         "",
         f"Measured over {record['cases']} generated cases (`{record['command']}`, written to"
-        " `plangen/check/confusion.json`; `tests/test_verify_property.py` draws the same cases, 60 of them"
-        " in the default run, all in the slow test): a small config of "
+        " `plangen/check/confusion.json`; `tests/test_verify_property.py` draws the same cases,"
+        f" {record['default_run']} of them in the default run, all in the slow test): a small config of "
         + ", ".join(f"`{f}`" for f in record["families"])
         + " (heads, KV heads, head size, hidden, intermediate and vocabulary sizes, 1-2 layers, tied or"
         " not), the plan `plangen init` writes for it at TP 2, and one edit of it. Each file is checked by"
         " levels 1+2 (\"clean\": no error) and applied by the runtime to the model of that config,"
         f" DP=1 x TP (TP {', '.join(str(t) for t in record['tp_sizes'])}) over gloo: \"right\" when the logits"
-        " and every gradient match the unsharded model's (within 1e-4 of each tensor's largest value), \"wrong\""
+        f" and every gradient match the unsharded model's (within {record['rtol']:g} of each tensor's largest value), \"wrong\""
         " when one does not or the run raises.",
         "",
         "| Edit | Cases | Clean, run right | Clean, run wrong | Flagged, run wrong | Flagged, run right |",
