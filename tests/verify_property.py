@@ -102,6 +102,10 @@ def edits(draw) -> dict[str, Any]:
     return edit
 
 
+class _Enough(Exception):
+    pass
+
+
 def draw_cases(count: int) -> list[dict[str, Any]]:
     """``count`` distinct cases, the same on every run and machine."""
     drawn: dict[str, dict[str, Any]] = {}
@@ -112,11 +116,15 @@ def draw_cases(count: int) -> list[dict[str, Any]]:
     )
     @given(config=configs(), edit=edits())
     def collect(config: dict[str, Any], edit: dict[str, Any]) -> None:
-        if len(drawn) < count:
-            case = {"config": config, "edit": edit}
-            drawn.setdefault(json.dumps(case, sort_keys=True), case)
+        case = {"config": config, "edit": edit}
+        drawn.setdefault(json.dumps(case, sort_keys=True), case)
+        if len(drawn) >= count:
+            raise _Enough  # hypothesis would go on to max_examples
 
-    collect()
+    try:
+        collect()
+    except _Enough:
+        pass
     cases = list(drawn.values())[:count]
     for number, case in enumerate(cases):
         case["id"] = f"case{number:03d}"
