@@ -66,6 +66,20 @@ def attention_head_counts(attention: nn.Module) -> tuple[int, int, int] | None:
     return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
 
 
+def kv_projections(attention: nn.Module, kv_heads: int, head_dim: int) -> list[tuple[str, nn.Linear]]:
+    """The k/v projections of an attention block: its ``nn.Linear`` children of ``kv_heads * head_dim``
+    outputs that read the block's input. The input width tells them from ``o_proj``, whose output
+    (the hidden size) can be as wide where the heads are not as wide as the hidden state (2 heads
+    of 16 over a hidden size of 16, 1 KV head: ``o_proj`` is 32 -> 16, ``k_proj`` 16 -> 16)."""
+    hidden = getattr(getattr(attention, "config", None), "hidden_size", None)
+    return [
+        (name, child)
+        for name, child in attention.named_children()
+        if isinstance(child, nn.Linear) and child.out_features == kv_heads * head_dim
+        and (not isinstance(hidden, int) or child.in_features == hidden)
+    ]
+
+
 def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
     """Where the TP size exceeds the KV heads: one local KV head per rank, marked on its k/v projections."""
     counts = attention_head_counts(attention)
@@ -76,11 +90,7 @@ def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
     kv_head = resolve_kv_head(heads, kv_heads, tp_size, device_mesh.get_local_rank())
     if kv_head is None:
         return
-    projections = [
-        (name, child)
-        for name, child in attention.named_children()
-        if isinstance(child, nn.Linear) and child.out_features == kv_heads * head_dim
-    ]
+    projections = kv_projections(attention, kv_heads, head_dim)
     packed = any(
         isinstance(child, nn.Linear) and child.out_features == (heads + 2 * kv_heads) * head_dim
         for child in attention.children()

@@ -52,7 +52,7 @@ def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
     attention blocks are ``PrepareAttentionInput`` and every k/v projection in them (the ``nn.Linear``
     children of ``kv_heads * head_dim`` outputs) is ``KVHeadsColwiseParallel``. A plain
     ``ColwiseParallel`` on one would split a KV head between ranks: then the TP size must divide them."""
-    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, attention_head_counts
+    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, attention_head_counts, kv_projections
 
     blocks = [
         name
@@ -68,10 +68,9 @@ def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
         heads, kv_heads, head_dim = counts
         if kv_heads == heads:
             continue  # one KV head per query head: any TP size that splits these splits those
-        for child, module in attention.named_children():
-            if isinstance(module, nn.Linear) and module.out_features == kv_heads * head_dim:
-                if not isinstance(covering_style(model, styles, f"{block}.{child}"), KVHeadsColwiseParallel):
-                    return False
+        for child, _ in kv_projections(attention, kv_heads, head_dim):
+            if not isinstance(covering_style(model, styles, f"{block}.{child}"), KVHeadsColwiseParallel):
+                return False
     return bool(blocks)
 
 

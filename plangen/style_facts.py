@@ -122,8 +122,10 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("PrepareModuleOutput", TORCH_STYLES, "gather_output", hooks=PREPARE_OUTPUT),
         StyleFacts("PrepareModuleInputOutput", TORCH_STYLES, "gather_output", hooks=PREPARE_INPUT_OUTPUT),
         StyleFacts("RotaryEmbedParallel", PLANGEN_STYLES, "sequence", replicates=True, replicate_dtensor=True),
+        # A SequenceParallel with the heads dim as its "sequence": reads and leaves this rank's heads.
         StyleFacts(
-            "ReplicatedWithGradAllReduce", PLANGEN_STYLES, "grad_reduce", replicates=True, replicate_dtensor=True
+            "ReplicatedWithGradAllReduce", PLANGEN_STYLES, "grad_reduce", replicates=True, replicate_dtensor=True,
+            hooks=SEQUENCE_HOOKS,
         ),
         StyleFacts("AllReduceParamGrads", PLANGEN_STYLES, "grad_reduce", replicates=True),
         StyleFacts("LeaveUnsharded", PLANGEN_STYLES, "none", replicates=True),

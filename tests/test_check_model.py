@@ -474,6 +474,15 @@ BROKEN_EDITS = {
         f"`model.embed_tokens` leaves a plain tensor, this rank's shard on dim 0 (Shard(0)), but `{A}`"
         " (PrepareModuleInput) reads a plain tensor, whole (Replicate()): the shapes do not meet at run time",
     ),
+    # Found by the verify property (tests/test_verify_property.py): Qwen3's per-head q_norm reads
+    # q_proj's output; its layout still has to meet o_proj's (the norm computes on it as given).
+    "qwen3_q_proj_leaves_shard_0_through_q_norm": (
+        _edit(QWEN3, Q_PROJ, Q_PROJ.replace("output_layouts=Shard(-1)", "output_layouts=Shard(0)")),
+        f'"{A}.q_proj"',
+        f"`{A}.q_proj` leaves a plain tensor, this rank's shard on dim 0 (Shard(0)), but `{A}.o_proj`"
+        f" (RowwiseParallel) reads a plain tensor, this rank's shard on dim -1 (Shard(-1)) (like `{A}.k_proj`,"
+        f" `{A}.v_proj`): the shapes do not meet at run time",
+    ),
     "up_proj_deleted": (
         _drop(LLAMA, f"{M}.up_proj"),
         f'"{M}"',
@@ -499,6 +508,27 @@ def test_an_edit_that_breaks_at_run_time_fails_level_2_on_the_entry_that_causes_
     errors = [line for line in result.stdout.splitlines() if " warning: " not in line]
     assert errors == [f"{path}:{_line_of(plan, entry + ':')}:5: PG214 {message}"]
     assert _snapshot(tmp_path) == before  # nothing written, nothing touched
+
+
+def test_a_per_head_norm_as_sequence_parallel_on_the_heads_dim_is_clean(tmp_path):
+    # ReplicatedWithGradAllReduce is this SequenceParallel: the same run, right (the verify property's case216).
+    norm = f'"{A}.q_norm": ReplicatedWithGradAllReduce(sequence_dim=2, use_local_output=True)'
+    plan = _edit(QWEN3, norm, norm.replace("ReplicatedWithGradAllReduce(", "SequenceParallel("))
+    plan = _edit(plan, "RowwiseParallel\n", "RowwiseParallel, SequenceParallel\n")
+    path = tmp_path / "qwen3_plan.py"
+    path.write_text(plan)
+    result = _invoke(str(path))
+    assert result.exit_code == 0, result.output
+
+
+def test_a_dtensor_into_a_per_head_norm_is_clean_where_it_leaves_the_heads_o_proj_reads(tmp_path):
+    # q_proj's DTensor (use_local_output=False) is viewed per head; q_norm keeps it on its heads shard and
+    # returns that shard, the one o_proj reads: the same run, right (the verify property's case124).
+    plan = _edit(QWEN3, Q_PROJ, Q_PROJ.replace("use_local_output=True", "use_local_output=False"))
+    path = tmp_path / "qwen3_plan.py"
+    path.write_text(plan)
+    result = _invoke(str(path))
+    assert result.exit_code == 0, result.output
 
 
 # The run on a fake process group blames the same entries by itself, not the module that crashed.

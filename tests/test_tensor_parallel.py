@@ -71,3 +71,21 @@ def test_a_parameter_two_modules_hold_stays_one_where_one_style_shards_it(mesh):
     # Sharded two ways, it cannot be one parameter: refused with both names.
     with pytest.raises(PlanError, match=r"shared parameter a.bias, b.bias got different layouts"):
         apply_tp(_SharedBias(), mesh, {"a": ColwiseParallel(), "b": RowwiseParallel()})
+
+
+def test_kv_heads_are_replicated_where_o_proj_is_as_wide_as_a_kv_projection(mesh):
+    # Qwen3, 2 heads of 16 over a hidden size of 16, 1 KV head: o_proj (32 -> 16) is as wide as k_proj
+    # (16 -> 16) and was taken for one, so the runtime refused init's own plan (the verify property's case037).
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from plangen.kv_styles import kv_projections
+    from plangen.plan import build_parallel_styles
+    from plangen.plans.choice import choose_plan
+
+    config = Qwen3Config(hidden_size=16, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16, num_hidden_layers=1, vocab_size=32)  # fmt: skip
+    model = Qwen3ForCausalLM(config)
+    attention = model.model.layers[0].self_attn
+    assert [name for name, _ in kv_projections(attention, 1, 16)] == ["k_proj", "v_proj"]
+    apply_tp(model, mesh, build_parallel_styles(choose_plan(model, False).plan))
+    assert model.model.layers[0].self_attn.k_proj.weight.placements == (Replicate(),)  # the one KV head, whole

@@ -12,6 +12,7 @@ layouts cannot meet. The real model never sees a DTensor here: the tags are book
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
@@ -52,6 +53,7 @@ class Layout:
     shown: str
     source: str = ""  # the module path whose style left it
     prepared: bool = False  # a block's input, as its PrepareModuleInput hands it to what is inside
+    shape: tuple[int, ...] = ()  # of the tensor it was left on (a reader may see a view of it)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,24 @@ def _normalized(placement: Any, ndim: int) -> tuple[str, str]:
     if isinstance(placement, Partial):
         return "Partial()", "Partial()"
     return UNKNOWN, str(placement)
+
+
+def _seen_on(layout: Layout, shape: tuple[int, ...]) -> Layout:
+    """``layout`` as a reader sees it on a view of the tensor it was left on, of ``shape``.
+
+    A shard of the features, split into heads or merged back, is a shard of the first feature dim:
+    the heads shard ``Shard(2)`` a per-head norm leaves on ``[b, s, heads, head_dim]`` is
+    ``Shard(-1)`` of the ``[b, s, heads * head_dim]`` that ``o_proj`` reads (and ``k_norm``'s, on
+    fewer KV heads, too: attention repeats each rank's own). That holds where the dims before the
+    shard are the reader's and the shard is the last dim of one side; elsewhere (a transpose
+    first, another tensor) the placement stays as normalized, its dim counted from the end."""
+    source = layout.shape
+    if not layout.placement.startswith("Shard(") or not source or source == shape:
+        return layout
+    dim = int(layout.placement[6:-1]) + len(source)
+    if dim >= len(shape) or source[:dim] != shape[:dim] or dim not in (len(source) - 1, len(shape) - 1):
+        return layout
+    return dataclasses.replace(layout, placement=f"Shard({dim - len(shape)})", shape=shape)
 
 
 def _first(layouts: Any) -> Any:
@@ -171,7 +191,7 @@ class LayoutTracer:
         return tuple(found)
 
     def _read(self, path: str, key: str | None, style: str, tensor: Any, takes: Any) -> None:
-        producers = self.producers(tensor)
+        producers = tuple(dict.fromkeys(_seen_on(p, tuple(tensor.shape)) for p in self.producers(tensor)))
         if not producers:
             return
         normalized, shown = _normalized(takes, tensor.ndim) if takes is not None else (None, None)
@@ -180,7 +200,7 @@ class LayoutTracer:
     def _layout(self, key: str, tensor: "torch.Tensor", placement: Any, dtensor: bool, path: str = "",
                 prepared: bool = False) -> Layout:  # fmt: skip
         normalized, shown = _normalized(placement, tensor.ndim)
-        return Layout(key, dtensor, normalized, shown, path, prepared)
+        return Layout(key, dtensor, normalized, shown, path, prepared, tuple(tensor.shape))
 
     # --- the hooks -------------------------------------------------------------------------
 
@@ -214,7 +234,10 @@ class LayoutTracer:
                                bool(style.use_local_output))  # fmt: skip
         elif hooks == SEQUENCE_HOOKS:
             placement = _first(style.sequence_sharding)
-            self._module_hooks(path, module, key, name, placement, placement, bool(style.use_local_output))
+            if style.use_local_output:
+                self._local_sequence_hooks(path, module, key, name, placement)
+            else:
+                self._module_hooks(path, module, key, name, placement, placement, False)
         elif hooks in (PREPARE_INPUT, PREPARE_OUTPUT, PREPARE_INPUT_OUTPUT):
             if hooks == PREPARE_INPUT_OUTPUT:
                 self._prepare_input(path, module, key, name, style.prepare_module_input)
@@ -239,6 +262,29 @@ class LayoutTracer:
 
         def leave(mod, args, output):
             return _map_tensors(output, lambda t: self._tag(t, self._layout(key, t, leaves, not local, path)), first=True)
+
+        self.handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
+        self.handles.append(module.register_forward_hook(leave))
+
+    def _local_sequence_hooks(self, path, module, key, name, placement) -> None:
+        """A sequence-parallel style that returns its output local (``ReplicatedWithGradAllReduce`` on
+        a per-head norm): a plain input is only labelled with its placement, so the weight gradient
+        is summed over TP, and the module computes on it as given; what reads the output meets the
+        layouts above it (an edited ``q_proj`` seen through ``q_norm`` at ``o_proj``). A DTensor input
+        is redistributed to the placement, and its local shard leaves."""
+        redistributed: list[bool] = []
+
+        def read(mod, args, kwargs):
+            tensor = _first_tensor(args, kwargs)
+            dtensor = tensor is not None and any(p.dtensor for p in self.producers(tensor))
+            redistributed.append(dtensor)
+            if dtensor:
+                self._read(path, key, name, tensor, placement)
+
+        def leave(mod, args, output):
+            if not (redistributed and redistributed.pop()):
+                return None
+            return _map_tensors(output, lambda t: self._tag(t, self._layout(key, t, placement, False, path)), first=True)
 
         self.handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
         self.handles.append(module.register_forward_hook(leave))
