@@ -115,13 +115,13 @@ def test_no_sequence_parallel_proof_is_stale():
 
 
 def test_text_table_for_some_models():
-    result = CliRunner().invoke(app, ["list", "olmo", "llama", "ctrl"])
+    result = CliRunner().invoke(app, ["list", "olmo", "llama", "xlm"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "TP-sharded", "note"]
-    assert lines[1].split()[:3] == ["CTRLLMHeadModel", "ctrl", "none"]
-    assert lines[2].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
-    assert lines[3].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
+    assert lines[1].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
+    assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
+    assert lines[3].split()[:3] == ["XLMWithLMHeadModel", "xlm", "none"]
     assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 0 hf, 1 none; ")
     assert lines[-1].endswith("shard ≥ 95% of their parameters over TP")
 

@@ -105,7 +105,14 @@ def _line_of(text: str, fragment: str) -> int:
 
 
 def _drop(text: str, key: str) -> str:
-    return "\n".join(line for line in text.splitlines() if f'"{key}"' not in line) + "\n"
+    """``text`` without the entry of ``key``, all its lines where it spans several."""
+    kept, depth = [], 0
+    for line in text.splitlines():
+        if depth or f'"{key}"' in line:
+            depth = max(depth + line.count("(") - line.count(")"), 0)
+            continue
+        kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def test_typo_in_a_key_suggests_the_module(tmp_path):
@@ -270,7 +277,7 @@ def test_half_of_a_tied_pair_is_reported_at_its_entry_from_the_source_then_again
     half = _edit(GEMMA3, '"lm_head": TiedHeadParallel(', '"lm_head": ColwiseParallel(')
     line = _line_of(half, '"model.embed_tokens"')
     assert _found(_verify(tmp_path, half)) == [("PG112", line, 27)]  # level 1; level 2 waits for it
-    silenced = _edit(half, "use_local_output=True),\n", "use_local_output=True),  # plangen: ignore[PG112]\n")
+    silenced = _edit(half, '"model.embed_tokens": TiedEmbeddingParallel(\n', '"model.embed_tokens": TiedEmbeddingParallel(  # plangen: ignore[PG112]\n')
     assert _line_of(silenced, "ignore[PG112]") == line
     found = _verify(tmp_path, silenced).diagnostics
     assert [(d.code, d.line, d.col) for d in found] == [("PG211", line, 27)]  # level 2, the same entry
