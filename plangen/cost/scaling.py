@@ -32,13 +32,14 @@ from plangen.cost.settings import CostError
 LETTERS = {
     "batch": "B", "seq": "S", "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
     "q_latent": "Lq", "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)
+    "experts": "E",  # routed experts (Llama-4's scores' gradient, B·S·E)
 }
 # One run per group: its dimensions are multiplied by distinct primes so that one ratio gives every
 # exponent. Groups keep the probed models small: hidden and head size together would grow q_proj 6x.
 PROBE_GROUPS: tuple[Mapping[str, int], ...] = (
     {"batch": 2, "seq": 3, "vocab": 5, "intermediate": 7},
     {"hidden": 2, "head_dim": 3},
-    {"heads": 2, "q_latent": 3, "kv_latent": 5},
+    {"heads": 2, "q_latent": 3, "kv_latent": 5, "experts": 7},
 )
 MAX_EXPONENT = 3
 
