@@ -23,6 +23,7 @@ SWEEP_TP_SIZES = tuple(range(1, 9))
 SWEEP_DP_SIZE = 2
 # Divisible by every TP size of the sweep (840 = lcm(1..8)), so sequence parallel can be costed at each.
 SWEEP_SEQ_LEN = 4200
+HEAD_LABELS = {"num_attention_heads": "heads", "num_key_value_heads": "KV heads"}
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def sweep_cost(
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.3g}"
+    gib = n / 2**30
+    return f"{gib:,.0f}" if gib >= 100 else f"{gib:.3g}"
 
 
 def render_sweep_cell(case: SweepCase) -> str:
@@ -96,13 +98,15 @@ def render_sweep_cell(case: SweepCase) -> str:
 
 
 def refusal_label(message: str) -> str:
-    """The refusal shortened for a table cell: what is not divisible, and the largest legal TP size."""
+    """The refusal shortened for a table cell: ``no: 12 heads, max 6`` (the count the TP size does not
+    divide, the largest legal TP size)."""
     import re
 
     found = re.search(r"(\w+)=(\d+) .*?the largest legal TP size for \S+ is (\d+)", message)
     if found:
-        return f"refused: {found.group(1)}={found.group(2)}, max TP {found.group(3)}"
-    return "refused: " + message
+        what = HEAD_LABELS.get(found.group(1), found.group(1))
+        return f"no: {found.group(2)} {what}, max {found.group(3)}"
+    return "no: " + message
 
 
 def render_sweep_table(cases: Sequence[SweepCase]) -> str:
@@ -128,9 +132,9 @@ def render_sweep_summary(cases: Sequence[SweepCase]) -> str:
     reasons: dict[str, int] = {}
     for c in cases:
         if c.refusal is not None:
-            label = refusal_label(c.refusal).removeprefix("refused: ").split(",")[0].split("=")[0]
+            label = refusal_label(c.refusal).removeprefix("no: ").split(",")[0].lstrip("0123456789 ")
             reasons[label] = reasons.get(label, 0) + 1
-    refused = ", ".join(f"{n} by {label}" for label, n in sorted(reasons.items()))
+    refused = ", ".join(f"{n} by the {label}" for label, n in sorted(reasons.items()))
     seconds = sum(c.seconds for c in cases)
     return (
         f"{works} of {len(cases)} cases costed, {len(cases) - works} refused"
