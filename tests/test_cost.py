@@ -515,6 +515,17 @@ def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds(
     assert (scaled.head_dim, scaled.qk_rope_head_dim, scaled.qk_nope_head_dim, scaled.v_head_dim, scaled.qk_head_dim) == (48, 48, 48, 48, 96)
     doubled = config_with_more_layers(config)
     assert (doubled.num_hidden_layers, doubled.first_k_dense_replace) == (6, 2)
+    assert scaled_config(config, {"experts": 5}).n_routed_experts == 20
+
+
+def test_the_expert_count_is_scaled_once_under_an_aliased_name():
+    """gpt-oss maps ``num_experts`` to ``num_local_experts``: the probe multiplies the count once."""
+    from transformers import GptOssConfig
+
+    from plangen.cost.measure import scaled_config
+
+    config = GptOssConfig(**{k: v for k, v in MOE_CONFIGS["gpt_oss"].items() if k not in ("architectures", "model_type")})
+    assert scaled_config(config, {"experts": 5}).num_local_experts == 20
 
 
 # Llama-4's every-token experts (EveryTokenMoeParallel), every layer MoE (Scout's pattern), 3 layers.

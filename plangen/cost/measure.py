@@ -207,7 +207,12 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
     config = copy.deepcopy(config)
     text = text_config(config)
     for name, factor in factors.items():
-        for key in DIMENSION_KEYS[name]:
+        keys = DIMENSION_KEYS[name]
+        if name in ALTERNATIVE_KEYS:
+            # One attribute under several names (gpt-oss maps num_experts to num_local_experts):
+            # scaling each name would scale it again.
+            keys = tuple(k for k in keys if type(getattr(text, k, None)) is int)[:1]
+        for key in keys:
             value = getattr(text, key, None)
             if isinstance(value, int):
                 setattr(text, key, value * factor)
