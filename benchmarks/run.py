@@ -1,6 +1,6 @@
 """plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
 
-    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step,loss] [--markdown PATH]
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step,loss,peak] [--markdown PATH]
 
 1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
    (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
@@ -14,6 +14,9 @@
 8. loss: peak memory and time of the loss on vocabulary-parallel logits (bf16, 8192 tokens, vocabulary
    151,936, TP 2): a naive full-vocabulary log_softmax, the previous cross-entropy, the chunked one
    (``loss_memory.py``).
+9. peak: ``plangen cost --peak``'s predicted peak per rank (forward, backward, optimizer step) beside the
+   peak measured on real tensors, small Llama, Qwen3 and Qwen3-MoE at DP 2 x TP 2, SP and activation
+   checkpointing off and on, one gloo launch (``peak_memory.py``).
 
 ``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
 results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
@@ -34,7 +37,7 @@ if str(HERE) not in sys.path:
 
 from common import Section, render_section_markdown, render_section_text  # noqa: E402
 
-SECTIONS = ("comm", "step", "cli", "moe", "moe_step", "loss")
+SECTIONS = ("comm", "step", "cli", "moe", "moe_step", "loss", "peak")
 
 
 def run_sections(names: list[str], quick: bool) -> list[Section]:
@@ -68,6 +71,10 @@ def run_sections(names: list[str], quick: bool) -> list[Section]:
             from loss_memory import run_loss_benchmark
 
             sections.append(run_loss_benchmark(quick))
+        elif name == "peak":
+            from peak_memory import run_peak_benchmark
+
+            sections.append(run_peak_benchmark(quick))
     return sections
 
 

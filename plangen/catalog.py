@@ -50,7 +50,8 @@ class CatalogRow:
     model_type: str
     plan: PlanKind
     sequence_parallel: bool
-    # The sweep's verdict on that plan: passed, failed, not run, or n/a (no plan to check).
+    # The sweep's verdict on that plan: passed, failed, stale (proven for another plan), not run,
+    # or n/a (no plan to check).
     check: str
     note: str = ""
     # Share of the parameters (by elements) the plan shards over TP at the default size; 0: no plan.
@@ -210,9 +211,15 @@ def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | N
     if chosen.source == "synthesized":
         from plangen.plans.analysis import analyze_model
 
+        from plangen.plans.proven import SWEEP_COMMAND, proof_is_stale
+
         sp = record.get("sp") is True  # proven with SP: the sweep's record (choose_plan proved the TP one)
         sp_problems = analyze_model(model).sp_problems
         note = "" if sp else (sp_problems[0] if sp_problems else (record.get("error") or ""))
+        if proof_is_stale(record, chosen.plan):
+            # The synthesizer builds another plan than the sweep proved (the catalog's model is the sweep's).
+            stale = f"the synthesizer changed this plan since it was proven: run {SWEEP_COMMAND} --only {arch.class_name}"
+            return CatalogRow(arch.class_name, arch.model_type, "synthesized", sp, "stale", "; ".join(n for n in (stale, note) if n))
         return CatalogRow(arch.class_name, arch.model_type, "synthesized", sp, _verdict(record, False), note)
     synthesized = record if record and record.get("plan") == "synthesized" else None
     hf_record = (record or {}).get("hf") if synthesized else (record if record and record.get("plan") == "hf" else None)
@@ -229,7 +236,9 @@ def _synthesis_note(model: "nn.Module", record: dict[str, Any] | None) -> str:
         return f"not synthesized: {analysis.problem}"
     if synthesized:
         return f"synthesized plan failed the check: {synthesized.get('error') or 'differs from the unsharded model'}"
-    return "synthesized plan not checked yet (scripts/sweep_plans.py)"
+    from plangen.plans.proven import SWEEP_COMMAND
+
+    return f"synthesized plan not checked yet ({SWEEP_COMMAND})"
 
 
 def build_catalog(only: Iterable[str] | None = None) -> list[CatalogRow]:

@@ -31,11 +31,18 @@ def _lfm2_moe_layer_types(config: Any) -> dict[str, Any]:
     return {"layer_types": ["full_attention" if i % 4 == 3 else "conv" for i in range(count)]}
 
 
+def _xmod_language(config: Any) -> dict[str, Any]:
+    # X-MOD runs one language adapter per input, chosen by lang_ids or the default language, which
+    # the default config leaves unset (users call set_default_language): its first language.
+    return {"default_language": config.languages[0]}
+
+
 # model_type -> (the field that is None, what to set).
 _FIXES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "hunyuan_v1_moe": ("head_dim", _hunyuan_head_dim),
     "dots1": ("n_routed_experts", _dots1_experts),
     "lfm2_moe": ("layer_types", _lfm2_moe_layer_types),
+    "xmod": ("default_language", _xmod_language),
 }
 
 

@@ -22,7 +22,9 @@ no ``weight``. :func:`resolve_lora_styles` translates a plan once, before anythi
   partial sum is all-reduced, or reduce-scattered under sequence parallel); ``lora_B`` keeps whole
   weights (``Replicate()`` DTensors) and returns what the base returns (local or DTensor).
 
-Dropout and scaling are peft's own, untouched. Frozen base weights keep ``requires_grad=False``
+Scaling is peft's own, untouched; so is dropout on a column-parallel layer's replicated input
+(TP ranks seeded alike draw the unsharded mask). On a row-parallel layer's feature shard
+:class:`FeatureShardedDropout` draws the whole input's mask and keeps this rank's columns. Frozen base weights keep ``requires_grad=False``
 (torch's styles carry it over), so they get no gradient and FSDP2 reduces none for them.
 """
 
@@ -117,6 +119,44 @@ class ReplicatedAdapter(ParallelStyle):
         return f"{type(self).__name__}(use_local_output={self.use_local_output})"
 
 
+class FeatureShardedDropout(ParallelStyle):
+    """A row-parallel LoRA layer's ``lora_dropout``, whose input is this rank's feature shard: the
+    mask of the whole input is drawn (from the global generator, as one device would draw it) and
+    this rank keeps its columns, so the TP ranks drop exactly what the unsharded model drops.
+
+    ``nn.Dropout`` on the shard would draw a mask of the shard's shape: the same on every TP rank
+    (their generators agree), so feature ``j`` and ``j + in/tp`` would always be dropped together.
+    The cost is a mask of the whole input per call (bytes of ``[tokens, in]``), no communication.
+    Anything but an ``nn.Dropout`` (peft's ``nn.Identity`` for ``lora_dropout=0``) is left alone.
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        import types
+
+        if not isinstance(module, nn.Dropout):
+            return module
+        tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+
+        def forward(mod: nn.Dropout, x):
+            import torch
+
+            if not mod.training or mod.p == 0:
+                return x
+            if mod.p == 1:
+                return x * torch.zeros((), dtype=x.dtype)
+            # As ATen's CPU dropout: a bernoulli(1 - p) noise of the input's dtype, divided by 1 - p.
+            width = x.shape[-1]
+            noise = torch.empty((*x.shape[:-1], width * tp), dtype=x.dtype, device=x.device).bernoulli_(1 - mod.p)
+            noise = noise[..., rank * width:(rank + 1) * width].div_(1 - mod.p)
+            return x * noise
+
+        module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
 def _fit(style: ParallelStyle) -> str | None:
     """``column``, ``row``, or None where the style cannot be translated onto a LoRA layer."""
     from plangen.kv_styles import KVHeadsColwiseParallel
@@ -153,6 +193,7 @@ def _translate(path: str, style: ParallelStyle, fit: str, adapters: str) -> dict
             input_layouts=input_layout, output_layouts=output_layout, use_local_output=False
         ),
         f"{path}.lora_B.{adapters}": ReplicatedAdapter(use_local_output=style.use_local_output),
+        f"{path}.lora_dropout.{adapters}": FeatureShardedDropout(),
     }
 
 

@@ -46,6 +46,17 @@ class Target:
     plan: str  # "hand-written" | "synthesized" | "hf"
     sequence_parallel: bool
     result: dict[str, Any] = field(default_factory=dict)
+    # plangen.plans.proven.plan_fingerprint of the plans checked (synthesized: built here, on the
+    # catalog's model, as plangen list builds them; the workers build the same on the same config).
+    fingerprint: dict[str, str] | None = None
+
+
+def build_fingerprints(model: Any, sequence_parallel: bool) -> dict[str, str]:
+    from plangen.plans.proven import plan_fingerprint
+    from plangen.plans.synthesize import build_synthesized_plan
+
+    kinds = {"tp": False, "sp": True} if sequence_parallel else {"tp": False}
+    return {key: plan_fingerprint(build_synthesized_plan(model, sp)) for key, sp in kinds.items()}
 
 
 def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
@@ -77,7 +88,9 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
             continue
         analysis = analyze_model(model)
         if analysis.synthesizable:
-            targets.append(Target(arch.class_name, spec, "synthesized", analysis.sequence_parallel))
+            target = Target(arch.class_name, spec, "synthesized", analysis.sequence_parallel)
+            target.fingerprint = build_fingerprints(model, analysis.sequence_parallel)
+            targets.append(target)
             continue
         try:
             build_hf_plan(model)
@@ -173,12 +186,15 @@ def record_of(target: Target, plan: str, verdicts: dict[str, str | None]) -> dic
     sp = verdicts.get(f"{target.class_name}/{plan}/sp") if target.sequence_parallel and plan != "hf" else None
     has_sp = target.sequence_parallel and plan != "hf"
     errors = [f"{k}: {v}" for k, v in (("tp", tp), ("sp", sp)) if v]
-    return {
+    record = {
         "plan": plan,
         "tp": tp is None,
         "sp": (sp is None) if has_sp else None,
         "error": "; ".join(errors)[:500] or None,
     }
+    if plan == "synthesized" and target.fingerprint:
+        record["fingerprint"] = target.fingerprint
+    return record
 
 
 def sweep(only: set[str] | None, batch: int, timeout: float) -> dict[str, dict[str, Any]]:
@@ -246,7 +262,9 @@ def write_docs(seconds: float | None) -> None:
         "else `hf` (the model's own Hugging Face plan, translated), else `none` (TP > 1 is an error that",
         "points to `plangen init`). *SP*: sequence parallelism available. *Check*: the numerical check of",
         "that plan: a tiny random model at TP=2 and DP=2 x TP=2 (SP off and on) against the unsharded model,",
-        "logits, loss, every gradient, gradient norm and parameters after three AdamW steps within 1e-5.",
+        "logits, loss, every gradient, gradient norm and parameters after three AdamW steps within 1e-5;",
+        "`stale`: the synthesizer now builds another plan than the one proven (its fingerprint in",
+        "proven.json), so the class needs sweeping again (the test suite fails until it is).",
         "*TP-sharded*: the share of the parameters (by elements) the plan shards over TP at the class's",
         "default size, measured on the meta device at TP=2 (the rest stays whole on every TP rank).",
         "",

@@ -22,3 +22,26 @@ def fake_pg():
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
     yield
+
+
+def selected_cases(request, cases: dict[str, list[dict]], needs=None) -> dict[str, list[dict]]:
+    """The cases (by mesh) that this module's selected tests read, for a launch that runs those only.
+
+    A launch runs many cases (a launch costs seconds, a case a fraction of one), but the default
+    run deselects the ``slow`` ones (and ``-k`` may deselect more): a test names the case it reads
+    by its ``case_id`` parameter ("mesh/name"), or ``needs(test_name, params)`` names them."""
+    wanted: set[str] = set()
+    for item in request.session.items:
+        if item.module is not request.module:
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "case_id" in params:
+            wanted.add(params["case_id"])
+        if needs is not None:
+            wanted |= set(needs(item.originalname, params))
+    return {mesh: [c for c in group if f"{mesh}/{c['name']}" in wanted] for mesh, group in cases.items()}
+
+
+def slow_unless(ids, default) -> list:
+    """``ids`` as parameters, those not in ``default`` marked ``slow`` (out of the default run)."""
+    return [i if i in default else pytest.param(i, marks=pytest.mark.slow) for i in ids]

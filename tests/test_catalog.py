@@ -59,14 +59,59 @@ def test_rows_follow_the_plan_priority(listing):
     assert rows["GPT2LMHeadModel"]["plan"] == "hand-written"  # Conv1D styles, fused c_attn re-laid out
     xlm = rows["XLMWithLMHeadModel"]  # attentions, ffns and norms in parallel lists, no layer modules
     assert xlm["plan"] == "none" and "outside any recognised block" in xlm["note"]
-    # CTRL: recognised, but its forward scales the embedding's output view in place.
-    ctrl = rows["CTRLLMHeadModel"]
-    assert ctrl["plan"] == "none" and "modified inplace" in ctrl["note"]
+    # CTRL scales the embedding's output in place, Git adds positions into it: the embedding's
+    # style hands out a copy (RowwiseParallelOwnOutput), proven.
+    for name in ("CTRLLMHeadModel", "GitForCausalLM"):
+        assert (rows[name]["plan"], rows[name]["check"]) == ("synthesized", "passed"), name
     for row in rows.values():
         assert row["plan"] in ("hand-written", "synthesized", "hf", "none")
         if row["plan"] == "synthesized":  # the runtime uses a synthesized plan only where it is proven
             assert is_proven(row["class_name"], False) and row["check"] == "passed"
             assert row["sequence_parallel"] == is_proven(row["class_name"], True)
+
+
+def test_no_synthesized_proof_is_stale(listing):
+    """Each synthesized plan the runtime trusts is the one the sweep proved (its fingerprint)."""
+    from plangen.plans.proven import SWEEP_COMMAND
+
+    stale = [row["class_name"] for row in rows_by_class(listing).values() if row["check"] == "stale"]
+    assert stale == [], f"proofs of plans the synthesizer no longer builds: run {SWEEP_COMMAND} --only {','.join(stale)}"
+
+
+def test_a_changed_synthesized_plan_is_stale_until_swept_again():
+    from dataclasses import replace
+
+    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.plans.proven import plan_fingerprint, proof_is_stale
+    from plangen.plans.synthesize import build_synthesized_plan
+
+    model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
+    tp, sp = build_synthesized_plan(model, False), build_synthesized_plan(model, True)
+    record = {"plan": "synthesized", "tp": True, "sp": True, "fingerprint": {"tp": plan_fingerprint(tp), "sp": plan_fingerprint(sp)}}
+    assert not proof_is_stale(record, tp) and not proof_is_stale(record, sp)
+    first = tp.entries[0]
+    swapped = "ColwiseParallel" if first.style != "ColwiseParallel" else "RowwiseParallel"
+    assert proof_is_stale(record, replace(tp, entries=(replace(first, style=swapped), *tp.entries[1:])))
+    assert proof_is_stale(record, replace(tp, entries=tp.entries[1:]))  # an entry left out
+    assert proof_is_stale(record, replace(tp, entries=(replace(first, kwargs={**first.kwargs, "use_local_output": False}), *tp.entries[1:])))
+    assert proof_is_stale({k: v for k, v in record.items() if k != "fingerprint"}, tp)  # nothing says which plan
+    assert not proof_is_stale({"plan": "hand-written", "tp": True}, tp)  # hand-written plans: proven by the tests
+
+
+@pytest.mark.slow
+def test_no_sequence_parallel_proof_is_stale():
+    """As plangen list checks the TP plans: the SP plans (twice the synthesis: out of the default run)."""
+    from plangen.catalog import build_catalog_model, list_architectures
+    from plangen.plans.proven import SWEEP_COMMAND, load_proven, proof_is_stale
+    from plangen.plans.synthesize import build_synthesized_plan
+
+    records = load_proven()
+    stale = [
+        arch.class_name for arch in list_architectures()
+        if (records.get(arch.class_name) or {}).get("plan") == "synthesized" and records[arch.class_name].get("sp")
+        and proof_is_stale(records[arch.class_name], build_synthesized_plan(build_catalog_model(arch), True))
+    ]
+    assert stale == [], f"run {SWEEP_COMMAND} --only {','.join(stale)}"
 
 
 def test_text_table_for_some_models():

@@ -488,6 +488,7 @@ def test_every_causal_lm_type_builds_tiny_and_runs(model_type):
         ("HunYuanMoEV1ForCausalLM", "head_dim", 128),  # hidden 4096 / 32 heads
         ("dots1", "n_routed_experts", 128),
         ("Lfm2MoeForCausalLM", "layer_types", None),  # a pattern with both kinds, checked below
+        ("xmod", "default_language", "en_XX"),  # its forward needs a language (builds without one)
     ],
 )
 def test_default_configs_get_what_their_class_reads_and_build(spec, field, value):

@@ -255,7 +255,10 @@ def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
     plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
     assert P.find_unmatched_keys(model, plan) == []
     sharded = {n for key in plan for n in P.find_matching_modules(model, key)}
-    assert "model.layers.1.mixer.up_proj" in sharded and "model.layers.2.mixer.q_proj" in sharded
+    assert "model.layers.3.mixer.up_proj" in sharded and "model.layers.2.mixer.q_proj" in sharded
+    # The MoE block: experts split on the expert dim, the shared expert column/row-parallel, the router whole.
+    assert {"model.layers.1.mixer.experts", "model.layers.1.mixer.shared_experts.up_proj"} <= sharded
+    assert "model.layers.1.mixer.gate" not in sharded
     assert not any(n.startswith("model.layers.0.") for n in sharded)  # the Mamba block
     # SP: the Mamba mixer gathers the sequence, computes it whole and keeps its shard.
     sp_plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, True)
@@ -283,7 +286,7 @@ def test_nemotron_h_checkpoints_only_mlp_and_mamba_blocks(fake_pg, monkeypatch):
     monkeypatch.setattr(P, "apply_activation_checkpointing", lambda layers: checkpointed.extend(layers))
     mesh = DeviceMesh("cpu", torch.arange(1))
     P.parallelize_model(model, mesh, mesh, torch.float32, activation_checkpointing=True)
-    assert [layer.block_type for layer in checkpointed] == ["linear_attention", "mlp", "mlp"]
+    assert [layer.block_type for layer in checkpointed] == ["linear_attention", "mlp"]  # not attention, not MoE
 
 
 @pytest.mark.parametrize(
@@ -304,3 +307,28 @@ def test_the_chosen_plan_and_its_reason_are_logged(fake_pg, caplog, custom, expe
     with caplog.at_level(logging.INFO, logger="plangen"):
         P.parallelize_model(build_tiny("llama"), mesh["dp"], mesh["tp"], torch.float32, custom_parallel_plan=custom)
     assert expected in caplog.messages
+
+
+def test_checkpointed_layers_leave_the_kv_cache_alone_in_training():
+    """Backward replays a checkpointed layer; with the KV cache in its call the replay would write the
+    layer's keys and values into the cache a second time (16 positions after a step of 8), and the
+    cache, kept by the replay's arguments, would hold them until backward ends (docs/cost.md). Under
+    training the layers get no cache (as transformers' own checkpointing does it), the gradients are
+    the uncheckpointed model's; without gradients (generation in train mode) the cache fills."""
+    from transformers import DynamicCache
+
+    from plangen.plan_checks import find_transformer_layers
+    from tiny_configs import build_tiny
+
+    plain, checkpointed = build_tiny("llama").train(), build_tiny("llama").train()
+    P.apply_activation_checkpointing(find_transformer_layers(checkpointed))
+    ids = torch.randint(0, 100, (2, 8))
+    plain(input_ids=ids, use_cache=False).logits.sum().backward()
+    cache = DynamicCache(config=checkpointed.config)
+    checkpointed(input_ids=ids, cache=cache, use_cache=True).logits.sum().backward()
+    assert cache.get_seq_length() == 0
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=name)
+    with torch.no_grad():
+        checkpointed(input_ids=ids, cache=cache, use_cache=True)
+    assert cache.get_seq_length() == 8

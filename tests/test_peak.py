@@ -14,24 +14,7 @@ import pytest
 from plangen.cost.peak import Breakdown, PeakReport, PhasePeak, parse_memory
 from plangen.cost.settings import CostError, CostSettings
 
-# Small enough for gloo in seconds, large enough that activations and weights are both megabytes.
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1024,
-    "max_position_embeddings": 1024, "tie_word_embeddings": False,
-}
-QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "intermediate_size": 352,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "num_hidden_layers": 2,
-    "vocab_size": 1024, "max_position_embeddings": 1024, "tie_word_embeddings": False,
-}
-BATCH, SEQ = 2, 128
-CASES = [
-    {"name": f"{name}{'-sp' if sp else ''}{'-ac' if ac else ''}", "model": name, "config": config,
-     "sp": sp, "ac": ac, "batch": BATCH, "seq_len": SEQ}
-    for name, config in (("llama", LLAMA), ("qwen3", QWEN3)) for sp in (False, True) for ac in (False, True)
-]
-
+from plangen.cost.validate import BATCH, CASES, SEQ
 
 def _report(total: int) -> PeakReport:
     breakdown = Breakdown(parameters=total - 100, activations=100)
@@ -63,24 +46,17 @@ def test_verdict_flips_exactly_at_the_peak():
 
 @pytest.fixture(scope="module")
 def config_files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("peak")
-    paths = {}
-    for name, values in (("llama", LLAMA), ("qwen3", QWEN3)):
-        paths[name] = root / f"{name}.json"
-        paths[name].write_text(json.dumps(values))
-    return paths
+    from plangen.cost.validate import write_configs
+
+    return write_configs(tmp_path_factory.mktemp("peak"))
 
 
 @pytest.fixture(scope="module")
-def predicted(config_files, fake_pg):
+def predicted(tmp_path_factory, fake_pg):
     """Every case traced with fake tensors on the single-process fake group (rank 0)."""
-    from plangen.cost.peak import measure_peak
+    from plangen.cost.validate import predict_cases
 
-    return {
-        c["name"]: measure_peak(str(config_files[c["model"]]), tp_size=2, dp_size=2, seq_len=SEQ, micro_batch=BATCH,
-                                sequence_parallel=c["sp"], activation_checkpointing=c["ac"])
-        for c in CASES
-    }
+    return predict_cases(CASES, tmp_path_factory.mktemp("predicted"))
 
 
 def test_breakdown_adds_up_to_the_trackers_total(predicted):
@@ -88,6 +64,28 @@ def test_breakdown_adds_up_to_the_trackers_total(predicted):
         assert {p.phase for p in report.phases} == {"forward", "backward", "optimizer"}
         for phase in report.phases:
             assert phase.breakdown.total == phase.tracked_total > 0
+
+
+def test_each_peak_says_where_in_its_phase_it_is(predicted):
+    """A moment outside every module is named by its place: forward's loss is after the layers,
+    backward's end (the embedding's gradient, FSDP2's last reduce-scatters) after its layers."""
+    from dataclasses import replace
+
+    from plangen.cost.depth import AFTER_LAYERS
+    from plangen.cost.peak import place_of
+    from plangen.cost.render import render_peak_text
+
+    assert (place_of(None), place_of(0), place_of(3), place_of(AFTER_LAYERS)) == ("before", "layer", "layer", "after")
+    for report in predicted.values():
+        for peak in report.phases:
+            assert peak.place in ("before", "layer", "after")
+            assert (peak.place == "layer") == (".layers." in f".{peak.module}"), peak
+    report = _report(2**30)
+    backward = report.phases[0]
+    after = replace(report, phases=(replace(backward, place="after"),))
+    assert "in backward, after the decoder layers' backward (the embedding's gradient" in render_peak_text([after])
+    before = replace(report, phases=(replace(backward, place="before"),))
+    assert "in backward, before the output head's backward" in render_peak_text([before])
 
 
 def test_steady_state_and_no_global_shaped_transients(predicted):
@@ -104,18 +102,22 @@ def test_steady_state_and_no_global_shaped_transients(predicted):
 
 
 def test_sequence_parallel_and_checkpointing_lower_activations(predicted):
-    for model in ("llama", "qwen3"):
+    """Checkpointing: forward keeps the layers' inputs only (under half of what it saved); backward's
+    peak then holds one recomputed layer (of 2 here: the Qwen3-MoE's experts' slots make it over half)."""
+    for model in ("llama", "qwen3", "qwen3_moe"):
         peak = lambda name: predicted[name].peak.breakdown  # noqa: E731
+        forward = lambda name: next(p for p in predicted[name].phases if p.phase == "forward").breakdown  # noqa: E731
         assert peak(f"{model}-sp").activations < peak(model).activations
-        assert peak(f"{model}-ac").activations < peak(model).activations / 2
+        assert forward(f"{model}-ac").activations < forward(model).activations / 2
+        assert peak(f"{model}-ac").activations < peak(model).activations
         assert peak(f"{model}-sp").parameters == peak(model).parameters
 
 
 @pytest.fixture(scope="module")
 def measured():
-    from plangen.launch import run_distributed
+    from plangen.cost.validate import measure_cases
 
-    return run_distributed("tests/distributed/peak_cases.py:run_peak_cases", 4, CASES, timeout=300)
+    return measure_cases(CASES)
 
 
 @pytest.mark.distributed
@@ -141,6 +143,23 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
                 assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
             exact = lambda d: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
             assert exact(got) == exact(want), (rank, phase.phase)
+
+
+@pytest.mark.distributed
+def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
+    """The trace has no routing (fake tensors have no values) and needs none: the experts kernel
+    (grouped_mm) sizes every tensor by the top-k slots, not by the tokens an expert gets. The model's own
+    router spreads the routes over both TP ranks' experts; a router of zero weights (every logit equal)
+    sends them all to one rank's; every rank holds the same bytes either way, the one prediction's."""
+    assert predicted["qwen3_moe-one-rank"] is predicted["qwen3_moe"]
+    exact = lambda phases: {p: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
+                            for p, d in phases.items()}
+    for rank, per_case in enumerate(measured):
+        spread, one_rank = per_case["qwen3_moe"], per_case["qwen3_moe-one-rank"]
+        assert spread["experts_implementation"] == one_rank["experts_implementation"] == "grouped_mm"
+        assert min(spread["route_share"]) > 0.3, (rank, spread["route_share"])
+        assert sorted(one_rank["route_share"]) == [0.0, 1.0], (rank, one_rank["route_share"])
+        assert exact(spread["phases"]) == exact(one_rank["phases"]), rank
 
 
 def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
@@ -244,17 +263,31 @@ def test_layers_alike_only_where_no_layer_differs(fake_pg):
     assert why("olmo3", layer_types=["sliding_attention", "full_attention"] * 3) == "its config sets layer_types per layer"
 
 
-def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg):
+def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg, monkeypatch):
     """Six layers traced one by one against 3, 4 and 5 traced and extrapolated: every phase, every
-    kind, to the byte, with sequence parallel and checkpointing (where backward's peak moves from
-    the head to layer 0 as the model deepens)."""
-    from plangen.cost.peak import measure_peak
+    kind, to the byte, with sequence parallel and checkpointing.
 
+    And what checkpointing leaves alive when backward reaches layer 0 does not grow with the depth:
+    the layers after it are done and their saved inputs freed. It grew by a recomputed layer's keys,
+    values and more per layer while backward's replay wrote into the KV cache (docs/cost.md)."""
+    import plangen.cost.peak as peak
+
+    traced, trace_at = [], peak._trace_at
+
+    def recording_trace_at(*args, **kwargs):
+        traced.append(trace_at(*args, **kwargs))
+        return traced[-1]
+
+    monkeypatch.setattr(peak, "_trace_at", recording_trace_at)
     kwargs = dict(tp_size=2, dp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True, activation_checkpointing=True)
     deep = json.loads(config_files["llama"].read_text()) | {"num_hidden_layers": 6}
     path = config_files["llama"].with_name("llama-6-layers.json")
     path.write_text(json.dumps(deep))
-    fast, full = measure_peak(str(path), **kwargs), measure_peak(str(path), extrapolate=False, **kwargs)
+    fast = peak.measure_peak(str(path), **kwargs)
+    in_layer_0 = [peaks[("backward", 0)].breakdown.activations for _, peaks in traced]
+    assert len(in_layer_0) == 3 and len(set(in_layer_0)) == 1, in_layer_0
+    monkeypatch.setattr(peak, "_trace_at", trace_at)
+    full = peak.measure_peak(str(path), extrapolate=False, **kwargs)
     assert fast.notes[0].startswith("depth: traced at 3, 4, 5 layers and extrapolated to 6")
     assert full.notes[0] == "depth: every layer traced"
     assert [(p.phase, p.breakdown, p.tracked_total) for p in fast.phases] == [
@@ -271,3 +304,29 @@ def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg
     assert doc["notes"][0] == "depth: every layer traced" and doc["plans"][0]["peak"]["bytes"] == full.peak.breakdown.total
     no_peak = CliRunner().invoke(app, ["cost", str(path), "--every-layer"])
     assert no_peak.exit_code == 2 and "need --peak" in no_peak.output
+
+
+@pytest.mark.distributed
+def test_benchmark_table_sets_each_prediction_beside_every_ranks_measurement(predicted, measured):
+    """benchmarks/peak_memory.py (docs/benchmarks.md, section 9) from this launch's results: one row per
+    case and phase, the predicted and measured totals the ones compared above, every kind but the
+    temporaries byte for byte."""
+    import sys
+    from pathlib import Path
+
+    benchmarks = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        from peak_memory import PHASES, build_peak_section
+    finally:
+        sys.path.remove(benchmarks)
+    section = build_peak_section(CASES, predicted, measured)
+    assert len(section.rows) == len(CASES) * len(PHASES)
+    for case, rows in zip(CASES, (section.rows[i:i + 3] for i in range(0, len(section.rows), 3))):
+        for row, phase in zip(rows, PHASES):
+            peak = next(p for p in predicted[case["name"]].phases if p.phase == phase)
+            assert row[:5] == [case["model"], "on" if case["sp"] else "off", "on" if case["ac"] else "off",
+                               case["routing"], phase]
+            assert row[5] == f"{peak.breakdown.total / 2**20:.3f} MiB"
+    exact = section.goals[1]
+    assert exact.met, exact.detail

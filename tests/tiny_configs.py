@@ -51,7 +51,8 @@ def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> t
 
 TINY["nemotron_h"] = dict(
     model_type="nemotron_h", vocab_size=128, hidden_size=32, intermediate_size=64,
-    layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
+    layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+    n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=32,
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=16,
     ssm_state_size=8, n_groups=2, chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
 )

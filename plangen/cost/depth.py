@@ -18,8 +18,8 @@ filed under backward (they hold every gradient, as the embedding's backward does
 last, the interior at both ends (linear in ``K``: its maximum is at an end) and the outside.
 
 A single peak per phase cannot be extrapolated: which moment is highest changes with the depth
-(Llama-3.1-8B with activation checkpointing: backward peaks in the head up to ~13 layers, at the
-end of backward, in layer 0, beyond). Where a fit is not exact the caller traces every layer.
+(Llama-3.2-1B: with few layers backward peaks in the head, with many in layer 0, gradients
+accumulated). Where a fit is not exact the caller traces every layer.
 Pure arithmetic on byte counts: no torch here.
 """
 

@@ -76,6 +76,14 @@ class PhasePeak:
     module: str  # the innermost module running at the peak ("" when none: the loss, the optimizer)
     breakdown: Breakdown
     tracked_total: int  # the tracker's own total at that moment (the breakdown must add up to it)
+    # Where in the phase: "before" its first decoder layer, in a "layer", or "after" its layers
+    # (what a moment outside every module means: forward's loss, backward's last reduce-scatters).
+    place: str = ""
+
+
+def place_of(layer: int | None) -> str:
+    """The :attr:`PhasePeak.place` of a peak recorded at ``layer`` (an index, None or AFTER_LAYERS)."""
+    return "before" if layer is None else "after" if layer == AFTER_LAYERS else "layer"
 
 
 @dataclass(frozen=True)
@@ -268,7 +276,7 @@ def track_layer_peaks(
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
         for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
     )
-    return {key: PhasePeak(key[0], module, _breakdown(snapshot, states), snapshot["Total"])
+    return {key: PhasePeak(key[0], module, _breakdown(snapshot, states), snapshot["Total"], place_of(key[1]))
             for key, (snapshot, module) in tracker.peaks.items()}
 
 
@@ -350,7 +358,7 @@ def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int)
         source = samples[deepest].get((phase, deep.traced_layer(layer, layers, deepest)))
         total = v.pop("tracked_total")
         module = deep.renumber_module(source.module, deepest, layers) if source else ""
-        peaks[(phase, layer)] = PhasePeak(phase, module, Breakdown(**v), total)
+        peaks[(phase, layer)] = PhasePeak(phase, module, Breakdown(**v), total, place_of(layer))
     return peaks_by_phase(peaks)
 
 

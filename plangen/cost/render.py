@@ -170,6 +170,17 @@ def render_cost_json(report: CostReport) -> str:
 # --peak
 
 
+# A moment outside every module of the model, by phase and place (plangen.cost.peak.PhasePeak.place).
+_OUTSIDE_MODULES = {
+    ("forward", "before"): "before the model's modules",
+    ("forward", "layer"): "between the decoder layers",
+    ("forward", "after"): "after the model's modules (the loss)",
+    ("backward", "before"): "before the output head's backward (the loss's)",
+    ("backward", "layer"): "between the decoder layers' backward",
+    ("backward", "after"): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
+}
+
+
 def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     """Each plan's peak per rank, split by kind, each phase's peak, and the verdict for ``gpu_bytes``."""
     first = reports[0]
@@ -182,10 +193,7 @@ def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     ]
     for report in reports:
         peak = report.peak
-        if peak.phase == "optimizer":
-            where = "optimizer.step()"
-        else:
-            where = peak.module or "outside the model's modules (the loss)"
+        where = "optimizer.step()" if peak.phase == "optimizer" else peak.module or _OUTSIDE_MODULES.get((peak.phase, peak.place), "outside the model's modules")
         lines += ["", f"plan {report.plan}: peak {format_bytes(peak.breakdown.total)} in {peak.phase}, {where} "
                       f"(traced in {report.seconds:.1f} s)"]
         lines += [f"  {name:<12} {format_bytes(value):>11}" for name, value in peak.breakdown.items()]

@@ -91,6 +91,9 @@ class Analysis:
     positions: tuple[str, ...] = ()
     # Layers whose per-head input (MPT's ALiBi bias) is sliced to this rank's heads, and how.
     head_inputs: tuple[tuple[str, PerHeadInput], ...] = ()
+    # The module holding the token embedding modifies its output in place (CTRL scales it,
+    # Git adds the positions into it): a vocab-parallel style must hand out a copy, not a view.
+    embedding_modified_in_place: bool = False
 
     @property
     def synthesizable(self) -> bool:
@@ -472,4 +475,11 @@ def analyze_model(model: nn.Module) -> Analysis:
         problem=problem,
         positions=tuple(positions),
         head_inputs=tuple(found.head_inputs),
+        embedding_modified_in_place=ends.embedding_ok and _modified_in_place(model, paths[id(ends.embedding)]),
     )
+
+
+def _modified_in_place(model: nn.Module, path: str) -> bool:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    return name in read_modified_in_place(type(parent))

@@ -3,13 +3,16 @@
 Each block holds one mixer (``layers.N.mixer``) of one kind. Patterns name the projections only
 the MLP and attention mixers have (``up_proj``/``down_proj``, ``q_proj``...), so they never touch
 a Mamba mixer, whose fused ``in_proj`` splits into gate, state and time-step slices that do not
-shard column-wise: Mamba and MoE mixers stay replicated, with the reason recorded.
+shard column-wise: Mamba mixers stay replicated, with the reason recorded. MoE mixers split their
+experts over TP on the expert dimension (:class:`plangen.moe_styles.ExpertsParallel`), the shared
+expert column/row-parallel, the router replicated, and the block reduces both branches once (as
+:mod:`plangen.plans.moe` does), one entry per MoE block index (the mixers' kinds differ per block).
 """
 
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
@@ -38,10 +41,14 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
                   dict(input_layouts=Replicate(), output_layouts=residual, use_local_output=not sp),
                   "embeddings", "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")),
     ]
+    moe = "moe" in kinds and _moe_splits(model)
+    if moe:
+        entries += _moe_entries(model, sp, colwise)
     if sp:
         # Mixer kinds differ per block and so do their call conventions (attention takes
         # hidden_states= by keyword, the others positionally): one entry per block index.
-        entries += [_sp_block_entry(i, kind) for i, kind in enumerate(model.config.layers_block_type)]
+        entries += [_sp_block_entry(i, kind) for i, kind in enumerate(model.config.layers_block_type)
+                    if not (moe and kind == "moe")]
         entries += [
             PlanEntry(norm, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
                       "norm on the local sequence shard")
@@ -62,9 +69,48 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
     replicated = []
     if "linear_attention" in kinds:
         replicated.append(Replicated(f"{layer}.in_proj", "Mamba2 fused in_proj (gate | x·B·C | dt) has no column split", "other"))
-    if "moe" in kinds:
-        replicated.append(Replicated(f"{layer}.experts", "MoE experts need an expert-parallel kernel: replicated", "mlp"))
+    if moe:
+        replicated.append(Replicated(f"{layer}.gate", "the router sees every token on every rank: routing stays exact", "mlp"))
+    elif "moe" in kinds:
+        replicated.append(Replicated(f"{layer}.experts", _whole_experts_reason(model), "mlp"))
     return Plan(tuple(entries), "hand-written", tuple(replicated), sp)
+
+
+def _moe_splits(model: nn.Module) -> bool:
+    """Whether the MoE mixers' experts split over TP: not behind latent projections (their
+    ``fc2_latent_proj`` would map each rank's partial sum and add its bias once per rank)."""
+    return getattr(model.config, "moe_latent_size", None) is None
+
+
+def _whole_experts_reason(model: nn.Module) -> str:
+    size = getattr(model.config, "moe_latent_size", None)
+    return (f"experts behind latent projections (moe_latent_size={size}): a replicated fc2_latent_proj on a "
+            "partial sum adds its bias once per rank; kept whole")
+
+
+def _moe_entries(model: nn.Module, sp: bool, colwise: dict) -> list[PlanEntry]:
+    """A MoE mixer per MoE block: experts split on the expert dim, the shared expert's up/down
+    column/row-parallel, both leaving partial sums that the mixer reduces once (all-reduce, or
+    all-gather in and reduce-scatter out under SP)."""
+    entries = [
+        PlanEntry(f"model.layers.{i}.mixer", "PrepareModuleInputOutput", dict(
+            input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_input=True,
+            output_layouts=(Partial(),), desired_output_layouts=(Shard(1) if sp else Replicate(),),
+            use_local_output=not sp,
+        ), "mlp", ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
+            + ": the experts and the shared expert leave partial sums, reduced once here")
+        for i, kind in enumerate(model.config.layers_block_type) if kind == "moe"
+    ]
+    layer = "model.layers.*.mixer"
+    return entries + [
+        PlanEntry(f"{layer}.experts", "ExpertsParallel", dict(output_layouts=Partial()), "mlp",
+                  "each rank holds E/tp whole experts and computes the routes to them; partial sum out"),
+        PlanEntry(f"{layer}.shared_experts.up_proj", "ColwiseParallel", colwise, "mlp", "shared expert: column-parallel"),
+        PlanEntry(f"{layer}.shared_experts.down_proj", "RowwiseParallel",
+                  dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",
+                  "shared expert: row-parallel, partial sum out (reduced by the mixer)"),
+    ]
 
 
 def _sp_block_entry(index: int, kind: str) -> PlanEntry:

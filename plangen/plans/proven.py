@@ -8,6 +8,10 @@ within 1e-5) and writes one record per class name::
 
 ``plan`` is the kind of plan checked (``hand-written``, ``synthesized`` or ``hf``); ``tp`` and ``sp``
 whether it passed without and with sequence parallelism (``null``: that variant does not exist).
+A synthesized record also carries ``fingerprint``: :func:`plan_fingerprint` of the TP and SP plans
+it proved, built on the catalog's shrunk model (the sweep's): a change of the synthesizer that
+moves a proven plan shows as ``stale`` in ``plangen list`` (and fails the test suite) until the
+class is swept again.
 A synthesized plan that failed may carry an ``hf`` record: the check of the Hugging Face plan the
 runtime falls back to. The runtime trusts a synthesized plan only where :func:`is_proven` says so.
 """
@@ -17,9 +21,13 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plan import Plan
 
 PROVEN_FILE = "proven.json"
+SWEEP_COMMAND = "scripts/sweep_plans.py"  # what proves plans and writes the records (from the repository root)
 
 
 @lru_cache(maxsize=1)
@@ -60,3 +68,25 @@ def hf_check(class_name: str) -> tuple[bool, str]:
     if checked.get("tp") is True:
         return True, ""
     return False, f"it failed the numerical check: {checked.get('error') or 'differs from the unsharded model'}"
+
+
+def plan_fingerprint(plan: "Plan") -> str:
+    """A short digest of a plan's entries (pattern, style, arguments) and what it keeps whole.
+
+    Sizes in arguments are the model's (the sweep's shrunk model, whose plans use layer indices
+    where layers differ): compare fingerprints of plans built on the same model only."""
+    import hashlib
+
+    rows = [f"{e.pattern} {e.style} {sorted((k, repr(v)) for k, v in e.kwargs.items())}" for e in plan.entries]
+    rows += [f"whole {r.pattern}" for r in plan.replicated]
+    rows.append(f"sequence_parallel={plan.sequence_parallel}")
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+
+
+def proof_is_stale(record: dict[str, Any] | None, plan: "Plan") -> bool:
+    """Whether ``record`` proved another plan than ``plan`` (synthesized records only; a record
+    without a fingerprint is stale: nothing says which plan it proved)."""
+    if not isinstance(record, dict) or record.get("plan") != "synthesized":
+        return False
+    key = "sp" if plan.sequence_parallel else "tp"
+    return (record.get("fingerprint") or {}).get(key) != plan_fingerprint(plan)

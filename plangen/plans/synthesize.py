@@ -270,11 +270,14 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
     replicated = list(analysis.kept)
     if analysis.embedding is not None:
         reduced = "reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"
+        style, why = "RowwiseParallel", f"vocab-parallel embedding; {reduced}"
+        if analysis.embedding_modified_in_place and not sp:  # under SP the output stays a DTensor
+            style, why = "RowwiseParallelOwnOutput", f"{why}; its output is a copy, which the model modifies in place"
         entries.append(
             PlanEntry(
-                analysis.embedding, "RowwiseParallel",
+                analysis.embedding, style,
                 dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
-                "embeddings", f"vocab-parallel embedding; {reduced}",
+                "embeddings", why,
             )
         )
     if sp:

@@ -28,11 +28,11 @@ from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
 
 
 
-def build_lora_model(name: str, targets: list[str], rank: int = 4) -> torch.nn.Module:
+def build_lora_model(name: str, targets: list[str], rank: int = 4, dropout: float = 0.0) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     model = build_tiny(name, seed=0)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=0.0))
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=dropout))
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for pname, param in peft_model.named_parameters():
@@ -42,7 +42,9 @@ def build_lora_model(name: str, targets: list[str], rank: int = 4) -> torch.nn.M
 
 
 def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
-    model = build_lora_model(case["model"], case["targets"])
+    dropout = case.get("dropout", 0.0)
+    model = build_lora_model(case["model"], case["targets"], dropout=dropout)
+    model.train(dropout > 0)
     reference = copy.deepcopy(model)
     ids = torch.randint(0, reference.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     dp_group = dp_mesh.get_group()
@@ -50,7 +52,9 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     rows = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
     mask = torch.ones_like(ids)
 
-    ref_logits = reference(input_ids=ids).logits
+    # With dropout each DP rank's slice is the unsharded model's forward on that slice from the
+    # same generator state (the rank's TP group shares it): the reference runs slice by slice.
+    ref_logits = torch.cat([_seeded(reference, ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)])
     per_slice = [next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]
     torch.stack(per_slice).mean().backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
@@ -61,7 +65,7 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         sequence_parallel=case.get("sp", False), activation_checkpointing=case.get("ac", False),
         plan_variant=case.get("variant", "optimized"),
     )
-    logits = sharded(input_ids=ids[rows]).logits
+    logits = _seeded(sharded, ids[rows])
     loss = next_token_loss(logits, ids[rows])
     with CollectiveCounter() as backward:
         loss.backward()
@@ -93,7 +97,16 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "trainable_bytes": _local_bytes(p for p in sharded.parameters() if p.requires_grad),
         "frozen_bytes": _local_bytes(p for p in sharded.parameters() if not p.requires_grad),
         "placements": placements,
+        "dropout": [m.p for m in sharded.modules() if type(m).__name__ == "Dropout" and m.p > 0][:1],
+        "training": sharded.training,
     }
+
+
+def _seeded(model, ids: torch.Tensor) -> torch.Tensor:
+    # Dropout draws from the global generator: every forward starts from the same state, as the TP
+    # ranks of one DP rank do in a run seeded alike.
+    torch.manual_seed(3)
+    return model(input_ids=ids).logits
 
 
 def _local_bytes(params) -> int:
