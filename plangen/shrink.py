@@ -420,11 +420,7 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> Non
         return
     count = values[count_key]
     # Index lists name layers (strictly increasing); per-layer lists hold one entry per layer.
-    index_lists = [
-        name for name, value in values.items()
-        if ("layers" in name or "idx" in name or "indices" in name)
-        and _is_layer_index_list(value, count)
-    ]
+    index_lists = [name for name, value in values.items() if is_layer_index_list(name, value, count)]
     per_layer = [
         name for name, value in values.items()
         if (isinstance(value, list) or (isinstance(value, str) and "pattern" in name))
@@ -479,7 +475,12 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> Non
         }
 
 
-def _is_layer_index_list(value: Any, count: int) -> bool:
+def is_layer_index_list(name: str, value: Any, count: int) -> bool:
+    """Whether config attribute ``name`` names layers by index (Qwen3-MoE's ``mlp_only_layers``,
+    Llama-4's ``moe_layers``: strictly increasing indices below ``count``) rather than holding one
+    entry per layer; a list of every index (``[0, 1]`` of 2 layers) is taken as naming them."""
+    if not ("layers" in name or "idx" in name or "indices" in name):
+        return False
     if not isinstance(value, list) or not all(type(i) is int for i in value):
         return False
     return all(a < b for a, b in zip(value, value[1:])) and all(0 <= i < count for i in value)

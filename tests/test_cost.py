@@ -75,7 +75,7 @@ def test_memory_per_rank_is_exact_by_hand(hand_report):
     expected = MemoryCost(
         parameters=4 * local, gradients=4 * local, optimizer=2 * 4 * local,
         replicated=4 * 4 * (replicated // 2), ideal=4 * 4 * whole // 4,
-        model_parameters=whole, local_parameters=local,
+        model_parameters=whole, local_parameters=local, tp_sharded_parameters=whole - replicated,
     )
     assert (whole, local) == (106816, 26784)
     for plan in hand_report.plans:  # all three shard every projection, the embedding and the head
@@ -515,6 +515,80 @@ def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds(
     assert (scaled.head_dim, scaled.qk_rope_head_dim, scaled.qk_nope_head_dim, scaled.v_head_dim, scaled.qk_head_dim) == (48, 48, 48, 48, 96)
     doubled = config_with_more_layers(config)
     assert (doubled.num_hidden_layers, doubled.first_k_dense_replace) == (6, 2)
+    assert scaled_config(config, {"experts": 5}).n_routed_experts == 20
+
+
+def test_the_expert_count_is_scaled_once_under_an_aliased_name():
+    """gpt-oss maps ``num_experts`` to ``num_local_experts``: the probe multiplies the count once."""
+    from transformers import GptOssConfig
+
+    from plangen.cost.measure import scaled_config
+
+    config = GptOssConfig(**{k: v for k, v in MOE_CONFIGS["gpt_oss"].items() if k not in ("architectures", "model_type")})
+    assert scaled_config(config, {"experts": 5}).num_local_experts == 20
+
+
+# Llama-4's every-token experts (EveryTokenMoeParallel), every layer MoE (Scout's pattern), 3 layers.
+LLAMA4_MID = dict(
+    architectures=["Llama4ForCausalLM"], model_type="llama4_text", vocab_size=384, hidden_size=96,
+    intermediate_size=32, intermediate_size_mlp=160, num_hidden_layers=3, num_attention_heads=6,
+    num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=1, interleave_moe_layer_step=1,
+    attention_chunk_size=4, max_position_embeddings=64, tie_word_embeddings=False, use_cache=False,
+)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_llama4_costs_the_scores_and_repeated_inputs_backward_reductions(fake_pg, tmp_path, sequence_parallel):
+    """The style's backward all-reduces (the scores' gradient B·S·E, the repeated hidden state's B·S·H,
+    issued from forward hooks) are counted per layer: the doubled shrunk model once kept its added
+    layers dense (``moe_layers`` repeated as a per-layer list), which left them ``once``, and the
+    scores' gradient did not scale with the expert count. Per MoE layer, as
+    tests/test_comm_counts.py measures it: forward {all_reduce: 2}, backward {all_reduce: 4}
+    (SP: forward {all-gather: 2, reduce-scatter: 2}, backward {all-gather: 2, reduce-scatter: 1,
+    all-reduce: 3}, and the two norm weights' gradients, H each, summed after backward)."""
+    path = write_config(tmp_path, "llama4", LLAMA4_MID)
+    report = build_cost_report(path, sequence_parallel=sequence_parallel, **MID_SETTINGS)
+    plan = report.plans[0]
+    assert _reported_tp(plan) == _direct_tp_measurement(path, "hand-written", sequence_parallel)
+    layers, bsh, bse, h = 3, MID_BATCH * MID_SEQ * 96 * 4, MID_BATCH * MID_SEQ * 8 * 4, 96 * 4
+    per_layer = {
+        (c.phase, c.kind, c.tensor): (c.count, c.payload_bytes, c.sent_bytes)
+        for c in plan.collectives if c.source == "TP" and c.scope == "per layer"
+    }
+    if sequence_parallel:
+        expected = {
+            ("forward", "all-gather", "B·S·H"): 2, ("forward", "reduce-scatter", "B·S·H"): 2,
+            ("backward", "all-gather", "B·S·H"): 2, ("backward", "reduce-scatter", "B·S·H"): 1,
+            ("backward", "all-reduce", "B·S·H"): 2, ("backward", "all-reduce", "B·S·E"): 1,
+            ("backward", "all-reduce", "H"): 2,
+        }
+    else:
+        expected = {
+            ("forward", "all-reduce", "B·S·H"): 2, ("backward", "all-reduce", "B·S·H"): 3,
+            ("backward", "all-reduce", "B·S·E"): 1,
+        }
+    size = {"B·S·H": bsh, "B·S·E": bse, "H": h}
+    # At TP 2 a ring all-reduce sends its whole tensor, an all-gather or a reduce-scatter half of it.
+    sent = {"all-reduce": 1.0, "all-gather": 0.5, "reduce-scatter": 0.5}
+    assert per_layer == {
+        key: (n * layers, n * layers * size[key[2]], int(n * layers * size[key[2]] * sent[key[1]]))
+        for key, n in expected.items()
+    }
+
+
+def test_doubling_layers_keeps_every_moe_layer_moe():
+    """Llama-4 names its MoE layers by index (``moe_layers``): doubled, they name the added layers too."""
+    from transformers import Llama4TextConfig
+
+    from plangen.cost.measure import config_with_more_layers
+
+    values = {k: v for k, v in LLAMA4_MID.items() if k not in ("architectures", "model_type")}
+    scout = Llama4TextConfig(**dict(values, num_hidden_layers=2))
+    doubled = config_with_more_layers(scout)
+    assert (scout.moe_layers, doubled.moe_layers) == ([0, 1], [0, 1, 2, 3])
+    assert doubled.no_rope_layers == scout.no_rope_layers * 2  # one entry per layer: the pattern repeats
+    maverick = config_with_more_layers(Llama4TextConfig(**dict(values, num_hidden_layers=2, interleave_moe_layer_step=2)))
+    assert maverick.moe_layers == [1, 3]
 
 
 # --- KV heads replicated where TP exceeds them (plangen.kv_styles) ------------------------------

@@ -23,6 +23,12 @@ class MemoryCost:
     ideal: int
     model_parameters: int  # elements, whole model
     local_parameters: int  # elements, one rank
+    tp_sharded_parameters: int  # elements, whole model, of the parameters TP shards (the rest it leaves whole)
+
+    @property
+    def tp_sharded_fraction(self) -> float:
+        """The share of the model's parameter elements that TP shards (0 for a model without any)."""
+        return self.tp_sharded_parameters / self.model_parameters if self.model_parameters else 0.0
 
     @property
     def total(self) -> int:

@@ -54,7 +54,13 @@ DIMENSION_KEYS = {
     # Latent attention's low ranks: its sharded plan all-reduces gradients of B·S·rank.
     "q_latent": ("q_lora_rank",),
     "kv_latent": ("kv_lora_rank",),
+    # The expert count, under whichever name the class gives it: Llama-4's every-token experts
+    # all-reduce the gradient of the router's scores (B·S·E) in backward.
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
 }
+# Dimensions whose keys are alternative names of one attribute (the first the config has counts),
+# not companions read from the first and scaled together.
+ALTERNATIVE_KEYS = frozenset({"experts"})
 # Base ranks of latent attention: odd and distinct, so the query and KV latents' gradients (and
 # nothing else) have the sizes they have; and an odd multiple of its head sizes, so the rope key's
 # gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
@@ -147,13 +153,21 @@ def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
     """The dimensions collective sizes are made of, as this config has them."""
     text = text_config(config)
     dims = {"batch": batch, "seq": seq}
-    for name, keys in DIMENSION_KEYS.items():
-        value = getattr(text, keys[0], None)
+    for name in DIMENSION_KEYS:
+        value = dimension_value(text, name)
         if isinstance(value, int) and value > 0:
             dims[name] = value
     if "head_dim" not in dims and "hidden" in dims and "heads" in dims:
         dims["head_dim"] = dims["hidden"] // dims["heads"]
     return dims
+
+
+def dimension_value(text: Any, name: str) -> Any:
+    """The config's value of dimension ``name`` (None where it has none)."""
+    keys = DIMENSION_KEYS[name]
+    if name in ALTERNATIVE_KEYS:
+        return next((getattr(text, k) for k in keys if type(getattr(text, k, None)) is int), None)
+    return getattr(text, keys[0], None)
 
 
 def count_layers(config: Any) -> int:
@@ -193,7 +207,12 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
     config = copy.deepcopy(config)
     text = text_config(config)
     for name, factor in factors.items():
-        for key in DIMENSION_KEYS[name]:
+        keys = DIMENSION_KEYS[name]
+        if name in ALTERNATIVE_KEYS:
+            # One attribute under several names (gpt-oss maps num_experts to num_local_experts):
+            # scaling each name would scale it again.
+            keys = tuple(k for k in keys if type(getattr(text, k, None)) is int)[:1]
+        for key in keys:
             value = getattr(text, key, None)
             if isinstance(value, int):
                 setattr(text, key, value * factor)
@@ -201,15 +220,19 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
 
 
 def config_with_more_layers(config: Any, factor: int = 2) -> Any:
-    """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern, and
-    a count of leading layers of another kind (DeepSeek's dense first layers) grows with them."""
-    from plangen.shrink import _LEADING_LAYER_KEYS
+    """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern, so do
+    lists of layer indices (Llama-4's ``moe_layers``: ``[0, 1]`` becomes ``[0, 1, 2, 3]``, not the
+    per-layer repeat ``[0, 1, 0, 1]``, which left the added layers dense and their collectives uncounted),
+    and a count of leading layers of another kind (DeepSeek's dense first layers) grows with them."""
+    from plangen.shrink import _LEADING_LAYER_KEYS, is_layer_index_list
 
     config = copy.deepcopy(config)
     text = text_config(config)
     layers = count_layers(config)
     for key, value in list(vars(text).items()):
-        if isinstance(value, list) and len(value) == layers:
+        if is_layer_index_list(key, value, layers):
+            setattr(text, key, [i + k * layers for k in range(factor) for i in value])
+        elif isinstance(value, list) and len(value) == layers:
             setattr(text, key, value * factor)
         elif key in _LEADING_LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
             setattr(text, key, value * factor)
@@ -339,7 +362,7 @@ def measure_tp_collectives(
 
     text = text_config(tiny_config)
     # Only dimensions the config states can be probed (a derived head size would follow hidden).
-    probeable = {"batch", "seq"} | {n for n, keys in DIMENSION_KEYS.items() if isinstance(getattr(text, keys[0], None), int)}
+    probeable = {"batch", "seq"} | {n for n in DIMENSION_KEYS if isinstance(dimension_value(text, n), int)}
     if _replicates_kv_heads(text, tp_size):
         # More TP ranks than KV heads (plangen.kv_styles): scaled heads would divide by the TP size and
         # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there

@@ -122,4 +122,5 @@ def build_memory_cost(shards: list[ParameterShard], settings: CostSettings) -> M
         ideal=round(copies * whole * element / (dp * tp)),
         model_parameters=whole,
         local_parameters=local,
+        tp_sharded_parameters=sum(s.global_numel for s in shards if s.tp_sharded),
     )

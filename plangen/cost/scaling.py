@@ -3,7 +3,7 @@
 Every TP collective moves a tensor whose size is a product of the model's dimensions, e.g. the
 hidden state ``B·S·H`` (micro-batch x sequence x hidden), the logits ``B·S·V``, a per-head norm's
 gradient ``D``. The exponent of each dimension is read off by measuring twice: once at base sizes,
-once with some dimensions multiplied by distinct primes (``B x2, S x3, V x5, I x7``). A collective
+once with some dimensions multiplied by distinct primes (``B x2, S x3, V x5``). A collective
 of ``B·S·H`` bytes grows by ``2 x 3 = 6``; the prime factors of its growth name its dimensions.
 Then, for a collective of ``b`` bytes at the shrunk sizes ``d``,
 
@@ -32,13 +32,17 @@ from plangen.cost.settings import CostError
 LETTERS = {
     "batch": "B", "seq": "S", "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
     "q_latent": "Lq", "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)
+    "experts": "E",  # routed experts (Llama-4's scores' gradient, B·S·E)
 }
 # One run per group: its dimensions are multiplied by distinct primes so that one ratio gives every
-# exponent. Groups keep the probed models small: hidden and head size together would grow q_proj 6x.
+# exponent. Groups keep the probed models small: hidden and head size together would grow q_proj 6x,
+# and the intermediate width is probed apart from the tokens: batched_mm experts gather one weight
+# matrix per routed token (tokens x k x H x I), so tokens x6 with I x7 took gpt-oss's shrunk model at
+# TP 8 to 15 GiB (the sweep of docs/cost.md was killed for memory).
 PROBE_GROUPS: tuple[Mapping[str, int], ...] = (
-    {"batch": 2, "seq": 3, "vocab": 5, "intermediate": 7},
-    {"hidden": 2, "head_dim": 3},
-    {"heads": 2, "q_latent": 3, "kv_latent": 5},
+    {"batch": 2, "seq": 3, "vocab": 5},
+    {"hidden": 2, "head_dim": 3, "experts": 5},
+    {"heads": 2, "q_latent": 3, "kv_latent": 5, "intermediate": 7},
 )
 MAX_EXPONENT = 3
 
