@@ -58,6 +58,12 @@ class CollectiveCounter(CommDebugMode):
         return dict(out)
 
 
+# c10d collectives by the functional collective they are (plangen's MoE styles sum gradients with
+# c10d's all-reduce, the vocabulary-parallel loss too; DTensor issues functional ones).
+C10D_AS_FUNCTIONAL = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
+                      "_reduce_scatter_base_": "reduce_scatter_tensor"}
+
+
 def tensor_bytes(value: Any) -> int:
     """Bytes of a tensor, or of the tensors in a (nested) list of them."""
     if isinstance(value, torch.Tensor):
@@ -65,6 +71,15 @@ def tensor_bytes(value: Any) -> int:
     if isinstance(value, (list, tuple)):
         return sum(tensor_bytes(v) for v in value)
     return 0
+
+
+def merge_c10d_counts(counts: dict[str, int]) -> dict[str, int]:
+    """``counts`` with each c10d collective counted under its functional name: one all-reduce is
+    one all-reduce, whichever API issued it."""
+    out: Counter[str] = Counter()
+    for op, n in counts.items():
+        out[C10D_AS_FUNCTIONAL.get(op, op)] += n
+    return dict(out)
 
 
 def _short_name(op) -> str:

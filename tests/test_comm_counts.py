@@ -14,7 +14,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from plangen.comm import CollectiveCounter
+from plangen.comm import CollectiveCounter, merge_c10d_counts
 from plangen.loss import vocab_parallel_cross_entropy
 from plangen.plans.choice import choose_plan
 from plangen.tensor_parallel import apply_tp
@@ -44,21 +44,11 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, varia
     return config, logits, forward, backward
 
 
-def merged_counts(counter) -> dict[str, int]:
-    """Counts with c10d's ``allreduce_`` (the experts' gradient sums, issued without DTensor) under
-    ``all_reduce``: one all-reduce whichever API issued it."""
-    out: dict[str, int] = {}
-    for op, n in counter.counts().items():
-        key = AR if op == "allreduce_" else op
-        out[key] = out.get(key, 0) + n
-    return out
-
-
 def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized"):
     _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant)
     _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant)
     diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
-    f2, b2, f4, b4 = (merged_counts(c) for c in (f2, b2, f4, b4))
+    f2, b2, f4, b4 = (merge_c10d_counts(c.counts()) for c in (f2, b2, f4, b4))
     return diff(f2, f4), diff(b2, b4), f2, b2
 
 
