@@ -9,6 +9,7 @@ tracker with a flat one that attributes everything to ``Global``.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
@@ -44,9 +45,9 @@ class CollectiveCounter(CommDebugMode):
         packet = func._overloadpacket
         if packet in self.comm_registry or packet in c10d_collective_ops:
             packet = NATIVE_TO_PY_MAPPING.get(packet, packet)
+            # A functional collective returns its tensor, a c10d one (its tensors, its work).
             result = out[0] if isinstance(out, (tuple, list)) else out
-            size = result.numel() * result.element_size() if isinstance(result, torch.Tensor) else 0
-            self.records.append((_short_name(packet), size))
+            self.records.append((_short_name(packet), tensor_bytes(result)))
         return out
 
     def counts(self) -> dict[str, int]:
@@ -55,6 +56,30 @@ class CollectiveCounter(CommDebugMode):
         for op, n in self.get_comm_counts().items():
             out[_short_name(op)] += n
         return dict(out)
+
+
+# c10d collectives by the functional collective they are (plangen's MoE styles sum gradients with
+# c10d's all-reduce, the vocabulary-parallel loss too; DTensor issues functional ones).
+C10D_AS_FUNCTIONAL = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
+                      "_reduce_scatter_base_": "reduce_scatter_tensor"}
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of a tensor, or of the tensors in a (nested) list of them."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def merge_c10d_counts(counts: dict[str, int]) -> dict[str, int]:
+    """``counts`` with each c10d collective counted under its functional name: one all-reduce is
+    one all-reduce, whichever API issued it."""
+    out: Counter[str] = Counter()
+    for op, n in counts.items():
+        out[C10D_AS_FUNCTIONAL.get(op, op)] += n
+    return dict(out)
 
 
 def _short_name(op) -> str:

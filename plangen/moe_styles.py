@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
@@ -47,9 +48,46 @@ def expert_count(module: nn.Module) -> int | None:
     return count if packed else None
 
 
+class _SumGradOverMesh(torch.autograd.Function):
+    """Identity forward; backward, the gradient summed over the mesh's group by one c10d all-reduce.
+
+    What ``DTensor.from_local(t, mesh, [Replicate()]).to_local(grad_placements=[Partial()])``
+    computes, without DTensor's dispatch: that round trip cost 7x the CPU of this one (fake group,
+    one 256 x 256 gradient), and a MoE layer takes two of them per step (issue 10: the MoE step
+    benchmark's plangen side spent more main-thread CPU than transformers' in the experts path).
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        # A copy: autograd may hand the same gradient tensor to another branch (an add's backward).
+        summed = grad.contiguous().clone()
+        dist.all_reduce(summed, group=ctx.group)
+        return summed, None
+
+
+class _SumOverMesh(torch.autograd.Function):
+    """Forward, partial sums reduced over the mesh's group (one c10d all-reduce); backward identity:
+    ``from_local(t, [Partial()]).redistribute([Replicate()]).to_local()`` without DTensor's dispatch."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        summed = tensor.contiguous().clone()
+        dist.all_reduce(summed, group=group)
+        return summed
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
 def _all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    # Identity forward; the gradient, labelled Partial, is summed over the mesh in backward.
-    return DTensor.from_local(tensor, mesh, (Replicate(),), run_check=False).to_local(grad_placements=(Partial(),))
+    # Identity forward; the gradient is summed over the mesh in backward.
+    return _SumGradOverMesh.apply(tensor, mesh.get_group())
 
 
 class ExpertsParallel(ParallelStyle):
@@ -117,8 +155,7 @@ class ExpertsParallel(ParallelStyle):
             swapped.clear()
             if isinstance(self.output_layouts, Partial):
                 return output
-            reduced = DTensor.from_local(output, device_mesh, (Partial(),), run_check=False)
-            return reduced.redistribute(device_mesh, (Replicate(),)).to_local()
+            return _SumOverMesh.apply(output, device_mesh.get_group())
 
         module.register_forward_pre_hook(prepare, with_kwargs=True)
         # always_call: an exception inside forward must not leave local views in place of the parameters.

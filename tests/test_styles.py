@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen.comm import merge_c10d_counts
 from plangen.styles import (
     HF_STYLE_SPECS,
     HF_UNSUPPORTED_STYLES,
@@ -293,7 +294,8 @@ def test_mla_kv_a_proj_layouts(tp_mesh):
     x = torch.randn(2, 4, requires_grad=True)
     assert forward(m, x).shape == (2, 6) and placements(m.weight) == ()
     assert collectives(lambda: m(x)) == {}
-    assert collectives(lambda: m(x).sum().backward()) == {"all_reduce": 1}
+    # The rope key's gradient sum is a c10d all-reduce (no DTensor round trip: plangen.moe_styles).
+    assert merge_c10d_counts(collectives(lambda: m(x).sum().backward())) == {"all_reduce": 1}
 
 
 def test_replicate_leaves_the_module_alone(tp_mesh):
@@ -552,7 +554,7 @@ def test_mla_attention_reads_the_rope_width_from_the_module(tp_mesh):
         x = torch.randn(2, 8, requires_grad=True)
         assert holder.attn(x).shape == (2, latent + rope) and placements(m.kv_a_proj_with_mqa.weight) == ()
         assert collectives(lambda: holder.attn(x)) == {}
-        assert collectives(lambda: holder.attn(x).sum().backward()) == {"all_reduce": 1}
+        assert merge_c10d_counts(collectives(lambda: holder.attn(x).sum().backward())) == {"all_reduce": 1}
     with pytest.raises(ValueError, match="no rope key of width 5"):
         parallelize_module(_LatentAttention(rope=2, latent=4, qk_rope_head_dim=5), tp_mesh, build_style("MlaAttentionParallel"))
     with pytest.raises(ValueError, match="multi-head latent attention module"):

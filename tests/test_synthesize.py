@@ -381,7 +381,7 @@ AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
 def count_step(model_type: str, layers: int, sequence_parallel: bool):
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plangen.comm import CollectiveCounter
+    from plangen.comm import CollectiveCounter, merge_c10d_counts
     from plangen.loss import vocab_parallel_cross_entropy
     from plangen.parallelize import apply_tp, resolve_tied_styles
 
@@ -398,7 +398,7 @@ def count_step(model_type: str, layers: int, sequence_parallel: bool):
     loss = vocab_parallel_cross_entropy(logits, ids)
     with CollectiveCounter() as backward:
         loss.backward()
-    return forward.counts(), backward.counts()
+    return merge_c10d_counts(forward.counts()), merge_c10d_counts(backward.counts())
 
 
 def per_layer(model_type: str, sequence_parallel: bool):
