@@ -43,7 +43,8 @@ PLANGEN_SEQUENCE_PARALLEL = False
 custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Gemma3TextScaledWordEmbedding [262208, 2304] → local [131104, 2304] at TP=2
-    # vocab-parallel embedding; all-reduce; its own scale applied to the partial lookup first
+    # vocab-parallel embedding; all-reduce; its own scale applied to the partial lookup first; one weight with lm_head
+    # (tied), sharded once
     "model.language_model.embed_tokens": TiedEmbeddingParallel(
         input_layouts=Replicate(),
         output_layouts=Replicate(),

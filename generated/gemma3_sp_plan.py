@@ -50,7 +50,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # Embeddings
     # 1 × Gemma3TextScaledWordEmbedding [262208, 2304] → local [131104, 2304] at TP=2
     # vocab-parallel embedding; reduce-scatter into the sequence-sharded residual; its own scale applied to the partial
-    # lookup first
+    # lookup first; one weight with lm_head (tied), sharded once
     "model.language_model.embed_tokens": TiedEmbeddingParallel(
         input_layouts=Replicate(),
         output_layouts=Shard(1),

@@ -220,6 +220,16 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # A Llama-4 MoE block's PrepareModuleInputOutput that also splits its experts (the expert dim).
         StyleFacts("EveryTokenMoeParallel", PLANGEN_STYLES, "gather_output"),
+        # An untied embedding that scales its own lookup: vocabulary-sharded, its forward on the partial lookup.
+        StyleFacts(
+            "ScaledEmbeddingParallel",
+            PLANGEN_STYLES,
+            "rowwise",
+            shard_dim={EMBEDDING: 0},
+            layout_defaults={"input_layouts": _REPLICATE, "output_layouts": _REPLICATE},
+            produces=_SUM,
+            hooks=MODULE_HOOKS,
+        ),
         # A tied embedding and head: one weight, vocabulary-sharded at both ends (plangen.tied_styles).
         StyleFacts(
             "TiedEmbeddingParallel",

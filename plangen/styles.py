@@ -55,7 +55,7 @@ from plangen.replicated_styles import (
     RotaryEmbedParallel,
     _all_reduce_grad,
 )
-from plangen.tied_styles import TiedEmbeddingParallel, TiedHeadParallel
+from plangen.tied_styles import ScaledEmbeddingParallel, TiedEmbeddingParallel, TiedHeadParallel
 
 
 def _strided_shard(dim: int, split_factor: int) -> _StridedShard:
@@ -217,6 +217,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         EveryTokenMoeParallel,
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
+        ScaledEmbeddingParallel,
         TiedHeadParallel,
         PrepareAttentionInput,
         KVHeadsColwiseParallel,
@@ -486,6 +487,7 @@ __all__ = [
     "Replicate",
     "ShardedNormParallel",
     "Shard",
+    "ScaledEmbeddingParallel",
     "TiedEmbeddingParallel",
     "TiedHeadParallel",
     "UnsupportedStyleError",

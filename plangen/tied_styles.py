@@ -102,6 +102,28 @@ class TiedEmbeddingParallel(RowwiseParallel):
         module.register_parameter("weight", share_vocab_sharded(module.weight, device_mesh, self.src_data_rank))
 
 
+class ScaledEmbeddingParallel(RowwiseParallel):
+    """A vocabulary-parallel ``nn.Embedding`` that scales its own lookup (Gemma's
+    ``ScaledWordEmbedding``) and is not tied: the module's forward runs on this rank's partial
+    lookup, then one reduction to ``output_layouts`` (as :class:`TiedEmbeddingParallel` with
+    ``local_lookup=True``, which :func:`plangen.plans.tied.tie_plan_entries` puts here where the
+    embedding is tied to the head)."""
+
+    def __init__(
+        self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None, use_local_output: bool = True
+    ) -> None:
+        super().__init__(
+            input_layouts=input_layouts or Replicate(), output_layouts=output_layouts, use_local_output=use_local_output
+        )
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, nn.Embedding):
+            raise NotImplementedError(f"{type(self).__name__} shards the input embedding (nn.Embedding) only")
+        self._partition_embedding_fn("", module, device_mesh)
+        apply_local_lookup(module, device_mesh, self.output_layouts[0], self.use_local_output)
+        return module
+
+
 def apply_local_lookup(module: nn.Embedding, device_mesh: DeviceMesh, output_layout: Placement, use_local_output: bool) -> None:
     """During each forward, ``module`` looks up this rank's vocabulary rows in plain tensors (ids
     outside them read row 0 and are zeroed after the forward); its output, a partial sum over TP,

@@ -137,7 +137,9 @@ def test_chosen_plan_is_plain_data():
 
 @pytest.mark.parametrize(
     "spec, failing",
-    [("apertus1p5_text", "alpha_n"), ("gemma3n_text", "logits differs")],  # wrong gradients / logits, silently
+    # Wrong logits, silently (Apertus-1.5's HF plan, wrong gradients, was refused here until its
+    # synthesized plan was proven: test_apertus_gets_its_proven_synthesized_plan_not_the_wrong_hf_one).
+    [("gemma3n_text", "logits differs")],
 )
 def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(spec, failing):
     model = meta(spec)
@@ -150,6 +152,11 @@ def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_an
     # plangen init may still start from it, saying it is unproven.
     seed = choose_plan(model, False, allow_unproven=True)
     assert not seed.proven and "not numerically proven" in seed.describe()
+
+
+def test_apertus_gets_its_proven_synthesized_plan_not_the_wrong_hf_one():
+    chosen = choose_plan(meta("apertus1p5_text"), False)
+    assert chosen.source == "synthesized" and chosen.proven
 
 
 def test_hugging_face_plans_are_used_only_where_the_sweep_proved_them(monkeypatch):

@@ -58,7 +58,8 @@ def test_keys_for_the_base_model_land_on_base_layers_and_adapters():
 
     # Modules without LoRA keep their style, under the peft prefix; nothing else is added.
     assert resolved[f"{layer}.self_attn.k_proj"] is plan["model.layers.*.self_attn.k_proj"]
-    assert len(resolved) == len(plan) + 3 + 2  # q_proj: wrapper, base, A, B; o_proj: base, A, B
+    assert type(resolved[f"{o}.lora_dropout.*"]).__name__ == "FeatureShardedDropout"  # the whole input's mask
+    assert len(resolved) == len(plan) + 3 + 3  # q_proj: wrapper, base, A, B; o_proj: base, A, B, dropout
 
 
 def test_sequence_parallel_row_adapters_return_what_the_base_returns():

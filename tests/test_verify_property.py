@@ -3,8 +3,8 @@
 Cases drawn by hypothesis (deterministically): small Llama, Qwen3 and Gemma 3 configs, the plan
 ``plangen init`` writes for each, one edit of it. Each is verified in this process and run for real
 over gloo against the unsharded model (one launch for TP 1 and 2, one for TP 4). The default run
-takes every 4th case (60); the slow test all of them (240), and checks that the measured matrix is
-the one recorded in plangen/check/confusion.json (docs/diagnostics.md renders it).
+takes all of them (240, about 80 s on a quiet machine) and checks that the measured matrix is the
+one recorded in plangen/check/confusion.json (docs/diagnostics.md renders it).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_cases_are_drawn_the_same_every_time_and_cover_every_kind():
     assert len(cases) == vp.FULL_COUNT >= 200
     assert cases == vp.draw_cases(vp.FULL_COUNT)  # derandomized, no database
     subset = cases[:: vp.SUBSET_STEP]
-    assert len(subset) >= 60
+    assert len(subset) >= 200
     for chosen in (cases, subset):
         assert set(Counter(c["edit"]["kind"] for c in chosen)) == set(vp.EDIT_KINDS)
         assert set(Counter(c["config"]["model_type"] for c in chosen)) == set(vp.FAMILIES)
@@ -44,18 +44,8 @@ def _check(cases: list[dict]) -> None:
 
 
 @pytest.mark.distributed
-def test_verify_is_clean_exactly_when_the_run_is_right(tmp_path):
+def test_verify_is_clean_exactly_when_the_run_is_right_over_the_recorded_cases(tmp_path):
     cases = vp.judge_cases(vp.draw_cases(vp.FULL_COUNT)[:: vp.SUBSET_STEP], tmp_path)
     _check(cases)
-    # A false alarm is allowed only of a kind the record names (so the doc's figures hold).
-    kinds = _recorded()["false_alarm_kinds"]
-    unrecorded = [vp.describe(c) for c in vp.false_alarms(cases) if vp.alarm_kind(c) not in kinds]
-    assert not unrecorded, "false alarms not in plangen/check/confusion.json:\n" + "\n".join(unrecorded)
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_verify_property_over_every_case_is_the_recorded_matrix(tmp_path):
-    cases = vp.judge_cases(vp.draw_cases(vp.FULL_COUNT), tmp_path)
-    _check(cases)
+    assert len(cases) >= 200
     assert vp.build_record(cases) == _recorded(), f"re-run {vp.COMMAND} and regenerate docs/diagnostics.md"

@@ -129,7 +129,7 @@ def render_confusion_section(record: Mapping[str, Any] | None) -> list[str]:
         "",
         f"Measured over {record['cases']} generated cases (`{record['command']}`, written to"
         " `plangen/check/confusion.json`; `tests/test_verify_property.py` draws the same cases,"
-        f" {record['default_run']} of them in the default run, all in the slow test): a small config of "
+        f" {record['default_run']} of them in the default run, and checks the figures below): a small config of "
         + ", ".join(f"`{f}`" for f in record["families"])
         + " (heads, KV heads, head size, hidden, intermediate and vocabulary sizes, 1-2 layers, tied or"
         " not), the plan `plangen init` writes for it at TP 2, and one edit of it. Each file is checked by"

@@ -220,6 +220,7 @@ STYLES: dict[str, StyleSpec] = {
             ),
         ),
         _spec("TiedEmbeddingParallel", (*_LAYOUTS, StyleParam("local_lookup", BOOL, False))),
+        _spec("ScaledEmbeddingParallel", _LAYOUTS),
         _spec("TiedHeadParallel", _LAYOUTS),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
     )

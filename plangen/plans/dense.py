@@ -43,7 +43,7 @@ def build_dense_decoder_plan(
     adds the q/k norms as norms over the whole q and k projections (OLMo-2): sharded with the heads,
     statistics summed over TP. ``scaled_embedding``: the embedding module scales its own lookup
     (Gemma3): the scale is applied to each rank's partial lookup before the one reduction
-    (``TiedEmbeddingParallel(local_lookup=True)``, which also serves an untied embedding).
+    (``ScaledEmbeddingParallel``; ``TiedEmbeddingParallel(local_lookup=True)`` where it is tied).
     """
     p = f"{prefix}." if prefix else ""
     layer = f"{p}layers.*"
@@ -56,14 +56,13 @@ def build_dense_decoder_plan(
 
     add(
         f"{p}embed_tokens",
-        "TiedEmbeddingParallel" if scaled_embedding else "RowwiseParallel",
+        "ScaledEmbeddingParallel" if scaled_embedding else "RowwiseParallel",
         "embeddings",
         "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")
         + ("; its own scale applied to the partial lookup first" if scaled_embedding else ""),
         input_layouts=Replicate(),
         output_layouts=SEQ if sp else Replicate(),
         use_local_output=not sp,
-        **({"local_lookup": True} if scaled_embedding else {}),
     )
     # The block input enters as one Replicate DTensor shared by q/k/v (and gate/up): their input
     # gradients add up as Partial and are reduced once per block, not once per projection.

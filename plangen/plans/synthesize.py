@@ -285,7 +285,7 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         layouts = dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
         why = f"vocab-parallel embedding; {reduced}"
         if analysis.embedding_scaled:
-            entries.append(PlanEntry(analysis.embedding, "TiedEmbeddingParallel", dict(**layouts, local_lookup=True),
+            entries.append(PlanEntry(analysis.embedding, "ScaledEmbeddingParallel", layouts,
                                      "embeddings", f"{why}; its own scale applied to the partial lookup first"))
         elif analysis.embedding_modified_in_place and not sp:  # under SP the output stays a DTensor
             entries.append(PlanEntry(analysis.embedding, "RowwiseParallelOwnOutput", layouts, "embeddings",

@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The vocabulary sharding at each end, and the tied style that keeps the same arguments.
 TIED_STYLE_OF = {"embedding": ("RowwiseParallel", "TiedEmbeddingParallel"), "head": ("ColwiseParallel", "TiedHeadParallel")}
+# An embedding that scales its own lookup, untied, and its tied form (the same local lookup).
+SCALED, SCALED_TIED_KWARGS = "ScaledEmbeddingParallel", {"local_lookup": True}
 
 
 def _covering_index(plan: Plan, path: str) -> int | None:
@@ -42,6 +44,8 @@ def tie_plan_entries(model: "nn.Module", plan: Plan) -> Plan:
     for path, end in zip(tied, ("embedding", "head")):
         index = _covering_index(plan, path)
         plain, paired = TIED_STYLE_OF[end]
+        if index is not None and end == "embedding" and entries[index].style == SCALED:
+            entries[index] = replace(entries[index], style=plain, kwargs={**entries[index].kwargs, **SCALED_TIED_KWARGS})
         if index is None or entries[index].style not in (plain, paired):
             return plan
         partner = tied[1] if end == "embedding" else tied[0]
