@@ -81,7 +81,9 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
     ))
     section.notes.append(
         "temporaries may differ: gloo's work objects hold a collective's tensors until its thread is done, so "
-        "a rank can still hold a reduce-scatter input that the trace has freed (timing; docs/cost.md)"
+        "a rank can still hold a reduce-scatter input that the trace has freed (timing; docs/cost.md); for the "
+        "same reason activations count as exact up to two per-token float32 tensors above the trace "
+        "(plangen.cost.validate.timing_slack)"
     )
     section.notes.append(
         "routing: the prediction has none (fake tensors); 'random' is the model's own router (routes spread over "

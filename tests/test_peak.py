@@ -131,7 +131,11 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
     thread is done, so now and then a rank still holds a reduce-scatter input (a layer's unsharded
     gradients in backward, the root's in the optimizer step) that the trace has already released:
     timing, which a trace cannot see (up to 19 % of the step at these sizes, where the root's
-    gradients are a large part of it)."""
+    gradients are a large part of it). Activations: byte for byte, or up to two per-token float32
+    tensors above (plangen.cost.validate.timing_slack: the loss's statistics, held by gloo a moment
+    longer on some rank in some launches)."""
+    from plangen.cost.validate import kind_matches, timing_slack
+
     for rank, per_case in enumerate(measured):
         real = per_case[case]
         assert "error" not in real, f"rank {rank}: {real.get('trace')}"
@@ -141,8 +145,10 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
             assert got["temporary"] >= want["temporary"], (rank, phase.phase)
             if phase.phase != "optimizer":
                 assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
-            exact = lambda d: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
-            assert exact(got) == exact(want), (rank, phase.phase)
+            slack = timing_slack(predicted[case])
+            differing = {k: (got[k], v) for k, v in want.items() if k not in ("total", "temporary")
+                         and not kind_matches(k, got[k], v, slack)}
+            assert not differing, (rank, phase.phase, differing)
 
 
 @pytest.mark.distributed

@@ -112,13 +112,27 @@ class PhaseComparison:
         return max(abs(m - self.predicted) / m for m in self.measured)
 
 
+def timing_slack(report: Any) -> int:
+    """Bytes of activations a real rank may hold above the trace: gloo's work objects keep a
+    collective's tensors until its thread is done, and now and then a rank still holds the loss's
+    per-token statistics (two float32 ``[batch, seq]`` tensors, all-reduced over TP) that the trace
+    has freed (measured: 1 or 2 KiB, one launch in a few). Timing, which a trace cannot see."""
+    return 2 * report.settings.micro_batch * report.settings.seq_len * 4
+
+
+def kind_matches(kind: str, got: int, want: int, slack: int) -> bool:
+    """A kind of memory as the prediction says: byte for byte, activations up to ``slack`` above."""
+    return got == want or (kind == "activations" and 0 <= got - want <= slack)
+
+
 def compare_phase(report: Any, per_rank: list[dict[str, Any]], phase: str) -> PhaseComparison:
     """One phase of a case: the prediction beside every rank's measurement (``per_rank``: the case's
     result on each rank, as :func:`run_peak_cases` returns it)."""
     peak = next(p for p in report.phases if p.phase == phase)
     want = dict(peak.breakdown.items())
     got = [r["phases"][phase] for r in per_rank]
-    differing = tuple(k for k in want if any(g[k] != want[k] for g in got))
+    slack = timing_slack(report)
+    differing = tuple(k for k in want if any(not kind_matches(k, g[k], want[k], slack) for g in got))
     return PhaseComparison(phase, peak.breakdown.total, tuple(g["total"] for g in got), differing)
 
 
