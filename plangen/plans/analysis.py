@@ -218,8 +218,7 @@ def _end_pattern(module: nn.Module, paths: dict[int, str]) -> str:
 def find_position_embeddings(model: nn.Module, embedding: str, dims: ModelDims) -> list[str]:
     """Modules beside the token embedding whose output its parent's forward adds to it: position
     tables (learned, an ``nn.Embedding`` of the hidden width, or parameter-free sinusoids)."""
-    parent_path, _, own = embedding.rpartition(".")
-    parent = model.get_submodule(parent_path)
+    parent_path, parent, own = _owner(model, embedding)
     found = []
     for name in sorted(read_added_children(type(parent)) - {own}):
         child = getattr(parent, name, None)
@@ -405,9 +404,7 @@ def _embedding_sum_problem(
     embeddings: token + position + token type, then a norm): the sum is formed inside that module."""
     if embedding is None:
         return None
-    path = paths[id(embedding)]
-    parent_path = path.rpartition(".")[0]
-    parent = model.get_submodule(parent_path) if parent_path else model
+    parent_path, parent, _ = _owner(model, paths[id(embedding)])
     if parent is model or any(m is layers for m in parent.modules()):
         return None
     others = [
@@ -483,9 +480,14 @@ def analyze_model(model: nn.Module) -> Analysis:
     )
 
 
-def _modified_in_place(model: nn.Module, path: str) -> bool:
+def _owner(model: nn.Module, path: str) -> tuple[str, nn.Module, str]:
+    """(the parent's path, the parent module, the child's name) of the module at ``path``."""
     parent_path, _, name = path.rpartition(".")
-    parent = model.get_submodule(parent_path)
+    return parent_path, model.get_submodule(parent_path), name
+
+
+def _modified_in_place(model: nn.Module, path: str) -> bool:
+    _, parent, name = _owner(model, path)
     return name in read_modified_in_place(type(parent))
 
 
