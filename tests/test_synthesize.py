@@ -987,3 +987,50 @@ def test_an_activation_with_single_valued_parameters_runs_on_the_ranks_slice():
     assert _entry(plan, "model.layers.*.mlp.up_proj").style == "ColwiseParallel"
     assert _entry(plan, "model.layers.*.mlp.act_fn").style == "AllReduceParamGrads"  # gradient summed over TP
     assert _entry(plan, "model.layers.*.mlp.down_proj").style == "RowwiseParallel"
+
+
+def test_gemma4_attention_is_sharded_in_every_layer_kind_and_its_per_layer_table_by_vocabulary():
+    """Gemma 4's config states head sizes per layer (full-attention layers: twice the sliding ones'
+    head_dim; its global head_dim raises): each layer is recognised with its own sizes, also in a
+    sample of the layers that renumbers them (plangen list's). Its per-layer embedding table (40 %
+    of the parameters) is vocabulary-parallel, reduced to the whole output the model reshapes."""
+    from plangen.catalog import apply_layer_sample
+    from plangen.plans.recognize import layer_dims, read_dims
+
+    model = meta("gemma4_text")
+    sliding, full = model.model.layers
+    dims = read_dims(model)
+    assert (layer_dims(model, dims, sliding).head_dim, layer_dims(model, dims, full).head_dim) == (16, 32)
+    plan = build_synthesized_plan(model, False)
+    assert not [r.pattern for r in plan.replicated if "self_attn" in r.pattern]
+    assert styles_of(plan)["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
+    table = _entry(plan, "model.embed_tokens_per_layer")
+    assert table.style == "ScaledEmbeddingParallel"
+    assert table.kwargs == dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
+    apply_layer_sample(model)  # one layer of each kind, renumbered from 0: the full one stands at 1 here too
+    assert not [r.pattern for r in build_synthesized_plan(model, False).replicated if "self_attn" in r.pattern]
+
+
+def test_an_embedding_whose_weight_the_model_reads_itself_stays_whole_with_its_tied_head():
+    """Gemma 4's multimodal model takes the pad token's row of the token embedding's weight in its own
+    forward (a sharded weight there is a DTensor beside plain tensors: the check failed on it): the
+    embedding and the head tied to it stay whole, with the reason; its dtype or shape is no read."""
+    from plangen.plans.forward_source import read_weight_reads
+
+    class ReadsDtype(nn.Module):
+        def forward(self, x):
+            return x.to(self.embed_tokens.weight.dtype)
+
+    class ReadsRow(nn.Module):
+        def forward(self, x):
+            return self.language_model.embed_tokens.weight[0, :] + x
+
+    class Multiplies(nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.embed_tokens.weight)
+
+    assert [read_weight_reads(c, "embed_tokens") for c in (ReadsDtype, ReadsRow, Multiplies)] == [False, True, True]
+    plan = build_synthesized_plan(meta("gemma4"), False)
+    assert "reads its weight itself" in why_of(plan, "model.language_model.embed_tokens")
+    assert "tied to the other end" in why_of(plan, "lm_head")
+    assert "model.language_model.embed_tokens_per_layer" in styles_of(plan)

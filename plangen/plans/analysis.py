@@ -24,6 +24,7 @@ from plangen.plans.forward_source import (
     read_added_children,
     read_block_call,
     read_modified_in_place,
+    read_weight_reads,
 )
 from plangen.plans.split_source import read_helper_block_call
 from plangen.plans.latent import latent_attention_entries
@@ -39,6 +40,7 @@ from plangen.plans.recognize import (
     is_linear,
     is_per_feature,
     own_parameters,
+    layer_dims,
     read_dims,
     recognize_block,
     recognize_layer_mlp,
@@ -97,6 +99,9 @@ class Analysis:
     # The token embedding scales its own lookup (Gemma's ScaledWordEmbedding, an embed_scale): the
     # scale is applied to each rank's partial lookup before the reduction (local_lookup).
     embedding_scaled: bool = False
+    # Other vocabulary-sized tables outside the layers, looked up by token (Gemma 4's per-layer
+    # embeddings, 40 % of its parameters): vocab-parallel, reduced to a whole output; scaled or not.
+    token_tables: tuple[tuple[str, bool], ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -115,6 +120,7 @@ class _Findings:
     gathered: list[KeptPart] = field(default_factory=list)
     sp_problems: list[str] = field(default_factory=list)
     head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
+    token_tables: list[tuple[str, bool]] = field(default_factory=list)
 
     def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
         self.kept.append(Replicated(path, why, group))
@@ -183,7 +189,12 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
         (is_linear(head) and head.in_features in (dims.hidden, width))
         or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
     )
-    if emb is not None and not emb_ok:
+    reader = _weight_reader(model, paths[id(emb)]) if emb_ok else None
+    if reader is not None:
+        found.keep(paths[id(emb)], f"{reader}'s forward reads its weight itself (a row of it), where a "
+                   "vocabulary-sharded weight would meet the model's plain tensors", "embeddings")
+        emb_ok = False
+    elif emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
         found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear from the hidden size", "output")
@@ -204,6 +215,16 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     if head is not None and not head_ok:
         found.sp_problems.append("the output head is not sharded, so nothing gathers the sequence for it")
     return _Ends(emb, head, emb_ok, head_ok)
+
+
+def _weight_reader(model: nn.Module, path: str) -> str | None:
+    """The class of a module holding the embedding at ``path`` whose forward reads its weight, if any."""
+    parts = path.split(".")
+    for depth in range(len(parts)):
+        owner = model.get_submodule(".".join(parts[:depth]))
+        if read_weight_reads(type(owner), parts[-1]):
+            return type(owner).__name__
+    return None
 
 
 def _each_of(module: nn.Module | None, test) -> bool:
@@ -381,6 +402,9 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
     if path and is_per_feature(module, dims.hidden):
         found.norms.append(path)
         return
+    if path and _is_token_table(module, dims):
+        found.token_tables.append((path, is_scaled_embedding(module)))
+        return
     if not any(id(m) in anchors for m in module.modules()):
         name = type(module).__name__
         found.keep(path, f"{name} is outside the text decoder: nothing recognised to shard", "other",
@@ -445,7 +469,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     layers_path, layers = stack
     per_head_input = _per_head_input(model, layers_path, dims)
     for index, layer in enumerate(layers):
-        _analyze_layer(layer, f"{layers_path}.{index}", dims, found, per_head_input)
+        _analyze_layer(layer, f"{layers_path}.{index}", layer_dims(model, dims, layer), found, per_head_input)
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
     positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
     for path in positions:
@@ -477,7 +501,14 @@ def analyze_model(model: nn.Module) -> Analysis:
         head_inputs=tuple(found.head_inputs),
         embedding_modified_in_place=ends.embedding_ok and _modified_in_place(model, paths[id(ends.embedding)]),
         embedding_scaled=ends.embedding_ok and is_scaled_embedding(ends.embedding),
+        token_tables=tuple(found.token_tables),
     )
+
+
+def _is_token_table(module: nn.Module, dims: ModelDims) -> bool:
+    # A table with a row per token: sharding its rows saves its size for one reduction of its
+    # output, which a small table (positions, token types) would not repay.
+    return isinstance(module, nn.Embedding) and dims.vocab is not None and module.num_embeddings * 2 >= dims.vocab
 
 
 def _owner(model: nn.Module, path: str) -> tuple[str, nn.Module, str]:

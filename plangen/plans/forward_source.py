@@ -481,3 +481,23 @@ def read_returned_child(block_cls: type) -> str | None:
     if name is None or len(_self_calls(block_cls).get(name, [])) != 1:
         return None
     return name
+
+
+def read_weight_reads(cls: type, child_name: str) -> bool:
+    """Whether ``cls.forward`` reads ``<...>.<child_name>.weight`` itself (Gemma 4's multimodal
+    model takes the pad token's row of ``language_model.embed_tokens.weight``): a weight read
+    outside its module's own forward sees whatever a style made of it."""
+    tree = _forward_tree(cls)
+    if tree is None:
+        return False
+
+    def is_weight(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "weight"
+                and isinstance(node.value, ast.Attribute) and node.value.attr == child_name)
+
+    # Its values: indexed, or handed to a function (F.linear(x, emb.weight)); its dtype or shape is no read.
+    return any(
+        (isinstance(node, ast.Subscript) and is_weight(node.value))
+        or (isinstance(node, ast.Call) and any(is_weight(a) for a in (*node.args, *(k.value for k in node.keywords))))
+        for node in ast.walk(tree)
+    )

@@ -9,7 +9,7 @@ because it maps heads (or the intermediate width) back to the hidden size. Names
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -67,6 +67,21 @@ def read_dims(model: nn.Module) -> ModelDims | None:
         vocab=_config_int(config, "vocab_size"),
         experts=_config_int(config, "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
     )
+
+
+def layer_dims(model: nn.Module, dims: ModelDims, layer: nn.Module) -> ModelDims:
+    """``dims`` as decoder ``layer`` sees them: a heterogeneous config (transformers'
+    ``per_layer_config``: Gemma 4's full-attention layers have twice the sliding ones' head_dim)
+    states head sizes per layer, and its global ``head_dim`` is ambiguous (it raises). Read from the
+    layer's attention module (its ``head_dim`` and ``num_key_value_groups``), not the config by
+    index: a sample of the layers (plangen list's) renumbers them."""
+    if getattr(text_config(getattr(model, "config", None)), "per_layer_config", None) is None:
+        return dims
+    for module in layer.modules():
+        head_dim, groups = getattr(module, "head_dim", None), getattr(module, "num_key_value_groups", None)
+        if isinstance(head_dim, int) and head_dim > 0 and isinstance(groups, int) and groups > 0 and dims.heads:
+            return replace(dims, head_dim=head_dim, kv_heads=dims.heads // groups)
+    return dims
 
 
 # ---------------------------------------------------------------------------------------------

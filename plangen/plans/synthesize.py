@@ -292,6 +292,12 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
                                      f"{why}; its output is a copy, which the model modifies in place"))
         else:
             entries.append(PlanEntry(analysis.embedding, "RowwiseParallel", layouts, "embeddings", why))
+    for path, scaled in analysis.token_tables:
+        # Whole output on every rank, as the model hands it on (reshaped per layer, not sequence-sharded).
+        style = "ScaledEmbeddingParallel" if scaled else "RowwiseParallel"
+        why = "vocab-parallel table looked up by token outside the layers; all-reduced to its whole output"
+        entries.append(PlanEntry(path, style, dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
+                                 "embeddings", f"{why}; its own scale applied to the partial lookup first" if scaled else why))
     if sp:
         entries += [
             PlanEntry(
