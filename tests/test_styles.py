@@ -571,6 +571,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "PrepareModuleInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "MlaKvAProjParallel": {"rope_dim": 2},
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
+    "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
 }
 
 
@@ -647,6 +648,16 @@ class _PackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(4, 8, 3))
 
 
+class _DeltaNetBlock(nn.Module):
+    """A gated delta net's own layout: [value heads] parameters (named ``weight`` here), a depthwise conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_v_heads = 4
+        self.weight = nn.Parameter(torch.zeros(4))  # [value heads]: A_log, dt_bias
+        self.conv1d = nn.Conv1d(6, 6, 3, groups=6, bias=False)  # [q; k; v] channels, 2 each
+
+
 class _HeadsBlock(nn.Module):
     """An attention block's own per-head parameter (gpt-oss's ``sinks``), named ``weight`` here."""
 
@@ -665,7 +676,7 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
     elif HEADS in facts.shard_dim:  # a style for a block's own per-head parameters only
-        kinds = {HEADS: _HeadsBlock}
+        kinds = {HEADS: _DeltaNetBlock if name == "GatedDeltaNetParallel" else _HeadsBlock}
     elif NORM in facts.shard_dim:  # a style for norms only
         kinds = {NORM: lambda: nn.LayerNorm(8)}
     else:
