@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Classes with no hand-written plan, old and new, dense, BERT-style split blocks, fused (GLM's packed gate|up;
+Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded), fused (GLM's packed gate|up;
 GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
@@ -59,6 +59,9 @@ CLASSES = {
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
     # Multi-query split((embed_dim, kv_dim, kv_dim)): query heads by rank, the one KV head gathered whole
     "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
+    # Gated-delta-net linear attention by heads (plangen.linear_attention_styles): packed [q; k; v]
+    # re-laid out for the conv's channels, A_log/dt_bias with their heads, head counts made local.
+    "qwen3_5": ("Qwen3_5ForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -68,15 +71,17 @@ TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
 }
+# Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
+PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
+STATE_DICT = {"qwen3_5", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
 MESHES = ("tp2", "dp2tp2")
 
 
 def _cases() -> list[dict]:
     return [
         {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
+         **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"pad": True} if t in PADDED else {})}
         for t in CLASSES
         for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
