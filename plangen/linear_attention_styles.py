@@ -76,10 +76,10 @@ class GatedDeltaNetParallel(PrepareModuleInput):
         from plangen.fused_styles import LocalHeadCounts, shard_packed_rows
 
         name = type(self).__name__
-        convs = [c for c in module.children() if isinstance(c, nn.Conv1d) and c.groups == c.in_channels]
-        if len(convs) != 1:
-            raise ValueError(f"{name}: {type(module).__name__} has {len(convs)} depthwise nn.Conv1d children, not one")
-        conv = convs[0]
+        problem = gated_delta_net_misfit(self, module)
+        if problem is not None:
+            raise ValueError(f"{name}: {type(module).__name__} {problem}")
+        conv = next(c for c in module.children() if isinstance(c, nn.Conv1d))
         LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         own = {p: getattr(module, p) for p in self.head_parameters}
         shard_by_heads(module, own, device_mesh, name)
@@ -97,6 +97,23 @@ class GatedDeltaNetParallel(PrepareModuleInput):
             f"{type(self).__name__}(head_attributes={self.head_attributes}, head_parameters={self.head_parameters}, "
             f"conv_parts={self.conv_parts})"
         )
+
+
+def gated_delta_net_misfit(style: GatedDeltaNetParallel, module: nn.Module) -> str | None:
+    """Why ``style`` cannot split ``module`` (the end of a sentence), or None: what ``_apply`` needs."""
+    convs = [c for c in module.children() if isinstance(c, nn.Conv1d) and c.groups == c.in_channels]
+    if len(convs) != 1:
+        return f"has {len(convs)} depthwise nn.Conv1d children, not one"
+    missing = [a for a in style.head_attributes if not isinstance(getattr(module, a, None), int)]
+    if missing:
+        return f"has no integer attribute {missing[0]}"
+    missing = [p for p in style.head_parameters if not isinstance(getattr(module, p, None), nn.Parameter)]
+    if missing:
+        return f"has no parameter {missing[0]} of its own"
+    channels, parts = convs[0].in_channels, sum(style.conv_parts)
+    if channels % parts:
+        return f"packs {channels} conv channels, which do not split in the proportions {style.conv_parts}"
+    return None
 
 
 def replicate_mask_hook(device_mesh: DeviceMesh):

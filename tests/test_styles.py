@@ -409,7 +409,7 @@ def test_gated_delta_net_refuses_heads_the_tp_size_does_not_divide(tp_mesh):
     holder.mixer = build_tiny("qwen3_5-linear").model.layers[0].linear_attn
     holder.mixer.num_k_heads = 3
     with pytest.raises(ValueError, match="num_k_heads=3 does not divide by the TP size 2"):
-        parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel(head_attributes=("num_k_heads",))})
+        parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel(head_attributes=("num_k_heads",), conv_parts=(1, 1, 2))})
     holder.mixer = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="has 0 depthwise nn.Conv1d children, not one"):
         parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel()})
