@@ -95,8 +95,11 @@ def _cases() -> list[dict]:
 # OPT's plan without its local head counts (tests/custom_plans.py): what made it silently wrong.
 GLOBAL_HEADS = {"name": "opt-global-heads", "model_type": "opt", "plan": "custom_plans.opt_plan_with_global_head_counts",
                 "adam_eps": 1e-6}
-CASES = {mesh: [*_cases(), GLOBAL_HEADS] for mesh in MESHES}
-CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c is not GLOBAL_HEADS]
+# The stable variant of the plan the runtime picks for Qwen3.5 (its proven synthesized one): the gated
+# delta nets' out_proj column-parallel on its gathered input, left-padded.
+GDN_STABLE = {"name": "qwen3_5-stable", "model_type": "qwen3_5", "variant": "stable", "pad": True, "adam_eps": 1e-6}
+CASES = {mesh: [*_cases(), GLOBAL_HEADS, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
+CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE)]
 
 
 # The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
@@ -108,6 +111,8 @@ DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1]
 def _needs(test: str, params: dict) -> list[str]:
     if test == "test_packed_state_dict_is_the_hugging_face_one_at_dp2":
         return [f"dp2tp2/{params['model_type']}"]
+    if test == "test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model":
+        return [f"dp2tp2/{GDN_STABLE['name']}"]
     if test == "test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong":
         return [f"{params['mesh']}/{GLOBAL_HEADS['name']}"]
     return []
@@ -167,3 +172,19 @@ def test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong(results, m
         result = per_case[f"{mesh}/opt-global-heads"]
         assert "error" not in result, result.get("trace", result["error"])
         assert result["logits"] > 1e-2, case_problem(result)
+
+
+@pytest.mark.distributed
+def test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model(results):
+    """The runtime's Qwen3.5 plan as the stable variant (plangen.plans.variants maps the mixers like
+    attention): DP 2 x TP 2 against the unsharded model, and its forward sums nothing but the
+    vocab-parallel embedding's exact all-reduce."""
+    from distributed.cases import case_problem
+
+    from plangen.comm import merge_c10d_counts
+
+    for rank, per_case in enumerate(results):
+        result = per_case[f"dp2tp2/{GDN_STABLE['name']}"]
+        assert case_problem(result) is None, f"rank {rank}: {result.get('trace', case_problem(result))}"
+        # One all-reduce in forward: the embedding's (exact); the optimized plan adds two per layer.
+        assert merge_c10d_counts(result["forward_collectives"]).get("all_reduce") == 1, result["forward_collectives"]
