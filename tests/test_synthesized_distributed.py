@@ -62,6 +62,9 @@ CLASSES = {
     # Gated-delta-net linear attention by heads (plangen.linear_attention_styles): packed [q; k; v]
     # re-laid out for the conv's channels, A_log/dt_bias with their heads, head counts made local.
     "qwen3_5": ("Qwen3_5ForCausalLM", False),
+    # The same mixer with Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key head (a plain row
+    # split keeps whole groups), beside MoE layers.
+    "qwen3_next": ("Qwen3NextForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -74,7 +77,7 @@ TINY_CASES = {
 # Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"qwen3_5", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
+STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
 MESHES = ("tp2", "dp2tp2")
 
 
