@@ -43,34 +43,47 @@ class AttentionSinksParallel(PrepareModuleInput):
         own = head_parameters(module)
         if not own:
             raise ValueError(f"AttentionSinksParallel: {type(module).__name__} has no parameters of its own to shard by heads")
-        tp = device_mesh.size()
-        for name, param in own.items():
-            if param.shape[0] % tp:
-                raise ValueError(
-                    f"AttentionSinksParallel: {type(module).__name__}.{name} has {param.shape[0]} heads, "
-                    f"which TP size {tp} does not divide"
-                )
-            sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
-            module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        swapped: dict[str, nn.Parameter] = {}
-
-        def local_heads(mod: nn.Module, args: Any) -> None:
-            # The module's (FSDP2-unsharded) parameter is a TP DTensor; its local view is this rank's
-            # heads, and to_local's backward hands the gradient back as that Shard(0) DTensor.
-            for name in own:
-                param = mod._parameters[name]
-                if isinstance(param, DTensor):
-                    swapped[name] = param
-                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
-
-        def put_back(mod: nn.Module, args: Any, output: Any) -> None:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
-
-        module.register_forward_pre_hook(local_heads)
-        # always_call: an exception inside forward must not leave local views in place of the parameters.
-        module.register_forward_hook(put_back, always_call=True)
+        shard_by_heads(module, own, device_mesh, type(self).__name__)
+        local_during_forward(module, [(module, name) for name in own])
         return super()._apply(module, device_mesh)
+
+
+def shard_by_heads(module: nn.Module, params: dict[str, torch.Tensor], device_mesh: DeviceMesh, style: str) -> None:
+    """Each of ``module``'s ``params`` (one value per head on dim 0) becomes a ``Shard(0)`` DTensor."""
+    tp = device_mesh.size()
+    for name, param in params.items():
+        if param.shape[0] % tp:
+            raise ValueError(
+                f"{style}: {type(module).__name__}.{name} has {param.shape[0]} heads, which TP size {tp} does not divide"
+            )
+        sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+        module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+
+
+def local_during_forward(owner: nn.Module, params: list[tuple[nn.Module, str]]) -> None:
+    """During ``owner``'s forward each ``(module, name)`` DTensor parameter is its local view.
+
+    The forward reads them directly (``self.sinks``, ``self.conv1d.weight``) alongside local tensors;
+    the DTensor is put back after, so FSDP2, optimizers and state dicts see it. ``to_local``'s
+    backward hands the gradient back as the DTensor's placements (this rank's heads: exact).
+    """
+    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+    def swap_in(mod: nn.Module, args: Any) -> None:
+        for module, name in params:
+            param = module._parameters.get(name)
+            if isinstance(param, DTensor):
+                swapped.append((module, name, param))
+                module._parameters[name] = param.to_local()  # type: ignore[assignment]
+
+    def put_back(mod: nn.Module, args: Any, output: Any) -> None:
+        for module, name, param in swapped:
+            module._parameters[name] = param
+        swapped.clear()
+
+    owner.register_forward_pre_hook(swap_in)
+    # always_call: an exception inside forward must not leave local views in place of the parameters.
+    owner.register_forward_hook(put_back, always_call=True)
 
 
 def head_parameters(module: nn.Module) -> dict[str, torch.Tensor]:

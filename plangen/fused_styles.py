@@ -258,6 +258,17 @@ def apply_shared_parts(
     module.register_forward_hook(swap_back, always_call=True)
 
 
+def shard_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], device_mesh: DeviceMesh) -> None:
+    """Every parameter of ``module`` packs parts of ``part_sizes`` on its dim 0 (a depthwise
+    ``nn.Conv1d`` over ``[q; k; v]`` channels): re-laid out and ``Shard(0)``, as
+    :class:`FusedColwiseParallel` lays out a packed projection, with the same state-dict hooks."""
+    for param_name, param in list(module.named_parameters(recurse=False)):
+        index = interleave_index(param.shape[0], part_sizes, device_mesh.size()).to(param.device)
+        sharded = distribute_tensor(param.detach().index_select(0, index), device_mesh, [Shard(0)], src_data_rank=None)
+        module.register_parameter(param_name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    _install_layout_hooks(module, tuple(part_sizes), device_mesh.size())
+
+
 # The attribute a re-laid-out module carries: (part_sizes, tp_size), what undoes its layout.
 LAYOUT_ATTRIBUTE = "_plangen_fused_layout"
 

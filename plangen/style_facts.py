@@ -266,6 +266,9 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
         StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),
+        # PrepareModuleInput of a gated delta net that also splits its own [value heads] parameters
+        # (A_log, dt_bias), its conv's packed channels, and makes its head counts local.
+        StyleFacts("GatedDeltaNetParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),
         # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
         StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
@@ -302,6 +305,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.tied_styles",
     "plangen.kv_styles",
     "plangen.attention_styles",
+    "plangen.linear_attention_styles",
     "plangen.mla_styles",
     "plangen.norm_styles",
     "plangen.fused_styles",

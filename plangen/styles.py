@@ -45,6 +45,7 @@ from plangen.fused_styles import (
     MultiQueryColwiseParallel,
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
@@ -222,6 +223,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         PrepareAttentionInput,
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
+        GatedDeltaNetParallel,
         ShardedNormParallel,
         GatheredNormParallel,
     )
@@ -468,6 +470,7 @@ __all__ = [
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),
     "EveryTokenMoeParallel",
+    "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FusedColwiseParallel",
     "GatheredNormParallel",

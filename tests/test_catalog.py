@@ -222,11 +222,11 @@ def test_committed_table_covers_every_architecture(listing):
 
 def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     """Below 95 % the note names the largest parts TP leaves whole, with the plan's reason: for
-    OLMo-Hybrid its linear-attention mixers."""
+    LFM-3 its short-convolution mixers (OLMo-Hybrid's gated delta nets, once named here, are sharded)."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
 
-    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("OlmoHybridForCausalLM", "olmo_hybrid")))
+    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("Lfm3ForCausalLM", "lfm3")))
     pattern, share, why = left[0]
-    assert pattern == "model.layers.*.linear_attn" and "linear-attention mixer" in why
+    assert pattern == "model.layers.*.conv" and "linear-attention mixer" in why
     assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
-    assert render_left_whole(left).startswith(f"left whole at TP 2: model.layers.*.linear_attn {share:.1%} (state-space")
+    assert render_left_whole(left).startswith(f"left whole at TP 2: model.layers.*.conv {share:.1%} (state-space")

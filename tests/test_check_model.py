@@ -191,6 +191,22 @@ def test_attention_sinks_style_needs_the_blocks_own_per_head_parameters(tmp_path
     assert _verify(tmp_path, gpt_oss, tp_size=4).diagnostics == []
 
 
+def test_gated_delta_net_style_needs_a_gated_delta_net_whose_heads_divide(tmp_path):
+    # Llama's attention has no depthwise conv over q/k/v channels: nothing of a gated delta net.
+    plan = _edit(LLAMA, '"model.layers.*.self_attn": PrepareModuleInput(', '"model.layers.*.self_attn": GatedDeltaNetParallel(')
+    plan = "from plangen.styles import GatedDeltaNetParallel\n" + plan
+    found = _verify(tmp_path, plan).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG203", _line_of(plan, '"model.layers.*.self_attn"'))]
+    assert "LlamaAttention has 0 depthwise nn.Conv1d children, not one" in found[0].message
+    # Qwen3.5's synthesized plan (as plangen init writes it) at TP 3: its 16 key heads do not split.
+    written = tmp_path / "qwen3_5_plan.py"
+    assert CliRunner().invoke(app, ["init", "qwen3_5", "-o", str(written)]).exit_code == 0
+    qwen3_5 = written.read_text()
+    messages = [d.message for d in _verify(tmp_path, qwen3_5, tp_size=3).diagnostics if d.code == "PG204"]
+    assert any("splits num_k_heads=16 of `model.layers.*.linear_attn`" in m and "by the TP size 3" in m for m in messages), messages
+    assert _verify(tmp_path, qwen3_5, tp_size=2).diagnostics == []
+
+
 def test_column_and_row_parallel_pair_within_a_block(tmp_path):
     no_o_proj = _drop(LLAMA, "model.layers.*.self_attn.o_proj")
     codes = [d.code for d in _verify(tmp_path, no_o_proj).diagnostics]

@@ -316,3 +316,64 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
         choose_plan(model, True, variant="stable")
     with pytest.raises(VariantError, match="unknown plan variant 'fast': expected one of optimized, stable"):
         choose_plan(model, variant="fast")
+
+
+# --- gated-delta-net linear attention by heads (plangen.linear_attention_styles) ------------------
+
+
+def _linear_attention_step(layers: int, sequence_parallel: bool, variant: str = "optimized"):
+    """Qwen3.5 with gated-delta-net layers only, under its synthesized plan (as the runtime picks it
+    for the class; built here on this all-linear-attention model)."""
+    from plangen.plan import build_parallel_styles
+    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.variants import build_plan_variant
+
+    kwargs = dict(TINY["qwen3_5-linear"], num_hidden_layers=layers, layer_types=["linear_attention"] * layers)
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    plan = build_plan_variant(build_synthesized_plan(model, sequence_parallel), variant)
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), build_parallel_styles(plan))
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with CollectiveCounter() as forward:
+        logits = model(input_ids=ids).logits
+    with CollectiveCounter() as backward:
+        vocab_parallel_cross_entropy(logits, ids).backward()
+    return plan, merge_c10d_counts(forward.counts()), merge_c10d_counts(backward.counts())
+
+
+def _linear_attention_per_layer(sequence_parallel: bool, variant: str = "optimized"):
+    _, f2, b2 = _linear_attention_step(2, sequence_parallel, variant)
+    _, f4, b4 = _linear_attention_step(4, sequence_parallel, variant)
+    diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    return diff(f2, f4), diff(b2, b4)
+
+
+def test_gated_delta_net_layer_costs_a_dense_layer_plus_its_norm_gradient(fake_pg):
+    """Per layer (mixer + MLP), forward: out_proj's and down_proj's all-reduces; backward: each
+    block's input gradient once (the mixer's four input projections share one), plus the gated
+    norm's weight gradient (one head's width, shared by the heads). A_log, dt_bias and the conv's
+    channels are split with the heads: no communication."""
+    forward, backward = _linear_attention_per_layer(False)
+    assert forward == {AR: 2}
+    assert backward == {AR: 2 + 1}
+
+
+def test_gated_delta_net_under_sequence_parallel_gathers_the_sequence_once(fake_pg):
+    """The recurrence needs the whole sequence: gathered once at the mixer's input, reduce-scattered
+    out of out_proj, as attention is; the norm's weight gradient still all-reduced."""
+    forward, backward = _linear_attention_per_layer(True)
+    assert forward == {AG: 2, RS: 2}
+    assert backward == {AG: 2, RS: 2, AR: 1}
+
+
+def test_stable_variant_of_a_gated_delta_net_forward_only_gathers(fake_pg):
+    """The stable variant maps the mixer like attention: out_proj column-parallel on its gathered
+    input (all-gathers in and out), nothing summed in forward; the conv, A_log and dt_bias stay
+    split by heads (no cross-rank sum touches them)."""
+    plan, _, _ = _linear_attention_step(2, False, "stable")
+    styles = {e.pattern.rsplit(".", 1)[-1]: e.style for e in plan.entries if ".linear_attn" in e.pattern}
+    assert styles["out_proj"] == "ColwiseParallel" and styles["linear_attn"] == "GatedDeltaNetParallel"
+    forward, backward = _linear_attention_per_layer(False, "stable")
+    assert forward == {AG: 4}
+    assert backward == {AR: 2 + 1, RS: 2}

@@ -346,6 +346,75 @@ def test_attention_sinks_are_split_with_the_heads_and_their_gradient_is_exact(tp
     assert (local(sharded.sinks.grad) - reference.sinks.grad[:2]).abs().max() < 1e-6
 
 
+def test_gated_delta_net_is_split_by_heads_and_its_gradients_are_exact(tp_mesh):
+    """Qwen3.5's gated delta net on rank 0 of TP 2, out_proj left out: the mixer's output is this
+    rank's value heads of the unsharded one's (its key head, its conv channels, its A_log/dt_bias);
+    the local gradients of A_log, dt_bias and the conv are exactly the unsharded ones' rows for this
+    rank, and the only collective is the gated norm's weight gradient (shared by the heads)."""
+    import copy
+
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    from plangen.styles import AllReduceParamGrads, FusedColwiseParallel, GatedDeltaNetParallel
+    from tiny_configs import build_tiny
+
+    reference = build_tiny("qwen3_5-linear").model.layers[0].linear_attn
+    reference.out_proj = nn.Identity()  # the heads' outputs, concatenated
+    holder = nn.Module()
+    holder.mixer = copy.deepcopy(reference)
+    attributes = ("num_k_heads", "num_v_heads", "key_dim", "value_dim", "conv_dim")
+    columns = dict(input_layouts=Replicate(), use_local_output=True)
+    styles = {
+        "mixer": GatedDeltaNetParallel(head_attributes=attributes, head_parameters=("A_log", "dt_bias"), conv_parts=(1, 1, 2)),
+        "mixer.in_proj_qkv": FusedColwiseParallel(part_sizes=(1, 1, 2), **columns),
+        **{f"mixer.{p}": ColwiseParallel(**columns) for p in ("in_proj_z", "in_proj_a", "in_proj_b")},
+        "mixer.norm": AllReduceParamGrads(),
+    }
+    parallelize_module(holder, tp_mesh, styles)
+    sharded = holder.mixer
+    assert (sharded.num_k_heads, sharded.num_v_heads, sharded.key_dim, sharded.value_dim) == (1, 2, 8, 16)
+    assert placements(sharded.conv1d.weight) == (Shard(0),) and local(sharded.conv1d.weight).shape == (32, 1, 4)
+    rows = torch.cat([torch.arange(0, 8), torch.arange(16, 24), torch.arange(32, 48)])  # rank 0's q, k, v channels
+    assert torch.equal(local(sharded.conv1d.weight), reference.conv1d.weight[rows])
+    x = torch.randn(2, 8, 32)
+    expected = reference(x)
+    half = expected.shape[-1] // 2
+    weights = torch.randn_like(expected)
+    (expected * weights).sum().backward()
+
+    def step() -> torch.Tensor:
+        out = sharded(x)
+        (out * weights[..., :half]).sum().backward()
+        return out
+
+    assert collectives(step) == {"all_reduce": 1}
+    out = sharded(x)
+    assert (out - expected[..., :half]).abs().max() < 1e-5
+    assert isinstance(sharded.A_log, DTensor) and isinstance(sharded.conv1d.weight, DTensor)  # put back
+    for name in ("A_log", "dt_bias"):
+        grad = getattr(sharded, name).grad
+        assert placements(grad) == (Shard(0),)
+        assert (local(grad) - getattr(reference, name).grad[:2]).abs().max() < 1e-5
+    assert (local(sharded.conv1d.weight.grad) - reference.conv1d.weight.grad[rows]).abs().max() < 1e-5
+
+
+def test_gated_delta_net_refuses_heads_the_tp_size_does_not_divide(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import GatedDeltaNetParallel
+    from tiny_configs import build_tiny
+
+    holder = nn.Module()
+    holder.mixer = build_tiny("qwen3_5-linear").model.layers[0].linear_attn
+    holder.mixer.num_k_heads = 3
+    with pytest.raises(ValueError, match="num_k_heads=3 does not divide by the TP size 2"):
+        parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel(head_attributes=("num_k_heads",), conv_parts=(1, 1, 2))})
+    holder.mixer = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="has 0 depthwise nn.Conv1d children, not one"):
+        parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel()})
+
+
 def test_attention_sinks_refuse_heads_the_tp_size_does_not_divide(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -571,6 +640,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "PrepareModuleInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "MlaKvAProjParallel": {"rope_dim": 2},
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
+    "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
 }
 
 
@@ -647,6 +717,16 @@ class _PackedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.zeros(4, 8, 3))
 
 
+class _DeltaNetBlock(nn.Module):
+    """A gated delta net's own layout: [value heads] parameters (named ``weight`` here), a depthwise conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_v_heads = 4
+        self.weight = nn.Parameter(torch.zeros(4))  # [value heads]: A_log, dt_bias
+        self.conv1d = nn.Conv1d(6, 6, 3, groups=6, bias=False)  # [q; k; v] channels, 2 each
+
+
 class _HeadsBlock(nn.Module):
     """An attention block's own per-head parameter (gpt-oss's ``sinks``), named ``weight`` here."""
 
@@ -665,7 +745,7 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
     elif HEADS in facts.shard_dim:  # a style for a block's own per-head parameters only
-        kinds = {HEADS: _HeadsBlock}
+        kinds = {HEADS: _DeltaNetBlock if name == "GatedDeltaNetParallel" else _HeadsBlock}
     elif NORM in facts.shard_dim:  # a style for norms only
         kinds = {NORM: lambda: nn.LayerNorm(8)}
     else:

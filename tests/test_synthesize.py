@@ -1034,3 +1034,43 @@ def test_an_embedding_whose_weight_the_model_reads_itself_stays_whole_with_its_t
     assert "reads its weight itself" in why_of(plan, "model.language_model.embed_tokens")
     assert "tied to the other end" in why_of(plan, "lm_head")
     assert "model.language_model.embed_tokens_per_layer" in styles_of(plan)
+# --- gated-delta-net linear attention (plangen.plans.recognize_linear_attention) -------------------
+
+
+@pytest.mark.parametrize(
+    "model_type, colwise, packed",
+    [
+        ("qwen3_5", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), "in_proj_qkv"),  # [q; k; v] as the conv takes it
+        ("qwen3_next", ("in_proj_qkvz", "in_proj_ba"), None),  # grouped per key head: a plain row split
+        ("qwen3_5_moe", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), "in_proj_qkv"),
+        ("olmo_hybrid", ("q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj"), None),  # o_proj is as wide
+    ],
+)
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_gated_delta_nets_are_sharded_by_heads(model_type, colwise, packed, sequence_parallel):
+    from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
+
+    model = meta(model_type)
+    mixers = [b for b in analyze_model(model).blocks if b.path.endswith("linear_attn")]
+    assert mixers and all(isinstance(b.block, GatedDeltaNetBlock) for b in mixers)
+    block = mixers[0].block
+    assert block.colwise == colwise and block.packed == packed
+    assert set(block.head_parameters) == {"A_log", "dt_bias"} and block.rowwise in ("out_proj", "o_proj")
+    plan = build_synthesized_plan(model, sequence_parallel)
+    styles = styles_of(plan)
+    assert styles["model.layers.*.linear_attn"] == "GatedDeltaNetParallel"
+    assert styles[f"model.layers.*.linear_attn.{block.norm}"] == "AllReduceParamGrads"
+    assert styles[f"model.layers.*.linear_attn.{block.rowwise}"] == "RowwiseParallel"
+    assert {styles[f"model.layers.*.linear_attn.{p}"] for p in colwise if p != packed} == {"ColwiseParallel"}
+    assert packed is None or styles[f"model.layers.*.linear_attn.{packed}"] == "FusedColwiseParallel"
+    assert not any(r.pattern.endswith("linear_attn") for r in plan.replicated)
+
+
+def test_a_mixer_that_is_not_a_gated_delta_net_stays_replicated_with_the_reason():
+    from plangen.plans.recognize import KeptBlock, read_dims, recognize_block
+
+    model = meta("qwen3_5")
+    mixer = model.model.layers[0].linear_attn
+    mixer.num_v_heads += 1  # no longer the conv's channels and the [value heads] parameters' shape
+    found = recognize_block("linear_attn", mixer, read_dims(model))
+    assert isinstance(found, KeptBlock) and found.kind == "mixer" and "linear-attention mixer" in found.why

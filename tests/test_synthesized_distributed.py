@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Classes with no hand-written plan, old and new, dense, BERT-style split blocks, fused (GLM's packed gate|up;
+Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded), fused (GLM's packed gate|up;
 GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
@@ -59,6 +59,12 @@ CLASSES = {
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
     # Multi-query split((embed_dim, kv_dim, kv_dim)): query heads by rank, the one KV head gathered whole
     "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
+    # Gated-delta-net linear attention by heads (plangen.linear_attention_styles): packed [q; k; v]
+    # re-laid out for the conv's channels, A_log/dt_bias with their heads, head counts made local.
+    "qwen3_5": ("Qwen3_5ForCausalLM", False),
+    # The same mixer with Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key head (a plain row
+    # split keeps whole groups), beside MoE layers.
+    "qwen3_next": ("Qwen3NextForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -68,15 +74,17 @@ TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
 }
+# Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
+PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
+STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
 MESHES = ("tp2", "dp2tp2")
 
 
 def _cases() -> list[dict]:
     return [
         {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
+         **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"pad": True} if t in PADDED else {})}
         for t in CLASSES
         for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
@@ -90,8 +98,11 @@ def _cases() -> list[dict]:
 # OPT's plan without its local head counts (tests/custom_plans.py): what made it silently wrong.
 GLOBAL_HEADS = {"name": "opt-global-heads", "model_type": "opt", "plan": "custom_plans.opt_plan_with_global_head_counts",
                 "adam_eps": 1e-6}
-CASES = {mesh: [*_cases(), GLOBAL_HEADS] for mesh in MESHES}
-CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c is not GLOBAL_HEADS]
+# The stable variant of the plan the runtime picks for Qwen3.5 (its proven synthesized one): the gated
+# delta nets' out_proj column-parallel on its gathered input, left-padded.
+GDN_STABLE = {"name": "qwen3_5-stable", "model_type": "qwen3_5", "variant": "stable", "pad": True, "adam_eps": 1e-6}
+CASES = {mesh: [*_cases(), GLOBAL_HEADS, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
+CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE)]
 
 
 # The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
@@ -103,6 +114,8 @@ DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1]
 def _needs(test: str, params: dict) -> list[str]:
     if test == "test_packed_state_dict_is_the_hugging_face_one_at_dp2":
         return [f"dp2tp2/{params['model_type']}"]
+    if test == "test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model":
+        return [f"dp2tp2/{GDN_STABLE['name']}"]
     if test == "test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong":
         return [f"{params['mesh']}/{GLOBAL_HEADS['name']}"]
     return []
@@ -162,3 +175,19 @@ def test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong(results, m
         result = per_case[f"{mesh}/opt-global-heads"]
         assert "error" not in result, result.get("trace", result["error"])
         assert result["logits"] > 1e-2, case_problem(result)
+
+
+@pytest.mark.distributed
+def test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model(results):
+    """The runtime's Qwen3.5 plan as the stable variant (plangen.plans.variants maps the mixers like
+    attention): DP 2 x TP 2 against the unsharded model, and its forward sums nothing but the
+    vocab-parallel embedding's exact all-reduce."""
+    from distributed.cases import case_problem
+
+    from plangen.comm import merge_c10d_counts
+
+    for rank, per_case in enumerate(results):
+        result = per_case[f"dp2tp2/{GDN_STABLE['name']}"]
+        assert case_problem(result) is None, f"rank {rank}: {result.get('trace', case_problem(result))}"
+        # One all-reduce in forward: the embedding's (exact); the optimized plan adds two per layer.
+        assert merge_c10d_counts(result["forward_collectives"]).get("all_reduce") == 1, result["forward_collectives"]

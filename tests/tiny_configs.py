@@ -118,3 +118,8 @@ TINY["llama4"] = dict(
 TINY["llama4-moe"] = dict(TINY["llama4"], interleave_moe_layer_step=1)  # every layer MoE (Scout's pattern)
 # The stable variant's bitwise check: 4 KV heads, and the shared expert 32 wide (16 columns per rank at TP 2).
 TINY["llama4-4kv"] = dict(TINY["llama4"], num_key_value_heads=4, intermediate_size=32)
+# Qwen3.5 with only gated-delta-net layers (the mixer's cost alone): 2 key heads, 2 value heads each.
+TINY["qwen3_5-linear"] = dict(
+    model_type="qwen3_5_text", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+    linear_value_head_dim=8, layer_types=["linear_attention"] * 2, **COMMON,
+)

@@ -223,6 +223,16 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ScaledEmbeddingParallel", _LAYOUTS),
         _spec("TiedHeadParallel", _LAYOUTS),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
+        _spec(
+            "GatedDeltaNetParallel",
+            (
+                *_INPUT_PREPARATION,
+                StyleParam("use_local_output", BOOL, False),
+                StyleParam("head_attributes", STR_TUPLE, ()),
+                StyleParam("head_parameters", STR_TUPLE, ()),
+                StyleParam("conv_parts", INT_TUPLE, (1, 1, 1)),
+            ),
+        ),
     )
 }
 

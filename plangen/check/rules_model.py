@@ -28,6 +28,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
+from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
@@ -136,7 +137,11 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         except ValueError as err:
             return f"`{name}` shards a norm over its last dim and sums its statistics over TP: {err}"
         return None
-    if isinstance(style, AttentionSinksParallel):
+    if isinstance(style, GatedDeltaNetParallel):
+        problem = gated_delta_net_misfit(style, module)
+        if problem is not None:
+            return f"`{name}` splits a gated delta net by heads, but {what} {problem}"
+    elif isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
             return (
                 f"`{name}` splits a block's own per-head parameters (gpt-oss's sinks) with its heads, but {what}"
@@ -187,7 +192,8 @@ class StyleFitsRule(ModelRule):
         "Column- and row-parallel styles shard nn.Linear and nn.Embedding only (packed ones nn.Linear"
         " only); a row-parallel embedding reads token ids, which must come in whole"
         " (`input_layouts=Replicate()`); gradient-reducing styles need parameters, and so does"
-        " AttentionSinksParallel (the block's own, per head); PrepareModuleInput's"
+        " AttentionSinksParallel (the block's own, per head); GatedDeltaNetParallel needs a gated delta net"
+        " (one depthwise nn.Conv1d, the head attributes and per-head parameters it names); PrepareModuleInput's"
         " keyword layouts must name parameters of the module's forward."
     )
     wrong = (
@@ -230,6 +236,9 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     split = getattr(style, "split_factor", 1)
     if isinstance(style, ExpertsParallel) and expert_count(module):
         return [("num_experts", expert_count(module), 1)]  # whole experts per rank
+    if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
+        own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
+        return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(module, nn.Linear) or is_conv1d(module):

@@ -45,6 +45,7 @@ from plangen.plans.recognize import (
     recognize_block,
     recognize_layer_mlp,
 )
+from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_split import SplitBlock, recognize_attention_called_alike, recognize_split_blocks
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
@@ -54,7 +55,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
@@ -361,6 +362,12 @@ def _analyze_layer(
             found.blocks.append(BlockPart(child_path, recognized, call))
             _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
             found.kept += kept
+        elif isinstance(recognized, GatedDeltaNetBlock) and call is not None:
+            # Its style splits its own heads and prepares its input: it must be where the layer calls it.
+            found.blocks.append(BlockPart(child_path, recognized, call))
+        elif isinstance(recognized, GatedDeltaNetBlock):
+            found.keep(child_path, "gated delta net whose call by the layer the reader cannot follow", "attention",
+                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")

@@ -167,6 +167,25 @@ def read_input_readers(block_cls: type) -> frozenset[str] | None:
     return frozenset(readers)
 
 
+def read_input_name_readers(block_cls: type) -> frozenset[str] | None:
+    """Children that ``block_cls.forward`` calls on the name of its first argument, reassigned or not.
+
+    Looser than :func:`read_input_readers`, for blocks that first mask their input in place of the
+    name (``hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)``, as the
+    linear-attention mixers do) and then project it: the projections still read the block input.
+    """
+    tree = _forward_tree(block_cls)
+    first = _first_parameter(block_cls)
+    if tree is None or first is None:
+        return None
+    return frozenset(
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self" and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == first
+    )
+
+
 def _input_aliases(tree: ast.AST, first: str) -> set[str]:
     """Names bound once to the first argument, or to it or another input (cross-attention's
     ``current_states = key_value_states if is_cross_attention else hidden_states``): a projection

@@ -38,6 +38,8 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.linear_attention import gated_delta_net_entries
+from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
 from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
@@ -210,6 +212,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return _moe_entries(part, sp)
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
+    if isinstance(part.block, GatedDeltaNetBlock):
+        assert part.call is not None
+        return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call

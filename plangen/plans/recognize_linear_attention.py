@@ -1,0 +1,91 @@
+"""Recognise gated-delta-net linear attention (Qwen3-Next, Qwen3.5, OLMo-Hybrid): sharded by heads.
+
+The evidence is structural: a depthwise ``nn.Conv1d`` over ``2 * key_dim + value_dim`` channels,
+the block's own parameters one value per value head (``A_log``, ``dt_bias``), one norm of one value
+head's width, input projections from the hidden size whose widths are whole head groups, and one
+projection from all value heads back to the hidden size. The head counts and widths are the
+block's attributes its forward shapes by (transformers' names for this family, read as numbers and
+checked against the shapes above). How the layout splits, see
+:mod:`plangen.linear_attention_styles`; the sweep proves each class numerically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import gcd
+
+from torch import nn
+
+from plangen.plans.forward_source import read_input_name_readers
+from plangen.plans.recognize import ModelDims, has_parameters, is_linear, is_per_feature, own_parameters
+
+# The attributes the forward shapes by that count all heads (divided by the TP size when applied);
+# head_k_dim / head_v_dim are one head's width and stay.
+HEAD_ATTRIBUTES = ("num_k_heads", "num_v_heads", "key_dim", "value_dim", "conv_dim")
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetBlock:
+    """A gated delta net's parts, by child name, as :func:`gated_delta_net_entries` shards them."""
+
+    colwise: tuple[str, ...]  # input projections by head groups (a packed [q; k; v] among them: ``packed``)
+    rowwise: str
+    norm: str
+    conv_parts: tuple[int, ...]  # (key_dim, key_dim, value_dim), reduced
+    head_parameters: tuple[str, ...]
+    head_attributes: tuple[str, ...]
+    packed: str | None = None  # the projection as wide as the conv's channels: [q; k; v] as it packs them
+    kind: str = "attention"
+
+
+def _int_attribute(block: nn.Module, name: str) -> int | None:
+    value = getattr(block, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def recognize_gated_delta_net(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBlock | None:
+    """A gated-delta-net mixer whose parts all split by key-head groups, or None."""
+    k, v, dk, dv = (_int_attribute(block, n) for n in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"))
+    if None in (k, v, dk, dv) or v % k:
+        return None
+    key_dim, value_dim = k * dk, v * dv
+    convs = [(n, c) for n, c in block.named_children() if isinstance(c, nn.Conv1d)]
+    if len(convs) != 1:
+        return None
+    conv_name, conv = convs[0]
+    channels = 2 * key_dim + value_dim
+    if not (conv.in_channels == conv.out_channels == conv.groups == channels):
+        return None
+    own = own_parameters(block)
+    if not own or any(shape != (v,) for shape in own.values()):
+        return None
+    h = dims.hidden
+    readers = read_input_name_readers(type(block))  # which projections read the (masked) block input
+    if readers is None:
+        return None
+    # Whole head groups: one part (q or k, v or a gate, a or b), [q; k; v] as the conv takes it,
+    # or each key head's group of all of them (Qwen3-Next's in_proj_qkvz, in_proj_ba).
+    widths = {key_dim, value_dim, v, channels, 2 * v, channels + value_dim}
+    colwise, rowwise, norm, packed = [], [], [], None
+    for name, child in block.named_children():
+        if name == conv_name or not has_parameters(child):
+            continue
+        if is_linear(child) and name in readers and child.in_features == h and child.out_features in widths:
+            colwise.append(name)
+            if child.out_features == channels:
+                packed = name
+        elif is_linear(child) and name not in readers and child.in_features == value_dim and child.out_features == h:
+            rowwise.append(name)
+        elif is_per_feature(child, dv):
+            norm.append(name)
+        else:
+            return None
+    if len(rowwise) != 1 or len(norm) != 1 or not colwise:
+        return None
+    unit = gcd(key_dim, value_dim)
+    heads = tuple(a for a in HEAD_ATTRIBUTES if _int_attribute(block, a) is not None)
+    return GatedDeltaNetBlock(
+        colwise=tuple(colwise), rowwise=rowwise[0], norm=norm[0],
+        conv_parts=(key_dim // unit, key_dim // unit, value_dim // unit),
+        head_parameters=tuple(own), head_attributes=heads, packed=packed,
+    )
