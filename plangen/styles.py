@@ -45,6 +45,7 @@ from plangen.fused_styles import (
     MultiQueryColwiseParallel,
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.mamba1_styles import Mamba1MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
@@ -224,6 +225,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         AttentionSinksParallel,
         ShardedNormParallel,
         GatheredNormParallel,
+        Mamba1MixerParallel,
     )
 }
 
@@ -474,6 +476,7 @@ __all__ = [
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
+    "Mamba1MixerParallel",
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",

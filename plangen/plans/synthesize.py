@@ -38,7 +38,9 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.mamba1 import mamba1_entries
 from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
 
@@ -210,6 +212,8 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return _moe_entries(part, sp)
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
+    if isinstance(part.block, Mamba1Block):
+        return mamba1_entries(part.path, part.block, sp)
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call
