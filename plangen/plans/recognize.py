@@ -518,8 +518,8 @@ def recognize_block(
             "mixture of experts: the router and experts need expert parallelism, which torch's module "
             "styles cannot express",
         )
-    if (mamba1 := recognize_mamba1_mixer(block, dims)) is not None:
-        return mamba1
+    if (mamba1 := recognize_mamba1_mixer(block, dims.hidden)) is not None:
+        return mamba1 if isinstance(mamba1, Mamba1Block) else KeptBlock("mixer", mamba1)
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",
