@@ -71,6 +71,9 @@ class StyleFacts:
     # PrepareModule* attributes); None: its hooks do something else, and level 2 does not judge
     # the layouts that meet there.
     hooks: str | None = None
+    # Children the style lays out itself, by name, with the role each then plays (a Mamba1 mixer's
+    # in_proj column-parallel, x_proj row-parallel): the rules count them as sharded by that role.
+    lays_out_children: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def shards(self) -> bool:
@@ -211,7 +214,10 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
         # A Mamba1 mixer split by channels: its own A_log/D, in_proj, conv1d, x_proj (row), dt_proj.
-        StyleFacts("Mamba1MixerParallel", PLANGEN_STYLES, "other", shard_dim={MIXER: 0}),
+        StyleFacts(
+            "Mamba1MixerParallel", PLANGEN_STYLES, "other", shard_dim={MIXER: 0},
+            lays_out_children={"in_proj": "colwise", "conv1d": "colwise", "dt_proj": "colwise", "x_proj": "rowwise"},
+        ),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
         StyleFacts(
             "ExpertsParallel",

@@ -28,6 +28,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
+from plangen.mamba1_styles import mamba1_parts_problem
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
@@ -35,6 +36,7 @@ from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
     ExpertsParallel,
+    Mamba1MixerParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
@@ -136,6 +138,9 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         except ValueError as err:
             return f"`{name}` shards a norm over its last dim and sums its statistics over TP: {err}"
         return None
+    if isinstance(style, Mamba1MixerParallel):
+        problem = mamba1_parts_problem(module)
+        return None if problem is None else f"`{name}` splits a Mamba1 mixer by its channels, but {what} has {problem}"
     if isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
             return (
@@ -230,6 +235,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     split = getattr(style, "split_factor", 1)
     if isinstance(style, ExpertsParallel) and expert_count(module):
         return [("num_experts", expert_count(module), 1)]  # whole experts per rank
+    if isinstance(style, Mamba1MixerParallel) and isinstance(getattr(module, "conv1d", None), nn.Conv1d):
+        return [("intermediate channels", module.conv1d.in_channels, 1)]  # local channels, plain tensors
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(module, nn.Linear) or is_conv1d(module):
