@@ -33,8 +33,12 @@ TP where they enter the per-channel part: at ``x_proj``'s output, or, where norm
 in between (Jamba's ``dt_layernorm``, ``b_layernorm``, ``c_layernorm``), at those norms' outputs so
 that their weights' gradients are whole on every rank (``grad_reduced``).
 
-Not for transformers' fused kernel path (``use_kernels=True``: ``mamba_inner_fn`` computes
-``out_proj`` inside the kernel, past its row-parallel style): the PyTorch path only.
+transformers' fused kernel (``mamba_inner_fn``, from ``mamba_ssm`` or the hub, which Mamba and
+FalconMamba call in training without a cache) computes ``x_proj`` and ``out_proj`` inside one
+kernel, past both sums: during the mixer's forward its own ``training`` flag reads False (its
+forward reads it for that choice only; the mixer has no dropout), so it takes the unfused path,
+whose kernels (``causal_conv1d_fn``, ``selective_scan_fn``) are per channel and take the local
+shards as they are.
 """
 
 from __future__ import annotations
@@ -164,6 +168,7 @@ def _local_owners(module: nn.Module) -> list[nn.Module]:
 
 def _install_local_forward(module: nn.Module, device_mesh: DeviceMesh, input_layout: Placement) -> None:
     swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
+    training: list[bool] = []
 
     def whole_input(x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, DTensor):
@@ -180,6 +185,8 @@ def _install_local_forward(module: nn.Module, device_mesh: DeviceMesh, input_lay
             args = (whole_input(args[0]), *args[1:])
         else:
             raise ValueError(f"Mamba1MixerParallel: {type(mod).__name__} was called without its hidden state")
+        training.append(mod.training)
+        mod.training = False  # the unfused path: mamba_inner_fn would run x_proj and out_proj unsummed
         for owner in _local_owners(mod):
             for name, param in list(owner._parameters.items()):
                 if isinstance(param, DTensor):
@@ -191,6 +198,8 @@ def _install_local_forward(module: nn.Module, device_mesh: DeviceMesh, input_lay
         for owner, name, param in swapped:
             owner._parameters[name] = param
         swapped.clear()
+        if training:
+            mod.training = training.pop()
 
     module.register_forward_pre_hook(swap_in, with_kwargs=True)
     # always_call: an exception inside forward must not leave local views in place of the parameters.

@@ -400,6 +400,23 @@ def test_mamba1_mixer_is_split_by_channels_and_its_attributes_made_local(tp_mesh
     assert all(isinstance(dict(mixer.named_parameters())[n], DTensor) for n in expected)
 
 
+def test_mamba1_mixer_never_takes_the_fused_kernel_that_would_skip_its_sums(tp_mesh, monkeypatch):
+    """mamba_ssm's mamba_inner_fn (installed on GPU machines) runs x_proj and out_proj inside one
+    kernel in training: the split mixer takes the unfused path instead, and stays in training mode."""
+    import transformers.models.mamba.modeling_mamba as modeling
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    from plangen.styles import Mamba1MixerParallel
+
+    calls = []
+    monkeypatch.setattr(modeling, "mamba_inner_fn", lambda *a, **k: calls.append(1) or a[0])
+    holder = nn.Module()
+    holder.m = _mamba_mixer().train()
+    parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel(), "m.out_proj": RowwiseParallel()})
+    out = holder.m(torch.randn(2, 5, 32))
+    assert calls == [] and out.shape == (2, 5, 32) and holder.m.training
+
+
 def test_mamba1_mixer_style_refuses_what_it_cannot_split(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
