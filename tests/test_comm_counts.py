@@ -356,6 +356,9 @@ def test_jamba_mixer_sums_its_dt_b_c_gradients_after_their_norms(fake_pg):
     dense MLP: forward 2 + 1, backward 3 + 1 + 1 (the MLP's input gradient)."""
     forward, backward, _, _ = per_layer("jamba-mamba", False, source="synthesized")
     assert forward == {AR: 2 + 1} and backward == {AR: 3 + 1 + 1}
+    # Under SP the mixer and the MLP each gather in and reduce-scatter out; x_proj's sums stay all-reduces.
+    forward, backward, _, _ = per_layer("jamba-mamba", True, source="synthesized")
+    assert forward == {AG: 2, RS: 2, AR: 1} and backward == {AG: 2, RS: 2, AR: 3}
     config, _, _, b2 = run_step("jamba-mamba", 2, False, source="synthesized")
     per_token = {config.mamba_dt_rank * BATCH * SEQ * 4, config.mamba_d_state * BATCH * SEQ * 4}
     assert sorted(size for op, size in b2.records if op in ALL_REDUCES and size in per_token) == sorted(
