@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EXPERTS, HEADS, STYLE_FACTS, layout_defaults, module_kind
+from plangen.style_facts import EXPERTS, HEADS, MIXER, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -255,16 +255,18 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
     elif kind == HEADS:  # the block's own per-head parameter
         weight = next(iter(head_parameters(module).values()))
+    elif kind == MIXER:  # a Mamba1 mixer's own A_log [channels, state], split with its channels
+        weight = getattr(module, "A_log", None)
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 
 def _count_by_kind(
-    modules: list["nn.Module"], by_heads: bool
+    modules: list["nn.Module"], by_heads: bool, by_mixer: bool = False
 ) -> list[tuple[int, str, tuple[int, ...] | None, str | None]]:
     """(count, type name, weight shape, kind) per distinct (type, shape), in first-seen order."""
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
     for module in modules:
-        kind = module_kind(module, by_heads)
+        kind = MIXER if by_mixer else module_kind(module, by_heads)
         key = (type(module).__name__, _weight_shape(module, kind), kind)
         counts[key] = counts.get(key, 0) + 1
     return [(n, name, shape, kind) for (name, shape, kind), n in counts.items()]
@@ -278,7 +280,8 @@ def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int
     if not modules:
         return "matches no module of this model"
     by_heads = style in STYLE_FACTS and HEADS in STYLE_FACTS[style].shard_dim
-    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules, by_heads))
+    by_mixer = style in STYLE_FACTS and MIXER in STYLE_FACTS[style].shard_dim
+    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules, by_heads, by_mixer))
 
 
 def _describe_kind(

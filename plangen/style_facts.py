@@ -36,6 +36,7 @@ CONV1D = "conv1d"  # GPT-2's Conv1D: an nn.Linear whose weight is stored transpo
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
+MIXER = "mamba1_mixer"  # a Mamba1 mixer, split by its channels (its own A_log [channels, state] and D [channels])
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class StyleFacts:
     # PrepareModule* attributes); None: its hooks do something else, and level 2 does not judge
     # the layouts that meet there.
     hooks: str | None = None
+    # Children the style lays out itself, by name, with the role each then plays (a Mamba1 mixer's
+    # in_proj column-parallel, x_proj row-parallel): the rules count them as sharded by that role.
+    lays_out_children: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def shards(self) -> bool:
@@ -209,6 +213,11 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
         StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
+        # A Mamba1 mixer split by channels: its own A_log/D, in_proj, conv1d, x_proj (row), dt_proj.
+        StyleFacts(
+            "Mamba1MixerParallel", PLANGEN_STYLES, "other", shard_dim={MIXER: 0},
+            lays_out_children={"in_proj": "colwise", "conv1d": "colwise", "dt_proj": "colwise", "x_proj": "rowwise"},
+        ),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
         StyleFacts(
             "ExpertsParallel",
@@ -309,6 +318,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.mla_styles",
     "plangen.norm_styles",
     "plangen.fused_styles",
+    "plangen.mamba1_styles",
 )
 
 

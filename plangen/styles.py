@@ -46,6 +46,7 @@ from plangen.fused_styles import (
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.linear_attention_styles import GatedDeltaNetParallel
+from plangen.mamba1_styles import Mamba1MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
@@ -226,6 +227,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         GatedDeltaNetParallel,
         ShardedNormParallel,
         GatheredNormParallel,
+        Mamba1MixerParallel,
     )
 }
 
@@ -477,6 +479,7 @@ __all__ = [
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
+    "Mamba1MixerParallel",
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",

@@ -592,3 +592,27 @@ def test_level_3s_shapes_stage_blames_the_entry_too(tmp_path):
         case = {"model": "llama", "path": str(path), "sequence_parallel": False}
         result = _quietly(lambda: run_case(case, 2, mesh, compare=False))
     assert (result["stage"], result["module"], result["key"]) == ("forward", "model.layers.0.self_attn.o_proj", f"{A}.q_proj")
+
+
+# --- Mamba1 mixers split by channels (plangen.mamba1_styles) ------------------------------------
+
+_MAMBA_PLAN = '''from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import RowwiseParallel
+
+from plangen.styles import Mamba1MixerParallel
+
+PLANGEN_MODEL = "mamba"
+custom_parallel_plan = {{
+    "backbone.layers.*.{mixer}": Mamba1MixerParallel(input_layouts=Replicate(), grad_reduced=("x_proj",)),
+    "backbone.layers.*.mixer.out_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()),
+}}
+'''
+
+
+def test_mamba1_mixer_plan_is_clean_and_its_style_fits_mixers_only(tmp_path):
+    """The mixer's own style lays out in_proj, conv1d, dt_proj and x_proj (no PG205 for out_proj, no
+    PG209 for the projections it shards); on anything but a Mamba1 mixer it does not fit (PG203)."""
+    assert _found(_verify(tmp_path, _MAMBA_PLAN.format(mixer="mixer"))) == []
+    report = _verify(tmp_path, _MAMBA_PLAN.format(mixer="norm"), name="wrong.py")
+    assert [(d.code, d.line) for d in report.diagnostics if d.code == "PG203"] == [("PG203", 8)]
+    assert "splits a Mamba1 mixer by its channels, but MambaRMSNorm has no nn.Linear" in str(report.diagnostics)

@@ -24,7 +24,8 @@ BATCH, SEQ = 2, 8
 AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
 
 
-def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, variant: str = "optimized"):
+def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, variant: str = "optimized",
+             source: str = "hand-written"):
     kwargs = dict(TINY[name], num_hidden_layers=layers)
     if "layer_types" in kwargs:
         kwargs["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
@@ -33,7 +34,7 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, varia
     model = AutoModelForCausalLM.from_config(config)
     mesh = DeviceMesh("cpu", torch.arange(tp))
     chosen = choose_plan(model, sequence_parallel, variant=variant)
-    assert chosen.source == "hand-written"
+    assert chosen.source == source
     apply_tp(model, mesh, chosen.build_styles())
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with CollectiveCounter() as forward:
@@ -44,9 +45,9 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, varia
     return config, logits, forward, backward
 
 
-def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized"):
-    _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant)
-    _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant)
+def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized", source: str = "hand-written"):
+    _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant, source=source)
+    _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant, source=source)
     diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
     f2, b2, f4, b4 = (merge_c10d_counts(c.counts()) for c in (f2, b2, f4, b4))
     return diff(f2, f4), diff(b2, b4), f2, b2
@@ -377,3 +378,61 @@ def test_stable_variant_of_a_gated_delta_net_forward_only_gathers(fake_pg):
     forward, backward = _linear_attention_per_layer(False, "stable")
     assert forward == {AG: 4}
     assert backward == {AR: 2 + 1, RS: 2}
+# Mamba1 mixers split by channels (plangen.mamba1_styles), in their proven synthesized plans.
+MAMBA1_LAYERS = ["mamba", "falcon_mamba"]
+ALL_REDUCES = (AR, "allreduce_")  # DTensor's, and the c10d one of the gradient sums (merge_c10d_counts)
+
+
+def _x_proj_sums(records, config) -> list[int]:
+    """The all-reduces of x_proj's [dt_rank + 2 state] output per token (float32), in order."""
+    width = BATCH * SEQ * (config.time_step_rank + 2 * config.state_size) * 4
+    return [size for op, size in records if op in ALL_REDUCES and size == width]
+
+
+@pytest.mark.parametrize("name", MAMBA1_LAYERS)
+def test_mamba1_mixer_costs_two_all_reduces_per_layer_as_a_dense_block(fake_pg, name):
+    """Forward: x_proj's small partial sum and out_proj's; backward: dt/B/C's gradient at x_proj's
+    output and the block input's gradient. Nothing else (conv1d, dt_proj, the scan are per channel)."""
+    forward, backward, total_forward, total_backward = per_layer(name, False, source="synthesized")
+    assert forward == {AR: 2} and backward == {AR: 2}
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
+    config, _, f2, b2 = run_step(name, 2, False, source="synthesized")
+    assert len(_x_proj_sums(f2.records, config)) == 2 and len(_x_proj_sums(b2.records, config)) == 2
+
+
+@pytest.mark.parametrize("name", MAMBA1_LAYERS)
+def test_mamba1_mixer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fake_pg, name):
+    """The scan needs the whole sequence: one all-gather in, one reduce-scatter out (backward: the
+    reverse), and x_proj's small all-reduce each way."""
+    forward, backward, _, _ = per_layer(name, True, source="synthesized")
+    assert forward == {AG: 1, RS: 1, AR: 1}
+    assert backward == {AG: 1, RS: 1, AR: 1}
+
+
+def test_jamba_mixer_sums_its_dt_b_c_gradients_after_their_norms(fake_pg):
+    """Jamba's dt/B/C norms have weights: the gradient is summed at each norm's output (three small
+    all-reduces backward instead of one at x_proj), so the norms' weight gradients are whole. With its
+    dense MLP: forward 2 + 1, backward 3 + 1 + 1 (the MLP's input gradient)."""
+    forward, backward, _, _ = per_layer("jamba-mamba", False, source="synthesized")
+    assert forward == {AR: 2 + 1} and backward == {AR: 3 + 1 + 1}
+    # Under SP the mixer and the MLP each gather in and reduce-scatter out; x_proj's sums stay all-reduces.
+    forward, backward, _, _ = per_layer("jamba-mamba", True, source="synthesized")
+    assert forward == {AG: 2, RS: 2, AR: 1} and backward == {AG: 2, RS: 2, AR: 3}
+    config, _, _, b2 = run_step("jamba-mamba", 2, False, source="synthesized")
+    per_token = {config.mamba_dt_rank * BATCH * SEQ * 4, config.mamba_d_state * BATCH * SEQ * 4}
+    assert sorted(size for op, size in b2.records if op in ALL_REDUCES and size in per_token) == sorted(
+        [config.mamba_dt_rank * BATCH * SEQ * 4] * 2 + [config.mamba_d_state * BATCH * SEQ * 4] * 4
+    )
+
+
+@pytest.mark.parametrize("name", MAMBA1_LAYERS)
+def test_stable_variant_keeps_mamba1_mixers_whole_so_a_layer_sums_nothing(fake_pg, name):
+    """plangen.plans.variants: the mixer and its out_proj whole over TP; a Mamba layer has no
+    collective at all (only the embedding's exact all-reduce and the head's input gradient remain)."""
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY[name]))
+    plan = choose_plan(model, variant="stable").plan
+    assert not [e for e in plan.entries if "mixer" in e.pattern]
+    assert "backbone.layers.*.mixer" in {r.pattern for r in plan.replicated}
+    forward, backward, total_forward, _ = per_layer(name, False, "stable", source="synthesized")
+    assert forward == {} and backward == {}
+    assert total_forward == {AR: 1}

@@ -430,6 +430,76 @@ def test_attention_sinks_refuse_heads_the_tp_size_does_not_divide(tp_mesh):
         parallelize_module(holder, tp_mesh, {"attn": AttentionSinksParallel()})
 
 
+def test_mamba1_mixer_is_split_by_channels_and_its_attributes_made_local(tp_mesh):
+    """Mamba1MixerParallel at TP 2 (rank 0): every per-channel tensor holds half the channels, in_proj
+    this rank's halves of x and of the gate (Hugging Face's shape in its state dict), x_proj its
+    input half; the channel counts the forward and conv1d read are this rank's; parameters put back
+    after a forward."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import Mamba1MixerParallel
+
+    mixer = _mamba_mixer()
+    reference = {k: v.clone() for k, v in mixer.state_dict().items()}
+    width, half = mixer.intermediate_size, mixer.intermediate_size // 2
+    holder = nn.Module()
+    holder.m = mixer
+    parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel()})
+    expected = {
+        "in_proj.weight": (Shard(0), torch.cat([reference["in_proj.weight"][:half], reference["in_proj.weight"][width:width + half]])),
+        "conv1d.weight": (Shard(0), reference["conv1d.weight"][:half]),
+        "conv1d.bias": (Shard(0), reference["conv1d.bias"][:half]),
+        "x_proj.weight": (Shard(1), reference["x_proj.weight"][:, :half]),
+        "dt_proj.weight": (Shard(0), reference["dt_proj.weight"][:half]),
+        "dt_proj.bias": (Shard(0), reference["dt_proj.bias"][:half]),
+        "A_log": (Shard(0), reference["A_log"][:half]),
+        "D": (Shard(0), reference["D"][:half]),
+    }
+    params = dict(mixer.named_parameters())
+    for name, (placement, rows) in expected.items():
+        assert placements(params[name]) == (placement,), name
+        assert torch.equal(local(params[name]), rows), name
+    assert not isinstance(params["out_proj.weight"], DTensor)  # its own RowwiseParallel entry
+    assert (mixer.intermediate_size, mixer.conv1d.groups, mixer.conv1d.in_channels) == (half, half, half)
+    # Hugging Face's whole shape (its values at DP 2 x TP 2: tests/test_synthesized_distributed.py).
+    assert mixer.state_dict()["in_proj.weight"].shape == reference["in_proj.weight"].shape
+    mixer.out_proj.weight.data = mixer.out_proj.weight.data[:, :half].clone()  # as its row-parallel style leaves it
+    mixer(torch.randn(2, 5, 32))
+    assert all(isinstance(dict(mixer.named_parameters())[n], DTensor) for n in expected)
+
+
+def test_mamba1_mixer_never_takes_the_fused_kernel_that_would_skip_its_sums(tp_mesh, monkeypatch):
+    """mamba_ssm's mamba_inner_fn (installed on GPU machines) runs x_proj and out_proj inside one
+    kernel in training: the split mixer takes the unfused path instead, and stays in training mode."""
+    import transformers.models.mamba.modeling_mamba as modeling
+    from torch.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+
+    from plangen.styles import Mamba1MixerParallel
+
+    calls = []
+    monkeypatch.setattr(modeling, "mamba_inner_fn", lambda *a, **k: calls.append(1) or a[0])
+    holder = nn.Module()
+    holder.m = _mamba_mixer().train()
+    parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel(), "m.out_proj": RowwiseParallel()})
+    out = holder.m(torch.randn(2, 5, 32))
+    assert calls == [] and out.shape == (2, 5, 32) and holder.m.training
+
+
+def test_mamba1_mixer_style_refuses_what_it_cannot_split(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import Mamba1MixerParallel
+
+    holder = nn.Module()
+    holder.m = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="Mamba1MixerParallel: Linear: no nn.Linear/nn.Conv1d in_proj"):
+        parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel()})
+    holder.m = _mamba_mixer()
+    with pytest.raises(ValueError, match="has no child dt_layernorm"):
+        parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel(grad_reduced=("dt_layernorm",))})
+
+
 # --------------------------------------------------------------------------------------------
 # Numerical parity at TP=2 on gloo: plangen's style vs transformers' own layer vs the unsharded module
 # --------------------------------------------------------------------------------------------
@@ -725,6 +795,12 @@ class _DeltaNetBlock(nn.Module):
         self.num_v_heads = 4
         self.weight = nn.Parameter(torch.zeros(4))  # [value heads]: A_log, dt_bias
         self.conv1d = nn.Conv1d(6, 6, 3, groups=6, bias=False)  # [q; k; v] channels, 2 each
+def _mamba_mixer() -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tiny_configs import TINY
+
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["mamba"])).backbone.layers[0].mixer
 
 
 class _HeadsBlock(nn.Module):
@@ -739,11 +815,13 @@ class _HeadsBlock(nn.Module):
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, NORM, STYLE_FACTS
+    from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, MIXER, NORM, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
+    elif MIXER in facts.shard_dim:  # a style for Mamba1 mixers only
+        kinds = {MIXER: _mamba_mixer}
     elif HEADS in facts.shard_dim:  # a style for a block's own per-head parameters only
         kinds = {HEADS: _DeltaNetBlock if name == "GatedDeltaNetParallel" else _HeadsBlock}
     elif NORM in facts.shard_dim:  # a style for norms only
@@ -763,9 +841,10 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     for kind, make in kinds.items():
         holder = nn.Module()
         holder.m = make()
-        full = tuple(holder.m.weight.shape)
+        weight_name = "A_log" if kind == MIXER else "weight"  # a mixer's own [channels, state]
+        full = tuple(getattr(holder.m, weight_name).shape)
         parallelize_module(holder, tp_mesh, {"m": _built(name)})
-        weight = holder.m.weight
+        weight = getattr(holder.m, weight_name)
         assert _weight_text(weight) == facts.weight_layout(kind), (name, kind)
         local_shape = tuple(local(weight).shape)
         if facts.shards:

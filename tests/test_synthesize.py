@@ -287,12 +287,47 @@ def test_heterogeneous_layers_get_per_layer_patterns():
     styles = styles_of(plan)
     assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"  # not layers.*: layer 1's is MoE
     assert "model.layers.*.feed_forward" not in styles
-    assert "state-space" in why_of(plan, "model.layers.*.mamba")
+    assert styles["model.layers.*.mamba"] == "Mamba1MixerParallel"  # every layer that holds one
     assert styles["model.layers.1.feed_forward"] == "PrepareModuleInputOutput"
     assert styles["model.layers.*.feed_forward.experts"] == "ExpertsParallel"  # only layer 1 holds experts
     from plangen.module_tree import find_unmatched_keys
 
     assert find_unmatched_keys(model, styles) == []
+
+
+@pytest.mark.parametrize(
+    "model_type, mixer, grad_reduced",
+    [
+        ("mamba", "backbone.layers.*.mixer", ("x_proj",)),
+        ("falcon_mamba", "backbone.layers.*.mixer", ("x_proj",)),  # its dt/B/C norms have no weights
+        ("jamba", "model.layers.*.mamba", ("dt_layernorm", "b_layernorm", "c_layernorm")),
+    ],
+)
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_mamba1_mixers_are_split_by_channels(model_type, mixer, grad_reduced, sequence_parallel):
+    """The mixer's channels over TP (Mamba1MixerParallel), its out_proj row-parallel; the whole
+    sequence in under SP (the scan runs over it), reduce-scattered out of out_proj."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    plan = build_synthesized_plan(meta(model_type), sequence_parallel)
+    entries = {e.pattern: e for e in plan.entries}
+    seq = Shard(1) if sequence_parallel else Replicate()
+    assert entries[mixer].style == "Mamba1MixerParallel"
+    assert entries[mixer].kwargs == {"input_layouts": seq, "grad_reduced": grad_reduced}
+    out = entries[f"{mixer}.out_proj"]
+    assert out.style == "RowwiseParallel" and out.kwargs["output_layouts"] == seq
+    assert not [e for e in plan.entries if e.pattern.startswith(f"{mixer}.") and e is not out]
+    assert mixer not in {r.pattern for r in plan.replicated}
+
+
+def test_mamba1_mixer_with_an_unpaired_norm_stays_whole_and_says_why():
+    from plangen.plans.recognize import read_dims, recognize_block
+
+    model = meta("jamba")
+    block = model.model.layers[0].mamba
+    del block.c_layernorm  # B and C's gradient sums would miss C
+    found = recognize_block("mamba", block, read_dims(model))
+    assert found.kind == "mixer" and "not one norm each on dt, B and C" in found.why
 
 
 def test_tied_embeddings_are_sharded_at_both_ends_alike():

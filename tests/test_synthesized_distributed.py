@@ -3,8 +3,9 @@
 Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded), fused (GLM's packed gate|up;
 GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
-OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), hybrid Mamba
-and convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
+OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
+split by channels (Mamba, FalconMamba, Jamba; their full state dict at DP 2 x TP 2, and the stable
+variant, which keeps them whole), convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on (off only for the BERT family, which has none): logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
 steps (eps 1e-6, see train_steps in tests/distributed/cases.py). The plan is forced to the
 synthesized one, and the committed sweep results (plangen/plans/proven.json, which the runtime
@@ -30,7 +31,10 @@ CLASSES = {
     # Dense then MoE layers, shared experts, multi-head latent attention by heads (DeepSeek-V3's layout;
     # DeepSeek-V3 itself has a hand-written plan now).
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", False),
-    "jamba": ("JambaForCausalLM", False),  # Mamba + attention layers, dense + MoE MLPs
+    "jamba": ("JambaForCausalLM", False),  # Mamba1 mixers split by channels + attention layers, dense + MoE MLPs
+    # Mamba1 mixers split by channels (plangen.mamba1_styles): in_proj's packed x|gate per rank.
+    "mamba": ("MambaForCausalLM", True),
+    "falcon_mamba": ("FalconMambaForCausalLM", True),  # weightless dt/B/C norms
     "lfm2": ("Lfm2ForCausalLM", True),  # w1/w2/w3, out_proj, q_layernorm: recognised by data flow
     "gemma": ("GemmaForCausalLM", True),  # scaled embeddings
     # BART-family decoders: k/v read through cross-attention's alias, fc1/fc2 in the layer itself,
@@ -77,7 +81,11 @@ TINY_CASES = {
 # Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
+STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
+              "jamba", "mamba"}
+# The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
+# Jamba's with left padding, which the mixer masks.
+STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
 MESHES = ("tp2", "dp2tp2")
 
 
@@ -92,6 +100,9 @@ def _cases() -> list[dict]:
          **({"state_dict": True} if t in STATE_DICT and not sp else {})}
         for t in TINY_CASES
         for sp in (False, True)
+    ] + [
+        {"name": name, "model_type": t, "variant": "stable", "adam_eps": 1e-6, **({"pad": True} if t == "jamba" else {})}
+        for name, t in STABLE.items()
     ]
 
 
@@ -107,7 +118,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c n
 
 # The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
 # of TP 2 is marked slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks both.
-TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "bart", "bert", "gpt_neox", "falcon-gqa"}
+TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "mamba", "bart", "bert", "gpt_neox", "falcon-gqa"}
 DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1].removesuffix("-sp") in TP2_DEFAULT}
 
 
@@ -145,6 +156,7 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
     assert r["logits_type"] == "DTensor" and r["logits_placements"] == ["S(2)"]  # vocabulary-parallel
     # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
     assert ("reduce_scatter_tensor" in r["forward_collectives"]) == sequence_parallel
+    model_type = STABLE.get(model_type, model_type)
     assert r["tied"] == (CLASSES[model_type][1] if model_type in CLASSES else TINY_CASES[model_type])
 
 

@@ -55,6 +55,17 @@ def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> t
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
+# Mamba1 mixers, split by channels (plangen.mamba1_styles): intermediate 64, dt_rank 4, state 8.
+MAMBA1 = dict(vocab_size=128, hidden_size=32, state_size=8, expand=2, conv_kernel=4, time_step_rank=4, use_cache=False)
+TINY["mamba"] = dict(model_type="mamba", num_hidden_layers=2, **MAMBA1)
+TINY["falcon_mamba"] = dict(model_type="falcon_mamba", num_hidden_layers=2, **MAMBA1)
+# Jamba with Mamba layers and dense MLPs only (no attention layer below 8 layers, one expert): its
+# mixers' dt/B/C norms have weights.
+TINY["jamba-mamba"] = dict(
+    model_type="jamba", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, num_experts=1, attn_layer_period=8, attn_layer_offset=7,
+    mamba_d_state=8, mamba_dt_rank=4, use_mamba_kernels=False, use_cache=False,
+)
 TINY["nemotron_h"] = dict(
     model_type="nemotron_h", vocab_size=128, hidden_size=32, intermediate_size=64,
     layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],

@@ -253,6 +253,12 @@ class LayoutTracer:
                 return _map_tensors(output, lambda t: self._tag(t, unknown))
 
             self.handles.append(module.register_forward_hook(leave_unknown))
+            # Children the style lays out itself (a Mamba1 mixer's projections) leave what level 2
+            # does not follow either: an entry inside (its out_proj) is not judged by their outputs.
+            facts = facts_of(style)
+            for child in facts.lays_out_children if facts is not None else ():
+                if hasattr(getattr(module, child, None), "register_forward_hook"):
+                    self.handles.append(getattr(module, child).register_forward_hook(leave_unknown))
 
     def _module_hooks(self, path, module, key, name, takes, leaves, local) -> None:
         def read(mod, args, kwargs):

@@ -210,6 +210,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("AllReduceOutputGrad", ()),
+        _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec(
             "EveryTokenMoeParallel",
             (

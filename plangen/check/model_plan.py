@@ -101,11 +101,25 @@ class ModelPlan:
         return None if key is None else self.styles[key]
 
     @cached_property
+    def laid_out_by_parent(self) -> dict[str, str]:
+        """Path of a child that its parent's style lays out itself → the role it plays there
+        (:attr:`plangen.style_facts.StyleFacts.lays_out_children`: a Mamba1 mixer's projections)."""
+        from plangen.style_facts import facts_of
+
+        found: dict[str, str] = {}
+        for path, key in self.covering.items():
+            facts = facts_of(self.styles[key])
+            for child, role in (facts.lays_out_children if facts is not None else {}).items():
+                if f"{path}.{child}" in self.modules:
+                    found[f"{path}.{child}"] = role
+        return found
+
+    @cached_property
     def sharded(self) -> set[str]:
-        """Paths of the modules whose weights a column- or row-parallel style shards."""
+        """Paths of the modules whose weights a column- or row-parallel style shards (or their parent's style)."""
         from plangen.style_facts import is_sharding
 
-        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])}
+        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])} | set(self.laid_out_by_parent)
 
     @cached_property
     def styles_below(self) -> dict[str, set[str]]:
@@ -125,6 +139,10 @@ class ModelPlan:
             parts = path.split(".")
             for cut in range(len(parts) - 1, 0, -1):
                 below.setdefault(".".join(parts[:cut]), set()).update(kinds)
+        for path, role in self.laid_out_by_parent.items():
+            parts = path.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                below.setdefault(".".join(parts[:cut]), set()).add(role)
         return below
 
     @cached_property

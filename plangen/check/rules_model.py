@@ -29,6 +29,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
+from plangen.mamba1_styles import mamba1_parts_problem
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
@@ -36,6 +37,7 @@ from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
     ExpertsParallel,
+    Mamba1MixerParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
@@ -141,6 +143,9 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         problem = gated_delta_net_misfit(style, module)
         if problem is not None:
             return f"`{name}` splits a gated delta net by heads, but {what} {problem}"
+    elif isinstance(style, Mamba1MixerParallel):
+        problem = mamba1_parts_problem(module)
+        return None if problem is None else f"`{name}` splits a Mamba1 mixer by its channels, but {what} has {problem}"
     elif isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
             return (
@@ -239,6 +244,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
         own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
+    if isinstance(style, Mamba1MixerParallel) and isinstance(getattr(module, "conv1d", None), nn.Conv1d):
+        return [("intermediate channels", module.conv1d.in_channels, 1)]  # local channels, plain tensors
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(module, nn.Linear) or is_conv1d(module):

@@ -408,7 +408,7 @@ class UnshardedLinearsRule(ModelRule):
         emb_sharded = any(plan.modules[p] is emb for p in plan.sharded) if emb is not None else False
         groups: dict[str, list[nn.Linear]] = {}
         for path, module in plan.modules.items():
-            if not isinstance(module, nn.Linear) or path in plan.covering:
+            if not isinstance(module, nn.Linear) or path in plan.covering or path in plan.laid_out_by_parent:
                 continue
             if any(key_matches(key, path) for key in plan.replicated_on_purpose):
                 continue

@@ -46,6 +46,7 @@ from plangen.plans.recognize import (
     recognize_layer_mlp,
 )
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
+from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_split import SplitBlock, recognize_attention_called_alike, recognize_split_blocks
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
@@ -55,7 +56,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | Mamba1Block
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
@@ -389,6 +390,8 @@ def _analyze_layer(
                        "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
+        elif isinstance(recognized, Mamba1Block):  # its style takes the hidden state however the layer passes it
+            found.blocks.append(BlockPart(child_path, recognized, call))
         elif _analyze_parent_of_split(child, child_path, dims, found):
             continue
         elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:

@@ -25,6 +25,7 @@ from plangen.plans.forward_source import (
     read_returned_child,
     read_shape_sizes,
 )
+from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 
 
 @dataclass(frozen=True)
@@ -523,7 +524,7 @@ def _linear_attention(block: nn.Module, dims: ModelDims):
 
 def recognize_block(
     name: str, block: nn.Module, dims: ModelDims
-) -> ShardedBlock | MoeBlock | LatentBlock | KeptBlock:
+) -> ShardedBlock | MoeBlock | LatentBlock | Mamba1Block | KeptBlock:
     """What a decoder-layer child with parameters is, and how it is sharded (or why it is not)."""
     latent = recognize_latent_attention(block, dims)
     if latent is not None:
@@ -541,6 +542,8 @@ def recognize_block(
             "mixture of experts: the router and experts need expert parallelism, which torch's module "
             "styles cannot express",
         )
+    if (mamba1 := recognize_mamba1_mixer(block, dims.hidden)) is not None:
+        return mamba1 if isinstance(mamba1, Mamba1Block) else KeptBlock("mixer", mamba1)
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",

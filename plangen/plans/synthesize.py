@@ -40,7 +40,9 @@ from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
+from plangen.plans.mamba1 import mamba1_entries
 from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
 
@@ -215,6 +217,8 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if isinstance(part.block, GatedDeltaNetBlock):
         assert part.call is not None
         return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
+    if isinstance(part.block, Mamba1Block):
+        return mamba1_entries(part.path, part.block, sp)
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call

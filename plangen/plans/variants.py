@@ -24,6 +24,11 @@ the gathered input). Two more sums have no gather-based twin that keeps the same
   its gradient. This is the variant's price: the experts' memory per rank is TP times the
   optimized plan's (``plangen cost --compare stable`` shows it).
 
+A Mamba1 mixer split by channels (``Mamba1MixerParallel``) sums ``x_proj``'s partial outputs over
+TP inside the mixer: the stable variant keeps the mixer whole over TP (its ``out_proj`` entry
+dropped too; every rank computes the mixer whole on the replicated input, as one device does), at
+the same price in memory as the experts.
+
 The vocab-parallel embedding keeps its all-reduce: each token's row lives on one rank, the others
 add exact zeros, so that sum is exact in any order.
 
@@ -58,6 +63,12 @@ _EXPERT_SPLITTING_BLOCKS = {"EveryTokenMoeParallel": "experts"}
 _WHOLE_EXPERTS = (
     "stable variant: experts whole over TP (a sum over experts on other ranks is a cross-rank sum);"
     " FSDP2 still shards them over DP"
+)
+# Blocks whose style sums inside them and that the stable variant keeps whole, with every entry below them.
+_WHOLE_BLOCKS = ("Mamba1MixerParallel",)
+_WHOLE_MIXER = (
+    "stable variant: Mamba1 mixer whole over TP (x_proj's partial outputs would be summed across ranks);"
+    " FSDP2 still shards it over DP"
 )
 _WHOLE_GATE = "stable variant: the output it scales is whole on every rank, so its gradient is not summed"
 
@@ -111,7 +122,11 @@ def build_stable_plan(plan: Plan) -> Plan:
             "(sequence parallel reduce-scatters it, a cross-rank sum): use sequence_parallel=False"
         )
     entries, replicated = [], list(plan.replicated)
+    whole = [e.pattern for e in plan.entries if e.style in _WHOLE_BLOCKS]
+    replicated += [Replicated(pattern, _WHOLE_MIXER, "other") for pattern in whole]
     for entry in plan.entries:
+        if any(entry.pattern == p or entry.pattern.startswith(p + ".") for p in whole):
+            continue
         if entry.style in _SUMMING_STYLES:
             raise VariantError(
                 f"no stable variant for {entry.pattern}: its style {entry.style} sums across TP ranks in forward"
