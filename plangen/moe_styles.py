@@ -18,6 +18,17 @@ Why the expert dimension and not each expert's intermediate dimension (transform
 like any column-parallel weight, so a full state dict gathers back in Hugging Face's layout; the
 packed ``gate|up`` split needs strided shards that FSDP2 gathers back permuted. Both move the same
 B·S·H per layer; the expert split launches E/tp small matmuls per rank instead of E thin ones.
+
+Where the TP size does not divide the expert count (HunYuan-MoE-V1's one expert, or 3 experts at
+TP 2), the same style splits each expert's intermediate dimension instead (the *intermediate*
+layout; :func:`choose_expert_layout` is the one place that decides): ``gate_up_proj`` re-laid out
+once as plangen's fused projections are (:mod:`plangen.fused_styles`: ``[gate_0; up_0; gate_1;
+up_1]`` along the intermediate, then a plain ``Shard``, with state-dict hooks that show Hugging
+Face's layout both ways, so FSDP2 composes with it and a full state dict is the original weights),
+``down_proj`` sharded on its intermediate input. Every rank computes every route with its slice of
+every expert; the outputs are partial sums over ranks reduced exactly as in the expert split, and
+the gradients of the hidden states and routing weights are summed over TP the same way: the
+collectives per MoE layer are the same.
 """
 
 from __future__ import annotations
@@ -46,6 +57,91 @@ def expert_count(module: nn.Module) -> int | None:
         return None
     packed = [p for p in module.parameters(recurse=False) if p.dim() == 3 and p.shape[0] == count]
     return count if packed else None
+
+
+EXPERT_LAYOUTS = ("experts", "intermediate")
+
+# What a plan entry of ExpertsParallel says it does (hand-written and synthesized plans alike).
+EXPERTS_PARALLEL_WHY = (
+    "each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's "
+    "intermediate, and computes the routes to them; partial sum out"
+)
+
+
+def choose_expert_layout(num_experts: int, tp_size: int) -> str:
+    """Which layout :class:`ExpertsParallel` gives ``num_experts`` experts at ``tp_size``: whole
+    experts per rank where the TP size divides them (fewer, larger matmuls per rank; the measured
+    cheaper one), else each expert's intermediate dimension split. The one place that chooses:
+    the style, ``plangen verify`` and ``plangen init``'s shard shapes all ask it."""
+    return "experts" if num_experts % tp_size == 0 else "intermediate"
+
+
+# transformers' names of a packed experts module's projections: the one packing [gate; up] along
+# the intermediate, a non-gated one's up projection, the projection back to the hidden size.
+_GATE_UP, _UP, _DOWN = "gate_up_proj", "up_proj", "down_proj"
+
+
+def intermediate_split_dims(module: nn.Module, tp_size: int) -> dict[str, int]:
+    """For the intermediate layout: each parameter of ``module`` and the dim its intermediate width
+    lies on; ``ValueError`` (one line, naming both layouts and what stands in the way) where the TP
+    size divides neither the experts nor this split."""
+    problem = _intermediate_problem(module, tp_size)
+    if problem is not None:
+        raise ValueError(
+            f"ExpertsParallel: {module.num_experts} experts do not divide by the TP size {tp_size}, and each"
+            f" expert's intermediate split (the other layout) does not fit: {problem}"
+        )
+    return _intermediate_dims(module)
+
+
+def expert_layout_problem(module: nn.Module, tp_size: int) -> str | None:
+    """Why :class:`ExpertsParallel` cannot split ``module`` at ``tp_size`` (one line), else None."""
+    count = expert_count(module)
+    if count is None or choose_expert_layout(count, tp_size) == "experts":
+        return None
+    try:
+        intermediate_split_dims(module, tp_size)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _intermediate_dims(module: nn.Module) -> dict[str, int]:
+    # [E, out, in] as stored (or [E, in, out] transposed): the intermediate is out of gate_up / up, in of down.
+    transposed = bool(getattr(module, "is_transposed", False))
+    dims = {n: (2 if transposed else 1) for n, _ in module.named_parameters(recurse=False) if n != _DOWN}
+    dims[_DOWN] = 1 if transposed else 2
+    return dims
+
+
+def _intermediate_problem(module: nn.Module, tp_size: int) -> str | None:
+    name = type(module).__name__
+    params = dict(module.named_parameters(recurse=False))
+    bad = [n for n, p in params.items() if p.dim() != 3 or n not in (_GATE_UP, _UP, _DOWN)]
+    if bad or _DOWN not in params or (_GATE_UP in params) == (_UP in params):
+        return (
+            f"it takes {_GATE_UP} (or {_UP}) and {_DOWN}, 3-D and without biases; {name} has"
+            f" {', '.join(bad or params)}"
+        )
+    if getattr(module, "has_post_expert_norm", False):
+        return f"{name} normalises each expert's output, which a partial sum cannot follow"
+    if _GATE_UP in params and not _chunks_gate_up(module):
+        return (
+            f"{name} does not chunk {_GATE_UP}'s output into [gate; up] halves (its own gate function, or an"
+            " interleaved layout)"
+        )
+    width = params[_DOWN].shape[_intermediate_dims(module)[_DOWN]]
+    if width % tp_size:
+        return f"their intermediate width {width} does not divide by it either"
+    return None
+
+
+def _chunks_gate_up(module: nn.Module) -> bool:
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # an older transformers: no experts interface, and no packed experts either
+        return False
+    return getattr(type(module), "_apply_gate", None) is _default_apply_gate and getattr(module, "is_concatenated", True)
 
 
 class _SumGradOverMesh(torch.autograd.Function):
@@ -91,7 +187,9 @@ def _all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
 
 class ExpertsParallel(ParallelStyle):
-    """Shard a packed experts module on the expert dimension over TP (see the module docstring).
+    """Shard a packed experts module over TP: whole experts per rank where the TP size divides the
+    expert count, else each expert's intermediate dimension (:func:`choose_expert_layout`; see the
+    module docstring).
 
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce) and returns a
     plain tensor; ``Partial()`` returns the local partial sum, for a block-level style that reduces
@@ -112,16 +210,20 @@ class ExpertsParallel(ParallelStyle):
                 f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
                 f"{type(module).__name__} has none"
             )
-        if experts % tp:
-            raise ValueError(f"ExpertsParallel: {experts} experts cannot be split evenly over TP size {tp}")
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.dim() >= 1 and param.shape[0] == experts:
-                sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
-                module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        local = experts // tp
-        module.num_experts = local
-        # transformers' experts (grouped_mm / batched_mm) mask sentinel routes only when told so.
-        module._is_expert_parallel = True
+        layout = choose_expert_layout(experts, tp)
+        if layout == "intermediate":
+            _shard_intermediate(module, device_mesh, intermediate_split_dims(module, tp))
+            local = None  # every rank holds a slice of every expert: nothing to mask
+        else:
+            for name, param in list(module.named_parameters(recurse=False)):
+                if param.dim() >= 1 and param.shape[0] == experts:
+                    sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+                    module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+            local = experts // tp
+            module.num_experts = local
+            # transformers' experts (grouped_mm / batched_mm) mask sentinel routes only when told so.
+            module._is_expert_parallel = True
+        module._plangen_expert_layout = layout
         rank = device_mesh.get_local_rank()
         swapped: dict[str, nn.Parameter] = {}
 
@@ -135,9 +237,10 @@ class ExpertsParallel(ParallelStyle):
                 # Before the masking: each rank's gradient covers its own experts' routes only.
                 hidden = _all_reduce_grad(hidden, device_mesh)
                 weights = _all_reduce_grad(weights, device_mesh)
-            off_rank = torch.div(index, local, rounding_mode="floor") != rank
-            index = torch.where(off_rank, torch.full_like(index, local), index % local)
-            weights = weights.masked_fill(off_rank, 0.0)
+            if local is not None:
+                off_rank = torch.div(index, local, rounding_mode="floor") != rank
+                index = torch.where(off_rank, torch.full_like(index, local), index % local)
+                weights = weights.masked_fill(off_rank, 0.0)
             for name, param in list(mod._parameters.items()):
                 if isinstance(param, DTensor):
                     swapped[name] = param
@@ -164,6 +267,25 @@ class ExpertsParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_layouts={self.output_layouts})"
+
+
+def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[str, int]) -> None:
+    """Each expert's intermediate split: ``gate_up_proj`` re-laid out so each rank's slice holds its
+    part of gate and of up (with state-dict hooks for Hugging Face's layout), then every parameter a
+    plain ``Shard`` on its intermediate dim."""
+    from plangen.fused_styles import install_layout_hooks, interleave_index
+
+    tp = device_mesh.size()
+    relaid = {n: d for n, d in dims.items() if n == _GATE_UP}
+    for name, param in list(module.named_parameters(recurse=False)):
+        dim = dims[name]
+        data = param.data
+        if name in relaid:
+            data = data.index_select(dim, interleave_index(data.shape[dim], (1, 1), tp).to(data.device))
+        sharded = distribute_tensor(data, device_mesh, [Shard(dim)], src_data_rank=None)
+        module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    if relaid:
+        install_layout_hooks(module, (1, 1), tp, relaid)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

@@ -295,6 +295,16 @@ def _describe_kind(
     if facts.replicates:
         return f"{what}, replicated at TP={tp_size}"
     dim = facts.shard_dim.get(kind) if kind else None
+    if kind == EXPERTS and style == "ExpertsParallel":
+        from plangen.moe_styles import choose_expert_layout
+
+        if choose_expert_layout(shape[0], tp_size) == "intermediate":
+            local = list(shape)
+            local[1] = math.ceil(shape[1] / tp_size)  # [E, 2I, H]: a slice of gate and of up per rank
+            return (
+                f"{what} → local {_shape(tuple(local))} at TP={tp_size}: each expert's intermediate split"
+                f" ({shape[0]} experts do not divide by the TP size)"
+            )
     if dim is not None and dim < len(shape):
         local = list(shape)
         local[dim] = math.ceil(shape[dim] / tp_size)

@@ -29,7 +29,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.module_tree import generalize
-from plangen.moe_styles import expert_count
+from plangen.moe_styles import choose_expert_layout, expert_count, expert_layout_problem
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
@@ -220,7 +220,7 @@ class StyleFitsRule(ModelRule):
 # --- PG204: sharded dimensions divide by the TP size ------------------------------------------
 
 
-def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, int, int]]:
+def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
     """(what, size, parts) the style splits into ``parts`` × TP equal local shards of a plain tensor.
 
     DTensor handles uneven shards as long as a tensor stays a DTensor, or is gathered: a vocabulary
@@ -229,7 +229,12 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     """
     split = getattr(style, "split_factor", 1)
     if isinstance(style, ExpertsParallel) and expert_count(module):
-        return [("num_experts", expert_count(module), 1)]  # whole experts per rank
+        count = expert_count(module)
+        if choose_expert_layout(count, tp) == "experts" or expert_layout_problem(module, tp) is not None:
+            return [("num_experts", count, 1)]  # whole experts per rank
+        # Each expert's intermediate split (the TP size does not divide the experts): its width must divide.
+        down = module.down_proj
+        return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(module, nn.Linear) or is_conv1d(module):
@@ -291,7 +296,7 @@ class DivisibilityRule(ModelRule):
                 continue  # whole KV heads per rank, or replicated: the heads check below says which
             seen: set[tuple[str, int, int]] = set()
             for name in names:
-                for what, size, parts in _required_dims(style, plan.modules[name]):
+                for what, size, parts in _required_dims(style, plan.modules[name], tp):
                     if (what, size, parts) not in seen:
                         seen.add((what, size, parts))
                         required.append((key, name, what, size, parts))
@@ -316,6 +321,13 @@ class DivisibilityRule(ModelRule):
                 continue  # the heads finding there says it
             if size % (parts * tp):
                 style = type(plan.styles[key]).__name__
+                experts_problem = (
+                    expert_layout_problem(plan.modules[name], tp) if isinstance(plan.styles[key], ExpertsParallel) else None
+                )
+                if experts_problem is not None:  # neither layout fits: the style's own words
+                    yield self.finding(f"{experts_problem} (`{generalize(name)}`); the largest legal TP size for this"
+                                       f" plan is {legal}", key, "value")
+                    continue
                 packed = f" ({parts} packed parts, each split on its own)" if parts > 1 else ""
                 divisor = f"{parts} × the TP size {tp}" if parts > 1 else f"the TP size {tp}"
                 yield self.finding(

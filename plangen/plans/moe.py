@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.models import text_config
-from plangen.moe_styles import expert_count
+from plangen.moe_styles import EXPERTS_PARALLEL_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
@@ -106,7 +106,7 @@ def build_moe_decoder_plan(
     add(
         f"{layer}.mlp.experts",
         "ExpertsParallel",
-        "each rank holds E/tp whole experts and computes the routes to them; partial sum out",
+        EXPERTS_PARALLEL_WHY,
         output_layouts=Partial(),
     )
     for owner in sorted(shared) + ([""] if dense else []):
