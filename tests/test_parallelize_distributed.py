@@ -48,6 +48,12 @@ def _cases():
         # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.fsdp_shard).
         {"name": "mixtral-2-experts-state-dict", "model": "mixtral-2-experts", "state_dict": True},
         {"name": "mixtral-2-experts-sp", "model": "mixtral-2-experts", "sp": True},
+        # Experts the TP size does not divide: each expert's intermediate split, the state dict
+        # still Hugging Face's (gate_up_proj re-laid out [gate_r; up_r] inside).
+        {"name": "mixtral-3-experts-state-dict", "model": "mixtral-3-experts", "state_dict": True},
+        {"name": "mixtral-3-experts-sp", "model": "mixtral-3-experts", "sp": True},
+        {"name": "hunyuan_v1_moe-state-dict", "model": "hunyuan_v1_moe", "state_dict": True},
+        {"name": "hunyuan_v1_moe-sp", "model": "hunyuan_v1_moe", "sp": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -236,7 +242,8 @@ def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, 
         layouts = per_case[case_id]["off_dim0"]
         assert all(local[0] < 2 for _, local in layouts.values()), layouts
         multimodal = "ForConditionalGeneration" in case_id  # vision towers: not enumerated here
-        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe")) or case_id.startswith("tp2/")):
+        # HunYuan's one expert (split on its intermediate) and router ([1, H]) have a dim 0 of 1.
+        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe", "hunyuan")) or case_id.startswith("tp2/")):
             assert layouts == {}, layouts
 
 

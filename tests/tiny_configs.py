@@ -76,6 +76,10 @@ TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window
 # One expert per TP rank at TP 2 (Mixtral-8x7B at TP 8 in miniature): FSDP2 must split each expert
 # on another dim than the expert dim over DP, or DP 2 holds one expert and one pad of its size.
 TINY["mixtral-2-experts"] = dict(TINY["mixtral"], num_local_experts=2)
+# 3 experts at TP 2: ExpertsParallel splits each expert's intermediate instead (plangen.moe_styles).
+TINY["mixtral-3-experts"] = dict(TINY["mixtral"], num_local_experts=3)
+# HunYuan-MoE-V1's default layout: one routed expert (top-1) beside a shared MLP; a synthesized plan.
+TINY["hunyuan_v1_moe"] = dict(model_type="hunyuan_v1_moe", num_experts=1, moe_topk=1, **COMMON)
 TINY["qwen2_moe"] = dict(
     model_type="qwen2_moe", num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=32,
     **MOE, **COMMON,
