@@ -93,7 +93,9 @@ def test_no_collective_moves_the_vocabulary(fake_pg, sequence_parallel):
 
 # gpt-oss: its attention sinks are split with the heads at no communication, so its layer costs
 # exactly what the others' do.
-MOE = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
+# mixtral-3-experts: 3 experts at TP 2, each expert's intermediate split (plangen.moe_styles): the
+# same collectives, of the same sizes, as the expert split.
+MOE = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "mixtral-3-experts"]
 # Qwen2-MoE's shared expert: its input gradient (gate and up share one input: one reduction) and
 # its gate's output gradient (one value per token, scaling the shared expert's partial output).
 SHARED_BACKWARD = {"qwen2_moe": 2}
@@ -293,7 +295,7 @@ def test_stable_variant_of_llama4_keeps_its_every_token_experts_whole(fake_pg):
     assert total_forward.get(AR) == 1 and RS not in total_forward
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "gpt_oss", "mixtral-3-experts"])
 def test_stable_variant_keeps_experts_whole_so_a_moe_layer_sums_nothing(fake_pg, name):
     """Experts whole over TP (plangen.plans.variants): a MoE layer without shared experts has only
     attention's o_proj gathers forward; backward, attention's input gradient and o_proj's
