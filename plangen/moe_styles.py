@@ -53,6 +53,8 @@ def expert_count(module: nn.Module) -> int | None:
     expert weights make an experts module.
     """
     count = getattr(module, "num_experts", None)
+    if not isinstance(count, int):  # LongCat-Flash counts its real experts apart from its identity ones
+        count = getattr(module, "num_routed_experts", None)
     if not isinstance(count, int) or count < 1:
         return None
     packed = [p for p in module.parameters(recurse=False) if p.dim() == 3 and p.shape[0] == count]
@@ -68,17 +70,38 @@ EXPERTS_PARALLEL_WHY = (
 )
 
 
-def choose_expert_layout(num_experts: int, tp_size: int) -> str:
+def choose_expert_layout(num_experts: int, tp_size: int, identity_experts: int = 0) -> str:
     """Which layout :class:`ExpertsParallel` gives ``num_experts`` experts at ``tp_size``: whole
     experts per rank where the TP size divides them (fewer, larger matmuls per rank; the measured
     cheaper one), else each expert's intermediate dimension split. The one place that chooses:
-    the style, ``plangen verify`` and ``plangen init``'s shard shapes all ask it."""
+    the style, ``plangen verify`` and ``plangen init``'s shard shapes all ask it.
+
+    ``identity_experts``: zero-compute experts beside the real ones (LongCat-Flash's, whose output
+    is the routed input): always the intermediate split, where every rank computes every route and
+    each rank's identity output is its 1/tp share of the sum (LongCat's ``gate_up_proj`` also packs
+    rows for the identity experts that ``down_proj`` has not, so a split on the expert dim would
+    give a rank different experts' halves)."""
+    if identity_experts:
+        return "intermediate"
     return "experts" if num_experts % tp_size == 0 else "intermediate"
+
+
+def identity_expert_count(module: nn.Module) -> int:
+    """How many zero-compute (identity) experts ``module`` routes to beside its packed ones."""
+    count = getattr(module, "zero_expert_num", 0)
+    has_identity = isinstance(getattr(module, _IDENTITY, None), nn.Module)
+    return count if has_identity and isinstance(count, int) and count > 0 else 0
+
+
+def expert_layout_of(module: nn.Module, tp_size: int) -> str:
+    """:func:`choose_expert_layout` for a packed experts module."""
+    return choose_expert_layout(expert_count(module) or 0, tp_size, identity_expert_count(module))
 
 
 # transformers' names of a packed experts module's projections: the one packing [gate; up] along
 # the intermediate, a non-gated one's up projection, the projection back to the hidden size.
 _GATE_UP, _UP, _DOWN = "gate_up_proj", "up_proj", "down_proj"
+_IDENTITY = "identity_expert"
 
 
 def intermediate_split_dims(module: nn.Module, tp_size: int) -> dict[str, int]:
@@ -88,7 +111,7 @@ def intermediate_split_dims(module: nn.Module, tp_size: int) -> dict[str, int]:
     problem = _intermediate_problem(module, tp_size)
     if problem is not None:
         raise ValueError(
-            f"ExpertsParallel: {module.num_experts} experts do not divide by the TP size {tp_size}, and each"
+            f"ExpertsParallel: {expert_count(module)} experts do not divide by the TP size {tp_size}, and each"
             f" expert's intermediate split (the other layout) does not fit: {problem}"
         )
     return _intermediate_dims(module)
@@ -96,8 +119,7 @@ def intermediate_split_dims(module: nn.Module, tp_size: int) -> dict[str, int]:
 
 def expert_layout_problem(module: nn.Module, tp_size: int) -> str | None:
     """Why :class:`ExpertsParallel` cannot split ``module`` at ``tp_size`` (one line), else None."""
-    count = expert_count(module)
-    if count is None or choose_expert_layout(count, tp_size) == "experts":
+    if expert_count(module) is None or expert_layout_of(module, tp_size) == "experts":
         return None
     try:
         intermediate_split_dims(module, tp_size)
@@ -137,11 +159,22 @@ def _intermediate_problem(module: nn.Module, tp_size: int) -> str | None:
 
 
 def _chunks_gate_up(module: nn.Module) -> bool:
+    """Whether the experts split ``gate_up_proj``'s output into [gate; up] halves: transformers'
+    default gate function (its experts interface), or, for experts with a forward of their own and
+    no gate function (LongCat-Flash), that forward's ``.chunk(2, dim=-1)`` (the sweep proves it)."""
+    import inspect
+
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is None:
+        try:
+            return ".chunk(2, dim=-1)" in inspect.getsource(type(module).forward)
+        except (OSError, TypeError):
+            return False
     try:
         from transformers.integrations.moe import _default_apply_gate
-    except ImportError:  # an older transformers: no experts interface, and no packed experts either
+    except ImportError:  # an older transformers: no experts interface
         return False
-    return getattr(type(module), "_apply_gate", None) is _default_apply_gate and getattr(module, "is_concatenated", True)
+    return gate is _default_apply_gate and getattr(module, "is_concatenated", True)
 
 
 class _SumGradOverMesh(torch.autograd.Function):
@@ -210,10 +243,12 @@ class ExpertsParallel(ParallelStyle):
                 f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
                 f"{type(module).__name__} has none"
             )
-        layout = choose_expert_layout(experts, tp)
+        layout = expert_layout_of(module, tp)
         if layout == "intermediate":
             _shard_intermediate(module, device_mesh, intermediate_split_dims(module, tp))
             local = None  # every rank holds a slice of every expert: nothing to mask
+            if identity_expert_count(module):
+                _share_identity_output(getattr(module, _IDENTITY), tp)
         else:
             for name, param in list(module.named_parameters(recurse=False)):
                 if param.dim() >= 1 and param.shape[0] == experts:
@@ -286,6 +321,16 @@ def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[s
         module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
     if relaid:
         install_layout_hooks(module, (1, 1), tp, relaid)
+
+
+def _share_identity_output(identity: nn.Module, tp: int) -> None:
+    # Every rank computes every identity route, and the outputs are summed over TP: each rank's is
+    # its 1/tp share (transformers' moe_identity_expert divides the same way). The input's gradient
+    # is summed over TP with the experts' (exact: a power-of-two TP size scales without rounding).
+    def share(mod: nn.Module, args: tuple) -> tuple:
+        return (args[0] / tp, *args[1:])
+
+    identity.register_forward_pre_hook(share)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

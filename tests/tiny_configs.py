@@ -78,6 +78,14 @@ TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window
 TINY["mixtral-2-experts"] = dict(TINY["mixtral"], num_local_experts=2)
 # 3 experts at TP 2: ExpertsParallel splits each expert's intermediate instead (plangen.moe_styles).
 TINY["mixtral-3-experts"] = dict(TINY["mixtral"], num_local_experts=3)
+# LongCat-Flash: per layer two latent attentions and two dense MLPs (ModuleLists) and a shortcut MoE
+# whose router picks among 4 real and 2 zero-compute (identity) experts.
+TINY["longcat_flash"] = dict(
+    model_type="longcat_flash", vocab_size=128, hidden_size=32, ffn_hidden_size=64, expert_ffn_hidden_size=16,
+    num_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+    q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, head_dim=4,
+    routed_scaling_factor=1.0, max_position_embeddings=64, use_cache=False,
+)
 # HunYuan-MoE-V1's default layout: one routed expert (top-1) beside a shared MLP; a synthesized plan.
 TINY["hunyuan_v1_moe"] = dict(model_type="hunyuan_v1_moe", num_experts=1, moe_topk=1, **COMMON)
 TINY["qwen2_moe"] = dict(

@@ -29,7 +29,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.module_tree import generalize
-from plangen.moe_styles import choose_expert_layout, expert_count, expert_layout_problem
+from plangen.moe_styles import expert_count, expert_layout_of, expert_layout_problem
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
@@ -230,7 +230,7 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
     split = getattr(style, "split_factor", 1)
     if isinstance(style, ExpertsParallel) and expert_count(module):
         count = expert_count(module)
-        if choose_expert_layout(count, tp) == "experts" or expert_layout_problem(module, tp) is not None:
+        if expert_layout_of(module, tp) == "experts" or expert_layout_problem(module, tp) is not None:
             return [("num_experts", count, 1)]  # whole experts per rank
         # Each expert's intermediate split (the TP size does not divide the experts): its width must divide.
         down = module.down_proj

@@ -245,3 +245,40 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
         replicated.append(Replicated(f"{block}.router", "the router scores every expert for every token on every "
                                      "rank: routing stays exact (the block keeps this rank's experts' scores)", "mlp"))
     return Plan(tuple(entries), "hand-written", tuple(replicated), sp)
+
+
+# LongCat-Flash's decoder layer holds its sublayers in ModuleLists: two latent attentions, two dense
+# MLPs and their norms, indexed 0 and 1; the MoE block (a shortcut from the first sublayer's norm to
+# the layer's output) is one.
+_LONGCAT_LISTS = ("self_attn", "input_layernorm", "post_attention_layernorm")
+
+
+@register_plan("LongcatFlashForCausalLM")
+def plan_longcat_flash(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Both latent attentions by heads (MLA, with LoRA scales that are single numbers), both dense MLPs
+    # column/row-parallel, the experts split on each expert's intermediate: beside its real experts
+    # the router picks zero-compute identity experts, computed on every rank as a 1/tp share
+    # (plangen.moe_styles.choose_expert_layout).
+    _check_experts(model)
+    prefix = _text_prefix(model)
+    layer = f"{prefix}.layers.*"
+    plan = build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
+
+    def listed(pattern: str) -> str:
+        for part in _LONGCAT_LISTS:
+            head = f"{layer}.{part}"
+            if pattern == head or pattern.startswith(f"{head}."):
+                return f"{head}.*{pattern[len(head):]}"
+        return pattern
+
+    dense = build_dense_decoder_plan(prefix, sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS,
+                                     per_head_norms=False)
+    mlps = [
+        replace(e, pattern=f"{layer}.mlps.*{e.pattern[len(f'{layer}.mlp'):]}", why=f"dense MLPs: {e.why}")
+        for e in dense.entries if e.pattern == f"{layer}.mlp" or e.pattern.startswith(f"{layer}.mlp.")
+    ]
+    return replace(
+        plan,
+        entries=tuple(replace(e, pattern=listed(e.pattern)) for e in plan.entries) + tuple(mlps),
+        replicated=tuple(replace(r, pattern=listed(r.pattern)) for r in plan.replicated),
+    )
