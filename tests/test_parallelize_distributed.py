@@ -54,6 +54,9 @@ def _cases():
         {"name": "mixtral-3-experts-sp", "model": "mixtral-3-experts", "sp": True},
         {"name": "hunyuan_v1_moe-state-dict", "model": "hunyuan_v1_moe", "state_dict": True},
         {"name": "hunyuan_v1_moe-sp", "model": "hunyuan_v1_moe", "sp": True},
+        # LongCat-Flash: identity experts beside the real ones, two latent attentions per layer.
+        {"name": "longcat_flash-state-dict", "model": "longcat_flash", "state_dict": True},
+        {"name": "longcat_flash-sp", "model": "longcat_flash", "sp": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
