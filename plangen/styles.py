@@ -46,7 +46,13 @@ from plangen.fused_styles import (
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
+from plangen.moe_styles import (
+    AllReduceOutputGrad,
+    EveryTokenMoeParallel,
+    ExpertsParallel,
+    GroupedColwiseParallel,
+    GroupedRowwiseParallel,
+)
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -214,6 +220,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         MlaAttentionParallel,
         ExpertsParallel,
+        GroupedColwiseParallel,
+        GroupedRowwiseParallel,
         EveryTokenMoeParallel,
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
@@ -471,6 +479,8 @@ __all__ = [
     "ExpertsParallel",
     "FusedColwiseParallel",
     "GatheredNormParallel",
+    "GroupedColwiseParallel",
+    "GroupedRowwiseParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",

@@ -86,6 +86,13 @@ TINY["longcat_flash"] = dict(
     q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, head_dim=4,
     routed_scaling_factor=1.0, max_position_embeddings=64, use_cache=False,
 )
+# JetMoE: experts (one [E, out, in] weight each, called with per-expert token counts) in the MLP and
+# in the attention (a mixture of attention heads: 2 query heads per expert, shared k and v).
+TINY["jetmoe"] = dict(
+    model_type="jetmoe", vocab_size=128, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+    num_key_value_heads=2, kv_channels=8, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    use_cache=False, output_router_logits=True,
+)
 # HunYuan-MoE-V1's default layout: one routed expert (top-1) beside a shared MLP; a synthesized plan.
 TINY["hunyuan_v1_moe"] = dict(model_type="hunyuan_v1_moe", num_experts=1, moe_topk=1, **COMMON)
 TINY["qwen2_moe"] = dict(

@@ -35,6 +35,8 @@ from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
     ExpertsParallel,
+    GroupedColwiseParallel,
+    GroupedRowwiseParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
@@ -121,6 +123,11 @@ class KeysMatchRule(ModelRule):
 def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
     name = type(style).__name__
     what = type(module).__name__
+    if isinstance(style, (GroupedColwiseParallel, GroupedRowwiseParallel)):
+        weight = getattr(module, "weight", None)
+        if expert_count(module) is None or not isinstance(weight, nn.Parameter) or weight.dim() != 3:
+            return f"`{name}` shards an experts module of one [experts, out, in] weight (JetMoE's), not {what}"
+        return None
     if isinstance(style, ExpertsParallel):
         if expert_count(module) is None:
             return (

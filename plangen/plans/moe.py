@@ -282,3 +282,45 @@ def plan_longcat_flash(model: nn.Module, sequence_parallel: bool) -> Plan:
         entries=tuple(replace(e, pattern=listed(e.pattern)) for e in plan.entries) + tuple(mlps),
         replicated=tuple(replace(r, pattern=listed(r.pattern)) for r in plan.replicated),
     )
+
+
+@register_plan("JetMoeForCausalLM")
+def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # JetMoE's experts (JetMoeParallelExperts) are one [E, out, in] weight applied per expert to the
+    # tokens sorted by expert, called with per-expert token counts rather than top-k ids, in its MoE
+    # and in its mixture of attention heads (MoA: each expert a query projection of num_key_value_heads
+    # heads and its output projection; k and v shared, packed in kv_proj). Each expert is split
+    # Megatron-style: input_linear by output features (the MoA's query heads, the MoE's [gate; up]
+    # re-laid out), output_linear by input features, its routed-token outputs all-reduced before the
+    # gates, the scatter back and the block's bias; kv_proj split by heads with them. The routers
+    # run replicated on every token: routing and the auxiliary loss are exact.
+    if sequence_parallel:
+        raise ValueError(
+            "JetMoeForCausalLM has no sequence-parallel plan: its experts reduce the routed tokens "
+            "(B·S·k), which no sequence shard holds; use sequence_parallel=False"
+        )
+    prefix = _text_prefix(model)
+    layer = f"{prefix}.layers.*"
+    dense = build_dense_decoder_plan(prefix, sequence_parallel=False, layer_norms=LLAMA_NORMS, per_head_norms=False)
+    entries = [e for e in dense.entries if not e.pattern.startswith(f"{layer}.")]
+    replicated = list(dense.replicated)
+    attention, mlp = f"{layer}.self_attention", f"{layer}.mlp"
+    ours = [
+        PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",
+                  dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True), "attention",
+                  "packed [k; v] split by heads: each rank its share of both, the heads its query experts read"),
+        PlanEntry(f"{attention}.experts", "LocalHeadCounts", dict(attributes=("hidden_size",)), "attention",
+                  "the attention experts' query width (all their heads) made this rank's: map() sizes its output by it"),
+        PlanEntry(f"{attention}.experts.input_linear", "GroupedColwiseParallel", {}, "attention",
+                  "each attention expert's query heads split over TP; its input's gradient summed over TP"),
+        PlanEntry(f"{attention}.experts.output_linear", "GroupedRowwiseParallel", {}, "attention",
+                  "each attention expert's output projection by its heads: one all-reduce of the routed tokens"),
+        PlanEntry(f"{mlp}.input_linear", "GroupedColwiseParallel", dict(part_sizes=(1, 1)), "mlp",
+                  "each expert's [gate; up] split over TP, each rank its share of both"),
+        PlanEntry(f"{mlp}.output_linear", "GroupedRowwiseParallel", {}, "mlp",
+                  "each expert's down projection by its intermediate: one all-reduce of the routed tokens"),
+    ]
+    entries[1:1] = ours  # after the embedding, as the file groups them
+    why = "the router sees every token on every rank: routing stays exact"
+    replicated += [Replicated(f"{attention}.experts.router", why, "attention"), Replicated(f"{mlp}.router", why, "mlp")]
+    return Plan(tuple(entries), "hand-written", tuple(replicated), False)
