@@ -57,6 +57,8 @@ def _cases():
         # LongCat-Flash: identity experts beside the real ones, two latent attentions per layer.
         {"name": "longcat_flash-state-dict", "model": "longcat_flash", "state_dict": True},
         {"name": "longcat_flash-sp", "model": "longcat_flash", "sp": True},
+        # JetMoE: experts of one [E, out, in] weight in the MLP and the attention; tied embeddings; no SP plan.
+        {"name": "jetmoe-state-dict", "model": "jetmoe", "state_dict": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -186,7 +188,7 @@ def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(result
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt2", "openai-gpt"))]))
+@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt2", "openai-gpt", "jetmoe"))]))
 def test_tied_embeddings_stay_one_parameter(results, case_id):
     assert all(per_case[case_id]["tied"] for per_case in results)
 
