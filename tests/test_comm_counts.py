@@ -137,6 +137,19 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}
 
 
+def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
+    """JetMoE (GroupedColwise/RowwiseParallel): per layer, forward one all-reduce of the routed tokens
+    (B·S·k × H) after each output_linear (the attention experts' and the MLP experts'); backward the
+    same for each input_linear's input gradient, and one of B·S·H for kv_proj's (k and v split by heads)."""
+    forward, backward, _, _ = per_layer("jetmoe", False)
+    assert forward == {AR: 2} and backward == {AR: 3}
+    config, _, forward_step, backward_step = run_step("jetmoe", 2, False)
+    bsh = BATCH * SEQ * config.hidden_size * 4
+    routed = config.num_experts_per_tok * bsh
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh] + [routed] * 4)  # + the embedding's
+    assert sorted(size for _, size in backward_step.records) == sorted([bsh] * 3 + [routed] * 4)  # + the head's
+
+
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_llama4_moe_layer_costs_one_reduction_forward_and_the_scores_and_inputs_backward(fake_pg, sequence_parallel):
     """Llama-4's every-token experts (EveryTokenMoeParallel): forward, the block's one reduction with
