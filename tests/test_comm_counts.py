@@ -137,6 +137,27 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_longcat_flash_layer_costs_its_five_blocks_at_their_minimum(fake_pg, sequence_parallel):
+    """Per LongCat-Flash layer: two latent attentions (MLA: one reduction forward, three backward),
+    two dense MLPs (one each way) and the shortcut MoE block, its experts split on each expert's
+    intermediate beside the identity experts (one forward; the hidden states' and the routing
+    weights' gradients backward). With SP every block gathers its input once and reduce-scatters
+    its output; backward each block's output gradient is gathered, the MLPs reduce-scatter their
+    input gradients, and the attentions' three reductions and the experts' two stay all-reduces (they
+    take a local, whole input)."""
+    # num_hidden_layers counts sublayers, two per LongCat layer: 2 and 4 build one layer and two.
+    one, two = (run_step("longcat_flash", n, sequence_parallel) for n in (2, 4))
+    counts = [[merge_c10d_counts(c.counts()) for c in step[2:]] for step in (one, two)]
+    forward, backward = ({k: counts[1][i][k] - counts[0][i].get(k, 0) for k in counts[1][i]} for i in (0, 1))
+    forward, backward = ({k: v for k, v in d.items() if v} for d in (forward, backward))
+    if not sequence_parallel:
+        assert forward == {AR: 5} and backward == {AR: 2 * 3 + 2 + 2}
+    else:
+        assert forward == {AG: 5, RS: 5}
+        assert backward == {AG: 5, RS: 2, AR: 2 * 3 + 2}
+
+
 def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
     """JetMoE (GroupedColwise/RowwiseParallel): per layer, forward one all-reduce of the routed tokens
     (B·S·k × H) after each output_linear (the attention experts' and the MLP experts'); backward the
