@@ -348,6 +348,9 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
     packed = Plan((PlanEntry("layers.*.mlp.down_proj", "PackedRowwiseParallel", {}, "mlp", ""),), "custom", (), False)
     with pytest.raises(VariantError, match="down_proj: its style PackedRowwiseParallel sums across TP ranks"):
         build_stable_plan(packed)
+    jetmoe = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["jetmoe"]))
+    with pytest.raises(VariantError, match="input_linear|output_linear: its style GroupedRowwiseParallel sums across"):
+        choose_plan(jetmoe, variant="stable")
     with pytest.raises(VariantError, match="stable variant has no sequence parallel"):
         choose_plan(model, True, variant="stable")
     with pytest.raises(VariantError, match="unknown plan variant 'fast': expected one of optimized, stable"):

@@ -29,7 +29,9 @@ ATTN = {"gpt_oss": "eager"}
 # The stable variant's all-gathers in one forward of the 2-layer tiny models: o_proj and down_proj
 # (c_proj for GPT-2, dense_4h_to_h for Falcon; a MoE layer's shared experts or dense MLP) gather their input and their output,
 # OLMo-2's q/k norms their projection's slices; experts kept whole gather nothing.
-STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 6}
+STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 6,
+                  # LongCat-Flash: per layer two attentions' o_proj and two dense MLPs' down_proj; experts whole.
+                  "longcat_flash": 16}
 STABLE_MODELS = list(STABLE_GATHERS)
 BITWISE_MODELS = ["llama", "qwen3", "gemma3", "olmo2", "qwen3_moe", "llama4"]
 VARIANTS = ["optimized", "stable"]
