@@ -154,7 +154,7 @@ class FusedColwiseParallel(Conv1DColwiseParallel):
 
     def _partition_linear_fn(self, name, module, device_mesh):
         super()._partition_linear_fn(name, module, device_mesh)
-        _install_layout_hooks(module, self.part_sizes, device_mesh.size())
+        install_layout_hooks(module, self.part_sizes, device_mesh.size())
 
     def __repr__(self) -> str:
         return (
@@ -266,10 +266,10 @@ def shard_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], device_mes
         index = interleave_index(param.shape[0], part_sizes, device_mesh.size()).to(param.device)
         sharded = distribute_tensor(param.detach().index_select(0, index), device_mesh, [Shard(0)], src_data_rank=None)
         module.register_parameter(param_name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-    _install_layout_hooks(module, tuple(part_sizes), device_mesh.size())
+    install_layout_hooks(module, tuple(part_sizes), device_mesh.size())
 
 
-# The attribute a re-laid-out module carries: (part_sizes, tp_size), what undoes its layout.
+# The attribute a re-laid-out module carries: (part_sizes, tp_size, dims), what undoes its layout.
 LAYOUT_ATTRIBUTE = "_plangen_fused_layout"
 
 
@@ -285,15 +285,31 @@ def hugging_face_layout(model: nn.Module, name: str, tensor: torch.Tensor) -> to
     layout = getattr(module, LAYOUT_ATTRIBUTE, None)
     if layout is None:
         return tensor
-    part_sizes, tp_size = layout
-    dim = _output_dim(module, param_name)
+    part_sizes, tp_size, dims = layout
+    dim = _relaid_dim(module, param_name, dims)
+    if dim is None:
+        return tensor
     index = interleave_index(tensor.shape[dim], part_sizes, tp_size).to(tensor.device)
     return tensor.index_select(dim, torch.argsort(index))
 
 
-def _install_layout_hooks(module: nn.Module, part_sizes: tuple[int, ...], tp_size: int) -> None:
-    """State-dict hooks that show the Hugging Face layout outside and keep the TP order inside."""
-    setattr(module, LAYOUT_ATTRIBUTE, (part_sizes, tp_size))
+def _relaid_dim(module: nn.Module, param_name: str, dims: dict[str, int] | None) -> int | None:
+    # dims None: every parameter of the module is re-laid out on its output dim (a fused Linear);
+    # else only the named ones, each on its own dim (a packed experts module's gate_up_proj).
+    if dims is None:
+        return _output_dim(module, param_name)
+    return dims.get(param_name)
+
+
+def install_layout_hooks(
+    module: nn.Module, part_sizes: tuple[int, ...], tp_size: int, dims: dict[str, int] | None = None
+) -> None:
+    """State-dict hooks that show the Hugging Face layout outside and keep the TP order inside.
+
+    ``dims``: the parameters re-laid out and the dim of each (None: every parameter, on its output
+    dim); the others pass through the hooks untouched.
+    """
+    setattr(module, LAYOUT_ATTRIBUTE, (part_sizes, tp_size, dims))
 
     def index_of(param_name: str, rows: int, device: torch.device) -> torch.Tensor:
         return interleave_index(rows, part_sizes, tp_size).to(device)
@@ -302,9 +318,9 @@ def _install_layout_hooks(module: nn.Module, part_sizes: tuple[int, ...], tp_siz
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
-            if value is None:
+            dim = _relaid_dim(mod, param_name, dims)
+            if value is None or dim is None:
                 continue
-            dim = _output_dim(mod, param_name)
             whole = value.full_tensor() if isinstance(value, DTensor) else value
             index = index_of(param_name, whole.shape[dim], whole.device)
             restored = whole.index_select(dim, torch.argsort(index))
@@ -317,9 +333,9 @@ def _install_layout_hooks(module: nn.Module, part_sizes: tuple[int, ...], tp_siz
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
-            if value is None or tuple(value.shape) != tuple(param.shape):
+            dim = _relaid_dim(mod, param_name, dims)
+            if value is None or dim is None or tuple(value.shape) != tuple(param.shape):
                 continue  # load_state_dict reports the missing key or the wrong shape itself
-            dim = _output_dim(mod, param_name)
             whole = value.full_tensor() if isinstance(value, DTensor) else value
             permuted = whole.index_select(dim, index_of(param_name, whole.shape[dim], whole.device))
             if isinstance(param, DTensor):  # keep this rank's rows: a local slice, no communication

@@ -18,6 +18,17 @@ Why the expert dimension and not each expert's intermediate dimension (transform
 like any column-parallel weight, so a full state dict gathers back in Hugging Face's layout; the
 packed ``gate|up`` split needs strided shards that FSDP2 gathers back permuted. Both move the same
 B·S·H per layer; the expert split launches E/tp small matmuls per rank instead of E thin ones.
+
+Where the TP size does not divide the expert count (HunYuan-MoE-V1's one expert, or 3 experts at
+TP 2), the same style splits each expert's intermediate dimension instead (the *intermediate*
+layout; :func:`choose_expert_layout` is the one place that decides): ``gate_up_proj`` re-laid out
+once as plangen's fused projections are (:mod:`plangen.fused_styles`: ``[gate_0; up_0; gate_1;
+up_1]`` along the intermediate, then a plain ``Shard``, with state-dict hooks that show Hugging
+Face's layout both ways, so FSDP2 composes with it and a full state dict is the original weights),
+``down_proj`` sharded on its intermediate input. Every rank computes every route with its slice of
+every expert; the outputs are partial sums over ranks reduced exactly as in the expert split, and
+the gradients of the hidden states and routing weights are summed over TP the same way: the
+collectives per MoE layer are the same.
 """
 
 from __future__ import annotations
@@ -42,10 +53,128 @@ def expert_count(module: nn.Module) -> int | None:
     expert weights make an experts module.
     """
     count = getattr(module, "num_experts", None)
+    if not isinstance(count, int):  # LongCat-Flash counts its real experts apart from its identity ones
+        count = getattr(module, "num_routed_experts", None)
     if not isinstance(count, int) or count < 1:
         return None
     packed = [p for p in module.parameters(recurse=False) if p.dim() == 3 and p.shape[0] == count]
     return count if packed else None
+
+
+EXPERT_LAYOUTS = ("experts", "intermediate")
+
+# What a plan entry of ExpertsParallel says it does (hand-written and synthesized plans alike).
+EXPERTS_PARALLEL_WHY = (
+    "each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's "
+    "intermediate, and computes the routes to them; partial sum out"
+)
+
+
+def choose_expert_layout(num_experts: int, tp_size: int, identity_experts: int = 0) -> str:
+    """Which layout :class:`ExpertsParallel` gives ``num_experts`` experts at ``tp_size``: whole
+    experts per rank where the TP size divides them (fewer, larger matmuls per rank; the measured
+    cheaper one), else each expert's intermediate dimension split. The one place that chooses:
+    the style, ``plangen verify`` and ``plangen init``'s shard shapes all ask it.
+
+    ``identity_experts``: zero-compute experts beside the real ones (LongCat-Flash's, whose output
+    is the routed input): always the intermediate split, where every rank computes every route and
+    each rank's identity output is its 1/tp share of the sum (LongCat's ``gate_up_proj`` also packs
+    rows for the identity experts that ``down_proj`` has not, so a split on the expert dim would
+    give a rank different experts' halves)."""
+    if identity_experts:
+        return "intermediate"
+    return "experts" if num_experts % tp_size == 0 else "intermediate"
+
+
+def identity_expert_count(module: nn.Module) -> int:
+    """How many zero-compute (identity) experts ``module`` routes to beside its packed ones."""
+    count = getattr(module, "zero_expert_num", 0)
+    has_identity = isinstance(getattr(module, _IDENTITY, None), nn.Module)
+    return count if has_identity and isinstance(count, int) and count > 0 else 0
+
+
+def expert_layout_of(module: nn.Module, tp_size: int) -> str:
+    """:func:`choose_expert_layout` for a packed experts module."""
+    return choose_expert_layout(expert_count(module) or 0, tp_size, identity_expert_count(module))
+
+
+# transformers' names of a packed experts module's projections: the one packing [gate; up] along
+# the intermediate, a non-gated one's up projection, the projection back to the hidden size.
+_GATE_UP, _UP, _DOWN = "gate_up_proj", "up_proj", "down_proj"
+_IDENTITY = "identity_expert"
+
+
+def intermediate_split_dims(module: nn.Module, tp_size: int) -> dict[str, int]:
+    """For the intermediate layout: each parameter of ``module`` and the dim its intermediate width
+    lies on; ``ValueError`` (one line, naming both layouts and what stands in the way) where the TP
+    size divides neither the experts nor this split."""
+    problem = _intermediate_problem(module, tp_size)
+    if problem is not None:
+        raise ValueError(
+            f"ExpertsParallel: {expert_count(module)} experts do not divide by the TP size {tp_size}, and each"
+            f" expert's intermediate split (the other layout) does not fit: {problem}"
+        )
+    return _intermediate_dims(module)
+
+
+def expert_layout_problem(module: nn.Module, tp_size: int) -> str | None:
+    """Why :class:`ExpertsParallel` cannot split ``module`` at ``tp_size`` (one line), else None."""
+    if expert_count(module) is None or expert_layout_of(module, tp_size) == "experts":
+        return None
+    try:
+        intermediate_split_dims(module, tp_size)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _intermediate_dims(module: nn.Module) -> dict[str, int]:
+    # [E, out, in] as stored (or [E, in, out] transposed): the intermediate is out of gate_up / up, in of down.
+    transposed = bool(getattr(module, "is_transposed", False))
+    dims = {n: (2 if transposed else 1) for n, _ in module.named_parameters(recurse=False) if n != _DOWN}
+    dims[_DOWN] = 1 if transposed else 2
+    return dims
+
+
+def _intermediate_problem(module: nn.Module, tp_size: int) -> str | None:
+    name = type(module).__name__
+    params = dict(module.named_parameters(recurse=False))
+    bad = [n for n, p in params.items() if p.dim() != 3 or n not in (_GATE_UP, _UP, _DOWN)]
+    if bad or _DOWN not in params or (_GATE_UP in params) == (_UP in params):
+        return (
+            f"it takes {_GATE_UP} (or {_UP}) and {_DOWN}, 3-D and without biases; {name} has"
+            f" {', '.join(bad or params)}"
+        )
+    if getattr(module, "has_post_expert_norm", False):
+        return f"{name} normalises each expert's output, which a partial sum cannot follow"
+    if _GATE_UP in params and not _chunks_gate_up(module):
+        return (
+            f"{name} does not chunk {_GATE_UP}'s output into [gate; up] halves (its own gate function, or an"
+            " interleaved layout)"
+        )
+    width = params[_DOWN].shape[_intermediate_dims(module)[_DOWN]]
+    if width % tp_size:
+        return f"their intermediate width {width} does not divide by it either"
+    return None
+
+
+def _chunks_gate_up(module: nn.Module) -> bool:
+    """Whether the experts split ``gate_up_proj``'s output into [gate; up] halves: transformers'
+    default gate function (its experts interface), or, for experts with a forward of their own and
+    no gate function (LongCat-Flash), that forward's ``.chunk(2, dim=-1)`` (the sweep proves it)."""
+    import inspect
+
+    gate = getattr(type(module), "_apply_gate", None)
+    if gate is None:
+        try:
+            return ".chunk(2, dim=-1)" in inspect.getsource(type(module).forward)
+        except (OSError, TypeError):
+            return False
+    try:
+        from transformers.integrations.moe import _default_apply_gate
+    except ImportError:  # an older transformers: no experts interface
+        return False
+    return gate is _default_apply_gate and getattr(module, "is_concatenated", True)
 
 
 class _SumGradOverMesh(torch.autograd.Function):
@@ -91,7 +220,9 @@ def _all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
 
 class ExpertsParallel(ParallelStyle):
-    """Shard a packed experts module on the expert dimension over TP (see the module docstring).
+    """Shard a packed experts module over TP: whole experts per rank where the TP size divides the
+    expert count, else each expert's intermediate dimension (:func:`choose_expert_layout`; see the
+    module docstring).
 
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce) and returns a
     plain tensor; ``Partial()`` returns the local partial sum, for a block-level style that reduces
@@ -112,16 +243,22 @@ class ExpertsParallel(ParallelStyle):
                 f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
                 f"{type(module).__name__} has none"
             )
-        if experts % tp:
-            raise ValueError(f"ExpertsParallel: {experts} experts cannot be split evenly over TP size {tp}")
-        for name, param in list(module.named_parameters(recurse=False)):
-            if param.dim() >= 1 and param.shape[0] == experts:
-                sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
-                module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        local = experts // tp
-        module.num_experts = local
-        # transformers' experts (grouped_mm / batched_mm) mask sentinel routes only when told so.
-        module._is_expert_parallel = True
+        layout = expert_layout_of(module, tp)
+        if layout == "intermediate":
+            _shard_intermediate(module, device_mesh, intermediate_split_dims(module, tp))
+            local = None  # every rank holds a slice of every expert: nothing to mask
+            if identity_expert_count(module):
+                _share_identity_output(getattr(module, _IDENTITY), tp)
+        else:
+            for name, param in list(module.named_parameters(recurse=False)):
+                if param.dim() >= 1 and param.shape[0] == experts:
+                    sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+                    module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+            local = experts // tp
+            module.num_experts = local
+            # transformers' experts (grouped_mm / batched_mm) mask sentinel routes only when told so.
+            module._is_expert_parallel = True
+        module._plangen_expert_layout = layout
         rank = device_mesh.get_local_rank()
         swapped: dict[str, nn.Parameter] = {}
 
@@ -135,9 +272,10 @@ class ExpertsParallel(ParallelStyle):
                 # Before the masking: each rank's gradient covers its own experts' routes only.
                 hidden = _all_reduce_grad(hidden, device_mesh)
                 weights = _all_reduce_grad(weights, device_mesh)
-            off_rank = torch.div(index, local, rounding_mode="floor") != rank
-            index = torch.where(off_rank, torch.full_like(index, local), index % local)
-            weights = weights.masked_fill(off_rank, 0.0)
+            if local is not None:
+                off_rank = torch.div(index, local, rounding_mode="floor") != rank
+                index = torch.where(off_rank, torch.full_like(index, local), index % local)
+                weights = weights.masked_fill(off_rank, 0.0)
             for name, param in list(mod._parameters.items()):
                 if isinstance(param, DTensor):
                     swapped[name] = param
@@ -164,6 +302,35 @@ class ExpertsParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_layouts={self.output_layouts})"
+
+
+def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[str, int]) -> None:
+    """Each expert's intermediate split: ``gate_up_proj`` re-laid out so each rank's slice holds its
+    part of gate and of up (with state-dict hooks for Hugging Face's layout), then every parameter a
+    plain ``Shard`` on its intermediate dim."""
+    from plangen.fused_styles import install_layout_hooks, interleave_index
+
+    tp = device_mesh.size()
+    relaid = {n: d for n, d in dims.items() if n == _GATE_UP}
+    for name, param in list(module.named_parameters(recurse=False)):
+        dim = dims[name]
+        data = param.data
+        if name in relaid:
+            data = data.index_select(dim, interleave_index(data.shape[dim], (1, 1), tp).to(data.device))
+        sharded = distribute_tensor(data, device_mesh, [Shard(dim)], src_data_rank=None)
+        module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    if relaid:
+        install_layout_hooks(module, (1, 1), tp, relaid)
+
+
+def _share_identity_output(identity: nn.Module, tp: int) -> None:
+    # Every rank computes every identity route, and the outputs are summed over TP: each rank's is
+    # its 1/tp share (transformers' moe_identity_expert divides the same way). The input's gradient
+    # is summed over TP with the experts' (exact: a power-of-two TP size scales without rounding).
+    def share(mod: nn.Module, args: tuple) -> tuple:
+        return (args[0] / tp, *args[1:])
+
+    identity.register_forward_pre_hook(share)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -289,6 +456,111 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
         # always_call: an exception inside forward must not leave local views in place of the parameters.
         experts.register_forward_hook(restore, always_call=True)
         return super()._apply(module, device_mesh)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _swap_in_local(mod: nn.Module, swapped: dict[str, nn.Parameter]) -> None:
+    # The forward computes on this rank's shards; to_local's backward hands each gradient back as the DTensor.
+    for name, param in list(mod._parameters.items()):
+        if isinstance(param, DTensor):
+            swapped[name] = param
+            mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+
+
+def _grouped_weight(style: ParallelStyle, module: nn.Module) -> nn.Parameter:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, nn.Parameter) or weight.dim() != 3 or expert_count(module) is None:
+        raise ValueError(
+            f"{type(style).__name__} applies to an experts module with one [experts, out, in] weight "
+            f"(JetMoE's JetMoeParallelExperts); {type(module).__name__} has none"
+        )
+    return weight
+
+
+class GroupedColwiseParallel(ParallelStyle):
+    """Column-parallel for an experts module of one ``[E, out, in]`` weight that its forward applies
+    per expert to the tokens sorted by expert (JetMoE's ``JetMoeParallelExperts``, called with the
+    inputs and per-expert token counts, ``input_linear`` of its MoE and of its mixture of attention
+    heads): each rank computes its slice of every expert's output features (``Shard(1)``) from the
+    whole input, and the input's gradient, partial for the same reason, is summed over TP.
+
+    ``part_sizes``: the parts packed in the output features (``(1, 1)`` for ``[gate; up]``, which the
+    block chunks in two), re-laid out so each rank's slice holds its share of every part, with the
+    state dict in Hugging Face's layout (:mod:`plangen.fused_styles`); ``()`` for one part (a
+    query projection, split by heads).
+    """
+
+    def __init__(self, *, part_sizes: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.part_sizes = tuple(part_sizes)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from plangen.fused_styles import install_layout_hooks, interleave_index
+
+        weight = _grouped_weight(self, module)
+        tp = device_mesh.size()
+        data = weight.data
+        if self.part_sizes:
+            data = data.index_select(1, interleave_index(data.shape[1], self.part_sizes, tp).to(data.device))
+        elif data.shape[1] % tp:
+            raise ValueError(f"{type(self).__name__}: {data.shape[1]} output features do not divide by the TP size {tp}")
+        sharded = distribute_tensor(data, device_mesh, [Shard(1)], src_data_rank=None)
+        module.register_parameter("weight", nn.Parameter(sharded, requires_grad=weight.requires_grad))
+        if self.part_sizes:
+            install_layout_hooks(module, self.part_sizes, tp, {"weight": 1})
+        swapped: dict[str, nn.Parameter] = {}
+
+        def prepare(mod: nn.Module, args: tuple) -> tuple:
+            inputs, *rest = args
+            inputs = _local(inputs)
+            if torch.is_grad_enabled():
+                inputs = _all_reduce_grad(inputs, device_mesh)
+            _swap_in_local(mod, swapped)
+            return (inputs, *rest)
+
+        def restore(mod: nn.Module, args: tuple, output: Any) -> None:
+            mod._parameters.update(swapped)  # type: ignore[arg-type]
+            swapped.clear()
+
+        module.register_forward_pre_hook(prepare)
+        # always_call: an exception inside forward must not leave local views in place of the parameters.
+        module.register_forward_hook(restore, always_call=True)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(part_sizes={self.part_sizes})"
+
+
+class GroupedRowwiseParallel(ParallelStyle):
+    """Row-parallel for the same kind of experts module (JetMoE's ``output_linear``): each rank holds
+    its slice of every expert's input features (``Shard(2)``), takes the matching slice its
+    :class:`GroupedColwiseParallel` partner left, and the partial outputs are summed over TP (one
+    all-reduce of the routed tokens, ``B·S·k × H``), so everything after (the gates, the scatter back
+    to the tokens, the block's bias) runs on whole values, exactly."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        weight = _grouped_weight(self, module)
+        tp = device_mesh.size()
+        if weight.shape[2] % tp:
+            raise ValueError(f"{type(self).__name__}: {weight.shape[2]} input features do not divide by the TP size {tp}")
+        sharded = distribute_tensor(weight.data, device_mesh, [Shard(2)], src_data_rank=None)
+        module.register_parameter("weight", nn.Parameter(sharded, requires_grad=weight.requires_grad))
+        swapped: dict[str, nn.Parameter] = {}
+
+        def prepare(mod: nn.Module, args: tuple) -> tuple:
+            _swap_in_local(mod, swapped)
+            return (_local(args[0]), *args[1:])
+
+        def finish(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+            mod._parameters.update(swapped)  # type: ignore[arg-type]
+            swapped.clear()
+            return output if output is None else _SumOverMesh.apply(output, device_mesh.get_group())
+
+        module.register_forward_pre_hook(prepare)
+        module.register_forward_hook(finish, always_call=True)
+        return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -262,14 +262,16 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
 
 def _count_by_kind(
     modules: list["nn.Module"], by_heads: bool, by_mixer: bool = False
-) -> list[tuple[int, str, tuple[int, ...] | None, str | None]]:
-    """(count, type name, weight shape, kind) per distinct (type, shape), in first-seen order."""
+) -> list[tuple[int, str, tuple[int, ...] | None, str | None, "nn.Module"]]:
+    """(count, type name, weight shape, kind, first such module) per distinct (type, shape), in first-seen order."""
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
+    first: dict[tuple[str, tuple[int, ...] | None, str | None], "nn.Module"] = {}
     for module in modules:
         kind = MIXER if by_mixer else module_kind(module, by_heads)
         key = (type(module).__name__, _weight_shape(module, kind), kind)
         counts[key] = counts.get(key, 0) + 1
-    return [(n, name, shape, kind) for (name, shape, kind), n in counts.items()]
+        first.setdefault(key, module)
+    return [(n, name, shape, kind, first[(name, shape, kind)]) for (name, shape, kind), n in counts.items()]
 
 
 def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int) -> str:
@@ -285,7 +287,8 @@ def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int
 
 
 def _describe_kind(
-    count: int, name: str, shape: tuple[int, ...] | None, kind: str | None, style: str | None, tp_size: int
+    count: int, name: str, shape: tuple[int, ...] | None, kind: str | None, module: "nn.Module", style: str | None,
+    tp_size: int,
 ) -> str:
     facts = STYLE_FACTS.get(style) if style is not None else None
     shards = facts is not None and facts.shards
@@ -298,6 +301,15 @@ def _describe_kind(
     if facts.replicates:
         return f"{what}, replicated at TP={tp_size}"
     dim = facts.shard_dim.get(kind) if kind else None
+    if kind == EXPERTS and style == "ExpertsParallel":
+        from plangen.moe_styles import expert_count, expert_layout_of, identity_expert_count
+
+        if expert_layout_of(module, tp_size) == "intermediate":
+            local = list(shape)
+            local[1] = math.ceil(shape[1] / tp_size)  # [E, 2I, H]: a slice of gate and of up per rank
+            why = (f"beside {identity_expert_count(module)} identity experts" if identity_expert_count(module)
+                   else f"{expert_count(module)} experts do not divide by the TP size")
+            return f"{what} → local {_shape(tuple(local))} at TP={tp_size}: each expert's intermediate split ({why})"
     if dim is not None and dim < len(shape):
         local = list(shape)
         local[dim] = math.ceil(shape[dim] / tp_size)

@@ -227,6 +227,10 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # JetMoE's experts of one [E, out, in] weight: each expert's output features, or its input
+        # features (the outputs all-reduced), split over TP.
+        StyleFacts("GroupedColwiseParallel", PLANGEN_STYLES, "colwise", shard_dim={EXPERTS: 1}),
+        StyleFacts("GroupedRowwiseParallel", PLANGEN_STYLES, "rowwise", shard_dim={EXPERTS: 2}),
         # A Llama-4 MoE block's PrepareModuleInputOutput that also splits its experts (the expert dim).
         StyleFacts("EveryTokenMoeParallel", PLANGEN_STYLES, "gather_output"),
         # An untied embedding that scales its own lookup: vocabulary-sharded, its forward on the partial lookup.

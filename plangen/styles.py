@@ -48,7 +48,13 @@ from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
+from plangen.moe_styles import (
+    AllReduceOutputGrad,
+    EveryTokenMoeParallel,
+    ExpertsParallel,
+    GroupedColwiseParallel,
+    GroupedRowwiseParallel,
+)
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -216,6 +222,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         MlaAttentionParallel,
         ExpertsParallel,
+        GroupedColwiseParallel,
+        GroupedRowwiseParallel,
         EveryTokenMoeParallel,
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
@@ -476,6 +484,8 @@ __all__ = [
     "ExpertsParallel",
     "FusedColwiseParallel",
     "GatheredNormParallel",
+    "GroupedColwiseParallel",
+    "GroupedRowwiseParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",

@@ -616,3 +616,19 @@ def test_mamba1_mixer_plan_is_clean_and_its_style_fits_mixers_only(tmp_path):
     report = _verify(tmp_path, _MAMBA_PLAN.format(mixer="norm"), name="wrong.py")
     assert [(d.code, d.line) for d in report.diagnostics if d.code == "PG203"] == [("PG203", 8)]
     assert "splits a Mamba1 mixer by its channels, but MambaRMSNorm has no nn.Linear" in str(report.diagnostics)
+def test_experts_the_tp_size_does_not_divide_get_the_intermediate_split_and_verify_names_it(tmp_path):
+    """HunYuan-MoE-V1's one expert at TP 2: clean (each expert's intermediate split), and the file
+    init writes says so on the experts' entry. Mixtral's 8 experts at TP 3, whose 14336-wide
+    intermediate does not divide either: PG204 names both layouts."""
+    from plangen.init import init_plan
+
+    path = init_plan("hunyuan_v1_moe", tmp_path / "hunyuan_plan.py").path
+    source = path.read_text()
+    comments = " ".join(line.strip().removeprefix("# ") for line in source.splitlines())  # comments wrap
+    assert "local [1, 11008, 4096] at TP=2: each expert's intermediate split (1 experts do not divide" in comments
+    assert _verify(tmp_path, source).diagnostics == []
+    mixtral = (ROOT / "generated" / "mixtral_plan.py").read_text()
+    found = [d for d in _verify(tmp_path, mixtral, tp_size=3).diagnostics if "experts" in d.message]
+    assert [(d.code, d.line) for d in found] == [("PG204", _line_of(mixtral, '"model.layers.*.mlp.experts"'))]
+    assert ("8 experts do not divide by the TP size 3, and each expert's intermediate split (the other layout) does not"
+            " fit: their intermediate width 14336 does not divide by it either") in found[0].message

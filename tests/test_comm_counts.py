@@ -94,7 +94,9 @@ def test_no_collective_moves_the_vocabulary(fake_pg, sequence_parallel):
 
 # gpt-oss: its attention sinks are split with the heads at no communication, so its layer costs
 # exactly what the others' do.
-MOE = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss"]
+# mixtral-3-experts: 3 experts at TP 2, each expert's intermediate split (plangen.moe_styles): the
+# same collectives, of the same sizes, as the expert split.
+MOE = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "mixtral-3-experts"]
 # Qwen2-MoE's shared expert: its input gradient (gate and up share one input: one reduction) and
 # its gate's output gradient (one value per token, scaling the shared expert's partial output).
 SHARED_BACKWARD = {"qwen2_moe": 2}
@@ -134,6 +136,40 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     # gradient, the experts all-reduce theirs (they take a local input; see docs/plans.md) and the
     # routing weights'.
     assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_longcat_flash_layer_costs_its_five_blocks_at_their_minimum(fake_pg, sequence_parallel):
+    """Per LongCat-Flash layer: two latent attentions (MLA: one reduction forward, three backward),
+    two dense MLPs (one each way) and the shortcut MoE block, its experts split on each expert's
+    intermediate beside the identity experts (one forward; the hidden states' and the routing
+    weights' gradients backward). With SP every block gathers its input once and reduce-scatters
+    its output; backward each block's output gradient is gathered, the MLPs reduce-scatter their
+    input gradients, and the attentions' three reductions and the experts' two stay all-reduces (they
+    take a local, whole input)."""
+    # num_hidden_layers counts sublayers, two per LongCat layer: 2 and 4 build one layer and two.
+    one, two = (run_step("longcat_flash", n, sequence_parallel) for n in (2, 4))
+    counts = [[merge_c10d_counts(c.counts()) for c in step[2:]] for step in (one, two)]
+    forward, backward = ({k: counts[1][i][k] - counts[0][i].get(k, 0) for k in counts[1][i]} for i in (0, 1))
+    forward, backward = ({k: v for k, v in d.items() if v} for d in (forward, backward))
+    if not sequence_parallel:
+        assert forward == {AR: 5} and backward == {AR: 2 * 3 + 2 + 2}
+    else:
+        assert forward == {AG: 5, RS: 5}
+        assert backward == {AG: 5, RS: 2, AR: 2 * 3 + 2}
+
+
+def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
+    """JetMoE (GroupedColwise/RowwiseParallel): per layer, forward one all-reduce of the routed tokens
+    (B·S·k × H) after each output_linear (the attention experts' and the MLP experts'); backward the
+    same for each input_linear's input gradient, and one of B·S·H for kv_proj's (k and v split by heads)."""
+    forward, backward, _, _ = per_layer("jetmoe", False)
+    assert forward == {AR: 2} and backward == {AR: 3}
+    config, _, forward_step, backward_step = run_step("jetmoe", 2, False)
+    bsh = BATCH * SEQ * config.hidden_size * 4
+    routed = config.num_experts_per_tok * bsh
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh] + [routed] * 4)  # + the embedding's
+    assert sorted(size for _, size in backward_step.records) == sorted([bsh] * 3 + [routed] * 4)  # + the head's
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -294,7 +330,7 @@ def test_stable_variant_of_llama4_keeps_its_every_token_experts_whole(fake_pg):
     assert total_forward.get(AR) == 1 and RS not in total_forward
 
 
-@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "gpt_oss"])
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "gpt_oss", "mixtral-3-experts"])
 def test_stable_variant_keeps_experts_whole_so_a_moe_layer_sums_nothing(fake_pg, name):
     """Experts whole over TP (plangen.plans.variants): a MoE layer without shared experts has only
     attention's o_proj gathers forward; backward, attention's input gradient and o_proj's
@@ -313,6 +349,9 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
     packed = Plan((PlanEntry("layers.*.mlp.down_proj", "PackedRowwiseParallel", {}, "mlp", ""),), "custom", (), False)
     with pytest.raises(VariantError, match="down_proj: its style PackedRowwiseParallel sums across TP ranks"):
         build_stable_plan(packed)
+    jetmoe = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["jetmoe"]))
+    with pytest.raises(VariantError, match="input_linear|output_linear: its style GroupedRowwiseParallel sums across"):
+        choose_plan(jetmoe, variant="stable")
     with pytest.raises(VariantError, match="stable variant has no sequence parallel"):
         choose_plan(model, True, variant="stable")
     with pytest.raises(VariantError, match="unknown plan variant 'fast': expected one of optimized, stable"):

@@ -487,6 +487,21 @@ def test_one_expert_per_tp_rank_costs_what_the_runtime_holds_and_nemo_rl_would_p
     assert memory.total < 1.05 * memory.ideal
 
 
+# 3 experts at TP 2: each expert's intermediate split (plangen.moe_styles.choose_expert_layout).
+THREE_EXPERTS = dict(MOE_CONFIGS["mixtral"], num_local_experts=3)
+
+
+def test_experts_the_tp_size_does_not_divide_cost_what_the_runtime_holds_at_the_ideal(fake_pg, tmp_path):
+    path = write_config(tmp_path, "mixtral_3_experts", THREE_EXPERTS)
+    report = build_cost_report(path, **HAND_SETTINGS)
+    assert _local_numel(_parallelized_model(THREE_EXPERTS)) == report.plans[0].memory.local_parameters
+    # At DP 2 FSDP2 pads the 3 experts' dim 0 to 4 (as the runtime holds them); over TP alone, the ideal.
+    memory = build_cost_report(path, **dict(HAND_SETTINGS, dp_size=1)).plans[0].memory
+    assert memory.total < 1.05 * memory.ideal
+    # The same MoE collectives as the expert split: one reduce-scatter of B·S·H out of each block (SP).
+    assert any(c.source == "TP" and c.tensor == "B·S·H" and c.scope == "per layer" for c in report.plans[0].collectives)
+
+
 def test_the_routing_assumption_is_stated_for_moe_models_only(one_expert_report, hand_report):
     from plangen.cost.report import ROUTING_NOTE
 

@@ -29,7 +29,9 @@ ATTN = {"gpt_oss": "eager"}
 # The stable variant's all-gathers in one forward of the 2-layer tiny models: o_proj and down_proj
 # (c_proj for GPT-2, dense_4h_to_h for Falcon; a MoE layer's shared experts or dense MLP) gather their input and their output,
 # OLMo-2's q/k norms their projection's slices; experts kept whole gather nothing.
-STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 6}
+STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 6,
+                  # LongCat-Flash: per layer two attentions' o_proj and two dense MLPs' down_proj; experts whole.
+                  "longcat_flash": 16}
 STABLE_MODELS = list(STABLE_GATHERS)
 BITWISE_MODELS = ["llama", "qwen3", "gemma3", "olmo2", "qwen3_moe", "llama4"]
 VARIANTS = ["optimized", "stable"]
@@ -48,6 +50,17 @@ def _cases():
         # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.fsdp_shard).
         {"name": "mixtral-2-experts-state-dict", "model": "mixtral-2-experts", "state_dict": True},
         {"name": "mixtral-2-experts-sp", "model": "mixtral-2-experts", "sp": True},
+        # Experts the TP size does not divide: each expert's intermediate split, the state dict
+        # still Hugging Face's (gate_up_proj re-laid out [gate_r; up_r] inside).
+        {"name": "mixtral-3-experts-state-dict", "model": "mixtral-3-experts", "state_dict": True},
+        {"name": "mixtral-3-experts-sp", "model": "mixtral-3-experts", "sp": True},
+        {"name": "hunyuan_v1_moe-state-dict", "model": "hunyuan_v1_moe", "state_dict": True},
+        {"name": "hunyuan_v1_moe-sp", "model": "hunyuan_v1_moe", "sp": True},
+        # LongCat-Flash: identity experts beside the real ones, two latent attentions per layer.
+        {"name": "longcat_flash-state-dict", "model": "longcat_flash", "state_dict": True},
+        {"name": "longcat_flash-sp", "model": "longcat_flash", "sp": True},
+        # JetMoE: experts of one [E, out, in] weight in the MLP and the attention; tied embeddings; no SP plan.
+        {"name": "jetmoe-state-dict", "model": "jetmoe", "state_dict": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -177,7 +190,7 @@ def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(result
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt2", "openai-gpt"))]))
+@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt2", "openai-gpt", "jetmoe"))]))
 def test_tied_embeddings_stay_one_parameter(results, case_id):
     assert all(per_case[case_id]["tied"] for per_case in results)
 
@@ -236,7 +249,8 @@ def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, 
         layouts = per_case[case_id]["off_dim0"]
         assert all(local[0] < 2 for _, local in layouts.values()), layouts
         multimodal = "ForConditionalGeneration" in case_id  # vision towers: not enumerated here
-        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe")) or case_id.startswith("tp2/")):
+        # HunYuan's one expert (split on its intermediate) and router ([1, H]) have a dim 0 of 1.
+        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe", "hunyuan")) or case_id.startswith("tp2/")):
             assert layouts == {}, layouts
 
 

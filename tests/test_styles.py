@@ -1059,3 +1059,53 @@ def test_local_lookup_scales_this_ranks_partial_lookup_and_reduces_it_once(tp_me
     assert isinstance(holder.m.weight, DTensor) and tuple(holder.m.weight.placements) == (Shard(0),)
     assert holder.m.padding_idx == 7 and tuple(holder.m.weight.to_local().shape) == (5, 4)
     assert Replicate() == TiedEmbeddingParallel(local_lookup=True).output_layouts[0]  # all-reduce by default
+
+
+def _tiny_experts(name: str):
+    from tiny_configs import build_tiny
+
+    return build_tiny(name).model.layers[0].mlp.experts
+
+
+def test_experts_the_tp_size_does_not_divide_split_each_experts_intermediate(tp_mesh):
+    """3 experts at TP 2 (and HunYuan's one): each rank holds every expert's slice of gate, of up
+    (gate_up_proj re-laid out [gate_r; up_r]) and of down_proj's input; 8 experts keep the expert split."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.moe_styles import ExpertsParallel, choose_expert_layout
+
+    assert choose_expert_layout(8, 2) == "experts" and choose_expert_layout(3, 2) == "intermediate"
+    assert choose_expert_layout(1, 2) == "intermediate" and choose_expert_layout(4, 4) == "experts"
+    for name, experts in (("mixtral-3-experts", 3), ("hunyuan_v1_moe", 1)):
+        holder = nn.Module()
+        holder.experts = _tiny_experts(name)
+        gate_up, down = holder.experts.gate_up_proj.detach().clone(), holder.experts.down_proj.detach().clone()
+        parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel()})
+        module = holder.experts
+        assert module._plangen_expert_layout == "intermediate" and module.num_experts == experts
+        assert module.gate_up_proj.placements == (Shard(1),) and module.down_proj.placements == (Shard(2),)
+        width = down.shape[2]  # the intermediate, 64
+        rank = tp_mesh.get_local_rank()
+        mine = slice(rank * width // 2, (rank + 1) * width // 2)
+        expected = torch.cat([gate_up[:, :width][:, mine], gate_up[:, width:][:, mine]], dim=1)
+        assert torch.equal(local(module.gate_up_proj), expected)
+        assert torch.equal(local(module.down_proj), down[:, :, mine])
+    holder = nn.Module()
+    holder.experts = _tiny_experts("mixtral")
+    parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel()})
+    assert holder.experts._plangen_expert_layout == "experts" and holder.experts.num_experts == 4
+
+
+def test_experts_that_neither_layout_fits_are_refused_naming_both(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.moe_styles import ExpertsParallel
+
+    experts = _tiny_experts("mixtral-3-experts")
+    experts.down_proj = nn.Parameter(torch.zeros(3, 32, 63))  # an odd intermediate width
+    holder = nn.Module()
+    holder.experts = experts
+    with pytest.raises(ValueError, match=r"3 experts do not divide by the TP size 2, and each expert's intermediate "
+                                         r"split \(the other layout\) does not fit: their intermediate width 63"):
+        parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel()})

@@ -87,6 +87,25 @@ TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window
 # One expert per TP rank at TP 2 (Mixtral-8x7B at TP 8 in miniature): FSDP2 must split each expert
 # on another dim than the expert dim over DP, or DP 2 holds one expert and one pad of its size.
 TINY["mixtral-2-experts"] = dict(TINY["mixtral"], num_local_experts=2)
+# 3 experts at TP 2: ExpertsParallel splits each expert's intermediate instead (plangen.moe_styles).
+TINY["mixtral-3-experts"] = dict(TINY["mixtral"], num_local_experts=3)
+# LongCat-Flash: per layer two latent attentions and two dense MLPs (ModuleLists) and a shortcut MoE
+# whose router picks among 4 real and 2 zero-compute (identity) experts.
+TINY["longcat_flash"] = dict(
+    model_type="longcat_flash", vocab_size=128, hidden_size=32, ffn_hidden_size=64, expert_ffn_hidden_size=16,
+    num_layers=2, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+    q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, head_dim=4,
+    routed_scaling_factor=1.0, max_position_embeddings=64, use_cache=False,
+)
+# JetMoE: experts (one [E, out, in] weight each, called with per-expert token counts) in the MLP and
+# in the attention (a mixture of attention heads: 2 query heads per expert, shared k and v).
+TINY["jetmoe"] = dict(
+    model_type="jetmoe", vocab_size=128, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+    num_key_value_heads=2, kv_channels=8, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64,
+    use_cache=False, output_router_logits=True,
+)
+# HunYuan-MoE-V1's default layout: one routed expert (top-1) beside a shared MLP; a synthesized plan.
+TINY["hunyuan_v1_moe"] = dict(model_type="hunyuan_v1_moe", num_experts=1, moe_topk=1, **COMMON)
 TINY["qwen2_moe"] = dict(
     model_type="qwen2_moe", num_experts=8, moe_intermediate_size=16, shared_expert_intermediate_size=32,
     **MOE, **COMMON,

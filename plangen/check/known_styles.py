@@ -209,6 +209,8 @@ STYLES: dict[str, StyleSpec] = {
         ),
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()),)),
+        _spec("GroupedRowwiseParallel", ()),
         _spec("AllReduceOutputGrad", ()),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec(

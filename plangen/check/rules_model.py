@@ -31,12 +31,14 @@ from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, i
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
 from plangen.module_tree import generalize
-from plangen.moe_styles import expert_count
+from plangen.moe_styles import expert_count, expert_layout_of, expert_layout_problem
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
 from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
     ExpertsParallel,
+    GroupedColwiseParallel,
+    GroupedRowwiseParallel,
     Mamba1MixerParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
@@ -124,6 +126,11 @@ class KeysMatchRule(ModelRule):
 def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
     name = type(style).__name__
     what = type(module).__name__
+    if isinstance(style, (GroupedColwiseParallel, GroupedRowwiseParallel)):
+        weight = getattr(module, "weight", None)
+        if expert_count(module) is None or not isinstance(weight, nn.Parameter) or weight.dim() != 3:
+            return f"`{name}` shards an experts module of one [experts, out, in] weight (JetMoE's), not {what}"
+        return None
     if isinstance(style, ExpertsParallel):
         if expert_count(module) is None:
             return (
@@ -231,7 +238,7 @@ class StyleFitsRule(ModelRule):
 # --- PG204: sharded dimensions divide by the TP size ------------------------------------------
 
 
-def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, int, int]]:
+def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
     """(what, size, parts) the style splits into ``parts`` × TP equal local shards of a plain tensor.
 
     DTensor handles uneven shards as long as a tensor stays a DTensor, or is gathered: a vocabulary
@@ -240,7 +247,12 @@ def _required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[str, i
     """
     split = getattr(style, "split_factor", 1)
     if isinstance(style, ExpertsParallel) and expert_count(module):
-        return [("num_experts", expert_count(module), 1)]  # whole experts per rank
+        count = expert_count(module)
+        if expert_layout_of(module, tp) == "experts" or expert_layout_problem(module, tp) is not None:
+            return [("num_experts", count, 1)]  # whole experts per rank
+        # Each expert's intermediate split (the TP size does not divide the experts): its width must divide.
+        down = module.down_proj
+        return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
         own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
@@ -307,7 +319,7 @@ class DivisibilityRule(ModelRule):
                 continue  # whole KV heads per rank, or replicated: the heads check below says which
             seen: set[tuple[str, int, int]] = set()
             for name in names:
-                for what, size, parts in _required_dims(style, plan.modules[name]):
+                for what, size, parts in _required_dims(style, plan.modules[name], tp):
                     if (what, size, parts) not in seen:
                         seen.add((what, size, parts))
                         required.append((key, name, what, size, parts))
@@ -332,6 +344,13 @@ class DivisibilityRule(ModelRule):
                 continue  # the heads finding there says it
             if size % (parts * tp):
                 style = type(plan.styles[key]).__name__
+                experts_problem = (
+                    expert_layout_problem(plan.modules[name], tp) if isinstance(plan.styles[key], ExpertsParallel) else None
+                )
+                if experts_problem is not None:  # neither layout fits: the style's own words
+                    yield self.finding(f"{experts_problem} (`{generalize(name)}`); the largest legal TP size for this"
+                                       f" plan is {legal}", key, "value")
+                    continue
                 packed = f" ({parts} packed parts, each split on its own)" if parts > 1 else ""
                 divisor = f"{parts} × the TP size {tp}" if parts > 1 else f"the TP size {tp}"
                 yield self.finding(

@@ -20,7 +20,8 @@ DEFAULT_TP_SIZE = 2
 # Stated for every plan of a mixture-of-experts model: what the figures assume about the router.
 ROUTING_NOTE = (
     "routing: every rank holds every token (the router runs replicated and each TP rank computes the routes to "
-    "its own experts, or to every expert where a plan keeps them whole over TP), so memory and communication do not depend on how tokens are routed; compute per rank "
+    "its own experts, or to every expert with its slice of each where the TP size does not divide the experts, or "
+    "to every expert where a plan keeps them whole over TP), so memory and communication do not depend on how tokens are routed; compute per rank "
     "does (a rank whose experts get more tokens computes more) and is not modelled"
 )
 

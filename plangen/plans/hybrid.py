@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
 
@@ -105,7 +106,7 @@ def _moe_entries(model: nn.Module, sp: bool, colwise: dict) -> list[PlanEntry]:
     layer = "model.layers.*.mixer"
     return entries + [
         PlanEntry(f"{layer}.experts", "ExpertsParallel", dict(output_layouts=Partial()), "mlp",
-                  "each rank holds E/tp whole experts and computes the routes to them; partial sum out"),
+                  EXPERTS_PARALLEL_WHY),
         PlanEntry(f"{layer}.shared_experts.up_proj", "ColwiseParallel", colwise, "mlp", "shared expert: column-parallel"),
         PlanEntry(f"{layer}.shared_experts.down_proj", "RowwiseParallel",
                   dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",

@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.models import text_config
-from plangen.moe_styles import expert_count
+from plangen.moe_styles import EXPERTS_PARALLEL_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
@@ -106,7 +106,7 @@ def build_moe_decoder_plan(
     add(
         f"{layer}.mlp.experts",
         "ExpertsParallel",
-        "each rank holds E/tp whole experts and computes the routes to them; partial sum out",
+        EXPERTS_PARALLEL_WHY,
         output_layouts=Partial(),
     )
     for owner in sorted(shared) + ([""] if dense else []):
@@ -245,3 +245,82 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
         replicated.append(Replicated(f"{block}.router", "the router scores every expert for every token on every "
                                      "rank: routing stays exact (the block keeps this rank's experts' scores)", "mlp"))
     return Plan(tuple(entries), "hand-written", tuple(replicated), sp)
+
+
+# LongCat-Flash's decoder layer holds its sublayers in ModuleLists: two latent attentions, two dense
+# MLPs and their norms, indexed 0 and 1; the MoE block (a shortcut from the first sublayer's norm to
+# the layer's output) is one.
+_LONGCAT_LISTS = ("self_attn", "input_layernorm", "post_attention_layernorm")
+
+
+@register_plan("LongcatFlashForCausalLM")
+def plan_longcat_flash(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # Both latent attentions by heads (MLA, with LoRA scales that are single numbers), both dense MLPs
+    # column/row-parallel, the experts split on each expert's intermediate: beside its real experts
+    # the router picks zero-compute identity experts, computed on every rank as a 1/tp share
+    # (plangen.moe_styles.choose_expert_layout).
+    _check_experts(model)
+    prefix = _text_prefix(model)
+    layer = f"{prefix}.layers.*"
+    plan = build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
+
+    def listed(pattern: str) -> str:
+        for part in _LONGCAT_LISTS:
+            head = f"{layer}.{part}"
+            if pattern == head or pattern.startswith(f"{head}."):
+                return f"{head}.*{pattern[len(head):]}"
+        return pattern
+
+    dense = build_dense_decoder_plan(prefix, sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS,
+                                     per_head_norms=False)
+    mlps = [
+        replace(e, pattern=f"{layer}.mlps.*{e.pattern[len(f'{layer}.mlp'):]}", why=f"dense MLPs: {e.why}")
+        for e in dense.entries if e.pattern == f"{layer}.mlp" or e.pattern.startswith(f"{layer}.mlp.")
+    ]
+    return replace(
+        plan,
+        entries=tuple(replace(e, pattern=listed(e.pattern)) for e in plan.entries) + tuple(mlps),
+        replicated=tuple(replace(r, pattern=listed(r.pattern)) for r in plan.replicated),
+    )
+
+
+@register_plan("JetMoeForCausalLM")
+def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # JetMoE's experts (JetMoeParallelExperts) are one [E, out, in] weight applied per expert to the
+    # tokens sorted by expert, called with per-expert token counts rather than top-k ids, in its MoE
+    # and in its mixture of attention heads (MoA: each expert a query projection of num_key_value_heads
+    # heads and its output projection; k and v shared, packed in kv_proj). Each expert is split
+    # Megatron-style: input_linear by output features (the MoA's query heads, the MoE's [gate; up]
+    # re-laid out), output_linear by input features, its routed-token outputs all-reduced before the
+    # gates, the scatter back and the block's bias; kv_proj split by heads with them. The routers
+    # run replicated on every token: routing and the auxiliary loss are exact.
+    if sequence_parallel:
+        raise ValueError(
+            "JetMoeForCausalLM has no sequence-parallel plan: its experts reduce the routed tokens "
+            "(B·S·k), which no sequence shard holds; use sequence_parallel=False"
+        )
+    prefix = _text_prefix(model)
+    layer = f"{prefix}.layers.*"
+    dense = build_dense_decoder_plan(prefix, sequence_parallel=False, layer_norms=LLAMA_NORMS, per_head_norms=False)
+    entries = [e for e in dense.entries if not e.pattern.startswith(f"{layer}.")]
+    replicated = list(dense.replicated)
+    attention, mlp = f"{layer}.self_attention", f"{layer}.mlp"
+    ours = [
+        PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",
+                  dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True), "attention",
+                  "packed [k; v] split by heads: each rank its share of both, the heads its query experts read"),
+        PlanEntry(f"{attention}.experts", "LocalHeadCounts", dict(attributes=("hidden_size",)), "attention",
+                  "the attention experts' query width (all their heads) made this rank's: map() sizes its output by it"),
+        PlanEntry(f"{attention}.experts.input_linear", "GroupedColwiseParallel", {}, "attention",
+                  "each attention expert's query heads split over TP; its input's gradient summed over TP"),
+        PlanEntry(f"{attention}.experts.output_linear", "GroupedRowwiseParallel", {}, "attention",
+                  "each attention expert's output projection by its heads: one all-reduce of the routed tokens"),
+        PlanEntry(f"{mlp}.input_linear", "GroupedColwiseParallel", dict(part_sizes=(1, 1)), "mlp",
+                  "each expert's [gate; up] split over TP, each rank its share of both"),
+        PlanEntry(f"{mlp}.output_linear", "GroupedRowwiseParallel", {}, "mlp",
+                  "each expert's down projection by its intermediate: one all-reduce of the routed tokens"),
+    ]
+    entries[1:1] = ours  # after the embedding, as the file groups them
+    why = "the router sees every token on every rank: routing stays exact"
+    replicated += [Replicated(f"{attention}.experts.router", why, "attention"), Replicated(f"{mlp}.router", why, "mlp")]
+    return Plan(tuple(entries), "hand-written", tuple(replicated), False)

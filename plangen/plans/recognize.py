@@ -469,9 +469,9 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
             f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
             "expert-parallel routing, so their experts cannot be split over ranks",
         )
+    # One expert, or any count the TP size does not divide, is split on each expert's intermediate
+    # dimension instead (ExpertsParallel chooses when applied: plangen.moe_styles.choose_expert_layout).
     count = expert_count(experts)
-    if count < 2:
-        return KeptBlock("moe", f"a single expert ({type(experts).__name__}): nothing to split over ranks")
     # One value per expert (a routing bias, AFMoE's expert_bias) is the router's: it stays whole.
     others = [n for n, shape in own_parameters(block).items() if shape != (count,)]
     if others:

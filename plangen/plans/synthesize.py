@@ -34,6 +34,7 @@ from typing import Any, Callable, TypeVar
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
@@ -114,7 +115,7 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         ),
         PlanEntry(
             f"{part.path}.{block.experts}", "ExpertsParallel", dict(output_layouts=Partial()), "mlp",
-            "each rank holds E/tp whole experts and computes the routes to them; partial sum out",
+            EXPERTS_PARALLEL_WHY,
         ),
     ]
     for name, mlp, shared_call in block.shared:

@@ -45,8 +45,10 @@ from plangen.plan import Plan, PlanEntry, VariantError, check_variant  # noqa: F
 DEFAULT_VARIANT = "optimized"
 
 # Styles whose forward sums partial results across TP ranks and that the stable variant cannot
-# rewrite into a gather: the plan is refused rather than silently left with a sum.
-_SUMMING_STYLES = ("PackedRowwiseParallel",)
+# rewrite into a gather: the plan is refused rather than silently left with a sum. JetMoE's
+# GroupedRowwiseParallel sums each expert's slices; keeping its experts whole would also need its
+# attention's heads whole (kv_proj and the query experts split together): not built.
+_SUMMING_STYLES = ("PackedRowwiseParallel", "GroupedRowwiseParallel")
 
 # Row-parallel styles and the column-parallel style that computes the same projection by output
 # features (an output the layer modifies in place stays a copy of its own).

@@ -108,7 +108,9 @@ def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
         if experts:
             handles.append(module.register_forward_hook(
                 lambda mod, args, out, n=experts: counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
-                if len(args) > 1 else None  # experts called without routing (Llama4's: counted at the router)
+                # experts called without routing (Llama4's: counted at the router), or with per-expert
+                # token counts (JetMoE's, a list)
+                if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
             ))
     return counts, handles
 
