@@ -270,6 +270,14 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
         StyleFacts("GatheredNormParallel", PLANGEN_STYLES, "sharded_norm", replicates=True),
+        # A Mamba2 mixer split by heads (plangen.mamba_styles): its own [heads] parameters, in_proj and
+        # conv1d re-laid out by heads; it takes its input itself (gathered, gradient reduced once).
+        StyleFacts("Mamba2MixerParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0},
+                   layout_defaults={"input_layouts": _REPLICATE}),
+        # Its gated RMSNorm on this rank's heads: weight Shard(0), a group spread over ranks all-reduced.
+        StyleFacts("GatedRMSNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
+        # Its stable-variant twin: a group spread over ranks all-gathered and normalised whole instead.
+        StyleFacts("GatheredGatedRMSNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -304,6 +312,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.attention_styles",
     "plangen.mla_styles",
     "plangen.norm_styles",
+    "plangen.mamba_styles",
     "plangen.fused_styles",
 )
 

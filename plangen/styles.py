@@ -45,6 +45,7 @@ from plangen.fused_styles import (
     MultiQueryColwiseParallel,
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
@@ -224,6 +225,9 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         AttentionSinksParallel,
         ShardedNormParallel,
         GatheredNormParallel,
+        Mamba2MixerParallel,
+        GatedRMSNormParallel,
+        GatheredGatedRMSNormParallel,
     )
 }
 
@@ -470,10 +474,13 @@ __all__ = [
     "EveryTokenMoeParallel",
     "ExpertsParallel",
     "FusedColwiseParallel",
+    "GatedRMSNormParallel",
+    "GatheredGatedRMSNormParallel",
     "GatheredNormParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
+    "Mamba2MixerParallel",
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",

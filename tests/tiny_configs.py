@@ -62,6 +62,9 @@ TINY["nemotron_h"] = dict(
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=16,
     ssm_state_size=8, n_groups=2, chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
 )
+# One B/C group (GraniteMoeHybrid, Bamba, Zamba2): every TP rank's heads read it, so its rows are
+# gathered whole per forward and the gated norm's one group spans the ranks.
+TINY["nemotron_h-1g"] = dict(TINY["nemotron_h"], n_groups=1)
 
 # Mixture-of-experts: 8 experts, top-2, so that with a 2-rank TP group every rank's experts get
 # tokens and, in the parity tests' batches, some expert gets none (the tests check both).
