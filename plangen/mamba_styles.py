@@ -267,7 +267,7 @@ def _gated_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor
     return weight * h.to(dtype)
 
 
-def _gated_norm_facts(module: nn.Module) -> tuple[int, int, float]:
+def resolve_gated_norm(module: nn.Module) -> tuple[int, int, float]:
     """(width, group size, eps) of a Mamba2 gated RMSNorm whose forward computes :func:`_gated_norm`,
     found by running it once on random values; a one-line ``ValueError`` for anything else."""
     name = type(module).__name__
@@ -306,7 +306,7 @@ class GatedRMSNormParallel(ParallelStyle):
     gather = False
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        width, group, eps = _gated_norm_facts(module)
+        width, group, eps = resolve_gated_norm(module)
         tp = device_mesh.size()
         local = width // tp if width % tp == 0 else 0
         if not local or (local % group and group % local):

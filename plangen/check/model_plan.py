@@ -90,10 +90,17 @@ class ModelPlan:
     @cached_property
     def covering(self) -> dict[str, str]:
         """Module path → the key whose style it gets (the last matching key, as the runtime decides)."""
+        from plangen.style_facts import facts_of
+
         found: dict[str, str] = {}
         for key, names in self.matches.items():
             for name in names:
                 found[name] = key
+        for path, key in list(found.items()):  # children a style lays out itself (its facts' lays_out)
+            facts = facts_of(self.styles[key])
+            for child in facts.lays_out if facts is not None else ():
+                if f"{path}.{child}" in self.modules:
+                    found.setdefault(f"{path}.{child}", key)
         return found
 
     def style_of(self, path: str) -> "ParallelStyle | None":
@@ -119,7 +126,7 @@ class ModelPlan:
         below: dict[str, set[str]] = {}
         for path, key in self.covering.items():
             style = self.styles[key]
-            kinds = {style_kind(style)}
+            kinds = {style_kind(style)} if path in self.matches[key] else {"colwise"}  # laid out by its parent's style
             if kinds == {"colwise"} and _gathers_feature_shards(style):
                 kinds.add("gather_input")
             parts = path.split(".")

@@ -35,6 +35,8 @@ from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
     ExpertsParallel,
+    GatedRMSNormParallel,
+    Mamba2MixerParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
@@ -135,6 +137,14 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
             resolve_norm_math(module)
         except ValueError as err:
             return f"`{name}` shards a norm over its last dim and sums its statistics over TP: {err}"
+        return None
+    if isinstance(style, (Mamba2MixerParallel, GatedRMSNormParallel)):
+        from plangen.mamba_styles import resolve_gated_norm, resolve_mamba2_layout
+
+        try:
+            (resolve_mamba2_layout if isinstance(style, Mamba2MixerParallel) else resolve_gated_norm)(module)
+        except ValueError as err:
+            return f"`{name}`: {err}"
         return None
     if isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
