@@ -59,6 +59,9 @@ CLASSES = {
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
     # Multi-query split((embed_dim, kv_dim, kv_dim)): query heads by rank, the one KV head gathered whole
     "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
+    # Mamba2 mixers split by heads, one B/C group gathered whole per forward (plangen.mamba_styles);
+    # attention layers and MoE beside them.
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -69,7 +72,7 @@ TINY_CASES = {
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
 }
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
+STATE_DICT = {"granitemoehybrid", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa"}
 MESHES = ("tp2", "dp2tp2")
 
 

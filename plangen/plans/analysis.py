@@ -43,6 +43,7 @@ from plangen.plans.recognize import (
     recognize_block,
     recognize_layer_mlp,
 )
+from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_split import SplitBlock, recognize_attention_called_alike, recognize_split_blocks
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
@@ -52,7 +53,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | Mamba2Block
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
@@ -340,6 +341,12 @@ def _analyze_layer(
             found.blocks.append(BlockPart(child_path, recognized, call))
             _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
             found.kept += kept
+        elif isinstance(recognized, Mamba2Block) and call is not None and call.keyword in (None, "hidden_states"):
+            # Its style takes the hidden state itself: the first positional argument or hidden_states=.
+            found.blocks.append(BlockPart(child_path, recognized, call))
+        elif isinstance(recognized, Mamba2Block):
+            found.keep(child_path, "Mamba2 mixer whose call by the layer the reader cannot follow", "other",
+                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")

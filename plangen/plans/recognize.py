@@ -25,6 +25,7 @@ from plangen.plans.forward_source import (
     read_returned_child,
     read_shape_sizes,
 )
+from plangen.plans.recognize_mamba2 import recognize_mamba2
 
 
 @dataclass(frozen=True)
@@ -517,6 +518,8 @@ def recognize_block(
             "mixture of experts: the router and experts need expert parallelism, which torch's module "
             "styles cannot express",
         )
+    if (mamba2 := recognize_mamba2(block, dims)) is not None:
+        return mamba2
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",

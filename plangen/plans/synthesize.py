@@ -38,7 +38,9 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
 
@@ -210,6 +212,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return _moe_entries(part, sp)
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
+    if isinstance(part.block, Mamba2Block):  # plangen.mamba_styles: split by heads
+        block = part.block
+        return [mamba2_mixer_entry(part.path, sp),
+                *mamba2_children_entries(part.path, sp, norm=block.norm, out_proj=block.out_proj)]
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call
