@@ -18,6 +18,10 @@ and ``out_proj``'s input (row-parallel: one all-reduce, or a reduce-scatter unde
   part: exact, as :class:`~plangen.fused_styles.MultiQueryColwiseParallel` does for one KV head.
   The norm's one group spans every rank: its sum of squares is all-reduced (B·S values each way).
 
+A buffer that scales ``in_proj``'s output per feature (FalconH1's ``mup_vector``) is cut to this
+rank's features; a mixer without a norm (FalconH1's ``Identity`` when ``mamba_rms_norm`` is off)
+gates its local slice in its own forward.
+
 The weights are stored as :class:`~plangen.fused_styles.FusedColwiseParallel` stores a packed
 projection: re-laid out once so each rank's rows are its own parts, a plain ``Shard(0)`` that FSDP2
 composes with, and state-dict hooks that give and take Hugging Face's layout (``docs/fused.md``).
@@ -178,6 +182,7 @@ class Mamba2MixerParallel(ParallelStyle):
             param = module._parameters[name]
             sharded = distribute_tensor(param.detach(), device_mesh, [Shard(0)])
             module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        _apply_local_feature_buffers(module, layout, device_mesh)
         for name, value in layout.local(tp).items():
             setattr(module, name, value)
         _install_local_swap(module, layout, device_mesh, self.input_layouts)
@@ -185,6 +190,33 @@ class Mamba2MixerParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(input_layouts={self.input_layouts})"
+
+
+def local_features(layout: Mamba2Layout, tp: int, rank: int) -> torch.Tensor:
+    """The ``in_proj`` output features rank ``rank`` computes, in Hugging Face's numbering:
+    ``[z_r; x_r; B_r; C_r; dt_r]``, with the whole ``B`` and ``C`` where there is one group."""
+    parts, pieces, start = layout.in_proj_parts, [], 0
+    for i, size in enumerate(parts):
+        if layout.shared and i in Mamba2Layout.IN_PROJ_SHARED:
+            pieces.append(torch.arange(start, start + size))
+        else:
+            pieces.append(torch.arange(start + rank * size // tp, start + (rank + 1) * size // tp))
+        start += size
+    return torch.cat(pieces)
+
+
+def _apply_local_feature_buffers(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMesh) -> None:
+    """Buffers that scale ``in_proj``'s output feature by feature (FalconH1's ``mup_vector``): this
+    rank's features only, as its local output holds them (constants, not trained: a plain slice)."""
+    features = sum(layout.in_proj_parts)
+    index = None
+    for name, buffer in list(module.named_buffers(recurse=False)):
+        if buffer is None or buffer.dim() == 0 or buffer.shape[-1] != features:
+            continue
+        if index is None:
+            index = local_features(layout, mesh.size(), mesh.get_local_rank()).to(buffer.device)
+        persistent = name not in module._non_persistent_buffers_set
+        module.register_buffer(name, buffer.index_select(-1, index), persistent=persistent)
 
 
 def _install_local_swap(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMesh, input_layout: Placement) -> None:

@@ -69,6 +69,7 @@ TP_ONLY = {"bert", "roberta", "roformer"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
+    "falcon_h1-mup": False,  # FalconH1's MuP multipliers per in_proj part: its mup_vector cut to each rank's features
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
 }
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
@@ -99,7 +100,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c i
 
 # The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
 # of TP 2 is marked slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks both.
-TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "bart", "bert", "gpt_neox", "falcon-gqa"}
+TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "bart", "bert", "gpt_neox", "falcon-gqa", "granitemoehybrid"}
 DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1].removesuffix("-sp") in TP2_DEFAULT}
 
 

@@ -27,14 +27,17 @@ def mamba2_mixer_entry(path: str, sequence_parallel: bool, group: str = "other")
 
 
 def mamba2_children_entries(path: str, sequence_parallel: bool, group: str = "other",
-                            norm: str = "norm", out_proj: str = "out_proj") -> list[PlanEntry]:
-    """The mixer's gated norm and its row-parallel ``out_proj`` (``path`` may be a ``*`` pattern)."""
+                            norm: str | None = "norm", out_proj: str = "out_proj") -> list[PlanEntry]:
+    """The mixer's gated norm (none: a mixer without one) and its row-parallel ``out_proj`` (``path``
+    may be a ``*`` pattern)."""
     sp = sequence_parallel
     reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
-    return [
+    entries = [] if norm is None else [
         PlanEntry(f"{path}.{norm}", "GatedRMSNormParallel", {}, group,
                   "gated RMSNorm on this rank's heads; a group spread over ranks (n_groups 1) all-reduces its "
                   "sum of squares (B·S values each way)"),
+    ]
+    return entries + [
         PlanEntry(f"{path}.{out_proj}", "RowwiseParallel",
                   dict(input_layouts=Shard(-1), output_layouts=Shard(1) if sp else Replicate(), use_local_output=not sp),
                   group, f"row-parallel: {reduced}"),

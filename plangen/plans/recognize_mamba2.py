@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class Mamba2Block:
     """A Mamba2 mixer split by heads: its own style, its gated ``norm``, its row-parallel ``out_proj``."""
 
-    norm: str = "norm"
+    norm: str | None = "norm"  # None: the mixer has no norm with parameters (FalconH1's Identity)
     out_proj: str = "out_proj"
     kind: str = "mixer"
 
@@ -43,11 +43,12 @@ def recognize_mamba2(block: nn.Module, dims: "ModelDims") -> "Mamba2Block | Kept
         return KeptBlock("mixer", f"Mamba2 mixer without an out_proj of {layout.intermediate} -> {dims.hidden} features")
     if not isinstance(norm, nn.Module):
         return KeptBlock("mixer", "Mamba2 mixer without a gated norm")
-    try:
-        resolve_gated_norm(norm)
-    except ValueError as err:
-        return KeptBlock("mixer", f"Mamba2 mixer whose norm cannot follow the split by heads: {err}")
+    if has_parameters(norm):
+        try:
+            resolve_gated_norm(norm)
+        except ValueError as err:
+            return KeptBlock("mixer", f"Mamba2 mixer whose norm cannot follow the split by heads: {err}")
     unknown = [n for n, c in block.named_children() if n not in ("in_proj", "conv1d", "norm", "out_proj") and has_parameters(c)]
     if unknown:
         return KeptBlock("mixer", f"Mamba2 mixer with submodule {unknown[0]}, which would see only this rank's heads")
-    return Mamba2Block()
+    return Mamba2Block(norm="norm" if has_parameters(norm) else None)
