@@ -321,12 +321,12 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
 # --- Mamba2 mixers split by heads (plangen.mamba_styles) ---------------------------------------
 
 
-def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool):
+def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool, variant: str = "optimized"):
     kwargs = dict(TINY["nemotron_h"], n_groups=n_groups, layers_block_type=["linear_attention"] * layers)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
-    chosen = choose_plan(model, sequence_parallel)
+    chosen = choose_plan(model, sequence_parallel, variant=variant)
     apply_tp(model, DeviceMesh("cpu", torch.arange(2)), chosen.build_styles())
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with CollectiveCounter() as forward:
@@ -337,8 +337,8 @@ def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool):
     return config, forward, backward
 
 
-def _per_mixer(n_groups: int, sequence_parallel: bool):
-    counts = [_mamba_step(n_groups, layers, sequence_parallel) for layers in (1, 2)]
+def _per_mixer(n_groups: int, sequence_parallel: bool, variant: str = "optimized"):
+    counts = [_mamba_step(n_groups, layers, sequence_parallel, variant) for layers in (1, 2)]
     (_, f1, b1), (config, f2, b2) = counts
     c1, d1, c2, d2 = (merge_c10d_counts(c.counts()) for c in (f1, b1, f2, b2))
     diff = lambda a, b: {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
@@ -372,3 +372,14 @@ def test_mamba2_mixer_with_one_group_gathers_its_rows_and_sums_the_norm(fake_pg,
     tokens = BATCH * SEQ * 4  # one float32 per token
     assert [size for op, size in f2.records if op == AR and size == tokens] == [tokens] * 2
     assert [size for op, size in b2.records if op == AR and size == tokens] == [tokens] * 2
+
+
+@pytest.mark.parametrize("n_groups", [2, 1])
+def test_stable_variant_of_a_mamba2_mixer_only_gathers_forward(fake_pg, n_groups):
+    """Stable variant: out_proj gathers its input and output (column-parallel on the gathered input);
+    with one group the gated norm gathers the group's slices (GatheredGatedRMSNormParallel) beside
+    the three weight gathers: nothing is summed across ranks in forward."""
+    forward, backward, _, _, _ = _per_mixer(n_groups, False, "stable")
+    shared = 3 + 1 if n_groups == 1 else 0
+    assert forward == {AG: 2 + shared}
+    assert backward == {AR: 1, RS: 1 + shared}  # the input gradient; out_proj's and the gathers' reduce-scatters
