@@ -341,12 +341,13 @@ def _analyze_layer(
             found.blocks.append(BlockPart(child_path, recognized, call))
             _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
             found.kept += kept
-        elif isinstance(recognized, Mamba2Block) and call is not None and call.keyword in (None, "hidden_states"):
-            # Its style takes the hidden state itself: the first positional argument or hidden_states=.
+        elif isinstance(recognized, Mamba2Block) and (call is None or call.keyword in (None, "hidden_states")):
+            # Its style takes the hidden state itself (the first positional argument or hidden_states=),
+            # as a column-parallel projection does, so it needs no reading of the call.
             found.blocks.append(BlockPart(child_path, recognized, call))
         elif isinstance(recognized, Mamba2Block):
-            found.keep(child_path, "Mamba2 mixer whose call by the layer the reader cannot follow", "other",
-                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+            found.keep(child_path, f"Mamba2 mixer handed the hidden state as {call.keyword}=", "other")
+            found.gathered.append(KeptPart(child_path, call))
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")

@@ -25,7 +25,7 @@ from plangen.plans.forward_source import (
     read_returned_child,
     read_shape_sizes,
 )
-from plangen.plans.recognize_mamba2 import recognize_mamba2
+from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
 
 
 @dataclass(frozen=True)
@@ -503,7 +503,7 @@ def _is_recurrent_mixer(block: nn.Module) -> bool:
 
 def recognize_block(
     name: str, block: nn.Module, dims: ModelDims
-) -> ShardedBlock | MoeBlock | LatentBlock | KeptBlock:
+) -> ShardedBlock | MoeBlock | LatentBlock | Mamba2Block | KeptBlock:
     """What a decoder-layer child with parameters is, and how it is sharded (or why it is not)."""
     latent = recognize_latent_attention(block, dims)
     if latent is not None:
@@ -518,8 +518,8 @@ def recognize_block(
             "mixture of experts: the router and experts need expert parallelism, which torch's module "
             "styles cannot express",
         )
-    if (mamba2 := recognize_mamba2(block, dims)) is not None:
-        return mamba2
+    if (mamba2 := recognize_mamba2(block, dims.hidden)) is not None:
+        return KeptBlock("mixer", mamba2) if isinstance(mamba2, str) else mamba2
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",

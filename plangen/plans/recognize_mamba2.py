@@ -11,14 +11,10 @@ would see only this rank's heads: the mixer then stays whole, with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import nn
 
 from plangen.mamba_styles import resolve_gated_norm, resolve_mamba2_layout
-
-if TYPE_CHECKING:  # pragma: no cover
-    from plangen.plans.recognize import KeptBlock, ModelDims
 
 
 @dataclass(frozen=True)
@@ -30,25 +26,28 @@ class Mamba2Block:
     kind: str = "mixer"
 
 
-def recognize_mamba2(block: nn.Module, dims: "ModelDims") -> "Mamba2Block | KeptBlock | None":
-    """A Mamba2 mixer split by heads; KeptBlock where one is found that cannot be; None for any other block."""
-    from plangen.plans.recognize import KeptBlock, has_parameters  # recognize.py imports this module
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
 
+
+def recognize_mamba2(block: nn.Module, hidden: int) -> Mamba2Block | str | None:
+    """A Mamba2 mixer split by heads (``hidden``: the model's hidden size); where one is found that
+    cannot be, why it stays whole; None for any other block."""
     try:
         layout = resolve_mamba2_layout(block)
     except ValueError:
         return None
     norm, out_proj = getattr(block, "norm", None), getattr(block, "out_proj", None)
-    if not isinstance(out_proj, nn.Linear) or out_proj.in_features != layout.intermediate or out_proj.out_features != dims.hidden:
-        return KeptBlock("mixer", f"Mamba2 mixer without an out_proj of {layout.intermediate} -> {dims.hidden} features")
+    if not isinstance(out_proj, nn.Linear) or out_proj.in_features != layout.intermediate or out_proj.out_features != hidden:
+        return f"Mamba2 mixer without an out_proj of {layout.intermediate} -> {hidden} features"
     if not isinstance(norm, nn.Module):
-        return KeptBlock("mixer", "Mamba2 mixer without a gated norm")
-    if has_parameters(norm):
+        return "Mamba2 mixer without a gated norm"
+    if _has_parameters(norm):
         try:
             resolve_gated_norm(norm)
         except ValueError as err:
-            return KeptBlock("mixer", f"Mamba2 mixer whose norm cannot follow the split by heads: {err}")
-    unknown = [n for n, c in block.named_children() if n not in ("in_proj", "conv1d", "norm", "out_proj") and has_parameters(c)]
+            return f"Mamba2 mixer whose norm cannot follow the split by heads: {err}"
+    unknown = [n for n, c in block.named_children() if n not in ("in_proj", "conv1d", "norm", "out_proj") and _has_parameters(c)]
     if unknown:
-        return KeptBlock("mixer", f"Mamba2 mixer with submodule {unknown[0]}, which would see only this rank's heads")
-    return Mamba2Block(norm="norm" if has_parameters(norm) else None)
+        return f"Mamba2 mixer with submodule {unknown[0]}, which would see only this rank's heads"
+    return Mamba2Block(norm="norm" if _has_parameters(norm) else None)
