@@ -96,9 +96,9 @@ class ModelPlan:
         for key, names in self.matches.items():
             for name in names:
                 found[name] = key
-        for path, key in list(found.items()):  # children a style lays out itself (its facts' lays_out)
-            facts = facts_of(self.styles[key])
-            for child in facts.lays_out if facts is not None else ():
+        lays_out = {key: facts.lays_out for key in self.styles if (facts := facts_of(self.styles[key])) and facts.lays_out}
+        for path, key in list(found.items()) if lays_out else ():  # children a style lays out itself
+            for child in lays_out.get(key, ()):
                 if f"{path}.{child}" in self.modules:
                     found.setdefault(f"{path}.{child}", key)
         return found
@@ -124,9 +124,10 @@ class ModelPlan:
         from plangen.style_facts import style_kind
 
         below: dict[str, set[str]] = {}
+        matched = {path for names in self.matches.values() for path in names}
         for path, key in self.covering.items():
             style = self.styles[key]
-            kinds = {style_kind(style)} if path in self.matches[key] else {"colwise"}  # laid out by its parent's style
+            kinds = {style_kind(style)} if path in matched else {"colwise"}  # laid out by its parent's style
             if kinds == {"colwise"} and _gathers_feature_shards(style):
                 kinds.add("gather_input")
             parts = path.split(".")
