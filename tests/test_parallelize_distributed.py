@@ -104,7 +104,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in case
 # bitwise cases and one of each kind (dense, SP, tied, Conv1D, hybrid, MoE, latent attention, sinks).
 # The rest of TP 2 repeats DP 2 x TP 2 without FSDP2: marked slow (-m "slow or not slow").
 TP2_DEFAULT = {
-    "llama", "llama-sp", "gemma3-sp", "gpt2", "nemotron_h-sp", "llama4-sp",
+    "llama", "llama-sp", "gemma3-sp", "gpt2", "nemotron_h-sp", "nemotron_h-1g", "llama4-sp",
     # issue 10's MoE parity at TP 2, SP off and on:
     *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
 }
