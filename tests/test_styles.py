@@ -947,7 +947,7 @@ def test_mamba2_mixer_is_split_by_heads_and_made_local(tp_mesh):
         holder.m = _mamba2_mixer(n_groups=groups)
         parallelize_module(holder, tp_mesh, {"m": build_style("Mamba2MixerParallel")})
         mixer = holder.m
-        heads, head_dim, state = 4, 16, 8
+        heads, state = 4, 8
         assert (mixer.num_heads, mixer.intermediate_size, mixer.n_groups) == (2, 32, local_groups)
         assert mixer.conv_dim == 32 + 2 * local_groups * state
         bc = groups * state
@@ -957,7 +957,6 @@ def test_mamba2_mixer_is_split_by_heads_and_made_local(tp_mesh):
         for name in ("A_log", "D", "dt_bias"):
             param = getattr(mixer, name)
             assert isinstance(param, DTensor) and param.placements == (Shard(0),) and param.to_local().shape == (2,)
-        del head_dim
 
 
 def test_mamba2_mixer_refuses_a_tp_size_that_splits_neither_heads_nor_groups(tp_mesh):

@@ -14,7 +14,8 @@ Norms over a whole q or k projection, applied straight to its output (OLMo-2, OL
 with its heads (``ShardedNormParallel``: statistics summed over TP). Everything else stays
 replicated, with the reason: packed q|k|v or gate|up projections (their parts would need
 ``_StridedShard``, which FSDP2 cannot lay out), mixture-of-experts blocks, state-space /
-linear-attention mixers, anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
+linear-attention mixers other than Mamba2 (which are split by heads: :mod:`plangen.mamba_styles`),
+anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
 Under sequence parallelism a replicated block of a layer is handed the whole sequence and keeps its
 shard of the output (``PrepareModuleInputOutput``: one all-gather each way); anything else on the
 residual stream that cannot take a sequence shard makes SP unavailable for the class, with the reason.
