@@ -14,9 +14,9 @@ and check it after editing with `plangen verify generated/nemotron_h_sp_plan.py`
 
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
-nothing from plangen's runtime, though plangen.styles must be importable there (for
-ExpertsParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
-(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
+GatedRMSNormParallel, Mamba2MixerParallel). The logits leave as a DTensor sharded on the vocabulary:
+the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from plangen.styles import ExpertsParallel
+from plangen.styles import ExpertsParallel, GatedRMSNormParallel, Mamba2MixerParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "nemotron_h"
@@ -119,18 +119,16 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
 
     # Other
-    # 1 × NemotronHMamba2Mixer: replicated linear_attention mixer: gathers the sequence, computes it whole, keeps this
-    # rank's shard
-    "model.layers.0.mixer": PrepareModuleInputOutput(
-        input_layouts=(Shard(1),),
-        desired_input_layouts=(Replicate(),),
-        input_kwarg_layouts=None,
-        desired_input_kwarg_layouts=None,
-        use_local_input=True,
-        output_layouts=(Replicate(),),
-        desired_output_layouts=(Shard(1),),
-        use_local_output=False,
-    ),
-    # Left replicated on purpose: Mamba2 fused in_proj (gate | x·B·C | dt) has no column split
-    # "model.layers.*.mixer.in_proj": 1 × Linear [18560, 4096]
+    # 1 × NemotronHMamba2Mixer [128] → local [64] at TP=2
+    # Mamba2 mixer split by heads: z, x, dt, A_log, D, dt_bias and x's conv channels with the heads, B and C by groups
+    # (one group: its rows gathered whole per forward, gradient reduce-scattered); one all-gather of the sequence in,
+    # its gradient reduce-scattered
+    "model.layers.0.mixer": Mamba2MixerParallel(input_layouts=Shard(1)),
+    # 1 × NemotronHRMSNormGated [8192] → local [4096] at TP=2
+    # gated RMSNorm on this rank's heads; a group spread over ranks (n_groups 1) all-reduces its sum of squares (B·S
+    # values each way)
+    "model.layers.*.mixer.norm": GatedRMSNormParallel(),
+    # 1 × Linear [4096, 8192] → local [4096, 4096] at TP=2
+    # row-parallel: reduce-scatter back to the sequence-sharded residual
+    "model.layers.*.mixer.out_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
 }

@@ -212,28 +212,34 @@ class MultiQueryColwiseParallel(FusedColwiseParallel):
         )
 
 
+def gather_shared_rows(
+    param: torch.Tensor, dim: int, part_sizes: tuple[int, ...], shared: tuple[int, ...], device_mesh: DeviceMesh
+) -> torch.Tensor:
+    """This rank's ``[part_0_r; part_1_r; ...]`` of a re-laid-out parameter (a ``Shard(dim)`` DTensor of
+    :func:`interleave_index`'s rows), with the ``shared`` parts all-gathered whole (one all-gather; in
+    backward one reduce-scatter, which sums every rank's contribution to the shared rows)."""
+    tp = device_mesh.size()
+    local = param.to_local() if isinstance(param, DTensor) else param
+    unit = local.shape[dim] // sum(part_sizes)
+    pieces = list(local.split([unit * p for p in part_sizes], dim))
+    mine = torch.cat([pieces[i] for i in shared], dim)
+    # [shared parts of rank 0; of rank 1; ...], the gradient of each rank's copy summed back (Partial).
+    whole = DTensor.from_local(mine, device_mesh, (Shard(dim),), run_check=False)
+    whole = whole.redistribute(device_mesh, (Replicate(),)).to_local(grad_placements=(Partial(),))
+    by_rank = [whole.narrow(dim, r * mine.shape[dim], mine.shape[dim]) for r in range(tp)]
+    offsets = [sum(unit * part_sizes[j] for j in shared[:k]) for k in range(len(shared))]
+    for k, i in enumerate(shared):
+        size = unit * part_sizes[i]
+        pieces[i] = torch.cat([rows.narrow(dim, offsets[k], size) for rows in by_rank], dim)
+    return torch.cat(pieces, dim)
+
+
 def apply_shared_parts(
     module: nn.Module, device_mesh: DeviceMesh, part_sizes: tuple[int, ...], shared: tuple[int, ...], input_layout: Any
 ) -> None:
     """During each forward, ``module``'s parameters are this rank's ``[part_0_r; ...]`` with the
     ``shared`` parts gathered whole, and its input a local tensor whose gradient is summed over TP."""
-    tp = device_mesh.size()
     swapped: dict[str, Any] = {}
-
-    def local_rows(param: torch.Tensor, dim: int) -> torch.Tensor:
-        local = param.to_local() if isinstance(param, DTensor) else param
-        unit = local.shape[dim] // sum(part_sizes)
-        pieces = list(local.split([unit * p for p in part_sizes], dim))
-        mine = torch.cat([pieces[i] for i in shared], dim)
-        # [shared parts of rank 0; of rank 1; ...], the gradient of each rank's copy summed back (Partial).
-        whole = DTensor.from_local(mine, device_mesh, (Shard(dim),), run_check=False)
-        whole = whole.redistribute(device_mesh, (Replicate(),)).to_local(grad_placements=(Partial(),))
-        by_rank = [whole.narrow(dim, r * mine.shape[dim], mine.shape[dim]) for r in range(tp)]
-        offsets = [sum(unit * part_sizes[j] for j in shared[:k]) for k in range(len(shared))]
-        for k, i in enumerate(shared):
-            size = unit * part_sizes[i]
-            pieces[i] = torch.cat([rows.narrow(dim, offsets[k], size) for rows in by_rank], dim)
-        return torch.cat(pieces, dim)
 
     def swap_in(mod: nn.Module, args: tuple) -> tuple:
         x, *rest = args
@@ -246,7 +252,8 @@ def apply_shared_parts(
             if param is None:
                 continue
             swapped[name] = param
-            mod._parameters[name] = local_rows(param, _output_dim(mod, name))  # type: ignore[assignment]
+            mod._parameters[name] = gather_shared_rows(  # type: ignore[assignment]
+                param, _output_dim(mod, name), part_sizes, shared, device_mesh)
         return (x, *rest)
 
     def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:

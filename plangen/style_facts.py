@@ -74,6 +74,9 @@ class StyleFacts:
     # Children the style lays out itself, by name, with the role each then plays (a Mamba1 mixer's
     # in_proj column-parallel, x_proj row-parallel): the rules count them as sharded by that role.
     lays_out_children: Mapping[str, str] = field(default_factory=dict)
+    # Children the style lays out itself, column-parallel (a Mamba2 mixer's in_proj and conv1d, which
+    # its forward reads directly): level 2 counts them covered and column-parallel under the module.
+    lays_out: tuple[str, ...] = ()
 
     @property
     def shards(self) -> bool:
@@ -286,6 +289,14 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
         StyleFacts("GatheredNormParallel", PLANGEN_STYLES, "sharded_norm", replicates=True),
+        # A Mamba2 mixer split by heads (plangen.mamba_styles): its own [heads] parameters, in_proj and
+        # conv1d re-laid out by heads; it takes its input itself (gathered, gradient reduced once).
+        StyleFacts("Mamba2MixerParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0},
+                   layout_defaults={"input_layouts": _REPLICATE}, lays_out=("in_proj", "conv1d")),
+        # Its gated RMSNorm on this rank's heads: weight Shard(0), a group spread over ranks all-reduced.
+        StyleFacts("GatedRMSNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
+        # Its stable-variant twin: a group spread over ranks all-gathered and normalised whole instead.
+        StyleFacts("GatheredGatedRMSNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # NeMo RL's ColwiseParallel; gather_output=True sets output_layouts=Replicate().
         StyleFacts(
             "ColwiseParallelWithGather",
@@ -314,6 +325,7 @@ def facts_of(style: "ParallelStyle") -> StyleFacts | None:
 PLANGEN_STYLE_MODULES = (
     PLANGEN_STYLES,
     "plangen.moe_styles",
+    "plangen.grouped_styles",
     "plangen.replicated_styles",
     "plangen.tied_styles",
     "plangen.kv_styles",
@@ -321,6 +333,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.linear_attention_styles",
     "plangen.mla_styles",
     "plangen.norm_styles",
+    "plangen.mamba_styles",
     "plangen.fused_styles",
     "plangen.mamba1_styles",
 )

@@ -47,14 +47,10 @@ from plangen.fused_styles import (
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
+from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.moe_styles import (
-    AllReduceOutputGrad,
-    EveryTokenMoeParallel,
-    ExpertsParallel,
-    GroupedColwiseParallel,
-    GroupedRowwiseParallel,
-)
+from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel
+from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -236,6 +232,9 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ShardedNormParallel,
         GatheredNormParallel,
         Mamba1MixerParallel,
+        Mamba2MixerParallel,
+        GatedRMSNormParallel,
+        GatheredGatedRMSNormParallel,
     )
 }
 
@@ -483,6 +482,8 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FusedColwiseParallel",
+    "GatedRMSNormParallel",
+    "GatheredGatedRMSNormParallel",
     "GatheredNormParallel",
     "GroupedColwiseParallel",
     "GroupedRowwiseParallel",
@@ -490,6 +491,7 @@ __all__ = [
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "Mamba1MixerParallel",
+    "Mamba2MixerParallel",
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",

@@ -475,3 +475,68 @@ def test_stable_variant_keeps_mamba1_mixers_whole_so_a_layer_sums_nothing(fake_p
     forward, backward, total_forward, _ = per_layer(name, False, "stable", source="synthesized")
     assert forward == {} and backward == {}
     assert total_forward == {AR: 1}
+# --- Mamba2 mixers split by heads (plangen.mamba_styles) ---------------------------------------
+
+
+def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool, variant: str = "optimized"):
+    kwargs = dict(TINY["nemotron_h"], n_groups=n_groups, layers_block_type=["linear_attention"] * layers)
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    chosen = choose_plan(model, sequence_parallel, variant=variant)
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), chosen.build_styles())
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with CollectiveCounter() as forward:
+        logits = model(input_ids=ids).logits
+    loss = vocab_parallel_cross_entropy(logits, ids)
+    with CollectiveCounter() as backward:
+        loss.backward()
+    return config, forward, backward
+
+
+def _per_mixer(n_groups: int, sequence_parallel: bool, variant: str = "optimized"):
+    counts = [_mamba_step(n_groups, layers, sequence_parallel, variant) for layers in (1, 2)]
+    (_, f1, b1), (config, f2, b2) = counts
+    c1, d1, c2, d2 = (merge_c10d_counts(c.counts()) for c in (f1, b1, f2, b2))
+    diff = lambda a, b: {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    return diff(c1, c2), diff(d1, d2), config, f2, b2
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_mamba2_mixer_split_by_groups_costs_what_a_row_parallel_block_costs(fake_pg, sequence_parallel):
+    """n_groups divisible by TP: each rank's heads read only its groups and the norm's groups lie whole
+    on one rank, so a mixer costs the Megatron minimum of one block: its out_proj's all-reduce forward,
+    its input gradient's backward (under SP: the sequence gathered in, reduce-scattered out)."""
+    forward, backward, _, _, _ = _per_mixer(2, sequence_parallel)
+    megatron = {AG: 1, RS: 1} if sequence_parallel else {AR: 1}
+    assert forward == megatron and backward == megatron
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_mamba2_mixer_with_one_group_gathers_its_rows_and_sums_the_norm(fake_pg, sequence_parallel):
+    """One B/C group: its rows of in_proj.weight, conv1d.weight and conv1d.bias are all-gathered
+    (weights: 2·N·hidden, 2·N·kernel, 2·N values) forward and their gradient reduce-scattered backward;
+    the gated norm's one group spans both ranks: one all-reduce of B·S values each way. The rest is
+    the Megatron minimum."""
+    forward, backward, config, f2, b2 = _per_mixer(1, sequence_parallel)
+    megatron = {AG: 1, RS: 1} if sequence_parallel else {AR: 1}
+    assert forward == {**megatron, AG: megatron.get(AG, 0) + 3, AR: megatron.get(AR, 0) + 1}
+    assert backward == {**megatron, RS: megatron.get(RS, 0) + 3, AR: megatron.get(AR, 0) + 1}
+    state, hidden, kernel = config.ssm_state_size, config.hidden_size, config.conv_kernel
+    gathered = Counter(size for op, size in f2.records if op == AG)
+    rows = Counter([2 * state * hidden * 4, 2 * state * kernel * 4, 2 * state * 4] * 2)  # two mixers
+    assert rows <= gathered and gathered.total() == rows.total() + (2 + 1 if sequence_parallel else 0)
+    tokens = BATCH * SEQ * 4  # one float32 per token
+    assert [size for op, size in f2.records if op == AR and size == tokens] == [tokens] * 2
+    assert [size for op, size in b2.records if op == AR and size == tokens] == [tokens] * 2
+
+
+@pytest.mark.parametrize("n_groups", [2, 1])
+def test_stable_variant_of_a_mamba2_mixer_only_gathers_forward(fake_pg, n_groups):
+    """Stable variant: out_proj gathers its input and output (column-parallel on the gathered input);
+    with one group the gated norm gathers the group's slices (GatheredGatedRMSNormParallel) beside
+    the three weight gathers: nothing is summed across ranks in forward."""
+    forward, backward, _, _, _ = _per_mixer(n_groups, False, "stable")
+    shared = 3 + 1 if n_groups == 1 else 0
+    assert forward == {AG: 2 + shared}
+    assert backward == {AR: 1, RS: 1 + shared}  # the input gradient; out_proj's and the gathers' reduce-scatters

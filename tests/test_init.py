@@ -451,7 +451,7 @@ def test_stable_variant_file_records_it_and_verifies_clean(spec, tmp_path, monke
     assert again.exit_code == 0 and "already up to date" in again.output
 
 
-@pytest.mark.parametrize("spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss", "llama4"])
+@pytest.mark.parametrize("spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss", "llama4", "nemotron_h"])
 def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_sums_nothing(spec, tmp_path, monkeypatch):
     """Whole-projection norms (GatheredNormParallel), Conv1D row-parallel projections (column-parallel
     on the gathered input) and experts (kept whole over TP, listed as such in the file): the file has
@@ -466,15 +466,19 @@ def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_su
     assert result.exit_code == 0, result.output
     path = tmp_path / "generated" / f"{spec}_stable_plan.py"
     styles = load_custom_plan(str(path))
-    summing = {"RowwiseParallel", "Conv1DRowwiseParallel", "ExpertsParallel", "ShardedNormParallel", "AllReduceOutputGrad"}
+    summing = {"RowwiseParallel", "Conv1DRowwiseParallel", "ExpertsParallel", "ShardedNormParallel", "AllReduceOutputGrad",
+               "GatedRMSNormParallel"}
     # The vocab-parallel embedding's all-reduce stays: one rank holds each token's row, the others add zeros.
     embedding = {k for k, s in styles.items() if type(s).__name__ == "RowwiseParallel" and s.input_layouts == (Replicate(),)}
-    assert embedding == {"model.embed_tokens"} or spec == "gpt2"
+    assert embedding == ({"model.embeddings"} if spec == "nemotron_h" else {"model.embed_tokens"}) or spec == "gpt2"
     assert not {type(s).__name__ for k, s in styles.items() if k not in embedding} & summing, styles
     outputs = [getattr(getattr(s, "prepare_module_output", s), "output_layouts", None) or () for s in styles.values()]
     assert not any(isinstance(o, Partial) for layouts in outputs for o in layouts)
     if spec == "olmo2":
         assert type(styles["model.layers.*.self_attn.q_norm"]).__name__ == "GatheredNormParallel"
+    if spec == "nemotron_h":  # Mamba2 mixers stay split by heads; the gated norm gathers instead of summing
+        assert type(styles["model.layers.*.mixer.norm"]).__name__ == "GatheredGatedRMSNormParallel"
+        assert type(styles["model.layers.0.mixer"]).__name__ == "Mamba2MixerParallel"
     if "moe" in spec or spec in ("deepseek_v3", "gpt_oss", "llama4"):
         assert "experts whole over TP" in path.read_text()
     report = verify_plan_files([path])

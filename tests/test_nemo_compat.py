@@ -102,10 +102,10 @@ def test_nm5_h_runs_plangens_runtime_with_nemotron_hs_hand_written_plan(fake_pg,
         result = P._parallelize_nm5_h(model, mesh["dp"], mesh["tp"], torch.float32)
     assert isinstance(result, FSDPModule)
     assert "using the hand-written plan" in caplog.text
-    # After FSDP2 over DP, TP-sharded weights span the (dp, tp) mesh; the replicated Mamba mixer only dp.
+    # After FSDP2 over DP, TP-sharded weights span the (dp, tp) mesh, the Mamba2 mixer's (split by heads) too.
     mixers = {layer.block_type: layer.mixer for layer in model.model.layers}
     assert isinstance(mixers["mlp"].up_proj.weight, DTensor) and mixers["mlp"].up_proj.weight.device_mesh.ndim == 2
-    assert mixers["linear_attention"].in_proj.weight.device_mesh.ndim == 1
+    assert mixers["linear_attention"].in_proj.weight.device_mesh.ndim == 2
 
 
 def test_nm5_h_refuses_another_class():

@@ -250,7 +250,9 @@ def test_sequence_length_not_divisible_by_tp_is_a_clear_error(fake_pg):
         model(input_ids=torch.zeros(1, 7, dtype=torch.long))
 
 
-def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
+def test_nemotron_h_plan_shards_mlp_attention_and_mamba2_mixers():
+    from torch.distributed.tensor import Shard
+
     model = meta_model("nemotron_h")
     plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
     assert P.find_unmatched_keys(model, plan) == []
@@ -259,12 +261,14 @@ def test_nemotron_h_plan_shards_mlp_and_attention_and_replicates_mamba():
     # The MoE block: experts split on the expert dim, the shared expert column/row-parallel, the router whole.
     assert {"model.layers.1.mixer.experts", "model.layers.1.mixer.shared_experts.up_proj"} <= sharded
     assert "model.layers.1.mixer.gate" not in sharded
-    assert not any(n.startswith("model.layers.0.") for n in sharded)  # the Mamba block
-    # SP: the Mamba mixer gathers the sequence, computes it whole and keeps its shard.
+    # The Mamba2 mixer split by heads: its own style (in_proj, conv1d, A_log/D/dt_bias), its gated norm, out_proj.
+    assert {"model.layers.0.mixer", "model.layers.0.mixer.norm", "model.layers.0.mixer.out_proj"} <= sharded
+    assert type(plan["model.layers.0.mixer"]).__name__ == "Mamba2MixerParallel"
+    # SP: the Mamba mixer gathers the sequence itself; out_proj reduce-scatters back to it.
     sp_plan = P.PARALLELIZE_FUNCTIONS[type(model)](model, True)
     assert P.find_unmatched_keys(model, sp_plan) == []
-    assert type(sp_plan["model.layers.0.mixer"]).__name__ == "PrepareModuleInputOutput"
-    assert not any(k.startswith("model.layers.0.mixer.") for k in sp_plan)
+    assert type(sp_plan["model.layers.0.mixer"]).__name__ == "Mamba2MixerParallel"
+    assert sp_plan["model.layers.0.mixer"].input_layouts == Shard(1)
 
 
 def test_packed_projections_refuse_fsdp_sharding():

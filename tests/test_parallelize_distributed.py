@@ -28,8 +28,10 @@ ATTN = {"gpt_oss": "eager"}
 
 # The stable variant's all-gathers in one forward of the 2-layer tiny models: o_proj and down_proj
 # (c_proj for GPT-2, dense_4h_to_h for Falcon; a MoE layer's shared experts or dense MLP) gather their input and their output,
-# OLMo-2's q/k norms their projection's slices; experts kept whole gather nothing.
-STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 6,
+# OLMo-2's q/k norms their projection's slices; experts kept whole gather nothing. A Mamba2 mixer's
+# out_proj gathers its input and output; with one B/C group (nemotron_h-1g) also the group's rows
+# of in_proj.weight, conv1d.weight and conv1d.bias, and its gated norm the group's slices: 4 more.
+STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 8, "nemotron_h-1g": 12,
                   # LongCat-Flash: per layer two attentions' o_proj and two dense MLPs' down_proj; experts whole.
                   "longcat_flash": 16}
 STABLE_MODELS = list(STABLE_GATHERS)
@@ -71,6 +73,9 @@ def _cases():
         {"name": "nemotron_h", "model": "nemotron_h"},
         {"name": "nemotron_h-sp", "model": "nemotron_h", "sp": True},
         {"name": "nemotron_h-ac", "model": "nemotron_h", "ac": True},
+        # Mamba2 mixers split by heads with one B/C group (gathered whole per forward).
+        {"name": "nemotron_h-1g", "model": "nemotron_h-1g"},
+        {"name": "nemotron_h-1g-sp", "model": "nemotron_h-1g", "sp": True},
     ]
     # Mixture of experts: experts split over TP on the expert dimension (grouped_mm, and eager once).
     moe = [
@@ -84,7 +89,8 @@ def _cases():
     # gpt-oss: attention sinks split with the heads come back as the [heads] tensor.
     moe += [
         {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
-        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4")
+        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4",
+                  "nemotron_h", "nemotron_h-1g")
     ]
     # Fused projections re-laid out for TP: the state dict still reads and loads Hugging Face's layout.
     moe += [{"name": "phi3-state-dict" + ("-sp" if sp else ""), "model": "phi3", "sp": sp, "state_dict": True} for sp in (False, True)]
@@ -111,7 +117,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in case
 # bitwise cases and one of each kind (dense, SP, tied, Conv1D, hybrid, MoE, latent attention, sinks).
 # The rest of TP 2 repeats DP 2 x TP 2 without FSDP2: marked slow (-m "slow or not slow").
 TP2_DEFAULT = {
-    "llama", "llama-sp", "gemma3-sp", "gpt2", "nemotron_h-sp", "llama4-sp",
+    "llama", "llama-sp", "gemma3-sp", "gpt2", "nemotron_h-sp", "nemotron_h-1g", "llama4-sp",
     # issue 10's MoE parity at TP 2, SP off and on:
     *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
 }

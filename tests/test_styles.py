@@ -811,6 +811,34 @@ class _HeadsBlock(nn.Module):
         self.weight = nn.Parameter(torch.zeros(4))  # [heads]
 
 
+def _mamba2_mixer(**overrides):
+    """A tiny NemotronH Mamba2 mixer; ``weight`` is its per-head ``A_log`` (what the facts describe)."""
+    from transformers import NemotronHConfig
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+
+    from tiny_configs import TINY
+
+    class Mixer(NemotronHMamba2Mixer):
+        weight = property(lambda self: self.A_log)
+
+    config = {k: v for k, v in {**TINY["nemotron_h"], **overrides}.items() if k != "model_type"}
+    return Mixer(NemotronHConfig(**config), layer_idx=0)
+
+
+def _gated_norm(width: int = 8, group: int = 4):
+    from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHRMSNormGated
+
+    return NemotronHRMSNormGated(width, group_size=group)
+
+
+# Styles for one module type only, with the module kind their facts name.
+_OWN_MODULE = {
+    "Mamba2MixerParallel": _mamba2_mixer,
+    "GatedRMSNormParallel": _gated_norm,
+    "GatheredGatedRMSNormParallel": _gated_norm,
+}
+
+
 @pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
@@ -818,7 +846,10 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, MIXER, NORM, STYLE_FACTS
 
     facts = STYLE_FACTS[name]
-    if EXPERTS in facts.shard_dim:  # a style for packed experts only
+    if name in _OWN_MODULE:
+        (kind,) = facts.shard_dim
+        kinds = {kind: _OWN_MODULE[name]}
+    elif EXPERTS in facts.shard_dim:  # a style for packed experts only
         kinds = {EXPERTS: _PackedExperts}
     elif MIXER in facts.shard_dim:  # a style for Mamba1 mixers only
         kinds = {MIXER: _mamba_mixer}
@@ -1109,3 +1140,66 @@ def test_experts_that_neither_layout_fits_are_refused_naming_both(tp_mesh):
     with pytest.raises(ValueError, match=r"3 experts do not divide by the TP size 2, and each expert's intermediate "
                                          r"split \(the other layout\) does not fit: their intermediate width 63"):
         parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel()})
+def test_mamba2_mixer_is_split_by_heads_and_made_local(tp_mesh):
+    """What each rank holds: in_proj and conv1d re-laid out (z|x|B|C|dt, x|B|C) with this rank's rows,
+    the per-head parameters Shard(0), and the shape attributes the forward reads made this rank's."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.fused_styles import LAYOUT_ATTRIBUTE
+    from plangen.styles import build_style
+
+    for groups, local_groups in ((2, 1), (1, 1)):
+        holder = nn.Module()
+        holder.m = _mamba2_mixer(n_groups=groups)
+        parallelize_module(holder, tp_mesh, {"m": build_style("Mamba2MixerParallel")})
+        mixer = holder.m
+        heads, state = 4, 8
+        assert (mixer.num_heads, mixer.intermediate_size, mixer.n_groups) == (2, 32, local_groups)
+        assert mixer.conv_dim == 32 + 2 * local_groups * state
+        bc = groups * state
+        assert getattr(mixer.in_proj, LAYOUT_ATTRIBUTE) == ((64, 64, bc, bc, heads), 2, None)
+        assert getattr(mixer.conv1d, LAYOUT_ATTRIBUTE) == ((64, bc, bc), 2, None)
+        assert tuple(mixer.in_proj.weight.to_local().shape) == ((128 + 2 * bc + heads) // 2, 32)
+        for name in ("A_log", "D", "dt_bias"):
+            param = getattr(mixer, name)
+            assert isinstance(param, DTensor) and param.placements == (Shard(0),) and param.to_local().shape == (2,)
+
+
+def test_mamba2_mixer_refuses_a_tp_size_that_splits_neither_heads_nor_groups(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.mamba_styles import Mamba2Layout, resolve_mamba2_layout
+    from plangen.styles import build_style
+
+    assert Mamba2Layout(heads=8, head_dim=4, groups=2, state=16).largest_tp() == 2
+    assert Mamba2Layout(heads=8, head_dim=4, groups=1, state=16).largest_tp() == 8
+    assert Mamba2Layout(heads=6, head_dim=4, groups=6, state=16).refusal(4) == "mamba heads=6 do not split over TP size 4"
+    mixer = _mamba2_mixer(n_groups=4)  # 4 heads, 4 groups: fine at TP 2
+    assert resolve_mamba2_layout(mixer).refusal(2) is None
+    holder = nn.Module()
+    holder.m = _mamba2_mixer(mamba_num_heads=6, n_groups=3)
+    with pytest.raises(ValueError, match=r"n_groups=3 is neither 1 nor divisible by TP size 2; the largest TP size it splits over is 3"):
+        parallelize_module(holder, tp_mesh, {"m": build_style("Mamba2MixerParallel")})
+    with pytest.raises(ValueError, match="not a Mamba2 mixer"):
+        resolve_mamba2_layout(nn.Linear(4, 4))
+
+
+def test_gated_norm_style_refuses_a_norm_that_computes_something_else(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import build_style
+
+    class Ungated(nn.Module):  # RMS over groups, but ignores the gate
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight, self.group_size, self.variance_epsilon = nn.Parameter(torch.ones(8)), 4, 1e-6
+
+        def forward(self, x, gate=None):
+            return _gated_norm().forward(x)
+
+    for module in (Ungated(), nn.LayerNorm(8)):
+        holder = nn.Module()
+        holder.m = module
+        with pytest.raises(ValueError, match="gated RMSNorm"):
+            parallelize_module(holder, tp_mesh, {"m": build_style("GatedRMSNormParallel")})

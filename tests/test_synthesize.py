@@ -58,7 +58,7 @@ def test_synthesizer_rederives_every_hand_written_dense_plan(model_type, sequenc
     assert entry_set(synthesized) == entry_set(hand_written)
 
 
-def test_synthesizer_rederives_nemotron_h_and_replicates_its_mamba_and_moe():
+def test_synthesizer_rederives_nemotron_h_with_its_mamba2_mixers_split_and_replicates_its_moe():
     model = meta("nemotron_h")
     synthesized = build_synthesized_plan(model, False)
     # The hand-written plan also splits the MoE mixer's experts (plangen.plans.hybrid): the rest is the same.
@@ -67,7 +67,8 @@ def test_synthesizer_rederives_nemotron_h_and_replicates_its_mamba_and_moe():
                     if e[0] not in moe and not e[0].startswith(("model.layers.*.mixer.experts", "model.layers.*.mixer.shared_experts"))}
     assert moe and entry_set(synthesized) == hand_written
     reasons = {r.why for r in synthesized.replicated}
-    assert any("state-space" in why for why in reasons) and any("mixture of experts" in why for why in reasons)
+    assert any("mixture of experts" in why for why in reasons) and not any("Mamba2" in why for why in reasons)
+    assert styles_of(synthesized)["model.layers.0.mixer"] == "Mamba2MixerParallel"
 
 
 # --- recognition by shapes and data flow, not names -------------------------------------------

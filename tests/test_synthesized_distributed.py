@@ -69,6 +69,9 @@ CLASSES = {
     # The same mixer with Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key head (a plain row
     # split keeps whole groups), beside MoE layers.
     "qwen3_next": ("Qwen3NextForCausalLM", False),
+    # Mamba2 mixers split by heads, one B/C group gathered whole per forward (plangen.mamba_styles);
+    # attention layers and MoE beside them.
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -76,13 +79,14 @@ TP_ONLY = {"bert", "roberta", "roformer"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
+    "falcon_h1-mup": False,  # FalconH1's MuP multipliers per in_proj part: its mup_vector cut to each rank's features
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
 }
 # Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba"}
+              "jamba", "mamba", "granitemoehybrid"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
@@ -118,7 +122,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c n
 
 # The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
 # of TP 2 is marked slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks both.
-TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "mamba", "bart", "bert", "gpt_neox", "falcon-gqa"}
+TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "mamba", "bart", "bert", "gpt_neox", "falcon-gqa", "granitemoehybrid"}
 DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1].removesuffix("-sp") in TP2_DEFAULT}
 
 

@@ -41,6 +41,14 @@ TINY["falcon-gqa"] = dict(
 )
 
 # Falcon-7B's layout: multi-query, [q of all heads; one k head; one v head] (Falcon-7B itself has 71 heads).
+# FalconH1 with distinct MuP multipliers per in_proj part (z, x, B, C, dt): its mup_vector buffer must be
+# cut to each rank's features; two B/C groups, Mamba and attention in parallel in every layer.
+TINY["falcon_h1-mup"] = dict(
+    model_type="falcon_h1", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+    mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=8, ssm_multipliers=[0.5, 1.5, 0.25, 2.0, 0.75],
+    use_cache=False, max_position_embeddings=64,
+)
 TINY["falcon-mqa"] = dict(
     model_type="falcon", vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, multi_query=True,
     new_decoder_architecture=False, alibi=False, bias=False, use_cache=False,
@@ -73,6 +81,9 @@ TINY["nemotron_h"] = dict(
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=16,
     ssm_state_size=8, n_groups=2, chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
 )
+# One B/C group (GraniteMoeHybrid, Bamba, Zamba2): every TP rank's heads read it, so its rows are
+# gathered whole per forward and the gated norm's one group spans the ranks.
+TINY["nemotron_h-1g"] = dict(TINY["nemotron_h"], n_groups=1)
 
 # Mixture-of-experts: 8 experts, top-2, so that with a 2-rank TP group every rank's experts get
 # tokens and, in the parity tests' batches, some expert gets none (the tests check both).

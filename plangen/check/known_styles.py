@@ -161,6 +161,9 @@ STYLES: dict[str, StyleSpec] = {
         _spec("LeaveUnsharded", ()),
         _spec("ShardedNormParallel", ()),
         _spec("GatheredNormParallel", ()),
+        _spec("GatedRMSNormParallel", ()),
+        _spec("GatheredGatedRMSNormParallel", ()),
+        _spec("Mamba2MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None),)),
         # The layouts are annotated Any there and passed on to ColwiseParallel / RowwiseParallel.
         _spec(
             "PackedColwiseParallel",

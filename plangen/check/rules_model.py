@@ -40,6 +40,8 @@ from plangen.styles import (
     GroupedColwiseParallel,
     GroupedRowwiseParallel,
     Mamba1MixerParallel,
+    GatedRMSNormParallel,
+    Mamba2MixerParallel,
     MlaKvAProjParallel,
     PackedColwiseParallel,
     PackedRowwiseParallel,
@@ -153,6 +155,14 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
     elif isinstance(style, Mamba1MixerParallel):
         problem = mamba1_parts_problem(module)
         return None if problem is None else f"`{name}` splits a Mamba1 mixer by its channels, but {what} has {problem}"
+    elif isinstance(style, (Mamba2MixerParallel, GatedRMSNormParallel)):
+        from plangen.mamba_styles import resolve_gated_norm, resolve_mamba2_layout
+
+        try:
+            (resolve_mamba2_layout if isinstance(style, Mamba2MixerParallel) else resolve_gated_norm)(module)
+        except ValueError as err:
+            return f"`{name}`: {err}"
+        return None
     elif isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
             return (

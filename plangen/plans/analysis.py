@@ -47,6 +47,7 @@ from plangen.plans.recognize import (
 )
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
+from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_split import SplitBlock, recognize_attention_called_alike, recognize_split_blocks
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
@@ -56,7 +57,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | Mamba1Block
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | Mamba1Block | Mamba2Block
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
@@ -369,6 +370,13 @@ def _analyze_layer(
         elif isinstance(recognized, GatedDeltaNetBlock):
             found.keep(child_path, "gated delta net whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+        elif isinstance(recognized, Mamba2Block) and (call is None or call.keyword in (None, "hidden_states")):
+            # Its style takes the hidden state itself (the first positional argument or hidden_states=),
+            # as a column-parallel projection does, so it needs no reading of the call.
+            found.blocks.append(BlockPart(child_path, recognized, call))
+        elif isinstance(recognized, Mamba2Block):
+            found.keep(child_path, f"Mamba2 mixer handed the hidden state as {call.keyword}=", "other")
+            found.gathered.append(KeptPart(child_path, call))
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")

@@ -2,8 +2,9 @@
 
 Each block holds one mixer (``layers.N.mixer``) of one kind. Patterns name the projections only
 the MLP and attention mixers have (``up_proj``/``down_proj``, ``q_proj``...), so they never touch
-a Mamba mixer, whose fused ``in_proj`` splits into gate, state and time-step slices that do not
-shard column-wise: Mamba mixers stay replicated, with the reason recorded. MoE mixers split their
+a Mamba mixer. Mamba2 mixers are split by heads (:mod:`plangen.mamba_styles`: the mixer's own
+style per block index lays out its fused ``in_proj``, ``conv1d`` and per-head parameters, the gated
+norm is sharded with the heads, ``out_proj`` row-parallel). MoE mixers split their
 experts over TP on the expert dimension (:class:`plangen.moe_styles.ExpertsParallel`), the shared
 expert column/row-parallel, the router replicated, and the block reduces both branches once (as
 :mod:`plangen.plans.moe` does), one entry per MoE block index (the mixers' kinds differ per block).
@@ -16,6 +17,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
+from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
 
 
@@ -49,12 +51,17 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
         # Mixer kinds differ per block and so do their call conventions (attention takes
         # hidden_states= by keyword, the others positionally): one entry per block index.
         entries += [_sp_block_entry(i, kind) for i, kind in enumerate(model.config.layers_block_type)
-                    if not (moe and kind == "moe")]
+                    if not (moe and kind == "moe") and kind != "linear_attention"]
         entries += [
             PlanEntry(norm, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
                       "norm on the local sequence shard")
             for norm in ("model.layers.*.norm", "model.norm_f")
         ]
+    if "linear_attention" in kinds:
+        # One entry per Mamba block (the mixers' kinds differ per block), before its children's.
+        entries += [mamba2_mixer_entry(f"model.layers.{i}.mixer", sp)
+                    for i, kind in enumerate(model.config.layers_block_type) if kind == "linear_attention"]
+        entries += mamba2_children_entries(layer, sp)
     if "full_attention" in kinds:
         entries += [PlanEntry(f"{layer}.{p}", "ColwiseParallel", colwise, "attention", "column-parallel: own heads")
                     for p in ("q_proj", "k_proj", "v_proj")]
@@ -68,8 +75,6 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
                              dict(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False),
                              "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy"))
     replicated = []
-    if "linear_attention" in kinds:
-        replicated.append(Replicated(f"{layer}.in_proj", "Mamba2 fused in_proj (gate | x·B·C | dt) has no column split", "other"))
     if moe:
         replicated.append(Replicated(f"{layer}.gate", "the router sees every token on every rank: routing stays exact", "mlp"))
     elif "moe" in kinds:
@@ -128,7 +133,7 @@ def _sp_block_entry(index: int, kind: str) -> PlanEntry:
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
             input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False,
         ), "mlp", "one all-gather of the sequence per MLP block")
-    # Mamba and MoE mixers stay replicated: they get the whole sequence and every rank computes
+    # MoE mixers kept whole stay replicated: they get the whole sequence and every rank computes
     # them; their output is cut back to this rank's sequence shard (no communication).
     return PlanEntry(mixer, "PrepareModuleInputOutput", dict(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),

@@ -9,12 +9,10 @@ because it maps heads (or the intermediate width) back to the hidden size. Names
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from torch import nn
 
-from plangen.models import text_config
 from plangen.plans.forward_source import (
     BlockCall,
     ShapeSizes,
@@ -25,90 +23,18 @@ from plangen.plans.forward_source import (
     read_returned_child,
     read_shape_sizes,
 )
+from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' shared vocabulary
+    ModelDims,
+    has_parameters,
+    is_linear,
+    is_per_feature,
+    layer_dims,
+    own_parameters,
+    read_dims,
+)
+from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
-
-
-@dataclass(frozen=True)
-class ModelDims:
-    """What the recognizers compare shapes against (the text config's sizes)."""
-
-    hidden: int
-    heads: int | None
-    kv_heads: int | None
-    head_dim: int | None
-    vocab: int | None
-    experts: int | None
-
-
-def _config_int(config: Any, *names: str) -> int | None:
-    for name in names:
-        try:  # per-layer configs raise on ambiguous global attributes
-            value = getattr(config, name, None)
-        except Exception:  # noqa: BLE001 - any failure means "not stated"
-            value = None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-def read_dims(model: nn.Module) -> ModelDims | None:
-    """The text decoder's sizes, or None when the config states no hidden size."""
-    config = text_config(getattr(model, "config", None))
-    hidden = _config_int(config, "hidden_size", "d_model", "n_embd")
-    if hidden is None:
-        return None
-    heads = _config_int(config, "num_attention_heads", "n_head", "num_heads")
-    kv_heads = _config_int(config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or heads
-    head_dim = _config_int(config, "head_dim") or (hidden // heads if heads and hidden % heads == 0 else None)
-    return ModelDims(
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab=_config_int(config, "vocab_size"),
-        experts=_config_int(config, "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
-    )
-
-
-def layer_dims(model: nn.Module, dims: ModelDims, layer: nn.Module) -> ModelDims:
-    """``dims`` as decoder ``layer`` sees them: a heterogeneous config (transformers'
-    ``per_layer_config``: Gemma 4's full-attention layers have twice the sliding ones' head_dim)
-    states head sizes per layer, and its global ``head_dim`` is ambiguous (it raises). Read from the
-    layer's attention module (its ``head_dim`` and ``num_key_value_groups``), not the config by
-    index: a sample of the layers (plangen list's) renumbers them."""
-    if getattr(text_config(getattr(model, "config", None)), "per_layer_config", None) is None:
-        return dims
-    for module in layer.modules():
-        head_dim, groups = getattr(module, "head_dim", None), getattr(module, "num_key_value_groups", None)
-        if isinstance(head_dim, int) and head_dim > 0 and isinstance(groups, int) and groups > 0 and dims.heads:
-            return replace(dims, head_dim=head_dim, kv_heads=dims.heads // groups)
-    return dims
-
-
-# ---------------------------------------------------------------------------------------------
-# Leaves
-
-
-def own_parameters(module: nn.Module) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(p.shape) for name, p in module.named_parameters(recurse=False)}
-
-
-def has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
-
-
-def is_linear(module: nn.Module) -> bool:
-    # torch's Colwise/RowwiseParallel shard nn.Linear (and subclasses); GPT-2's Conv1D stores the
-    # weight transposed and is not one.
-    return isinstance(module, nn.Linear)
-
-
-def is_per_feature(module: nn.Module, width: int) -> bool:
-    """A leaf whose every parameter is one value per feature of a ``width``-wide input (a norm's weight, bias)."""
-    if any(has_parameters(child) for child in module.children()):
-        return False
-    shapes = list(own_parameters(module).values())
-    return bool(shapes) and all(shape == (width,) for shape in shapes)
+from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
 
 
 def describe(name: str, module: nn.Module) -> str:
@@ -516,15 +442,9 @@ def _is_recurrent_mixer(block: nn.Module) -> bool:
     return any(name.split(".")[-1] in _STATE_SPACE_PARAMETERS for name, _ in block.named_parameters())
 
 
-def _linear_attention(block: nn.Module, dims: ModelDims):
-    from plangen.plans.recognize_linear_attention import recognize_gated_delta_net  # it imports this module
-
-    return recognize_gated_delta_net(block, dims)
-
-
 def recognize_block(
     name: str, block: nn.Module, dims: ModelDims
-) -> ShardedBlock | MoeBlock | LatentBlock | Mamba1Block | KeptBlock:
+) -> ShardedBlock | MoeBlock | LatentBlock | Mamba1Block | Mamba2Block | KeptBlock:
     """What a decoder-layer child with parameters is, and how it is sharded (or why it is not)."""
     latent = recognize_latent_attention(block, dims)
     if latent is not None:
@@ -534,7 +454,7 @@ def recognize_block(
         if found is not None:
             return found
     # Before the experts' shape test: a mixer's [value heads] weights can match a tiny expert count.
-    if (mixer := _linear_attention(block, dims)) is not None:
+    if (mixer := recognize_gated_delta_net(block, dims)) is not None:
         return mixer
     if _is_mixture_of_experts(block, dims):
         return KeptBlock(
@@ -544,6 +464,8 @@ def recognize_block(
         )
     if (mamba1 := recognize_mamba1_mixer(block, dims.hidden)) is not None:
         return mamba1 if isinstance(mamba1, Mamba1Block) else KeptBlock("mixer", mamba1)
+    if (mamba2 := recognize_mamba2(block, dims.hidden)) is not None:
+        return KeptBlock("mixer", mamba2) if isinstance(mamba2, str) else mamba2
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",

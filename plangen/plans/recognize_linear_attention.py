@@ -17,7 +17,7 @@ from math import gcd
 from torch import nn
 
 from plangen.plans.forward_source import read_input_name_readers
-from plangen.plans.recognize import ModelDims, has_parameters, is_linear, is_per_feature, own_parameters
+from plangen.plans.dims import ModelDims, has_parameters, is_linear, is_per_feature, own_parameters
 
 # The attributes the forward shapes by that count all heads (divided by the TP size when applied);
 # head_k_dim / head_v_dim are one head's width and stay.

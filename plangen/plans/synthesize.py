@@ -14,7 +14,8 @@ Norms over a whole q or k projection, applied straight to its output (OLMo-2, OL
 with its heads (``ShardedNormParallel``: statistics summed over TP). Everything else stays
 replicated, with the reason: packed q|k|v or gate|up projections (their parts would need
 ``_StridedShard``, which FSDP2 cannot lay out), mixture-of-experts blocks, state-space /
-linear-attention mixers, anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
+linear-attention mixers other than Mamba2 (which are split by heads: :mod:`plangen.mamba_styles`),
+anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
 Under sequence parallelism a replicated block of a layer is handed the whole sequence and keeps its
 shard of the output (``PrepareModuleInputOutput``: one all-gather each way); anything else on the
 residual stream that cannot take a sequence shard makes SP unavailable for the class, with the reason.
@@ -42,8 +43,10 @@ from plangen.plans.latent import latent_attention_entries
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.mamba1 import mamba1_entries
+from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
+from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
 
@@ -220,6 +223,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
     if isinstance(part.block, Mamba1Block):
         return mamba1_entries(part.path, part.block, sp)
+    if isinstance(part.block, Mamba2Block):  # plangen.mamba_styles: split by heads
+        block = part.block
+        return [mamba2_mixer_entry(part.path, sp),
+                *mamba2_children_entries(part.path, sp, norm=block.norm, out_proj=block.out_proj)]
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call

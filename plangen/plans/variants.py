@@ -16,6 +16,10 @@ the gathered input). Two more sums have no gather-based twin that keeps the same
 * a norm over a whole column-parallel projection (OLMo-2's q/k norms, ``ShardedNormParallel``)
   sums its statistics over TP: ``GatheredNormParallel`` all-gathers the projection's slices instead
   and normalises the whole of it on every rank (its weight then whole over TP, a few KiB);
+* a Mamba2 mixer's gated norm whose one group spans the ranks (``GatedRMSNormParallel``) sums its
+  sum of squares over TP: ``GatheredGatedRMSNormParallel`` all-gathers the group's slices and
+  normalises it whole instead (the weight stays sharded: each rank scales its own slice). The
+  mixer's one B/C group is gathered (weights, an all-gather) and its input taken whole: no sum;
 * the experts split over TP (``ExpertsParallel``, or by their block: Llama-4's
   ``EveryTokenMoeParallel``) sum each token's outputs over experts held by
   other ranks: the stable variant keeps the experts whole over TP (every rank computes every
@@ -150,6 +154,13 @@ def build_stable_plan(plan: Plan) -> Plan:
                 entry,
                 style="GatheredNormParallel",
                 why="stable variant: the projection's slices all-gathered and normalised whole on every rank:"
+                " no statistics summed across ranks",
+            )
+        elif entry.style == "GatedRMSNormParallel":
+            entry = replace(
+                entry,
+                style="GatheredGatedRMSNormParallel",
+                why="stable variant: a group spread over ranks all-gathered and normalised whole on every rank:"
                 " no statistics summed across ranks",
             )
         elif _leaves_partial(entry):
