@@ -83,7 +83,9 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
         "temporaries may differ: gloo's work objects hold a collective's tensors until its thread is done, so "
         "a rank can still hold a reduce-scatter input that the trace has freed (timing; docs/cost.md); for the "
         "same reason activations count as exact up to two per-token float32 tensors above the trace "
-        "(plangen.cost.validate.timing_slack)"
+        "(plangen.cost.validate.timing_slack), and a rank that peaked with FSDP2's next all-gather early (more "
+        "gathered, fewer activations, its total at most that buffer above the trace's) counts as the trace's moment "
+        "(plangen.cost.validate.gathered_early)"
     )
     section.notes.append(
         "routing: the prediction has none (fake tensors); 'random' is the model's own router (routes spread over "

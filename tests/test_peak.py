@@ -133,8 +133,9 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
     timing, which a trace cannot see (up to 19 % of the step at these sizes, where the root's
     gradients are a large part of it). Activations: byte for byte, or up to two per-token float32
     tensors above (plangen.cost.validate.timing_slack: the loss's statistics, held by gloo a moment
-    longer on some rank in some launches)."""
-    from plangen.cost.validate import kind_matches, timing_slack
+    longer on some rank in some launches); none where a rank peaked with FSDP2's next all-gather early
+    (plangen.cost.validate.gathered_early: the total at most that buffer above the trace's)."""
+    from plangen.cost.validate import differing_kinds, timing_slack
 
     for rank, per_case in enumerate(measured):
         real = per_case[case]
@@ -145,9 +146,7 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
             assert got["temporary"] >= want["temporary"], (rank, phase.phase)
             if phase.phase != "optimizer":
                 assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
-            slack = timing_slack(predicted[case])
-            differing = {k: (got[k], v) for k, v in want.items() if k not in ("total", "temporary")
-                         and not kind_matches(k, got[k], v, slack)}
+            differing = differing_kinds(got, want, timing_slack(predicted[case]))
             assert not differing, (rank, phase.phase, differing)
 
 
@@ -157,6 +156,8 @@ def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
     (grouped_mm) sizes every tensor by the top-k slots, not by the tokens an expert gets. The model's own
     router spreads the routes over both TP ranks' experts; a router of zero weights (every logit equal)
     sends them all to one rank's; every rank holds the same bytes either way, the one prediction's."""
+    from plangen.cost.validate import differing_kinds, timing_slack
+
     assert predicted["qwen3_moe-one-rank"] is predicted["qwen3_moe"]
     exact = lambda phases: {p: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
                             for p, d in phases.items()}
@@ -165,7 +166,12 @@ def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
         assert spread["experts_implementation"] == one_rank["experts_implementation"] == "grouped_mm"
         assert min(spread["route_share"]) > 0.3, (rank, spread["route_share"])
         assert sorted(one_rank["route_share"]) == [0.0, 1.0], (rank, one_rank["route_share"])
-        assert exact(spread["phases"]) == exact(one_rank["phases"]), rank
+        for phase in predicted["qwen3_moe"].phases:  # where timing moved a rank's peak: each as predicted
+            want = {"total": phase.breakdown.total, **dict(phase.breakdown.items())}
+            if exact(spread["phases"])[phase.phase] != exact(one_rank["phases"])[phase.phase]:
+                slack = timing_slack(predicted["qwen3_moe"])
+                assert not differing_kinds(spread["phases"][phase.phase], want, slack), (rank, phase.phase)
+                assert not differing_kinds(one_rank["phases"][phase.phase], want, slack), (rank, phase.phase)
 
 
 def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
@@ -370,3 +376,16 @@ def test_benchmark_table_sets_each_prediction_beside_every_ranks_measurement(pre
             assert row[5] == f"{peak.breakdown.total / 2**20:.3f} MiB"
     exact = section.goals[1]
     assert exact.met, exact.detail
+
+
+def test_a_rank_that_peaked_with_the_next_all_gather_early_is_told_apart_from_a_wrong_prediction():
+    """The one timing the CI run saw (rank 1, forward of the small Qwen3-MoE): more gathered, fewer
+    activations, the total at most the extra buffer above: accepted; any other split is a difference."""
+    from plangen.cost.validate import differing_kinds
+
+    want = {"total": 4_279_072, "parameters": 1, "activations": 4_016_672, "gathered": 262_400, "temporary": 0}
+    early = dict(want, total=4_318_048, activations=3_807_264, gathered=510_784)
+    assert differing_kinds(early, want, 0) == {}
+    assert differing_kinds(dict(early, total=want["total"] + 300_000), want, 0) != {}  # more than the buffer
+    assert differing_kinds(dict(want, activations=want["activations"] - 1, total=want["total"] - 1), want, 0) == {
+        "activations": (4_016_671, 4_016_672)}

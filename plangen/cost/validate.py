@@ -125,14 +125,35 @@ def kind_matches(kind: str, got: int, want: int, slack: int) -> bool:
     return got == want or (kind == "activations" and 0 <= got - want <= slack)
 
 
+def gathered_early(got: dict[str, int], want: dict[str, int]) -> bool:
+    """A rank whose peak is another moment than the trace's, one where FSDP2's next all-gather
+    already holds its buffer: gloo finishes the prefetch sooner or later than the trace orders it,
+    so the rank's highest moment has more gathered and fewer activations, its total at most the
+    extra buffer above the trace's (measured once in a few launches: +243 KiB gathered, -205 KiB
+    activations, +38 KiB in all, forward of the small Qwen3-MoE). Timing, which a trace cannot see."""
+    extra = got["gathered"] - want["gathered"]
+    return extra > 0 and 0 <= got["total"] - want["total"] <= extra
+
+
+def differing_kinds(got: dict[str, int], want: dict[str, int], slack: int) -> dict[str, tuple[int, int]]:
+    """The kinds of one rank's phase (``got``) that are not the prediction's (``want``, with its
+    ``total``): byte for byte, activations up to ``slack`` above, the temporaries apart (at least the
+    predicted ones, checked by the caller), nothing where the rank peaked with the next all-gather early."""
+    if gathered_early(got, want):
+        return {}
+    return {k: (got[k], v) for k, v in want.items()
+            if k not in ("total", "temporary") and not kind_matches(k, got[k], v, slack)}
+
+
 def compare_phase(report: Any, per_rank: list[dict[str, Any]], phase: str) -> PhaseComparison:
     """One phase of a case: the prediction beside every rank's measurement (``per_rank``: the case's
     result on each rank, as :func:`run_peak_cases` returns it)."""
     peak = next(p for p in report.phases if p.phase == phase)
-    want = dict(peak.breakdown.items())
+    want = {"total": peak.breakdown.total, **dict(peak.breakdown.items())}
     got = [r["phases"][phase] for r in per_rank]
     slack = timing_slack(report)
-    differing = tuple(k for k in want if any(not kind_matches(k, g[k], want[k], slack) for g in got))
+    wrong = set().union(*(differing_kinds(g, want, slack) for g in got))
+    differing = tuple(k for k in want if k in wrong)
     return PhaseComparison(phase, peak.breakdown.total, tuple(g["total"] for g in got), differing)
 
 
