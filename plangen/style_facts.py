@@ -72,11 +72,9 @@ class StyleFacts:
     # the layouts that meet there.
     hooks: str | None = None
     # Children the style lays out itself, by name, with the role each then plays (a Mamba1 mixer's
-    # in_proj column-parallel, x_proj row-parallel): the rules count them as sharded by that role.
+    # in_proj column-parallel, x_proj row-parallel; a Mamba2 mixer's in_proj and conv1d, which its
+    # forward reads directly): the rules count them as sharded by that role.
     lays_out_children: Mapping[str, str] = field(default_factory=dict)
-    # Children the style lays out itself, column-parallel (a Mamba2 mixer's in_proj and conv1d, which
-    # its forward reads directly): level 2 counts them covered and column-parallel under the module.
-    lays_out: tuple[str, ...] = ()
 
     @property
     def shards(self) -> bool:
@@ -292,7 +290,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         # A Mamba2 mixer split by heads (plangen.mamba_styles): its own [heads] parameters, in_proj and
         # conv1d re-laid out by heads; it takes its input itself (gathered, gradient reduced once).
         StyleFacts("Mamba2MixerParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0},
-                   layout_defaults={"input_layouts": _REPLICATE}, lays_out=("in_proj", "conv1d")),
+                   layout_defaults={"input_layouts": _REPLICATE},
+                   lays_out_children={"in_proj": "colwise", "conv1d": "colwise"}),
         # Its gated RMSNorm on this rank's heads: weight Shard(0), a group spread over ranks all-reduced.
         StyleFacts("GatedRMSNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: a group spread over ranks all-gathered and normalised whole instead.

@@ -90,17 +90,10 @@ class ModelPlan:
     @cached_property
     def covering(self) -> dict[str, str]:
         """Module path → the key whose style it gets (the last matching key, as the runtime decides)."""
-        from plangen.style_facts import facts_of
-
         found: dict[str, str] = {}
         for key, names in self.matches.items():
             for name in names:
                 found[name] = key
-        lays_out = {key: facts.lays_out for key in self.styles if (facts := facts_of(self.styles[key])) and facts.lays_out}
-        for path, key in list(found.items()) if lays_out else ():  # children a style lays out itself
-            for child in lays_out.get(key, ()):
-                if f"{path}.{child}" in self.modules:
-                    found.setdefault(f"{path}.{child}", key)
         return found
 
     def style_of(self, path: str) -> "ParallelStyle | None":
@@ -110,7 +103,7 @@ class ModelPlan:
     @cached_property
     def laid_out_by_parent(self) -> dict[str, str]:
         """Path of a child that its parent's style lays out itself → the role it plays there
-        (:attr:`plangen.style_facts.StyleFacts.lays_out_children`: a Mamba1 mixer's projections)."""
+        (:attr:`plangen.style_facts.StyleFacts.lays_out_children`: a Mamba mixer's projections)."""
         from plangen.style_facts import facts_of
 
         found: dict[str, str] = {}
@@ -138,10 +131,9 @@ class ModelPlan:
         from plangen.style_facts import style_kind
 
         below: dict[str, set[str]] = {}
-        matched = {path for names in self.matches.values() for path in names}
         for path, key in self.covering.items():
             style = self.styles[key]
-            kinds = {style_kind(style)} if path in matched else {"colwise"}  # laid out by its parent's style
+            kinds = {style_kind(style)}
             if kinds == {"colwise"} and _gathers_feature_shards(style):
                 kinds.add("gather_input")
             parts = path.split(".")
