@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from conftest import DATA
 from plangen.cli import app
 from plangen.cost import CostError, build_cost_report, build_cost_settings
+from plangen.cost.choices import DEFAULT
 from plangen.cost.data import MemoryCost
 from plangen.cost.memory import ParameterShard
 from plangen.cost.render import SCHEMA, render_cost_text
@@ -210,6 +211,20 @@ def test_derive_terms_refuses_what_it_cannot_scale():
         derive_terms(base, [], base + [Sample(f, "all_reduce", 32)], 1, 2)
 
 
+def test_per_kind_counts_come_from_the_layers_the_collectives_ran_in():
+    """Two kinds of layers, one all-reduce in kind a, two in kind b, one outside: per kind as seen;
+    where the layers' collectives do not add up to the per-layer part, no per-kind split."""
+    from plangen.cost.scaling import split_by_kind
+
+    f = "forward"
+    base = [Sample(f, "all_reduce", 64, None), Sample(f, "all_reduce", 64, 0),
+            Sample(f, "all_reduce", 64, 1), Sample(f, "all_reduce", 64, 1)]
+    key = (f, "all_reduce", 64)
+    assert split_by_kind(base, ["a", "b"], {key: Fraction(3)}) == {key: (("a", Fraction(1)), ("b", Fraction(2)))}
+    assert split_by_kind(base, ["a", "b"], {key: Fraction(4)}) == {}  # one issued outside is per layer
+    assert split_by_kind(base, ["a", "a"], {key: Fraction(3)}) == {}  # one kind: the average is exact
+
+
 def _direct_tp_measurement(config_path: str, plan: str, sequence_parallel: bool):
     """The plan's TP collectives measured on the model of ``config_path`` itself, at its size."""
     from plangen.cost.choices import resolve_plan_choice
@@ -254,6 +269,28 @@ def test_scaled_tp_collectives_equal_a_direct_measurement_at_a_second_size(fake_
     for plan, sp in (("hand-written", True), ("hf", False), ("nemo", True)):
         reported = _reported_tp(next(p for p in llama_mid_report.plans if p.name == plan))
         assert reported == _direct_tp_measurement(configs["llama"], plan, sp), plan
+
+
+def _hybrid_config(directory, model: str, kinds: list[str]) -> str:
+    """``model``'s shrunk config with the layers of ``kinds`` (its layer_types), as a config file."""
+    from plangen.models import resolve_model
+    from plangen.shrink import shrink_config
+
+    values = shrink_config(resolve_model(model).config, 2).to_dict()
+    values.update(num_hidden_layers=len(kinds), layer_types=kinds)
+    return write_config(directory, model, values)
+
+
+def test_hybrid_layers_are_counted_kind_by_kind(fake_pg, tmp_path):
+    """Qwen3.5 with its real 3:1 mix of linear and full attention layers: measured shrunk (one
+    layer of each kind) and scaled == measured on the 4-layer model itself. The average over the
+    shrunk layers counted the real step at the shrunk 1:1 mix (Qwen3.5-9B: 48 forward all-reduces
+    of the hidden state where its step has 56)."""
+    path = _hybrid_config(tmp_path, "Qwen3_5ForCausalLM", ["linear_attention"] * 3 + ["full_attention"])
+    report = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS)
+    plan = report.plans[0]
+    assert not plan.notes or all("mix of kinds" not in n for n in plan.notes)
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
 
 
 def test_scaling_holds_for_per_head_norm_gradients(fake_pg, configs):

@@ -260,7 +260,7 @@ def test_extrapolation_fits_each_place_exactly_and_refuses_what_is_not_linear():
 def test_running_layer_does_not_depend_on_the_order_of_the_trackers_parents():
     """In backward the tracker's parents (a set) can hold two layers; the running one is the lowest
     index (forward: the highest), whatever order the set iterates in: it followed string hashing."""
-    from plangen.cost.peak import running_layer
+    from plangen.cost.depth import running_layer
 
     names = {f"model.layers.{i}": i for i in range(6)}
     parents = ["Global", "LlamaForCausalLM", "LlamaForCausalLM.model.layers.5", "LlamaForCausalLM.model.layers.4",

@@ -25,7 +25,7 @@ Pure arithmetic on byte counts: no torch here.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 DEPTHS = (3, 4, 5)
 # Where in a step a peak is: before the phase's first layer, after its layers, in the first layer,
@@ -166,3 +166,23 @@ def _fit_depth_and_layer(points: Mapping[tuple[int, int], Mapping[str, int]], de
             return None
         out[name] = value(depth, layer)
     return out
+
+
+def running_layer(parents: Iterable[str], layer_names: dict[str, int], in_backward: bool) -> int | None:
+    """The index of the decoder layer running among the tracker's ``parents`` (module names, the
+    root's class first), None outside every layer.
+
+    ModTracker's parents is a set, and in backward it can hold two layers at once (the next layer's
+    backward has begun before the last one's post-backward hook ran): the one running is the one
+    backward reached last, the lowest index (forward's: the highest). Taking the set's first, as
+    this once did, made the choice follow string hashing: one moment fell in either layer from one
+    process to the next, and the depth fit saw a peak that was not linear (Llama-3.1-405B)."""
+    inside = [layer_names[n] for p in parents if (n := without_root(p)) in layer_names]
+    if not inside:
+        return None
+    return min(inside) if in_backward else max(inside)
+
+
+def without_root(name: str) -> str:
+    # The tracker names modules after the root's class: ``LlamaForCausalLM.model.layers.3``.
+    return name.split(".", 1)[1] if "." in name else name

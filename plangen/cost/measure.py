@@ -272,8 +272,38 @@ def measurement_kernels(model_class: type) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class StepRun:
-    samples: list[Sample]
+    samples: list[Sample]  # each with the index of the decoder layer it ran in (None: outside them)
     layers: int
+    kinds: tuple[str, ...] = ()  # each decoder layer's kind (layer_kind), in order
+
+
+def layer_kind(layer: nn.Module) -> str:
+    """What a decoder layer is, whatever its sizes: its modules (names and classes) and parameter
+    names. Layers of one kind issue the same collectives; a hybrid stack (Qwen3.5's linear and full
+    attention, DeepSeek's dense and MoE layers) has several, in other proportions when shrunk."""
+    # List indices dropped: a kind does not depend on how many experts or heads' modules a list holds.
+    modules = sorted({f"{_unindexed(name)}:{type(m).__name__}" for name, m in layer.named_modules()})
+    return ",".join(modules) + "|" + ",".join(sorted({_unindexed(name) for name, _ in layer.named_parameters()}))
+
+
+def _unindexed(name: str) -> str:
+    return ".".join("#" if part.isdigit() else part for part in name.split("."))
+
+
+class LayerCollectiveCounter(CollectiveCounter):
+    """A :class:`CollectiveCounter` that also notes, per collective, the decoder layer running
+    (``layer_at()``: an index or None), so that each layer kind's collectives can be told apart."""
+
+    def __init__(self, layer_at: Callable[[], int | None]) -> None:
+        super().__init__()
+        self.layer_at = layer_at
+        self.layers: list[int | None] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        before = len(self.records)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.layers.extend([self.layer_at()] * (len(self.records) - before))
+        return out
 
 
 def run_step(
@@ -286,6 +316,9 @@ def run_step(
     seq: int,
 ) -> StepRun:
     """Forward, loss and backward of a model built from ``config`` under the plan; its collectives."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    from plangen.cost.depth import running_layer
     from plangen.plan_checks import PlanError, find_transformer_layers
     from plangen.tensor_parallel import apply_tp
 
@@ -294,7 +327,15 @@ def run_step(
         model = model_class._from_config(copy.deepcopy(config), dtype=TORCH_DTYPES[dtype], **measurement_kernels(model_class))
         vocab = text_config(config).vocab_size
         ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (batch, seq))
-    layers = len(find_transformer_layers(model))
+    decoder_layers = find_transformer_layers(model)
+    layers, kinds = len(decoder_layers), tuple(layer_kind(layer) for layer in decoder_layers)
+    ids_of = {id(layer): i for i, layer in enumerate(decoder_layers)}
+    layer_names = {name: ids_of[id(m)] for name, m in model.named_modules() if id(m) in ids_of}
+    tracker = ModTracker()
+
+    def layer_at() -> int | None:
+        return running_layer(tracker.parents, layer_names, tracker.is_bw)
+
     try:
         with quiet_partial_matches():
             apply_tp(model, tp_mesh(tp_size), build_styles(model))
@@ -305,19 +346,20 @@ def run_step(
     # local and sequence-sharded (NeMo's) would otherwise give rotary embeddings a short sequence.
     positions = torch.arange(seq).expand(batch, seq)
     try:
-        with quiet_fake_tensor_log(), PayloadCounter() as forward:
-            loss = step_loss(model(input_ids=ids, position_ids=positions).logits, ids)
-        with quiet_fake_tensor_log(), PayloadCounter() as backward:
-            loss.backward()
-            reduce_partial_grads(model)
+        with tracker, quiet_fake_tensor_log():
+            with LayerCollectiveCounter(layer_at) as forward:
+                loss = step_loss(model(input_ids=ids, position_ids=positions).logits, ids)
+            with LayerCollectiveCounter(layer_at) as backward:
+                loss.backward()
+                reduce_partial_grads(model)
     except Exception as error:  # the plan's, not the measurement's: say so in one line
         raise CostError(
             f"the plan fails a training step of a shrunk {type(model).__name__} at TP {tp_size}: "
             f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         ) from None
-    samples = [Sample("forward", op, n) for op, n in forward.records]
-    samples += [Sample("backward", op, n) for op, n in backward.records]
-    return StepRun(samples, layers)
+    samples = [Sample("forward", op, n, at) for (op, n), at in zip(forward.records, forward.layers)]
+    samples += [Sample("backward", op, n, at) for (op, n), at in zip(backward.records, backward.layers)]
+    return StepRun(samples, layers, kinds)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from plangen.cost.depth import AFTER_LAYERS
+from plangen.cost.depth import AFTER_LAYERS, running_layer, without_root
 from plangen.cost.settings import CostError, CostSettings, build_cost_settings
 
 PHASES = ("forward", "backward", "optimizer")
@@ -168,31 +168,11 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
     return StepTracker()
 
 
-def running_layer(parents: Iterable[str], layer_names: dict[str, int], in_backward: bool) -> int | None:
-    """The index of the decoder layer running among the tracker's ``parents`` (module names, the
-    root's class first), None outside every layer.
-
-    ModTracker's parents is a set, and in backward it can hold two layers at once (the next layer's
-    backward has begun before the last one's post-backward hook ran): the one running is the one
-    backward reached last, the lowest index (forward's: the highest). Taking the set's first, as
-    this once did, made the choice follow string hashing: one moment fell in either layer from one
-    process to the next, and the depth fit saw a peak that was not linear (Llama-3.1-405B)."""
-    inside = [layer_names[n] for p in parents if (n := _without_root(p)) in layer_names]
-    if not inside:
-        return None
-    return min(inside) if in_backward else max(inside)
-
-
-def _without_root(name: str) -> str:
-    # The tracker names modules after the root's class: ``LlamaForCausalLM.model.layers.3``.
-    return name.split(".", 1)[1] if "." in name else name
-
-
 def _innermost(parents: set[str], layer: int | None = None, layer_names: dict[str, int] | None = None) -> str:
     """The innermost module's name as the model names it (``model.layers.3.mlp``), without the
     root's class name the tracker puts first; the root's class name when only the root runs.
     With ``layer``, only modules inside that decoder layer count (``parents`` can hold two)."""
-    names = [_without_root(p) for p in parents if p != "Global"]
+    names = [without_root(p) for p in parents if p != "Global"]
     if layer is not None and layer_names:
         prefixes = [n for n, i in layer_names.items() if i == layer]
         names = [n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes)] or names

@@ -9,8 +9,9 @@ scaled to the real sizes (:mod:`plangen.cost.scaling`). Nothing is printed; erro
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from plangen.cost.choices import DEFAULT, PlanChoice, check_plan_name, is_plan_file, resolve_plan_choice
 from plangen.cost.data import CostReport, PlanCost
@@ -137,7 +138,7 @@ def build_plan_cost(resolved: Any, name: str, settings: CostSettings) -> PlanCos
     memory = build_memory_cost(read_parameter_shards(meta), settings)
     collectives = build_fsdp_collectives(*read_unit_numels(meta, settings.dp_size), settings)
     if settings.tp_size > 1:
-        tp_rows, tp_notes = build_tp_collectives(resolved, choice, settings, layers=_count_units(meta))
+        tp_rows, tp_notes = build_tp_collectives(resolved, choice, settings, layer_kinds=_count_layer_kinds(meta))
         collectives = tp_rows + collectives
         notes += tp_notes
     return PlanCost(choice.name, choice.description, memory, tuple(sort_collectives(collectives)), tuple(notes))
@@ -150,10 +151,11 @@ def has_experts(model: Any) -> bool:
     return any(expert_count(module) for module in model.modules())
 
 
-def _count_units(model: Any) -> int:
+def _count_layer_kinds(model: Any) -> Counter[str]:
+    from plangen.cost.measure import layer_kind
     from plangen.plan_checks import find_transformer_layers
 
-    return len(find_transformer_layers(model))
+    return Counter(layer_kind(layer) for layer in find_transformer_layers(model))
 
 
 def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
@@ -169,8 +171,9 @@ def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
         raise CostError(f"{choice.name}: {error}") from None
 
 
-def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettings, layers: int):
-    """The plan's TP collectives at the real size: measured shrunk, then scaled."""
+def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettings, layer_kinds: Mapping[str, int]):
+    """The plan's TP collectives at the real size: measured shrunk, then scaled to the real model's
+    ``layer_kinds`` (decoder layers by kind, measure.layer_kind)."""
     from plangen.cost.measure import measure_tp_collectives, read_dimensions
     from plangen.cost.scaling import derive_terms, scale_terms
     from plangen.models import config_for_class
@@ -188,9 +191,10 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
             measured.doubled.samples,
             measured.base.layers,
             measured.doubled.layers,
+            measured.base.kinds,
         )
         _TERMS_CACHE[key] = (terms, measured.dimensions)
     terms, shrunk = _TERMS_CACHE[key]
     real = read_dimensions(config, settings.micro_batch, settings.seq_len)
-    return scale_terms(terms, shrunk, real, layers, settings.tp_size)
+    return scale_terms(terms, shrunk, real, layer_kinds, settings.tp_size)
 

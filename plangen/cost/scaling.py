@@ -21,7 +21,7 @@ equal size that scale differently) is refused with a :class:`CostError`, never g
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Iterable, Mapping, Sequence
 
@@ -66,6 +66,7 @@ class Sample:
     phase: str
     op: str
     nbytes: int
+    layer: int | None = None  # the decoder layer it ran in, where known (None: outside them)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,10 @@ class Term:
     nbytes: int
     exponents: tuple[tuple[str, int], ...]
     fixed: int  # once per step
-    per_layer: Fraction  # per decoder layer
+    per_layer: Fraction  # per decoder layer, on average over the shrunk model's layers
+    # Per decoder layer of each kind (measure.layer_kind), where the collectives' layers add up to
+    # the per-layer part; empty where they do not (then the shrunk model's mix is assumed).
+    per_kind: tuple[tuple[str, Fraction], ...] = ()
 
 
 def kind_of(op: str) -> str:
@@ -137,8 +141,10 @@ def derive_terms(
     doubled: Sequence[Sample],
     base_layers: int,
     doubled_layers: int,
+    kinds: Sequence[str] = (),
 ) -> list[Term]:
-    """Exponents, fixed and per-layer counts of every collective, from the measured runs."""
+    """Exponents, fixed and per-layer counts of every collective, from the measured runs; with the
+    base run's layer ``kinds``, per-layer counts of each kind too (:func:`split_by_kind`)."""
     exponents: list[dict[str, int]] = [{} for _ in base]
     for probe in probes:
         _same_sequence(base, probe.samples, "the model's sizes")
@@ -183,7 +189,37 @@ def derive_terms(
         if fixed < 0 or fixed.denominator != 1:
             raise CostError("collectives do not split into a fixed part and a per-layer part: cannot scale its layers")
         terms.append(Term(*key, exponents=by_key[key], fixed=int(fixed), per_layer=per_layer))
-    return terms
+    by_kind = split_by_kind(base, kinds, {t_key(t): t.per_layer * base_layers for t in terms})
+    return [replace(t, per_kind=by_kind.get(t_key(t), ())) for t in terms]
+
+
+def t_key(term: Term) -> tuple[str, str, int]:
+    return (term.phase, term.op, term.nbytes)
+
+
+def split_by_kind(
+    base: Sequence[Sample], kinds: Sequence[str], in_layers: Mapping[tuple[str, str, int], Fraction]
+) -> dict[tuple[str, str, int], tuple[tuple[str, Fraction], ...]]:
+    """Each collective's count per layer of each kind, from the layer each one ran in.
+
+    A hybrid stack shrunk keeps one layer of each kind (Qwen3.5: one linear, one full attention),
+    where the real one has them 3:1: the average per layer would count the real step at the shrunk
+    mix. Trusted only where the layers the collectives were seen in hold exactly the per-layer part
+    the deeper run found (``in_layers``: none of it issued outside a layer, none of the fixed part in
+    one); else nothing (the average stands)."""
+    if not kinds or len(set(kinds)) == 1:
+        return {}
+    seen: dict[tuple[str, str, int], Counter[str]] = {}
+    for sample in base:
+        if sample.layer is not None:
+            seen.setdefault((sample.phase, sample.op, sample.nbytes), Counter())[kinds[sample.layer]] += 1
+    if any(sum(seen.get(key, Counter()).values()) != count for key, count in in_layers.items()):
+        return {}
+    layers_of = Counter(kinds)
+    return {
+        key: tuple(sorted((kind, Fraction(seen.get(key, Counter())[kind], n)) for kind, n in layers_of.items()))
+        for key in in_layers
+    }
 
 
 def scale_factor(exponents: Iterable[tuple[str, int]], shrunk: Mapping[str, int], real: Mapping[str, int]) -> Fraction:
@@ -203,21 +239,25 @@ def scale_terms(
     terms: Iterable[Term],
     shrunk: Mapping[str, int],
     real: Mapping[str, int],
-    real_layers: int,
+    real_kinds: Mapping[str, int],
     group_size: int,
 ) -> tuple[list[CollectiveCost], list[str]]:
-    """The real step's TP collectives, grouped by phase, kind, tensor and scope; and notes."""
+    """The real step's TP collectives, grouped by phase, kind, tensor and scope; and notes.
+    ``real_kinds``: how many decoder layers of each kind (measure.layer_kind) the real model has."""
     totals: dict[tuple[str, str, str, str], list[float]] = {}
     notes: list[str] = []
+    real_layers = sum(real_kinds.values())
     for term in terms:
         each = term.nbytes * scale_factor(term.exponents, shrunk, real)
         kind = kind_of(term.op)
         payload, sent = payload_and_sent(kind, float(each), group_size)
-        layer_count = term.per_layer * real_layers
-        if layer_count.denominator != 1:
-            notes.append(
-                "layer kinds differ in their collectives: per-layer counts assume the shrunk model's mix of kinds"
-            )
+        layer_count = layer_count_of(term, real_kinds)
+        if layer_count is None:
+            layer_count = term.per_layer * real_layers
+            if len(real_kinds) > 1:
+                notes.append(
+                    "layer kinds differ in their collectives: per-layer counts assume the shrunk model's mix of kinds"
+                )
         for scope, count in (("once", Fraction(term.fixed)), ("per layer", layer_count)):
             if count == 0:
                 continue
@@ -230,6 +270,14 @@ def scale_terms(
         for (phase, kind, tensor, scope), (count, payload, sent) in totals.items()
     ]
     return sort_collectives(rows), sorted(set(notes))
+
+
+def layer_count_of(term: Term, real_kinds: Mapping[str, int]) -> Fraction | None:
+    """The term's count over the real model's layers, kind by kind; None where its per-kind counts
+    are not known or the real model has a kind the shrunk one lacks."""
+    if not term.per_kind or set(real_kinds) - {kind for kind, _ in term.per_kind}:
+        return None
+    return sum((count * real_kinds.get(kind, 0) for kind, count in term.per_kind), Fraction(0))
 
 
 def sort_collectives(rows: Iterable[CollectiveCost]) -> list[CollectiveCost]:
