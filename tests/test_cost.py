@@ -293,6 +293,16 @@ def test_hybrid_layers_are_counted_kind_by_kind(fake_pg, tmp_path):
     assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
 
 
+def test_widths_no_probe_scales_are_measured_at_the_real_value(fake_pg, tmp_path):
+    """Mamba1's mixer all-reduces x_proj's output, B·S·(dt_rank + 2 x state): a sum of sizes the
+    probes cannot read. At the shrunk dt_rank (4) it was counted 36 wide for Mamba-130m (80)."""
+    values = dict(architectures=["MambaForCausalLM"], model_type="mamba", vocab_size=384, hidden_size=96,
+                  intermediate_size=192, state_size=24, time_step_rank=10, num_hidden_layers=3, expand=2)
+    path = write_config(tmp_path, "mamba", values)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
 def test_scaling_holds_for_per_head_norm_gradients(fake_pg, configs):
     """Qwen3 without SP: its q/k norms' gradient all-reduces scale with the head size alone."""
     report = build_cost_report(configs["qwen3"], sequence_parallel=False, **MID_SETTINGS)

@@ -188,6 +188,23 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
     return config
 
 
+# Widths no probe scales that a collective can carry (Mamba1's x_proj output, all-reduced per mixer:
+# B·S·(dt_rank + 2 x state), a sum of sizes where the probes read products): measured at the real
+# model's value, so their bytes are the real ones.
+REAL_WIDTH_KEYS = ("time_step_rank", "mamba_dt_rank", "state_size", "mamba_d_state", "ssm_state_size")
+
+
+def config_with_real_widths(config: Any, real: Any) -> Any:
+    """A copy of a shrunk config with the ``REAL_WIDTH_KEYS`` of the real config ``real``."""
+    config = copy.deepcopy(config)
+    text, real_text = text_config(config), text_config(real)
+    for key in REAL_WIDTH_KEYS:
+        value = getattr(real_text, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and isinstance(getattr(text, key, None), int):
+            setattr(text, key, value)
+    return config
+
+
 def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
     """A copy of ``config`` with each dimension in ``factors`` multiplied by its factor."""
     config = copy.deepcopy(config)

@@ -174,13 +174,13 @@ def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
 def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettings, layer_kinds: Mapping[str, int]):
     """The plan's TP collectives at the real size: measured shrunk, then scaled to the real model's
     ``layer_kinds`` (decoder layers by kind, measure.layer_kind)."""
-    from plangen.cost.measure import measure_tp_collectives, read_dimensions
+    from plangen.cost.measure import config_with_real_widths, measure_tp_collectives, read_dimensions
     from plangen.cost.scaling import derive_terms, scale_terms
     from plangen.models import config_for_class
     from plangen.shrink import shrink_config
 
     config = config_for_class(resolved.config, resolved.model_class)
-    tiny = shrink_config(config, settings.tp_size)
+    tiny = config_with_real_widths(shrink_config(config, settings.tp_size), config)
     key = (resolved.model_class.__name__, tiny.to_json_string(), choice.key, str(settings.tp_size), settings.dtype)
     if key not in _TERMS_CACHE:
         # The plan's patterns are the class's: the same builder gives the shrunk models' styles.
