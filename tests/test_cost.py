@@ -303,6 +303,17 @@ def test_widths_no_probe_scales_are_measured_at_the_real_value(fake_pg, tmp_path
     assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
 
 
+def test_mamba2_groups_split_over_tp_are_measured_split(fake_pg, tmp_path):
+    """Mamba-2 with 4 B/C groups splits them over TP 2 (no gather, no summed norm statistics);
+    shrunk to one group, the measurement gathered it per mixer and summed its norm."""
+    values = dict(architectures=["Mamba2ForCausalLM"], model_type="mamba2", vocab_size=384, hidden_size=96,
+                  num_heads=12, head_dim=16, expand=2, n_groups=4, state_size=24, time_step_rank=10,
+                  num_hidden_layers=3, chunk_size=8)
+    path = write_config(tmp_path, "mamba2", values)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
 def test_scaling_holds_for_per_head_norm_gradients(fake_pg, configs):
     """Qwen3 without SP: its q/k norms' gradient all-reduces scale with the head size alone."""
     report = build_cost_report(configs["qwen3"], sequence_parallel=False, **MID_SETTINGS)

@@ -192,23 +192,54 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
 # B·S·(dt_rank + 2 x state), a sum of sizes where the probes read products): measured at the real
 # model's value, so their bytes are the real ones.
 REAL_WIDTH_KEYS = ("time_step_rank", "mamba_dt_rank", "state_size", "mamba_d_state", "ssm_state_size")
+# Mamba-2's B/C groups: shrunk to one, which plangen.mamba_styles lays out otherwise (one group
+# gathered per forward, its norm's statistics summed) than groups split over TP.
+GROUP_KEYS = ("n_groups", "mamba_n_groups")
+HEAD_KEYS = ("num_heads", "mamba_n_heads", "mamba_num_heads")
 
 
-def config_with_real_widths(config: Any, real: Any) -> Any:
-    """A copy of a shrunk config with the ``REAL_WIDTH_KEYS`` of the real config ``real``."""
+def config_with_real_widths(config: Any, real: Any, tp_size: int) -> Any:
+    """A copy of a shrunk config with the ``REAL_WIDTH_KEYS`` of the real config ``real``, and its
+    state-space groups split over TP where the real ones are (``tp_size`` groups)."""
     config = copy.deepcopy(config)
     text, real_text = text_config(config), text_config(real)
     for key in REAL_WIDTH_KEYS:
         value = getattr(real_text, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and isinstance(getattr(text, key, None), int):
+        if _is_int(value) and _is_int(getattr(text, key, None)):
             setattr(text, key, value)
+    heads = next((getattr(text, k) for k in HEAD_KEYS if _is_int(getattr(text, k, None))), None)
+    for key in GROUP_KEYS:
+        groups = getattr(real_text, key, None)
+        if _is_int(groups) and groups > 1 and groups % tp_size == 0 and heads and heads % tp_size == 0:
+            setattr(text, key, tp_size)
     return config
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def state_space_heads(text: Any) -> tuple[str, str, str] | None:
+    """The (heads, head size, expansion) keys of a Mamba-2-style mixer whose heads x head size is
+    expansion x hidden, or None (plangen.shrink's table of them)."""
+    from plangen.shrink import _STATE_SPACE_HEADS
+
+    hidden = getattr(text, "hidden_size", None)
+    for keys in _STATE_SPACE_HEADS:
+        heads, dim, expand = (getattr(text, k, None) for k in keys)
+        if all(_is_int(v) for v in (heads, dim, expand, hidden)) and heads * dim == expand * hidden:
+            return keys
+    return None
+
+
 def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
-    """A copy of ``config`` with each dimension in ``factors`` multiplied by its factor."""
+    """A copy of ``config`` with each dimension in ``factors`` multiplied by its factor; a
+    state-space mixer's heads follow the hidden size (its inner width is expansion x hidden)."""
     config = copy.deepcopy(config)
     text = text_config(config)
+    mixer = state_space_heads(text)
+    if mixer is not None and "hidden" in factors:
+        setattr(text, mixer[0], getattr(text, mixer[0]) * factors["hidden"])
     for name, factor in factors.items():
         keys = DIMENSION_KEYS[name]
         if name in ALTERNATIVE_KEYS:
@@ -408,6 +439,10 @@ def measure_tp_collectives(
     text = text_config(tiny_config)
     # Only dimensions the config states can be probed (a derived head size would follow hidden).
     probeable = {"batch", "seq"} | {n for n in DIMENSION_KEYS if isinstance(dimension_value(text, n), int)}
+    mixer = state_space_heads(text)
+    if mixer is not None and mixer[1] == "head_dim" and not _is_int(getattr(text, "num_attention_heads", None)):
+        # Mamba-2's head_dim is its mixer's: scaled, the heads would no longer span expand x hidden.
+        probeable.discard("head_dim")
     if _replicates_kv_heads(text, tp_size):
         # More TP ranks than KV heads (plangen.kv_styles): scaled heads would divide by the TP size and
         # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there

@@ -180,7 +180,7 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
     from plangen.shrink import shrink_config
 
     config = config_for_class(resolved.config, resolved.model_class)
-    tiny = config_with_real_widths(shrink_config(config, settings.tp_size), config)
+    tiny = config_with_real_widths(shrink_config(config, settings.tp_size), config, settings.tp_size)
     key = (resolved.model_class.__name__, tiny.to_json_string(), choice.key, str(settings.tp_size), settings.dtype)
     if key not in _TERMS_CACHE:
         # The plan's patterns are the class's: the same builder gives the shrunk models' styles.
