@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -300,7 +301,11 @@ def run_cases(payload: dict[str, Any]) -> dict[str, Any]:
     for mesh_kind, cases in payload.items():
         dp_mesh, tp_mesh = build_meshes(mesh_kind)
         for case in cases:
-            results[f"{mesh_kind}/{case['name']}"] = result_or_error(run_case, case, dp_mesh, tp_mesh)
+            started = time.perf_counter()
+            result = result_or_error(run_case, case, dp_mesh, tp_mesh)
+            if isinstance(result, dict):
+                result["seconds"] = round(time.perf_counter() - started, 3)  # what a case costs a launch
+            results[f"{mesh_kind}/{case['name']}"] = result
     return results
 
 
