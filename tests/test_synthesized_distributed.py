@@ -120,10 +120,23 @@ CASES = {mesh: [*_cases(), GLOBAL_HEADS, *([GDN_STABLE] if mesh == "dp2tp2" else
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE)]
 
 
-# The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
-# of TP 2 is marked slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks both.
-TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "mamba", "bart", "bert", "gpt_neox", "falcon-gqa", "granitemoehybrid"}
-DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1].removesuffix("-sp") in TP2_DEFAULT}
+# The default run: every class at DP 2 x TP 2 with sequence parallel (without it where it has none,
+# or where its case reads the state dict), and without SP a few of each kind; at TP 2 alone (no
+# FSDP2) a dense, a hybrid and a BART-family class. The rest repeats those plans' styles and is marked
+# slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks every class all four ways.
+TP2_DEFAULT = {"olmo", "jamba", "bart"}
+SP_OFF_DEFAULT = STATE_DICT | TP_ONLY | {"olmo", "glm", "bart", "opt", "qwen3_5"}
+
+
+def _in_default_run(case_id: str) -> bool:
+    mesh, name = case_id.split("/")
+    model = name.removesuffix("-sp")
+    if mesh == "tp2":
+        return model in TP2_DEFAULT
+    return name.endswith("-sp") or model in SP_OFF_DEFAULT or model not in CLASSES | TINY_CASES
+
+
+DEFAULT_IDS = {c for c in CASE_IDS if _in_default_run(c)}
 
 
 def _needs(test: str, params: dict) -> list[str]:
