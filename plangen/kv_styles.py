@@ -95,6 +95,11 @@ def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
         isinstance(child, nn.Linear) and child.out_features == (heads + 2 * kv_heads) * head_dim
         for child in attention.children()
     )
+    if not projections and getattr(attention, "is_kv_shared_layer", False) is True:
+        # Keys and values reused from an earlier layer, whose k/v projections computed this rank's KV
+        # head for the same query heads (Gemma 3n, Gemma 4): only the grouping is this rank's.
+        attention.num_key_value_groups = heads // tp_size
+        return
     if not projections and packed:
         # k and v packed with q in one projection (multi-query GPT-BigCode): its own style
         # (MultiQueryColwiseParallel) gives each rank the whole KV head; it serves the local query heads.

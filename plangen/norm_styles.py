@@ -64,6 +64,11 @@ class _SumOverTP(torch.autograd.Function):
         return _all_reduce(grad.contiguous(), ctx.mesh), None
 
 
+def sum_over_tp(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """``local`` summed over the TP mesh, its gradient summed too (every rank used the sum)."""
+    return _SumOverTP.apply(local, mesh)
+
+
 def _all_reduce(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     out = funcol.all_reduce(tensor, "sum", mesh)
     return out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out

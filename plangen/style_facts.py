@@ -267,6 +267,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # The attention block's input; where TP exceeds the KV heads, one local KV head per rank.
         StyleFacts("PrepareAttentionInput", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
+        # An MLP's input; where it keeps the gate's Gaussian top-k, the statistics over every rank's slice.
+        StyleFacts("ActivationSparsityParallel", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         # Column-parallel where TP divides the KV heads; where TP exceeds them (plangen.kv_styles) the
         # weight stays whole (Replicate()) and each rank computes its KV head's rows.
         StyleFacts(

@@ -45,6 +45,7 @@ from plangen.fused_styles import (
     MultiQueryColwiseParallel,
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.sparsity_styles import ActivationSparsityParallel
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
@@ -226,6 +227,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ScaledEmbeddingParallel,
         TiedHeadParallel,
         PrepareAttentionInput,
+        ActivationSparsityParallel,
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
         GatedDeltaNetParallel,
@@ -499,6 +501,7 @@ __all__ = [
     "PackedColwiseParallel",
     "PackedRowwiseParallel",
     "PrepareAttentionInput",
+    "ActivationSparsityParallel",
     "ReplicatedWithGradAllReduce",
     "RotaryEmbedParallel",
     "RowwiseParallelOwnOutput",

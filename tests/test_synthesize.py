@@ -1110,3 +1110,26 @@ def test_a_mixer_that_is_not_a_gated_delta_net_stays_replicated_with_the_reason(
     mixer.num_v_heads += 1  # no longer the conv's channels and the [value heads] parameters' shape
     found = recognize_block("linear_attn", mixer, read_dims(model))
     assert isinstance(found, KeptBlock) and found.kind == "mixer" and "linear-attention mixer" in found.why
+
+
+def test_gemma3n_kv_shared_layers_and_sparse_gates_are_sharded():
+    """Gemma 3n's last layers reuse earlier layers' keys and values (no k/v projections): their
+    queries split by heads with the storing layers' KV heads, the grouping made this rank's; its
+    MLPs keep the gate's Gaussian top-k, taken over TP by ActivationSparsityParallel. Before, the
+    KV-shared layers stayed whole and met sharded keys (a shape error), and the sparse gates took
+    their statistics over one rank's slice (logits off by 0.12)."""
+    from plangen.models import resolve_model
+    from plangen.shrink import build_tiny_model
+
+    model = build_tiny_model(resolve_model("gemma3n_text"))
+    shared = [i for i, layer in enumerate(model.model.layers) if layer.self_attn.is_kv_shared_layer]
+    assert shared and not hasattr(model.model.layers[shared[0]].self_attn, "k_proj")
+    plan = build_synthesized_plan(model, False)
+    styles = styles_of(plan)
+    # One entry for every layer: the KV-shared ones are laid out as the others (their k/v keys match nothing).
+    assert styles["model.layers.*.self_attn"] == "PrepareAttentionInput"
+    assert styles["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
+    assert styles["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
+    assert not [p for p in styles if p.startswith(tuple(f"model.layers.{i}." for i in shared))]
+    assert styles["model.layers.*.mlp"] == "ActivationSparsityParallel"
+    assert not [r for r in plan.replicated if "self_attn" in r.pattern]

@@ -72,10 +72,15 @@ CLASSES = {
     # Mamba2 mixers split by heads, one B/C group gathered whole per forward (plangen.mamba_styles);
     # attention layers and MoE beside them.
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
+    # Layers that reuse an earlier layer's keys and values (no k/v projections: q by heads, their
+    # KV grouping this rank's), and MLPs whose gate keeps a Gaussian top-k by statistics over the
+    # whole intermediate (summed over TP: plangen.sparsity_styles). AltUp keeps it from SP.
+    "gemma3n_text": ("Gemma3nForCausalLM", True),
 }
-# No sequence parallel: their position and token-type embeddings are added to the token embedding
-# inside the embeddings module, where no style can lay the sum out on sequence shards.
-TP_ONLY = {"bert", "roberta", "roformer"}
+# No sequence parallel: the BERT family's position and token-type embeddings are added to the token
+# embedding inside the embeddings module, where no style can lay the sum out on sequence shards;
+# Gemma 3n's AltUp is not recognised, so nothing gives it the whole sequence.
+TP_ONLY = {"bert", "roberta", "roformer", "gemma3n_text"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local

@@ -73,6 +73,12 @@ class ShardedBlock:
     # Children whose parameters are single values applied alike to every feature (an activation's
     # learnable scalars): replicated, their gradient summed over TP (AllReduceParamGrads).
     scalar_children: tuple[str, ...] = ()
+    # An MLP whose forward keeps its gate's Gaussian top-k, by statistics over the whole intermediate
+    # (Gemma 3n's activation sparsity): taken over TP (plangen.sparsity_styles).
+    gate_statistics: bool = False
+    # Attention that reuses an earlier layer's keys and values (no k/v projections of its own): its
+    # KV grouping is made this rank's as where the KV heads are replicated (plangen.kv_styles).
+    reads_shared_kv: bool = False
     # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
     # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
     # made this rank's when the plan is applied.
@@ -161,7 +167,13 @@ def recognize_attention(
     packed = _packed_qkv(reading, dims)
     if packed is not None:
         return packed  # plangen.plans.recognize_packed reads how its forward splits it
-    if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
+    # A layer that reuses an earlier layer's keys and values (Gemma 3n's and Gemma 4's KV-shared
+    # layers, transformers' is_kv_shared_layer) has only its query projection: sharded by heads, it
+    # reads this rank's KV heads as the storing layer's sharded k/v computed them.
+    kv_shared = getattr(block, "is_kv_shared_layer", False) is True
+    if len(reading) < (1 if kv_shared else 3) or any(
+        m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()
+    ):
         return None
     own = own_parameters(block)
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
@@ -199,7 +211,7 @@ def recognize_attention(
             " are made this rank's by two different styles, and a block takes one",
         )
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
-                        head_attributes=heads, head_parameters=tuple(own))
+                        head_attributes=heads, head_parameters=tuple(own), reads_shared_kv=kv_shared)
 
 
 def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
@@ -265,7 +277,8 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     unknown = _unexpected_children(block, set(reading) | {down, *scalars})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
-    return ShardedBlock("mlp", tuple(reading), down, fused=fused, scalar_children=scalars)
+    gate_statistics = callable(getattr(type(block), "_gaussian_topk", None))
+    return ShardedBlock("mlp", tuple(reading), down, fused=fused, scalar_children=scalars, gate_statistics=gate_statistics)
 
 
 def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:

@@ -237,8 +237,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         prepared = dict(**_input_layouts(call, sp), use_local_output=False)
-        style = "PrepareAttentionInput" if kv or heads else "PrepareModuleInput"
+        style = "PrepareAttentionInput" if kv or heads or block.reads_shared_kv else "PrepareModuleInput"
         why = f"{gathered}; one gradient reduction per block in backward"
+        if block.gate_statistics:
+            style, why = "ActivationSparsityParallel", f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)"
         if heads:
             prepared["head_attributes"] = heads
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
