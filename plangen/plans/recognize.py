@@ -32,6 +32,7 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     own_parameters,
     read_dims,
 )
+from plangen.plans.recognize_gated import read_output_gates
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
@@ -147,7 +148,7 @@ def recognize_attention(
 
     Column-parallel: the projections that read the block input (``readers``: as its caller shows
     them, see :func:`~plangen.plans.split_source.read_alike_readers`) and give a whole number of
-    heads (q, k, v, an output gate). Row-parallel: the one projection from all heads back to the
+    heads (q, k, v, an output gate: :mod:`plangen.plans.recognize_gated`). Row-parallel: the one projection from all heads back to the
     hidden size. None when the block does not look like attention at all.
     """
     split = _split_by_reading(block, readers) if dims.heads and dims.head_dim else None
@@ -161,8 +162,13 @@ def recognize_attention(
     packed = _packed_qkv(reading, dims)
     if packed is not None:
         return packed  # plangen.plans.recognize_packed reads how its forward splits it
-    if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
+    # Heads of q, k or v, or an output gate (query and gate per head, one value per head).
+    widths = (n * d, k * d, 2 * n * d, n)
+    if len(reading) < 3 or any(m.in_features != h or m.out_features not in widths for m in reading.values()):
         return None
+    gates = read_output_gates(block, reading, dims)
+    if isinstance(gates, str):
+        return KeptBlock("attention", gates)
     own = own_parameters(block)
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
     # cannot tell it from one value per feature of a head (DiffLlama's lambdas).
@@ -190,7 +196,7 @@ def recognize_attention(
             "which is all heads' width: a rank holding some heads cannot follow it",
         )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
-    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
+    kv = tuple(name for name, m in reading.items() if m.out_features == k * d and name not in gates.names) if k < n and not whole else ()
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
@@ -198,7 +204,7 @@ def recognize_attention(
             f"its own per-head parameters ({', '.join(own)}) and its head-count attributes ({', '.join(heads)})"
             " are made this rank's by two different styles, and a block takes one",
         )
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), gates.fused,
                         head_attributes=heads, head_parameters=tuple(own))
 
 
