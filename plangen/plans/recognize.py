@@ -167,8 +167,8 @@ def recognize_attention(
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in widths for m in reading.values()):
         return None
     gates = read_output_gates(block, reading, dims)
-    if isinstance(gates, str):
-        return KeptBlock("attention", gates)
+    if gates is None:
+        return None
     own = own_parameters(block)
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
     # cannot tell it from one value per feature of a head (DiffLlama's lambdas).

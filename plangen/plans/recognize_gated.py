@@ -36,11 +36,12 @@ class OutputGates:
         return {*self.query_gates, *(n for n, _ in self.fused), *self.head_gates}
 
 
-def read_output_gates(block: nn.Module, reading: dict[str, nn.Linear], dims: ModelDims) -> OutputGates | str:
-    """Which of ``reading`` (the projections of the block's input) carry an output gate, or why a
-    query-and-gate projection cannot be split with its heads. Projections of another width are
-    left to the caller."""
-    from plangen.plans.packed_source import Refused, read_packed_split
+def read_output_gates(block: nn.Module, reading: dict[str, nn.Linear], dims: ModelDims) -> OutputGates | None:
+    """Which of ``reading`` (the projections of the block's input) carry an output gate; None when
+    a projection twice as wide as the query heads is not split by its forward as query and gate
+    per head (Inkling's ``r_proj`` of ``2 x head_dim`` relative features per head only has the
+    width). Projections of another width are left to the caller."""
+    from plangen.plans.packed_source import PackedSplit, read_packed_split
 
     n, d, k = dims.heads, dims.head_dim, dims.kv_heads or dims.heads
     assert n and d
@@ -56,17 +57,12 @@ def read_output_gates(block: nn.Module, reading: dict[str, nn.Linear], dims: Mod
         if linear.out_features != 2 * n * d:
             continue
         split = read_packed_split(block, name, linear.out_features, {n, k}, d)
-        if split is None:
-            return f"query-and-gate projection {name} (out {linear.out_features} = 2 x {n} heads x {d}): its forward's split cannot be read"
-        if isinstance(split, Refused):
-            return f"query-and-gate projection {name}: {split.why}"
-        if split.head_attributes:
-            return f"query-and-gate projection {name}: its forward shapes by {', '.join(split.head_attributes)}"
+        if not isinstance(split, PackedSplit) or split.head_attributes:
+            return None
         if split.kind == "groups" and split.groups == n:
             query_gates.append(name)
         elif split.kind == "parts" and split.parts == (n * d, n * d):
             fused.append((name, (1, 1)))
         else:
-            return (f"query-and-gate projection {name}: its forward splits it as {split.kind} "
-                    f"{split.parts or split.groups}, not query and gate per head")
+            return None
     return OutputGates(tuple(query_gates), tuple(fused), tuple(head_gates))
