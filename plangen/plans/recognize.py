@@ -36,6 +36,7 @@ from plangen.plans.recognize_gated import read_output_gates
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
+from plangen.plans.recognize_short_conv import recognize_short_conv
 
 
 def describe(name: str, module: nn.Module) -> str:
@@ -460,7 +461,7 @@ def recognize_block(
         if found is not None:
             return found
     # Before the experts' shape test: a mixer's [value heads] weights can match a tiny expert count.
-    if (mixer := recognize_gated_delta_net(block, dims)) is not None:
+    if (mixer := recognize_gated_delta_net(block, dims) or recognize_short_conv(block, dims)) is not None:
         return mixer
     if _is_mixture_of_experts(block, dims):
         return KeptBlock(
