@@ -69,12 +69,12 @@ def test_the_packed_reader_follows_torch_chunk_called_as_a_function():
     assert split == PackedSplit("groups", groups=dims.heads)
 
 
-class _GatedAttention(nn.Module):
-    """Query and gate: per head (``interleaved``), one after another, or not a gate at all."""
+class _Interleaved(nn.Module):
+    """Each head's query then its gate, head after head (Qwen3.5's layout)."""
 
-    def __init__(self, layout: str, hidden: int = 64, heads: int = 4, kv_heads: int = 2, head_dim: int = 16):
+    def __init__(self, hidden: int = 64, heads: int = 4, kv_heads: int = 2, head_dim: int = 16):
         super().__init__()
-        self.layout, self.head_dim = layout, head_dim
+        self.head_dim = head_dim
         self.q_proj = nn.Linear(hidden, 2 * heads * head_dim)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim)
@@ -82,15 +82,25 @@ class _GatedAttention(nn.Module):
 
     def forward(self, hidden_states):
         shape = hidden_states.shape[:-1]
-        if self.layout == "interleaved":
-            query, gate = torch.chunk(self.q_proj(hidden_states).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
-        elif self.layout == "parts":
-            query, gate = self.q_proj(hidden_states).chunk(2, dim=-1)
-        else:  # the projection's rows read as 2 x head_dim features per head, nothing gated (Inkling's r_proj)
-            query = self.q_proj(hidden_states).view(*shape, -1, self.head_dim * 2)
-            gate = query.mean(-1)
-        out = query.reshape(*shape, -1) * torch.sigmoid(gate.reshape(*shape, -1)) + self.k_proj(hidden_states).sum()
-        return self.o_proj(out + self.v_proj(hidden_states).sum())
+        query, gate = torch.chunk(self.q_proj(hidden_states).view(*shape, -1, self.head_dim * 2), 2, dim=-1)
+        out = query.reshape(*shape, -1) * torch.sigmoid(gate.reshape(*shape, -1))
+        return self.o_proj(out + self.k_proj(hidden_states).sum() + self.v_proj(hidden_states).sum())
+
+
+class _Parts(_Interleaved):
+    """All queries, then all gates."""
+
+    def forward(self, hidden_states):
+        query, gate = self.q_proj(hidden_states).chunk(2, dim=-1)
+        return self.o_proj(query * torch.sigmoid(gate) + self.k_proj(hidden_states).sum() + self.v_proj(hidden_states).sum())
+
+
+class _Wide(_Interleaved):
+    """As wide as query and gate, but read whole, not per head (Inkling's r_proj has the width only)."""
+
+    def forward(self, hidden_states):
+        scale = self.q_proj(hidden_states).mean(-1, keepdim=True)
+        return self.o_proj(hidden_states * scale + self.k_proj(hidden_states).sum() + self.v_proj(hidden_states).sum())
 
 
 def _dims():
@@ -100,14 +110,14 @@ def _dims():
 
 
 def test_query_and_gate_layouts_are_read_from_the_forward():
-    interleaved = recognize_attention(_GatedAttention("interleaved"), _dims())
+    interleaved = recognize_attention(_Interleaved(), _dims())
     assert isinstance(interleaved, ShardedBlock) and interleaved.fused == ()
     assert interleaved.colwise == ("q_proj", "k_proj", "v_proj") and interleaved.kv_projections == ("k_proj", "v_proj")
     # [all queries; all gates]: re-laid out so each rank holds its heads' queries and gates.
-    parts = recognize_attention(_GatedAttention("parts"), _dims())
+    parts = recognize_attention(_Parts(), _dims())
     assert isinstance(parts, ShardedBlock) and parts.fused == (("q_proj", (1, 1)),)
     # Only twice as wide: not taken for a query and gate.
-    assert recognize_attention(_GatedAttention("wide"), _dims()) is None
+    assert recognize_attention(_Wide(), _dims()) is None
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -139,7 +149,7 @@ def test_a_conv_mixer_of_other_parts_is_not_a_short_conv():
     assert isinstance(recognize_block("conv", conv, dims), KeptBlock)
 
 
-@pytest.mark.parametrize("class_name", ["Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "Lfm3ForCausalLM"])
+@pytest.mark.parametrize("class_name", ["Qwen3_5ForCausalLM", "Lfm3ForCausalLM"])  # 94.7 % and 80.6 % before
 def test_the_default_size_shards_at_least_95_percent(fake_pg, class_name):
     from plangen.catalog import WELL_SHARDED, build_full_size_model, list_architectures, measure_sharded_fraction
 
