@@ -222,11 +222,12 @@ def test_committed_table_covers_every_architecture(listing):
 
 def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     """Below 95 % the note names the largest parts TP leaves whole, with the plan's reason: for
-    LFM-3 its short-convolution mixers (OLMo-Hybrid's gated delta nets, once named here, are sharded)."""
+    xLSTM its mLSTM layers (OLMo-Hybrid's gated delta nets and LFM-3's short convolutions, once named
+    here, are sharded)."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
 
-    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("Lfm3ForCausalLM", "lfm3")))
+    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("xLSTMForCausalLM", "xlstm")))
     pattern, share, why = left[0]
-    assert pattern == "model.layers.*.conv" and "linear-attention mixer" in why
+    assert pattern == "backbone.blocks.*.mlstm_layer" and "not recognised as attention or MLP" in why
     assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
-    assert render_left_whole(left).startswith(f"left whole at TP 2: model.layers.*.conv {share:.1%} (state-space")
+    assert render_left_whole(left).startswith(f"left whole at TP 2: backbone.blocks.*.mlstm_layer {share:.1%} (not recognised")

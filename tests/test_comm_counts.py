@@ -540,3 +540,42 @@ def test_stable_variant_of_a_mamba2_mixer_only_gathers_forward(fake_pg, n_groups
     shared = 3 + 1 if n_groups == 1 else 0
     assert forward == {AG: 2 + shared}
     assert backward == {AR: 1, RS: 1 + shared}  # the input gradient; out_proj's and the gathers' reduce-scatters
+
+
+# --- LFM's short-conv mixers split by channels (plangen.plans.recognize_short_conv) ---------------
+
+
+def _short_conv_step(layers: int, sequence_parallel: bool):
+    """LFM3 with short-conv layers only, under its synthesized plan (built on this all-conv model)."""
+    from plangen.models import resolve_model
+    from plangen.plan import build_parallel_styles
+    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.shrink import shrink_config
+
+    config = shrink_config(resolve_model("lfm3").config, 2)
+    config.num_hidden_layers, config.layer_types = layers, ["conv"] * layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    plan = build_synthesized_plan(model, sequence_parallel)
+    assert "GatedDeltaNetParallel" in {e.style for e in plan.entries}
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), build_parallel_styles(plan))
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    with CollectiveCounter() as forward:
+        logits = model(input_ids=ids).logits
+    with CollectiveCounter() as backward:
+        vocab_parallel_cross_entropy(logits, ids).backward()
+    return merge_c10d_counts(forward.counts()), merge_c10d_counts(backward.counts())
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_short_conv_layer_costs_a_dense_layer(fake_pg, sequence_parallel):
+    """Per layer (mixer + MLP): the Megatron minimum, as a dense layer. B, C, x and the conv's channels
+    are split alike, so nothing between in_proj and out_proj communicates, and there is no norm
+    weight to reduce (unlike a gated delta net)."""
+    f2, b2 = _short_conv_step(2, sequence_parallel)
+    f4, b4 = _short_conv_step(4, sequence_parallel)
+    per_layer = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    if sequence_parallel:
+        assert per_layer(f2, f4) == {AG: 2, RS: 2} and per_layer(b2, b4) == {AG: 2, RS: 2}
+    else:
+        assert per_layer(f2, f4) == {AR: 2} and per_layer(b2, b4) == {AR: 2}

@@ -1,6 +1,7 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded), fused (GLM's packed gate|up;
+Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded)
+and its attention's per-head output gates (Qwen3.5-MoE, Qwen3-Next, LFM3), LFM's short-conv mixers split by channels, fused (GLM's packed gate|up;
 GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
@@ -44,7 +45,10 @@ CLASSES = {
     "xglm": ("XGLMForCausalLM", True),  # views by self.num_heads and self.embed_dim; sinusoidal positions
     # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
-    "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias
+    # Short-conv mixers split by channels (packed [B; C; x] re-laid out per rank), MoE with a routing bias.
+    "lfm2_moe": ("Lfm2MoeForCausalLM", True),
+    # The same short conv, and attention with a sigmoid output gate of one value per head (g_proj).
+    "lfm3": ("Lfm3ForCausalLM", True),
     "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
     # The BERT family as causal decoders: q/k/v and the projection back in sibling modules
@@ -65,7 +69,9 @@ CLASSES = {
     "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
     # Gated-delta-net linear attention by heads (plangen.linear_attention_styles): packed [q; k; v]
     # re-laid out for the conv's channels, A_log/dt_bias with their heads, head counts made local.
+    # Its attention layers' q_proj holds each head's query and output gate together (recognize_gated).
     "qwen3_5": ("Qwen3_5ForCausalLM", False),
+    "qwen3_5_moe": ("Qwen3_5MoeForCausalLM", False),  # the same attention and mixer beside MoE layers
     # The same mixer with Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key head (a plain row
     # split keeps whole groups), beside MoE layers.
     "qwen3_next": ("Qwen3NextForCausalLM", False),
@@ -90,7 +96,7 @@ TINY_CASES = {
 # Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
-STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
+STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
               "jamba", "mamba", "granitemoehybrid"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.

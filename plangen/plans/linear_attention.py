@@ -21,19 +21,29 @@ def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict
     """The mixer at ``path``, its input laid out by ``prepared`` (``PrepareModuleInput``'s layouts)."""
     group = "attention"
     gathered = "one all-gather of the sequence per mixer" if sp else "no communication"
+    if block.head_parameters or block.head_attributes:
+        split = (f"key heads and their value heads split over TP: {', '.join(block.head_parameters)} and the conv's "
+                 f"channels with them, {', '.join(block.head_attributes)} made this rank's")
+    else:
+        split = "the depthwise conv's channels split over TP"
     entries = [
         PlanEntry(
             path, "GatedDeltaNetParallel",
             dict(**prepared, use_local_output=False, head_attributes=block.head_attributes,
                  head_parameters=block.head_parameters, conv_parts=block.conv_parts),
             group,
-            f"{gathered}; one gradient reduction per mixer in backward; key heads and their value heads split "
-            f"over TP: {', '.join(block.head_parameters)} and the conv's channels with them, "
-            f"{', '.join(block.head_attributes)} made this rank's",
+            f"{gathered}; one gradient reduction per mixer in backward; {split}",
         )
     ]
     for name in block.colwise:
-        if name == block.packed:
+        if name == block.packed and block.packed_parts:
+            entries.append(PlanEntry(
+                f"{path}.{name}", "FusedColwiseParallel",
+                dict(part_sizes=block.packed_parts, input_layouts=Replicate(), use_local_output=True), group,
+                f"column-parallel by channels; packed parts {block.packed_parts} re-laid out so each rank holds "
+                "its slice of every part, the conv's channels among them",
+            ))
+        elif name == block.packed:
             entries.append(PlanEntry(
                 f"{path}.{name}", "FusedColwiseParallel",
                 dict(part_sizes=block.conv_parts, input_layouts=Replicate(), use_local_output=True), group,
@@ -46,10 +56,11 @@ def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict
                 dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True), group,
                 "column-parallel by key-head groups: each rank computes its own heads",
             ))
-    entries.append(PlanEntry(
-        f"{path}.{block.norm}", "AllReduceParamGrads", {}, group,
-        "gated norm of one head's width, shared by every head, sees only local heads: its weight gradient is summed over TP",
-    ))
+    if block.norm is not None:
+        entries.append(PlanEntry(
+            f"{path}.{block.norm}", "AllReduceParamGrads", {}, group,
+            "gated norm of one head's width, shared by every head, sees only local heads: its weight gradient is summed over TP",
+        ))
     reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
     entries.append(PlanEntry(
         f"{path}.{block.rowwise}", "RowwiseParallel",

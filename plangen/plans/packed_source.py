@@ -275,6 +275,12 @@ def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, adde
             return _Op(reader, parent.attr, call, moved, added)
         if isinstance(parent, ast.Subscript) and parent.value is node:
             return _Op(reader, "subscript", parent, moved, added)
+        if _is_torch_split(parent, node):
+            # torch.chunk(x, 2, dim=-1) (Qwen3.5's gated query) read as x.chunk(2, dim=-1).
+            assert isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
+            method = ast.copy_location(ast.Call(ast.Attribute(node, parent.func.attr, ast.Load()),
+                                                parent.args[1:], parent.keywords), parent)
+            return _Op(reader, parent.func.attr, method, moved, added)
         if isinstance(parent, ast.Assign) and parent.value is node:
             if len(parent.targets) != 1 or not isinstance(parent.targets[0], ast.Name):
                 return None
@@ -297,6 +303,13 @@ def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, adde
             continue
         return None
     return None
+
+
+def _is_torch_split(parent: ast.AST | None, node: ast.AST) -> bool:
+    """``parent`` is ``torch.chunk(node, ...)`` or ``torch.split(node, ...)``."""
+    return (isinstance(parent, ast.Call) and bool(parent.args) and parent.args[0] is node
+            and isinstance(parent.func, ast.Attribute) and parent.func.attr in ("chunk", "split")
+            and isinstance(parent.func.value, ast.Name) and parent.func.value.id == "torch")
 
 
 def _split_axis(op: _Op, rank: int | None) -> int | None:

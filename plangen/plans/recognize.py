@@ -32,9 +32,11 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     own_parameters,
     read_dims,
 )
+from plangen.plans.recognize_gated import read_output_gates
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
+from plangen.plans.recognize_short_conv import recognize_short_conv
 
 
 def describe(name: str, module: nn.Module) -> str:
@@ -153,7 +155,7 @@ def recognize_attention(
 
     Column-parallel: the projections that read the block input (``readers``: as its caller shows
     them, see :func:`~plangen.plans.split_source.read_alike_readers`) and give a whole number of
-    heads (q, k, v, an output gate). Row-parallel: the one projection from all heads back to the
+    heads (q, k, v, an output gate: :mod:`plangen.plans.recognize_gated`). Row-parallel: the one projection from all heads back to the
     hidden size. None when the block does not look like attention at all.
     """
     split = _split_by_reading(block, readers) if dims.heads and dims.head_dim else None
@@ -171,9 +173,14 @@ def recognize_attention(
     # layers, transformers' is_kv_shared_layer) has only its query projection: sharded by heads, it
     # reads this rank's KV heads as the storing layer's sharded k/v computed them.
     kv_shared = getattr(block, "is_kv_shared_layer", False) is True
+    # Heads of q, k or v, or an output gate (query and gate per head, one value per head).
+    widths = (n * d, k * d, 2 * n * d, n)
     if len(reading) < (1 if kv_shared else 3) or any(
-        m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()
+        m.in_features != h or m.out_features not in widths for m in reading.values()
     ):
+        return None
+    gates = read_output_gates(block, reading, dims)
+    if gates is None:
         return None
     own = own_parameters(block)
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
@@ -202,7 +209,7 @@ def recognize_attention(
             "which is all heads' width: a rank holding some heads cannot follow it",
         )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
-    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
+    kv = tuple(name for name, m in reading.items() if m.out_features == k * d and name not in gates.names) if k < n and not whole else ()
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
@@ -210,7 +217,7 @@ def recognize_attention(
             f"its own per-head parameters ({', '.join(own)}) and its head-count attributes ({', '.join(heads)})"
             " are made this rank's by two different styles, and a block takes one",
         )
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
+    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), gates.fused,
                         head_attributes=heads, head_parameters=tuple(own), reads_shared_kv=kv_shared)
 
 
@@ -467,7 +474,7 @@ def recognize_block(
         if found is not None:
             return found
     # Before the experts' shape test: a mixer's [value heads] weights can match a tiny expert count.
-    if (mixer := recognize_gated_delta_net(block, dims)) is not None:
+    if (mixer := recognize_gated_delta_net(block, dims) or recognize_short_conv(block, dims)) is not None:
         return mixer
     if _is_mixture_of_experts(block, dims):
         return KeptBlock(

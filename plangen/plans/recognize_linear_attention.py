@@ -30,11 +30,12 @@ class GatedDeltaNetBlock:
 
     colwise: tuple[str, ...]  # input projections by head groups (a packed [q; k; v] among them: ``packed``)
     rowwise: str
-    norm: str
+    norm: str | None  # None: a mixer without heads (plangen.plans.recognize_short_conv)
     conv_parts: tuple[int, ...]  # (key_dim, key_dim, value_dim), reduced
     head_parameters: tuple[str, ...]
     head_attributes: tuple[str, ...]
     packed: str | None = None  # the projection as wide as the conv's channels: [q; k; v] as it packs them
+    packed_parts: tuple[int, ...] = ()  # ``packed``'s parts where they are not the conv's (a short conv's [B; C; x])
     kind: str = "attention"
 
 
