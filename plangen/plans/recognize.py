@@ -32,6 +32,7 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     own_parameters,
     read_dims,
 )
+from plangen.plans.paired_source import read_paired_heads
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
@@ -80,6 +81,10 @@ class ShardedBlock:
     # The attention block's own parameters of one value per query head (attention sinks): split
     # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
     head_parameters: tuple[str, ...] = ()
+    # Differential attention (DiffLlama): heads paired i, i + H/2, so q/k/v are laid out in two halves
+    # (each rank its slice of both: whole pairs), and the block's own parameters, reduced to one scalar
+    # every head shares, replicated with their gradient summed (plangen.attention_styles.PairedHeadsAttentionInput).
+    shared_parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,9 +169,12 @@ def recognize_attention(
     if len(reading) < 3 or any(m.in_features != h or m.out_features not in (n * d, k * d) for m in reading.values()):
         return None
     own = own_parameters(block)
+    # One value per feature of a head, read only inside sums, beside halves of the heads: DiffLlama.
+    paired = bool(own) and n % 2 == 0 and k % 2 == 0 and all(shape == (d,) for shape in own.values()) and (
+        read_paired_heads(type(block), frozenset(own)))
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
     # cannot tell it from one value per feature of a head (DiffLlama's lambdas).
-    if own and (n == d or any(shape != (n,) for shape in own.values())):
+    if own and not paired and (n == d or any(shape != (n,) for shape in own.values())):
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
@@ -198,6 +206,9 @@ def recognize_attention(
             f"its own per-head parameters ({', '.join(own)}) and its head-count attributes ({', '.join(heads)})"
             " are made this rank's by two different styles, and a block takes one",
         )
+    if paired:  # no KV replication: a replicated KV head would be half a pair
+        return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), (), tuple(whole),
+                            fused=tuple((name, (1, 1)) for name in reading), shared_parameters=tuple(own))
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
                         head_attributes=heads, head_parameters=tuple(own))
 

@@ -244,6 +244,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
         if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
             style, why = "AttentionSinksParallel", f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads"
+        if block.shared_parameters:
+            style, why = "PairedHeadsAttentionInput", (
+                f"{why}; heads paired i, i + H/2 (whole pairs per rank); its {', '.join(block.shared_parameters)}, "
+                "shared by every head, replicated with their gradient summed over TP")
         entries.append(PlanEntry(part.path, style, prepared, group, why))
         colwise_input = Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
