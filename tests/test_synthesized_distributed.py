@@ -1,7 +1,7 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
 Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded), fused (GLM's packed gate|up;
-GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
+GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, DiffLlama's paired heads, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
 split by channels (Mamba, FalconMamba, Jamba; their full state dict at DP 2 x TP 2, and the stable
@@ -72,6 +72,9 @@ CLASSES = {
     # Mamba2 mixers split by heads, one B/C group gathered whole per forward (plangen.mamba_styles);
     # attention layers and MoE beside them.
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
+    # Differential attention: heads paired i, i + H/2, so q/k/v in two halves (whole pairs per rank),
+    # the lambdas replicated with their gradient summed over TP (plangen.attention_styles).
+    "diffllama": ("DiffLlamaForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -86,7 +89,7 @@ TINY_CASES = {
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
@@ -122,7 +125,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c n
 
 # The default run: every class at DP 2 x TP 2; at TP 2 alone (no FSDP2) one of each kind. The rest
 # of TP 2 is marked slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks both.
-TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "mamba", "bart", "bert", "gpt_neox", "falcon-gqa", "granitemoehybrid"}
+TP2_DEFAULT = {"olmo", "olmoe", "glm", "jamba", "mamba", "bart", "bert", "gpt_neox", "falcon-gqa", "granitemoehybrid", "diffllama"}
 DEFAULT_IDS = {c for c in CASE_IDS if c.startswith("dp2tp2/") or c.split("/")[1].removesuffix("-sp") in TP2_DEFAULT}
 
 
