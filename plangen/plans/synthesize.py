@@ -171,6 +171,10 @@ def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: A
     if parts is None:
         return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
                                                            use_local_output=True), group, why)
+    if block.shared_parameters:  # differential attention: its heads' two halves, not packed parts
+        why = f"{why}; the heads' two halves (pairs i, i + H/2) re-laid out so each rank holds whole pairs"
+        return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
+                                                               use_local_output=True), group, why)
     return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
                                                            use_local_output=True), group,
                      f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part")
