@@ -31,6 +31,7 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     layer_dims,
     own_parameters,
     read_dims,
+    wrapped_linear,
 )
 from plangen.plans.paired_source import read_paired_heads
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
@@ -95,25 +96,39 @@ class KeptBlock:
     why: str
 
 
-def _linears(block: nn.Module) -> dict[str, nn.Linear]:
-    return {name: child for name, child in block.named_children() if is_linear(child)}
+def _linears(block: nn.Module, unwrap: bool = False) -> dict[str, nn.Linear]:
+    """The block's ``nn.Linear`` children by name; with ``unwrap``, also the one linear inside a
+    child that only wraps it, named by its path (``q_proj.linear``): that linear is what is sharded."""
+    found = {}
+    for name, child in block.named_children():
+        inner = wrapped_linear(child) if unwrap else None
+        if is_linear(child):
+            found[name] = child
+        elif inner is not None:
+            found[f"{name}.{inner[0]}"] = inner[1]
+    return found
+
+
+def _child(name: str) -> str:
+    return name.split(".")[0]  # a wrapped linear's wrapper, the block's own child
 
 
 def _split_by_reading(
-    block: nn.Module, readers: frozenset[str] | None = None
+    block: nn.Module, readers: frozenset[str] | None = None, unwrap: bool = False
 ) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
     """The block's linears that read its input (``readers``: as its caller shows them), and the
     others; None when its source cannot be read."""
     readers = read_input_readers(type(block)) if readers is None else readers
     if readers is None:
         return None
-    linears = _linears(block)
-    reading = {n: m for n, m in linears.items() if n in readers}
-    return reading, {n: m for n, m in linears.items() if n not in readers}
+    linears = _linears(block, unwrap)
+    reading = {n: m for n, m in linears.items() if _child(n) in readers}
+    return reading, {n: m for n, m in linears.items() if _child(n) not in readers}
 
 
 def _unexpected_children(block: nn.Module, known: set[str]) -> list[str]:
-    return [describe(n, c) for n, c in block.named_children() if n not in known and has_parameters(c)]
+    children = {_child(n) for n in known}
+    return [describe(n, c) for n, c in block.named_children() if n not in children and has_parameters(c)]
 
 
 def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | None:
@@ -135,6 +150,7 @@ def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple
     """Norms inside attention: one head wide (shardable with the heads), or as wide as a projection (not)."""
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
     per_head, whole = [], []
+    skip = {_child(n) for n in skip}
     for name, child in block.named_children():
         if name in skip or not has_parameters(child):
             continue
@@ -155,7 +171,7 @@ def recognize_attention(
     heads (q, k, v, an output gate). Row-parallel: the one projection from all heads back to the
     hidden size. None when the block does not look like attention at all.
     """
-    split = _split_by_reading(block, readers) if dims.heads and dims.head_dim else None
+    split = _split_by_reading(block, readers, unwrap=True) if dims.heads and dims.head_dim else None
     if split is None:
         return None
     reading, others = split
@@ -198,7 +214,9 @@ def recognize_attention(
             "which is all heads' width: a rank holding some heads cannot follow it",
         )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
-    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
+    # Wrapped projections: the KV replication styles find k/v among the block's own nn.Linear children only.
+    wrapped = any("." in name for name in (*reading, *outputs))
+    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole and not wrapped else ()
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
