@@ -325,6 +325,36 @@ def test_own_head_width_parameters_without_paired_heads_keep_the_block_replicate
     assert isinstance(found, KeptBlock) and "lambda_q1" in found.why
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_projections_that_wrap_one_linear_are_sharded_through_it(sequence_parallel):
+    # MoshiForCausalLM's q/k/v/o are MoshiLinear(use_flexible_linear=False): one nn.Linear child,
+    # nothing else of their own. The inner linear is the projection; names stay Hugging Face's.
+    model = meta("moshi")
+    styles = styles_of(build_synthesized_plan(model, sequence_parallel))
+    attention = "model.layers.*.self_attn"
+    assert styles[attention] == "PrepareModuleInput"
+    assert {styles[f"{attention}.{p}.linear"] for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
+    assert styles[f"{attention}.o_proj.linear"] == "RowwiseParallel"
+    from plangen.module_tree import find_unmatched_keys
+
+    assert find_unmatched_keys(model, styles) == []
+
+
+def test_a_wrapper_with_more_than_one_linear_is_not_a_projection():
+    from plangen.plans.dims import wrapped_linear
+
+    model = meta("moshi")
+    wrapper = model.model.layers[0].self_attn.q_proj
+    assert wrapped_linear(wrapper) == ("linear", wrapper.linear)
+    wrapper.extra = nn.Linear(2, 2, device="meta")  # two children: what the wrapper computes is its own
+    assert wrapped_linear(wrapper) is None
+    assert wrapped_linear(nn.Linear(2, 2)) is None
+    flexible = model.model.layers[0].self_attn.k_proj
+    flexible.linear = nn.Module()  # MoshiFlexibleLinear: one weight per codebook, not an nn.Linear
+    flexible.linear.weight = nn.Parameter(torch.empty(2, 4, 4, device="meta"))
+    assert wrapped_linear(flexible) is None
+
+
 def test_heterogeneous_layers_get_per_layer_patterns():
     # Jamba: layer 0 is Mamba + dense MLP, layer 1 attention + MoE; both call their MLP block feed_forward.
     model = meta("jamba")

@@ -75,6 +75,8 @@ CLASSES = {
     # Differential attention: heads paired i, i + H/2, so q/k/v in two halves (whole pairs per rank),
     # the lambdas replicated with their gradient summed over TP (plangen.attention_styles).
     "diffllama": ("DiffLlamaForCausalLM", False),
+    # q/k/v/o are MoshiLinear wrappers of one nn.Linear (use_flexible_linear=False): the inner linear sharded.
+    "moshi": ("MoshiForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
@@ -89,7 +91,7 @@ TINY_CASES = {
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid", "diffllama"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama", "moshi"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
