@@ -91,7 +91,7 @@ TINY_CASES = {
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid", "diffllama", "moshi"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
