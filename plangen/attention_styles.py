@@ -89,3 +89,36 @@ def local_during_forward(owner: nn.Module, params: list[tuple[nn.Module, str]]) 
 def head_parameters(module: nn.Module) -> dict[str, torch.Tensor]:
     """The parameters ``module`` owns itself, with at least one dimension (gpt-oss's ``sinks``)."""
     return {n: p for n, p in module.named_parameters(recurse=False) if p.dim() >= 1}
+
+
+class PairedHeadsAttentionInput(PrepareModuleInput):
+    """``PrepareModuleInput`` for differential attention (DiffLlama): head ``i`` is paired with head
+    ``i + H/2`` (the forward chunks the heads in two halves, and values likewise), and the block's own
+    parameters (``lambda_q1`` ... ``[head_dim]``) are reduced to one scalar shared by every head.
+
+    The block's q/k/v are column-parallel in a two-part layout (``FusedColwiseParallel(part_sizes=(1, 1))``:
+    rank ``r`` holds the ``r``-th slice of each half), so its local heads are whole pairs, in the
+    forward's own order; the pairs' output is then contiguous per rank, so ``o_proj`` is a plain
+    row-parallel. The own parameters stay replicated: each rank's gradient covers only its pairs, so it
+    is summed over TP during the backward. Refused where the TP size does not split each half's query
+    and key/value heads (a rank would hold half a pair).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from plangen.kv_styles import attention_head_counts
+        from plangen.replicated_styles import sum_own_grads_over
+
+        tp = device_mesh.size()
+        counts = attention_head_counts(module)
+        if counts is None:
+            raise ValueError(f"{type(self).__name__}: {type(module).__name__} has no config with head counts to pair")
+        heads, kv_heads, _ = counts
+        bad = [(what, n) for what, n in (("attention heads", heads), ("key/value heads", kv_heads)) if n % (2 * tp)]
+        if bad:
+            what, n = bad[0]
+            raise ValueError(
+                f"{type(self).__name__}: {type(module).__name__} pairs head i with i + H/2, so each half's heads "
+                f"split over TP: {n} {what} need a multiple of 2 x TP size {tp}"
+            )
+        sum_own_grads_over(module, device_mesh)
+        return super()._apply(module, device_mesh)

@@ -71,29 +71,35 @@ class AllReduceParamGrads(ParallelStyle):
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        swapped: dict[str, torch.Tensor] = {}
-
-        def swap_in(mod: nn.Module, args: Any) -> None:
-            if not torch.is_grad_enabled():
-                return
-            for name, param in list(mod._parameters.items()):
-                if param is None or not param.requires_grad:
-                    continue
-                swapped[name] = param
-                local = param.to_local() if isinstance(param, DTensor) else param
-                mod._parameters[name] = _all_reduce_grad(local, device_mesh)  # type: ignore[assignment]
-
-        def swap_back(mod: nn.Module, args: Any, output: Any) -> None:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
-
-        module.register_forward_pre_hook(swap_in)
-        # always_call: an exception inside forward must not leave views in place of the parameters.
-        module.register_forward_hook(swap_back, always_call=True)
+        sum_own_grads_over(module, device_mesh)
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def sum_own_grads_over(module: nn.Module, device_mesh: DeviceMesh) -> None:
+    """During each forward, ``module``'s own parameters are identity views whose gradient is summed
+    over ``device_mesh`` (:class:`AllReduceParamGrads`; the block styles that also own such parameters)."""
+    swapped: dict[str, torch.Tensor] = {}
+
+    def swap_in(mod: nn.Module, args: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        for name, param in list(mod._parameters.items()):
+            if param is None or not param.requires_grad:
+                continue
+            swapped[name] = param
+            local = param.to_local() if isinstance(param, DTensor) else param
+            mod._parameters[name] = _all_reduce_grad(local, device_mesh)  # type: ignore[assignment]
+
+    def swap_back(mod: nn.Module, args: Any, output: Any) -> None:
+        mod._parameters.update(swapped)  # type: ignore[arg-type]
+        swapped.clear()
+
+    module.register_forward_pre_hook(swap_in)
+    # always_call: an exception inside forward must not leave views in place of the parameters.
+    module.register_forward_hook(swap_back, always_call=True)
 
 
 class LeaveUnsharded(ParallelStyle):

@@ -60,6 +60,8 @@ _HEAD_KEYS: tuple[tuple[str, str | None], ...] = (
     ("linear_num_heads", None),
     ("index_n_heads", None),
 )
+# Differential attention (DiffLlama's lambda initialisation): head i is paired with head i + H/2.
+_PAIRED_HEADS_KEYS = ("lambda_std_dev",)
 _HEAD_DIM_KEYS = (
     "head_dim", "attention_head_dim", "d_kv", "kv_channels", "swa_head_dim", "v_head_dim",
     "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim", "index_head_dim",
@@ -238,6 +240,10 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         heads = values[heads_key]
         kv = values[kv_key] if kv_key and values[kv_key] is not None else heads
         new_heads, new_kv = _tiny_head_counts(heads, kv, tp)
+        if any(name in values for name in _PAIRED_HEADS_KEYS) and heads % (2 * tp) == 0 and kv % (2 * tp) == 0:
+            # Heads paired i, i + H/2: each half's heads split over TP, as the original's do.
+            factor = math.lcm(new_kv, 2 * tp) // new_kv
+            new_heads, new_kv = new_heads * factor, new_kv * factor
         values[heads_key] = new_heads
         done.add(heads_key)
         if kv_key:

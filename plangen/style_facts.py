@@ -282,6 +282,9 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
         StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),
+        # PrepareModuleInput of differential attention (heads paired i, i + H/2): its own parameters,
+        # shared by every head, replicated with their gradient summed over TP.
+        StyleFacts("PairedHeadsAttentionInput", PLANGEN_STYLES, "prepare_input", replicates=True, hooks=PREPARE_INPUT),
         # PrepareModuleInput of a gated delta net that also splits its own [value heads] parameters
         # (A_log, dt_bias), its conv's packed channels, and makes its head counts local.
         StyleFacts("GatedDeltaNetParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),

@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.attention_styles import AttentionSinksParallel
+from plangen.attention_styles import AttentionSinksParallel, PairedHeadsAttentionInput
 from plangen.fused_styles import (
     Conv1DColwiseParallel,
     Conv1DRowwiseParallel,
@@ -230,6 +230,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ActivationSparsityParallel,
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
+        PairedHeadsAttentionInput,
         GatedDeltaNetParallel,
         ShardedNormParallel,
         GatheredNormParallel,
@@ -477,6 +478,7 @@ __all__ = [
     "AllReduceOutputGrad",
     "AllReduceParamGrads",
     "AttentionSinksParallel",
+    "PairedHeadsAttentionInput",
     "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),

@@ -191,6 +191,27 @@ def test_attention_sinks_style_needs_the_blocks_own_per_head_parameters(tmp_path
     assert _verify(tmp_path, gpt_oss, tp_size=4).diagnostics == []
 
 
+DIFFLLAMA = (
+    "from torch.distributed.tensor import Replicate\n"
+    "from torch.distributed.tensor.parallel import RowwiseParallel\n\n"
+    "from plangen.styles import FusedColwiseParallel, PairedHeadsAttentionInput\n\n"
+    'PLANGEN_MODEL = "diffllama"\ncustom_parallel_plan = {\n'
+    '    "model.layers.*.self_attn": PairedHeadsAttentionInput(input_kwarg_layouts={"hidden_states": Replicate()},'
+    ' desired_input_kwarg_layouts={"hidden_states": Replicate()}),\n'
+    + "".join(f'    "model.layers.*.self_attn.{p}": FusedColwiseParallel(part_sizes=(1, 1), input_layouts=Replicate()),\n'
+              for p in ("q_proj", "k_proj", "v_proj"))
+    + '    "model.layers.*.self_attn.o_proj": RowwiseParallel(),\n}\n'
+)
+
+
+def test_paired_heads_style_needs_whole_pairs_per_rank(tmp_path):
+    # DiffLlama's 32 heads are 16 pairs: TP 16 keeps two heads (one pair) per rank, TP 32 would split pairs.
+    assert _verify(tmp_path, DIFFLLAMA, tp_size=16).diagnostics == []
+    found = [d for d in _verify(tmp_path, DIFFLLAMA, tp_size=32).diagnostics if d.code == "PG204"]
+    assert found and found[0].line == _line_of(DIFFLLAMA, '"model.layers.*.self_attn": PairedHeadsAttentionInput')
+    assert "attention heads" in found[0].message and "32" in found[0].message
+
+
 def test_gated_delta_net_style_needs_a_gated_delta_net_whose_heads_divide(tmp_path):
     # Llama's attention has no depthwise conv over q/k/v channels: nothing of a gated delta net.
     plan = _edit(LLAMA, '"model.layers.*.self_attn": PrepareModuleInput(', '"model.layers.*.self_attn": GatedDeltaNetParallel(')

@@ -301,6 +301,15 @@ def test_shrink_keeps_a_single_kv_head_so_tp_checks_see_it():
     assert (tiny.num_key_value_heads, tiny.num_attention_heads) == (1, 4)
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shrink_keeps_whole_head_pairs_per_rank_for_differential_attention(tp):
+    # DiffLlama pairs head i with i + H/2: the tiny model's halves must split over TP as the real
+    # model's 32 heads do, or the sweep would prove its plan on a model TP cannot shard.
+    tiny = shrink_config(resolve_model("diffllama").config, tp)
+    assert tiny.num_key_value_heads == tiny.num_attention_heads == 2 * tp
+    assert shrink_config(resolve_model("llama").config, tp).num_key_value_heads == tp  # others keep theirs
+
+
 def test_shrink_keeps_one_layer_of_each_kind_with_a_window_that_matters():
     config = resolve_model(str(CONFIGS / "gemma-3-1b.json")).config
     tiny = shrink_config(config)

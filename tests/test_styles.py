@@ -346,6 +346,76 @@ def test_attention_sinks_are_split_with_the_heads_and_their_gradient_is_exact(tp
     assert (local(sharded.sinks.grad) - reference.sinks.grad[:2]).abs().max() < 1e-6
 
 
+def test_paired_heads_attention_holds_whole_pairs_and_sums_its_lambdas_gradient(tp_mesh):
+    """DiffLlama attention (4 heads, 4 KV heads) on rank 0 of TP 2, q/k/v in two halves, o_proj left
+    out: its output is exactly the unsharded block's first two pairs (contiguous, so o_proj is a
+    plain row-parallel); the lambdas stay whole, plain tensors, and each gets one all-reduce of its
+    gradient (the fake group's all-reduce keeps rank 0's part: the pairs' share of the gradient)."""
+    import copy
+
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.models import resolve_model
+    from plangen.shrink import build_tiny_model
+    from plangen.styles import FusedColwiseParallel, PairedHeadsAttentionInput
+
+    model = build_tiny_model(resolve_model("diffllama"), seed=0, attn_implementation="eager")
+    reference = model.model.layers[0].self_attn
+    reference.o_proj = nn.Identity()  # the pairs' outputs, concatenated
+    holder = nn.Module()
+    holder.attn = copy.deepcopy(reference)
+    columns = dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True)
+    styles = {
+        "attn": PairedHeadsAttentionInput(input_kwarg_layouts={"hidden_states": Replicate()},
+                                          desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        **{f"attn.{p}": FusedColwiseParallel(**columns) for p in ("q_proj", "k_proj", "v_proj")},
+    }
+    parallelize_module(holder, tp_mesh, styles)
+    sharded = holder.attn
+    lambdas = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+    x = torch.randn(2, 8, 64, requires_grad=True)
+    cos_sin = model.model.rotary_emb(x, torch.arange(8)[None].expand(2, -1))
+    expected, _ = reference(hidden_states=x, position_embeddings=cos_sin, attention_mask=None)
+    half = expected.shape[-1] // 2
+    weights = torch.randn_like(expected)
+    weights[..., half:] = 0  # the other rank's pairs: its share of the lambdas' gradient
+    (expected * weights).sum().backward()
+
+    def step() -> torch.Tensor:
+        out, _ = sharded(hidden_states=x, position_embeddings=cos_sin, attention_mask=None)
+        (out * weights[..., :half]).sum().backward()
+        return out
+
+    # One gradient reduction of the block's input, one per lambda.
+    assert collectives(step) == {"all_reduce": 1 + len(lambdas)}
+    for name in lambdas:
+        assert type(sharded._parameters[name]) is nn.Parameter  # put back, whole
+        getattr(sharded, name).grad = None
+    out, _ = sharded(hidden_states=x, position_embeddings=cos_sin, attention_mask=None)
+    assert out.shape[-1] == half and (out - expected[..., :half]).abs().max() < 1e-5
+    (out * weights[..., :half]).sum().backward()
+    for name in lambdas:
+        assert (getattr(sharded, name).grad - getattr(reference, name).grad).abs().max() < 1e-5
+
+
+def test_paired_heads_attention_refuses_halves_the_tp_size_does_not_split(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.models import resolve_model
+    from plangen.shrink import build_tiny_model
+    from plangen.styles import PairedHeadsAttentionInput
+
+    model = build_tiny_model(resolve_model("diffllama"), seed=0, tp_size=1)  # 2 heads: one pair
+    holder = nn.Module()
+    holder.attn = model.model.layers[0].self_attn
+    with pytest.raises(ValueError, match="2 attention heads need a multiple of 2 x TP size 2"):
+        parallelize_module(holder, tp_mesh, {"attn": PairedHeadsAttentionInput()})
+    holder.attn = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="no config with head counts to pair"):
+        parallelize_module(holder, tp_mesh, {"attn": PairedHeadsAttentionInput()})
+
+
 def test_gated_delta_net_is_split_by_heads_and_its_gradients_are_exact(tp_mesh):
     """Qwen3.5's gated delta net on rank 0 of TP 2, out_proj left out: the mixer's output is this
     rank's value heads of the unsharded one's (its key head, its conv channels, its A_log/dt_bias);
@@ -725,8 +795,21 @@ class _EveryTokenMoe(nn.Module):
 
 
 # Styles that apply to one kind of module only, and that module.
+class _PairedHeadsBlock(nn.Module):
+    """Differential attention's own parameter beside its head counts (4 heads: two pairs per TP 2 rank)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(num_attention_heads=4, num_key_value_heads=4)
+        self.head_dim = 2
+        self.weight = nn.Parameter(torch.randn(8, 8))
+
+
 _MODULE_OF = {
     "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
+    "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
 }

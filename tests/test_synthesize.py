@@ -281,6 +281,80 @@ def test_attention_parameters_not_one_per_head_keep_the_block_replicated():
     assert isinstance(found, KeptBlock) and "sinks (8,)" in found.why
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_differential_attention_is_split_by_whole_head_pairs(sequence_parallel):
+    # DiffLlama pairs head i with i + H/2 (chunks in two along the heads) and reduces its lambdas
+    # ([head_dim] each) to one scalar in sums: q/k/v laid out in two halves, the lambdas replicated
+    # with their gradient summed by the block's own style, o_proj a plain row-parallel.
+    model = meta("diffllama")
+    plan = build_synthesized_plan(model, sequence_parallel)
+    entries = {e.pattern: e for e in plan.entries}
+    attention = "model.layers.*.self_attn"
+    assert entries[attention].style == "PairedHeadsAttentionInput"
+    for name in ("q_proj", "k_proj", "v_proj"):
+        assert entries[f"{attention}.{name}"].style == "FusedColwiseParallel"
+        assert entries[f"{attention}.{name}"].kwargs["part_sizes"] == (1, 1)
+    assert entries[f"{attention}.o_proj"].style == "RowwiseParallel"
+    assert not any(r.pattern.startswith(attention) for r in plan.replicated)
+    found = next(b.block for b in analyze_model(model).blocks if b.path.endswith("self_attn"))
+    assert found.shared_parameters == ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2") and found.kv_projections == ()
+
+
+def test_own_head_width_parameters_without_paired_heads_keep_the_block_replicated():
+    # The same [head_dim] parameters in attention that neither halves its heads nor sums them away.
+    from plangen.plans.paired_source import read_paired_heads
+    from plangen.plans.recognize import KeptBlock, read_dims, recognize_attention
+
+    model = meta("diffllama")
+    attention = model.model.layers[0].self_attn
+    own = frozenset({"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"})
+    assert read_paired_heads(type(attention), own)
+    assert not read_paired_heads(type(attention), own | {"sinks"})  # a parameter the forward never sums
+
+    class Scaled(nn.Module):
+        def forward(self, x):
+            a, b = torch.chunk(x, 2, dim=2)
+            c, d = x.chunk(2, dim=1)
+            return (a - b) * self.lambda_q1 + torch.sum(self.lambda_k1)
+
+    assert not read_paired_heads(Scaled, frozenset({"lambda_q1", "lambda_k1"}))  # lambda_q1 read per feature
+    llama = meta("llama")
+    block = llama.model.layers[0].self_attn
+    block.lambda_q1 = nn.Parameter(torch.empty(block.head_dim, device="meta"))
+    found = recognize_attention(block, read_dims(llama))
+    assert isinstance(found, KeptBlock) and "lambda_q1" in found.why
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_projections_that_wrap_one_linear_are_sharded_through_it(sequence_parallel):
+    # MoshiForCausalLM's q/k/v/o are MoshiLinear(use_flexible_linear=False): one nn.Linear child,
+    # nothing else of their own. The inner linear is the projection; names stay Hugging Face's.
+    model = meta("moshi")
+    styles = styles_of(build_synthesized_plan(model, sequence_parallel))
+    attention = "model.layers.*.self_attn"
+    assert styles[attention] == "PrepareModuleInput"
+    assert {styles[f"{attention}.{p}.linear"] for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
+    assert styles[f"{attention}.o_proj.linear"] == "RowwiseParallel"
+    from plangen.module_tree import find_unmatched_keys
+
+    assert find_unmatched_keys(model, styles) == []
+
+
+def test_a_wrapper_with_more_than_one_linear_is_not_a_projection():
+    from plangen.plans.dims import wrapped_linear
+
+    model = meta("moshi")
+    wrapper = model.model.layers[0].self_attn.q_proj
+    assert wrapped_linear(wrapper) == ("linear", wrapper.linear)
+    wrapper.extra = nn.Linear(2, 2, device="meta")  # two children: what the wrapper computes is its own
+    assert wrapped_linear(wrapper) is None
+    assert wrapped_linear(nn.Linear(2, 2)) is None
+    flexible = model.model.layers[0].self_attn.k_proj
+    flexible.linear = nn.Module()  # MoshiFlexibleLinear: one weight per codebook, not an nn.Linear
+    flexible.linear.weight = nn.Parameter(torch.empty(2, 4, 4, device="meta"))
+    assert wrapped_linear(flexible) is None
+
+
 def test_heterogeneous_layers_get_per_layer_patterns():
     # Jamba: layer 0 is Mamba + dense MLP, layer 1 attention + MoE; both call their MLP block feed_forward.
     model = meta("jamba")

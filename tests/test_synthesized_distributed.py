@@ -2,7 +2,7 @@
 
 Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded)
 and its attention's per-head output gates (Qwen3.5-MoE, Qwen3-Next, LFM3), LFM's short-conv mixers split by channels, fused (GLM's packed gate|up;
-GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, GPT-BigCode's and Falcon-7B's multi-query one, their full state
+GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, DiffLlama's paired heads, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
 split by channels (Mamba, FalconMamba, Jamba; their full state dict at DP 2 x TP 2, and the stable
@@ -82,6 +82,11 @@ CLASSES = {
     # KV grouping this rank's), and MLPs whose gate keeps a Gaussian top-k by statistics over the
     # whole intermediate (summed over TP: plangen.sparsity_styles). AltUp keeps it from SP.
     "gemma3n_text": ("Gemma3nForCausalLM", True),
+    # Differential attention: heads paired i, i + H/2, so q/k/v in two halves (whole pairs per rank),
+    # the lambdas replicated with their gradient summed over TP (plangen.attention_styles).
+    "diffllama": ("DiffLlamaForCausalLM", False),
+    # q/k/v/o are MoshiLinear wrappers of one nn.Linear (use_flexible_linear=False): the inner linear sharded.
+    "moshi": ("MoshiForCausalLM", False),
 }
 # No sequence parallel: the BERT family's position and token-type embeddings are added to the token
 # embedding inside the embeddings module, where no style can lay the sum out on sequence shards;
@@ -97,7 +102,7 @@ TINY_CASES = {
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}

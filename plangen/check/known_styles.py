@@ -230,6 +230,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ScaledEmbeddingParallel", _LAYOUTS),
         _spec("TiedHeadParallel", _LAYOUTS),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
+        _spec("PairedHeadsAttentionInput", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec(
             "GatedDeltaNetParallel",
             (

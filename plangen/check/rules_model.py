@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
+from plangen.kv_styles import attention_head_counts
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
@@ -36,6 +37,7 @@ from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_
 from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
+    PairedHeadsAttentionInput,
     ExpertsParallel,
     GroupedColwiseParallel,
     GroupedRowwiseParallel,
@@ -163,6 +165,9 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         except ValueError as err:
             return f"`{name}`: {err}"
         return None
+    elif isinstance(style, PairedHeadsAttentionInput):
+        if attention_head_counts(module) is None:
+            return f"`{name}` keeps head pairs whole per rank, but {what} has no config with head counts to pair"
     elif isinstance(style, AttentionSinksParallel):
         if not head_parameters(module):
             return (
@@ -270,6 +275,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
         return [("intermediate channels", module.conv1d.in_channels, 1)]  # local channels, plain tensors
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
+    if isinstance(style, PairedHeadsAttentionInput) and (counts := attention_head_counts(module)) is not None:
+        return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs per rank
     if isinstance(module, nn.Linear) or is_conv1d(module):
         out_features, in_features = (module.nf, module.nx) if is_conv1d(module) else (module.out_features, module.in_features)
         if isinstance(style, ColwiseParallel) and leaves_local_shard(style):

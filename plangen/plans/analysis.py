@@ -392,7 +392,7 @@ def _analyze_layer(
             else:
                 found.keep(child_path, why, "attention")
                 found.gathered.append(KeptPart(child_path, call))
-        elif isinstance(recognized, ShardedBlock) and recognized.head_parameters and call is None:
+        elif isinstance(recognized, ShardedBlock) and (recognized.head_parameters or recognized.shared_parameters) and call is None:
             # Its per-head parameters are split by the block's own input style: it must be where the layer calls it.
             found.keep(child_path, "attention with per-head parameters whose call by the layer the reader cannot follow",
                        "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")

@@ -96,3 +96,14 @@ def is_per_feature(module: nn.Module, width: int) -> bool:
         return False
     shapes = list(own_parameters(module).values())
     return bool(shapes) and all(shape == (width,) for shape in shapes)
+
+
+def wrapped_linear(module: nn.Module) -> tuple[str, nn.Linear] | None:
+    """``(name, linear)`` where ``module`` only wraps one ``nn.Linear`` (Moshi's ``MoshiLinear`` at
+    ``use_flexible_linear=False``: its one child ``linear``, nothing else of its own); else None."""
+    children = list(module.named_children())
+    if is_linear(module) or len(children) != 1 or own_parameters(module) or list(module.buffers(recurse=False)):
+        return None
+    (name, child), = children
+    return (name, child) if is_linear(child) else None
+

@@ -31,8 +31,10 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     layer_dims,
     own_parameters,
     read_dims,
+    wrapped_linear,
 )
 from plangen.plans.recognize_gated import read_output_gates
+from plangen.plans.paired_source import read_paired_heads
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
@@ -88,6 +90,10 @@ class ShardedBlock:
     # The attention block's own parameters of one value per query head (attention sinks): split
     # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
     head_parameters: tuple[str, ...] = ()
+    # Differential attention (DiffLlama): heads paired i, i + H/2, so q/k/v are laid out in two halves
+    # (each rank its slice of both: whole pairs), and the block's own parameters, reduced to one scalar
+    # every head shares, replicated with their gradient summed (plangen.attention_styles.PairedHeadsAttentionInput).
+    shared_parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,25 +104,39 @@ class KeptBlock:
     why: str
 
 
-def _linears(block: nn.Module) -> dict[str, nn.Linear]:
-    return {name: child for name, child in block.named_children() if is_linear(child)}
+def _linears(block: nn.Module, unwrap: bool = False) -> dict[str, nn.Linear]:
+    """The block's ``nn.Linear`` children by name; with ``unwrap``, also the one linear inside a
+    child that only wraps it, named by its path (``q_proj.linear``): that linear is what is sharded."""
+    found = {}
+    for name, child in block.named_children():
+        inner = wrapped_linear(child) if unwrap else None
+        if is_linear(child):
+            found[name] = child
+        elif inner is not None:
+            found[f"{name}.{inner[0]}"] = inner[1]
+    return found
+
+
+def _child(name: str) -> str:
+    return name.split(".")[0]  # a wrapped linear's wrapper, the block's own child
 
 
 def _split_by_reading(
-    block: nn.Module, readers: frozenset[str] | None = None
+    block: nn.Module, readers: frozenset[str] | None = None, unwrap: bool = False
 ) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
     """The block's linears that read its input (``readers``: as its caller shows them), and the
     others; None when its source cannot be read."""
     readers = read_input_readers(type(block)) if readers is None else readers
     if readers is None:
         return None
-    linears = _linears(block)
-    reading = {n: m for n, m in linears.items() if n in readers}
-    return reading, {n: m for n, m in linears.items() if n not in readers}
+    linears = _linears(block, unwrap)
+    reading = {n: m for n, m in linears.items() if _child(n) in readers}
+    return reading, {n: m for n, m in linears.items() if _child(n) not in readers}
 
 
 def _unexpected_children(block: nn.Module, known: set[str]) -> list[str]:
-    return [describe(n, c) for n, c in block.named_children() if n not in known and has_parameters(c)]
+    children = {_child(n) for n in known}
+    return [describe(n, c) for n, c in block.named_children() if n not in children and has_parameters(c)]
 
 
 def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | None:
@@ -138,6 +158,7 @@ def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple
     """Norms inside attention: one head wide (shardable with the heads), or as wide as a projection (not)."""
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
     per_head, whole = [], []
+    skip = {_child(n) for n in skip}
     for name, child in block.named_children():
         if name in skip or not has_parameters(child):
             continue
@@ -158,7 +179,7 @@ def recognize_attention(
     heads (q, k, v, an output gate: :mod:`plangen.plans.recognize_gated`). Row-parallel: the one projection from all heads back to the
     hidden size. None when the block does not look like attention at all.
     """
-    split = _split_by_reading(block, readers) if dims.heads and dims.head_dim else None
+    split = _split_by_reading(block, readers, unwrap=True) if dims.heads and dims.head_dim else None
     if split is None:
         return None
     reading, others = split
@@ -183,9 +204,12 @@ def recognize_attention(
     if gates is None:
         return None
     own = own_parameters(block)
+    # One value per feature of a head, read only inside sums, beside halves of the heads: DiffLlama.
+    paired = bool(own) and n % 2 == 0 and k % 2 == 0 and all(shape == (d,) for shape in own.values()) and (
+        read_paired_heads(type(block), frozenset(own)))
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
     # cannot tell it from one value per feature of a head (DiffLlama's lambdas).
-    if own and (n == d or any(shape != (n,) for shape in own.values())):
+    if own and not paired and (n == d or any(shape != (n,) for shape in own.values())):
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
@@ -209,7 +233,11 @@ def recognize_attention(
             "which is all heads' width: a rank holding some heads cannot follow it",
         )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
-    kv = tuple(name for name, m in reading.items() if m.out_features == k * d and name not in gates.names) if k < n and not whole else ()
+    # Wrapped projections: the KV replication styles find k/v among the block's own nn.Linear children only.
+    wrapped = any("." in name for name in (*reading, *outputs))
+    kv = tuple(
+        name for name, m in reading.items() if m.out_features == k * d and name not in gates.names
+    ) if k < n and not whole and not wrapped else ()
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
@@ -217,6 +245,9 @@ def recognize_attention(
             f"its own per-head parameters ({', '.join(own)}) and its head-count attributes ({', '.join(heads)})"
             " are made this rank's by two different styles, and a block takes one",
         )
+    if paired:  # no KV replication: a replicated KV head would be half a pair
+        return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), (), tuple(whole),
+                            fused=tuple((name, (1, 1)) for name in reading), shared_parameters=tuple(own))
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), gates.fused,
                         head_attributes=heads, head_parameters=tuple(own), reads_shared_kv=kv_shared)
 

@@ -171,6 +171,10 @@ def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: A
     if parts is None:
         return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
                                                            use_local_output=True), group, why)
+    if block.shared_parameters:  # differential attention: its heads' two halves, not packed parts
+        why = f"{why}; the heads' two halves (pairs i, i + H/2) re-laid out so each rank holds whole pairs"
+        return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
+                                                               use_local_output=True), group, why)
     return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
                                                            use_local_output=True), group,
                      f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part")
@@ -246,6 +250,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
         if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
             style, why = "AttentionSinksParallel", f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads"
+        if block.shared_parameters:
+            style, why = "PairedHeadsAttentionInput", (
+                f"{why}; heads paired i, i + H/2 (whole pairs per rank); its {', '.join(block.shared_parameters)}, "
+                "shared by every head, replicated with their gradient summed over TP")
         entries.append(PlanEntry(part.path, style, prepared, group, why))
         colwise_input = Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
