@@ -309,6 +309,12 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
                                      f"{why}; its output is a copy, which the model modifies in place"))
         else:
             entries.append(PlanEntry(analysis.embedding, "RowwiseParallel", layouts, "embeddings", why))
+    for reader, embedding in analysis.embedding_row_readers:
+        entries.append(PlanEntry(
+            reader, "EmbeddingRowReadParallel", dict(embedding=embedding), "embeddings",
+            f"its forward reads a row of {embedding}.weight itself: read whole from the vocab-parallel "
+            "weight (one all-reduce of the hidden size)",
+        ))
     for path, scaled in analysis.token_tables:
         # Whole output on every rank, as the model hands it on (reshaped per layer, not sequence-sharded).
         style = "ScaledEmbeddingParallel" if scaled else "RowwiseParallel"
