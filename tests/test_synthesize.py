@@ -1084,6 +1084,25 @@ def test_an_embedding_whose_rows_the_model_reads_itself_is_vocab_parallel_with_t
     assert "mixes a row of the embedding's weight" in analyze_model(model).sp_problems[0]
 
 
+def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_output():
+    """Gemma 4's MoE form (enable_moe_block, 26B-A4B): router and packed experts are children of the
+    decoder layer, which normalises the experts' output: ExpertsParallel all-reduces it there, the
+    router stays whole with its reason, and SP is refused with the layer named (no block gathers
+    the sequence for the flattened routing)."""
+    from tiny_configs import build_tiny
+
+    model = build_tiny("gemma4-moe")
+    plan = build_synthesized_plan(model, False)
+    experts = _entry(plan, "model.layers.*.experts")
+    assert experts.style == "ExpertsParallel" and experts.kwargs == {"output_layouts": Replicate()}
+    assert "routing stays exact" in why_of(plan, "model.layers.*.router")
+    assert not [e for e in plan.entries if "router" in e.pattern]
+    assert any("Gemma4TextDecoderLayer routes its flattened hidden state to experts" in p
+               for p in analyze_model(model).sp_problems)
+    with pytest.raises(ValueError, match="no sequence-parallel synthesized plan"):
+        build_synthesized_plan(model, True)
+
+
 # --- gated-delta-net linear attention (plangen.plans.recognize_linear_attention) -------------------
 
 

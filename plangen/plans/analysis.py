@@ -33,6 +33,7 @@ from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
     KeptBlock,
     LatentBlock,
+    LayerExpertsBlock,
     ModelDims,
     MoeBlock,
     ShardedBlock,
@@ -44,6 +45,7 @@ from plangen.plans.recognize import (
     layer_dims,
     read_dims,
     recognize_block,
+    recognize_layer_experts,
     recognize_layer_mlp,
 )
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
@@ -342,6 +344,17 @@ def _analyze_layer(
         # No block around them: the column-parallel one takes the layer's hidden state itself.
         found.blocks.append(BlockPart(path, ShardedBlock("mlp", (up,), down), None))
     in_flat = {name for pair in flat for name in pair}
+    for name, _ in layer.named_children():
+        experts = recognize_layer_experts(layer, name, dims)
+        if isinstance(experts, LayerExpertsBlock):
+            found.blocks.append(BlockPart(f"{path}.{name}", experts, None))
+            for router in experts.routers:
+                found.keep(f"{path}.{router}", "the router sees every token on every rank: routing stays exact", "mlp")
+            in_flat |= {name, *experts.routers}
+            found.sp_problems.append(
+                f"{type(layer).__name__} routes its flattened hidden state to {name} itself, with no block to gather "
+                "the sequence for them"
+            )
     splits = _split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
