@@ -186,6 +186,23 @@ def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
     assert sorted(size for _, size in backward_step.records) == sorted([bsh] * 3 + [routed] * 4)  # + the head's
 
 
+def test_jetmoe_layer_under_sequence_parallel_gathers_each_block_in_and_slices_its_whole_output(fake_pg):
+    """JetMoE's blocks sum their routed tokens inside (above), so there is no partial output to
+    reduce-scatter: each block all-gathers the sequence in and keeps this rank's shard of its whole
+    output (no communication). Backward: each block's output gradient is all-gathered, the input
+    gradients are reduced as without SP (kv_proj's, and each input_linear's routed tokens), and the
+    gathered input's gradient, whole on every rank, is sliced back."""
+    forward, backward, _, _ = per_layer("jetmoe", True)
+    assert forward == {AG: 2, AR: 2} and backward == {AG: 2, AR: 3}
+    config, _, forward_step, _ = run_step("jetmoe", 2, True)
+    bsh = BATCH * SEQ * config.hidden_size * 4
+    routed = config.num_experts_per_tok * bsh
+    # The embedding's reduce-scatter and the head's all-gather: B·S·H each.
+    assert merge_c10d_counts(forward_step.counts()) == {AG: 2 * 2 + 1, AR: 2 * 2, RS: 1}
+    # Sizes of the results: the reduce-scatter leaves this rank its sequence half.
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh // 2] + [bsh] * (2 * 2 + 1) + [routed] * 4)
+
+
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_llama4_moe_layer_costs_one_reduction_forward_and_the_scores_and_inputs_backward(fake_pg, sequence_parallel):
     """Llama-4's every-token experts (EveryTokenMoeParallel): forward, the block's one reduction with
