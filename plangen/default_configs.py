@@ -37,19 +37,34 @@ def _xmod_language(config: Any) -> dict[str, Any]:
     return {"default_language": config.languages[0]}
 
 
-# model_type -> (the field that is None, what to set).
+def _dbrx_rope_theta(config: Any) -> dict[str, Any]:
+    # DBRX (databricks/dbrx-base): attn_config.rope_theta 500000. transformers 5.x's attention
+    # config has no such field, yet the attention reads it (and the rotary embedding reads the same
+    # value from rope_parameters, whose default is 10000): both get the released value.
+    config.attn_config.rope_theta = 500000.0
+    return {"rope_parameters": {**(config.rope_parameters or {}), "rope_theta": 500000.0}}
+
+
+# model_type -> (the field that is None or missing, dotted below the config; what to set).
 _FIXES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "hunyuan_v1_moe": ("head_dim", _hunyuan_head_dim),
     "dots1": ("n_routed_experts", _dots1_experts),
     "lfm2_moe": ("layer_types", _lfm2_moe_layer_types),
     "xmod": ("default_language", _xmod_language),
+    "dbrx": ("attn_config.rope_theta", _dbrx_rope_theta),
 }
+
+
+def _read_field(config: Any, path: str) -> Any:
+    for name in path.split("."):
+        config = getattr(config, name, None)
+    return config
 
 
 def complete_default_config(config: "PretrainedConfig") -> "PretrainedConfig":
     """``config`` (a default one) with the fields its class needs filled in where they are unset."""
     fix = _FIXES.get(getattr(config, "model_type", ""))
-    if fix is None or getattr(config, fix[0], None) is not None:
+    if fix is None or _read_field(config, fix[0]) is not None:
         return config
     for name, value in fix[1](config).items():
         setattr(config, name, value)

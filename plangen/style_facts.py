@@ -265,6 +265,9 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             tied_partner="TiedEmbeddingParallel",
             hooks=MODULE_HOOKS,
         ),
+        # On a module whose own forward reads rows of a vocabulary-sharded embedding's weight (Gemma 4):
+        # those rows read whole, one small all-reduce each; the weight is the embedding style's business.
+        StyleFacts("EmbeddingRowReadParallel", PLANGEN_STYLES, "other"),
         # The attention block's input; where TP exceeds the KV heads, one local KV head per rank.
         StyleFacts("PrepareAttentionInput", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         # An MLP's input; where it keeps the gate's Gaussian top-k, the statistics over every rank's slice.

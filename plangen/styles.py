@@ -60,7 +60,7 @@ from plangen.replicated_styles import (
     RotaryEmbedParallel,
     _all_reduce_grad,
 )
-from plangen.tied_styles import ScaledEmbeddingParallel, TiedEmbeddingParallel, TiedHeadParallel
+from plangen.tied_styles import EmbeddingRowReadParallel, ScaledEmbeddingParallel, TiedEmbeddingParallel, TiedHeadParallel
 
 
 def _strided_shard(dim: int, split_factor: int) -> _StridedShard:
@@ -226,6 +226,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         TiedEmbeddingParallel,
         ScaledEmbeddingParallel,
         TiedHeadParallel,
+        EmbeddingRowReadParallel,
         PrepareAttentionInput,
         ActivationSparsityParallel,
         KVHeadsColwiseParallel,
@@ -513,6 +514,7 @@ __all__ = [
     "ScaledEmbeddingParallel",
     "TiedEmbeddingParallel",
     "TiedHeadParallel",
+    "EmbeddingRowReadParallel",
     "UnsupportedStyleError",
     "build_style",
     "known_hf_styles",

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from torch.overrides import TorchFunctionMode
 
 VOCAB = Shard(0)  # the one layout both ends give the tied weight ([vocab, hidden] in both modules)
 
@@ -191,3 +192,75 @@ class TiedHeadParallel(ColwiseParallel):
                 ),
             )
 
+
+
+class EmbeddingRowReadParallel(ParallelStyle):
+    """A module whose own forward reads rows of a vocabulary-sharded embedding's weight (Gemma 4's
+    multimodal model: ``self.language_model.embed_tokens.weight[pad_token_id, :]``), applied to
+    that module; ``embedding`` is the embedding's path below it.
+
+    During the module's forward, ``weight[i, ...]`` on that embedding's (vocabulary-sharded) weight
+    returns the whole row ``i`` as a plain tensor, as one device reads it: the rank holding the row
+    contributes it, the others zeros, summed over TP by one all-reduce of ``hidden`` values (exact:
+    one term is not zero); its gradient flows back to the holding rank's shard. Nothing else in the
+    forward is touched; any other read of that weight's values fails with the module's name rather
+    than meeting plain tensors as a DTensor deep inside it.
+    """
+
+    def __init__(self, *, embedding: str) -> None:
+        super().__init__()
+        self.embedding = embedding
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        table = module.get_submodule(self.embedding)
+        mode = _RowReads(table, device_mesh, f"{type(module).__name__}.{self.embedding}.weight")
+        entered: list[bool] = []
+
+        def enter(mod: nn.Module, args: tuple) -> None:
+            mode.__enter__()
+            entered.append(True)
+
+        def leave(mod: nn.Module, args: tuple, output: Any) -> None:
+            if entered:  # always_call: also after an exception, and only what enter pushed
+                entered.pop()
+                mode.__exit__(None, None, None)
+
+        module.register_forward_pre_hook(enter)
+        module.register_forward_hook(leave, always_call=True)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(embedding={self.embedding!r})"
+
+
+class _RowReads(TorchFunctionMode):
+    """Rows of ``table.weight`` (a ``Shard(0)`` DTensor on ``mesh``) read whole; see above."""
+
+    def __init__(self, table: nn.Module, mesh: DeviceMesh, what: str) -> None:
+        super().__init__()
+        self.table, self.mesh, self.what = table, mesh, what
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        weight = self.table._parameters.get("weight")
+        if func is not torch.Tensor.__getitem__ or not args or args[0] is not weight or not isinstance(weight, DTensor):
+            return func(*args, **(kwargs or {}))
+        key = args[1] if isinstance(args[1], tuple) else (args[1],)
+        row = key[0]
+        if isinstance(row, torch.Tensor) and row.dim() == 0 and not row.is_floating_point():
+            row = int(row)
+        if not isinstance(row, int) or tuple(weight.placements) != (VOCAB,) or weight.device_mesh != self.mesh:
+            raise NotImplementedError(
+                f"EmbeddingRowReadParallel: {self.what}[{args[1]!r}] on a {weight.placements} weight: only a row "
+                "by an integer index of the vocabulary-sharded weight is read whole"
+            )
+        vocab = weight.shape[0]
+        row %= vocab
+        local = weight.to_local()
+        # Shard(0) splits as torch.chunk does: ceil(vocab / tp) rows per rank, fewer on the last.
+        start = self.mesh.get_local_rank() * -(-vocab // self.mesh.size())
+        held = start <= row < start + local.shape[0]
+        part = local[row - start] if held else local.new_zeros(local.shape[1:])
+        from plangen.moe_styles import _SumOverMesh  # one all-reduce forward, the gradient as it is back
+
+        whole = _SumOverMesh.apply(part, self.mesh.get_group())
+        return whole[key[1:]] if len(key) > 1 else whole

@@ -159,6 +159,20 @@ def test_longcat_flash_layer_costs_its_five_blocks_at_their_minimum(fake_pg, seq
         assert backward == {AG: 5, RS: 2, AR: 2 * 3 + 2}
 
 
+def test_gemma4_moe_layer_reduces_its_experts_like_a_third_row_parallel_block(fake_pg):
+    """Gemma 4's MoE form (synthesized): the layer calls its experts itself, beside the dense MLP, and
+    normalises their output: ExpertsParallel all-reduces it there. Per layer, forward: o_proj's,
+    down_proj's and the experts' all-reduces of B·S·H; backward: the attention's, the MLP's and the
+    experts' input gradients (B·S·H) and the routing weights' (B·S·k), so the router stays exact."""
+    forward, backward, _, _ = per_layer("gemma4-moe", False, source="synthesized")
+    assert forward == {AR: 3} and backward == {AR: 4}
+    config, _, forward_step, backward_step = run_step("gemma4-moe", 2, False, source="synthesized")
+    bsh, bsk = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.top_k_experts * 4
+    per_layer_table = BATCH * SEQ * config.num_hidden_layers * config.hidden_size_per_layer_input * 4
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh] * (3 * 2 + 1) + [per_layer_table])
+    assert sorted(size for _, size in backward_step.records) == sorted([bsh] * (3 * 2 + 1) + [bsk] * 2)  # + the head's
+
+
 def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
     """JetMoE (GroupedColwise/RowwiseParallel): per layer, forward one all-reduce of the routed tokens
     (B·S·k × H) after each output_linear (the attention experts' and the MLP experts'); backward the
@@ -170,6 +184,23 @@ def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
     routed = config.num_experts_per_tok * bsh
     assert sorted(size for _, size in forward_step.records) == sorted([bsh] + [routed] * 4)  # + the embedding's
     assert sorted(size for _, size in backward_step.records) == sorted([bsh] * 3 + [routed] * 4)  # + the head's
+
+
+def test_jetmoe_layer_under_sequence_parallel_gathers_each_block_in_and_slices_its_whole_output(fake_pg):
+    """JetMoE's blocks sum their routed tokens inside (above), so there is no partial output to
+    reduce-scatter: each block all-gathers the sequence in and keeps this rank's shard of its whole
+    output (no communication). Backward: each block's output gradient is all-gathered, the input
+    gradients are reduced as without SP (kv_proj's, and each input_linear's routed tokens), and the
+    gathered input's gradient, whole on every rank, is sliced back."""
+    forward, backward, _, _ = per_layer("jetmoe", True)
+    assert forward == {AG: 2, AR: 2} and backward == {AG: 2, AR: 3}
+    config, _, forward_step, _ = run_step("jetmoe", 2, True)
+    bsh = BATCH * SEQ * config.hidden_size * 4
+    routed = config.num_experts_per_tok * bsh
+    # The embedding's reduce-scatter and the head's all-gather: B·S·H each.
+    assert merge_c10d_counts(forward_step.counts()) == {AG: 2 * 2 + 1, AR: 2 * 2, RS: 1}
+    # Sizes of the results: the reduce-scatter leaves this rank its sequence half.
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh // 2] + [bsh] * (2 * 2 + 1) + [routed] * 4)
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

@@ -61,8 +61,15 @@ def _cases():
         # LongCat-Flash: identity experts beside the real ones, two latent attentions per layer.
         {"name": "longcat_flash-state-dict", "model": "longcat_flash", "state_dict": True},
         {"name": "longcat_flash-sp", "model": "longcat_flash", "sp": True},
-        # JetMoE: experts of one [E, out, in] weight in the MLP and the attention; tied embeddings; no SP plan.
+        # JetMoE: experts of one [E, out, in] weight in the MLP and the attention; tied embeddings; SP
+        # gathers each block's sequence in and keeps this rank's shard of its whole output.
         {"name": "jetmoe-state-dict", "model": "jetmoe", "state_dict": True},
+        {"name": "jetmoe-sp-state-dict", "model": "jetmoe", "sp": True, "state_dict": True},
+        # Gemma 4's MoE form, synthesized: experts the layer calls itself (no SP plan: Gemma 4 has none).
+        {"name": "gemma4-moe-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "state_dict": True},
+        # Gemma 4's multimodal class, synthesized: its forward reads the pad row of the vocab-parallel, tied embedding.
+        {"name": "gemma4-mm-tied-state-dict", "class": "Gemma4ForConditionalGeneration", "plan_kind": "synthesized",
+         "state_dict": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
@@ -169,7 +176,7 @@ def test_matches_unsharded_model(results, case_id):
             assert r["aux_loss"] < TOL, f"rank {rank}: auxiliary loss differs by {r['aux_loss']}"
 
 
-MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in MOE_MODELS)]
+MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in (*MOE_MODELS, "gemma4-moe"))]
 
 
 @pytest.mark.distributed

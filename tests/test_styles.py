@@ -598,6 +598,8 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
 
+    from plangen.styles import EmbeddingRowReadParallel
+
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     diffs: dict[str, float] = {}
@@ -732,7 +734,34 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     (out * cs[rank]).sum().backward()
     diffs["MlaAttentionParallel/out"] = (out - reference(x)).abs().max().item()
     diffs["MlaAttentionParallel/grad_input"] = (x_local.grad - expected_grad_out @ reference.weight).abs().max().item()
+
+    # EmbeddingRowReadParallel: a model reading rows of its vocab-parallel embedding's weight itself
+    # (Gemma 4's pad row) reads them whole, rows held by either rank, with their gradients.
+    torch.manual_seed(1)
+    reference = _ReadsRows(9)
+    ids9 = torch.tensor([[0, 4, 5, 8]])
+    c = torch.randn(1, 4, 4)
+    (reference(ids9) * c).sum().backward()
+    module = make_copy(reference)
+    parallelize_module(module, mesh, {"embed": build_style("TiedEmbeddingParallel", dict(local_lookup=True)),
+                                      "": EmbeddingRowReadParallel(embedding="embed")})
+    out = module(ids9)
+    (out * c).sum().backward()
+    diffs["EmbeddingRowReadParallel/out"] = (out - reference(ids9)).abs().max().item()
+    diffs["EmbeddingRowReadParallel/grad_weight"] = (full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
     return diffs
+
+
+class _ReadsRows(nn.Module):
+    """Reads rows 2 and 7 of its embedding's weight in its own forward (rank 0 holds 0-4 of 9 at TP 2)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.embed.weight[2, :] * 2 + self.embed.weight[-2]
+        return self.embed(ids) * rows.view(1, 1, -1)
 
 
 class _LatentAttention(nn.Module):
@@ -781,6 +810,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "MlaKvAProjParallel": {"rope_dim": 2},
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
+    "EmbeddingRowReadParallel": {"embedding": "embed"},
 }
 
 
@@ -812,14 +842,23 @@ _MODULE_OF = {
     "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
+    "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
 }
+
+
+def _with_child(module: nn.Module, name: str, child: nn.Module) -> nn.Module:
+    module.add_module(name, child)
+    return module
 
 
 def _built(name: str):
     from plangen.style_facts import placement_from_text
     from plangen.styles import build_style
 
-    kwargs = {k: placement_from_text(v) if isinstance(v, str) else v for k, v in _REQUIRED_KWARGS.get(name, {}).items()}
+    kwargs = {
+        k: placement_from_text(v) if isinstance(v, str) and v.endswith(")") else v
+        for k, v in _REQUIRED_KWARGS.get(name, {}).items()
+    }
     return build_style(name, kwargs)
 
 
@@ -1173,6 +1212,43 @@ def test_local_lookup_scales_this_ranks_partial_lookup_and_reduces_it_once(tp_me
     assert isinstance(holder.m.weight, DTensor) and tuple(holder.m.weight.placements) == (Shard(0),)
     assert holder.m.padding_idx == 7 and tuple(holder.m.weight.to_local().shape) == (5, 4)
     assert Replicate() == TiedEmbeddingParallel(local_lookup=True).output_layouts[0]  # all-reduce by default
+
+
+def test_embedding_row_reads_take_the_whole_row_with_one_all_reduce_and_only_rows(tp_mesh):
+    """On this fake rank (rank 0 of TP 2: rows 0-4 of 9) a held row is its own, one not held is this
+    rank's zero share of the sum; each read is one all-reduce of the hidden size, the embedding's own
+    lookup one more, and any other read of the weight is refused with its name (gloo: both ranks whole,
+    test_styles_match_transformers_and_unsharded_at_tp2)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import EmbeddingRowReadParallel, TiedEmbeddingParallel
+
+    model = _ReadsRows(9)
+    full = model.embed.weight.detach().clone()
+    parallelize_module(model, tp_mesh, {"embed": TiedEmbeddingParallel(local_lookup=True),
+                                        "": EmbeddingRowReadParallel(embedding="embed")})
+    ids = torch.tensor([[0, 1, 2, 3]])
+    with CommDebugMode() as comm:
+        out = model(ids)
+    # the lookup: a DTensor all-reduce; each row: one c10d all-reduce (plangen.moe_styles._SumOverMesh)
+    assert {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()} == {"all_reduce": 1, "allreduce_": 2}
+    torch.testing.assert_close(out, full[ids] * (full[2] * 2).view(1, 1, -1))  # row 7's share here: zeros
+    out.sum().backward()
+    grad = model.embed.weight.grad
+    assert isinstance(grad, DTensor) and grad.to_local()[2].abs().sum() > 0
+    assert isinstance(model.embed.weight[0:2], DTensor)  # outside the module's forward: untouched
+
+    class ReadsSlice(_ReadsRows):
+        def forward(self, ids):
+            return self.embed(ids) * self.embed.weight[0:2].sum()
+
+    other = ReadsSlice(9)
+    parallelize_module(other, tp_mesh, {"embed": TiedEmbeddingParallel(local_lookup=True),
+                                        "": EmbeddingRowReadParallel(embedding="embed")})
+    with pytest.raises(NotImplementedError, match=r"ReadsSlice\.embed\.weight\[slice\(0, 2"):
+        other(ids)
 
 
 def _tiny_experts(name: str):

@@ -1121,11 +1121,13 @@ def test_gemma4_attention_is_sharded_in_every_layer_kind_and_its_per_layer_table
     assert not [r.pattern for r in build_synthesized_plan(model, False).replicated if "self_attn" in r.pattern]
 
 
-def test_an_embedding_whose_weight_the_model_reads_itself_stays_whole_with_its_tied_head():
+def test_an_embedding_whose_rows_the_model_reads_itself_is_vocab_parallel_with_the_reader_styled():
     """Gemma 4's multimodal model takes the pad token's row of the token embedding's weight in its own
-    forward (a sharded weight there is a DTensor beside plain tensors: the check failed on it): the
-    embedding and the head tied to it stay whole, with the reason; its dtype or shape is no read."""
-    from plangen.plans.forward_source import read_weight_reads
+    forward: the embedding and its tied head are vocabulary-parallel, the reader gets
+    EmbeddingRowReadParallel (the row read whole), and SP is refused for it. A forward reading the
+    weight otherwise (a matmul, a slice) keeps the embedding and its tied head whole, with the
+    reason; its dtype or shape is no read."""
+    from plangen.plans.forward_source import read_weight_reads, read_weight_row_reads
 
     class ReadsDtype(nn.Module):
         def forward(self, x):
@@ -1133,17 +1135,48 @@ def test_an_embedding_whose_weight_the_model_reads_itself_stays_whole_with_its_t
 
     class ReadsRow(nn.Module):
         def forward(self, x):
-            return self.language_model.embed_tokens.weight[0, :] + x
+            return self.language_model.embed_tokens.weight[self.config.pad_token_id, :] + x
+
+    class ReadsSlice(nn.Module):
+        def forward(self, x):
+            return self.embed_tokens.weight[:, 0] + self.embed_tokens.weight[0] + x
 
     class Multiplies(nn.Module):
         def forward(self, x):
             return torch.nn.functional.linear(x, self.embed_tokens.weight)
 
-    assert [read_weight_reads(c, "embed_tokens") for c in (ReadsDtype, ReadsRow, Multiplies)] == [False, True, True]
-    plan = build_synthesized_plan(meta("gemma4"), False)
-    assert "reads its weight itself" in why_of(plan, "model.language_model.embed_tokens")
-    assert "tied to the other end" in why_of(plan, "lm_head")
+    cases = (ReadsDtype, ReadsRow, ReadsSlice, Multiplies)
+    assert [read_weight_reads(c, "embed_tokens") for c in cases] == [False, True, True, True]
+    assert [read_weight_row_reads(c, "embed_tokens") for c in cases] == [False, True, False, False]
+    model = meta("gemma4")
+    plan = build_synthesized_plan(model, False)
+    assert styles_of(plan)["model.language_model.embed_tokens"] == "TiedEmbeddingParallel"
+    assert styles_of(plan)["lm_head"] == "TiedHeadParallel"
+    assert _entry(plan, "model").style == "EmbeddingRowReadParallel"
+    assert _entry(plan, "model").kwargs == {"embedding": "language_model.embed_tokens"}
     assert "model.language_model.embed_tokens_per_layer" in styles_of(plan)
+    assert "mixes a row of the embedding's weight" in analyze_model(model).sp_problems[0]
+
+
+def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_output():
+    """Gemma 4's MoE form (enable_moe_block, 26B-A4B): router and packed experts are children of the
+    decoder layer, which normalises the experts' output: ExpertsParallel all-reduces it there, the
+    router stays whole with its reason, and SP is refused with the layer named (no block gathers
+    the sequence for the flattened routing)."""
+    from tiny_configs import build_tiny
+
+    model = build_tiny("gemma4-moe")
+    plan = build_synthesized_plan(model, False)
+    experts = _entry(plan, "model.layers.*.experts")
+    assert experts.style == "ExpertsParallel" and experts.kwargs == {"output_layouts": Replicate()}
+    assert "routing stays exact" in why_of(plan, "model.layers.*.router")
+    assert not [e for e in plan.entries if "router" in e.pattern]
+    assert any("Gemma4TextDecoderLayer routes its flattened hidden state to experts" in p
+               for p in analyze_model(model).sp_problems)
+    with pytest.raises(ValueError, match="no sequence-parallel synthesized plan"):
+        build_synthesized_plan(model, True)
+
+
 # --- gated-delta-net linear attention (plangen.plans.recognize_linear_attention) -------------------
 
 

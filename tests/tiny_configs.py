@@ -33,6 +33,13 @@ TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
 # columns of a 2-KV-head k_proj) takes another kernel than the full width (plangen.plans.variants).
 for _name in ("llama", "qwen3", "gemma3", "olmo2"):
     TINY[f"{_name}-4kv"] = {**TINY[_name], "num_key_value_heads": 4}
+# Gemma 4's MoE form (26B-A4B: enable_moe_block): the layer routes to its own experts beside the
+# dense MLP; per-layer embeddings kept as in the default config; a sliding and a full layer.
+TINY["gemma4-moe"] = dict(
+    model_type="gemma4_text", enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+    hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, layer_types=["sliding_attention", "full_attention"],
+    sliding_window=8, global_head_dim=16, **COMMON,
+)
 TINY["granite-1kv"] = dict(model_type="granite", **{**COMMON, "num_key_value_heads": 1})  # a synthesized plan
 # Falcon-40B's layout: packed q|k|v grouped by KV head, [q x heads/kv_heads; k; v] per group.
 TINY["falcon-gqa"] = dict(

@@ -52,6 +52,7 @@ INT = ValueKind("int", "int")
 # A tuple literal of ints / of strings (a fused projection's part sizes, attribute names).
 INT_TUPLE = ValueKind("tuple[int, ...]", "int", allows_tuple=True)
 STR_TUPLE = ValueKind("tuple[str, ...]", "str", allows_tuple=True)
+STR = ValueKind("str", "str")
 
 VALUE_KINDS: tuple[ValueKind, ...] = (
     PLACEMENT_OR_NONE,
@@ -229,6 +230,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("TiedEmbeddingParallel", (*_LAYOUTS, StyleParam("local_lookup", BOOL, False))),
         _spec("ScaledEmbeddingParallel", _LAYOUTS),
         _spec("TiedHeadParallel", _LAYOUTS),
+        _spec("EmbeddingRowReadParallel", (StyleParam("embedding", STR),)),
         _spec("AttentionSinksParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec("PairedHeadsAttentionInput", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec(

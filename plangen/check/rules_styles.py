@@ -387,6 +387,9 @@ def _type_errors(
     elif kind.base == "int":
         if category != "int":
             yield node, "an int"
+    elif kind.base == "str":
+        if category != "str":
+            yield node, "a str"
     elif kind.base == "placement_dict":
         if category != "dict":
             yield node, "a dict of keyword name → placement"
@@ -415,7 +418,7 @@ def _type_errors(
 def _expected_words(kind: known.ValueKind) -> str:
     if kind.allows_tuple and kind.base in ("int", "str"):
         return f"a tuple of {kind.base}s"
-    return {"bool": "True or False", "int": "an int", "placement_dict": "a dict of keyword name → placement"}.get(
+    return {"bool": "True or False", "int": "an int", "str": "a str", "placement_dict": "a dict of keyword name → placement"}.get(
         kind.base, _PLACEMENT_WORDS if not kind.allows_tuple else f"{_PLACEMENT_WORDS} or a tuple of them"
     )
 

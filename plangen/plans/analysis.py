@@ -25,6 +25,7 @@ from plangen.plans.forward_source import (
     read_block_call,
     read_modified_in_place,
     read_weight_reads,
+    read_weight_row_reads,
 )
 from plangen.plans.split_source import read_helper_block_call
 from plangen.plans.latent import latent_attention_entries
@@ -32,6 +33,7 @@ from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
     KeptBlock,
     LatentBlock,
+    LayerExpertsBlock,
     ModelDims,
     MoeBlock,
     ShardedBlock,
@@ -43,6 +45,7 @@ from plangen.plans.recognize import (
     layer_dims,
     read_dims,
     recognize_block,
+    recognize_layer_experts,
     recognize_layer_mlp,
 )
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
@@ -105,6 +108,9 @@ class Analysis:
     # Other vocabulary-sized tables outside the layers, looked up by token (Gemma 4's per-layer
     # embeddings, 40 % of its parameters): vocab-parallel, reduced to a whole output; scaled or not.
     token_tables: tuple[tuple[str, bool], ...] = ()
+    # Modules whose own forward reads a row of the vocabulary-sharded token embedding's weight
+    # (Gemma 4's multimodal model, the pad token's): (the module's path, the embedding's path below it).
+    embedding_row_readers: tuple[tuple[str, str], ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -124,6 +130,7 @@ class _Findings:
     sp_problems: list[str] = field(default_factory=list)
     head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
     token_tables: list[tuple[str, bool]] = field(default_factory=list)
+    row_readers: list[tuple[str, str]] = field(default_factory=list)
 
     def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
         self.kept.append(Replicated(path, why, group))
@@ -193,8 +200,17 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
         or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
     )
     reader = _weight_reader(model, paths[id(emb)]) if emb_ok else None
-    if reader is not None:
-        found.keep(paths[id(emb)], f"{reader}'s forward reads its weight itself (a row of it), where a "
+    if reader is not None and reader[2] and reader[1]:
+        # Rows only, by a module below the root: read whole from the sharded weight there
+        # (EmbeddingRowReadParallel on the reader; a plan names no style on the root).
+        found.row_readers.append((reader[1], reader[3]))
+        found.sp_problems.append(
+            f"{reader[0]}'s forward mixes a row of the embedding's weight with the embedding's output, which "
+            "sequence parallelism would leave sequence-sharded"
+        )
+    elif reader is not None:
+        reader = reader[0]
+        found.keep(paths[id(emb)], f"{reader}'s forward reads its weight itself (not rows alone), where a "
                    "vocabulary-sharded weight would meet the model's plain tensors", "embeddings")
         emb_ok = False
     elif emb is not None and not emb_ok:
@@ -220,13 +236,16 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     return _Ends(emb, head, emb_ok, head_ok)
 
 
-def _weight_reader(model: nn.Module, path: str) -> str | None:
-    """The class of a module holding the embedding at ``path`` whose forward reads its weight, if any."""
+def _weight_reader(model: nn.Module, path: str) -> tuple[str, str, bool, str] | None:
+    """A module holding the embedding at ``path`` whose forward reads its weight, if any: (its class,
+    its path, whether it reads rows only, the embedding's path below it)."""
     parts = path.split(".")
     for depth in range(len(parts)):
-        owner = model.get_submodule(".".join(parts[:depth]))
+        owner_path = ".".join(parts[:depth])
+        owner = model.get_submodule(owner_path)
         if read_weight_reads(type(owner), parts[-1]):
-            return type(owner).__name__
+            rows = read_weight_row_reads(type(owner), parts[-1])
+            return type(owner).__name__, owner_path, rows, ".".join(parts[depth:])
     return None
 
 
@@ -325,6 +344,17 @@ def _analyze_layer(
         # No block around them: the column-parallel one takes the layer's hidden state itself.
         found.blocks.append(BlockPart(path, ShardedBlock("mlp", (up,), down), None))
     in_flat = {name for pair in flat for name in pair}
+    for name, _ in layer.named_children():
+        experts = recognize_layer_experts(layer, name, dims)
+        if isinstance(experts, LayerExpertsBlock):
+            found.blocks.append(BlockPart(f"{path}.{name}", experts, None))
+            for router in experts.routers:
+                found.keep(f"{path}.{router}", "the router sees every token on every rank: routing stays exact", "mlp")
+            in_flat |= {name, *experts.routers}
+            found.sp_problems.append(
+                f"{type(layer).__name__} routes its flattened hidden state to {name} itself, with no block to gather "
+                "the sequence for them"
+            )
     splits = _split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
@@ -520,6 +550,7 @@ def analyze_model(model: nn.Module) -> Analysis:
         embedding_modified_in_place=ends.embedding_ok and _modified_in_place(model, paths[id(ends.embedding)]),
         embedding_scaled=ends.embedding_ok and is_scaled_embedding(ends.embedding),
         token_tables=tuple(found.token_tables),
+        embedding_row_readers=tuple(found.row_readers),
     )
 
 

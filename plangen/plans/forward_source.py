@@ -502,21 +502,43 @@ def read_returned_child(block_cls: type) -> str | None:
     return name
 
 
-def read_weight_reads(cls: type, child_name: str) -> bool:
-    """Whether ``cls.forward`` reads ``<...>.<child_name>.weight`` itself (Gemma 4's multimodal
-    model takes the pad token's row of ``language_model.embed_tokens.weight``): a weight read
-    outside its module's own forward sees whatever a style made of it."""
+def _weight_read_nodes(cls: type, child_name: str) -> list[ast.AST] | None:
+    """The nodes of ``cls.forward`` reading ``<...>.<child_name>.weight``'s values: indexed, or
+    handed to a function (``F.linear(x, emb.weight)``); its dtype or shape is no read."""
     tree = _forward_tree(cls)
     if tree is None:
-        return False
+        return None
 
     def is_weight(node: ast.AST) -> bool:
         return (isinstance(node, ast.Attribute) and node.attr == "weight"
                 and isinstance(node.value, ast.Attribute) and node.value.attr == child_name)
 
-    # Its values: indexed, or handed to a function (F.linear(x, emb.weight)); its dtype or shape is no read.
-    return any(
-        (isinstance(node, ast.Subscript) and is_weight(node.value))
+    return [
+        node for node in ast.walk(tree)
+        if (isinstance(node, ast.Subscript) and is_weight(node.value))
         or (isinstance(node, ast.Call) and any(is_weight(a) for a in (*node.args, *(k.value for k in node.keywords))))
-        for node in ast.walk(tree)
-    )
+    ]
+
+
+def read_weight_row_reads(cls: type, child_name: str) -> bool:
+    """Whether every read of ``<...>.<child_name>.weight`` in ``cls.forward`` takes one row of it
+    (``weight[pad_token_id, :]``: a first index that is neither a slice nor a list), and there is one:
+    what :class:`plangen.tied_styles.EmbeddingRowReadParallel` reads whole from a sharded weight."""
+    nodes = _weight_read_nodes(cls, child_name) or []
+
+    def one_row(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Subscript):
+            return False
+        first = node.slice.elts[0] if isinstance(node.slice, ast.Tuple) and node.slice.elts else node.slice
+        return not isinstance(first, (ast.Slice, ast.List, ast.Tuple, ast.Starred)) and not (
+            isinstance(first, ast.Constant) and first.value in (None, Ellipsis)
+        )
+
+    return bool(nodes) and all(one_row(node) for node in nodes)
+
+
+def read_weight_reads(cls: type, child_name: str) -> bool:
+    """Whether ``cls.forward`` reads ``<...>.<child_name>.weight`` itself (Gemma 4's multimodal
+    model takes the pad token's row of ``language_model.embed_tokens.weight``): a weight read
+    outside its module's own forward sees whatever a style made of it."""
+    return bool(_weight_read_nodes(cls, child_name))

@@ -294,18 +294,36 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     # re-laid out), output_linear by input features, its routed-token outputs all-reduced before the
     # gates, the scatter back and the block's bias; kv_proj split by heads with them. The routers
     # run replicated on every token: routing and the auxiliary loss are exact.
-    if sequence_parallel:
-        raise ValueError(
-            "JetMoeForCausalLM has no sequence-parallel plan: its experts reduce the routed tokens "
-            "(B·S·k), which no sequence shard holds; use sequence_parallel=False"
-        )
+    #
+    # Sequence parallel: the experts sum their routed tokens (B·S·k) inside the block, and what
+    # follows (the gates, the scatter back to the tokens, the block's bias) runs on whole values, so
+    # there is no partial block output to reduce-scatter: each block gathers the sequence in (one
+    # all-gather of B·S·H) and keeps this rank's sequence shard of its whole output (no communication;
+    # its gradient is all-gathered back). The norms and the residual stream are sequence-sharded.
+    sp = sequence_parallel
     prefix = _text_prefix(model)
     layer = f"{prefix}.layers.*"
-    dense = build_dense_decoder_plan(prefix, sequence_parallel=False, layer_norms=LLAMA_NORMS, per_head_norms=False)
-    entries = [e for e in dense.entries if not e.pattern.startswith(f"{layer}.")]
+    dense = build_dense_decoder_plan(prefix, sequence_parallel=sp, layer_norms=LLAMA_NORMS, per_head_norms=False)
+    blocks = (f"{layer}.self_attn", f"{layer}.mlp")  # the dense plan's attention and MLP: JetMoE's differ
+    entries = [e for e in dense.entries if not e.pattern.startswith(blocks)]
     replicated = list(dense.replicated)
     attention, mlp = f"{layer}.self_attention", f"{layer}.mlp"
+    gathered = "sequence parallel: the sequence gathered in, this rank's shard of the whole output kept"
+    regions = [
+        PlanEntry(f"{attention}", "PrepareModuleInputOutput",
+                  dict(input_layouts=None, desired_input_layouts=None,
+                       input_kwarg_layouts={"hidden_states": SEQ}, desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                       use_local_input=True, output_layouts=(Replicate(), None, None),
+                       desired_output_layouts=(SEQ, Replicate(), Replicate()), use_local_output=False),
+                  "attention", f"{gathered} (its attention weights and router logits pass through)"),
+        PlanEntry(f"{mlp}", "PrepareModuleInputOutput",
+                  dict(input_layouts=(SEQ,), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
+                       desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Replicate(),),
+                       desired_output_layouts=(SEQ,), use_local_output=False),
+                  "mlp", gathered),
+    ] if sp else []
     ours = [
+        *regions,
         PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",
                   dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True), "attention",
                   "packed [k; v] split by heads: each rank its share of both, the heads its query experts read"),
@@ -323,4 +341,4 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     entries[1:1] = ours  # after the embedding, as the file groups them
     why = "the router sees every token on every rank: routing stays exact"
     replicated += [Replicated(f"{attention}.experts.router", why, "attention"), Replicated(f"{mlp}.router", why, "mlp")]
-    return Plan(tuple(entries), "hand-written", tuple(replicated), False)
+    return Plan(tuple(entries), "hand-written", tuple(replicated), sp)

@@ -430,6 +430,42 @@ def _takes_routing(experts: nn.Module) -> bool:
     return len(names) >= 3 and all(names[i + 1] in allowed for i, allowed in enumerate(_ROUTING_ARGUMENTS))
 
 
+@dataclass(frozen=True)
+class LayerExpertsBlock:
+    """Packed experts that the decoder layer calls itself, their router a sibling in the layer and no
+    MoE block around them (Gemma 4's 26B-A4B: ``self.experts(x, top_k_index, top_k_weights)`` beside
+    a dense MLP, then a norm on their output): split over TP by ``ExpertsParallel``, which sums their
+    partial output itself (one all-reduce of B·S·H, before the layer's norm) and their input and
+    routing weights' gradients; the routers stay whole."""
+
+    routers: tuple[str, ...]
+    kind: str = "moe"
+
+
+def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> LayerExpertsBlock | KeptBlock | None:
+    """The layer's child ``name`` as packed experts the layer routes to itself, or None when it is none."""
+    from plangen.moe_styles import expert_count
+
+    experts = getattr(layer, name)
+    count = expert_count(experts)
+    if not count:
+        return None
+    if not hasattr(experts, "_is_expert_parallel") or not _takes_routing(experts):
+        return KeptBlock(
+            "moe",
+            f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
+            "expert-parallel routing, so their experts cannot be split over ranks",
+        )
+    widths = {dims.hidden, *(p.shape[-1] for p in experts.parameters(recurse=False) if p.dim() == 3)}
+    routers = tuple(
+        child_name for child_name, child in layer.named_children()
+        if child_name != name and any(p.dim() == 2 and p.shape[0] == count and p.shape[1] in widths for p in child.parameters())
+    )
+    if not routers:
+        return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts in the layer")
+    return LayerExpertsBlock(routers)
+
+
 def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | None:
     """A block holding one packed experts module (transformers 5.x), or None when it holds none."""
     from plangen.moe_styles import expert_count

@@ -44,7 +44,7 @@ from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.mamba1 import mamba1_entries
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
-from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize import LatentBlock, LayerExpertsBlock, MoeBlock, ShardedBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_split import SplitBlock
@@ -220,6 +220,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return _split_entries(part, sp)
     if isinstance(part.block, MoeBlock):
         return _moe_entries(part, sp)
+    if isinstance(part.block, LayerExpertsBlock):
+        return [PlanEntry(part.path, "ExpertsParallel", dict(output_layouts=Replicate()), "mlp",
+                          f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
     if isinstance(part.block, GatedDeltaNetBlock):
@@ -319,6 +322,12 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
                                      f"{why}; its output is a copy, which the model modifies in place"))
         else:
             entries.append(PlanEntry(analysis.embedding, "RowwiseParallel", layouts, "embeddings", why))
+    for reader, embedding in analysis.embedding_row_readers:
+        entries.append(PlanEntry(
+            reader, "EmbeddingRowReadParallel", dict(embedding=embedding), "embeddings",
+            f"its forward reads a row of {embedding}.weight itself: read whole from the vocab-parallel "
+            "weight (one all-reduce of the hidden size)",
+        ))
     for path, scaled in analysis.token_tables:
         # Whole output on every rank, as the model hands it on (reshaped per layer, not sequence-sharded).
         style = "ScaledEmbeddingParallel" if scaled else "RowwiseParallel"
