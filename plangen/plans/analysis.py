@@ -188,10 +188,16 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     width = emb.weight.shape[-1] if plain(emb) else dims.hidden
     # Musicgen: one embedding and one head per codebook (ModuleLists), each vocabulary-parallel.
     emb_ok = plain(emb) or _each_of(emb, lambda m: plain(m) and m.weight.shape[-1] == dims.hidden)
+    # Column-parallel on the vocabulary takes any input width: the whole input is on every rank.
+    # RemBERT's head reads output_embedding_size features from a projection outside the layers.
     head_ok = head is not None and (
-        (is_linear(head) and head.in_features in (dims.hidden, width))
-        or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
+        is_linear(head) or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
     )
+    if is_linear(head) and head.in_features not in (dims.hidden, width):
+        found.sp_problems.append(
+            f"the output head reads {head.in_features} features, not the hidden size {dims.hidden}: "
+            "what maps the hidden state to them is not sequence-sharded"
+        )
     reader = _weight_reader(model, paths[id(emb)]) if emb_ok else None
     if reader is not None:
         found.keep(paths[id(emb)], f"{reader}'s forward reads its weight itself (a row of it), where a "
@@ -200,7 +206,7 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     elif emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
-        found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear from the hidden size", "output")
+        found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear (or one per codebook from the hidden size)", "output")
     tied = emb is not None and head is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
     if tied and emb_ok != head_ok:
         # One parameter cannot be both sharded and whole: keep the shardable end whole too.
