@@ -13,7 +13,7 @@ from importlib import resources
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor import Partial, Replicate
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.models import build_meta_model, resolve_model
 from plangen.shrink import shrink_config
@@ -1110,3 +1110,50 @@ def test_a_mixer_that_is_not_a_gated_delta_net_stays_replicated_with_the_reason(
     mixer.num_v_heads += 1  # no longer the conv's channels and the [value heads] parameters' shape
     found = recognize_block("linear_attn", mixer, read_dims(model))
     assert isinstance(found, KeptBlock) and found.kind == "mixer" and "linear-attention mixer" in found.why
+
+
+# --- heads and adapters the BERT family adds ---------------------------------------------------
+
+
+def test_a_head_from_a_narrower_projection_is_vocabulary_parallel_and_refuses_sp_with_the_reason():
+    # RemBERT: cls.predictions.dense maps the hidden size to output_embedding_size, the decoder that to the vocabulary.
+    model = meta("rembert")
+    assert model.cls.predictions.decoder.in_features != model.config.hidden_size
+    plan = build_synthesized_plan(model, False)
+    head = next(e for e in plan.entries if e.pattern == "cls.predictions.decoder")
+    assert (head.style, head.kwargs["input_layouts"], head.kwargs["output_layouts"]) == ("ColwiseParallel", Replicate(), Shard(-1))
+    assert not any(r.pattern == "cls.predictions.decoder" for r in plan.replicated)
+    problems = analyze_model(model).sp_problems
+    assert any(p.startswith(f"the output head reads {model.config.output_embedding_size} features, not the hidden size") for p in problems)
+
+
+def test_xmod_mlp_halves_through_a_chunked_helper_and_its_language_adapters_are_sharded():
+    # XmodLayer: apply_chunking_to_forward(self.feed_forward_chunk, ...) returns self.intermediate(x),
+    # then self.output(that, residual, lang_ids); output's adapters are MLPs run after the reduction.
+    from transformers.models.xmod import modeling_xmod
+
+    from plangen.plans.split_source import read_fed_by
+
+    assert read_fed_by(modeling_xmod.XmodLayer) == {"output": "intermediate"}
+    model = meta("xmod")
+    styles = styles_of(build_synthesized_plan(model, False))
+    layers = "roberta.encoder.layer.*"
+    assert styles[f"{layers}.intermediate.dense"] == "ColwiseParallel"
+    assert styles[f"{layers}.output.dense"] == "RowwiseParallel"
+    for language in model.config.languages:
+        assert styles[f"{layers}.output.adapter_modules.{language}.dense1"] == "ColwiseParallel"
+        assert styles[f"{layers}.output.adapter_modules.{language}.dense2"] == "RowwiseParallel"
+    assert any("adapter_modules runs on the tokens it selects" in p for p in analyze_model(model).sp_problems)
+
+
+def test_an_adapter_container_with_a_member_that_is_no_mlp_stays_whole():
+    from plangen.plans.analysis_split import _analyze_adapters
+    from plangen.plans.dims import read_dims
+    from plangen.plans.findings import Findings
+
+    model = meta("xmod")
+    dims = read_dims(model)
+    adapters = model.roberta.encoder.layer[0].output.adapter_modules
+    adapters["odd"] = nn.Linear(dims.hidden, dims.hidden)
+    found = Findings()
+    assert not _analyze_adapters(adapters, "adapters", dims, found) and found.blocks == []

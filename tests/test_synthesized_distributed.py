@@ -54,6 +54,12 @@ CLASSES = {
     "bert": ("BertLMHeadModel", True),
     "roberta": ("RobertaForCausalLM", True),
     "roformer": ("RoFormerForCausalLM", True),
+    # RemBERT's head reads output_embedding_size features from a projection outside the layers:
+    # vocabulary-parallel all the same (its input is whole on every rank).
+    "rembert": ("RemBertForCausalLM", False),
+    # X-MOD: the MLP halves paired through apply_chunking_to_forward's helper; the language adapters
+    # after the row-parallel reduction are their own column/row-parallel MLPs.
+    "xmod": ("XmodForCausalLM", True),
     # Packed q|k|v split as the forward splits it (plangen.plans.packed_source), state dict round trip at DP>1:
     "gpt_neox": ("GPTNeoXForCausalLM", False),  # viewed per head: whole heads per rank, plain Shard(0)
     "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms
@@ -75,7 +81,7 @@ CLASSES = {
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards.
-TP_ONLY = {"bert", "roberta", "roformer"}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
