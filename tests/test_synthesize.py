@@ -766,11 +766,38 @@ def test_prepare_attention_input_divides_the_head_attributes(fake_pg):
     assert (attention.num_heads, attention.embed_dim, attention.head_dim) == (heads // 2, width, width // heads)
 
 
-def test_attention_reshaped_by_the_inputs_own_width_stays_whole_with_the_reason():
-    # TrOCR: `bsz, tgt_len, embed_dim = hidden_states.size()` ... `reshape(bsz, tgt_len, embed_dim)`.
-    plan = build_synthesized_plan(meta("trocr"), False)
-    assert "the input's own width" in why_of(plan, "model.decoder.layers.*.self_attn")
-    assert styles_of(plan)["model.decoder.layers.*.fc1"] == "ColwiseParallel"
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_attention_reshaped_by_the_inputs_own_width_is_handed_its_slice_of_the_hidden_dimension(sequence_parallel):
+    # TrOCR: `bsz, tgt_len, embed_dim = hidden_states.size()` ... `reshape(bsz, tgt_len, embed_dim)`:
+    # handed this rank's slice of its input, embed_dim is this rank's heads' width; q/k/v all-gather it.
+    plan = build_synthesized_plan(meta("trocr"), sequence_parallel)
+    for attention in ("self_attn", "encoder_attn"):
+        path = f"model.decoder.layers.*.{attention}"
+        prepared = next(e for e in plan.entries if e.pattern == path)
+        assert prepared.style == "PrepareAttentionInput" and prepared.kwargs["head_attributes"] == ("num_heads",)
+        assert prepared.kwargs["input_kwarg_layouts"] == {"hidden_states": Shard(1) if sequence_parallel else Replicate()}
+        assert prepared.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
+        assert prepared.kwargs["use_local_output"] is True  # a DTensor would report the whole width
+        for projection in ("q_proj", "k_proj", "v_proj"):
+            colwise = next(e for e in plan.entries if e.pattern == f"{path}.{projection}")
+            assert (colwise.style, colwise.kwargs["input_layouts"]) == ("ColwiseParallel", Shard(-1))
+    assert not any(r.pattern.endswith("_attn") for r in plan.replicated)
+
+
+def test_attention_reading_its_input_width_otherwise_too_stays_whole_with_the_reason():
+    # ProphetNet's attention also asserts the input's size against the unpacked width: not followed.
+    from transformers.models.prophetnet import modeling_prophetnet
+    from transformers.models.trocr import modeling_trocr
+
+    from plangen.plans.width_source import read_input_only_sized_and_projected
+
+    projections = frozenset({"query_proj", "key_proj", "value_proj"})
+    assert not read_input_only_sized_and_projected(modeling_prophetnet.ProphetNetAttention, projections)
+    assert read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, frozenset({"q_proj", "k_proj", "v_proj"}))
+    # Reading the input with anything else (k_proj left out here) is not followed either.
+    assert not read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, frozenset({"q_proj", "v_proj"}))
+    plan = build_synthesized_plan(meta("prophetnet"), False)
+    assert "the input's own width" in why_of(plan, "prophetnet.decoder.layers.*.cross_attn")
 
 
 @pytest.mark.parametrize("model_type, path", [("bart", "model.decoder.embed_positions"), ("xglm", "model.embed_positions")])

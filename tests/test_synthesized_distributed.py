@@ -42,6 +42,9 @@ CLASSES = {
     "bart": ("BartForCausalLM", True),
     "opt": ("OPTForCausalLM", True),  # views by self.num_heads: made this rank's count
     "xglm": ("XGLMForCausalLM", True),  # views by self.num_heads and self.embed_dim; sinusoidal positions
+    # reshape(bsz, tgt_len, embed_dim) by the input's own width: handed this rank's slice of the hidden
+    # dimension (SP: an all-to-all to it), each of q/k/v all-gathers it.
+    "trocr": ("TrOCRForCausalLM", True),
     # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
     "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias

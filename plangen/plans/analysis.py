@@ -306,9 +306,11 @@ def _analyze_layer(
             else:
                 found.keep(child_path, why, "attention")
                 found.gathered.append(KeptPart(child_path, call))
-        elif isinstance(recognized, ShardedBlock) and recognized.head_parameters and call is None:
-            # Its per-head parameters are split by the block's own input style: it must be where the layer calls it.
-            found.keep(child_path, "attention with per-head parameters whose call by the layer the reader cannot follow",
+        elif isinstance(recognized, ShardedBlock) and (recognized.head_parameters or recognized.input_sharded) and call is None:
+            # Its per-head parameters or its input's slice come from the block's own input style: it
+            # must be where the layer calls it.
+            what = "per-head parameters" if recognized.head_parameters else "a forward shaped by its input's width"
+            found.keep(child_path, f"attention with {what} whose call by the layer the reader cannot follow",
                        "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))

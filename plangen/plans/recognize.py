@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from plangen.plans.width_source import read_input_only_sized_and_projected
 from plangen.plans.forward_source import (
     BlockCall,
     ShapeSizes,
@@ -80,6 +81,9 @@ class ShardedBlock:
     # The attention block's own parameters of one value per query head (attention sinks): split
     # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
     head_parameters: tuple[str, ...] = ()
+    # The forward shapes by its input's own width (TrOCR): it is handed this rank's slice of the
+    # hidden dimension, which each column-parallel projection all-gathers (plangen.plans.width_source).
+    input_sharded: bool = False
 
 
 @dataclass(frozen=True)
@@ -183,14 +187,16 @@ def recognize_attention(
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     shapes = read_shape_sizes(type(block))
-    if shapes is not None and shapes.input_width:
+    # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
+    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
+    # TrOCR: handed this rank's slice of its input, the width it unpacks is its heads' width.
+    input_sharded = shapes is not None and shapes.input_width
+    if input_sharded and (kv or not read_input_only_sized_and_projected(type(block), frozenset(reading))):
         return KeptBlock(
             "attention",
             "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
-            "which is all heads' width: a rank holding some heads cannot follow it",
+            "which is all heads' width, and reads its input otherwise too: a rank holding some heads cannot follow it",
         )
-    # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
-    kv = tuple(name for name, m in reading.items() if m.out_features == k * d) if k < n and not whole else ()
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
@@ -199,7 +205,7 @@ def recognize_attention(
             " are made this rank's by two different styles, and a block takes one",
         )
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
-                        head_attributes=heads, head_parameters=tuple(own))
+                        head_attributes=heads, head_parameters=tuple(own), input_sharded=input_sharded)
 
 
 def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:

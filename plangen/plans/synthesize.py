@@ -34,6 +34,7 @@ from typing import Any, Callable, TypeVar
 
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
 
 from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
@@ -56,19 +57,20 @@ SEQ = Shard(1)
 Item = TypeVar("Item", PlanEntry, Replicated)
 
 
-def _input_layouts(call: BlockCall, sp: bool) -> dict[str, Any]:
-    """PrepareModuleInput's layouts for the hidden state, where the layer passes it: the block sees it whole."""
+def _input_layouts(call: BlockCall, sp: bool, desired: Placement = Replicate()) -> dict[str, Any]:
+    """PrepareModuleInput's layouts for the hidden state, where the layer passes it: the block sees it
+    whole (or as ``desired``)."""
     if call.keyword is not None:
         return dict(
             input_layouts=None,
             desired_input_layouts=None,
             input_kwarg_layouts={call.keyword: SEQ if sp else Replicate()},
-            desired_input_kwarg_layouts={call.keyword: Replicate()},
+            desired_input_kwarg_layouts={call.keyword: desired},
         )
     rest = (None,) * (call.positional - 1)
     return dict(
         input_layouts=(SEQ if sp else Replicate(), *rest),
-        desired_input_layouts=(Replicate(), *rest),
+        desired_input_layouts=(desired, *rest),
         input_kwarg_layouts=None,
         desired_input_kwarg_layouts=None,
     )
@@ -239,13 +241,17 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         prepared = dict(**_input_layouts(call, sp), use_local_output=False)
         style = "PrepareAttentionInput" if kv or heads else "PrepareModuleInput"
         why = f"{gathered}; one gradient reduction per block in backward"
+        if block.input_sharded:  # its forward reshapes by the input's own width: hand it this rank's
+            prepared = dict(**_input_layouts(call, sp, desired=Shard(-1)), use_local_output=True)
+            why = (("an all-to-all to " if sp else "") + "this rank's slice of the hidden dimension, the width its forward "
+                   "unpacks; each column-parallel projection all-gathers it (a reduce-scatter back in backward)")
         if heads:
             prepared["head_attributes"] = heads
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
         if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
             style, why = "AttentionSinksParallel", f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads"
         entries.append(PlanEntry(part.path, style, prepared, group, why))
-        colwise_input = Replicate()
+        colwise_input = Shard(-1) if block.input_sharded else Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
     else:
         if heads:
