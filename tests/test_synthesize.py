@@ -1184,3 +1184,22 @@ def test_an_adapter_container_with_a_member_that_is_no_mlp_stays_whole():
     adapters["odd"] = nn.Linear(dims.hidden, dims.hidden)
     found = Findings()
     assert not _analyze_adapters(adapters, "adapters", dims, found) and found.blocks == []
+
+
+def test_doge_dynamic_mask_projection_is_row_parallel_onto_this_ranks_heads():
+    # dt_proj: (kv_heads x head_dim) -> kv_heads from value_states; A: one value per head.
+    from transformers.models.doge import modeling_doge
+
+    from plangen.plans.split_source import read_fed_from
+
+    plan = build_synthesized_plan(meta("doge"), False)
+    gate = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn.dt_proj")
+    assert (gate.style, gate.kwargs) == ("RowwiseParallel", {"input_layouts": Shard(-1), "output_layouts": Shard(-1),
+                                                             "use_local_output": True})
+    assert styles_of(plan)["model.layers.*.self_attn"] == "AttentionSinksParallel"  # A split with the heads
+    assert styles_of(plan)["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
+    assert "input_residual, post_attention_residual" in why_of(plan, "model.layers.*")
+    projections = frozenset({"q_proj", "k_proj", "v_proj"})
+    assert read_fed_from(modeling_doge.DogeAttention, "dt_proj", projections)
+    # Fed from the attention's input instead (a shape-alike Linear), it is no such gate.
+    assert not read_fed_from(modeling_doge.DogeAttention, "dt_proj", frozenset({"o_proj"}))

@@ -45,6 +45,9 @@ CLASSES = {
     # reshape(bsz, tgt_len, embed_dim) by the input's own width: handed this rank's slice of the hidden
     # dimension (SP: an all-to-all to it), each of q/k/v all-gathers it.
     "trocr": ("TrOCRForCausalLM", True),
+    # Doge: the dynamic mask's dt_proj reads every KV head's values (row-parallel, reduce-scattered to
+    # this rank's heads), its A split with the heads; the layer's residual scales stay whole.
+    "doge": ("DogeForCausalLM", False),
     # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
     "lfm2_moe": ("Lfm2MoeForCausalLM", True),  # conv layers replicated, MoE with a routing bias
@@ -83,8 +86,9 @@ CLASSES = {
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
-# inside the embeddings module, where no style can lay the sum out on sequence shards.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod"}
+# inside the embeddings module, where no style can lay the sum out on sequence shards (Doge: the
+# layer's own scales of the residual stream).
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "doge"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -100,6 +104,8 @@ STATE_DICT = {"qwen3_5", "qwen3_next", "gpt_neox", "persimmon", "codegen", "mpt"
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
 MESHES = ("tp2", "dp2tp2")
+# Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers).
+HEAD_GATE_REDUCE_SCATTERS = {"doge": 2}
 
 
 def _cases() -> list[dict]:
@@ -167,8 +173,12 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
     model_type = case_id.split("/")[1].removesuffix("-sp")
     sequence_parallel = case_id.endswith("-sp")
     assert r["logits_type"] == "DTensor" and r["logits_placements"] == ["S(2)"]  # vocabulary-parallel
-    # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
-    assert ("reduce_scatter_tensor" in r["forward_collectives"]) == sequence_parallel
+    # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's,
+    # or a head gate's (Doge's dt_proj: one per layer, onto this rank's heads).
+    if sequence_parallel:
+        assert "reduce_scatter_tensor" in r["forward_collectives"]
+    else:
+        assert r["forward_collectives"].get("reduce_scatter_tensor", 0) == HEAD_GATE_REDUCE_SCATTERS.get(model_type, 0)
     model_type = STABLE.get(model_type, model_type)
     assert r["tied"] == (CLASSES[model_type][1] if model_type in CLASSES else TINY_CASES[model_type])
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from plangen.plans.split_source import read_fed_from
 from plangen.plans.width_source import read_input_only_sized_and_projected
 from plangen.plans.forward_source import (
     BlockCall,
@@ -84,6 +85,9 @@ class ShardedBlock:
     # The forward shapes by its input's own width (TrOCR): it is handed this rank's slice of the
     # hidden dimension, which each column-parallel projection all-gathers (plangen.plans.width_source).
     input_sharded: bool = False
+    # Linears from all KV heads' values to one value per KV head (Doge's dynamic-mask dt_proj):
+    # row-parallel, the partial sums reduce-scattered to this rank's heads.
+    head_gates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,10 @@ def recognize_attention(
                 f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
                 "column-parallel projection's output, so it cannot be sharded with its heads",
             )
-    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole})
+    # Doge's dt_proj: all KV heads' values to one value per KV head, row-parallel to this rank's heads.
+    gates = tuple(name for name, m in block.named_children() if is_linear(m) and name not in {*reading, *outputs}
+                  and (m.in_features, m.out_features) == (k * d, k) and read_fed_from(type(block), name, frozenset(reading)))
+    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole, *gates})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     shapes = read_shape_sizes(type(block))
@@ -205,7 +212,7 @@ def recognize_attention(
             " are made this rank's by two different styles, and a block takes one",
         )
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole),
-                        head_attributes=heads, head_parameters=tuple(own), input_sharded=input_sharded)
+                        head_attributes=heads, head_parameters=tuple(own), input_sharded=input_sharded, head_gates=gates)
 
 
 def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:

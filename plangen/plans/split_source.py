@@ -283,3 +283,24 @@ def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> fr
         if (name := _self_call_name(node)) is not None
         and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in alike  # type: ignore[attr-defined]
     )
+
+
+@lru_cache(maxsize=None)
+def read_fed_from(block_cls: type, child: str, sources: frozenset[str]) -> bool:
+    """True when ``block_cls.forward`` calls ``self.<child>`` exactly once, on an expression of
+    variables each assigned from a call of one of ``sources`` (Doge's ``dt_proj(value_states
+    .transpose(1, 2).reshape(...))``, ``value_states = self.v_proj(...)...``), and of nothing else."""
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return False
+    calls = [n for n in ast.walk(tree) if _self_call_name(n) == child]
+    if len(calls) != 1 or len(calls[0].args) != 1 or calls[0].keywords:  # type: ignore[attr-defined]
+        return False
+    names = {n.id for n in ast.walk(calls[0].args[0]) if isinstance(n, ast.Name)}  # type: ignore[attr-defined]
+    if not names:
+        return False
+    fed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(_self_call_name(n) in sources for n in ast.walk(node.value)):
+            fed |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    return names <= fed

@@ -270,6 +270,15 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             entries.append(PlanEntry(f"{part.path}.{name}", "KVHeadsColwiseParallel", colwise, group, why))
         else:
             entries.append(_colwise_entry(f"{part.path}.{name}", block, name, colwise_input, group, colwise_why))
+    for name in block.head_gates:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}", "RowwiseParallel",
+                dict(input_layouts=Shard(-1), output_layouts=Shard(-1), use_local_output=True), group,
+                "reads every KV head's values, one output per KV head: row-parallel on this rank's heads, "
+                "the partial sums reduce-scattered to this rank's heads' outputs",
+            )
+        )
     for name in block.per_head_norms:
         entries.append(
             PlanEntry(
