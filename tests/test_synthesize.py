@@ -784,20 +784,40 @@ def test_attention_reshaped_by_the_inputs_own_width_is_handed_its_slice_of_the_h
     assert not any(r.pattern.endswith("_attn") for r in plan.replicated)
 
 
-def test_attention_reading_its_input_width_otherwise_too_stays_whole_with_the_reason():
-    # ProphetNet's attention also asserts the input's size against the unpacked width: not followed.
+class _WidthAttention(nn.Module):
+    """TrOCR-like attention that also adds its input back: a slice of the input would be wrong there."""
+
+    def __init__(self, width: int = 8, heads: int = 2):
+        super().__init__()
+        self.num_heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, hidden_states):
+        bsz, tgt_len, embed_dim = hidden_states.size()
+        q = self.q_proj(hidden_states).view(bsz, tgt_len, self.num_heads, -1)
+        k, v = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        out = (q.flatten(2) * k * v).reshape(bsz, tgt_len, embed_dim)
+        return self.out_proj(out) + hidden_states
+
+
+def test_attention_reading_its_input_otherwise_too_is_not_handed_a_slice():
     from transformers.models.prophetnet import modeling_prophetnet
     from transformers.models.trocr import modeling_trocr
 
+    from plangen.plans.recognize import recognize_attention
+    from plangen.plans.dims import ModelDims
     from plangen.plans.width_source import read_input_only_sized_and_projected
 
-    projections = frozenset({"query_proj", "key_proj", "value_proj"})
-    assert not read_input_only_sized_and_projected(modeling_prophetnet.ProphetNetAttention, projections)
-    assert read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, frozenset({"q_proj", "k_proj", "v_proj"}))
-    # Reading the input with anything else (k_proj left out here) is not followed either.
+    qkv = frozenset({"q_proj", "k_proj", "v_proj"})
+    assert read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, qkv)
+    # ProphetNet also asserts the input's size against the unpacked one: an assert only passes or raises.
+    assert read_input_only_sized_and_projected(modeling_prophetnet.ProphetNetAttention,
+                                               frozenset({"query_proj", "key_proj", "value_proj"}))
+    # Reading the input with anything else (k_proj left out here, or a residual add) is not followed.
     assert not read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, frozenset({"q_proj", "v_proj"}))
-    plan = build_synthesized_plan(meta("prophetnet"), False)
-    assert "the input's own width" in why_of(plan, "prophetnet.decoder.layers.*.cross_attn")
+    assert not read_input_only_sized_and_projected(_WidthAttention, qkv)
+    kept = recognize_attention(_WidthAttention(), ModelDims(hidden=8, heads=2, kv_heads=2, head_dim=4, vocab=None, experts=None))
+    assert "the input's own width" in kept.why and "reads its input otherwise too" in kept.why
 
 
 @pytest.mark.parametrize("model_type, path", [("bart", "model.decoder.embed_positions"), ("xglm", "model.embed_positions")])
@@ -1203,3 +1223,11 @@ def test_doge_dynamic_mask_projection_is_row_parallel_onto_this_ranks_heads():
     assert read_fed_from(modeling_doge.DogeAttention, "dt_proj", projections)
     # Fed from the attention's input instead (a shape-alike Linear), it is no such gate.
     assert not read_fed_from(modeling_doge.DogeAttention, "dt_proj", frozenset({"o_proj"}))
+
+
+def test_prophetnet_cross_attention_is_handed_its_slice_of_the_hidden_dimension():
+    plan = build_synthesized_plan(meta("prophetnet"), False)
+    prepared = next(e for e in plan.entries if e.pattern == "prophetnet.decoder.layers.*.cross_attn")
+    assert prepared.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
+    assert styles_of(plan)["prophetnet.decoder.layers.*.cross_attn.query_proj"] == "ColwiseParallel"
+    assert "relative_pos_embeddings" in why_of(plan, "prophetnet.decoder.layers.*.self_attn")

@@ -45,6 +45,7 @@ CLASSES = {
     # reshape(bsz, tgt_len, embed_dim) by the input's own width: handed this rank's slice of the hidden
     # dimension (SP: an all-to-all to it), each of q/k/v all-gathers it.
     "trocr": ("TrOCRForCausalLM", True),
+    "prophetnet": ("ProphetNetForCausalLM", True),  # the same for its cross-attention; n-gram self-attention whole
     # Doge: the dynamic mask's dt_proj reads every KV head's values (row-parallel, reduce-scattered to
     # this rank's heads), its A split with the heads; the layer's residual scales stay whole.
     "doge": ("DogeForCausalLM", False),
@@ -88,7 +89,7 @@ CLASSES = {
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
 # inside the embeddings module, where no style can lay the sum out on sequence shards (Doge: the
 # layer's own scales of the residual stream).
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "doge"}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "doge", "prophetnet"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local

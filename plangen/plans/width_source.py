@@ -5,7 +5,8 @@ this rank's heads' width, and its column-parallel projections all-gather the sli
 
 That is only safe when the input is read for nothing else: its size (unpacked once), and as the one
 argument of the projections that read it (directly, or through ``x = other if cond else input``);
-and the unpacked width only as a ``view``/``reshape`` size. Read, never run; anything not followed
+and the unpacked width only as a ``view``/``reshape`` size (reads inside an ``assert``, which only
+passes or raises, aside). Read, never run; anything not followed
 answers False.
 """
 
@@ -49,6 +50,8 @@ def read_input_only_sized_and_projected(block_cls: type, projections: frozenset[
                 allowed.add(id(value.orelse))
     if not widths:
         return False
+    # An assert only passes or raises (ProphetNet checks the input's size against the unpacked one).
+    allowed.update(id(n) for node in ast.walk(tree) if isinstance(node, ast.Assert) for n in ast.walk(node))
     for node in ast.walk(tree):
         call = _self_call_name(node)
         if call in projections and len(node.args) == 1 and not node.keywords \
