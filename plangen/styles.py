@@ -55,6 +55,7 @@ from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
     LeaveUnsharded,
+    SequenceParallelOwnParameters,
     ReplicatedWithGradAllReduce,
     RotaryEmbedParallel,
     _all_reduce_grad,
@@ -211,6 +212,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         RotaryEmbedParallel,
         ReplicatedWithGradAllReduce,
         AllReduceParamGrads,
+        SequenceParallelOwnParameters,
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
@@ -474,6 +476,7 @@ __all__ = [
     "STYLE_CLASSES",
     "AllReduceOutputGrad",
     "AllReduceParamGrads",
+    "SequenceParallelOwnParameters",
     "AttentionSinksParallel",
     "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",

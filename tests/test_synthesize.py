@@ -1219,6 +1219,9 @@ def test_doge_dynamic_mask_projection_is_row_parallel_onto_this_ranks_heads():
     assert styles_of(plan)["model.layers.*.self_attn"] == "AttentionSinksParallel"  # A split with the heads
     assert styles_of(plan)["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
     assert "input_residual, post_attention_residual" in why_of(plan, "model.layers.*")
+    # Under SP they meet the sequence-sharded residual as Replicate DTensors, gradient summed over TP.
+    assert "model.layers.*" not in styles_of(plan)
+    assert styles_of(build_synthesized_plan(meta("doge"), True))["model.layers.*"] == "SequenceParallelOwnParameters"
     projections = frozenset({"q_proj", "k_proj", "v_proj"})
     assert read_fed_from(modeling_doge.DogeAttention, "dt_proj", projections)
     # Fed from the attention's input instead (a shape-alike Linear), it is no such gate.

@@ -47,7 +47,8 @@ CLASSES = {
     "trocr": ("TrOCRForCausalLM", True),
     "prophetnet": ("ProphetNetForCausalLM", True),  # the same for its cross-attention; n-gram self-attention whole
     # Doge: the dynamic mask's dt_proj reads every KV head's values (row-parallel, reduce-scattered to
-    # this rank's heads), its A split with the heads; the layer's residual scales stay whole.
+    # this rank's heads), its A split with the heads; the layer's residual scales stay whole (SP:
+    # Replicate DTensors against the sequence-sharded residual, gradient summed over TP).
     "doge": ("DogeForCausalLM", False),
     # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
@@ -87,9 +88,8 @@ CLASSES = {
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
 }
 # No sequence parallel: their position and token-type embeddings are added to the token embedding
-# inside the embeddings module, where no style can lay the sum out on sequence shards (Doge: the
-# layer's own scales of the residual stream).
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "doge", "prophetnet"}
+# inside the embeddings module, where no style can lay the sum out on sequence shards.
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local

@@ -80,6 +80,8 @@ class Analysis:
     # Other vocabulary-sized tables outside the layers, looked up by token (Gemma 4's per-layer
     # embeddings, 40 % of its parameters): vocab-parallel, reduced to a whole output; scaled or not.
     token_tables: tuple[tuple[str, bool], ...] = ()
+    # Modules whose own per-feature parameters act on the residual stream (Doge's layer scales).
+    residual_parameters: tuple[str, ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -232,8 +234,13 @@ def _analyze_layer(
 ) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
+        # One value per feature or a scalar (Doge's residual scales): whole on every rank; under SP
+        # they meet the sequence-sharded residual as Replicate DTensors (SequenceParallelOwnParameters).
+        per_feature = all(shape in ((dims.hidden,), ()) for shape in own_parameters(layer).values())
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
-                   f"{path} has its own parameters ({names}) on the residual stream")
+                   None if per_feature else f"{path} has its own parameters ({names}) on the residual stream")
+        if per_feature:
+            found.residual_parameters.append(path)
     flat = recognize_layer_mlp(layer, dims)
     for up, down in flat:
         # No block around them: the column-parallel one takes the layer's hidden state itself.
@@ -436,6 +443,7 @@ def analyze_model(model: nn.Module) -> Analysis:
         embedding_modified_in_place=ends.embedding_ok and _modified_in_place(model, paths[id(ends.embedding)]),
         embedding_scaled=ends.embedding_ok and is_scaled_embedding(ends.embedding),
         token_tables=tuple(found.token_tables),
+        residual_parameters=tuple(found.residual_parameters),
     )
 
 

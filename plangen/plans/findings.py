@@ -52,6 +52,7 @@ class Findings:
     sp_problems: list[str] = field(default_factory=list)
     head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
     token_tables: list[tuple[str, bool]] = field(default_factory=list)
+    residual_parameters: list[str] = field(default_factory=list)
 
     def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
         self.kept.append(Replicated(path, why, group))

@@ -341,6 +341,10 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
             )
             for path in analysis.positions
         ]
+    if sp:
+        entries += [PlanEntry(path, "SequenceParallelOwnParameters", {}, "other",
+                              "own per-feature parameters on the sequence-sharded residual: Replicate DTensors in its "
+                              "forward, their gradient summed over TP") for path in analysis.residual_parameters]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
     for layer, head_input in analysis.head_inputs:
