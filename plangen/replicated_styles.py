@@ -70,28 +70,34 @@ class AllReduceParamGrads(ParallelStyle):
     summed gradient lands in ``param.grad`` before any optimizer or FSDP reduce-scatter reads it.
     """
 
+    as_dtensor = False
+
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        sum_own_grads_over(module, device_mesh)
+        sum_own_grads_over(module, device_mesh, as_dtensor=self.as_dtensor)
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def sum_own_grads_over(module: nn.Module, device_mesh: DeviceMesh) -> None:
+def sum_own_grads_over(module: nn.Module, device_mesh: DeviceMesh, as_dtensor: bool = False) -> None:
     """During each forward, ``module``'s own parameters are identity views whose gradient is summed
-    over ``device_mesh`` (:class:`AllReduceParamGrads`; the block styles that also own such parameters)."""
+    over ``device_mesh`` (:class:`AllReduceParamGrads`; the block styles that also own such parameters).
+    ``as_dtensor``: the views are ``Replicate`` DTensors (:class:`SequenceParallelOwnParameters`), in
+    no-grad forwards too, so that they meet DTensor activations."""
     swapped: dict[str, torch.Tensor] = {}
 
     def swap_in(mod: nn.Module, args: Any) -> None:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and not as_dtensor:
             return
         for name, param in list(mod._parameters.items()):
-            if param is None or not param.requires_grad:
+            if param is None or (not param.requires_grad and not as_dtensor):
                 continue
             swapped[name] = param
             local = param.to_local() if isinstance(param, DTensor) else param
-            mod._parameters[name] = _all_reduce_grad(local, device_mesh)  # type: ignore[assignment]
+            view = DTensor.from_local(local, device_mesh, (Replicate(),), run_check=False) if as_dtensor \
+                else _all_reduce_grad(local, device_mesh)
+            mod._parameters[name] = view  # type: ignore[assignment]
 
     def swap_back(mod: nn.Module, args: Any, output: Any) -> None:
         mod._parameters.update(swapped)  # type: ignore[arg-type]
@@ -100,6 +106,20 @@ def sum_own_grads_over(module: nn.Module, device_mesh: DeviceMesh) -> None:
     module.register_forward_pre_hook(swap_in)
     # always_call: an exception inside forward must not leave views in place of the parameters.
     module.register_forward_hook(swap_back, always_call=True)
+
+
+class SequenceParallelOwnParameters(AllReduceParamGrads):
+    """A module's own parameters applied to the sequence-sharded residual stream (a ``Shard(1)``
+    DTensor under sequence parallelism): Doge's layer scales, ``input_residual * residual``.
+
+    Its children are left to their own styles. During the forward each own parameter is a
+    ``Replicate`` DTensor made from the plain, identical-on-every-rank parameter, so it meets the
+    residual as DTensor arithmetic; each rank's gradient covers its sequence shard only, and
+    ``from_local``'s backward redistributes that ``Partial`` gradient to ``Replicate`` (the sum over
+    TP) before it lands in ``param.grad``. The parameters stay plain tensors for FSDP2 and state dicts.
+    """
+
+    as_dtensor = True
 
 
 class LeaveUnsharded(ParallelStyle):

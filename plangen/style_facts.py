@@ -133,6 +133,7 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             hooks=SEQUENCE_HOOKS,
         ),
         StyleFacts("AllReduceParamGrads", PLANGEN_STYLES, "grad_reduce", replicates=True),
+        StyleFacts("SequenceParallelOwnParameters", PLANGEN_STYLES, "grad_reduce", replicates=True),
         StyleFacts("LeaveUnsharded", PLANGEN_STYLES, "none", replicates=True),
         StyleFacts(
             "PackedColwiseParallel",

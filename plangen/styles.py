@@ -56,6 +56,7 @@ from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
     LeaveUnsharded,
+    SequenceParallelOwnParameters,
     ReplicatedWithGradAllReduce,
     RotaryEmbedParallel,
     _all_reduce_grad,
@@ -212,6 +213,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         RotaryEmbedParallel,
         ReplicatedWithGradAllReduce,
         AllReduceParamGrads,
+        SequenceParallelOwnParameters,
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
@@ -478,6 +480,7 @@ __all__ = [
     "STYLE_CLASSES",
     "AllReduceOutputGrad",
     "AllReduceParamGrads",
+    "SequenceParallelOwnParameters",
     "AttentionSinksParallel",
     "PairedHeadsAttentionInput",
     "ColwiseParallelOwnOutput",

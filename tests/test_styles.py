@@ -1362,3 +1362,37 @@ def test_gated_norm_style_refuses_a_norm_that_computes_something_else(tp_mesh):
         holder.m = module
         with pytest.raises(ValueError, match="gated RMSNorm"):
             parallelize_module(holder, tp_mesh, {"m": build_style("GatedRMSNormParallel")})
+
+
+def test_sequence_parallel_own_parameters_meet_the_sharded_residual_and_sum_their_gradient(fake_pg):
+    """Doge's layer scales under SP: Replicate DTensors in the forward against the Shard(1) residual,
+    plain parameters outside it, and one all-reduce per parameter in backward (the sum over TP)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from plangen.styles import SequenceParallelOwnParameters
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(4))
+            self.child = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.scale * x
+
+    module = Scaled()
+    mesh = DeviceMesh("cpu", torch.arange(2))
+    SequenceParallelOwnParameters()._apply(module, mesh)
+    residual = DTensor.from_local(torch.randn(1, 3, 4, requires_grad=True), mesh, (Shard(1),), run_check=False)
+    with CommDebugMode() as comm:
+        out = module(residual)
+        assert isinstance(out, DTensor) and out.placements == (Shard(1),)
+        assert comm.get_total_counts() == 0  # nothing in forward
+        out.to_local().sum().backward()
+    assert comm.get_comm_counts().get(torch.ops.c10d_functional.all_reduce, 0) == 1
+    assert type(module.scale) is nn.Parameter and module.scale.grad.shape == (4,)
+    assert not isinstance(module.child.weight, DTensor)  # children keep their own styles
+    with torch.no_grad():
+        assert isinstance(module(residual), DTensor)  # swapped without autograd too

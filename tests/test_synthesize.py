@@ -13,7 +13,7 @@ from importlib import resources
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor import Partial, Replicate
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.models import build_meta_model, resolve_model
 from plangen.shrink import shrink_config
@@ -840,11 +840,58 @@ def test_prepare_attention_input_divides_the_head_attributes(fake_pg):
     assert (attention.num_heads, attention.embed_dim, attention.head_dim) == (heads // 2, width, width // heads)
 
 
-def test_attention_reshaped_by_the_inputs_own_width_stays_whole_with_the_reason():
-    # TrOCR: `bsz, tgt_len, embed_dim = hidden_states.size()` ... `reshape(bsz, tgt_len, embed_dim)`.
-    plan = build_synthesized_plan(meta("trocr"), False)
-    assert "the input's own width" in why_of(plan, "model.decoder.layers.*.self_attn")
-    assert styles_of(plan)["model.decoder.layers.*.fc1"] == "ColwiseParallel"
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_attention_reshaped_by_the_inputs_own_width_is_handed_its_slice_of_the_hidden_dimension(sequence_parallel):
+    # TrOCR: `bsz, tgt_len, embed_dim = hidden_states.size()` ... `reshape(bsz, tgt_len, embed_dim)`:
+    # handed this rank's slice of its input, embed_dim is this rank's heads' width; q/k/v all-gather it.
+    plan = build_synthesized_plan(meta("trocr"), sequence_parallel)
+    for attention in ("self_attn", "encoder_attn"):
+        path = f"model.decoder.layers.*.{attention}"
+        prepared = next(e for e in plan.entries if e.pattern == path)
+        assert prepared.style == "PrepareAttentionInput" and prepared.kwargs["head_attributes"] == ("num_heads",)
+        assert prepared.kwargs["input_kwarg_layouts"] == {"hidden_states": Shard(1) if sequence_parallel else Replicate()}
+        assert prepared.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
+        assert prepared.kwargs["use_local_output"] is True  # a DTensor would report the whole width
+        for projection in ("q_proj", "k_proj", "v_proj"):
+            colwise = next(e for e in plan.entries if e.pattern == f"{path}.{projection}")
+            assert (colwise.style, colwise.kwargs["input_layouts"]) == ("ColwiseParallel", Shard(-1))
+    assert not any(r.pattern.endswith("_attn") for r in plan.replicated)
+
+
+class _WidthAttention(nn.Module):
+    """TrOCR-like attention that also adds its input back: a slice of the input would be wrong there."""
+
+    def __init__(self, width: int = 8, heads: int = 2):
+        super().__init__()
+        self.num_heads = heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, hidden_states):
+        bsz, tgt_len, embed_dim = hidden_states.size()
+        q = self.q_proj(hidden_states).view(bsz, tgt_len, self.num_heads, -1)
+        k, v = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        out = (q.flatten(2) * k * v).reshape(bsz, tgt_len, embed_dim)
+        return self.out_proj(out) + hidden_states
+
+
+def test_attention_reading_its_input_otherwise_too_is_not_handed_a_slice():
+    from transformers.models.prophetnet import modeling_prophetnet
+    from transformers.models.trocr import modeling_trocr
+
+    from plangen.plans.recognize import recognize_attention
+    from plangen.plans.dims import ModelDims
+    from plangen.plans.width_source import read_input_only_sized_and_projected
+
+    qkv = frozenset({"q_proj", "k_proj", "v_proj"})
+    assert read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, qkv)
+    # ProphetNet also asserts the input's size against the unpacked one: an assert only passes or raises.
+    assert read_input_only_sized_and_projected(modeling_prophetnet.ProphetNetAttention,
+                                               frozenset({"query_proj", "key_proj", "value_proj"}))
+    # Reading the input with anything else (k_proj left out here, or a residual add) is not followed.
+    assert not read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, frozenset({"q_proj", "v_proj"}))
+    assert not read_input_only_sized_and_projected(_WidthAttention, qkv)
+    kept = recognize_attention(_WidthAttention(), ModelDims(hidden=8, heads=2, kv_heads=2, head_dim=4, vocab=None, experts=None))
+    assert "the input's own width" in kept.why and "reads its input otherwise too" in kept.why
 
 
 @pytest.mark.parametrize("model_type, path", [("bart", "model.decoder.embed_positions"), ("xglm", "model.embed_positions")])
@@ -1240,3 +1287,80 @@ def test_gemma3n_kv_shared_layers_and_sparse_gates_are_sharded():
     assert not [p for p in styles if p.startswith(tuple(f"model.layers.{i}." for i in shared))]
     assert styles["model.layers.*.mlp"] == "ActivationSparsityParallel"
     assert not [r for r in plan.replicated if "self_attn" in r.pattern]
+
+
+# --- heads and adapters the BERT family adds ---------------------------------------------------
+
+
+def test_a_head_from_a_narrower_projection_is_vocabulary_parallel_and_refuses_sp_with_the_reason():
+    # RemBERT: cls.predictions.dense maps the hidden size to output_embedding_size, the decoder that to the vocabulary.
+    model = meta("rembert")
+    assert model.cls.predictions.decoder.in_features != model.config.hidden_size
+    plan = build_synthesized_plan(model, False)
+    head = next(e for e in plan.entries if e.pattern == "cls.predictions.decoder")
+    assert (head.style, head.kwargs["input_layouts"], head.kwargs["output_layouts"]) == ("ColwiseParallel", Replicate(), Shard(-1))
+    assert not any(r.pattern == "cls.predictions.decoder" for r in plan.replicated)
+    problems = analyze_model(model).sp_problems
+    assert any(p.startswith(f"the output head reads {model.config.output_embedding_size} features, not the hidden size") for p in problems)
+
+
+def test_xmod_mlp_halves_through_a_chunked_helper_and_its_language_adapters_are_sharded():
+    # XmodLayer: apply_chunking_to_forward(self.feed_forward_chunk, ...) returns self.intermediate(x),
+    # then self.output(that, residual, lang_ids); output's adapters are MLPs run after the reduction.
+    from transformers.models.xmod import modeling_xmod
+
+    from plangen.plans.split_source import read_fed_by
+
+    assert read_fed_by(modeling_xmod.XmodLayer) == {"output": "intermediate"}
+    model = meta("xmod")
+    styles = styles_of(build_synthesized_plan(model, False))
+    layers = "roberta.encoder.layer.*"
+    assert styles[f"{layers}.intermediate.dense"] == "ColwiseParallel"
+    assert styles[f"{layers}.output.dense"] == "RowwiseParallel"
+    for language in model.config.languages:
+        assert styles[f"{layers}.output.adapter_modules.{language}.dense1"] == "ColwiseParallel"
+        assert styles[f"{layers}.output.adapter_modules.{language}.dense2"] == "RowwiseParallel"
+    assert any("adapter_modules runs on the tokens it selects" in p for p in analyze_model(model).sp_problems)
+
+
+def test_an_adapter_container_with_a_member_that_is_no_mlp_stays_whole():
+    from plangen.plans.analysis_split import _analyze_adapters
+    from plangen.plans.dims import read_dims
+    from plangen.plans.findings import Findings
+
+    model = meta("xmod")
+    dims = read_dims(model)
+    adapters = model.roberta.encoder.layer[0].output.adapter_modules
+    adapters["odd"] = nn.Linear(dims.hidden, dims.hidden)
+    found = Findings()
+    assert not _analyze_adapters(adapters, "adapters", dims, found) and found.blocks == []
+
+
+def test_doge_dynamic_mask_projection_is_row_parallel_onto_this_ranks_heads():
+    # dt_proj: (kv_heads x head_dim) -> kv_heads from value_states; A: one value per head.
+    from transformers.models.doge import modeling_doge
+
+    from plangen.plans.split_source import read_fed_from
+
+    plan = build_synthesized_plan(meta("doge"), False)
+    gate = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn.dt_proj")
+    assert (gate.style, gate.kwargs) == ("RowwiseParallel", {"input_layouts": Shard(-1), "output_layouts": Shard(-1),
+                                                             "use_local_output": True})
+    assert styles_of(plan)["model.layers.*.self_attn"] == "AttentionSinksParallel"  # A split with the heads
+    assert styles_of(plan)["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
+    assert "input_residual, post_attention_residual" in why_of(plan, "model.layers.*")
+    # Under SP they meet the sequence-sharded residual as Replicate DTensors, gradient summed over TP.
+    assert "model.layers.*" not in styles_of(plan)
+    assert styles_of(build_synthesized_plan(meta("doge"), True))["model.layers.*"] == "SequenceParallelOwnParameters"
+    projections = frozenset({"q_proj", "k_proj", "v_proj"})
+    assert read_fed_from(modeling_doge.DogeAttention, "dt_proj", projections)
+    # Fed from the attention's input instead (a shape-alike Linear), it is no such gate.
+    assert not read_fed_from(modeling_doge.DogeAttention, "dt_proj", frozenset({"o_proj"}))
+
+
+def test_prophetnet_cross_attention_is_handed_its_slice_of_the_hidden_dimension():
+    plan = build_synthesized_plan(meta("prophetnet"), False)
+    prepared = next(e for e in plan.entries if e.pattern == "prophetnet.decoder.layers.*.cross_attn")
+    assert prepared.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
+    assert styles_of(plan)["prophetnet.decoder.layers.*.cross_attn.query_proj"] == "ColwiseParallel"
+    assert "relative_pos_embeddings" in why_of(plan, "prophetnet.decoder.layers.*.self_attn")

@@ -43,6 +43,14 @@ CLASSES = {
     "bart": ("BartForCausalLM", True),
     "opt": ("OPTForCausalLM", True),  # views by self.num_heads: made this rank's count
     "xglm": ("XGLMForCausalLM", True),  # views by self.num_heads and self.embed_dim; sinusoidal positions
+    # reshape(bsz, tgt_len, embed_dim) by the input's own width: handed this rank's slice of the hidden
+    # dimension (SP: an all-to-all to it), each of q/k/v all-gathers it.
+    "trocr": ("TrOCRForCausalLM", True),
+    "prophetnet": ("ProphetNetForCausalLM", True),  # the same for its cross-attention; n-gram self-attention whole
+    # Doge: the dynamic mask's dt_proj reads every KV head's values (row-parallel, reduce-scattered to
+    # this rank's heads), its A split with the heads; the layer's residual scales stay whole (SP:
+    # Replicate DTensors against the sequence-sharded residual, gradient summed over TP).
+    "doge": ("DogeForCausalLM", False),
     # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
     # Short-conv mixers split by channels (packed [B; C; x] re-laid out per rank), MoE with a routing bias.
@@ -58,6 +66,12 @@ CLASSES = {
     "bert": ("BertLMHeadModel", True),
     "roberta": ("RobertaForCausalLM", True),
     "roformer": ("RoFormerForCausalLM", True),
+    # RemBERT's head reads output_embedding_size features from a projection outside the layers:
+    # vocabulary-parallel all the same (its input is whole on every rank).
+    "rembert": ("RemBertForCausalLM", False),
+    # X-MOD: the MLP halves paired through apply_chunking_to_forward's helper; the language adapters
+    # after the row-parallel reduction are their own column/row-parallel MLPs.
+    "xmod": ("XmodForCausalLM", True),
     # Packed q|k|v split as the forward splits it (plangen.plans.packed_source), state dict round trip at DP>1:
     "gpt_neox": ("GPTNeoXForCausalLM", False),  # viewed per head: whole heads per rank, plain Shard(0)
     "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms
@@ -88,10 +102,11 @@ CLASSES = {
     # q/k/v/o are MoshiLinear wrappers of one nn.Linear (use_flexible_linear=False): the inner linear sharded.
     "moshi": ("MoshiForCausalLM", False),
 }
-# No sequence parallel: the BERT family's position and token-type embeddings are added to the token
-# embedding inside the embeddings module, where no style can lay the sum out on sequence shards;
-# Gemma 3n's AltUp is not recognised, so nothing gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "gemma3n_text"}
+# No sequence parallel: the BERT family's (RemBERT's, X-MOD's) position and token-type embeddings are
+# added to the token embedding inside the embeddings module, where no style can lay the sum out on
+# sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
+# gives it the whole sequence.
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text"}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -107,6 +122,8 @@ STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmo
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
 MESHES = ("tp2", "dp2tp2")
+# Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers).
+HEAD_GATE_REDUCE_SCATTERS = {"doge": 2}
 
 
 def _cases() -> list[dict]:
@@ -187,8 +204,12 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
     model_type = case_id.split("/")[1].removesuffix("-sp")
     sequence_parallel = case_id.endswith("-sp")
     assert r["logits_type"] == "DTensor" and r["logits_placements"] == ["S(2)"]  # vocabulary-parallel
-    # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's.
-    assert ("reduce_scatter_tensor" in r["forward_collectives"]) == sequence_parallel
+    # FSDP2 all-gathers in the forward but never reduce-scatters: a forward reduce-scatter is SP's,
+    # or a head gate's (Doge's dt_proj: one per layer, onto this rank's heads).
+    if sequence_parallel:
+        assert "reduce_scatter_tensor" in r["forward_collectives"]
+    else:
+        assert r["forward_collectives"].get("reduce_scatter_tensor", 0) == HEAD_GATE_REDUCE_SCATTERS.get(model_type, 0)
     model_type = STABLE.get(model_type, model_type)
     assert r["tied"] == (CLASSES[model_type][1] if model_type in CLASSES else TINY_CASES[model_type])
 

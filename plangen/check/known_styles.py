@@ -159,6 +159,7 @@ STYLES: dict[str, StyleSpec] = {
             (StyleParam("sequence_dim", INT, 2), StyleParam("use_local_output", BOOL, True)),
         ),
         _spec("AllReduceParamGrads", ()),
+        _spec("SequenceParallelOwnParameters", ()),
         _spec("LeaveUnsharded", ()),
         _spec("ShardedNormParallel", ()),
         _spec("GatheredNormParallel", ()),

@@ -14,20 +14,20 @@ whole sequence, see :class:`KeptPart`); anything else does not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import nn
 
 from plangen.plan import Replicated
 from plangen.plans.forward_source import (
-    BlockCall,
     read_added_children,
     read_block_call,
     read_modified_in_place,
     read_weight_reads,
     read_weight_row_reads,
 )
-from plangen.plans.split_source import read_helper_block_call
+from plangen.plans.analysis_split import analyze_parent_of_split, analyze_split, split_blocks_by_child
+from plangen.plans.findings import BlockPart, Findings, KeptPart
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import (
@@ -37,7 +37,6 @@ from plangen.plans.recognize import (
     ModelDims,
     MoeBlock,
     ShardedBlock,
-    describe,
     has_parameters,
     is_linear,
     is_per_feature,
@@ -51,32 +50,8 @@ from plangen.plans.recognize import (
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_mamba2 import Mamba2Block
-from plangen.plans.recognize_split import SplitBlock, recognize_attention_called_alike, recognize_split_blocks
+from plangen.plans.recognize_split import recognize_attention_called_alike
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
-
-
-@dataclass(frozen=True)
-class BlockPart:
-    """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
-
-    path: str  # for a SplitBlock: the parent of its two halves
-    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | Mamba1Block | Mamba2Block
-    call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
-    # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
-    modified_in_place: bool = False
-
-
-@dataclass(frozen=True)
-class KeptPart:
-    """A replicated block of a decoder layer that its layer calls in a way the reader could follow.
-
-    Under sequence parallelism such a block gets the whole sequence (one all-gather of its input)
-    and hands back this rank's sequence shard of its output (a local slice; its gradient is
-    all-gathered in backward): it computes whole and identical on every rank, as under plain TP.
-    """
-
-    path: str
-    call: BlockCall
 
 
 @dataclass(frozen=True)
@@ -111,6 +86,8 @@ class Analysis:
     # Modules whose own forward reads a row of the vocabulary-sharded token embedding's weight
     # (Gemma 4's multimodal model, the pad token's): (the module's path, the embedding's path below it).
     embedding_row_readers: tuple[tuple[str, str], ...] = ()
+    # Modules whose own per-feature parameters act on the residual stream (Doge's layer scales).
+    residual_parameters: tuple[str, ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -119,23 +96,6 @@ class Analysis:
     @property
     def sequence_parallel(self) -> bool:
         return self.problem is None and not self.sp_problems
-
-
-@dataclass
-class _Findings:
-    norms: list[str] = field(default_factory=list)
-    blocks: list[BlockPart] = field(default_factory=list)
-    kept: list[Replicated] = field(default_factory=list)
-    gathered: list[KeptPart] = field(default_factory=list)
-    sp_problems: list[str] = field(default_factory=list)
-    head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
-    token_tables: list[tuple[str, bool]] = field(default_factory=list)
-    row_readers: list[tuple[str, str]] = field(default_factory=list)
-
-    def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
-        self.kept.append(Replicated(path, why, group))
-        if sp_problem is not None:
-            self.sp_problems.append(sp_problem)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,7 +141,7 @@ class _Ends:
     head_ok: bool
 
 
-def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: _Findings) -> _Ends:
+def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: Findings) -> _Ends:
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
     emb = get_in() if callable(get_in) else None
@@ -195,10 +155,16 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     width = emb.weight.shape[-1] if plain(emb) else dims.hidden
     # Musicgen: one embedding and one head per codebook (ModuleLists), each vocabulary-parallel.
     emb_ok = plain(emb) or _each_of(emb, lambda m: plain(m) and m.weight.shape[-1] == dims.hidden)
+    # Column-parallel on the vocabulary takes any input width: the whole input is on every rank.
+    # RemBERT's head reads output_embedding_size features from a projection outside the layers.
     head_ok = head is not None and (
-        (is_linear(head) and head.in_features in (dims.hidden, width))
-        or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
+        is_linear(head) or _each_of(head, lambda m: is_linear(m) and m.in_features == dims.hidden)
     )
+    if is_linear(head) and head.in_features not in (dims.hidden, width):
+        found.sp_problems.append(
+            f"the output head reads {head.in_features} features, not the hidden size {dims.hidden}: "
+            "what maps the hidden state to them is not sequence-sharded"
+        )
     reader = _weight_reader(model, paths[id(emb)]) if emb_ok else None
     if reader is not None and reader[2] and reader[1]:
         # Rows only, by a module below the root: read whole from the sharded weight there
@@ -216,7 +182,7 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     elif emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
-        found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear from the hidden size", "output")
+        found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear (or one per codebook from the hidden size)", "output")
     tied = emb is not None and head is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
     if tied and emb_ok != head_ok:
         # One parameter cannot be both sharded and whole: keep the shardable end whole too.
@@ -281,64 +247,18 @@ def _group_of(kind: str) -> str:
     return kind if kind in ("attention", "mlp") else ("mlp" if kind == "moe" else "other")
 
 
-def _analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelDims, found: _Findings) -> None:
-    """A block split over two children of ``parent`` (BERT): the block, and what else its row-parallel
-    half holds (norms on the residual stream; the rest computed whole after the reduction)."""
-    inner = parent.get_submodule(block.inner)
-    found.blocks.append(BlockPart(path, block, read_helper_block_call(type(parent), block.inner, type(inner))))
-    if block.inner_norm is not None:
-        found.keep(f"{path}.{block.inner}.{block.inner_norm}",
-                   "norm inside the block, before its column-parallel projections: sees the whole input", block.kind)
-    outer = parent.get_submodule(block.outer)
-    for name, child in outer.named_children():
-        child_path = f"{path}.{block.outer}.{name}"
-        if name == block.rowwise or not has_parameters(child):
-            continue
-        if is_per_feature(child, dims.hidden):
-            found.norms.append(child_path)
-            call = read_block_call(type(outer), name, type(child))
-            if call is None or call.positional < 1:
-                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
-            continue
-        found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
-                   f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
-
-
-def _split_blocks_by_child(parent: nn.Module, dims: ModelDims) -> dict[str, SplitBlock]:
-    """The split blocks of ``parent`` by the names of the two children each covers."""
-    return {name: block for block in recognize_split_blocks(parent, dims) for name in (block.inner, block.outer)}
-
-
-def _analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found: _Findings) -> bool:
-    """A layer child holding a split block (BERT's ``attention``: ``self`` and ``output``): the block,
-    and the child's other parts (per-feature norms). False, recording nothing, when it holds none."""
-    splits = _split_blocks_by_child(parent, dims)
-    if own_parameters(parent) or not splits:
-        return False
-    for name, child in parent.named_children():
-        child_path = f"{path}.{name}"
-        if name in splits and splits[name].inner == name:
-            _analyze_split(parent, path, splits[name], dims, found)
-        if name in splits or not has_parameters(child):
-            continue
-        if is_per_feature(child, dims.hidden):
-            found.norms.append(child_path)
-            call = read_block_call(type(parent), name, type(child))
-            if call is None or call.positional < 1:
-                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
-        else:
-            found.keep(child_path, f"not recognised beside the split block ({describe(name, child)})", "other",
-                       f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
-    return True
-
-
 def _analyze_layer(
-    layer: nn.Module, path: str, dims: ModelDims, found: _Findings, per_head_input: PerHeadInput | str | None = None
+    layer: nn.Module, path: str, dims: ModelDims, found: Findings, per_head_input: PerHeadInput | str | None = None
 ) -> None:
     if own_parameters(layer):
         names = ", ".join(own_parameters(layer))
+        # One value per feature or a scalar (Doge's residual scales): whole on every rank; under SP
+        # they meet the sequence-sharded residual as Replicate DTensors (SequenceParallelOwnParameters).
+        per_feature = all(shape in ((dims.hidden,), ()) for shape in own_parameters(layer).values())
         found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
-                   f"{path} has its own parameters ({names}) on the residual stream")
+                   None if per_feature else f"{path} has its own parameters ({names}) on the residual stream")
+        if per_feature:
+            found.residual_parameters.append(path)
     flat = recognize_layer_mlp(layer, dims)
     for up, down in flat:
         # No block around them: the column-parallel one takes the layer's hidden state itself.
@@ -355,11 +275,11 @@ def _analyze_layer(
                 f"{type(layer).__name__} routes its flattened hidden state to {name} itself, with no block to gather "
                 "the sequence for them"
             )
-    splits = _split_blocks_by_child(layer, dims)
+    splits = split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
         if name in splits and splits[name].inner == name:
-            _analyze_split(layer, path, splits[name], dims, found)
+            analyze_split(layer, path, splits[name], dims, found)
         if not has_parameters(child) or name in in_flat or name in splits:
             continue
         call = read_block_call(type(layer), name, type(child))
@@ -422,15 +342,20 @@ def _analyze_layer(
             else:
                 found.keep(child_path, why, "attention")
                 found.gathered.append(KeptPart(child_path, call))
-        elif isinstance(recognized, ShardedBlock) and (recognized.head_parameters or recognized.shared_parameters) and call is None:
-            # Its per-head parameters are split by the block's own input style: it must be where the layer calls it.
-            found.keep(child_path, "attention with per-head parameters whose call by the layer the reader cannot follow",
+        elif isinstance(recognized, ShardedBlock) and (
+            recognized.head_parameters or recognized.shared_parameters or recognized.input_sharded
+        ) and call is None:
+            # Its per-head parameters or its input's slice come from the block's own input style: it
+            # must be where the layer calls it.
+            own = recognized.head_parameters or recognized.shared_parameters
+            what = "per-head parameters" if own else "a forward shaped by its input's width"
+            found.keep(child_path, f"attention with {what} whose call by the layer the reader cannot follow",
                        "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
         elif isinstance(recognized, Mamba1Block):  # its style takes the hidden state however the layer passes it
             found.blocks.append(BlockPart(child_path, recognized, call))
-        elif _analyze_parent_of_split(child, child_path, dims, found):
+        elif analyze_parent_of_split(child, child_path, dims, found):
             continue
         elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
             found.blocks.append(BlockPart(child_path, alike, call))
@@ -443,7 +368,7 @@ def _analyze_layer(
             found.gathered.append(KeptPart(child_path, call))
 
 
-def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: _Findings) -> None:
+def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: Findings) -> None:
     """Modules outside the decoder layers: per-feature ones (final norm) and what stays replicated."""
     if id(module) in anchors or not has_parameters(module):
         return
@@ -509,7 +434,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     if dims is None:
         return _failed(class_name, "its config states no hidden size")
     paths = {id(m): name for name, m in model.named_modules()}
-    found = _Findings()
+    found = Findings()
     ends = _find_ends(model, dims, paths, found)
     stack = find_decoder_stack(model, paths[id(ends.embedding)] if ends.embedding is not None else "")
     if stack is None:
@@ -551,6 +476,7 @@ def analyze_model(model: nn.Module) -> Analysis:
         embedding_scaled=ends.embedding_ok and is_scaled_embedding(ends.embedding),
         token_tables=tuple(found.token_tables),
         embedding_row_readers=tuple(found.row_readers),
+        residual_parameters=tuple(found.residual_parameters),
     )
 
 

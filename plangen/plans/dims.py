@@ -107,3 +107,8 @@ def wrapped_linear(module: nn.Module) -> tuple[str, nn.Linear] | None:
     (name, child), = children
     return (name, child) if is_linear(child) else None
 
+
+def describe(name: str, module: nn.Module) -> str:
+    """``name (Class: param (shape), ...)``: how findings name a module."""
+    shapes = ", ".join(f"{n} {tuple(s)}" for n, s in own_parameters(module).items())
+    return f"{name} ({type(module).__name__}{': ' + shapes if shapes else ''})"

@@ -25,6 +25,7 @@ from plangen.plans.forward_source import (
 )
 from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' shared vocabulary
     ModelDims,
+    describe,
     has_parameters,
     is_linear,
     is_per_feature,
@@ -35,15 +36,13 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
 )
 from plangen.plans.recognize_gated import read_output_gates
 from plangen.plans.paired_source import read_paired_heads
+from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attention  # noqa: F401 - re-exported
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
 from plangen.plans.recognize_short_conv import recognize_short_conv
-
-
-def describe(name: str, module: nn.Module) -> str:
-    shapes = ", ".join(f"{n} {tuple(s)}" for n, s in own_parameters(module).items())
-    return f"{name} ({type(module).__name__}{': ' + shapes if shapes else ''})"
+from plangen.plans.split_source import read_fed_from
+from plangen.plans.width_source import read_input_only_sized_and_projected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +93,12 @@ class ShardedBlock:
     # (each rank its slice of both: whole pairs), and the block's own parameters, reduced to one scalar
     # every head shares, replicated with their gradient summed (plangen.attention_styles.PairedHeadsAttentionInput).
     shared_parameters: tuple[str, ...] = ()
+    # The forward shapes by its input's own width (TrOCR): it is handed this rank's slice of the
+    # hidden dimension, which each column-parallel projection all-gathers (plangen.plans.width_source).
+    input_sharded: bool = False
+    # Linears from all KV heads' values to one value per KV head (Doge's dynamic-mask dt_proj):
+    # row-parallel, the partial sums reduce-scattered to this rank's heads.
+    head_gates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,22 +227,29 @@ def recognize_attention(
                 f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
                 "column-parallel projection's output, so it cannot be sharded with its heads",
             )
-    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole})
+    # Doge's dt_proj: all KV heads' values to one value per KV head, row-parallel to this rank's heads.
+    head_gates = tuple(
+        name for name, m in block.named_children() if is_linear(m) and name not in {*reading, *outputs}
+        and (m.in_features, m.out_features) == (k * d, k) and read_fed_from(type(block), name, frozenset(reading))
+    )
+    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole, *head_gates})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     shapes = read_shape_sizes(type(block))
-    if shapes is not None and shapes.input_width:
-        return KeptBlock(
-            "attention",
-            "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
-            "which is all heads' width: a rank holding some heads cannot follow it",
-        )
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     # Wrapped projections: the KV replication styles find k/v among the block's own nn.Linear children only.
     wrapped = any("." in name for name in (*reading, *outputs))
     kv = tuple(
         name for name, m in reading.items() if m.out_features == k * d and name not in gates.names
     ) if k < n and not whole and not wrapped else ()
+    # TrOCR: handed this rank's slice of its input, the width it unpacks is its heads' width.
+    input_sharded = shapes is not None and shapes.input_width
+    if input_sharded and (kv or not read_input_only_sized_and_projected(type(block), frozenset(reading))):
+        return KeptBlock(
+            "attention",
+            "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
+            "which is all heads' width, and reads its input otherwise too: a rank holding some heads cannot follow it",
+        )
     heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
@@ -249,7 +261,8 @@ def recognize_attention(
         return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), (), tuple(whole),
                             fused=tuple((name, (1, 1)) for name in reading), shared_parameters=tuple(own))
     return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), gates.fused,
-                        head_attributes=heads, head_parameters=tuple(own), reads_shared_kv=kv_shared)
+                        head_attributes=heads, head_parameters=tuple(own), reads_shared_kv=kv_shared,
+                        input_sharded=input_sharded, head_gates=head_gates)
 
 
 def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
@@ -350,42 +363,6 @@ def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, s
             continue  # another block reads the intermediate too: it would see only a slice
         pairs.append((up, down))
     return tuple(pairs)
-
-
-@dataclass(frozen=True)
-class LatentBlock:
-    """Multi-head latent attention (DeepSeek-V2/V3's layout, copied by MiniCPM3, GLM-4-MoE-Lite...):
-    sharded by heads as :func:`plangen.plans.latent.latent_attention_entries` says."""
-
-    query_latent: bool  # q_a_proj -> q_a_layernorm -> q_b_proj, else q_proj
-    kind: str = "attention"
-
-
-# transformers' names of the latent attention's modules: MlaAttentionParallel hooks them by name.
-_LATENT_PARTS = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
-_QUERY_PARTS = ({"q_a_proj", "q_a_layernorm", "q_b_proj"}, {"q_proj"})
-
-
-def recognize_latent_attention(block: nn.Module, dims: ModelDims) -> LatentBlock | None:
-    """transformers' multi-head latent attention, with nothing else in it (no sparse-attention indexer):
-    its rope width readable from its shapes, its up-projections a whole number of heads."""
-    from plangen.mla_styles import rope_width
-
-    names = {name for name, child in block.named_children() if has_parameters(child)}
-    query = next((q for q in _QUERY_PARTS if names == _LATENT_PARTS | q), None)
-    if query is None or own_parameters(block) or not dims.heads:
-        return None
-    ups = [getattr(block, n) for n in ("kv_b_proj", "q_b_proj" if "q_b_proj" in query else "q_proj")]
-    out = getattr(block, "o_proj")
-    if not all(is_linear(m) for m in (*ups, out)) or out.out_features != dims.hidden:
-        return None
-    if any(m.out_features % dims.heads for m in ups) or out.in_features % dims.heads:
-        return None
-    try:
-        rope_width(block)
-    except ValueError:
-        return None
-    return LatentBlock("q_b_proj" in query)
 
 
 def _is_mixture_of_experts(block: nn.Module, dims: ModelDims) -> bool:

@@ -98,11 +98,39 @@ def _is_rest_of(node: ast.AST, name: str) -> bool:
     )
 
 
-def _bound_once_to(function: ast.FunctionDef, call: ast.Call) -> str | None:
+def _chunked_child(cls: type, node: ast.AST) -> str | None:
+    """``A`` for ``apply_chunking_to_forward(self.m, ...)`` where method ``m`` of ``cls`` is only
+    ``return self.A(<its argument>)`` (X-MOD's layer: ``feed_forward_chunk`` returns
+    ``self.intermediate(x)``). The chunks are slices of the sequence, concatenated back: the value is
+    ``A``'s output."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "apply_chunking_to_forward"
+            and node.args and isinstance(node.args[0], ast.Attribute) and isinstance(node.args[0].value, ast.Name)
+            and node.args[0].value.id == "self"):
+        return None
+    method = inspect.getattr_static(cls, node.args[0].attr, None)
+    if not inspect.isfunction(method):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method))).body[0]
+    except (OSError, TypeError, SyntaxError, IndentationError, IndexError):
+        return None
+    body = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # type: ignore[attr-defined]
+    params = [a.arg for a in tree.args.args[1:]]  # type: ignore[attr-defined]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or len(params) != 1:
+        return None
+    returned = body[0].value
+    if (_self_call_name(returned) is None or returned.keywords or len(returned.args) != 1  # type: ignore[union-attr]
+            or not (isinstance(returned.args[0], ast.Name) and returned.args[0].id == params[0])):  # type: ignore[union-attr]
+        return None
+    return _self_call_name(returned)
+
+
+def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None = None) -> str | None:
     """The child whose first output alone is ``call``'s first argument: ``x = self.A(...)`` or
     ``x, _ = self.A(...)`` then ``call(x, ...)``, or ``x = self.A(...)`` then ``call(x[0], ...)``, the
     assignment a plain statement of the function body, ``x`` read nowhere else before its next
-    assignment (but as ``x[1:]``, the outputs after the first)."""
+    assignment (but as ``x[1:]``, the outputs after the first). ``x`` may also be a method of ``cls``
+    returning ``self.A(...)`` applied in chunks (:func:`_chunked_child`)."""
     arg = call.args[0] if call.args else None
     first_of = isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Constant) and arg.slice.value == 0
     name_node = arg.value if first_of else arg  # type: ignore[union-attr]
@@ -118,6 +146,8 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call) -> str | None:
     if isinstance(target, (ast.Tuple, ast.List)) and target.elts and not first_of:
         target = target.elts[0]
     source = _self_call_name(producing.value)
+    if cls is not None and source is None:
+        source = _chunked_child(cls, producing.value)
     if source is None or not (isinstance(target, ast.Name) and target.id == name):
         return None
     later = [a for a in assigns if _position(a) > _position(producing)]
@@ -144,7 +174,7 @@ def read_fed_by(parent_cls: type) -> dict[str, str]:
         for name, calls in _calls_in(tree).items():
             counts[name] = counts.get(name, 0) + len(calls)
             for call, _ in calls:
-                source = _bound_once_to(tree, call)
+                source = _bound_once_to(tree, call, parent_cls)
                 if source is not None:
                     found[name] = source
     return {name: source for name, source in found.items() if counts[name] == 1 and counts.get(source) == 1}
@@ -253,3 +283,24 @@ def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> fr
         if (name := _self_call_name(node)) is not None
         and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in alike  # type: ignore[attr-defined]
     )
+
+
+@lru_cache(maxsize=None)
+def read_fed_from(block_cls: type, child: str, sources: frozenset[str]) -> bool:
+    """True when ``block_cls.forward`` calls ``self.<child>`` exactly once, on an expression of
+    variables each assigned from a call of one of ``sources`` (Doge's ``dt_proj(value_states
+    .transpose(1, 2).reshape(...))``, ``value_states = self.v_proj(...)...``), and of nothing else."""
+    tree = _forward_tree(block_cls)
+    if tree is None:
+        return False
+    calls = [n for n in ast.walk(tree) if _self_call_name(n) == child]
+    if len(calls) != 1 or len(calls[0].args) != 1 or calls[0].keywords:  # type: ignore[attr-defined]
+        return False
+    names = {n.id for n in ast.walk(calls[0].args[0]) if isinstance(n, ast.Name)}  # type: ignore[attr-defined]
+    if not names:
+        return False
+    fed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(_self_call_name(n) in sources for n in ast.walk(node.value)):
+            fed |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+    return names <= fed

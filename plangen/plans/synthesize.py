@@ -34,6 +34,7 @@ from typing import Any, Callable, TypeVar
 
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import Placement
 
 from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
@@ -56,19 +57,20 @@ SEQ = Shard(1)
 Item = TypeVar("Item", PlanEntry, Replicated)
 
 
-def _input_layouts(call: BlockCall, sp: bool) -> dict[str, Any]:
-    """PrepareModuleInput's layouts for the hidden state, where the layer passes it: the block sees it whole."""
+def _input_layouts(call: BlockCall, sp: bool, desired: Placement = Replicate()) -> dict[str, Any]:
+    """PrepareModuleInput's layouts for the hidden state, where the layer passes it: the block sees it
+    whole (or as ``desired``)."""
     if call.keyword is not None:
         return dict(
             input_layouts=None,
             desired_input_layouts=None,
             input_kwarg_layouts={call.keyword: SEQ if sp else Replicate()},
-            desired_input_kwarg_layouts={call.keyword: Replicate()},
+            desired_input_kwarg_layouts={call.keyword: desired},
         )
     rest = (None,) * (call.positional - 1)
     return dict(
         input_layouts=(SEQ if sp else Replicate(), *rest),
-        desired_input_layouts=(Replicate(), *rest),
+        desired_input_layouts=(desired, *rest),
         input_kwarg_layouts=None,
         desired_input_kwarg_layouts=None,
     )
@@ -248,6 +250,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         why = f"{gathered}; one gradient reduction per block in backward"
         if block.gate_statistics:
             style, why = "ActivationSparsityParallel", f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)"
+        if block.input_sharded:  # its forward reshapes by the input's own width: hand it this rank's
+            prepared = dict(**_input_layouts(call, sp, desired=Shard(-1)), use_local_output=True)
+            why = (("an all-to-all to " if sp else "") + "this rank's slice of the hidden dimension, the width its forward "
+                   "unpacks; each column-parallel projection all-gathers it (a reduce-scatter back in backward)")
         if heads:
             prepared["head_attributes"] = heads
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
@@ -258,7 +264,7 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 f"{why}; heads paired i, i + H/2 (whole pairs per rank); its {', '.join(block.shared_parameters)}, "
                 "shared by every head, replicated with their gradient summed over TP")
         entries.append(PlanEntry(part.path, style, prepared, group, why))
-        colwise_input = Replicate()
+        colwise_input = Shard(-1) if block.input_sharded else Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
     else:
         if heads:
@@ -277,6 +283,15 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             entries.append(PlanEntry(f"{part.path}.{name}", "KVHeadsColwiseParallel", colwise, group, why))
         else:
             entries.append(_colwise_entry(f"{part.path}.{name}", block, name, colwise_input, group, colwise_why))
+    for name in block.head_gates:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}", "RowwiseParallel",
+                dict(input_layouts=Shard(-1), output_layouts=Shard(-1), use_local_output=True), group,
+                "reads every KV head's values, one output per KV head: row-parallel on this rank's heads, "
+                "the partial sums reduce-scattered to this rank's heads' outputs",
+            )
+        )
     for name in block.per_head_norms:
         entries.append(
             PlanEntry(
@@ -345,6 +360,10 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
             )
             for path in analysis.positions
         ]
+    if sp:
+        entries += [PlanEntry(path, "SequenceParallelOwnParameters", {}, "other",
+                              "own per-feature parameters on the sequence-sharded residual: Replicate DTensors in its "
+                              "forward, their gradient summed over TP") for path in analysis.residual_parameters]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
     for layer, head_input in analysis.head_inputs:

@@ -1,0 +1,61 @@
+"""What :func:`plangen.plans.analysis.analyze_model` collects while it walks a model: the blocks it
+shards at concrete paths, the replicated blocks it can wrap under sequence parallelism, and what it
+keeps whole and why. Plain data, shared by the walkers of :mod:`plangen.plans.analysis` and
+:mod:`plangen.plans.analysis_split`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from plangen.plan import Replicated
+from plangen.plans.forward_source import BlockCall
+from plangen.plans.per_head_inputs import PerHeadInput
+from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
+from plangen.plans.recognize_mamba1 import Mamba1Block
+from plangen.plans.recognize_mamba2 import Mamba2Block
+from plangen.plans.recognize_split import SplitBlock
+
+
+@dataclass(frozen=True)
+class BlockPart:
+    """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
+
+    path: str  # for a SplitBlock: the parent of its two halves
+    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | Mamba1Block | Mamba2Block
+    call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
+    # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
+    modified_in_place: bool = False
+
+
+@dataclass(frozen=True)
+class KeptPart:
+    """A replicated block of a decoder layer that its layer calls in a way the reader could follow.
+
+    Under sequence parallelism such a block gets the whole sequence (one all-gather of its input)
+    and hands back this rank's sequence shard of its output (a local slice; its gradient is
+    all-gathered in backward): it computes whole and identical on every rank, as under plain TP.
+    """
+
+    path: str
+    call: BlockCall
+
+
+
+@dataclass
+class Findings:
+    norms: list[str] = field(default_factory=list)
+    blocks: list[BlockPart] = field(default_factory=list)
+    kept: list[Replicated] = field(default_factory=list)
+    gathered: list[KeptPart] = field(default_factory=list)
+    sp_problems: list[str] = field(default_factory=list)
+    head_inputs: list[tuple[str, PerHeadInput]] = field(default_factory=list)
+    token_tables: list[tuple[str, bool]] = field(default_factory=list)
+    residual_parameters: list[str] = field(default_factory=list)
+    row_readers: list[tuple[str, str]] = field(default_factory=list)
+
+    def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
+        self.kept.append(Replicated(path, why, group))
+        if sp_problem is not None:
+            self.sp_problems.append(sp_problem)
