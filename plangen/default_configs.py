@@ -42,6 +42,9 @@ def _dbrx_rope_theta(config: Any) -> dict[str, Any]:
     # config has no such field, yet the attention reads it (and the rotary embedding reads the same
     # value from rope_parameters, whose default is 10000): both get the released value.
     config.attn_config.rope_theta = 500000.0
+    # clip_qkv 8 as released: at None the attention clamps with neither bound, which torch refuses.
+    if config.attn_config.clip_qkv is None:
+        config.attn_config.clip_qkv = 8.0
     return {"rope_parameters": {**(config.rope_parameters or {}), "rope_theta": 500000.0}}
 
 

@@ -137,12 +137,19 @@ def test_chosen_plan_is_plain_data():
 
 @pytest.mark.parametrize(
     "spec, failing",
-    # Wrong logits, silently (Apertus-1.5's HF plan, wrong gradients, was refused here until its
-    # synthesized plan was proven: test_apertus_gets_its_proven_synthesized_plan_not_the_wrong_hf_one).
+    # Wrong logits, silently: Gemma 3n's Hugging Face plan, as the sweep recorded it before its
+    # synthesized plan was proven (Apertus-1.5's HF plan, wrong gradients, was refused here until
+    # its synthesized one was: test_apertus_gets_its_proven_synthesized_plan_not_the_wrong_hf_one).
     [("gemma3n_text", "logits differs")],
 )
-def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(spec, failing):
+def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(spec, failing, monkeypatch):
+    from plangen.plans import proven
+
     model = meta(spec)
+    record = {"plan": "none", "tp": False, "sp": False, "error": "tp: tp2 rank 0: RuntimeError: shapes",
+              "hf": {"tp": False, "error": "tp: tp2 rank 0: logits differs by 1.2e-01"}}
+    records = {**proven.load_proven(), type(model).__name__: record}
+    monkeypatch.setattr(proven, "load_proven", lambda: records)
     with pytest.raises(NoPlanError) as info:
         choose_plan(model, False)
     message = str(info.value)

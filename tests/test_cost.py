@@ -225,6 +225,21 @@ def test_per_kind_counts_come_from_the_layers_the_collectives_ran_in():
     assert split_by_kind(base, ["a", "a"], {key: Fraction(3)}) == {}  # one kind: the average is exact
 
 
+def test_per_kind_counts_are_what_one_more_layer_of_each_kind_adds():
+    """A run with one more layer of each kind adds that kind's collectives; trusted only where they
+    add up to the per-layer part of the deeper run."""
+    from plangen.cost.scaling import count_by_kind
+
+    f, b = "forward", "backward"
+    base = [Sample(f, "all_reduce", 64), Sample(f, "all_reduce", 64), Sample(b, "allreduce_", 8)]
+    extra = {"a": base + [Sample(f, "all_reduce", 64)], "b": base + [Sample(b, "allreduce_", 8), Sample(b, "allreduce_", 8)]}
+    fk, bk = (f, "all_reduce", 64), (b, "allreduce_", 8)
+    counts = count_by_kind(base, ["a", "b"], extra, {fk: Fraction(1), bk: Fraction(2)})
+    assert counts == {fk: (("a", Fraction(1)), ("b", Fraction(0))), bk: (("a", Fraction(0)), ("b", Fraction(2)))}
+    assert count_by_kind(base, ["a", "b"], extra, {fk: Fraction(2), bk: Fraction(2)}) == {}
+    assert count_by_kind(base, ["a", "b"], {"a": extra["a"]}, {fk: Fraction(1)}) == {}  # a kind without its run
+
+
 def _direct_tp_measurement(config_path: str, plan: str, sequence_parallel: bool):
     """The plan's TP collectives measured on the model of ``config_path`` itself, at its size."""
     from plangen.cost.choices import resolve_plan_choice

@@ -438,7 +438,6 @@ def test_tiny_model_dtype():
 # an entry goes stale loudly once transformers fixes it); real checkpoints set the missing sizes.
 DEFAULT_CONFIG_BROKEN = {
     "cohere_compass_text": "default rope_parameters is empty but the model reads per-type entries",
-    "dbrx": "DbrxAttentionConfig lacks rope_theta that the modeling file reads",
     "gemma4_assistant": "default config fails its own validation (hidden_size_per_layer_input)",
     "qwen4_exp": "default indexer sizes are None",
     "qwen4_exp_text": "default indexer sizes are None",
@@ -518,3 +517,19 @@ def test_a_users_config_is_not_completed(tmp_path):
 
     AutoConfig.for_model("dots1").save_pretrained(tmp_path)
     assert resolve_model(str(tmp_path)).config.n_routed_experts is None
+
+
+def test_per_layer_head_counts_shrink_with_the_head_count():
+    """Laguna states its heads per layer too (num_attention_heads_per_layer): left at the real 48
+    with the tiny width, the tiny attention's q_proj had 4x the heads its config said, the
+    synthesizer did not recognise it, and the sweep proved a plan that kept the attention whole
+    while the real model's plan shards it."""
+    from plangen.models import resolve_model, text_config
+    from plangen.shrink import build_tiny_model, shrink_config
+
+    resolved = resolve_model("LagunaForCausalLM")
+    tiny = text_config(shrink_config(resolved.config, 2))
+    assert tiny.num_attention_heads < text_config(resolved.config).num_attention_heads
+    assert set(tiny.num_attention_heads_per_layer) == {tiny.num_attention_heads}
+    attention = build_tiny_model(resolved).model.layers[0].self_attn
+    assert attention.q_proj.out_features == tiny.num_attention_heads * tiny.head_dim

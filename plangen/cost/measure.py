@@ -14,7 +14,7 @@ import copy
 import logging
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -253,6 +253,31 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
     return config
 
 
+def config_with_extra_layer(config: Any, index: int) -> Any | None:
+    """A copy with one more layer like layer ``index``, appended; None where the layers' kinds are
+    not per-layer lists alone (index lists, leading, trailing or periodic layer counts would move)."""
+    from plangen.shrink import _LAYER_PERIOD_KEYS, _LEADING_LAYER_KEYS, _TRAILING_LAYER_KEYS, is_layer_index_list
+
+    text = text_config(config)
+    layers = count_layers(config)
+    if any(
+        is_layer_index_list(key, value, layers)
+        or (key in _LEADING_LAYER_KEYS + _TRAILING_LAYER_KEYS and value)
+        or (key in _LAYER_PERIOD_KEYS and _is_int(value) and value > 1)
+        for key, value in vars(text).items()
+    ):
+        return None
+    lists = [key for key, value in vars(text).items() if isinstance(value, list) and len(value) == layers]
+    if not lists:
+        return None
+    config = copy.deepcopy(config)
+    text = text_config(config)
+    for key in lists:
+        getattr(text, key).append(getattr(text, key)[index])
+    text.num_hidden_layers = layers + 1
+    return config
+
+
 def config_with_more_layers(config: Any, factor: int = 2) -> Any:
     """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern, so do
     lists of layer indices (Llama-4's ``moe_layers``: ``[0, 1]`` becomes ``[0, 1, 2, 3]``, not the
@@ -418,6 +443,8 @@ class Measurement:
     probes: list[Probe]
     doubled: StepRun
     dimensions: dict[str, int]
+    # A hybrid stack's runs with one more layer of each kind (config_with_extra_layer), by kind.
+    extra: dict[str, StepRun] = field(default_factory=dict)
 
 
 def _replicates_kv_heads(text: Any, tp_size: int) -> bool:
@@ -462,4 +489,10 @@ def measure_tp_collectives(
         )
         probes.append(Probe(factors, probed.samples))
     doubled = run(config_with_more_layers(tiny_config))
-    return Measurement(base, probes, doubled, dims)
+    extra = {}
+    if len(set(base.kinds)) > 1:
+        for index, kind in enumerate(base.kinds):
+            config = config_with_extra_layer(tiny_config, index) if kind not in extra else None
+            if config is not None:
+                extra[kind] = run(config)
+    return Measurement(base, probes, doubled, dims, extra)

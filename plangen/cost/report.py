@@ -192,6 +192,7 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
             measured.base.layers,
             measured.doubled.layers,
             measured.base.kinds,
+            {kind: run.samples for kind, run in measured.extra.items()},
         )
         _TERMS_CACHE[key] = (terms, measured.dimensions)
     terms, shrunk = _TERMS_CACHE[key]

@@ -142,9 +142,11 @@ def derive_terms(
     base_layers: int,
     doubled_layers: int,
     kinds: Sequence[str] = (),
+    extra: Mapping[str, Sequence[Sample]] | None = None,
 ) -> list[Term]:
     """Exponents, fixed and per-layer counts of every collective, from the measured runs; with the
-    base run's layer ``kinds``, per-layer counts of each kind too (:func:`split_by_kind`)."""
+    base run's layer ``kinds``, per-layer counts of each kind too: from ``extra`` (runs with one more
+    layer of each kind, :func:`count_by_kind`), else from the layers they ran in (:func:`split_by_kind`)."""
     exponents: list[dict[str, int]] = [{} for _ in base]
     for probe in probes:
         _same_sequence(base, probe.samples, "the model's sizes")
@@ -189,7 +191,8 @@ def derive_terms(
         if fixed < 0 or fixed.denominator != 1:
             raise CostError("collectives do not split into a fixed part and a per-layer part: cannot scale its layers")
         terms.append(Term(*key, exponents=by_key[key], fixed=int(fixed), per_layer=per_layer))
-    by_kind = split_by_kind(base, kinds, {t_key(t): t.per_layer * base_layers for t in terms})
+    in_layers = {t_key(t): t.per_layer * base_layers for t in terms}
+    by_kind = count_by_kind(base, kinds, extra or {}, in_layers) or split_by_kind(base, kinds, in_layers)
     return [replace(t, per_kind=by_kind.get(t_key(t), ())) for t in terms]
 
 
@@ -197,29 +200,46 @@ def t_key(term: Term) -> tuple[str, str, int]:
     return (term.phase, term.op, term.nbytes)
 
 
+def count_by_kind(
+    base: Sequence[Sample], kinds: Sequence[str], extra: Mapping[str, Sequence[Sample]],
+    in_layers: Mapping[tuple[str, str, int], Fraction],
+) -> dict[tuple[str, str, int], tuple[tuple[str, Fraction], ...]]:
+    """Each collective's count per layer of each kind: what a run with one more layer of that kind
+    adds. Trusted where every kind has its run and the layers' counts add up to the per-layer part
+    the deeper run found (``in_layers``); else nothing."""
+    layers_of = Counter(kinds)
+    if len(layers_of) < 2 or set(extra) != set(layers_of):
+        return {}
+    counts = Counter((s.phase, s.op, s.nbytes) for s in base)
+    added = {kind: Counter((s.phase, s.op, s.nbytes) for s in run) - counts for kind, run in extra.items()}
+    if any(set(Counter((s.phase, s.op, s.nbytes) for s in run)) - set(counts) for run in extra.values()):
+        return {}
+    out = {}
+    for key, count in in_layers.items():
+        if sum(added[kind][key] * n for kind, n in layers_of.items()) != count:
+            return {}
+        out[key] = tuple(sorted((kind, Fraction(added[kind][key])) for kind in layers_of))
+    return out
+
+
 def split_by_kind(
     base: Sequence[Sample], kinds: Sequence[str], in_layers: Mapping[tuple[str, str, int], Fraction]
 ) -> dict[tuple[str, str, int], tuple[tuple[str, Fraction], ...]]:
-    """Each collective's count per layer of each kind, from the layer each one ran in.
+    """Each collective's count per layer of each kind, from the layer each one ran in (where no run
+    with one more layer of each kind can be made: kinds set by index lists or periods).
 
-    A hybrid stack shrunk keeps one layer of each kind (Qwen3.5: one linear, one full attention),
-    where the real one has them 3:1: the average per layer would count the real step at the shrunk
-    mix. Trusted only where the layers the collectives were seen in hold exactly the per-layer part
-    the deeper run found (``in_layers``: none of it issued outside a layer, none of the fixed part in
-    one); else nothing (the average stands)."""
+    Trusted per collective only where the layers it was seen in hold exactly its per-layer part
+    (``in_layers``): a parameter's gradient reduction can run after its layer's backward has handed
+    its input gradient on (ModTracker's end of the layer), outside every layer; those keep the average."""
     if not kinds or len(set(kinds)) == 1:
         return {}
-    seen: dict[tuple[str, str, int], Counter[str]] = {}
-    for sample in base:
-        if sample.layer is not None:
-            seen.setdefault((sample.phase, sample.op, sample.nbytes), Counter())[kinds[sample.layer]] += 1
-    if any(sum(seen.get(key, Counter()).values()) != count for key, count in in_layers.items()):
-        return {}
     layers_of = Counter(kinds)
-    return {
-        key: tuple(sorted((kind, Fraction(seen.get(key, Counter())[kind], n)) for kind, n in layers_of.items()))
-        for key in in_layers
-    }
+    out: dict[tuple[str, str, int], tuple[tuple[str, Fraction], ...]] = {}
+    for key, count in in_layers.items():
+        seen = Counter(kinds[s.layer] for s in base if (s.phase, s.op, s.nbytes) == key and s.layer is not None)
+        if sum(seen.values()) == count:
+            out[key] = tuple(sorted((kind, Fraction(seen[kind], n)) for kind, n in layers_of.items()))
+    return out
 
 
 def scale_factor(exponents: Iterable[tuple[str, int]], shrunk: Mapping[str, int], real: Mapping[str, int]) -> Fraction:
