@@ -395,7 +395,6 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
 def _linear_attention_step(layers: int, sequence_parallel: bool, variant: str = "optimized"):
     """Qwen3.5 with gated-delta-net layers only, under its synthesized plan (as the runtime picks it
     for the class; built here on this all-linear-attention model)."""
-    from plangen.plan import build_parallel_styles
     from plangen.plans.synthesize import build_synthesized_plan
     from plangen.plans.variants import build_plan_variant
 
@@ -404,13 +403,20 @@ def _linear_attention_step(layers: int, sequence_parallel: bool, variant: str = 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     plan = build_plan_variant(build_synthesized_plan(model, sequence_parallel), variant)
+    return (plan, *_tp2_step_counts(model, plan))
+
+
+def _tp2_step_counts(model, plan) -> tuple[dict[str, int], dict[str, int]]:
+    """``plan`` applied to ``model`` at TP 2: the collectives of one forward and of its backward."""
+    from plangen.plan import build_parallel_styles
+
     apply_tp(model, DeviceMesh("cpu", torch.arange(2)), build_parallel_styles(plan))
-    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with CollectiveCounter() as forward:
         logits = model(input_ids=ids).logits
     with CollectiveCounter() as backward:
         vocab_parallel_cross_entropy(logits, ids).backward()
-    return plan, merge_c10d_counts(forward.counts()), merge_c10d_counts(backward.counts())
+    return merge_c10d_counts(forward.counts()), merge_c10d_counts(backward.counts())
 
 
 def _linear_attention_per_layer(sequence_parallel: bool, variant: str = "optimized"):
@@ -579,7 +585,6 @@ def test_stable_variant_of_a_mamba2_mixer_only_gathers_forward(fake_pg, n_groups
 def _short_conv_step(layers: int, sequence_parallel: bool):
     """LFM3 with short-conv layers only, under its synthesized plan (built on this all-conv model)."""
     from plangen.models import resolve_model
-    from plangen.plan import build_parallel_styles
     from plangen.plans.synthesize import build_synthesized_plan
     from plangen.shrink import shrink_config
 
@@ -589,13 +594,7 @@ def _short_conv_step(layers: int, sequence_parallel: bool):
     model = AutoModelForCausalLM.from_config(config)
     plan = build_synthesized_plan(model, sequence_parallel)
     assert "GatedDeltaNetParallel" in {e.style for e in plan.entries}
-    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), build_parallel_styles(plan))
-    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    with CollectiveCounter() as forward:
-        logits = model(input_ids=ids).logits
-    with CollectiveCounter() as backward:
-        vocab_parallel_cross_entropy(logits, ids).backward()
-    return merge_c10d_counts(forward.counts()), merge_c10d_counts(backward.counts())
+    return _tp2_step_counts(model, plan)
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

@@ -28,15 +28,21 @@ def analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelDi
         if name == block.rowwise or not has_parameters(child):
             continue
         if is_per_feature(child, dims.hidden):
-            found.norms.append(child_path)
-            call = read_block_call(type(outer), name, type(child))
-            if call is None or call.positional < 1:
-                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+            _note_norm(outer, name, child, child_path, found)
             continue
         if _analyze_adapters(child, child_path, dims, found):
             continue
         found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
                    f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+
+
+def _note_norm(owner: nn.Module, name: str, child: nn.Module, path: str, found: Findings) -> None:
+    """A per-feature norm beside a split block: on the residual stream, so under SP it takes the
+    sequence shard its owner passes it first."""
+    found.norms.append(path)
+    call = read_block_call(type(owner), name, type(child))
+    if call is None or call.positional < 1:
+        found.sp_problems.append(f"cannot read that {path} takes the hidden state as its first argument")
 
 
 def _analyze_adapters(container: nn.Module, path: str, dims: ModelDims, found: Findings) -> bool:
@@ -72,10 +78,7 @@ def analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found
         if name in splits or not has_parameters(child):
             continue
         if is_per_feature(child, dims.hidden):
-            found.norms.append(child_path)
-            call = read_block_call(type(parent), name, type(child))
-            if call is None or call.positional < 1:
-                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+            _note_norm(parent, name, child, child_path, found)
         else:
             found.keep(child_path, f"not recognised beside the split block ({describe(name, child)})", "other",
                        f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
