@@ -246,11 +246,8 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
             new_heads, new_kv = new_heads * factor, new_kv * factor
         values[heads_key] = new_heads
         done.add(heads_key)
-        per_layer_key = aliases.get(f"{heads_name}_per_layer", f"{heads_name}_per_layer")
-        if isinstance(values.get(per_layer_key), list):
-            # Per-layer head counts (Laguna's) scale with the count they refine, or the tiny model's
-            # attention would have the real model's heads at the tiny width.
-            values[per_layer_key] = [max(1, h * new_heads // heads) for h in values[per_layer_key]]
+        if isinstance(per_layer := values.get(f"{heads_name}_per_layer"), list):  # Laguna's: scaled alike
+            values[f"{heads_name}_per_layer"] = [max(1, h * new_heads // heads) for h in per_layer]
         if kv_key:
             values[kv_key] = new_kv
             done.add(kv_key)
@@ -542,9 +539,7 @@ def _set_size(values: dict[str, Any], key, name: str, size: int, tp: int) -> Non
         values[k] = size
 
 
-def _cap_all(
-    values: dict[str, Any], key, names: tuple[str, ...], cap: int, keep_at_least: int = 0
-) -> None:
+def _cap_all(values: dict[str, Any], key, names: tuple[str, ...], cap: int, keep_at_least: int = 0) -> None:
     for name in names:
         if (k := key(name)) is not None and values[k] > cap:
             values[k] = max(cap, keep_at_least)
