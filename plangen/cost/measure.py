@@ -490,9 +490,9 @@ def measure_tp_collectives(
         probes.append(Probe(factors, probed.samples))
     doubled = run(config_with_more_layers(tiny_config))
     extra = {}
-    if len(set(base.kinds)) > 1:
-        for index, kind in enumerate(base.kinds):
-            config = config_with_extra_layer(tiny_config, index) if kind not in extra else None
-            if config is not None:
-                extra[kind] = run(config)
+    # A hybrid stack: one run per kind, with one more layer like its first of that kind.
+    for kind in dict.fromkeys(base.kinds) if len(set(base.kinds)) > 1 else ():
+        config = config_with_extra_layer(tiny_config, base.kinds.index(kind))
+        if config is not None:
+            extra[kind] = run(config)
     return Measurement(base, probes, doubled, dims, extra)

@@ -68,6 +68,11 @@ class Sample:
     nbytes: int
     layer: int | None = None  # the decoder layer it ran in, where known (None: outside them)
 
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """What tells collectives apart when they are counted: phase, op and size."""
+        return (self.phase, self.op, self.nbytes)
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -90,6 +95,10 @@ class Term:
     # Per decoder layer of each kind (measure.layer_kind), where the collectives' layers add up to
     # the per-layer part; empty where they do not (then the shrunk model's mix is assumed).
     per_kind: tuple[tuple[str, Fraction], ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.phase, self.op, self.nbytes)
 
 
 def kind_of(op: str) -> str:
@@ -166,7 +175,7 @@ def derive_terms(
 
     by_key: dict[tuple[str, str, int], tuple[tuple[str, int], ...]] = {}
     for sample, found in zip(base, exponents):
-        key = (sample.phase, sample.op, sample.nbytes)
+        key = sample.key
         signature = tuple(sorted(found.items(), key=lambda item: list(LETTERS).index(item[0])))
         if by_key.setdefault(key, signature) != signature:
             raise CostError(
@@ -177,8 +186,8 @@ def derive_terms(
     added_layers = doubled_layers - base_layers
     if added_layers <= 0:
         raise CostError("the model with more layers has no more layers: cannot separate per-layer collectives")
-    counts_base = Counter((s.phase, s.op, s.nbytes) for s in base)
-    counts_doubled = Counter((s.phase, s.op, s.nbytes) for s in doubled)
+    counts_base = Counter(s.key for s in base)
+    counts_doubled = Counter(s.key for s in doubled)
     if set(counts_doubled) - set(counts_base):
         raise CostError("the plan issues other collectives when the model has more layers: cannot scale its layers")
     terms = []
@@ -191,13 +200,9 @@ def derive_terms(
         if fixed < 0 or fixed.denominator != 1:
             raise CostError("collectives do not split into a fixed part and a per-layer part: cannot scale its layers")
         terms.append(Term(*key, exponents=by_key[key], fixed=int(fixed), per_layer=per_layer))
-    in_layers = {t_key(t): t.per_layer * base_layers for t in terms}
+    in_layers = {t.key: t.per_layer * base_layers for t in terms}
     by_kind = count_by_kind(base, kinds, extra or {}, in_layers) or split_by_kind(base, kinds, in_layers)
-    return [replace(t, per_kind=by_kind.get(t_key(t), ())) for t in terms]
-
-
-def t_key(term: Term) -> tuple[str, str, int]:
-    return (term.phase, term.op, term.nbytes)
+    return [replace(t, per_kind=by_kind.get(t.key, ())) for t in terms]
 
 
 def count_by_kind(
@@ -210,10 +215,11 @@ def count_by_kind(
     layers_of = Counter(kinds)
     if len(layers_of) < 2 or set(extra) != set(layers_of):
         return {}
-    counts = Counter((s.phase, s.op, s.nbytes) for s in base)
-    added = {kind: Counter((s.phase, s.op, s.nbytes) for s in run) - counts for kind, run in extra.items()}
-    if any(set(Counter((s.phase, s.op, s.nbytes) for s in run)) - set(counts) for run in extra.values()):
+    counts = Counter(s.key for s in base)
+    runs = {kind: Counter(s.key for s in run) for kind, run in extra.items()}
+    if any(set(run) - set(counts) for run in runs.values()):
         return {}
+    added = {kind: run - counts for kind, run in runs.items()}
     out = {}
     for key, count in in_layers.items():
         if sum(added[kind][key] * n for kind, n in layers_of.items()) != count:
@@ -236,7 +242,7 @@ def split_by_kind(
     layers_of = Counter(kinds)
     out: dict[tuple[str, str, int], tuple[tuple[str, Fraction], ...]] = {}
     for key, count in in_layers.items():
-        seen = Counter(kinds[s.layer] for s in base if (s.phase, s.op, s.nbytes) == key and s.layer is not None)
+        seen = Counter(kinds[s.layer] for s in base if s.key == key and s.layer is not None)
         if sum(seen.values()) == count:
             out[key] = tuple(sorted((kind, Fraction(seen[kind], n)) for kind, n in layers_of.items()))
     return out
