@@ -37,6 +37,12 @@ from torch.overrides import TorchFunctionMode
 
 VOCAB = Shard(0)  # the one layout both ends give the tied weight ([vocab, hidden] in both modules)
 
+
+def vocab_shard_start(rows: int, mesh: DeviceMesh) -> int:
+    """The first row this rank holds of a ``Shard(0)`` weight of ``rows`` rows: Shard(0) splits as
+    torch.chunk does, ceil(rows / tp) rows per rank, fewer on the last."""
+    return mesh.get_local_rank() * -(-rows // mesh.size())
+
 # id(original parameter) -> (the original, its sharded replacement), both weak: what the first end
 # of a pair left for the second.
 _HANDED_OVER: dict[int, tuple[weakref.ref, weakref.ref]] = {}
@@ -138,8 +144,7 @@ def apply_local_lookup(module: nn.Embedding, device_mesh: DeviceMesh, output_lay
         weight = mod.weight
         local = weight.to_local() if isinstance(weight, DTensor) else weight
         rows = local.shape[0]
-        # Shard(0) splits as torch.chunk does: ceil(vocab / tp) rows per rank, fewer on the last.
-        start = device_mesh.get_local_rank() * -(-weight.shape[0] // device_mesh.size())
+        start = vocab_shard_start(weight.shape[0], device_mesh)
         outside = (ids < start) | (ids >= start + rows)
         state.update(weight=weight, outside=outside, padding_idx=mod.padding_idx)
         pad = mod.padding_idx
@@ -191,7 +196,6 @@ class TiedHeadParallel(ColwiseParallel):
                     requires_grad=module.bias.requires_grad,
                 ),
             )
-
 
 
 class EmbeddingRowReadParallel(ParallelStyle):
@@ -256,8 +260,7 @@ class _RowReads(TorchFunctionMode):
         vocab = weight.shape[0]
         row %= vocab
         local = weight.to_local()
-        # Shard(0) splits as torch.chunk does: ceil(vocab / tp) rows per rank, fewer on the last.
-        start = self.mesh.get_local_rank() * -(-vocab // self.mesh.size())
+        start = vocab_shard_start(vocab, self.mesh)
         held = start <= row < start + local.shape[0]
         part = local[row - start] if held else local.new_zeros(local.shape[1:])
         from plangen.moe_styles import _SumOverMesh  # one all-reduce forward, the gradient as it is back

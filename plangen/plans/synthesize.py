@@ -175,11 +175,10 @@ def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: A
                                                            use_local_output=True), group, why)
     if block.shared_parameters:  # differential attention: its heads' two halves, not packed parts
         why = f"{why}; the heads' two halves (pairs i, i + H/2) re-laid out so each rank holds whole pairs"
-        return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
-                                                               use_local_output=True), group, why)
+    else:
+        why = f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part"
     return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
-                                                           use_local_output=True), group,
-                     f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part")
+                                                           use_local_output=True), group, why)
 
 
 def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
@@ -360,7 +359,6 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
             )
             for path in analysis.positions
         ]
-    if sp:
         entries += [PlanEntry(path, "SequenceParallelOwnParameters", {}, "other",
                               "own per-feature parameters on the sequence-sharded residual: Replicate DTensors in its "
                               "forward, their gradient summed over TP") for path in analysis.residual_parameters]
