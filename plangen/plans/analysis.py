@@ -15,6 +15,7 @@ whole sequence, see :class:`KeptPart`); anything else does not.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from torch import nn
 
@@ -166,17 +167,16 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
             "what maps the hidden state to them is not sequence-sharded"
         )
     reader = _weight_reader(model, paths[id(emb)]) if emb_ok else None
-    if reader is not None and reader[2] and reader[1]:
+    if reader is not None and reader.rows_only and reader.path:
         # Rows only, by a module below the root: read whole from the sharded weight there
         # (EmbeddingRowReadParallel on the reader; a plan names no style on the root).
-        found.row_readers.append((reader[1], reader[3]))
+        found.row_readers.append((reader.path, reader.embedding))
         found.sp_problems.append(
-            f"{reader[0]}'s forward mixes a row of the embedding's weight with the embedding's output, which "
+            f"{reader.cls}'s forward mixes a row of the embedding's weight with the embedding's output, which "
             "sequence parallelism would leave sequence-sharded"
         )
     elif reader is not None:
-        reader = reader[0]
-        found.keep(paths[id(emb)], f"{reader}'s forward reads its weight itself (not rows alone), where a "
+        found.keep(paths[id(emb)], f"{reader.cls}'s forward reads its weight itself (not rows alone), where a "
                    "vocabulary-sharded weight would meet the model's plain tensors", "embeddings")
         emb_ok = False
     elif emb is not None and not emb_ok:
@@ -202,16 +202,22 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     return _Ends(emb, head, emb_ok, head_ok)
 
 
-def _weight_reader(model: nn.Module, path: str) -> tuple[str, str, bool, str] | None:
-    """A module holding the embedding at ``path`` whose forward reads its weight, if any: (its class,
-    its path, whether it reads rows only, the embedding's path below it)."""
+class _WeightReader(NamedTuple):
+    cls: str  # the reading module's class
+    path: str  # the reading module's path ("" for the root)
+    rows_only: bool  # every read takes one row
+    embedding: str  # the embedding's path below the reader
+
+
+def _weight_reader(model: nn.Module, path: str) -> _WeightReader | None:
+    """A module holding the embedding at ``path`` whose forward reads its weight, if any."""
     parts = path.split(".")
     for depth in range(len(parts)):
         owner_path = ".".join(parts[:depth])
         owner = model.get_submodule(owner_path)
         if read_weight_reads(type(owner), parts[-1]):
             rows = read_weight_row_reads(type(owner), parts[-1])
-            return type(owner).__name__, owner_path, rows, ".".join(parts[depth:])
+            return _WeightReader(type(owner).__name__, owner_path, rows, ".".join(parts[depth:]))
     return None
 
 
