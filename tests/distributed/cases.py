@@ -265,11 +265,15 @@ def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: f
     ~lr per step, 10x the 1e-5 tolerance. ``eps`` (the ``adam_eps`` case key) bounds that
     amplification: a gradient that is zero in exact arithmetic (a key bias: softmax ignores it)
     is rounding noise of ~1e-10 on both sides, which eps=1e-8 turns into a full lr step of random
-    sign; eps=1e-6 turns a 1e-8 gradient difference into at most 1e-6 of parameter."""
+    sign; eps=1e-6 turns a 1e-8 gradient difference into at most 1e-6 of parameter.
+
+    The sharded model steps with fused AdamW, the reference with the plain per-tensor loop (the
+    definition): the same update, and on DTensors one sharding propagation per step instead of
+    one per parameter shape and op (~1 s of a launch's time per model at DP 2 x TP 2)."""
     if steps <= 0:
         return None
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-4, eps=eps, foreach=False)
-    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-4, eps=eps, foreach=False)
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-4, eps=eps, fused=True)
     for step in range(steps):
         if step:
             for m in (reference, sharded):
