@@ -53,36 +53,42 @@ _COMMENTED_KEY = re.compile(r"""^#\s*(?P<quote>["'])(?P<key>[^"']+)(?P=quote)\s*
 
 @dataclass
 class PlanPositions:
-    """Where each key of the plan is written, and the lines level 2 reads besides the plan itself."""
+    """Where each key of the plan is written, and the lines level 2 reads besides the plan itself.
 
-    keys: dict[str, tuple[int, int]] = field(default_factory=dict)
-    values: dict[str, tuple[int, int]] = field(default_factory=dict)
-    plan: tuple[int, int] = (1, 1)
+    Positions come from the parse only when a finding asks for one: libcst's position pass costs
+    twice the parse, and most files are clean."""
+
+    file: PlanFile | None = None
+    nodes: dict[str, tuple[cst.CSTNode, cst.CSTNode]] = field(default_factory=dict)  # key -> (key, value)
+    plan_node: cst.CSTNode | None = None
     replicated_on_purpose: list[str] = field(default_factory=list)
     ignores: dict[int, frozenset[str]] = field(default_factory=dict)
 
+    @property
+    def plan(self) -> tuple[int, int]:
+        return self.file.position(self.plan_node) if self.file is not None else (1, 1)
+
     def of(self, finding: ModelFinding) -> tuple[int, int]:
-        table = self.values if finding.at == "value" else self.keys
-        if finding.key is not None and finding.key in table:
-            return table[finding.key]
+        if finding.key is not None and finding.key in self.nodes:
+            key, value = self.nodes[finding.key]
+            return self.file.position(value if finding.at == "value" else key)  # type: ignore[union-attr]
         return self.plan
 
 
 def read_plan_positions(source: str) -> PlanPositions:
-    """Positions of the plan's keys and values, its commented-out keys and its ignore comments."""
+    """The plan's keys and values, its commented-out keys and its ignore comments."""
     plan = PlanFile(cst.parse_module(source))
-    positions = PlanPositions(ignores=plan.ignore_comments())
+    positions = PlanPositions(file=plan, ignores=plan.ignore_comments())
     for entry in plan.entries:
         key = string_value(entry.key)
-        if isinstance(key, str) and key not in positions.keys:
-            positions.keys[key] = plan.position(entry.key)
-            positions.values[key] = plan.position(entry.value)
+        if isinstance(key, str) and key not in positions.nodes:
+            positions.nodes[key] = (entry.key, entry.value)
     if plan.dicts:
-        positions.plan = plan.position(plan.dicts[0])
+        positions.plan_node = plan.dicts[0]
     elif plan.plan_values:
-        positions.plan = plan.position(plan.plan_values[0])
+        positions.plan_node = plan.plan_values[0]
     elif plan.functions:
-        positions.plan = plan.position(plan.functions[0].name)
+        positions.plan_node = plan.functions[0].name
     for plan_dict in plan.dicts:
         for comment in find_comments(plan_dict):
             match = _COMMENTED_KEY.match(comment.value)
