@@ -100,6 +100,7 @@ def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any) 
 def _main(target: str, world_size: int, out: Path, timeout: float) -> int:
     import torch  # noqa: F401 - imported once here, shared by every forked worker
     import transformers  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401 - what building any model imports first (~1 s a rank)
 
     fn = _import_target(target)
     payload = json.loads((out / "payload.json").read_text())
