@@ -721,3 +721,21 @@ def test_olmo2_1b_whole_projection_norms_bring_memory_to_the_ideal(fake_pg):
     assert plan.memory.total <= 1.001 * plan.memory.ideal
     small = {(c.phase, c.count) for c in plan.collectives if c.source == "TP" and c.tensor == "B·S" and c.scope == "per layer"}
     assert small == {("forward", 2 * 16), ("backward", 2 * 16)}
+
+
+def test_a_left_whole_parameter_takes_the_reason_of_the_nearest_entry_that_selects_its_module():
+    """Entry patterns match as plan keys do (``*`` is one segment): ``model.layers.*`` selects a layer,
+    never the projection inside its MLP, whose own entry gives the reason."""
+    from torch import nn
+
+    from plangen.cost.memory import read_left_whole
+    from plangen.plan import Replicated
+
+    mlp = nn.Module()
+    mlp.up = nn.Linear(4, 8, bias=False)  # 32
+    layer = nn.Module()
+    layer.mlp, layer.norm = mlp, nn.LayerNorm(4, bias=False)  # 4
+    model = nn.Module()
+    model.layers = nn.ModuleList([layer])
+    entries = [Replicated("layers.*", "the layer"), Replicated("layers.*.mlp", "the MLP")]
+    assert read_left_whole(model, entries) == [("layers.*.mlp", 32 / 36, "the MLP"), ("layers.*", 4 / 36, "the layer")]

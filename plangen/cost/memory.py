@@ -11,7 +11,6 @@ figures are rank 0's, the largest when shards are uneven.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -21,6 +20,7 @@ from torch import nn
 from plangen.cost.data import MemoryCost
 from plangen.cost.settings import CostSettings
 from plangen.fsdp_shard import fsdp_shard_dim
+from plangen.module_tree import key_matches
 from plangen.plan import Replicated
 
 ADAMW_STATES = 2
@@ -94,7 +94,7 @@ def read_left_whole(
     def entry_of(name: str) -> Replicated | None:
         parts = name.split(".")
         owners = [".".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]  # nearest module first
-        return next((e for owner in owners for e in entries if fnmatch.fnmatchcase(owner, e.pattern)), None)
+        return next((e for owner in owners for e in entries if key_matches(e.pattern, owner)), None)
 
     shards = read_parameter_shards(model)
     whole = sum(weight(s.name) * s.global_numel for s in shards) or 1
