@@ -6,7 +6,7 @@ GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, DiffLlama's paired he
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
 split by channels (Mamba, FalconMamba, Jamba; their full state dict at DP 2 x TP 2, and the stable
-variant, which keeps them whole), convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
+variant, which keeps them whole), RecurrentGemma's recurrent blocks split by their RG-LRU heads, convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on (off only for the BERT family, which has none): logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
 steps (eps 1e-6, see train_steps in tests/distributed/cases.py). The plan is forced to the
 synthesized one, and the committed sweep results (plangen/plans/proven.json, which the runtime
@@ -101,6 +101,9 @@ CLASSES = {
     "diffllama": ("DiffLlamaForCausalLM", False),
     # q/k/v/o are MoshiLinear wrappers of one nn.Linear (use_flexible_linear=False): the inner linear sharded.
     "moshi": ("MoshiForCausalLM", False),
+    # RecurrentGemma's recurrent blocks by their RG-LRU heads (plangen.recurrent_styles): linear_x/y
+    # column-parallel, conv_1d's channels and the block-diagonal gates with them, linear_out row-parallel.
+    "recurrent_gemma": ("RecurrentGemmaForCausalLM", True),
 }
 # No sequence parallel: the BERT family's (RemBERT's, X-MOD's) position and token-type embeddings are
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
@@ -117,7 +120,7 @@ TINY_CASES = {
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid", "diffllama"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks.
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
