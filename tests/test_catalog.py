@@ -231,3 +231,15 @@ def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     assert pattern == "backbone.blocks.*.mlstm_layer" and "not recognised as attention or MLP" in why
     assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
     assert render_left_whole(left).startswith(f"left whole at TP 2: backbone.blocks.*.mlstm_layer {share:.1%} (not recognised")
+
+
+def test_recurrent_gemma_shards_its_recurrent_blocks_at_full_size(fake_pg):
+    """RecurrentGemma-2B at TP 2: its recurrent blocks (81.1 % sharded while they stayed whole) are
+    split by their RG-LRU heads; what stays whole is the norms only."""
+    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share
+
+    fraction, left = measure_sharded_share(
+        lambda: build_full_size_model(Architecture("RecurrentGemmaForCausalLM", "recurrent_gemma"))
+    )
+    assert fraction >= 0.99
+    assert not [pattern for pattern, _, _ in left if "temporal_block" in pattern]

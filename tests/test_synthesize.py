@@ -405,6 +405,43 @@ def test_mamba1_mixer_with_an_unpaired_norm_stays_whole_and_says_why():
     assert found.kind == "mixer" and "not one norm each on dt, B and C" in found.why
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_recurrent_gemma_recurrent_blocks_are_split_by_their_rg_lru_heads(sequence_parallel):
+    """RecurrentGemma's recurrent block (an MLP's shape: two projections in, one out, which the MLP
+    recogniser would keep whole for its conv): linear_x/linear_y column-parallel, the conv's channels
+    and the RG-LRU's heads split by the block's and the RG-LRU's own styles, linear_out row-parallel;
+    nothing of it left whole."""
+    from plangen.plans.recognize import KeptBlock, read_dims, recognize_mlp
+
+    model = meta("recurrent_gemma")
+    block = model.model.layers[0].temporal_block
+    assert isinstance(recognize_mlp(block, read_dims(model)), KeptBlock)  # why it must be recognised first
+    plan = build_synthesized_plan(model, sequence_parallel)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    path = "model.layers.*.temporal_block"
+    entries = {e.pattern: e for e in plan.entries if e.pattern.startswith(path)}
+    assert {p: e.style for p, e in entries.items()} == {
+        path: "GatedDeltaNetParallel", f"{path}.linear_x": "ColwiseParallel", f"{path}.linear_y": "ColwiseParallel",
+        f"{path}.rg_lru": "RGLRUParallel", f"{path}.linear_out": "RowwiseParallel",
+    }
+    mixer = entries[path].kwargs
+    assert (mixer["input_layouts"], mixer["head_attributes"], mixer["conv_parts"]) == ((seq,), ("lru_width", "hidden_size"), (1,))
+    assert entries[f"{path}.linear_out"].kwargs["output_layouts"] == seq
+    assert not [r for r in plan.replicated if "temporal_block" in r.pattern]
+
+
+def test_recurrent_block_with_another_child_is_not_taken_for_one():
+    from plangen.plans.recognize import read_dims
+    from plangen.plans.recognize_recurrent import recognize_recurrent_block
+
+    model = meta("recurrent_gemma")
+    block = model.model.layers[0].temporal_block
+    dims = read_dims(model)
+    assert recognize_recurrent_block(block, dims).lru == "rg_lru"
+    block.extra = nn.Linear(dims.hidden, dims.hidden, device="meta")
+    assert recognize_recurrent_block(block, dims) is None
+
+
 def test_tied_embeddings_are_sharded_at_both_ends_alike():
     model = meta("gemma")
     assert model.lm_head.weight is model.model.embed_tokens.weight

@@ -122,8 +122,9 @@ PADDED = {"qwen3_5"}
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
               "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
-# Jamba's with left padding, which the mixer masks.
-STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
+# Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
+# gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
+STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba", "recurrent_gemma-stable": "recurrent_gemma"}
 MESHES = ("tp2", "dp2tp2")
 # Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers).
 HEAD_GATE_REDUCE_SCATTERS = {"doge": 2}

@@ -57,6 +57,7 @@ def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict
             entries.append(PlanEntry(
                 f"{path}.{name}", "ColwiseParallel",
                 dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True), group,
+                f"column-parallel by {block.lru}'s heads: each rank computes its own channels" if block.lru else
                 "column-parallel by key-head groups: each rank computes its own heads",
             ))
     if block.lru is not None:
