@@ -1,4 +1,7 @@
-"""RecurrentGemma's (Griffin's) RG-LRU split by its block-diagonal heads over TP.
+"""Recurrent mixers' per-head parts split by heads over TP: RecurrentGemma's RG-LRU, xLSTM's
+multi-head norm.
+
+RecurrentGemma's (Griffin's) RG-LRU, split by its block-diagonal heads over TP.
 
 transformers' ``RecurrentGemmaRglru`` computes, on the ``lru_width`` channels ``x`` its recurrent
 block hands it (``linear_x``, then the depthwise ``conv_1d``)::
@@ -22,11 +25,18 @@ so they are swapped for their local views during its forward (``to_local``'s bac
 gradient back to the ``Shard(0)`` DTensor: each rank's heads' gradient, exact, with no communication).
 The block around it is :class:`~plangen.linear_attention_styles.GatedDeltaNetParallel` (input
 prepared, ``conv_1d`` split, ``lru_width`` made local); see :mod:`plangen.plans.recognize_recurrent`.
+
+xLSTM's mLSTM layer normalises each head's output on its own (``xLSTMMultiHeadLayerNorm``: the
+statistics over one head's ``head_dim``, then one weight per feature of all heads, head-major), so a
+rank holding whole heads normalises them exactly: :class:`MultiHeadNormParallel` keeps this rank's
+heads' slice of the weight (and bias) ``Shard(0)`` and makes its head count (and feature count)
+this rank's; its input and output are this rank's heads as local tensors.
 """
 
 from __future__ import annotations
 
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle
 
@@ -85,3 +95,49 @@ class RGLRUParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(head_attribute={self.head_attribute!r})"
+
+
+# transformers' names: the multi-head norm's head count (checked against its input) and feature count.
+NORM_HEAD_COUNTS = ("num_heads", "num_features")
+
+
+def multi_head_norm_misfit(module: nn.Module, head_attributes: tuple[str, ...] = NORM_HEAD_COUNTS) -> str | None:
+    """Why ``module`` is not a per-head norm whose weight spans its heads (the end of a sentence), or None."""
+    own = dict(module.named_parameters(recurse=False))
+    if not own or any(c for c in module.children()):
+        return "is not a leaf with parameters of its own"
+    missing = [a for a in head_attributes if not isinstance(getattr(module, a, None), int)]
+    if missing:
+        return f"has no integer attribute {missing[0]}"
+    width = {tuple(p.shape) for p in own.values()}
+    if len(width) != 1 or len(next(iter(width))) != 1:
+        return f"has parameters of shapes {sorted(width)}, not one value per feature"
+    return None
+
+
+class MultiHeadNormParallel(ParallelStyle):
+    """A norm of each head on its own, its weight spanning all heads, on this rank's heads (see the
+    module docstring): weight and bias ``Shard(0)``, ``head_attributes`` divided by the TP size.
+    Input and output are local tensors (the column-parallel projections before it leave them so)."""
+
+    def __init__(self, *, head_attributes: tuple[str, ...] = NORM_HEAD_COUNTS) -> None:
+        super().__init__()
+        self.head_attributes = tuple(head_attributes)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from plangen.attention_styles import local_during_forward, shard_by_heads
+        from plangen.fused_styles import LocalHeadCounts
+
+        name = type(self).__name__
+        problem = multi_head_norm_misfit(module, self.head_attributes)
+        if problem is not None:
+            raise ValueError(f"{name}: {type(module).__name__} {problem}")
+        # The head counts first: whole heads per rank, refused before any parameter is touched.
+        LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
+        own = {n: p for n, p in module.named_parameters(recurse=False) if not isinstance(p, DTensor)}
+        shard_by_heads(module, own, device_mesh, name)
+        local_during_forward(module, [(module, p) for p in own])
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(head_attributes={self.head_attributes})"

@@ -48,7 +48,7 @@ from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
-from plangen.recurrent_styles import RGLRUParallel
+from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel
@@ -241,6 +241,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         Mamba1MixerParallel,
         Mamba2MixerParallel,
         RGLRUParallel,
+        MultiHeadNormParallel,
         GatedRMSNormParallel,
         GatheredGatedRMSNormParallel,
     )
@@ -503,6 +504,7 @@ __all__ = [
     "Mamba1MixerParallel",
     "Mamba2MixerParallel",
     "RGLRUParallel",
+    "MultiHeadNormParallel",
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",

@@ -10,9 +10,21 @@ the input projections column-parallel, the conv's channels and the RG-LRU's head
 (:class:`plangen.recurrent_styles.RGLRUParallel`), the output projection row-parallel.
 
 It runs before the MLP recogniser: the block has an MLP's shape (two projections in, one out).
+
+xLSTM's mLSTM layer (:func:`recognize_mlstm_layer`): input projections from the hidden size whose
+widths are whole heads (q, k ``qk_dim``; v, the output gate ``v_dim``; the input and forget gates
+one value per head), a multi-head norm over ``v_dim`` that normalises each head on its own
+(:func:`plangen.recurrent_styles.multi_head_norm_misfit`, its ``num_heads`` the layer's), and one
+projection from ``v_dim`` back. The mLSTM cell mixes nothing across heads, so it is sharded as
+attention: the projections column-parallel by heads, the norm's weight with its heads
+(:class:`plangen.recurrent_styles.MultiHeadNormParallel`), ``out_proj`` row-parallel, and the head
+count and widths its forward reshapes by (``config.num_heads``, ``qk_dim``, ``v_dim``) made this
+rank's by the input's style (``PrepareAttentionInput``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -25,7 +37,56 @@ from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 WIDTH_ATTRIBUTES = ("lru_width", "hidden_size")
 
 
-def recognize_recurrent_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBlock | None:
+@dataclass(frozen=True)
+class MultiHeadMixerBlock:
+    """An mLSTM layer's parts, by child name, as :func:`plangen.plans.recurrent.mlstm_entries` shards them."""
+
+    colwise: tuple[str, ...]  # input projections, whole heads each (q, k, v, the gates)
+    rowwise: str
+    norm: str  # the multi-head norm, one head at a time
+    head_attributes: tuple[str, ...]  # what the forward reshapes by, made this rank's
+    kind: str = "attention"
+
+
+# transformers' names of the counts an mLSTM layer reshapes by (its config's head count, its widths).
+MLSTM_HEADS, MLSTM_WIDTHS = "num_heads", ("qk_dim", "v_dim")
+
+
+def recognize_recurrent_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBlock | MultiHeadMixerBlock | None:
+    """An RG-LRU block or an mLSTM layer whose parts all split by their heads, or None."""
+    return recognize_rg_lru_block(block, dims) or recognize_mlstm_layer(block, dims)
+
+
+def recognize_mlstm_layer(block: nn.Module, dims: ModelDims) -> MultiHeadMixerBlock | None:
+    """An mLSTM layer (xLSTM) whose projections are whole heads and whose norm works per head, or None."""
+    from plangen.recurrent_styles import multi_head_norm_misfit
+
+    heads = getattr(getattr(block, "config", None), MLSTM_HEADS, None)
+    widths = [getattr(block, a, None) for a in MLSTM_WIDTHS]
+    if not isinstance(heads, int) or any(not isinstance(w, int) or w % heads for w in widths):
+        return None
+    qk, v = widths
+    readers = read_input_name_readers(type(block))
+    if readers is None:
+        return None
+    colwise, rowwise, norms = [], [], []
+    for name, child in block.named_children():
+        if not has_parameters(child):
+            continue
+        if is_linear(child) and name in readers and child.in_features == dims.hidden and child.out_features in (qk, v, heads):
+            colwise.append(name)
+        elif is_linear(child) and name not in readers and (child.in_features, child.out_features) == (v, dims.hidden):
+            rowwise.append(name)
+        elif multi_head_norm_misfit(child) is None and getattr(child, "num_heads") == heads and child.num_features == v:
+            norms.append(name)
+        else:
+            return None
+    if len(rowwise) != 1 or len(norms) != 1 or not colwise:
+        return None
+    return MultiHeadMixerBlock(tuple(colwise), rowwise[0], norms[0], (f"config.{MLSTM_HEADS}", *MLSTM_WIDTHS))
+
+
+def recognize_rg_lru_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBlock | None:
     """A recurrent block with an RG-LRU whose parts all split by the RG-LRU's heads, or None."""
     from plangen.recurrent_styles import HEAD_COUNT, rg_lru_misfit
 
