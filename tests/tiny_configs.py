@@ -87,6 +87,10 @@ TINY["recurrent_gemma"] = dict(
     model_type="recurrent_gemma", vocab_size=128, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, block_types=["recurrent"], use_cache=False,
 )
+# xLSTM's mLSTM layers: 4 heads, q/k 16 wide (4 per head), v 32 (8 per head); TP 2 keeps two whole heads.
+TINY["xlstm-4h"] = dict(
+    model_type="xlstm", vocab_size=128, hidden_size=32, num_heads=4, num_hidden_layers=2, use_cache=False,
+)
 TINY["nemotron_h"] = dict(
     model_type="nemotron_h", vocab_size=128, hidden_size=32, intermediate_size=64,
     layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
