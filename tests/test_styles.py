@@ -609,6 +609,44 @@ def test_rg_lru_is_split_by_its_heads_and_its_outputs_and_gradients_are_exact(tp
         assert (local(param.grad) - getattr(reference, name).grad[:rows]).abs().max() < 1e-5, name
 
 
+def test_multi_head_norm_keeps_this_ranks_heads_and_is_exact_on_them(tp_mesh):
+    """MultiHeadNormParallel at TP 2 (rank 0): weight and bias keep heads 0-1's 16 features, the head
+    and feature counts are this rank's; on those heads output and gradients are the unsharded norm's,
+    with no communication. Three heads do not split over TP 2: refused before anything is sharded."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import MultiHeadNormParallel
+
+    reference, holder = _multi_head_norm(), nn.Module()
+    holder.m = _multi_head_norm()
+    parallelize_module(holder, tp_mesh, {"m": MultiHeadNormParallel()})
+    sharded = holder.m
+    assert (sharded.num_heads, sharded.num_features, sharded.head_dim) == (2, 16, 8)
+    x = torch.randn(2, 5, 4, 8)
+    expected = reference(x)
+    weights = torch.randn(2, 5, 16)
+    (expected[..., :16] * weights).sum().backward()
+
+    def step() -> torch.Tensor:
+        out = sharded(x[:, :, :2])
+        (out * weights).sum().backward()
+        return out
+
+    assert collectives(step) == {}
+    assert (sharded(x[:, :, :2]) - expected[..., :16]).abs().max() < 1e-5
+    for name in ("weight", "bias"):
+        param = getattr(sharded, name)
+        assert placements(param) == (Shard(0),) and placements(param.grad) == (Shard(0),), name
+        assert torch.equal(local(param), getattr(reference, name)[:16]), name
+        assert (local(param.grad) - getattr(reference, name).grad[:16]).abs().max() < 1e-5, name
+    holder.m = _multi_head_norm()
+    holder.m.num_heads = 3
+    with pytest.raises(ValueError, match=r"num_heads=3 does not divide by the TP size 2"):
+        parallelize_module(holder, tp_mesh, {"m": MultiHeadNormParallel()})
+    assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in holder.m.parameters())
+
+
 def test_rg_lru_style_refuses_what_it_cannot_split(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -1021,6 +1059,17 @@ def _rg_lru():
     return lru
 
 
+def _multi_head_norm():
+    """xLSTM's multi-head norm over 4 heads of 8, with a bias, its weight and bias random."""
+    from transformers.models.xlstm.modeling_xlstm import xLSTMMultiHeadLayerNorm
+
+    torch.manual_seed(0)
+    norm = xLSTMMultiHeadLayerNorm(num_heads=4, head_dim=8, use_bias=True)
+    for param in norm.parameters():
+        nn.init.normal_(param)
+    return norm
+
+
 def _gated_norm(width: int = 8, group: int = 4):
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHRMSNormGated
 
@@ -1033,6 +1082,7 @@ _OWN_MODULE = {
     "GatedRMSNormParallel": _gated_norm,
     "GatheredGatedRMSNormParallel": _gated_norm,
     "RGLRUParallel": _rg_lru,
+    "MultiHeadNormParallel": _multi_head_norm,
 }
 
 
