@@ -122,6 +122,9 @@ TINY_CASES = {
     # igate/fgate row per TP rank, fewer than the DP size, which torch's full-state-dict load of the
     # FSDP2-over-TP (_StridedShard) parameter refuses (an assertion in _StridedShard._shard_tensor).
     "xlstm-4h": False,
+    # RecurrentGemma's released layout (two recurrent blocks, then local attention): the recurrent
+    # blocks' plan entries per layer, beside the attention's; the sweep's shrunk model has recurrent ones only.
+    "recurrent_gemma-mixed": True,
 }
 # Tiny configs built with eager attention (xLSTM refuses sdpa).
 EAGER = {"xlstm-4h"}

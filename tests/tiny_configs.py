@@ -87,6 +87,11 @@ TINY["recurrent_gemma"] = dict(
     model_type="recurrent_gemma", vocab_size=128, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, block_types=["recurrent"], use_cache=False,
 )
+# Its released layout: two recurrent blocks, then local attention (per-layer plan entries).
+TINY["recurrent_gemma-mixed"] = dict(
+    TINY["recurrent_gemma"], num_hidden_layers=3, block_types=["recurrent", "recurrent", "attention"],
+    num_key_value_heads=2, attention_window_size=4,
+)
 # xLSTM's mLSTM layers: 4 heads, q/k 16 wide (4 per head), v 32 (8 per head); TP 2 keeps two whole heads.
 TINY["xlstm-4h"] = dict(
     model_type="xlstm", vocab_size=128, hidden_size=32, num_heads=4, num_hidden_layers=2, use_cache=False,
