@@ -292,6 +292,11 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         # PrepareModuleInput of a gated delta net that also splits its own [value heads] parameters
         # (A_log, dt_bias), its conv's packed channels, and makes its head counts local.
         StyleFacts("GatedDeltaNetParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),
+        # An RG-LRU (RecurrentGemma) inside such a block: its own [heads, ...] gates and [channels]
+        # recurrent_param split by heads; local channels in and out, so no layouts of its own.
+        StyleFacts("RGLRUParallel", PLANGEN_STYLES, "other", shard_dim={HEADS: 0}),
+        # A norm of each head on its own, its weight spanning the heads (xLSTM's): sharded with them.
+        StyleFacts("MultiHeadNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
         StyleFacts("ShardedNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
@@ -344,6 +349,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.mamba_styles",
     "plangen.fused_styles",
     "plangen.mamba1_styles",
+    "plangen.recurrent_styles",
 )
 
 

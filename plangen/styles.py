@@ -48,6 +48,7 @@ from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
+from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel
@@ -239,6 +240,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         GatheredNormParallel,
         Mamba1MixerParallel,
         Mamba2MixerParallel,
+        RGLRUParallel,
+        MultiHeadNormParallel,
         GatedRMSNormParallel,
         GatheredGatedRMSNormParallel,
     )
@@ -500,6 +503,8 @@ __all__ = [
     "LeaveUnsharded",
     "Mamba1MixerParallel",
     "Mamba2MixerParallel",
+    "RGLRUParallel",
+    "MultiHeadNormParallel",
     "MlaAttentionParallel",
     "LocalHeadCounts",
     "MlaKvAProjParallel",

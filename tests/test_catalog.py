@@ -224,12 +224,34 @@ def test_committed_table_covers_every_architecture(listing):
 
 def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     """Below 95 % the note names the largest parts TP leaves whole, with the plan's reason: for
-    xLSTM its mLSTM layers (OLMo-Hybrid's gated delta nets and LFM-3's short convolutions, once named
-    here, are sharded)."""
+    Falcon-7B its multi-query attention of 71 query heads (OLMo-Hybrid's gated delta nets, LFM-3's
+    short convolutions and xLSTM's mLSTM layers, once named here, are sharded)."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
 
-    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("xLSTMForCausalLM", "xlstm")))
+    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("FalconForCausalLM", "falcon")))
     pattern, share, why = left[0]
-    assert pattern == "backbone.blocks.*.mlstm_layer" and "not recognised as attention or MLP" in why
+    assert pattern == "transformer.h.*.self_attention" and "71 query heads" in why
     assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
-    assert render_left_whole(left).startswith(f"left whole at TP 2: backbone.blocks.*.mlstm_layer {share:.1%} (not recognised")
+    assert render_left_whole(left).startswith(f"left whole at TP 2: transformer.h.*.self_attention {share:.1%} (multi-query")
+
+
+def test_recurrent_gemma_shards_its_recurrent_blocks_at_full_size(fake_pg):
+    """RecurrentGemma-2B at TP 2: its recurrent blocks (81.1 % sharded while they stayed whole) are
+    split by their RG-LRU heads; what stays whole is the norms only."""
+    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share
+
+    fraction, left = measure_sharded_share(
+        lambda: build_full_size_model(Architecture("RecurrentGemmaForCausalLM", "recurrent_gemma"))
+    )
+    assert fraction >= 0.99
+    assert not [pattern for pattern, _, _ in left if "temporal_block" in pattern]
+
+
+def test_xlstm_shards_its_mlstm_layers_at_full_size(fake_pg):
+    """xLSTM-7B at TP 2: its mLSTM layers (68.6 % sharded while they stayed whole) are split by heads;
+    what stays whole is the norms only."""
+    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share
+
+    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("xLSTMForCausalLM", "xlstm")))
+    assert fraction >= 0.99
+    assert not [pattern for pattern, _, _ in left if "mlstm_layer" in pattern]

@@ -653,3 +653,40 @@ def test_experts_the_tp_size_does_not_divide_get_the_intermediate_split_and_veri
     assert [(d.code, d.line) for d in found] == [("PG204", _line_of(mixtral, '"model.layers.*.mlp.experts"'))]
     assert ("8 experts do not divide by the TP size 3, and each expert's intermediate split (the other layout) does not"
             " fit: their intermediate width 14336 does not divide by it either") in found[0].message
+
+
+# --- RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.recurrent_styles) ---------
+
+
+def test_recurrent_gemma_plan_is_clean_and_its_rg_lru_style_fits_rg_lrus_with_heads_tp_divides(tmp_path):
+    """The file init writes for RecurrentGemma is clean at TP 2; at TP 4 its 10 RG-LRU heads do not
+    divide (PG204 on the RG-LRU's entry, naming TP 2); on the conv it does not fit (PG203)."""
+    from plangen.init import init_plan
+
+    source = init_plan("recurrent_gemma", tmp_path / "recurrent_gemma_plan.py").path.read_text()
+    line = _line_of(source, '"model.layers.*.temporal_block.rg_lru"')
+    assert _verify(tmp_path, source).diagnostics == []
+    found = _verify(tmp_path, source, tp_size=4).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG204", line)]
+    assert "num_attention_heads=10" in found[0].message and "the largest legal TP size for this plan is 2" in found[0].message
+    wrong = source.replace('"model.layers.*.temporal_block.rg_lru"', '"model.layers.*.temporal_block.conv_1d"')
+    found = _verify(tmp_path, wrong, name="wrong.py").diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG203", line)]
+    assert "splits an RG-LRU by its heads, but Conv1d has parameters ['bias', 'weight']" in found[0].message
+
+
+def test_xlstm_plan_is_clean_and_its_head_counts_must_divide(tmp_path):
+    """The file init writes for xLSTM is clean at TP 2 (its multi-head norm, as wide as v, is not taken
+    for a whole-projection norm: no PG213); at TP 16 its 8 heads do not divide (PG204 on the
+    multi-head norm's entry); on the block's input norm the style does not fit (PG203)."""
+    from plangen.init import init_plan
+
+    source = init_plan("xlstm", tmp_path / "xlstm_plan.py").path.read_text()
+    norm = _line_of(source, '"backbone.blocks.*.mlstm_layer.multihead_norm"')
+    assert _verify(tmp_path, source).diagnostics == []
+    found = _verify(tmp_path, source, tp_size=16).diagnostics
+    assert [d.code for d in found if d.line == norm] == ["PG204"] and "num_heads=8" in str(found)
+    wrong = source.replace('"backbone.blocks.*.mlstm_layer.multihead_norm"', '"backbone.blocks.*.norm_mlstm"')
+    found = _verify(tmp_path, wrong, name="wrong.py").diagnostics
+    assert ("PG203", norm) in [(d.code, d.line) for d in found]
+    assert "splits a norm of each head by its heads, but xLSTMRMSNorm has no integer attribute num_heads" in str(found)

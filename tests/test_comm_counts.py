@@ -609,3 +609,27 @@ def test_short_conv_layer_costs_a_dense_layer(fake_pg, sequence_parallel):
         assert per_layer(f2, f4) == {AG: 2, RS: 2} and per_layer(b2, b4) == {AG: 2, RS: 2}
     else:
         assert per_layer(f2, f4) == {AR: 2} and per_layer(b2, b4) == {AR: 2}
+
+
+# RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.recurrent_styles).
+def test_recurrent_block_costs_what_a_dense_attention_block_does(fake_pg):
+    """linear_x/linear_y column-parallel, conv_1d and the RG-LRU per rank (no communication: its gates
+    are block-diagonal), linear_out row-parallel: one all-reduce forward and one for the block input's
+    gradient backward, the MLP's the same; under SP one all-gather in and one reduce-scatter out each."""
+    forward, backward, total_forward, total_backward = per_layer("recurrent_gemma", False, source="synthesized")
+    assert forward == {AR: 2} and backward == {AR: 2}
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
+    forward, backward, _, _ = per_layer("recurrent_gemma", True, source="synthesized")
+    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2}
+
+
+# xLSTM's mLSTM layers split by heads (plangen.plans.recurrent).
+def test_mlstm_layer_costs_what_a_dense_attention_block_does(fake_pg):
+    """Six column-parallel projections that share one input-gradient reduction, the per-head norm
+    without communication, out_proj row-parallel: a dense layer's two all-reduces each way; under
+    SP one all-gather in and one reduce-scatter out per block."""
+    forward, backward, total_forward, total_backward = per_layer("xlstm-4h", False, source="synthesized")
+    assert forward == {AR: 2} and backward == {AR: 2}
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
+    forward, backward, _, _ = per_layer("xlstm-4h", True, source="synthesized")
+    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2}

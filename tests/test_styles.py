@@ -570,6 +570,101 @@ def test_mamba1_mixer_style_refuses_what_it_cannot_split(tp_mesh):
         parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel(grad_reduced=("dt_layernorm",))})
 
 
+def test_rg_lru_is_split_by_its_heads_and_its_outputs_and_gradients_are_exact(tp_mesh):
+    """RGLRUParallel at TP 2 (rank 0): the block-diagonal gates and their biases keep heads 0-1,
+    recurrent_param their 16 channels; on those channels the output and every parameter's gradient
+    are the unsharded RG-LRU's, with no communication; the carried state is this rank's channels."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.recurrent_styles import RG_LRU_PARAMETERS
+    from plangen.styles import RGLRUParallel
+
+    reference, holder = _rg_lru(), nn.Module()
+    holder.m = _rg_lru()
+    parallelize_module(holder, tp_mesh, {"m": RGLRUParallel()})
+    sharded = holder.m
+    assert sharded.num_attention_heads == 2 and sharded.block_width == 8
+    for name in RG_LRU_PARAMETERS:
+        param = getattr(sharded, name)
+        assert placements(param) == (Shard(0),), name
+        assert torch.equal(local(param), getattr(reference, name)[: param.shape[0] // 2]), name
+    x, positions = torch.randn(2, 6, 32), torch.arange(6).expand(2, 6)
+    expected = reference(x, positions)
+    weights = torch.randn_like(expected[..., :16])
+    (expected[..., :16] * weights).sum().backward()
+
+    def step() -> torch.Tensor:
+        out = sharded(x[..., :16], positions)
+        (out * weights).sum().backward()
+        return out
+
+    assert collectives(step) == {}
+    assert (sharded(x[..., :16], positions) - expected[..., :16]).abs().max() < 1e-5
+    assert sharded.recurrent_states.shape == (2, 16)
+    for name in RG_LRU_PARAMETERS:
+        param = getattr(sharded, name)
+        assert isinstance(param, DTensor) and placements(param.grad) == (Shard(0),), name  # put back
+        rows = param.shape[0] // 2
+        assert (local(param.grad) - getattr(reference, name).grad[:rows]).abs().max() < 1e-5, name
+
+
+def test_multi_head_norm_keeps_this_ranks_heads_and_is_exact_on_them(tp_mesh):
+    """MultiHeadNormParallel at TP 2 (rank 0): weight and bias keep heads 0-1's 16 features, the head
+    and feature counts are this rank's; on those heads output and gradients are the unsharded norm's,
+    with no communication. Three heads do not split over TP 2: refused before anything is sharded."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import MultiHeadNormParallel
+
+    reference, holder = _multi_head_norm(), nn.Module()
+    holder.m = _multi_head_norm()
+    parallelize_module(holder, tp_mesh, {"m": MultiHeadNormParallel()})
+    sharded = holder.m
+    assert (sharded.num_heads, sharded.num_features, sharded.head_dim) == (2, 16, 8)
+    x = torch.randn(2, 5, 4, 8)
+    expected = reference(x)
+    weights = torch.randn(2, 5, 16)
+    (expected[..., :16] * weights).sum().backward()
+
+    def step() -> torch.Tensor:
+        out = sharded(x[:, :, :2])
+        (out * weights).sum().backward()
+        return out
+
+    assert collectives(step) == {}
+    assert (sharded(x[:, :, :2]) - expected[..., :16]).abs().max() < 1e-5
+    for name in ("weight", "bias"):
+        param = getattr(sharded, name)
+        assert placements(param) == (Shard(0),) and placements(param.grad) == (Shard(0),), name
+        assert torch.equal(local(param), getattr(reference, name)[:16]), name
+        assert (local(param.grad) - getattr(reference, name).grad[:16]).abs().max() < 1e-5, name
+    holder.m = _multi_head_norm()
+    holder.m.num_heads = 3
+    with pytest.raises(ValueError, match=r"num_heads=3 does not divide by the TP size 2"):
+        parallelize_module(holder, tp_mesh, {"m": MultiHeadNormParallel()})
+    assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in holder.m.parameters())
+
+
+def test_rg_lru_style_refuses_what_it_cannot_split(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import RGLRUParallel
+
+    holder = nn.Module()
+    holder.m = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"RGLRUParallel: Linear has parameters \['bias', 'weight'\], not an RG-LRU's"):
+        parallelize_module(holder, tp_mesh, {"m": RGLRUParallel()})
+    holder.m = _rg_lru()
+    holder.m.num_attention_heads = 3
+    with pytest.raises(ValueError, match=r"has input_gate_weight \(4, 8, 8\), not \(3, 8, 8\)"):
+        parallelize_module(holder, tp_mesh, {"m": RGLRUParallel()})
+    holder.m = _rg_lru()
+    with pytest.raises(ValueError, match="has no integer attribute heads"):
+        parallelize_module(holder, tp_mesh, {"m": RGLRUParallel(head_attribute="heads")})
+
+
 # --------------------------------------------------------------------------------------------
 # Numerical parity at TP=2 on gloo: plangen's style vs transformers' own layer vs the unsharded module
 # --------------------------------------------------------------------------------------------
@@ -947,6 +1042,34 @@ def _mamba2_mixer(**overrides):
     return Mixer(NemotronHConfig(**config), layer_idx=0)
 
 
+def _rg_lru():
+    """A tiny RecurrentGemma RG-LRU (4 heads of 8 channels); ``weight`` is its [heads, block, block] input gate."""
+    from transformers import RecurrentGemmaConfig
+    from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+
+    from tiny_configs import TINY
+
+    class Lru(RecurrentGemmaRglru):
+        weight = property(lambda self: self.input_gate_weight)
+
+    torch.manual_seed(0)
+    lru = Lru(RecurrentGemmaConfig(**{k: v for k, v in TINY["recurrent_gemma"].items() if k != "model_type"}))
+    for param in lru.parameters():  # torch.empty in its constructor
+        nn.init.normal_(param, std=0.3)
+    return lru
+
+
+def _multi_head_norm():
+    """xLSTM's multi-head norm over 4 heads of 8, with a bias, its weight and bias random."""
+    from transformers.models.xlstm.modeling_xlstm import xLSTMMultiHeadLayerNorm
+
+    torch.manual_seed(0)
+    norm = xLSTMMultiHeadLayerNorm(num_heads=4, head_dim=8, use_bias=True)
+    for param in norm.parameters():
+        nn.init.normal_(param)
+    return norm
+
+
 def _gated_norm(width: int = 8, group: int = 4):
     from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHRMSNormGated
 
@@ -958,6 +1081,8 @@ _OWN_MODULE = {
     "Mamba2MixerParallel": _mamba2_mixer,
     "GatedRMSNormParallel": _gated_norm,
     "GatheredGatedRMSNormParallel": _gated_norm,
+    "RGLRUParallel": _rg_lru,
+    "MultiHeadNormParallel": _multi_head_norm,
 }
 
 

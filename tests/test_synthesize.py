@@ -405,6 +405,75 @@ def test_mamba1_mixer_with_an_unpaired_norm_stays_whole_and_says_why():
     assert found.kind == "mixer" and "not one norm each on dt, B and C" in found.why
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_recurrent_gemma_recurrent_blocks_are_split_by_their_rg_lru_heads(sequence_parallel):
+    """RecurrentGemma's recurrent block (an MLP's shape: two projections in, one out, which the MLP
+    recogniser would keep whole for its conv): linear_x/linear_y column-parallel, the conv's channels
+    and the RG-LRU's heads split by the block's and the RG-LRU's own styles, linear_out row-parallel;
+    nothing of it left whole."""
+    from plangen.plans.recognize import KeptBlock, read_dims, recognize_mlp
+
+    model = meta("recurrent_gemma")
+    block = model.model.layers[0].temporal_block
+    assert isinstance(recognize_mlp(block, read_dims(model)), KeptBlock)  # why it must be recognised first
+    plan = build_synthesized_plan(model, sequence_parallel)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    path = "model.layers.*.temporal_block"
+    entries = {e.pattern: e for e in plan.entries if e.pattern.startswith(path)}
+    assert {p: e.style for p, e in entries.items()} == {
+        path: "GatedDeltaNetParallel", f"{path}.linear_x": "ColwiseParallel", f"{path}.linear_y": "ColwiseParallel",
+        f"{path}.rg_lru": "RGLRUParallel", f"{path}.linear_out": "RowwiseParallel",
+    }
+    mixer = entries[path].kwargs
+    assert (mixer["input_layouts"], mixer["head_attributes"], mixer["conv_parts"]) == ((seq,), ("lru_width", "hidden_size"), (1,))
+    assert entries[f"{path}.linear_out"].kwargs["output_layouts"] == seq
+    assert not [r for r in plan.replicated if "temporal_block" in r.pattern]
+
+
+def test_recurrent_block_with_another_child_is_not_taken_for_one():
+    from plangen.plans.recognize import read_dims
+    from plangen.plans.recognize_recurrent import recognize_recurrent_block
+
+    model = meta("recurrent_gemma")
+    block = model.model.layers[0].temporal_block
+    dims = read_dims(model)
+    assert recognize_recurrent_block(block, dims).lru == "rg_lru"
+    block.extra = nn.Linear(dims.hidden, dims.hidden, device="meta")
+    assert recognize_recurrent_block(block, dims) is None
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_xlstm_mlstm_layers_are_split_by_heads(sequence_parallel):
+    """xLSTM's mLSTM layer (once "not recognised as attention or MLP"): q/k/v, the output gate and the
+    per-head input/forget gates column-parallel, the multi-head norm with its heads, out_proj
+    row-parallel, and what its forward reshapes by made this rank's; nothing of it left whole."""
+    model = meta("xlstm")
+    plan = build_synthesized_plan(model, sequence_parallel)
+    seq = Shard(1) if sequence_parallel else Replicate()
+    path = "backbone.blocks.*.mlstm_layer"
+    entries = {e.pattern: e for e in plan.entries if e.pattern.startswith(path)}
+    assert {p: e.style for p, e in entries.items()} == {
+        path: "PrepareAttentionInput",
+        **{f"{path}.{n}": "ColwiseParallel" for n in ("q", "k", "v", "ogate_preact", "igate_preact", "fgate_preact")},
+        f"{path}.multihead_norm": "MultiHeadNormParallel", f"{path}.out_proj": "RowwiseParallel",
+    }
+    layer = entries[path].kwargs
+    assert layer["input_layouts"] == (seq, None) and layer["head_attributes"] == ("config.num_heads", "qk_dim", "v_dim")
+    assert entries[f"{path}.out_proj"].kwargs["output_layouts"] == seq
+    assert not [r for r in plan.replicated if "mlstm_layer" in r.pattern]
+
+
+def test_mlstm_layer_whose_norm_is_not_per_head_is_not_taken_for_one():
+    from plangen.plans.recognize import read_dims
+    from plangen.plans.recognize_recurrent import recognize_mlstm_layer
+
+    model = meta("xlstm")
+    layer, dims = model.backbone.blocks[0].mlstm_layer, read_dims(model)
+    assert recognize_mlstm_layer(layer, dims).norm == "multihead_norm"
+    layer.multihead_norm.num_heads = 1  # one "head" over all of v: a whole-projection norm
+    assert recognize_mlstm_layer(layer, dims) is None
+
+
 def test_tied_embeddings_are_sharded_at_both_ends_alike():
     model = meta("gemma")
     assert model.lm_head.weight is model.model.embed_tokens.weight

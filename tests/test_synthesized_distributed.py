@@ -6,7 +6,7 @@ GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, DiffLlama's paired he
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
 split by channels (Mamba, FalconMamba, Jamba; their full state dict at DP 2 x TP 2, and the stable
-variant, which keeps them whole), convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
+variant, which keeps them whole), RecurrentGemma's recurrent blocks split by their RG-LRU heads, xLSTM's mLSTM layers by heads, convolution layers, tied and untied; each at TP=2 and DP=2 x TP=2, sequence parallel off and
 on (off only for the BERT family, which has none): logits, loss, every gradient and the gradient norms within 1e-5 of the single-process reference (fp32), and every parameter after three AdamW
 steps (eps 1e-6, see train_steps in tests/distributed/cases.py). The plan is forced to the
 synthesized one, and the committed sweep results (plangen/plans/proven.json, which the runtime
@@ -101,6 +101,12 @@ CLASSES = {
     "diffllama": ("DiffLlamaForCausalLM", False),
     # q/k/v/o are MoshiLinear wrappers of one nn.Linear (use_flexible_linear=False): the inner linear sharded.
     "moshi": ("MoshiForCausalLM", False),
+    # RecurrentGemma's recurrent blocks by their RG-LRU heads (plangen.recurrent_styles): linear_x/y
+    # column-parallel, conv_1d's channels and the block-diagonal gates with them, linear_out row-parallel.
+    "recurrent_gemma": ("RecurrentGemmaForCausalLM", True),
+    # xLSTM's mLSTM layers by heads: q/k/v/ogate and the per-head igate/fgate column-parallel, the
+    # multi-head norm's weight with its heads, config.num_heads/qk_dim/v_dim made local.
+    "xlstm": ("xLSTMForCausalLM", False),
 }
 # No sequence parallel: the BERT family's (RemBERT's, X-MOD's) position and token-type embeddings are
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
@@ -112,15 +118,25 @@ TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
     "falcon_h1-mup": False,  # FalconH1's MuP multipliers per in_proj part: its mup_vector cut to each rank's features
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
+    # xLSTM with 4 heads, for its full state dict at DP 2 x TP 2: the shrunk model's 2 heads leave one
+    # igate/fgate row per TP rank, fewer than the DP size, which torch's full-state-dict load of the
+    # FSDP2-over-TP (_StridedShard) parameter refuses (an assertion in _StridedShard._shard_tensor).
+    "xlstm-4h": False,
+    # RecurrentGemma's released layout (two recurrent blocks, then local attention): the recurrent
+    # blocks' plan entries per layer, beside the attention's; the sweep's shrunk model has recurrent ones only.
+    "recurrent_gemma-mixed": True,
 }
+# Tiny configs built with eager attention (xLSTM refuses sdpa).
+EAGER = {"xlstm-4h"}
 # Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid", "diffllama"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
-# Jamba's with left padding, which the mixer masks.
-STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba"}
+# Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
+# gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
+STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba", "recurrent_gemma-stable": "recurrent_gemma"}
 MESHES = ("tp2", "dp2tp2")
 # Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers).
 HEAD_GATE_REDUCE_SCATTERS = {"doge": 2}
@@ -134,7 +150,7 @@ def _cases() -> list[dict]:
         for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
         {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and not sp else {})}
+         **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"attn": "eager"} if t in EAGER else {})}
         for t in TINY_CASES
         for sp in (False, True)
     ] + [

@@ -81,6 +81,21 @@ TINY["jamba-mamba"] = dict(
     num_attention_heads=4, num_key_value_heads=2, num_experts=1, attn_layer_period=8, attn_layer_offset=7,
     mamba_d_state=8, mamba_dt_rank=4, use_mamba_kernels=False, use_cache=False,
 )
+# RecurrentGemma with recurrent blocks only: lru_width 32 in 4 RG-LRU heads of 8 (TP 2: two whole
+# heads and 16 channels per rank); its MLP is intermediate_size // 2 wide.
+TINY["recurrent_gemma"] = dict(
+    model_type="recurrent_gemma", vocab_size=128, hidden_size=32, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, block_types=["recurrent"], use_cache=False,
+)
+# Its released layout: two recurrent blocks, then local attention (per-layer plan entries).
+TINY["recurrent_gemma-mixed"] = dict(
+    TINY["recurrent_gemma"], num_hidden_layers=3, block_types=["recurrent", "recurrent", "attention"],
+    num_key_value_heads=2, attention_window_size=4,
+)
+# xLSTM's mLSTM layers: 4 heads, q/k 16 wide (4 per head), v 32 (8 per head); TP 2 keeps two whole heads.
+TINY["xlstm-4h"] = dict(
+    model_type="xlstm", vocab_size=128, hidden_size=32, num_heads=4, num_hidden_layers=2, use_cache=False,
+)
 TINY["nemotron_h"] = dict(
     model_type="nemotron_h", vocab_size=128, hidden_size=32, intermediate_size=64,
     layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],

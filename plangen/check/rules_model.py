@@ -31,6 +31,7 @@ from plangen.kv_styles import attention_head_counts
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
+from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel, multi_head_norm_misfit, rg_lru_misfit
 from plangen.module_tree import generalize
 from plangen.moe_styles import expert_count, expert_layout_of, expert_layout_problem
 from plangen.style_facts import EMBEDDING, LINEAR, facts_of, is_sharding, style_kind
@@ -154,6 +155,12 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         problem = gated_delta_net_misfit(style, module)
         if problem is not None:
             return f"`{name}` splits a gated delta net by heads, but {what} {problem}"
+    elif isinstance(style, MultiHeadNormParallel):
+        problem = multi_head_norm_misfit(module, style.head_attributes)
+        return None if problem is None else f"`{name}` splits a norm of each head by its heads, but {what} {problem}"
+    elif isinstance(style, RGLRUParallel):
+        problem = rg_lru_misfit(module, style.head_attribute)
+        return None if problem is None else f"`{name}` splits an RG-LRU by its heads, but {what} {problem}"
     elif isinstance(style, Mamba1MixerParallel):
         problem = mamba1_parts_problem(module)
         return None if problem is None else f"`{name}` splits a Mamba1 mixer by its channels, but {what} has {problem}"
@@ -271,6 +278,10 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
         own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
+    if isinstance(style, MultiHeadNormParallel):  # whole heads per rank, local counts
+        return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)]
+    if isinstance(style, RGLRUParallel) and isinstance(getattr(module, style.head_attribute, None), int):
+        return [(style.head_attribute, getattr(module, style.head_attribute), 1)]  # whole block-diagonal heads
     if isinstance(style, Mamba1MixerParallel) and isinstance(getattr(module, "conv1d", None), nn.Conv1d):
         return [("intermediate channels", module.conv1d.in_channels, 1)]  # local channels, plain tensors
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank

@@ -16,7 +16,11 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import TP_IMPORT
 from plangen.check.rules_model import leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
-from plangen.styles import ShardedNormParallel
+from plangen.styles import MultiHeadNormParallel, ShardedNormParallel
+
+# Styles of a norm that each TP rank applies to its slice of a column-parallel projection: over the
+# whole projection (statistics summed over TP), or each head on its own (xLSTM's multi-head norm).
+_SLICE_NORM_STYLES = (ShardedNormParallel, MultiHeadNormParallel)
 
 
 def _local_column_parallel(plan: ModelPlan, path: str) -> bool:
@@ -91,7 +95,7 @@ class ProjectionNormsRule(ModelRule):
             for path, norm, projection in _whole_projection_norms(plan, block):
                 style, generic = plan.style_of(path), generalize(path)
                 sharded = projection is not None and _local_column_parallel(plan, projection)
-                if generic in reported or sharded == isinstance(style, ShardedNormParallel):
+                if generic in reported or sharded == isinstance(style, _SLICE_NORM_STYLES):
                     continue
                 reported.add(generic)
                 what = f"`{generic}` ({type(norm).__name__} [{norm.weight.numel()}])"

@@ -51,6 +51,7 @@ from plangen.plans.recognize import (
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_mamba2 import Mamba2Block
+from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
 from plangen.plans.recognize_split import recognize_attention_called_alike
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 
@@ -320,11 +321,11 @@ def _analyze_layer(
             found.blocks.append(BlockPart(child_path, recognized, call))
             _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
             found.kept += kept
-        elif isinstance(recognized, GatedDeltaNetBlock) and call is not None:
+        elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock)) and call is not None:
             # Its style splits its own heads and prepares its input: it must be where the layer calls it.
             found.blocks.append(BlockPart(child_path, recognized, call))
-        elif isinstance(recognized, GatedDeltaNetBlock):
-            found.keep(child_path, "gated delta net whose call by the layer the reader cannot follow", "attention",
+        elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock)):
+            found.keep(child_path, "recurrent mixer whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, Mamba2Block) and (call is None or call.keyword in (None, "hidden_states")):
             # Its style takes the hidden state itself (the first positional argument or hidden_states=),

@@ -21,7 +21,10 @@ def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict
     """The mixer at ``path``, its input laid out by ``prepared`` (``PrepareModuleInput``'s layouts)."""
     group = "attention"
     gathered = "one all-gather of the sequence per mixer" if sp else "no communication"
-    if block.head_parameters or block.head_attributes:
+    if block.lru is not None:
+        split = (f"the conv's channels and {block.lru}'s heads split over TP together, "
+                 f"{', '.join(block.head_attributes)} made this rank's")
+    elif block.head_parameters or block.head_attributes:
         split = (f"key heads and their value heads split over TP: {', '.join(block.head_parameters)} and the conv's "
                  f"channels with them, {', '.join(block.head_attributes)} made this rank's")
     else:
@@ -54,8 +57,15 @@ def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict
             entries.append(PlanEntry(
                 f"{path}.{name}", "ColwiseParallel",
                 dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True), group,
+                f"column-parallel by {block.lru}'s heads: each rank computes its own channels" if block.lru else
                 "column-parallel by key-head groups: each rank computes its own heads",
             ))
+    if block.lru is not None:
+        entries.append(PlanEntry(
+            f"{path}.{block.lru}", "RGLRUParallel", {}, group,
+            "RG-LRU by its block-diagonal heads, with the conv's channels: gates and recurrent_param Shard(0), "
+            "no communication",
+        ))
     if block.norm is not None:
         entries.append(PlanEntry(
             f"{path}.{block.norm}", "AllReduceParamGrads", {}, group,

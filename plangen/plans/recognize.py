@@ -40,6 +40,7 @@ from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attenti
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
+from plangen.plans.recognize_recurrent import recognize_recurrent_block
 from plangen.plans.recognize_short_conv import recognize_short_conv
 from plangen.plans.split_source import read_fed_from
 from plangen.plans.width_source import read_input_only_sized_and_projected
@@ -513,7 +514,7 @@ def recognize_block(
     latent = recognize_latent_attention(block, dims)
     if latent is not None:
         return latent
-    for recognizer in (recognize_attention, recognize_mlp, recognize_moe):
+    for recognizer in (recognize_attention, recognize_recurrent_block, recognize_mlp, recognize_moe):
         found = recognizer(block, dims)
         if found is not None:
             return found

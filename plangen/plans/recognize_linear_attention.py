@@ -36,6 +36,7 @@ class GatedDeltaNetBlock:
     head_attributes: tuple[str, ...]
     packed: str | None = None  # the projection as wide as the conv's channels: [q; k; v] as it packs them
     packed_parts: tuple[int, ...] = ()  # ``packed``'s parts where they are not the conv's (a short conv's [B; C; x])
+    lru: str | None = None  # an RG-LRU child split with the conv's channels (plangen.plans.recognize_recurrent)
     kind: str = "attention"
 
 

@@ -43,6 +43,8 @@ from plangen.plans.forward_source import BlockCall
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
+from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
+from plangen.plans.recurrent import mlstm_entries
 from plangen.plans.mamba1 import mamba1_entries
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.recognize import LatentBlock, LayerExpertsBlock, MoeBlock, ShardedBlock
@@ -229,6 +231,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if isinstance(part.block, GatedDeltaNetBlock):
         assert part.call is not None
         return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
+    if isinstance(part.block, MultiHeadMixerBlock):
+        assert part.call is not None
+        return mlstm_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
     if isinstance(part.block, Mamba1Block):
         return mamba1_entries(part.path, part.block, sp)
     if isinstance(part.block, Mamba2Block):  # plangen.mamba_styles: split by heads
