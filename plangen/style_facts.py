@@ -229,6 +229,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # DBRX's experts of flat [E * ffn, H] weights in a child: whole experts per rank (Shard(0) of each).
+        StyleFacts("FlatExpertsParallel", PLANGEN_STYLES, "other", produces=_SUM),
         # JetMoE's experts of one [E, out, in] weight: each expert's output features, or its input
         # features (the outputs all-reduced), split over TP.
         StyleFacts("GroupedColwiseParallel", PLANGEN_STYLES, "colwise", shard_dim={EXPERTS: 1}),
