@@ -1,0 +1,64 @@
+"""FlatExpertsParallel (DBRX's experts of flat [E * ffn, H] weights): what it shards and what it refuses.
+
+Numerics (logits, every gradient, grad norms, AdamW steps, full state dicts at DP 2 x TP 2, SP off
+and on) are in tests/test_parallelize_distributed.py (the dbrx cases) and the sweep; collective
+counts in tests/test_comm_counts.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Shard
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape
+from plangen.plans.choice import choose_plan
+from plangen.tensor_parallel import apply_tp
+from tiny_configs import TINY
+
+
+def _dbrx(**ffn):
+    kwargs = dict(TINY["dbrx"])
+    kwargs["ffn_config"] = {**kwargs["ffn_config"], **ffn}
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def test_each_rank_holds_whole_experts_of_every_flat_weight(fake_pg):
+    model = _dbrx()
+    experts = model.transformer.blocks[0].ffn.experts
+    assert flat_expert_shape(experts) == (4, 16, 32)
+    whole = {n: p.detach().clone() for n, p in experts.mlp.named_parameters()}
+    FlatExpertsParallel(output_layouts=Partial())._apply(experts, DeviceMesh("cpu", torch.arange(2)))
+    for name, param in experts.mlp.named_parameters():
+        assert isinstance(param, DTensor) and param.placements == (Shard(0),)
+        # rank 0 of 2: experts 0 and 1, rows [0, 2 * ffn) of the flat weight
+        assert torch.equal(param.to_local(), whole[name][: 2 * 16])
+    assert experts.num_experts == 4  # global ids: the style's loop picks this rank's experts
+
+
+def test_the_dbrx_plan_shards_the_flat_experts_and_the_attention(fake_pg):
+    model = _dbrx()
+    chosen = choose_plan(model, sequence_parallel=True)
+    assert chosen.source == "hand-written"
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), chosen.build_styles())
+    sharded = {n for n, p in model.named_parameters() if isinstance(p, DTensor) and p.placements[0].is_shard()}
+    whole = {n for n, _ in model.named_parameters()} - sharded
+    # Left whole: the norms and the routers (every rank routes every token).
+    assert all(n.endswith(("norm_1.weight", "norm_2.weight", "norm_f.weight", "router.layer.weight")) for n in whole), whole
+
+
+def test_experts_the_tp_size_does_not_divide_are_refused_in_one_line(fake_pg):
+    experts = _dbrx(moe_num_experts=6).transformer.blocks[0].ffn.experts
+    with pytest.raises(ValueError, match=r"6 experts do not divide by the TP size 4 \(largest legal TP size: 3\)") as error:
+        FlatExpertsParallel()._apply(experts, DeviceMesh("cpu", torch.arange(4)))
+    assert "\n" not in str(error.value)
+
+
+def test_a_module_without_flat_experts_is_refused(fake_pg):
+    with pytest.raises(ValueError, match="FlatExpertsParallel applies to experts with num_experts"):
+        FlatExpertsParallel()._apply(nn.Linear(4, 4), DeviceMesh("cpu", torch.arange(2)))
