@@ -62,3 +62,20 @@ def test_experts_the_tp_size_does_not_divide_are_refused_in_one_line(fake_pg):
 def test_a_module_without_flat_experts_is_refused(fake_pg):
     with pytest.raises(ValueError, match="FlatExpertsParallel applies to experts with num_experts"):
         FlatExpertsParallel()._apply(nn.Linear(4, 4), DeviceMesh("cpu", torch.arange(2)))
+
+
+def test_a_rank_whose_experts_get_no_route_still_reaches_every_gradient(fake_pg):
+    """Every route to the other rank's experts: this rank's output is zero, but its backward still
+    reaches the hidden states' and routing weights' gradient all-reduces (the other ranks wait in
+    them) and gives the weights a (zero) gradient (FSDP2 reduce-scatters the same ones on every DP rank)."""
+    experts = _dbrx().transformer.blocks[0].ffn.experts
+    FlatExpertsParallel()._apply(experts, DeviceMesh("cpu", torch.arange(2)))  # rank 0: experts 0 and 1
+    hidden = torch.randn(2, 3, 32, requires_grad=True)
+    weights = torch.rand(6, 2, requires_grad=True)
+    index = torch.tensor([[2, 3]] * 6)
+    output = experts(hidden, index, weights)
+    assert torch.equal(output, torch.zeros(2, 3, 32))
+    output.sum().backward()
+    assert torch.equal(hidden.grad, torch.zeros_like(hidden)) and torch.equal(weights.grad, torch.zeros_like(weights))
+    for name, param in experts.mlp.named_parameters():
+        assert param.grad is not None and not param.grad.to_local().any(), name
