@@ -74,7 +74,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         desired_output_layouts=(Shard(1),),
         use_local_output=False,
     ),
-    # 24 × DbrxExperts
+    # 24 × DbrxExperts [14336, 2048] → local [7168, 2048] at TP=2
     # each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) and computes the routes to them;
     # partial sum out
     "transformer.blocks.*.ffn.experts": FlatExpertsParallel(output_layouts=Partial(reduce_op="sum")),
