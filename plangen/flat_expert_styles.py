@@ -124,14 +124,15 @@ def _local_experts_forward(
     with torch.no_grad():
         mask = torch.nn.functional.one_hot(top_k_index, num_classes=experts).permute(2, 1, 0)[first:first + local]
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist()
+        routes = [(expert, *torch.where(mask[expert])) for expert in hit]  # (local id, top-k slots, tokens)
     weights = [_param_local(child._parameters[n]).view(local, ffn, hidden) for n in FLAT_WEIGHTS]
-    # No route to this rank's experts: one expert on no tokens, so that the backward still reaches the
-    # inputs' gradient all-reduces (every rank must join them) and the weights (FSDP2 reduce-scatters
-    # the same gradients on every DP rank), with zeros.
-    for expert in hit or [None]:
-        with torch.no_grad():
-            route, token = torch.where(mask[expert]) if expert is not None else (top_k_index.new_zeros(0),) * 2
-        expert = expert or 0
+    if not routes:
+        # No route to this rank's experts: expert 0 on no tokens, so that the backward still reaches the
+        # inputs' gradient all-reduces (every rank must join them) and the weights (FSDP2 reduce-scatters
+        # the same gradients on every DP rank), with zeros.
+        nothing = top_k_index.new_zeros(0)
+        routes = [(0, nothing, nothing)]
+    for expert, route, token in routes:
         states = child(hidden_states[token], *(w[expert] for w in weights))
         states = states.view(-1, hidden) * top_k_weights[token, route, None]
         output.index_add_(0, token, states)
