@@ -79,3 +79,25 @@ def test_a_rank_whose_experts_get_no_route_still_reaches_every_gradient(fake_pg)
     assert torch.equal(hidden.grad, torch.zeros_like(hidden)) and torch.equal(weights.grad, torch.zeros_like(weights))
     for name, param in experts.mlp.named_parameters():
         assert param.grad is not None and not param.grad.to_local().any(), name
+
+
+def test_verify_names_the_largest_tp_size_the_experts_take_and_refuses_other_modules(tmp_path):
+    """DBRX's default config: 4 experts, 16 query heads and one KV head. At TP 8 the experts' entry is
+    PG204 (whole experts per rank need the TP size to divide 4), nothing else; the style on a
+    module without flat experts is PG203."""
+    from pathlib import Path
+
+    from plangen.check import VerifyOptions, verify_plan_files
+
+    source = (Path(__file__).resolve().parents[1] / "generated" / "dbrx_plan.py").read_text()
+    experts_line = next(i for i, line in enumerate(source.splitlines(), 1) if '"transformer.blocks.*.ffn.experts"' in line)
+    path = tmp_path / "dbrx_plan.py"
+    path.write_text(source)
+    assert verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics == []
+    found = verify_plan_files([path], VerifyOptions(tp_size=8)).diagnostics
+    assert [(d.code, d.line) for d in found] == [("PG204", experts_line)]
+    assert "splits num_experts=4 of `transformer.blocks.*.ffn.experts`" in found[0].message
+    assert "the largest legal TP size for this plan is 4" in found[0].message
+    path.write_text(source.replace('"transformer.blocks.*.ffn.experts"', '"transformer.blocks.*.ffn.router"'))
+    found = verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics
+    assert ("PG203", experts_line) in [(d.code, d.line) for d in found]
