@@ -51,8 +51,14 @@ def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
     """The plan replicates KV heads where the TP size exceeds them (:mod:`plangen.kv_styles`): its
     attention blocks are ``PrepareAttentionInput`` and every k/v projection in them (the ``nn.Linear``
     children of ``kv_heads * head_dim`` outputs) is ``KVHeadsColwiseParallel``. A plain
-    ``ColwiseParallel`` on one would split a KV head between ranks: then the TP size must divide them."""
+    ``ColwiseParallel`` on one would split a KV head between ranks: then the TP size must divide them.
+    A packed ``[q; k; v]`` of one KV head under ``MultiQueryColwiseParallel`` (DBRX's ``Wqkv``)
+    computes that head whole on every rank: replicated too."""
+    from plangen.fused_styles import MultiQueryColwiseParallel
     from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, attention_head_counts, kv_projections
+
+    if any(isinstance(s, MultiQueryColwiseParallel) and find_matching_modules(model, p) for p, s in styles.items()):
+        return True
 
     blocks = [
         name

@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EXPERTS, HEADS, MIXER, STYLE_FACTS, layout_defaults, module_kind
+from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEADS, MIXER, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -253,6 +253,8 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
     weight = getattr(module, "weight", None)
     if kind == EXPERTS and weight is None:  # packed experts: their first 3-D weight
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
+    elif kind == FLAT_EXPERTS:  # DBRX's flat experts: w1 [E * ffn, H], as v1 and w2
+        weight = module.mlp.w1
     elif kind == HEADS:  # the block's own per-head parameter
         weight = next(iter(head_parameters(module).values()))
     elif kind == MIXER:  # a Mamba1 mixer's own A_log [channels, state], split with its channels

@@ -36,6 +36,7 @@ CONV1D = "conv1d"  # GPT-2's Conv1D: an nn.Linear whose weight is stored transpo
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
+FLAT_EXPERTS = "flat_experts"  # DBRX's experts: flat [experts * ffn, hidden] weights in a child (plangen.flat_expert_styles)
 MIXER = "mamba1_mixer"  # a Mamba1 mixer, split by its channels (its own A_log [channels, state] and D [channels])
 
 
@@ -229,6 +230,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             layout_defaults={"output_layouts": _REPLICATE},
             produces=_SUM,
         ),
+        # DBRX's experts of flat [E * ffn, H] weights in a child: whole experts per rank (Shard(0) of each).
+        StyleFacts("FlatExpertsParallel", PLANGEN_STYLES, "other", shard_dim={FLAT_EXPERTS: 0}, produces=_SUM),
         # JetMoE's experts of one [E, out, in] weight: each expert's output features, or its input
         # features (the outputs all-reduced), split over TP.
         StyleFacts("GroupedColwiseParallel", PLANGEN_STYLES, "colwise", shard_dim={EXPERTS: 1}),
@@ -375,7 +378,7 @@ def style_kind(style: "ParallelStyle") -> str:
 
 def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
     """The kind of module a style splits (:data:`LINEAR`, :data:`EMBEDDING`, :data:`CONV1D`,
-    :data:`EXPERTS`, :data:`NORM`), None for any other. ``by_heads``: the style splits a block's own per-head
+    :data:`EXPERTS`, :data:`FLAT_EXPERTS`, :data:`NORM`), None for any other. ``by_heads``: the style splits a block's own per-head
     parameters (gpt-oss attention's sinks), so such a block is of kind :data:`HEADS`."""
     from torch import nn
 
@@ -392,6 +395,10 @@ def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
 
     if expert_count(module):
         return EXPERTS
+    from plangen.flat_expert_styles import flat_expert_shape
+
+    if flat_expert_shape(module):
+        return FLAT_EXPERTS
     if by_heads and head_parameters(module):
         return HEADS
     own = [p for _, p in module.named_parameters(recurse=False)]

@@ -52,6 +52,7 @@ from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel
+from plangen.flat_expert_styles import FlatExpertsParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
@@ -222,6 +223,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         MlaAttentionParallel,
         ExpertsParallel,
+        FlatExpertsParallel,
         GroupedColwiseParallel,
         GroupedRowwiseParallel,
         EveryTokenMoeParallel,
@@ -492,6 +494,7 @@ __all__ = [
     "EveryTokenMoeParallel",
     "GatedDeltaNetParallel",
     "ExpertsParallel",
+    "FlatExpertsParallel",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",

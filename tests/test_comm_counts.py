@@ -159,6 +159,32 @@ def test_longcat_flash_layer_costs_its_five_blocks_at_their_minimum(fake_pg, seq
         assert backward == {AG: 5, RS: 2, AR: 2 * 3 + 2}
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_dbrx_layer_with_split_kv_heads_costs_what_every_moe_layer_costs(fake_pg, sequence_parallel):
+    """DBRX with 2 KV heads (Wqkv by heads, FusedColwiseParallel; the flat experts by whole experts,
+    FlatExpertsParallel): per layer exactly the other MoE plans' minimum, with and without SP."""
+    forward, backward, _, _ = per_layer("dbrx-2kv", sequence_parallel)
+    if not sequence_parallel:
+        assert forward == {AR: 2} and backward == {AR: 3}
+    else:
+        assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 1, AR: 2}
+    config, _, _, backward_step = run_step("dbrx-2kv", 2, sequence_parallel)
+    bsk = BATCH * SEQ * config.ffn_config.moe_top_k * 4  # the routing weights' gradient, once per MoE layer
+    assert sorted(size for _, size in backward_step.records).count(bsk) == config.n_layers
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_dbrx_layer_with_one_kv_head_adds_the_kv_rows_gather(fake_pg, sequence_parallel):
+    """DBRX's default layout, one KV head: MultiQueryColwiseParallel computes it whole on every rank,
+    its weight rows all-gathered per forward and their gradient reduce-scattered: one more of each
+    per layer than the MoE minimum above, nothing else."""
+    forward, backward, _, _ = per_layer("dbrx", sequence_parallel)
+    if not sequence_parallel:
+        assert forward == {AG: 1, AR: 2} and backward == {RS: 1, AR: 3}
+    else:
+        assert forward == {AG: 3, RS: 2} and backward == {AG: 2, RS: 2, AR: 2}
+
+
 def test_gemma4_moe_layer_reduces_its_experts_like_a_third_row_parallel_block(fake_pg):
     """Gemma 4's MoE form (synthesized): the layer calls its experts itself, beside the dense MLP, and
     normalises their output: ExpertsParallel all-reduces it there. Per layer, forward: o_proj's,

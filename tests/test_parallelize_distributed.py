@@ -65,6 +65,11 @@ def _cases():
         # gathers each block's sequence in and keeps this rank's shard of its whole output.
         {"name": "jetmoe-state-dict", "model": "jetmoe", "state_dict": True},
         {"name": "jetmoe-sp-state-dict", "model": "jetmoe", "sp": True, "state_dict": True},
+        # DBRX: experts of flat [E * ffn, H] weights (FlatExpertsParallel), the fused Wqkv inside the
+        # norm-attention-norm wrapper with one KV head (computed whole per rank) and with 2 (split).
+        {"name": "dbrx-state-dict", "model": "dbrx", "state_dict": True},
+        {"name": "dbrx-sp", "model": "dbrx", "sp": True},
+        {"name": "dbrx-2kv-sp-state-dict", "model": "dbrx-2kv", "sp": True, "state_dict": True},
         # Gemma 4's MoE form, synthesized: experts the layer calls itself (no SP plan: Gemma 4 has none).
         {"name": "gemma4-moe-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "state_dict": True},
         # Gemma 4's multimodal class, synthesized: its forward reads the pad row of the vocab-parallel, tied embedding.
@@ -176,7 +181,7 @@ def test_matches_unsharded_model(results, case_id):
             assert r["aux_loss"] < TOL, f"rank {rank}: auxiliary loss differs by {r['aux_loss']}"
 
 
-MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in (*MOE_MODELS, "gemma4-moe"))]
+MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in (*MOE_MODELS, "gemma4-moe", "dbrx"))]
 
 
 @pytest.mark.distributed

@@ -1076,8 +1076,23 @@ def _gated_norm(width: int = 8, group: int = 4):
     return NemotronHRMSNormGated(width, group_size=group)
 
 
+def _flat_experts():
+    """DBRX's experts (flat [E * ffn, H] weights in ``mlp``); ``weight`` is ``mlp.w1`` (v1 and w2 alike)."""
+    from transformers import AutoConfig
+    from transformers.models.dbrx.modeling_dbrx import DbrxExperts
+
+    from tiny_configs import TINY
+
+    class Experts(DbrxExperts):
+        weight = property(lambda self: self.mlp.w1)
+
+    config = {k: v for k, v in TINY["dbrx"].items() if k != "model_type"}
+    return Experts(AutoConfig.for_model("dbrx", **config).ffn_config)
+
+
 # Styles for one module type only, with the module kind their facts name.
 _OWN_MODULE = {
+    "FlatExpertsParallel": _flat_experts,
     "Mamba2MixerParallel": _mamba2_mixer,
     "GatedRMSNormParallel": _gated_norm,
     "GatheredGatedRMSNormParallel": _gated_norm,

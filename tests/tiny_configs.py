@@ -186,3 +186,12 @@ TINY["qwen3_5-linear"] = dict(
     model_type="qwen3_5_text", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
     linear_value_head_dim=8, layer_types=["linear_attention"] * 2, **COMMON,
 )
+# DBRX: a norm-attention-norm wrapper around a fused Wqkv (one KV head, the default config's
+# layout, and 2 KV heads split with the queries) and experts as flat [E * ffn, H] weights; top-2 of
+# 4 experts so every TP-2 rank's experts get routes.
+TINY["dbrx"] = dict(
+    model_type="dbrx", vocab_size=128, d_model=32, n_heads=4, n_layers=2, max_seq_len=64, use_cache=False,
+    attn_config=dict(kv_n_heads=1, clip_qkv=8.0, rope_theta=10000.0),
+    ffn_config=dict(ffn_hidden_size=16, moe_num_experts=4, moe_top_k=2), output_router_logits=True,
+)
+TINY["dbrx-2kv"] = dict(TINY["dbrx"], attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0))

@@ -37,11 +37,12 @@ def build_fused_decoder_plan(
     embedding: str = "embed_tokens",
     final_norm: str = "norm",
     lm_head: str | None = "lm_head",
+    layers: str = "layers",
 ) -> Plan:
     """A plan for a decoder whose attention has one fused ``[q; k; v]`` projection of parts
     ``qkv_parts`` (heads, kv heads, kv heads) and whose MLP has one fused ``[gate; up]``."""
     p = f"{prefix}." if prefix else ""
-    layer = f"{p}layers.*"
+    layer = f"{p}{layers}.*"
     sp = sequence_parallel
     block_input = SEQ if sp else Replicate()
     entries: list[PlanEntry] = []

@@ -20,6 +20,7 @@ from plangen.moe_styles import EXPERTS_PARALLEL_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
+from plangen.plans.fused import build_fused_decoder_plan
 from plangen.plans.latent import has_query_latent, latent_attention_entries
 
 # Names transformers gives the parts of a MoE block.
@@ -342,3 +343,54 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     why = "the router sees every token on every rank: routing stays exact"
     replicated += [Replicated(f"{attention}.experts.router", why, "attention"), Replicated(f"{mlp}.router", why, "mlp")]
     return Plan(tuple(entries), "hand-written", tuple(replicated), sp)
+
+
+@register_plan("DbrxForCausalLM")
+def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
+    # DBRX: each block a norm-attention-norm wrapper (norm_1, attention with one fused Wqkv [q; k; v],
+    # the residual add, norm_2) and a MoE block (ffn: router, experts as flat [E * ffn, H] weights
+    # w1/v1/w2 in experts.mlp). Attention as Phi-3's fused qkv (one KV head, as the default config
+    # has: the KV head computed whole on every rank, MultiQueryColwiseParallel); clip_qkv clamps
+    # elementwise, on this rank's q/k/v alike. The experts: whole experts per rank
+    # (plangen.flat_expert_styles), reduced once by the MoE block as every other MoE plan does.
+    config = model.config
+    heads, kv_heads = config.n_heads, config.attn_config.kv_n_heads
+    sp = sequence_parallel
+    layer = "transformer.blocks.*"
+    wrapper = f"{layer}.norm_attn_norm"
+    one_kv_head = kv_heads == 1
+    plan = build_fused_decoder_plan(
+        "transformer", sequence_parallel=sp, qkv_parts=(heads, kv_heads, kv_heads),
+        # DbrxAttention splits Wqkv's output at hidden_size and kv heads * head_dim and repeats each KV
+        # head num_key_value_groups times.
+        head_attributes=("hidden_size", "num_key_value_groups" if one_kv_head else "num_key_value_heads"),
+        layer_norms=("norm_attn_norm.norm_1", "norm_attn_norm.norm_2"), attention="norm_attn_norm.attn",
+        qkv="Wqkv", out="out_proj", mlp="ffn", embedding="wte", final_norm="norm_f", layers="blocks",
+    )
+    ffn = f"{layer}.ffn"
+    entries = [e for e in plan.entries if not e.pattern.startswith(ffn)]  # the fused plan's gate_up/down
+    if one_kv_head:
+        qkv = f"{wrapper}.attn.Wqkv"
+        entries = [
+            replace(e, style="MultiQueryColwiseParallel", why="each rank holds its own query heads and the one KV"
+                    " head whole (its rows gathered per forward); one input-gradient reduction per block",
+                    kwargs=dict(part_sizes=(heads, 1, 1), shared_parts=(1, 2), input_layouts=e.kwargs["input_layouts"]))
+            if e.pattern == qkv else e
+            for e in entries
+        ]
+    entries.append(PlanEntry(
+        ffn, "PrepareModuleInputOutput",
+        dict(input_layouts=(SEQ if sp else Replicate(),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
+             desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Partial(),),
+             desired_output_layouts=(SEQ if sp else Replicate(),), use_local_output=not sp),
+        "mlp",
+        ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce")
+        + ": the experts leave partial sums, reduced once here",
+    ))
+    entries.append(PlanEntry(
+        f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial()), "mlp",
+        "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) and computes the routes"
+        " to them; partial sum out",
+    ))
+    replicated = (*plan.replicated, Replicated(f"{ffn}.router", "the router sees every token on every rank: routing stays exact", "mlp"))
+    return replace(plan, entries=tuple(entries), replicated=replicated)

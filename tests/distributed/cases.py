@@ -95,6 +95,7 @@ def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
 
 def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
     """Per MoE layer, how many (token, expert) routes each expert gets in the next forwards; the hooks."""
+    from plangen.flat_expert_styles import flat_expert_shape
     from plangen.moe_styles import expert_count
 
     counts: list[list[int]] = []
@@ -105,7 +106,7 @@ def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
                 lambda mod, args, out: counts.append((out[0] > 0).sum(0).tolist())
             ))
             continue
-        experts = expert_count(module)
+        experts = expert_count(module) or (flat_expert_shape(module) or (None,))[0]  # DBRX's flat experts too
         if experts:
             handles.append(module.register_forward_hook(
                 lambda mod, args, out, n=experts: counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
