@@ -90,20 +90,28 @@ def plan_zamba2(model: nn.Module, sequence_parallel: bool) -> Plan:
                   dict(input_layouts=Replicate(), output_layouts=residual, use_local_output=not sp), "embeddings",
                   "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")),
     ]
-    for mixer in MIXERS:
+    kinds = set(model.config.layers_block_type)  # "linear_attention" (Mamba2 layers), "hybrid"
+    hybrid = "hybrid" in kinds
+    mixers = [m for m, kind in zip(MIXERS, ("linear_attention", "hybrid")) if kind in kinds]
+    for mixer in mixers:
         entries += [mamba2_mixer_entry(mixer, sp), *mamba2_children_entries(mixer, sp)]
-    block, replicated = _shared_block_entries(model, sp)
-    entries += block
+    replicated: list[Replicated] = []
+    if hybrid:
+        block, replicated = _shared_block_entries(model, sp)
+        entries += block
+    norms = [n for n, kind in zip(RESIDUAL_NORMS, ("linear_attention", "hybrid", None)) if kind is None or kind in kinds]
     linear = "model.layers.*.linear"
     if sp:
-        entries.append(PlanEntry(linear, "PrepareModuleOutput", dict(
-            output_layouts=Replicate(), desired_output_layouts=SEQ, use_local_output=False,
-        ), "other", "whole on every rank; keeps this rank's sequence shard of its output for the residual stream"))
+        if hybrid:
+            entries.append(PlanEntry(linear, "PrepareModuleOutput", dict(
+                output_layouts=Replicate(), desired_output_layouts=SEQ, use_local_output=False,
+            ), "other", "whole on every rank; keeps this rank's sequence shard of its output for the residual stream"))
         entries += [PlanEntry(n, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
-                              "norm on the local sequence shard") for n in RESIDUAL_NORMS]
+                              "norm on the local sequence shard") for n in norms]
     else:
-        replicated.append(Replicated(linear, "maps the shared block's whole output: hidden x hidden, whole on every rank", "other"))
-        replicated += [Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in RESIDUAL_NORMS]
+        if hybrid:
+            replicated.append(Replicated(linear, "maps the shared block's whole output: hidden x hidden, whole on every rank", "other"))
+        replicated += [Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms]
     entries.append(PlanEntry("lm_head", "ColwiseParallel",
                              dict(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False), "output",
                              "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy"))
