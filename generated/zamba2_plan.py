@@ -16,11 +16,15 @@ It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
 FusedColwiseParallel, GatedRMSNormParallel, Mamba2MixerParallel, TiedEmbeddingParallel,
-TiedHeadParallel). model.embed_tokens and lm_head share one weight: TiedEmbeddingParallel and
-TiedHeadParallel keep it one parameter, sharded once on the vocabulary by whichever is applied
-first, so no re-tie is needed; keep the two together (one alone leaves two parameters, which plangen
-verify reports). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
-(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+TiedHeadParallel). Except: 26 parameters are held by several modules (as
+model.layers.6.shared_transformer.self_attn.q_proj.weight and
+model.layers.12.shared_transformer.self_attn.q_proj.weight): only a runtime that makes them one
+again after parallelize_module (plangen's) trains each as one. model.embed_tokens and lm_head share
+one weight: TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded once on the
+vocabulary by whichever is applied first, so no re-tie is needed; keep the two together (one alone
+leaves two parameters, which plangen verify reports). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
