@@ -138,3 +138,16 @@ def tied_embeddings(model: "nn.Module") -> tuple[str, str] | None:
         return None
     names = {id(m): n for n, m in model.named_modules()}
     return names[id(emb)], names[id(head)]
+
+
+def shared_parameters_beyond_tie(model: "nn.Module") -> list[list[str]]:
+    """Names (``module.param``) of each parameter that several modules hold, but the tied
+    embedding and head's weight (Zamba2's shared transformer block, held by every hybrid layer)."""
+    holders: dict[int, list[str]] = {}
+    for path, module in model.named_modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append(f"{path}.{name}" if path else name)
+    tied = tied_embeddings(model)
+    tie = {f"{tied[0]}.weight", f"{tied[1]}.weight"} if tied is not None else set()
+    return [names for names in holders.values() if len(names) > 1 and set(names) != tie]

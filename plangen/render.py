@@ -433,9 +433,10 @@ def build_plan_context(
 
 def reliance(model: "nn.Module", plan: Plan) -> str:
     """What a runtime must do for the file to be right, and what the file does by itself."""
-    from plangen.module_tree import tied_embeddings
+    from plangen.module_tree import shared_parameters_beyond_tie, tied_embeddings
 
     styles = {entry.style for entry in plan.entries}
+    tied = tied_embeddings(model)
     own = sorted(s for s in styles if STYLE_FACTS[s].module != "torch.distributed.tensor.parallel")
     text = (
         "It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and then"
@@ -443,9 +444,12 @@ def reliance(model: "nn.Module", plan: Plan) -> str:
         " from plangen's runtime"
         + (f", though plangen.styles must be importable there (for {', '.join(own)})." if own else ".")
     )
+    shared = shared_parameters_beyond_tie(model)
+    if shared:
+        text += (f" Except: {len(shared)} parameters are held by several modules (as {shared[0][0]} and {shared[0][1]}):"
+                 " only a runtime that makes them one again after parallelize_module (plangen's) trains each as one.")
     if any(STYLE_FACTS[s].role == "grad_reduce" for s in styles):
         text += " Per-head norms see only their rank's heads: their style sums their weight gradient over TP."
-    tied = tied_embeddings(model)
     if tied is not None and {"TiedEmbeddingParallel", "TiedHeadParallel"} <= styles:
         text += (
             f" {tied[0]} and {tied[1]} share one weight: TiedEmbeddingParallel and TiedHeadParallel keep it one"

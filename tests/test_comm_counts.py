@@ -659,3 +659,33 @@ def test_mlstm_layer_costs_what_a_dense_attention_block_does(fake_pg):
     assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
     forward, backward, _, _ = per_layer("xlstm-4h", True, source="synthesized")
     assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2}
+
+
+# --- Zamba2: the shared transformer block of a hybrid layer (plangen.plans.zamba2) -------------
+
+
+def _zamba2_counts(block_types: list[str], sequence_parallel: bool):
+    kwargs = dict(TINY["zamba2"], num_hidden_layers=len(block_types), layers_block_type=block_types)
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    chosen = choose_plan(model, sequence_parallel)
+    assert chosen.source == "hand-written"
+    counts = _tp2_step_counts(model, chosen.plan)
+    return config, counts
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_zamba2_shared_block_reduces_each_projections_input_gradient(fake_pg, sequence_parallel):
+    """A hybrid layer costs its Mamba2 mixer (as a Mamba layer does) plus its shared block: o_proj's
+    and down_proj's all-reduces forward; backward, each column-parallel projection's input gradient
+    (q, k, v, gate|up and the four adapters' up-projections, whose rank-wide input the replicated
+    down-projection computes): 8 all-reduces. Under SP the block first gathers its input and the token
+    embeddings (2 all-gathers), and ``linear``'s output gradient is gathered back (1) in backward."""
+    mamba = ["linear_attention", "linear_attention"]
+    _, (f_mamba, b_mamba) = _zamba2_counts(mamba, sequence_parallel)
+    config, (f_hybrid, b_hybrid) = _zamba2_counts(["linear_attention", "hybrid"], sequence_parallel)
+    diff = lambda a, b: {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    gathered = {AG: 2} if sequence_parallel else {}
+    assert diff(f_mamba, f_hybrid) == {**gathered, AR: 2}
+    assert diff(b_mamba, b_hybrid) == {**({AG: 1} if sequence_parallel else {}), AR: 8}

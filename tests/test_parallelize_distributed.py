@@ -108,6 +108,11 @@ def _cases():
     moe += [{"name": "phi3-state-dict" + ("-sp" if sp else ""), "model": "phi3", "sp": sp, "state_dict": True} for sp in (False, True)]
     moe.append({"name": "gpt2-state-dict", "model": "gpt2", "state_dict": True})  # Conv1D [in, out], fused c_attn with bias
     cases += moe
+    # Zamba2: Mamba2 mixers one level down in hybrid layers, the shared transformer (one module for both
+    # hybrid layers, per-layer adapters) split by heads and features; under SP it gathers its input and
+    # the token embeddings, which the Mamba layers are handed but ignore (plangen.fsdp_inputs).
+    extra += [{"name": "zamba2", "model": "zamba2"},
+              {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True}]
     # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
     # own styles need nothing else (OLMo-2's norms over the whole projection).
     extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]

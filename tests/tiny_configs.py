@@ -106,6 +106,15 @@ TINY["nemotron_h"] = dict(
 # One B/C group (GraniteMoeHybrid, Bamba, Zamba2): every TP rank's heads read it, so its rows are
 # gathered whole per forward and the gated norm's one group spans the ranks.
 TINY["nemotron_h-1g"] = dict(TINY["nemotron_h"], n_groups=1)
+# Zamba2: Mamba2 layers and hybrid layers whose shared transformer block (one module, num_mem_blocks
+# 1) both hybrid layers reuse, with per-layer adapters on q, k, v and gate|up; one B/C group; rotary.
+TINY["zamba2"] = dict(
+    model_type="zamba2", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+    layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"], num_mem_blocks=1,
+    use_shared_attention_adapter=True, adapter_rank=8, num_attention_heads=4, num_key_value_heads=4,
+    n_mamba_heads=4, mamba_ngroups=1, mamba_d_state=8, chunk_size=8, use_mem_rope=True,
+    max_position_embeddings=64, use_cache=False,
+)
 
 # Mixture-of-experts: 8 experts, top-2, so that with a 2-rank TP group every rank's experts get
 # tokens and, in the parity tests' batches, some expert gets none (the tests check both).

@@ -451,6 +451,10 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
             " plangen.loss.vocab_parallel_cross_entropy) or output_layouts=Replicate()"
         )
     block = parent_path(name)
+    # A container (Zamba2's adapters: Sequential in a ModuleList) hands its output to the module
+    # around it, which holds the projection that consumes it.
+    while block and isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)):
+        block = parent_path(block)
     kinds = plan.styles_below.get(block, set())
     block_style = plan.style_of(block)
     name, shown = generalize(name), generalize(block) or plan.model_name

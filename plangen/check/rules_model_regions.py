@@ -42,6 +42,8 @@ def _residual_layouts(plan: ModelPlan) -> Iterator[tuple[str, object]]:
         placements: list[object] = []
         if isinstance(style, SequenceParallel) and not isinstance(style, ReplicatedWithGradAllReduce):
             placements.append(style.sequence_sharding[0])
+        elif isinstance(style, RowwiseParallel) and _computed_whole_inside(plan, names[0], style):
+            pass  # a plain whole output inside a block that gathered its inputs to plain tensors (Zamba2's shared block)
         elif isinstance(style, RowwiseParallel) or (isinstance(style, ColwiseParallel) and isinstance(module, nn.Embedding)):
             placements.append(first_layout(style.output_layouts))
         elif isinstance(style, PrepareModuleInput) and not _input_prepared_above(plan, names[0]):
@@ -56,6 +58,21 @@ def _residual_layouts(plan: ModelPlan) -> Iterator[tuple[str, object]]:
         for placement in placements:
             if is_sequence_split(placement) or isinstance(placement, Replicate):
                 yield key, placement
+
+
+def _computed_whole_inside(plan: ModelPlan, path: str, style: RowwiseParallel) -> bool:
+    """A row-parallel output left whole and plain (``Replicate()``, ``use_local_output=True``) below a
+    block whose PrepareModuleInput hands it plain whole tensors: it stays inside that block's whole
+    computation, not on the residual stream (whatever leaves the block lays it out again)."""
+    if not (isinstance(first_layout(style.output_layouts), Replicate) and style.use_local_output):
+        return False
+    while path:
+        path = parent_path(path)
+        above = plan.style_of(path)
+        if isinstance(above, PrepareModuleInput) and not isinstance(above, PrepareModuleInputOutput):
+            desired = [*(above.desired_input_layouts or ()), *(above.desired_input_kwarg_layouts or {}).values()]
+            return above.use_local_output and bool(desired) and all(d is None or isinstance(d, Replicate) for d in desired)
+    return False
 
 
 def _input_prepared_above(plan: ModelPlan, path: str) -> bool:
