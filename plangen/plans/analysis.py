@@ -380,15 +380,15 @@ def _analyze_layer(
 
 
 def _analyze_outside(
-    module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: Findings, towers: tuple[str, ...] = ()
+    module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: Findings, towers: dict[str, str] | None = None
 ) -> None:
     """Modules outside the decoder layers: per-feature ones (final norm) and what stays replicated."""
     if id(module) in anchors or not has_parameters(module):
         return
-    in_tower = tower_kept_reason(path, module, towers)
+    in_tower = tower_kept_reason(path, module, towers or {})
     if in_tower is not None and not any(id(m) in anchors for m in module.modules()):
-        found.keep(path, in_tower, "other", f"{path} ({type(module).__name__}) is a tower's part outside its layers, "
-                   "whose output the model merges into the text stream: not proven under sequence parallel")
+        found.keep(path, in_tower, "other", f"{path} ({type(module).__name__}) is part of a tower, whose output "
+                   "the model merges into the text stream: not proven under sequence parallel")
         return
     if path and is_per_feature(module, dims.hidden):
         found.norms.append(path)
@@ -473,7 +473,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers, dims)
     if embedding_sum is not None:
         found.sp_problems.insert(0, embedding_sum)
-    _analyze_outside(model, "", anchors, dims, found, towers.owners)
+    _analyze_outside(model, "", anchors, dims, found, towers.reasons)
     problem = None
     if not found.blocks:
         in_layers = [k.why for k in found.kept if k.pattern.startswith(layers_path + ".")]

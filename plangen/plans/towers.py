@@ -6,6 +6,10 @@ over heads exactly as causal attention does), MLPs by their intermediate, each b
 all-reduced. They stay tensor-parallel only: under sequence parallelism their sequence (patches,
 audio frames) is not the decoder's, so their blocks take and return whole activations.
 
+A tower with a config of its own (vision, audio) is sharded only for the classes whose check feeds
+it inputs (:data:`plangen.tower_inputs.TOWER_INPUTS`): the sweep proves a plan by running it, and
+text alone never reaches such a tower. The others keep it whole, saying so.
+
 What a tower holds outside its layers (patch and position embeddings, convolutions, its norms)
 stays whole: it runs once per input, not once per layer, and is small beside the layers.
 
@@ -25,6 +29,7 @@ from plangen.plans.dims import ModelDims, dims_of_config, has_parameters
 from plangen.plans.findings import BlockPart, Findings
 from plangen.plans.recognize import ShardedBlock
 from plangen.plans.recognize_split import SplitBlock
+from plangen.tower_inputs import TOWER_INPUTS
 
 __all__ = ["Towers", "analyze_towers", "tower_kept_reason"]
 
@@ -41,6 +46,7 @@ class TowerStack:
     path: str  # the ModuleList of the tower's layers
     owner: str  # the outermost module holding it but not the text decoder (git.image_encoder)
     dims: ModelDims  # the tower's own sizes (its config's), the text decoder's where it has none
+    modal: bool  # it has a config of its own (vision, audio): text alone does not reach it
 
 
 @dataclass
@@ -48,10 +54,9 @@ class Towers:
     stacks: list[TowerStack] = field(default_factory=list)
     blocks: list[BlockPart] = field(default_factory=list)
     kept: list[Replicated] = field(default_factory=list)
-
-    @property
-    def owners(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(stack.owner for stack in self.stacks))
+    # The outermost module of each tower -> why what it holds outside its sharded layers (or, for a
+    # tower left whole, all of it) stays whole.
+    reasons: dict[str, str] = field(default_factory=dict)
 
 
 def _inside(path: str, outer: str) -> bool:
@@ -68,7 +73,7 @@ def _owner(path: str, decoder_path: str) -> str:
     return path
 
 
-def _tower_dims(model: nn.Module, path: str, text: ModelDims) -> ModelDims:
+def _tower_dims(model: nn.Module, path: str, text: ModelDims) -> tuple[ModelDims, bool]:
     """The sizes of the nearest config on the way up from ``path`` (a vision or audio config), else the
     text decoder's (a second stack of the decoder itself: the model's own config)."""
     parts = path.split(".")
@@ -76,8 +81,8 @@ def _tower_dims(model: nn.Module, path: str, text: ModelDims) -> ModelDims:
         config = getattr(model.get_submodule(".".join(parts[:depth])), "config", None)
         dims = dims_of_config(config) if config is not None and config is not getattr(model, "config", None) else None
         if dims is not None:
-            return dims
-    return text
+            return dims, True
+    return text, False
 
 
 def _candidate_stacks(model: nn.Module, decoder_path: str) -> list[tuple[str, nn.ModuleList]]:
@@ -97,14 +102,23 @@ def analyze_towers(model: nn.Module, decoder_path: str, text: ModelDims, walk: L
     """Every further stack of layers in which ``walk`` recognises an attention or MLP block to shard."""
     towers = Towers()
     for path, layers in _candidate_stacks(model, decoder_path):
-        dims = _tower_dims(model, path, text)
+        dims, modal = _tower_dims(model, path, text)
         found = Findings()
         for index, layer in enumerate(layers):
             walk(layer, f"{path}.{index}", dims, found)
         sharded = [part for part in found.blocks if isinstance(part.block, _TOWER_BLOCKS)]
         if not sharded:
             continue
-        towers.stacks.append(TowerStack(path, _owner(path, decoder_path), dims))
+        owner = _owner(path, decoder_path)
+        if modal and type(model).__name__ not in TOWER_INPUTS:
+            towers.reasons.setdefault(owner, (
+                "{cls} holds a tower (" + type(layers[0]).__name__ + " layers at " + path + ") that the numerical "
+                "check cannot run (no inputs built for it in plangen.tower_inputs): sharded, it would be unproven"))
+            continue
+        towers.stacks.append(TowerStack(path, owner, dims, modal))
+        towers.reasons[owner] = (
+            "{cls}, in the " + owner + " tower outside its sharded layers (patch or position embeddings, "
+            "convolutions, norms): whole on every rank, run once per input, not once per layer")
         towers.blocks += sharded
         towers.kept += found.kept
         towers.kept += [Replicated(part.path, "a block of a tower that only plain attention and MLP styles "
@@ -115,10 +129,7 @@ def analyze_towers(model: nn.Module, decoder_path: str, text: ModelDims, walk: L
     return towers
 
 
-def tower_kept_reason(path: str, module: nn.Module, owners: tuple[str, ...]) -> str | None:
-    """Why a module of a tower outside its layers stays whole, or None where ``path`` is in no tower."""
-    owner = next((o for o in owners if _inside(path, o)), None)
-    if owner is None:
-        return None
-    return (f"{type(module).__name__}, in the {owner} tower outside its sharded layers (patch or position "
-            "embeddings, convolutions, norms): whole on every rank, run once per input, not once per layer")
+def tower_kept_reason(path: str, module: nn.Module, reasons: dict[str, str]) -> str | None:
+    """Why a module of a tower outside its sharded layers stays whole, or None where ``path`` is in no tower."""
+    owner = next((o for o in reasons if _inside(path, o)), None)
+    return None if owner is None else reasons[owner].format(cls=type(module).__name__)

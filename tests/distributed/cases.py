@@ -22,13 +22,13 @@ from torch.distributed.tensor import DTensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for dotted custom plans
 
 from tiny_configs import build_tiny  # noqa: E402
-from tower_inputs import build_tower_inputs, text_logits  # noqa: E402
 
 from plangen.check.run import full_parameter, full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
 from plangen.comm import CollectiveCounter  # noqa: E402
 from plangen.loss import vocab_parallel_cross_entropy  # noqa: E402
 from plangen.models import text_config  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
+from plangen.tower_inputs import build_tower_inputs, text_logits  # noqa: E402
 
 BATCH, SEQ = 4, 8
 

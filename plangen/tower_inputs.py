@@ -1,10 +1,12 @@
-"""Inputs that run a model's towers in the parity cases: pixel values for an image encoder, mel
-features for an audio tower, with their placeholders in the token ids.
+"""Inputs that run a model's vision or audio tower in a numerical check: pixel values for an image
+encoder, mel features for an audio tower, with their placeholders in the token ids.
 
 A tower that only text reaches is never run, so its sharding would go unproven (its parameters get
-no gradient on either side): the classes listed here get one image or one audio chunk per row, so
-their towers' logits and gradients are compared too. Keyed by class name; every tensor has one row
-per row of ``ids``, so a DP rank takes its rows of each.
+no gradient on either side). The parity cases (tests/distributed/cases.py, which the sweep runs)
+give the classes listed here one image or one audio chunk per row, so their towers' outputs and
+gradients are compared too; the synthesizer shards a tower with its own config only for these
+classes (:mod:`plangen.plans.towers`). Keyed by class name; every tensor has one row per row of
+``ids``, so a DP rank takes its rows of each.
 """
 
 from __future__ import annotations
