@@ -204,6 +204,8 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "grad": grad_diffs[worst] if worst else None,
         "worst_grad": worst,
         "missing_grads": sorted(set(ref_grads) - set(grads)),
+        # Parameters the check's batch never reaches (a tower fed no inputs): compared by nothing.
+        "unreached": sorted(n for n, p in reference.named_parameters() if p.requires_grad and n not in ref_grads),
         "extra_grads": sorted(set(grads) - set(ref_grads)),
         "grad_norm": abs(norm - ref_norm),
         "grad_norm_inf": abs(norm_inf - ref_norm_inf),
