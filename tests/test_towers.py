@@ -64,15 +64,18 @@ def test_a_second_decoder_stack_is_sharded_like_the_first():
         assert styles[f"{stack}.layers.*.mlp.down_proj"] == "RowwiseParallel"
 
 
-@pytest.mark.parametrize("model_type, owner", [
-    ("phi4_multimodal", "model.embed_tokens_extend"),
-    ("got_ocr2", "model.vision_tower"),
+@pytest.mark.parametrize("model_type, owner, towers", [
+    ("phi4_multimodal", "model.embed_tokens_extend", ("Phi4MultimodalVisionEncoderLayer layers at model.embed_tokens_extend.image_embed.img_processor.encoder.layers",
+                                                      "Phi4MultimodalAudioConformerEncoderLayer layers at model.embed_tokens_extend.audio_embed.encoder.encoders")),
+    ("got_ocr2", "model.vision_tower", ("GotOcr2VisionLayer layers at model.vision_tower.layers",)),
 ])
-def test_a_tower_the_check_cannot_run_stays_whole_with_the_reason(model_type, owner):
-    plan = build_synthesized_plan(_tiny(model_type), sequence_parallel=False)
+def test_a_tower_the_check_cannot_run_stays_whole_with_the_reason(model_type, owner, towers):
+    model = _tiny(model_type)
+    plan = build_synthesized_plan(model, sequence_parallel=False)
     assert not [e.pattern for e in plan.entries if e.pattern.startswith(owner + ".")]
     why = {r.pattern: r.why for r in plan.replicated}[owner]
-    assert "that the numerical check cannot run (no inputs built for it in plangen.tower_inputs)" in why
+    assert why.startswith(f"{type(model.get_submodule(owner)).__name__} holds towers ({'; '.join(towers)})")
+    assert "that the numerical check cannot run (no inputs built for them in plangen.tower_inputs)" in why
 
 
 def test_tower_inputs_run_the_towers_and_the_text_logits_are_the_last_positions():

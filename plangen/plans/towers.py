@@ -101,6 +101,7 @@ def _candidate_stacks(model: nn.Module, decoder_path: str) -> list[tuple[str, nn
 def analyze_towers(model: nn.Module, decoder_path: str, text: ModelDims, walk: LayerWalker) -> Towers:
     """Every further stack of layers in which ``walk`` recognises an attention or MLP block to shard."""
     towers = Towers()
+    unrun: dict[str, list[str]] = {}  # owner -> its towers the check cannot run
     for path, layers in _candidate_stacks(model, decoder_path):
         dims, modal = _tower_dims(model, path, text)
         found = Findings()
@@ -111,9 +112,10 @@ def analyze_towers(model: nn.Module, decoder_path: str, text: ModelDims, walk: L
             continue
         owner = _owner(path, decoder_path)
         if modal and type(model).__name__ not in TOWER_INPUTS:
-            towers.reasons.setdefault(owner, (
-                "{cls} holds a tower (" + type(layers[0]).__name__ + " layers at " + path + ") that the numerical "
-                "check cannot run (no inputs built for it in plangen.tower_inputs): sharded, it would be unproven"))
+            unrun.setdefault(owner, []).append(f"{type(layers[0]).__name__} layers at {path}")
+            towers.reasons[owner] = (
+                "{cls} holds towers (" + "; ".join(unrun[owner]) + ") that the numerical check cannot run (no "
+                "inputs built for them in plangen.tower_inputs): sharded, they would be unproven")
             continue
         towers.stacks.append(TowerStack(path, owner, dims, modal))
         towers.reasons[owner] = (
