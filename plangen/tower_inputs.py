@@ -50,5 +50,6 @@ def build_tower_inputs(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, dic
 
 
 def text_logits(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The logits at the text positions: the last ``ids.shape[1]`` (Git puts its patches first)."""
-    return logits[:, -ids.shape[1]:]
+    """The logits at the text positions: the last ``ids.shape[1]`` (Git puts its patches first); the
+    logits themselves where they are the text's only."""
+    return logits if logits.shape[1] == ids.shape[1] else logits[:, -ids.shape[1]:]
