@@ -171,6 +171,6 @@ def test_hugging_face_plans_are_used_only_where_the_sweep_proved_them(monkeypatc
 
     monkeypatch.setattr(P, "load_proven", lambda: {})  # no records: nothing proven
     with pytest.raises(NoPlanError, match="not checked by the sweep"):
-        choose_plan(meta("phi4_multimodal"), False)
-    monkeypatch.setattr(P, "load_proven", lambda: {"Phi4MultimodalForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
-    assert choose_plan(meta("phi4_multimodal"), False).source == "hf"
+        choose_plan(meta("granite"), False)
+    monkeypatch.setattr(P, "load_proven", lambda: {"GraniteForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    assert choose_plan(meta("granite"), False).source == "hf"

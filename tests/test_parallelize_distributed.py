@@ -118,6 +118,10 @@ def _cases():
     extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
+    # Phi-4-multimodal: Phi-3's plan (fused qkv_proj / gate_up_proj re-laid out per rank), no SP; its
+    # state dict still Hugging Face's at DP 2 x TP 2.
+    cases += [{"name": "Phi4MultimodalForCausalLM", "class": "Phi4MultimodalForCausalLM"},
+              {"name": "Phi4MultimodalForCausalLM-state-dict", "class": "Phi4MultimodalForCausalLM", "state_dict": True}]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
     hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
     # The stable variant (no cross-rank sums in forward), and at TP 2 the same models with every
@@ -275,7 +279,8 @@ def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, 
     for per_case in results:
         layouts = per_case[case_id]["off_dim0"]
         assert all(local[0] < 2 for _, local in layouts.values()), layouts
-        multimodal = "ForConditionalGeneration" in case_id  # vision towers: not enumerated here
+        # vision (and audio) towers: not enumerated here
+        multimodal = "ForConditionalGeneration" in case_id or "Phi4Multimodal" in case_id
         # HunYuan's one expert (split on its intermediate) and router ([1, H]) have a dim 0 of 1.
         if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe", "hunyuan")) or case_id.startswith("tp2/")):
             assert layouts == {}, layouts

@@ -107,12 +107,20 @@ CLASSES = {
     # xLSTM's mLSTM layers by heads: q/k/v/ogate and the per-head igate/fgate column-parallel, the
     # multi-head norm's weight with its heads, config.num_heads/qk_dim/v_dim made local.
     "xlstm": ("xLSTMForCausalLM", False),
+    # Layer stacks outside the text decoder (plangen.plans.towers), TP only, run by their inputs
+    # (plangen.tower_inputs): Git's CLIP-style image encoder (pixel values; the patches precede the
+    # text in the logits), Moss's Whisper-style audio tower (mel features, one audio token per row),
+    # whose attention views by self.num_heads in a helper method (made this rank's).
+    "git": ("GitForCausalLM", False),
+    "moss_transcribe_diarize": ("MossTranscribeDiarizeForConditionalGeneration", True),
 }
+# The towers those cases must run: every parameter of their layers gets a gradient in the check.
+TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcribe_diarize": "model.audio_tower.layers."}
 # No sequence parallel: the BERT family's (RemBERT's, X-MOD's) position and token-type embeddings are
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text"}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -189,6 +197,8 @@ DEFAULT_IDS = {c for c in CASE_IDS if _in_default_run(c)}
 
 
 def _needs(test: str, params: dict) -> list[str]:
+    if test == "test_the_check_runs_the_towers_it_shards":
+        return [f"dp2tp2/{params['model_type']}"]
     if test == "test_packed_state_dict_is_the_hugging_face_one_at_dp2":
         return [f"dp2tp2/{params['model_type']}"]
     if test == "test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model":
@@ -228,6 +238,16 @@ def test_synthesized_plan_is_what_it_claims(results, case_id):
         assert r["forward_collectives"].get("reduce_scatter_tensor", 0) == HEAD_GATE_REDUCE_SCATTERS.get(model_type, 0)
     model_type = STABLE.get(model_type, model_type)
     assert r["tied"] == (CLASSES[model_type][1] if model_type in CLASSES else TINY_CASES[model_type])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("model_type", sorted(TOWERS))
+def test_the_check_runs_the_towers_it_shards(results, model_type):
+    """A tower no input reaches gets no gradient on either side, and the parity check would pass on it
+    unproven: Git's and Moss's cases feed theirs, so every parameter of their layers is compared."""
+    r = results[0][f"dp2tp2/{model_type}"]
+    assert not [n for n in r["unreached"] if n.startswith(TOWERS[model_type])], r["unreached"]
+    assert r["worst_grad"] is not None
 
 
 @pytest.mark.distributed

@@ -54,6 +54,7 @@ from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
 from plangen.plans.recognize_split import recognize_attention_called_alike
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
+from plangen.plans.towers import analyze_towers, tower_kept_reason
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ class Analysis:
     embedding_row_readers: tuple[tuple[str, str], ...] = ()
     # Modules whose own per-feature parameters act on the residual stream (Doge's layer scales).
     residual_parameters: tuple[str, ...] = ()
+    # Attention and MLP blocks of further layer stacks (vision or audio towers, a second decoder
+    # stack: plangen.plans.towers), sharded tensor-parallel only, and the paths of those stacks.
+    tower_blocks: tuple[BlockPart, ...] = ()
+    tower_stacks: tuple[str, ...] = ()
 
     @property
     def synthesizable(self) -> bool:
@@ -375,9 +380,16 @@ def _analyze_layer(
             found.gathered.append(KeptPart(child_path, call))
 
 
-def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: Findings) -> None:
+def _analyze_outside(
+    module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: Findings, towers: dict[str, str] | None = None
+) -> None:
     """Modules outside the decoder layers: per-feature ones (final norm) and what stays replicated."""
     if id(module) in anchors or not has_parameters(module):
+        return
+    in_tower = tower_kept_reason(path, module, towers or {})
+    if in_tower is not None and not any(id(m) in anchors for m in module.modules()):
+        found.keep(path, in_tower, "other", f"{path} ({type(module).__name__}) is part of a tower, whose output "
+                   "the model merges into the text stream: not proven under sequence parallel")
         return
     if path and is_per_feature(module, dims.hidden):
         found.norms.append(path)
@@ -395,7 +407,7 @@ def _analyze_outside(module: nn.Module, path: str, anchors: set[int], dims: Mode
         found.keep(path or type(module).__name__, f"own parameters ({names}) outside any recognised module", "other",
                    f"{path or 'the model'} has its own parameters ({names}) outside any recognised module")
     for name, child in module.named_children():
-        _analyze_outside(child, f"{path}.{name}" if path else name, anchors, dims, found)
+        _analyze_outside(child, f"{path}.{name}" if path else name, anchors, dims, found, towers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,7 +462,10 @@ def analyze_model(model: nn.Module) -> Analysis:
     per_head_input = _per_head_input(model, layers_path, dims)
     for index, layer in enumerate(layers):
         _analyze_layer(layer, f"{layers_path}.{index}", layer_dims(model, dims, layer), found, per_head_input)
+    towers = analyze_towers(model, layers_path, dims, _analyze_layer)
+    found.kept += towers.kept
     anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    anchors |= {id(model.get_submodule(stack.path)) for stack in towers.stacks}
     positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
     for path in positions:
         anchors.add(id(model.get_submodule(path)))
@@ -459,7 +474,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers, dims)
     if embedding_sum is not None:
         found.sp_problems.insert(0, embedding_sum)
-    _analyze_outside(model, "", anchors, dims, found)
+    _analyze_outside(model, "", anchors, dims, found, towers.reasons)
     problem = None
     if not found.blocks:
         in_layers = [k.why for k in found.kept if k.pattern.startswith(layers_path + ".")]
@@ -484,6 +499,8 @@ def analyze_model(model: nn.Module) -> Analysis:
         token_tables=tuple(found.token_tables),
         embedding_row_readers=tuple(found.row_readers),
         residual_parameters=tuple(found.residual_parameters),
+        tower_blocks=tuple(towers.blocks),
+        tower_stacks=tuple(stack.path for stack in towers.stacks),
     )
 
 

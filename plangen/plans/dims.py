@@ -40,7 +40,12 @@ def _config_int(config: Any, *names: str) -> int | None:
 
 def read_dims(model: nn.Module) -> ModelDims | None:
     """The text decoder's sizes, or None when the config states no hidden size."""
-    config = text_config(getattr(model, "config", None))
+    return dims_of_config(text_config(getattr(model, "config", None)))
+
+
+def dims_of_config(config: Any) -> ModelDims | None:
+    """The sizes one config states (a text decoder's, or a vision or audio tower's), or None when
+    it states no hidden size."""
     hidden = _config_int(config, "hidden_size", "d_model", "n_embd")
     if hidden is None:
         return None

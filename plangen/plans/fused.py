@@ -141,6 +141,23 @@ def plan_phi3(model: nn.Module, sequence_parallel: bool) -> Plan:
     )
 
 
+@register_plan("Phi4MultimodalForCausalLM")
+def plan_phi4_multimodal(model: nn.Module, sequence_parallel: bool) -> Plan:
+    """Phi-4-multimodal's text decoder is Phi-3's (the same fused qkv_proj sliced by the config's head
+    counts, the same gate_up_proj): Phi-3's plan. Its image and audio towers (embed_tokens_extend)
+    stay whole: no check runs them yet (plangen.tower_inputs)."""
+    if sequence_parallel:
+        raise ValueError(
+            f"{type(model).__name__}: no sequence-parallel plan: embed_tokens_extend merges image and audio "
+            "features into the embedding's output, which sequence parallel would leave sequence-sharded; "
+            "use sequence_parallel=False"
+        )
+    plan = plan_phi3(model, False)
+    towers = Replicated("model.embed_tokens_extend", "the image and audio towers, which no numerical check runs "
+                        "yet (no inputs built for them in plangen.tower_inputs): whole", "other")
+    return Plan(plan.entries, plan.source, (*plan.replicated, towers), False)
+
+
 def build_conv1d_decoder_plan(
     model: nn.Module,
     *,

@@ -15,13 +15,11 @@ from torch import nn
 
 from plangen.plans.forward_source import (
     BlockCall,
-    ShapeSizes,
     read_applied_to,
     read_argument_chains,
     read_block_call,
     read_input_readers,
     read_returned_child,
-    read_shape_sizes,
 )
 from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' shared vocabulary
     ModelDims,
@@ -35,6 +33,7 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     wrapped_linear,
 )
 from plangen.plans.recognize_gated import read_output_gates
+from plangen.plans.shape_source import ShapeSizes, read_shape_sizes
 from plangen.plans.paired_source import read_paired_heads
 from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attention  # noqa: F401 - re-exported
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net

@@ -369,6 +369,8 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
                               "forward, their gradient summed over TP") for path in analysis.residual_parameters]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
+    for part in analysis.tower_blocks:  # a tower's sequence is not the decoder's: TP only, under SP too
+        entries += _block_entries(part, False)
     for layer, head_input in analysis.head_inputs:
         entries.append(
             PlanEntry(
@@ -458,17 +460,19 @@ def _has_submodule(layer: nn.Module, rest: str) -> bool:
 def build_plan_from_analysis(model: nn.Module, analysis: Analysis, sequence_parallel: bool) -> Plan:
     """The plan data for an analysis (see :func:`build_synthesized_plan`)."""
     entries, replicated = _concrete_entries(analysis, sequence_parallel)
-    layers = model.get_submodule(analysis.layers_path) if analysis.layers_path else None
-    entries = _generalize(
-        entries, analysis.layers_path, layers,
-        key=lambda e: (e.style, sorted((k, repr(v)) for k, v in e.kwargs.items())),
-        rename=lambda e, p: PlanEntry(p, e.style, e.kwargs, e.group, e.why),
-    )
-    replicated = _generalize(
-        replicated, analysis.layers_path, layers,
-        key=lambda r: r.why,
-        rename=lambda r, p: Replicated(p, r.why, r.group),
-    )
+    stacks = [analysis.layers_path] if analysis.layers_path else []
+    for path in [*stacks, *analysis.tower_stacks]:
+        layers = model.get_submodule(path)
+        entries = _generalize(
+            entries, path, layers,
+            key=lambda e: (e.style, sorted((k, repr(v)) for k, v in e.kwargs.items())),
+            rename=lambda e, p: PlanEntry(p, e.style, e.kwargs, e.group, e.why),
+        )
+        replicated = _generalize(
+            replicated, path, layers,
+            key=lambda r: r.why,
+            rename=lambda r, p: Replicated(p, r.why, r.group),
+        )
     return Plan(tuple(entries), "synthesized", tuple(replicated), sequence_parallel)
 
 
