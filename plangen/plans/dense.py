@@ -19,8 +19,7 @@ from torch.distributed.tensor import Replicate, Shard
 from plangen.heads import head_counts
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
-
-SEQ = Shard(1)
+from plangen.plans.layouts import SEQ, row_parallel_output
 
 
 def build_dense_decoder_plan(
@@ -115,10 +114,8 @@ def build_dense_decoder_plan(
         f"{layer}.self_attn.o_proj",
         "RowwiseParallel",
         "attention",
-        "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
-        input_layouts=Shard(-1),
-        output_layouts=SEQ if sp else Replicate(),
-        use_local_output=not sp,
+        "row-parallel: " + row_parallel_output(sp)[1],
+        **row_parallel_output(sp)[0],
     )
     add(
         f"{layer}.mlp",
@@ -146,10 +143,8 @@ def build_dense_decoder_plan(
         f"{layer}.mlp.down_proj",
         "RowwiseParallel",
         "mlp",
-        "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
-        input_layouts=Shard(-1),
-        output_layouts=SEQ if sp else Replicate(),
-        use_local_output=not sp,
+        "row-parallel: " + row_parallel_output(sp)[1],
+        **row_parallel_output(sp)[0],
     )
     for norm in (*(f"{layer}.{n}" for n in layer_norms), f"{p}norm"):
         if sp:

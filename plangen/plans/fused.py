@@ -19,6 +19,7 @@ from plangen.models import text_config
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix
 from plangen.plans.registry import register_plan
+from plangen.plans.layouts import row_parallel_output
 
 
 def build_fused_decoder_plan(
@@ -81,10 +82,8 @@ def build_fused_decoder_plan(
         f"{layer}.{attention}.{out}",
         "RowwiseParallel",
         "attention",
-        "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
-        input_layouts=Shard(-1),
-        output_layouts=SEQ if sp else Replicate(),
-        use_local_output=not sp,
+        "row-parallel: " + row_parallel_output(sp)[1],
+        **row_parallel_output(sp)[0],
     )
     add(
         f"{layer}.{mlp}.{gate_up}",
@@ -99,10 +98,8 @@ def build_fused_decoder_plan(
         f"{layer}.{mlp}.{down}",
         "RowwiseParallel",
         "mlp",
-        "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
-        input_layouts=Shard(-1),
-        output_layouts=SEQ if sp else Replicate(),
-        use_local_output=not sp,
+        "row-parallel: " + row_parallel_output(sp)[1],
+        **row_parallel_output(sp)[0],
     )
     for norm in (*(f"{layer}.{n}" for n in layer_norms), f"{p}{final_norm}"):
         if sp:

@@ -22,8 +22,8 @@ from torch.distributed.tensor import Replicate, Shard
 
 from plangen.mla_styles import KV_UP_PROJ, LATENT_KV_PROJ
 from plangen.plan import PlanEntry, Replicated
+from plangen.plans.layouts import SEQ, row_parallel_output
 
-SEQ = Shard(1)
 QUERY_DOWN = ("q_a_proj", "q_a_layernorm")
 
 
@@ -56,9 +56,9 @@ def latent_attention_entries(
                   "column-parallel: each rank computes its own heads' keys and values"),
         PlanEntry(
             f"{attention}.o_proj", "RowwiseParallel",
-            dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
+            row_parallel_output(sp)[0],
             "attention",
-            "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"),
+            "row-parallel: " + row_parallel_output(sp)[1],
         ),
     ]
     why = "low-rank down-projection (or its norm), shared by every head: computed whole on every rank"

@@ -13,8 +13,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import PlanEntry
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
-
-SEQ = Shard(1)
+from plangen.plans.layouts import row_parallel_output
 
 
 def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict[str, Any], sp: bool) -> list[PlanEntry]:
@@ -71,10 +70,6 @@ def gated_delta_net_entries(path: str, block: GatedDeltaNetBlock, prepared: dict
             f"{path}.{block.norm}", "AllReduceParamGrads", {}, group,
             "gated norm of one head's width, shared by every head, sees only local heads: its weight gradient is summed over TP",
         ))
-    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
-    entries.append(PlanEntry(
-        f"{path}.{block.rowwise}", "RowwiseParallel",
-        dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp), group,
-        f"row-parallel: {reduced}",
-    ))
+    rowwise, reduced = row_parallel_output(sp)
+    entries.append(PlanEntry(f"{path}.{block.rowwise}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}"))
     return entries

@@ -7,8 +7,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import PlanEntry
 from plangen.plans.recognize_mamba1 import Mamba1Block
-
-SEQ = Shard(1)
+from plangen.plans.layouts import SEQ
 
 
 def mamba1_entries(path: str, block: Mamba1Block, sequence_parallel: bool) -> list[PlanEntry]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import PlanEntry
+from plangen.plans.layouts import row_parallel_output
 
 MIXER_WHY = (
     "Mamba2 mixer split by heads: z, x, dt, A_log, D, dt_bias and x's conv channels with the heads, B and C "
@@ -30,15 +31,12 @@ def mamba2_children_entries(path: str, sequence_parallel: bool, group: str = "ot
                             norm: str | None = "norm", out_proj: str = "out_proj") -> list[PlanEntry]:
     """The mixer's gated norm (none: a mixer without one) and its row-parallel ``out_proj`` (``path``
     may be a ``*`` pattern)."""
-    sp = sequence_parallel
-    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
+    rowwise, reduced = row_parallel_output(sequence_parallel)
     entries = [] if norm is None else [
         PlanEntry(f"{path}.{norm}", "GatedRMSNormParallel", {}, group,
                   "gated RMSNorm on this rank's heads; a group spread over ranks (n_groups 1) all-reduces its "
                   "sum of squares (B·S values each way)"),
     ]
     return entries + [
-        PlanEntry(f"{path}.{out_proj}", "RowwiseParallel",
-                  dict(input_layouts=Shard(-1), output_layouts=Shard(1) if sp else Replicate(), use_local_output=not sp),
-                  group, f"row-parallel: {reduced}"),
+        PlanEntry(f"{path}.{out_proj}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}"),
     ]

@@ -13,8 +13,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import PlanEntry
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
-
-SEQ = Shard(1)
+from plangen.plans.layouts import row_parallel_output
 
 
 def mlstm_entries(path: str, block: MultiHeadMixerBlock, prepared: dict[str, Any], sp: bool) -> list[PlanEntry]:
@@ -36,10 +35,6 @@ def mlstm_entries(path: str, block: MultiHeadMixerBlock, prepared: dict[str, Any
         f"{path}.{block.norm}", "MultiHeadNormParallel", dict(head_attributes=("num_heads", "num_features")), group,
         "normalises each head on its own: its weight sharded with the heads, no communication",
     ))
-    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
-    entries.append(PlanEntry(
-        f"{path}.{block.rowwise}", "RowwiseParallel",
-        dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp), group,
-        f"row-parallel: {reduced}",
-    ))
+    rowwise, reduced = row_parallel_output(sp)
+    entries.append(PlanEntry(f"{path}.{block.rowwise}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}"))
     return entries

@@ -52,10 +52,10 @@ from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_split import SplitBlock
 from plangen.plans.tied import tie_plan_entries
+from plangen.plans.layouts import SEQ, row_parallel_output
 
 __all__ = ["Analysis", "analyze_model", "build_plan_from_analysis", "build_synthesized_plan"]
 
-SEQ = Shard(1)
 Item = TypeVar("Item", PlanEntry, Replicated)
 
 
@@ -211,8 +211,7 @@ def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     for name in block.colwise:
         entries.append(PlanEntry(f"{inner}.{name}", "ColwiseParallel",
                                  dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True), group, why))
-    rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
-    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
+    rowwise, reduced = row_parallel_output(sp)
     entries.append(PlanEntry(f"{part.path}.{block.outer}.{block.rowwise}", "RowwiseParallel", rowwise, group,
                              f"row-parallel, in the module its column-parallel half feeds: {reduced}"))
     return entries
@@ -317,8 +316,7 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 "norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way",
             )
         )
-    rowwise = dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
-    reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
+    rowwise, reduced = row_parallel_output(sp)
     style, why = "RowwiseParallel", f"row-parallel: {reduced}"
     if part.modified_in_place and not sp:  # under SP the output stays a DTensor: no view is handed out
         style, why = "RowwiseParallelOwnOutput", f"{why}; its output is a copy, which the layer modifies in place"

@@ -30,8 +30,8 @@ from torch.distributed.tensor import Replicate, Shard
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import register_plan
+from plangen.plans.layouts import SEQ
 
-SEQ = Shard(1)
 SHARED = "model.layers.*.shared_transformer"
 MIXERS = ("model.layers.*.mamba", "model.layers.*.mamba_decoder.mamba")
 RESIDUAL_NORMS = ("model.layers.*.input_layernorm", "model.layers.*.mamba_decoder.input_layernorm", "model.final_layernorm")
