@@ -739,3 +739,26 @@ def test_a_left_whole_parameter_takes_the_reason_of_the_nearest_entry_that_selec
     model.layers = nn.ModuleList([layer])
     entries = [Replicated("layers.*", "the layer"), Replicated("layers.*.mlp", "the MLP")]
     assert read_left_whole(model, entries) == [("layers.*.mlp", 32 / 36, "the MLP"), ("layers.*", 4 / 36, "the layer")]
+
+
+# --- Classes whose widths live elsewhere or are derived (plangen.cost.widths) ---------------------
+
+# DBRX reads its head size as d_model // n_heads and its KV heads from attn_config.kv_n_heads: probes
+# that set config.head_dim and num_key_value_heads alone built a model whose rotary and attention
+# disagreed ("the size of tensor a (8) must match the size of tensor b (16)"). clip_qkv as DBRX's (transformers
+# clamps with min=max=None without it).
+DBRX_MID = dict(
+    architectures=["DbrxForCausalLM"], model_type="dbrx", vocab_size=384, d_model=96, n_heads=6, n_layers=3,
+    max_seq_len=64, attn_config=dict(kv_n_heads=2, rope_theta=500000.0, clip_qkv=8.0), use_cache=False,
+    ffn_config=dict(ffn_hidden_size=80, moe_num_experts=4, moe_top_k=2),
+)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])  # KV heads split over TP 2, and one KV head replicated
+def test_dbrx_nested_and_derived_widths_are_scaled_together(fake_pg, tmp_path, kv_heads):
+    values = dict(DBRX_MID, attn_config=dict(DBRX_MID["attn_config"], kv_n_heads=kv_heads))
+    path = write_config(tmp_path, f"dbrx-{kv_heads}", values)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert plan.name == "hand-written"
+    assert plan.memory.total == pytest.approx(plan.memory.ideal, rel=0.05)
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
