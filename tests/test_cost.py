@@ -762,3 +762,23 @@ def test_dbrx_nested_and_derived_widths_are_scaled_together(fake_pg, tmp_path, k
     assert plan.name == "hand-written"
     assert plan.memory.total == pytest.approx(plan.memory.ideal, rel=0.05)
     assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+# Zamba2 derives its attention's widths (2 H, head size 2 H / N), its Mamba head size and its hybrid
+# layers' indices in __post_init__: probes that scaled hidden_size alone left them stale (in_proj
+# "gives 648 features, not z|x|B|C|dt = 128+128+64+64+8"), and at the shrunk hidden size of 64 the
+# attention's input gradient (B·S·2H) was as wide as the LoRA adapters' (B·S·128, the real rank, kept).
+ZAMBA2_MID = dict(
+    architectures=["Zamba2ForCausalLM"], model_type="zamba2", vocab_size=384, hidden_size=96, num_hidden_layers=3,
+    layers_block_type=["mamba", "hybrid", "mamba"], num_attention_heads=4, num_key_value_heads=4,
+    n_mamba_heads=4, mamba_expand=2, mamba_d_state=32, mamba_ngroups=1, intermediate_size=160, adapter_rank=128,
+    chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
+)
+
+
+def test_zamba2_derived_widths_are_derived_again_at_every_probe(fake_pg, tmp_path):
+    path = write_config(tmp_path, "zamba2", ZAMBA2_MID)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    # Its shared attention block's LoRA adapters and norms stay whole: a few % over the ideal.
+    assert plan.memory.ideal < plan.memory.total < 1.1 * plan.memory.ideal
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)

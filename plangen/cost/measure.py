@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 from plangen.comm import CollectiveCounter
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
-from plangen.cost.widths import apply_width_relations, derived_width_keys
+from plangen.cost.widths import apply_width_relations, derived_width_keys, width_relations
 from plangen.models import text_config
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
@@ -186,7 +186,7 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
         for key in DIMENSION_KEYS["head_dim"]:
             if isinstance(getattr(text, key, None), int):
                 setattr(text, key, getattr(text, key) * LATENT_HEAD_FACTOR)
-    return apply_width_relations(config)
+    return scaled_config(config, width_relations(config).base_factors)
 
 
 # Widths no probe scales that a collective can carry (Mamba1's x_proj output, all-reduced per mixer:
@@ -276,7 +276,7 @@ def config_with_extra_layer(config: Any, index: int) -> Any | None:
     for key in lists:
         getattr(text, key).append(getattr(text, key)[index])
     text.num_hidden_layers = layers + 1
-    return config
+    return apply_width_relations(config)
 
 
 def config_with_more_layers(config: Any, factor: int = 2) -> Any:
@@ -297,7 +297,7 @@ def config_with_more_layers(config: Any, factor: int = 2) -> Any:
         elif key in _LEADING_LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
             setattr(text, key, value * factor)
     text.num_hidden_layers = layers * factor
-    return config
+    return apply_width_relations(config)
 
 
 # ---------------------------------------------------------------------------------------------

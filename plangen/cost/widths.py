@@ -25,10 +25,19 @@ class WidthRelations:
     ``products``: a key -> the keys whose product it is, where the class derives a width from it
     (DBRX's head size is ``d_model // n_heads``: so ``hidden_size = heads x head_dim``, and the hidden
     size is no dimension of its own: probing heads and head size probes it).
+    ``rederive``: the class's config derives widths in ``__post_init__`` (Zamba2's
+    ``attention_hidden_size``, ``mamba_headdim``, ``hybrid_layer_ids``): the config is built again
+    from its fields, which derives them afresh, before the copies of ``nested`` are made.
+    ``derived``: keys the class derives from others, not probed on their own.
+    ``base_factors``: dimensions (:data:`plangen.cost.measure.DIMENSION_KEYS`' names) multiplied at
+    the measurement's base sizes, where the shrunk widths make two different tensors one size.
     """
 
     nested: Mapping[str, str] = field(default_factory=dict)
     products: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    rederive: bool = False
+    derived: tuple[str, ...] = ()
+    base_factors: Mapping[str, int] = field(default_factory=dict)
 
 
 # By model_type (of the text config).
@@ -40,6 +49,13 @@ WIDTH_RELATIONS: dict[str, WidthRelations] = {
         },
         products={"hidden_size": ("num_attention_heads", "head_dim")},
     ),
+    # Zamba2 derives its attention widths from the hidden size (2 H wide, head size 2 H / N) and its
+    # Mamba head size (expand x H / heads); its rotary reads head_dim, which is the attention's.
+    # Shrunk, its hidden size (64) made the attention's input gradient (B·S·2H) as wide as its shared
+    # block's LoRA adapters' (B·S·128: adapter_rank, no probe's, kept at its value): hidden 3 x the shrunk.
+    "zamba2": WidthRelations(
+        nested={"attention_head_dim": "head_dim"}, rederive=True, derived=("head_dim",), base_factors={"hidden": 3}
+    ),
 }
 
 
@@ -50,13 +66,16 @@ def width_relations(config: Any) -> WidthRelations:
 
 def derived_width_keys(config: Any) -> frozenset[str]:
     """Config keys that follow other widths in this class (not to be probed on their own)."""
-    return frozenset(width_relations(config).products)
+    relations = width_relations(config)
+    return frozenset(relations.products) | frozenset(relations.derived)
 
 
 def apply_width_relations(config: Any) -> Any:
-    """``config`` (changed in place, and returned) with its class's derived and nested widths made
-    to agree with the top-level ones."""
+    """``config`` with its class's derived and nested widths made to agree with the top-level ones
+    (changed in place and returned; a config built again where the class derives widths itself)."""
     relations = width_relations(config)
+    if relations.rederive:
+        config = rederived_config(config)
     text = text_config(config)
     for key, factors in relations.products.items():
         values = [getattr(text, k, None) for k in factors]
@@ -74,3 +93,14 @@ def apply_width_relations(config: Any) -> Any:
         if value is not None and holder is not None:
             setattr(holder, leaf, value)
     return config
+
+
+def rederived_config(config: Any) -> Any:
+    """``config`` built again from its fields, so that its ``__post_init__`` derives its widths anew."""
+    from plangen.shrink import _config_from_values
+
+    if text_config(config) is not config:
+        raise ValueError(f"{type(config).__name__}: re-deriving the widths of a nested text config is not supported")
+    rebuilt = _config_from_values(type(config), config.to_dict())
+    rebuilt._attn_implementation = config._attn_implementation
+    return rebuilt
