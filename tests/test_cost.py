@@ -782,3 +782,45 @@ def test_zamba2_derived_widths_are_derived_again_at_every_probe(fake_pg, tmp_pat
     # Its shared attention block's LoRA adapters and norms stay whole: a few % over the ideal.
     assert plan.memory.ideal < plan.memory.total < 1.1 * plan.memory.ideal
     assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+# RecurrentGemma derives head_dim = H / N and keeps its recurrent width (lru_width) apart; its MLP is
+# intermediate_size / 2 wide. xLSTM names its hidden size and depth twice (embedding_dim, num_blocks).
+# Scaled without them, a step failed ([12, 68] x [67, 64]; "(64) must match ... (128)"), and xLSTM's
+# doubled model had no more layers.
+RECURRENT_MID = {
+    "recurrent_gemma": dict(
+        architectures=["RecurrentGemmaForCausalLM"], model_type="recurrent_gemma", vocab_size=384, hidden_size=96,
+        lru_width=96, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        block_types=["recurrent", "recurrent", "attention"], attention_window_size=16, use_cache=False,
+    ),
+    "xlstm": dict(
+        architectures=["xLSTMForCausalLM"], model_type="xlstm", vocab_size=384, hidden_size=96, num_hidden_layers=3,
+        num_heads=4, ffn_round_up_to_multiple_of=16, chunk_size=4, use_cache=False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT_MID))
+def test_recurrent_widths_follow_the_hidden_size(fake_pg, tmp_path, name):
+    path = write_config(tmp_path, name, RECURRENT_MID[name])
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert plan.memory.total == pytest.approx(plan.memory.ideal, rel=0.05)
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+def test_probed_dbrx_configs_build_the_widths_they_state():
+    """Each probe's DBRX is built with the KV heads, head size and hidden size its config states
+    (the attention reads attn_config.kv_n_heads and d_model // n_heads, the experts ffn_config)."""
+    from transformers import DbrxConfig, DbrxForCausalLM
+
+    from plangen.cost.measure import config_with_base_sizes, scaled_config
+    from plangen.shrink import shrink_config
+
+    base = config_with_base_sizes(shrink_config(DbrxConfig(**DBRX_MID), 2), 2)
+    for factors in ({}, {"heads": 2}, {"head_dim": 3}):
+        config = scaled_config(base, factors)
+        attention = DbrxForCausalLM._from_config(config).transformer.blocks[0].norm_attn_norm.attn
+        assert attention.num_key_value_heads == config.num_key_value_heads, factors
+        assert attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+        assert config.ffn_config.hidden_size == config.hidden_size

@@ -56,6 +56,12 @@ WIDTH_RELATIONS: dict[str, WidthRelations] = {
     "zamba2": WidthRelations(
         nested={"attention_head_dim": "head_dim"}, rederive=True, derived=("head_dim",), base_factors={"hidden": 3}
     ),
+    # RecurrentGemma's MLP is intermediate_size / 2 wide, which must still divide by TP at the odd
+    # base width (67 x TP). (Its head_dim and lru_width need nothing: the modeling file reads both as
+    # stated, and no collective is lru_width wide.)
+    "recurrent_gemma": WidthRelations(base_factors={"intermediate": 2}),
+    # xLSTM's embedding_dim and num_blocks are its hidden size and depth under other names (all fields).
+    "xlstm": WidthRelations(nested={"hidden_size": "embedding_dim", "num_hidden_layers": "num_blocks"}),
 }
 
 
