@@ -824,3 +824,13 @@ def test_probed_dbrx_configs_build_the_widths_they_state():
         assert attention.num_key_value_heads == config.num_key_value_heads, factors
         assert attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
         assert config.ffn_config.hidden_size == config.hidden_size
+
+
+def test_peak_depths_of_xlstm_build_that_many_blocks():
+    """--peak traces 3, 4 and 5 layers (plangen.cost.depth): xLSTM builds num_blocks of them."""
+    from transformers import xLSTMConfig
+
+    from plangen.cost.depth import config_at_depth
+
+    config = config_at_depth(xLSTMConfig(**{k: v for k, v in RECURRENT_MID["xlstm"].items() if k != "architectures"}), 2)
+    assert (config.num_hidden_layers, config.num_blocks) == (2, 2)
