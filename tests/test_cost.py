@@ -739,3 +739,98 @@ def test_a_left_whole_parameter_takes_the_reason_of_the_nearest_entry_that_selec
     model.layers = nn.ModuleList([layer])
     entries = [Replicated("layers.*", "the layer"), Replicated("layers.*.mlp", "the MLP")]
     assert read_left_whole(model, entries) == [("layers.*.mlp", 32 / 36, "the MLP"), ("layers.*", 4 / 36, "the layer")]
+
+
+# --- Classes whose widths live elsewhere or are derived (plangen.cost.widths) ---------------------
+
+# DBRX reads its head size as d_model // n_heads and its KV heads from attn_config.kv_n_heads: probes
+# that set config.head_dim and num_key_value_heads alone built a model whose rotary and attention
+# disagreed ("the size of tensor a (8) must match the size of tensor b (16)"). clip_qkv as DBRX's (transformers
+# clamps with min=max=None without it).
+DBRX_MID = dict(
+    architectures=["DbrxForCausalLM"], model_type="dbrx", vocab_size=384, d_model=96, n_heads=6, n_layers=3,
+    max_seq_len=64, attn_config=dict(kv_n_heads=2, rope_theta=500000.0, clip_qkv=8.0), use_cache=False,
+    ffn_config=dict(ffn_hidden_size=80, moe_num_experts=4, moe_top_k=2),
+)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])  # KV heads split over TP 2, and one KV head replicated
+def test_dbrx_nested_and_derived_widths_are_scaled_together(fake_pg, tmp_path, kv_heads):
+    values = dict(DBRX_MID, attn_config=dict(DBRX_MID["attn_config"], kv_n_heads=kv_heads))
+    path = write_config(tmp_path, f"dbrx-{kv_heads}", values)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert plan.name == "hand-written"
+    assert plan.memory.total == pytest.approx(plan.memory.ideal, rel=0.05)
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+# Zamba2 derives its attention's widths (2 H, head size 2 H / N), its Mamba head size and its hybrid
+# layers' indices in __post_init__: probes that scaled hidden_size alone left them stale (in_proj
+# "gives 648 features, not z|x|B|C|dt = 128+128+64+64+8"), and at the shrunk hidden size of 64 the
+# attention's input gradient (B·S·2H) was as wide as the LoRA adapters' (B·S·128, the real rank, kept).
+ZAMBA2_MID = dict(
+    architectures=["Zamba2ForCausalLM"], model_type="zamba2", vocab_size=384, hidden_size=96, num_hidden_layers=3,
+    layers_block_type=["mamba", "hybrid", "mamba"], num_attention_heads=4, num_key_value_heads=4,
+    n_mamba_heads=4, mamba_expand=2, mamba_d_state=32, mamba_ngroups=1, intermediate_size=160, adapter_rank=128,
+    chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
+)
+
+
+def test_zamba2_derived_widths_are_derived_again_at_every_probe(fake_pg, tmp_path):
+    path = write_config(tmp_path, "zamba2", ZAMBA2_MID)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    # Its shared attention block's LoRA adapters and norms stay whole: a few % over the ideal.
+    assert plan.memory.ideal < plan.memory.total < 1.1 * plan.memory.ideal
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+# RecurrentGemma derives head_dim = H / N and keeps its recurrent width (lru_width) apart; its MLP is
+# intermediate_size / 2 wide. xLSTM names its hidden size and depth twice (embedding_dim, num_blocks).
+# Scaled without them, a step failed ([12, 68] x [67, 64]; "(64) must match ... (128)"), and xLSTM's
+# doubled model had no more layers.
+RECURRENT_MID = {
+    "recurrent_gemma": dict(
+        architectures=["RecurrentGemmaForCausalLM"], model_type="recurrent_gemma", vocab_size=384, hidden_size=96,
+        lru_width=96, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        block_types=["recurrent", "recurrent", "attention"], attention_window_size=16, use_cache=False,
+    ),
+    "xlstm": dict(
+        architectures=["xLSTMForCausalLM"], model_type="xlstm", vocab_size=384, hidden_size=96, num_hidden_layers=3,
+        num_heads=4, ffn_round_up_to_multiple_of=16, chunk_size=4, use_cache=False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT_MID))
+def test_recurrent_widths_follow_the_hidden_size(fake_pg, tmp_path, name):
+    path = write_config(tmp_path, name, RECURRENT_MID[name])
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert plan.memory.total == pytest.approx(plan.memory.ideal, rel=0.05)
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+def test_probed_dbrx_configs_build_the_widths_they_state():
+    """Each probe's DBRX is built with the KV heads, head size and hidden size its config states
+    (the attention reads attn_config.kv_n_heads and d_model // n_heads, the experts ffn_config)."""
+    from transformers import DbrxConfig, DbrxForCausalLM
+
+    from plangen.cost.measure import config_with_base_sizes, scaled_config
+    from plangen.shrink import shrink_config
+
+    base = config_with_base_sizes(shrink_config(DbrxConfig(**DBRX_MID), 2), 2)
+    for factors in ({}, {"heads": 2}, {"head_dim": 3}):
+        config = scaled_config(base, factors)
+        attention = DbrxForCausalLM._from_config(config).transformer.blocks[0].norm_attn_norm.attn
+        assert attention.num_key_value_heads == config.num_key_value_heads, factors
+        assert attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+        assert config.ffn_config.hidden_size == config.hidden_size
+
+
+def test_peak_depths_of_xlstm_build_that_many_blocks():
+    """--peak traces 3, 4 and 5 layers (plangen.cost.depth): xLSTM builds num_blocks of them."""
+    from transformers import xLSTMConfig
+
+    from plangen.cost.depth import config_at_depth
+
+    config = config_at_depth(xLSTMConfig(**{k: v for k, v in RECURRENT_MID["xlstm"].items() if k != "architectures"}), 2)
+    assert (config.num_hidden_layers, config.num_blocks) == (2, 2)

@@ -64,6 +64,8 @@ def config_at_depth(config: Any, depth: int) -> Any:
 
     from plangen.models import text_config
 
+    from plangen.cost.widths import apply_width_relations
+
     config = copy.deepcopy(config)
     text = text_config(config)
     layers = text.num_hidden_layers
@@ -71,7 +73,7 @@ def config_at_depth(config: Any, depth: int) -> Any:
         if isinstance(value, list) and len(value) == layers:
             setattr(text, key, value[:depth])
     text.num_hidden_layers = depth
-    return config
+    return apply_width_relations(config)
 
 
 def place(layer: int | None, depth: int) -> str | int:

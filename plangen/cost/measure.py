@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from plangen.comm import CollectiveCounter
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
+from plangen.cost.widths import apply_width_relations, derived_width_keys, width_relations
 from plangen.models import text_config
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
@@ -185,7 +186,7 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
         for key in DIMENSION_KEYS["head_dim"]:
             if isinstance(getattr(text, key, None), int):
                 setattr(text, key, getattr(text, key) * LATENT_HEAD_FACTOR)
-    return config
+    return scaled_config(config, width_relations(config).base_factors)
 
 
 # Widths no probe scales that a collective can carry (Mamba1's x_proj output, all-reduced per mixer:
@@ -250,7 +251,7 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
             value = getattr(text, key, None)
             if isinstance(value, int):
                 setattr(text, key, value * factor)
-    return config
+    return apply_width_relations(config)
 
 
 def config_with_extra_layer(config: Any, index: int) -> Any | None:
@@ -275,7 +276,7 @@ def config_with_extra_layer(config: Any, index: int) -> Any | None:
     for key in lists:
         getattr(text, key).append(getattr(text, key)[index])
     text.num_hidden_layers = layers + 1
-    return config
+    return apply_width_relations(config)
 
 
 def config_with_more_layers(config: Any, factor: int = 2) -> Any:
@@ -296,7 +297,7 @@ def config_with_more_layers(config: Any, factor: int = 2) -> Any:
         elif key in _LEADING_LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
             setattr(text, key, value * factor)
     text.num_hidden_layers = layers * factor
-    return config
+    return apply_width_relations(config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +467,9 @@ def measure_tp_collectives(
     text = text_config(tiny_config)
     # Only dimensions the config states can be probed (a derived head size would follow hidden).
     probeable = {"batch", "seq"} | {n for n in DIMENSION_KEYS if isinstance(dimension_value(text, n), int)}
+    # A width the class derives from others (DBRX's hidden size, heads x head size) follows them.
+    derived = derived_width_keys(tiny_config)
+    probeable -= {n for n in DIMENSION_KEYS if derived & set(DIMENSION_KEYS[n])}
     mixer = state_space_heads(text)
     if mixer is not None and mixer[1] == "head_dim" and not _is_int(getattr(text, "num_attention_heads", None)):
         # Mamba-2's head_dim is its mixer's: scaled, the heads would no longer span expand x hidden.
