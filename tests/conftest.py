@@ -11,20 +11,6 @@ sys.path.insert(0, str(TESTS))  # tiny_configs, custom_plans
 DATA = TESTS / "data"
 
 
-SERIAL_GROUP = "serial"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2``; ``--dist loadgroup`` is in the defaults): tests that launch gloo
-    ranks or are timed against a budget run one after another on one worker, so no launch ever
-    shares the cores with another launch or with a timed test; every other module runs whole on
-    one worker (its module fixtures are built once) beside them. Without ``-n`` the marks do nothing."""
-    for item in items:
-        serial = item.get_closest_marker("distributed") or item.get_closest_marker("serial")
-        item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP if serial else item.module.__name__))
-
-
 @pytest.fixture(scope="session")
 def fake_pg():
     """A single-process fake process group: TP at any size for shapes and collective counts."""

@@ -12,8 +12,6 @@ from typer.testing import CliRunner
 from plangen.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
-# The listing every test reads is timed (< 60 s): built once, on the worker that runs nothing beside it.
-pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")

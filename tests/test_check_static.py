@@ -621,7 +621,6 @@ def test_cli_static_level_does_not_import_torch(plan_files):
     assert result.stderr.strip().splitlines()[-1] == "exit 1 False", result.stderr
 
 
-@pytest.mark.serial  # timed: < 1 s beyond start-up
 def test_cli_checks_ten_files_in_under_a_second(tmp_path):
     files = []
     for i in range(10):

@@ -17,7 +17,6 @@ def run(*args: str) -> tuple[subprocess.CompletedProcess, float]:
     return proc, time.perf_counter() - start
 
 
-@pytest.mark.serial  # timed: < 0.5 s beyond start-up
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_answer_in_well_under_a_second_without_torch(flag):
     floor = min(run("-c", "pass")[1] for _ in range(3))

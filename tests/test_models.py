@@ -190,7 +190,6 @@ def test_non_generation_model_type_is_refused():
 # build_meta_model
 
 
-@pytest.mark.serial  # timed: < 1 s
 def test_meta_build_of_405b_is_fast_and_full_size():
     resolved = resolve_model(str(CONFIGS / "llama-3.1-405b.json"))
     build_meta_model(resolve_model("llama"))  # warm-up: imports the modeling module
