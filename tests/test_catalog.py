@@ -53,9 +53,11 @@ def test_rows_follow_the_plan_priority(listing):
     rows = rows_by_class(listing)
     olmo = rows["OlmoForCausalLM"]
     assert (olmo["plan"], olmo["sequence_parallel"], olmo["check"]) == ("synthesized", True, "passed")
-    # Fused q|k|v and gate|up: Phi-3's own plan re-lays out both; Phi-4-MM's synthesized plan its gate|up only.
+    # Fused q|k|v and gate|up: Phi-3's own plan re-lays out both, and serves Phi-4-MM's decoder (no SP:
+    # its towers' output is merged into the text stream).
     assert rows["Phi3ForCausalLM"]["plan"] == "hand-written" and rows["Phi3ForCausalLM"]["sequence_parallel"] is True
-    assert rows["Phi4MultimodalForCausalLM"]["plan"] == "synthesized"
+    phi4mm = rows["Phi4MultimodalForCausalLM"]
+    assert (phi4mm["plan"], phi4mm["sequence_parallel"], phi4mm["check"]) == ("hand-written", False, "passed")
     assert rows["GPT2LMHeadModel"]["plan"] == "hand-written"  # Conv1D styles, fused c_attn re-laid out
     xlm = rows["XLMWithLMHeadModel"]  # attentions, ffns and norms in parallel lists, no layer modules
     assert xlm["plan"] == "none" and "outside any recognised block" in xlm["note"]
