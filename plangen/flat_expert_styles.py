@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.moe_styles import _SumOverMesh, _all_reduce_grad, _local
+from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 
 # DBRX's names: the child holding the flat weights, and the weights (gate, up, down).
 FLAT_CHILD, FLAT_WEIGHTS = "mlp", ("w1", "v1", "w2")
@@ -95,14 +95,14 @@ class FlatExpertsParallel(ParallelStyle):
         reduce_here = not isinstance(self.output_layouts, Partial)
 
         def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-            hidden_states, top_k_index, top_k_weights = (_local(t) for t in (hidden_states, top_k_index, top_k_weights))
+            hidden_states, top_k_index, top_k_weights = (replicated_local(t) for t in (hidden_states, top_k_index, top_k_weights))
             if torch.is_grad_enabled():  # each rank's gradient covers its own experts' routes only
-                hidden_states = _all_reduce_grad(hidden_states, device_mesh)
-                top_k_weights = _all_reduce_grad(top_k_weights, device_mesh)
+                hidden_states = all_reduce_grad(hidden_states, device_mesh)
+                top_k_weights = all_reduce_grad(top_k_weights, device_mesh)
             output = _local_experts_forward(
                 child, hidden_states, top_k_index, top_k_weights, experts, ffn, hidden, first, local
             )
-            return _SumOverMesh.apply(output, device_mesh.get_group()) if reduce_here else output
+            return SumOverMesh.apply(output, device_mesh.get_group()) if reduce_here else output
 
         module.forward = forward  # the instance's: hooks on the module still run around it
         module._plangen_expert_layout = "experts"

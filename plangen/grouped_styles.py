@@ -14,7 +14,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.moe_styles import _SumOverMesh, _all_reduce_grad, _local, expert_count
+from plangen.moe_styles import expert_count
+from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 
 
 def _swap_in_local(mod: nn.Module, swapped: dict[str, nn.Parameter]) -> None:
@@ -70,9 +71,9 @@ class GroupedColwiseParallel(ParallelStyle):
 
         def prepare(mod: nn.Module, args: tuple) -> tuple:
             inputs, *rest = args
-            inputs = _local(inputs)
+            inputs = replicated_local(inputs)
             if torch.is_grad_enabled():
-                inputs = _all_reduce_grad(inputs, device_mesh)
+                inputs = all_reduce_grad(inputs, device_mesh)
             _swap_in_local(mod, swapped)
             return (inputs, *rest)
 
@@ -107,12 +108,12 @@ class GroupedRowwiseParallel(ParallelStyle):
 
         def prepare(mod: nn.Module, args: tuple) -> tuple:
             _swap_in_local(mod, swapped)
-            return (_local(args[0]), *args[1:])
+            return (replicated_local(args[0]), *args[1:])
 
         def finish(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             mod._parameters.update(swapped)  # type: ignore[arg-type]
             swapped.clear()
-            return output if output is None else _SumOverMesh.apply(output, device_mesh.get_group())
+            return output if output is None else SumOverMesh.apply(output, device_mesh.get_group())
 
         module.register_forward_pre_hook(prepare)
         module.register_forward_hook(finish, always_call=True)

@@ -52,7 +52,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.fused_styles import FusedColwiseParallel
-from plangen.moe_styles import _SumOverMesh, _all_reduce_grad
+from plangen.tp_sums import SumOverMesh, all_reduce_grad
 
 # transformers' names of a Mamba1 mixer's parts (every Mamba1 mixer in transformers 5.x).
 IN_PROJ, CONV, X_PROJ, DT_PROJ, OUT_PROJ = "in_proj", "conv1d", "x_proj", "dt_proj", "out_proj"
@@ -119,9 +119,9 @@ class Mamba1MixerParallel(ParallelStyle):
         _localise_attributes(module, width, tp)
         _install_local_forward(module, device_mesh, self.input_layouts)
         # The forward all-reduce of x_proj's partial output first, then the gradient sums.
-        getattr(module, X_PROJ).register_forward_hook(lambda mod, args, out: _SumOverMesh.apply(out, device_mesh.get_group()))
+        getattr(module, X_PROJ).register_forward_hook(lambda mod, args, out: SumOverMesh.apply(out, device_mesh.get_group()))
         for name in self.grad_reduced:
-            getattr(module, name).register_forward_hook(lambda mod, args, out: _all_reduce_grad(out, device_mesh))
+            getattr(module, name).register_forward_hook(lambda mod, args, out: all_reduce_grad(out, device_mesh))
         return module
 
     def __repr__(self) -> str:

@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
 
-from plangen.moe_styles import _all_reduce_grad
+from plangen.tp_sums import all_reduce_grad
 
 # transformers' names of MLA's latent projections (every MLA class in transformers 5.x).
 LATENT_KV_PROJ = "kv_a_proj_with_mqa"
@@ -42,7 +42,7 @@ def _all_reduce_rope_grad(rope_dim: int, device_mesh: DeviceMesh, mod: nn.Module
     if not torch.is_grad_enabled() or rope_dim == 0:
         return output
     passthrough, rope = output.split([output.shape[-1] - rope_dim, rope_dim], dim=-1)
-    return torch.cat([passthrough, _all_reduce_grad(rope, device_mesh)], dim=-1)
+    return torch.cat([passthrough, all_reduce_grad(rope, device_mesh)], dim=-1)
 
 
 class MlaKvAProjParallel(ParallelStyle):

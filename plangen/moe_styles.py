@@ -36,11 +36,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput
+
+from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -177,48 +178,6 @@ def _chunks_gate_up(module: nn.Module) -> bool:
     return gate is _default_apply_gate and getattr(module, "is_concatenated", True)
 
 
-class _SumGradOverMesh(torch.autograd.Function):
-    """Identity forward; backward, the gradient summed over the mesh's group by one c10d all-reduce.
-
-    What ``DTensor.from_local(t, mesh, [Replicate()]).to_local(grad_placements=[Partial()])``
-    computes, without DTensor's dispatch: that round trip cost 7x the CPU of this one (fake group,
-    one 256 x 256 gradient), and a MoE layer takes two of them per step (issue 10: the MoE step
-    benchmark's plangen side spent more main-thread CPU than transformers' in the experts path).
-    """
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
-        ctx.group = group
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        # A copy: autograd may hand the same gradient tensor to another branch (an add's backward).
-        summed = grad.contiguous().clone()
-        dist.all_reduce(summed, group=ctx.group)
-        return summed, None
-
-
-class _SumOverMesh(torch.autograd.Function):
-    """Forward, partial sums reduced over the mesh's group (one c10d all-reduce); backward identity:
-    ``from_local(t, [Partial()]).redistribute([Replicate()]).to_local()`` without DTensor's dispatch."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
-        summed = tensor.contiguous().clone()
-        dist.all_reduce(summed, group=group)
-        return summed
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return grad, None
-
-
-def _all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    # Identity forward; the gradient is summed over the mesh in backward.
-    return _SumGradOverMesh.apply(tensor, mesh.get_group())
-
-
 class ExpertsParallel(ParallelStyle):
     """Shard a packed experts module over TP: whole experts per rank where the TP size divides the
     expert count, else each expert's intermediate dimension (:func:`choose_expert_layout`; see the
@@ -264,14 +223,14 @@ class ExpertsParallel(ParallelStyle):
 
         def prepare(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             args, kwargs = list(args), dict(kwargs)
-            hidden = _local(args[0] if args else kwargs.pop("hidden_states"))
+            hidden = replicated_local(args[0] if args else kwargs.pop("hidden_states"))
             index, index_at = _take(args, kwargs, 1, _INDEX_NAMES)
             weights, weights_at = _take(args, kwargs, 2, _WEIGHT_NAMES)
-            index, weights = _local(index), _local(weights)
+            index, weights = replicated_local(index), replicated_local(weights)
             if torch.is_grad_enabled():
                 # Before the masking: each rank's gradient covers its own experts' routes only.
-                hidden = _all_reduce_grad(hidden, device_mesh)
-                weights = _all_reduce_grad(weights, device_mesh)
+                hidden = all_reduce_grad(hidden, device_mesh)
+                weights = all_reduce_grad(weights, device_mesh)
             if local is not None:
                 off_rank = torch.div(index, local, rounding_mode="floor") != rank
                 index = torch.where(off_rank, torch.full_like(index, local), index % local)
@@ -293,7 +252,7 @@ class ExpertsParallel(ParallelStyle):
             swapped.clear()
             if isinstance(self.output_layouts, Partial):
                 return output
-            return _SumOverMesh.apply(output, device_mesh.get_group())
+            return SumOverMesh.apply(output, device_mesh.get_group())
 
         module.register_forward_pre_hook(prepare, with_kwargs=True)
         # always_call: an exception inside forward must not leave local views in place of the parameters.
@@ -333,11 +292,6 @@ def _share_identity_output(identity: nn.Module, tp: int) -> None:
     identity.register_forward_pre_hook(share)
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    # A DTensor here is replicated (the block gathered its input): its local value is the whole tensor.
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
 def _take(args: list, kwargs: dict, position: int, names: tuple[str, ...]) -> tuple[torch.Tensor, Any]:
     if len(args) > position:
         return args[position], position
@@ -365,7 +319,7 @@ class AllReduceOutputGrad(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def reduce_grad(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            return _all_reduce_grad(output, device_mesh) if torch.is_grad_enabled() else output
+            return all_reduce_grad(output, device_mesh) if torch.is_grad_enabled() else output
 
         module.register_forward_hook(reduce_grad)
         return module
@@ -420,20 +374,20 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
         swapped: dict[str, nn.Parameter] = {}
 
         def keep_router_input(mod: nn.Module, args: tuple) -> None:
-            routed["hidden"] = _local(args[0])
+            routed["hidden"] = replicated_local(args[0])
 
         def local_scores(mod: nn.Module, args: tuple, output: tuple) -> tuple:
             scores, *rest = output
-            scores = _local(scores)
+            scores = replicated_local(scores)
             if torch.is_grad_enabled():
-                scores = _all_reduce_grad(scores, device_mesh)
+                scores = all_reduce_grad(scores, device_mesh)
             routed["scores"] = scores[:, first:first + local]
             return (routed["scores"], *rest)
 
         def local_experts(mod: nn.Module, args: tuple) -> tuple:
             hidden, scores = routed.pop("hidden"), routed.pop("scores")
             if torch.is_grad_enabled():
-                hidden = _all_reduce_grad(hidden, device_mesh)
+                hidden = all_reduce_grad(hidden, device_mesh)
             for name, param in list(mod._parameters.items()):
                 if isinstance(param, DTensor):
                     swapped[name] = param

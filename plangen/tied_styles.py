@@ -263,7 +263,7 @@ class _RowReads(TorchFunctionMode):
         start = vocab_shard_start(vocab, self.mesh)
         held = start <= row < start + local.shape[0]
         part = local[row - start] if held else local.new_zeros(local.shape[1:])
-        from plangen.moe_styles import _SumOverMesh  # one all-reduce forward, the gradient as it is back
+        from plangen.tp_sums import SumOverMesh  # one all-reduce forward, the gradient as it is back
 
-        whole = _SumOverMesh.apply(part, self.mesh.get_group())
+        whole = SumOverMesh.apply(part, self.mesh.get_group())
         return whole[key[1:]] if len(key) > 1 else whole

@@ -1372,7 +1372,7 @@ def test_embedding_row_reads_take_the_whole_row_with_one_all_reduce_and_only_row
     ids = torch.tensor([[0, 1, 2, 3]])
     with CommDebugMode() as comm:
         out = model(ids)
-    # the lookup: a DTensor all-reduce; each row: one c10d all-reduce (plangen.moe_styles._SumOverMesh)
+    # the lookup: a DTensor all-reduce; each row: one c10d all-reduce (plangen.tp_sums.SumOverMesh)
     assert {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()} == {"all_reduce": 1, "allreduce_": 2}
     torch.testing.assert_close(out, full[ids] * (full[2] * 2).view(1, 1, -1))  # row 7's share here: zeros
     out.sum().backward()
