@@ -345,7 +345,8 @@ def share_copies(results: dict[str, Any], mesh_size: dict[str, int]) -> dict[str
     shared = dict(results)
     for other, theirs in enumerate(every):
         for key, result in theirs.items():
-            if key not in shared and other % mesh_size[key.split("/")[0]] == rank % mesh_size[key.split("/")[0]]:
+            size = mesh_size[key.split("/")[0]]
+            if key not in shared and other % size == rank % size:
                 shared[key] = result
     return shared
 
