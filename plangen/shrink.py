@@ -189,10 +189,10 @@ def _shrink_level(config: "PretrainedConfig", tp_size: int) -> "PretrainedConfig
         # Multimodal rope: the modeling file falls back to sections sized for the original
         # head_dim (Qwen2-VL's [16, 24, 24]) when the config does not name them.
         _add_default_mrope_sections(values)
-    return _config_from_values(type(config), values)
+    return config_from_values(type(config), values)
 
 
-def _config_from_values(config_class: type, values: dict[str, Any]) -> "PretrainedConfig":
+def config_from_values(config_class: type, values: dict[str, Any]) -> "PretrainedConfig":
     """Rebuild a config so that attributes derived from sizes are derived again.
 
     ``to_dict`` also exports attributes that ``__post_init__`` computes (Zamba2's

@@ -103,10 +103,10 @@ def apply_width_relations(config: Any) -> Any:
 
 def rederived_config(config: Any) -> Any:
     """``config`` built again from its fields, so that its ``__post_init__`` derives its widths anew."""
-    from plangen.shrink import _config_from_values
+    from plangen.shrink import config_from_values
 
     if text_config(config) is not config:
         raise ValueError(f"{type(config).__name__}: re-deriving the widths of a nested text config is not supported")
-    rebuilt = _config_from_values(type(config), config.to_dict())
+    rebuilt = config_from_values(type(config), config.to_dict())
     rebuilt._attn_implementation = config._attn_implementation
     return rebuilt
