@@ -105,7 +105,7 @@ def resolve_model(spec: str) -> ResolvedModel:
         return _resolve_cached_hub_id(spec, text)
     if text in _config_mapping():
         return _resolve_model_type(spec, text)
-    if text[:1].isupper():
+    if text[:1].isupper() or _is_generation_class_name(text):  # xLSTMForCausalLM starts in lower case
         return _resolve_class_name(spec, text)
     raise ModelSpecError(_unknown_spec_message(text))
 

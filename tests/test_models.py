@@ -70,6 +70,7 @@ def test_text_only_class_of_a_composite_type_gets_the_text_config():
     [
         ("Qwen3ForCausalLM", "qwen3", "Qwen3Config"),
         ("Gemma3ForConditionalGeneration", "gemma3", "Gemma3Config"),
+        ("xLSTMForCausalLM", "xlstm", "xLSTMConfig"),  # a class name in lower case at first
     ],
 )
 def test_class_name_resolves_to_its_default_config(spec, name, config_class):
