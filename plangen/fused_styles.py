@@ -355,6 +355,11 @@ def install_layout_hooks(
     module.register_load_state_dict_pre_hook(from_hugging_face)
 
 
+def head_count_owner(module: nn.Module, attribute: str) -> tuple[Any, str]:
+    """Where a head-count attribute lives: ``"config.X"`` on the module's config, else on the module."""
+    return (module.config, attribute[len("config."):]) if attribute.startswith("config.") else (module, attribute)
+
+
 class LocalHeadCounts(ParallelStyle):
     """The attention module sees only this rank's heads: its head counts are divided by the TP size.
 
@@ -374,7 +379,7 @@ class LocalHeadCounts(ParallelStyle):
         tp = device_mesh.size()
         overrides: dict[str, int] = {}
         for attribute in self.attributes:
-            owner, name = (module.config, attribute[len("config."):]) if attribute.startswith("config.") else (module, attribute)
+            owner, name = head_count_owner(module, attribute)
             value = getattr(owner, name)
             if not isinstance(value, int) or value % tp:
                 raise ValueError(f"{type(self).__name__}: {type(module).__name__}.{attribute}={value!r} does not divide by the TP size {tp}")

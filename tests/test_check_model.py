@@ -678,7 +678,7 @@ def test_recurrent_gemma_plan_is_clean_and_its_rg_lru_style_fits_rg_lrus_with_he
 def test_xlstm_plan_is_clean_and_its_head_counts_must_divide(tmp_path):
     """The file init writes for xLSTM is clean at TP 2 (its multi-head norm, as wide as v, is not taken
     for a whole-projection norm: no PG213); at TP 16 its 8 heads do not divide (PG204 on the
-    multi-head norm's entry); on the block's input norm the style does not fit (PG203)."""
+    multi-head norm's entry and on the block's); on the block's input norm the style does not fit (PG203)."""
     from plangen.init import init_plan
 
     source = init_plan("xlstm", tmp_path / "xlstm_plan.py").path.read_text()
@@ -686,6 +686,11 @@ def test_xlstm_plan_is_clean_and_its_head_counts_must_divide(tmp_path):
     assert _verify(tmp_path, source).diagnostics == []
     found = _verify(tmp_path, source, tp_size=16).diagnostics
     assert [d.code for d in found if d.line == norm] == ["PG204"] and "num_heads=8" in str(found)
+    # The block reshapes by its config's head count made this rank's (PrepareAttentionInput's
+    # head_attributes): that count must divide too, found on the block's own entry.
+    block = [d for d in found if d.line == _line_of(source, '"backbone.blocks.*.mlstm_layer"')]
+    assert [d.code for d in block] == ["PG204"] and "splits config.num_heads=8 of `backbone.blocks.*.mlstm_layer`" in block[0].message
+    assert block[0].message.endswith("the largest legal TP size for this plan is 8")
     wrong = source.replace('"backbone.blocks.*.mlstm_layer.multihead_norm"', '"backbone.blocks.*.norm_mlstm"')
     found = _verify(tmp_path, wrong, name="wrong.py").diagnostics
     assert ("PG203", norm) in [(d.code, d.line) for d in found]

@@ -27,9 +27,9 @@ from torch.distributed.tensor.parallel import (
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
-from plangen.kv_styles import attention_head_counts
+from plangen.kv_styles import PrepareAttentionInput, attention_head_counts
 from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape
-from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
+from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, LocalHeadCounts, head_count_owner, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel, multi_head_norm_misfit, rg_lru_misfit
@@ -293,6 +293,10 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(style, PairedHeadsAttentionInput) and (counts := attention_head_counts(module)) is not None:
         return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs per rank
+    counts = style.attributes if isinstance(style, LocalHeadCounts) else getattr(style, "head_attributes", ())
+    if isinstance(style, (LocalHeadCounts, PrepareAttentionInput)) and counts:  # the block reshapes by count / TP
+        values = [(a, getattr(*head_count_owner(module, a), None)) for a in counts]
+        return [(a, v, 1) for a, v in values if isinstance(v, int) and not isinstance(v, bool)]
     if isinstance(module, nn.Linear) or is_conv1d(module):
         out_features, in_features = (module.nf, module.nx) if is_conv1d(module) else (module.out_features, module.in_features)
         if isinstance(style, ColwiseParallel) and leaves_local_shard(style):
@@ -313,7 +317,8 @@ class DivisibilityRule(ModelRule):
         "Attention heads and key/value heads must divide by the TP size when q/k/v are column-parallel;"
         " so must every dimension a style hands on (or reads) as a plain local shard, since"
         " `DTensor.from_local` assumes even shards: the FFN width between a column- and a row-parallel"
-        " projection, the output of a column-parallel embedding. A vocabulary split by a row-parallel"
+        " projection, the output of a column-parallel embedding, a head count a block reshapes by once"
+        " made this rank's (`head_attributes`, `LocalHeadCounts`). A vocabulary split by a row-parallel"
         " embedding or by a head whose logits stay a DTensor need not divide. The message names the"
         " largest legal TP size. A plan whose attention block is `PrepareAttentionInput` and whose k/v"
         " projections are `KVHeadsColwiseParallel` (plangen.kv_styles) may also take a TP size that is a"
