@@ -62,7 +62,7 @@ def _cases():
         {"name": "longcat_flash-state-dict", "model": "longcat_flash", "state_dict": True},
         {"name": "longcat_flash-sp", "model": "longcat_flash", "sp": True},
         # JetMoE: experts of one [E, out, in] weight in the MLP and the attention; tied embeddings; SP
-        # gathers each block's sequence in and keeps this rank's shard of its whole output.
+        # gathers each block's sequence in and reduce-scatters its experts' partial sums out.
         {"name": "jetmoe-state-dict", "model": "jetmoe", "state_dict": True},
         {"name": "jetmoe-sp-state-dict", "model": "jetmoe", "sp": True, "state_dict": True},
         # DBRX: experts of flat [E * ffn, H] weights (FlatExpertsParallel), the fused Wqkv inside the
@@ -128,7 +128,9 @@ def _cases():
     # TP-local matmul as wide as MKL needs to pick the full-width kernel (tiny_configs): bitwise.
     stable = [{"name": f"{m}-stable", "model": m, "variant": "stable", "attn": ATTN.get(m, "sdpa")} for m in STABLE_MODELS]
     bitwise = [{"name": f"{m}-4kv-{v}", "model": f"{m}-4kv", "variant": v} for m in BITWISE_MODELS for v in VARIANTS]
-    return {"tp2": cases + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
+    # At TP 2 alone too: JetMoE's blocks reduce-scattered under SP (RoutedBlockSequenceParallel).
+    tp2_only = [{"name": "jetmoe-sp", "model": "jetmoe", "sp": True}]
+    return {"tp2": cases + tp2_only + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
 
 
 CASES = _cases()
@@ -141,6 +143,7 @@ TP2_DEFAULT = {
     "llama", "llama-sp", "nemotron_h-sp", "llama4-sp",
     # issue 10's MoE parity at TP 2, SP off and on:
     *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
+    "jetmoe-sp",
 }
 # At DP 2 x TP 2, repeats of a layout another default case covers: HunYuan's and LongCat's experts
 # split by their intermediate as Mixtral-3's (whose state dict stays in), LongCat's stable variant.

@@ -936,9 +936,24 @@ _MODULE_OF = {
     "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
     "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
+    "RoutedBlockSequenceParallel": lambda: _jetmoe_moe(),
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
 }
+
+
+def _jetmoe_moe():
+    """JetMoE's MoE MLP (a bias, a router, experts of one [E, out, in] weight); ``weight`` is the router's."""
+    from transformers import AutoConfig
+    from transformers.models.jetmoe.modeling_jetmoe import JetMoeMoE
+
+    from tiny_configs import TINY
+
+    class Block(JetMoeMoE):
+        weight = property(lambda self: self.router.layer.weight)
+
+    config = {k: v for k, v in TINY["jetmoe"].items() if k != "model_type"}
+    return Block(AutoConfig.for_model("jetmoe", **config))
 
 
 def _with_child(module: nn.Module, name: str, child: nn.Module) -> nn.Module:
