@@ -173,12 +173,14 @@ def test_dbrx_layer_with_split_kv_heads_costs_what_every_moe_layer_costs(fake_pg
     assert sorted(size for _, size in backward_step.records).count(bsk) == config.n_layers
 
 
+@pytest.mark.parametrize("name", ["dbrx", "dbrx-3-experts"])
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_dbrx_layer_with_one_kv_head_adds_the_kv_rows_gather(fake_pg, sequence_parallel):
+def test_dbrx_layer_with_one_kv_head_adds_the_kv_rows_gather(fake_pg, sequence_parallel, name):
     """DBRX's default layout, one KV head: MultiQueryColwiseParallel computes it whole on every rank,
     its weight rows all-gathered per forward and their gradient reduce-scattered: one more of each
-    per layer than the MoE minimum above, nothing else."""
-    forward, backward, _, _ = per_layer("dbrx", sequence_parallel)
+    per layer than the MoE minimum above, nothing else. With 3 experts at TP 2 (each expert's ffn
+    rows split) the same: the layouts leave the same partial sums and input gradients."""
+    forward, backward, _, _ = per_layer(name, sequence_parallel)
     if not sequence_parallel:
         assert forward == {AG: 1, AR: 2} and backward == {RS: 1, AR: 3}
     else:

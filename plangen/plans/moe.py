@@ -350,8 +350,9 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     # the residual add, norm_2) and a MoE block (ffn: router, experts as flat [E * ffn, H] weights
     # w1/v1/w2 in experts.mlp). Attention as Phi-3's fused qkv (one KV head, as the default config
     # has: the KV head computed whole on every rank, MultiQueryColwiseParallel); clip_qkv clamps
-    # elementwise, on this rank's q/k/v alike. The experts: whole experts per rank
-    # (plangen.flat_expert_styles), reduced once by the MoE block as every other MoE plan does.
+    # elementwise, on this rank's q/k/v alike. The experts: whole experts per rank, or each expert's
+    # ffn rows split where the TP size does not divide them (plangen.flat_expert_styles), reduced
+    # once by the MoE block as every other MoE plan does.
     config = model.config
     heads, kv_heads = config.n_heads, config.attn_config.kv_n_heads
     sp = sequence_parallel
@@ -388,8 +389,8 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     ))
     entries.append(PlanEntry(
         f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial()), "mlp",
-        "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) and computes the routes"
-        " to them; partial sum out",
+        "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides"
+        " E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out",
     ))
     replicated = (*plan.replicated, Replicated(f"{ffn}.router", "the router sees every token on every rank: routing stays exact", "mlp"))
     return replace(plan, entries=tuple(entries), replicated=replicated)
