@@ -24,8 +24,8 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
-from plangen.style_facts import style_kind, weight_layout
-from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce
+from plangen.style_facts import weight_layout
+from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce, RoutedBlockSequenceParallel
 
 
 # --- PG206: sequence-parallel regions ----------------------------------------------------------
@@ -79,7 +79,7 @@ def _input_prepared_above(plan: ModelPlan, path: str) -> bool:
     while path:
         path = parent_path(path)
         style = plan.style_of(path)
-        if isinstance(style, (PrepareModuleInput, PrepareModuleInputOutput)) or style_kind(style) == "gather_output":  # a block style gathering its own input
+        if isinstance(style, (PrepareModuleInput, PrepareModuleInputOutput, RoutedBlockSequenceParallel)):  # (the last gathers its own)
             return True
     return False
 
