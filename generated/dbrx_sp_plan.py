@@ -75,8 +75,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         use_local_output=False,
     ),
     # 24 × DbrxExperts [14336, 2048] → local [7168, 2048] at TP=2
-    # each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) and computes the routes to them;
-    # partial sum out
+    # each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides E, else
+    # its slice of every expert's ffn rows, and computes the routes to them; partial sum out
     "transformer.blocks.*.ffn.experts": FlatExpertsParallel(output_layouts=Partial(reduce_op="sum")),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "transformer.blocks.*.ffn.router": 24 × DbrxRouter

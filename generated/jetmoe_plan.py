@@ -60,20 +60,20 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "model.layers.*.self_attention.experts": LocalHeadCounts(attributes=("hidden_size",)),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 1024, 2048] at TP=2
     # each attention expert's query heads split over TP; its input's gradient summed over TP
-    "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=()),
+    "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=(), sum_input_grad=True),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 2048, 1024] at TP=2
     # each attention expert's output projection by its heads: one all-reduce of the routed tokens
-    "model.layers.*.self_attention.experts.output_linear": GroupedRowwiseParallel(),
+    "model.layers.*.self_attention.experts.output_linear": GroupedRowwiseParallel(sum_output=True),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.self_attention.experts.router": 12 × JetMoeTopKGating
 
     # MLP
     # 12 × JetMoeParallelExperts [8, 11264, 2048] → local [8, 5632, 2048] at TP=2
-    # each expert's [gate; up] split over TP, each rank its share of both
-    "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1)),
+    # each expert's [gate; up] split over TP, each rank its share of both; its input's gradient summed over TP
+    "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1), sum_input_grad=True),
     # 12 × JetMoeParallelExperts [8, 2048, 5632] → local [8, 2048, 2816] at TP=2
     # each expert's down projection by its intermediate: one all-reduce of the routed tokens
-    "model.layers.*.mlp.output_linear": GroupedRowwiseParallel(),
+    "model.layers.*.mlp.output_linear": GroupedRowwiseParallel(sum_output=True),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.router": 12 × JetMoeTopKGating
 

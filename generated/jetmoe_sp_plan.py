@@ -16,21 +16,23 @@ It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
 FusedColwiseParallel, GroupedColwiseParallel, GroupedRowwiseParallel, LocalHeadCounts,
-TiedEmbeddingParallel, TiedHeadParallel). model.embed_tokens and lm_head share one weight:
-TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded once on the vocabulary by
-whichever is applied first, so no re-tie is needed; keep the two together (one alone leaves two
-parameters, which plangen verify reports). The logits leave as a DTensor sharded on the vocabulary:
-the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+RoutedBlockSequenceParallel, TiedEmbeddingParallel, TiedHeadParallel). model.embed_tokens and
+lm_head share one weight: TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded
+once on the vocabulary by whichever is applied first, so no re-tie is needed; keep the two together
+(one alone leaves two parameters, which plangen verify reports). The logits leave as a DTensor
+sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
+torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput, SequenceParallel
+from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
 
 from plangen.styles import (
     FusedColwiseParallel,
     GroupedColwiseParallel,
     GroupedRowwiseParallel,
     LocalHeadCounts,
+    RoutedBlockSequenceParallel,
     TiedEmbeddingParallel,
     TiedHeadParallel,
 )
@@ -53,17 +55,15 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
 
     # Attention
-    # 12 × JetMoeAttention: sequence parallel: the sequence gathered in, this rank's shard of the whole output kept (its
-    # attention weights and router logits pass through)
-    "model.layers.*.self_attention": PrepareModuleInputOutput(
-        input_layouts=None,
-        desired_input_layouts=None,
-        input_kwarg_layouts={"hidden_states": Shard(1)},
-        desired_input_kwarg_layouts={"hidden_states": Replicate()},
-        use_local_input=True,
-        output_layouts=(Replicate(), None, None),
-        desired_output_layouts=(Shard(1), Replicate(), Replicate()),
-        use_local_output=False,
+    # 12 × JetMoeAttention
+    # sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out, the bias added
+    # once on the shard (its attention weights and router logits pass through)
+    "model.layers.*.self_attention": RoutedBlockSequenceParallel(
+        input_kwarg="hidden_states",
+        bias="experts.bias",
+        router="experts.router",
+        reads_gathered=("kv_proj",),
+        sequence_dim=1,
     ),
     # 12 × Linear [4096, 2048] → local [2048, 2048] at TP=2
     # packed [k; v] split by heads: each rank its share of both, the heads its query experts read
@@ -72,32 +72,26 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # the attention experts' query width (all their heads) made this rank's: map() sizes its output by it
     "model.layers.*.self_attention.experts": LocalHeadCounts(attributes=("hidden_size",)),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 1024, 2048] at TP=2
-    # each attention expert's query heads split over TP; its input's gradient summed over TP
-    "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=()),
+    # each attention expert's query heads split over TP; its input's gradient left to the block's reduce-scatter
+    "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=(), sum_input_grad=False),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 2048, 1024] at TP=2
-    # each attention expert's output projection by its heads: one all-reduce of the routed tokens
-    "model.layers.*.self_attention.experts.output_linear": GroupedRowwiseParallel(),
+    # each attention expert's output projection by its heads: its partial sums left to the block
+    "model.layers.*.self_attention.experts.output_linear": GroupedRowwiseParallel(sum_output=False),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.self_attention.experts.router": 12 × JetMoeTopKGating
 
     # MLP
-    # 12 × JetMoeMoE: sequence parallel: the sequence gathered in, this rank's shard of the whole output kept
-    "model.layers.*.mlp": PrepareModuleInputOutput(
-        input_layouts=(Shard(1),),
-        desired_input_layouts=(Replicate(),),
-        input_kwarg_layouts=None,
-        desired_input_kwarg_layouts=None,
-        use_local_input=True,
-        output_layouts=(Replicate(),),
-        desired_output_layouts=(Shard(1),),
-        use_local_output=False,
-    ),
+    # 12 × JetMoeMoE
+    # sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out, the bias added
+    # once on the shard
+    "model.layers.*.mlp": RoutedBlockSequenceParallel(input_kwarg="", bias="bias", router="router", reads_gathered=(), sequence_dim=1),
     # 12 × JetMoeParallelExperts [8, 11264, 2048] → local [8, 5632, 2048] at TP=2
-    # each expert's [gate; up] split over TP, each rank its share of both
-    "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1)),
+    # each expert's [gate; up] split over TP, each rank its share of both; its input's gradient left to the block's
+    # reduce-scatter
+    "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1), sum_input_grad=False),
     # 12 × JetMoeParallelExperts [8, 2048, 5632] → local [8, 2048, 2816] at TP=2
-    # each expert's down projection by its intermediate: one all-reduce of the routed tokens
-    "model.layers.*.mlp.output_linear": GroupedRowwiseParallel(),
+    # each expert's down projection by its intermediate: its partial sums left to the block
+    "model.layers.*.mlp.output_linear": GroupedRowwiseParallel(sum_output=False),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.router": 12 × JetMoeTopKGating
 

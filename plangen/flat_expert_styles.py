@@ -20,6 +20,17 @@ hit id including the sentinel (its ``one_hot`` counts ``E + 1`` classes) and wou
 experts. The style's forward is that loop over this rank's experts only, with the global expert
 ids (no sentinel, ``num_experts`` untouched); each expert is still computed by the model's own
 ``DbrxExpertGLU`` forward, called with this rank's slices of the weights.
+
+Where the TP size does not divide the experts (3 experts at TP 2), each expert's ffn rows are split
+instead, as :class:`plangen.moe_styles.ExpertsParallel` splits packed experts' intermediate
+(:func:`plangen.moe_styles.choose_expert_layout` decides for both): ``w1`` / ``v1`` column-parallel
+by ffn inside each expert block, ``w2`` row-parallel by the same rows. Rank ``r``'s rows of expert
+``e`` are ``e · ffn + r · ffn/tp`` to ``e · ffn + (r + 1) · ffn/tp``, a strided layout of the flat
+weight: each weight is re-laid out once so those rows are contiguous per rank (``[e_0 r_0; e_1 r_0;
+...; e_0 r_1; ...]``, :func:`plangen.fused_styles.interleave_index` with one part per expert), then
+a plain ``Shard(0)``, which FSDP2 composes with, and state-dict hooks show Hugging Face's layout
+both ways, so a full state dict is the original weights. Every rank computes every route with its
+slice of every expert; the partial sums and the gradients' all-reduces are the same as above.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen.moe_styles import choose_expert_layout
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 
 # DBRX's names: the child holding the flat weights, and the weights (gate, up, down).
@@ -57,9 +69,37 @@ def largest_tp_dividing(count: int, tp_size: int) -> int:
     return max(t for t in range(1, tp_size + 1) if count % t == 0)
 
 
+def flat_expert_layout(module: nn.Module, tp_size: int) -> str:
+    """``"experts"`` (whole experts per rank) or ``"intermediate"`` (each expert's ffn rows split),
+    as :func:`plangen.moe_styles.choose_expert_layout` chooses for ``module``'s expert count."""
+    shape = flat_expert_shape(module)
+    return choose_expert_layout(shape[0] if shape else 0, tp_size)
+
+
+def flat_expert_problem(module: nn.Module, tp_size: int) -> str | None:
+    """Why :class:`FlatExpertsParallel` cannot split ``module`` at ``tp_size`` (one line), else None."""
+    shape = flat_expert_shape(module)
+    if shape is None or flat_expert_layout(module, tp_size) == "experts" or shape[1] % tp_size == 0:
+        return None
+    experts, ffn, _ = shape
+    legal = max(t for t in range(1, tp_size + 1) if experts % t == 0 or ffn % t == 0)
+    return (
+        f"FlatExpertsParallel: {experts} experts do not divide by the TP size {tp_size}, nor does each expert's ffn"
+        f" width {ffn} (the other layout) (largest legal TP size: {legal})"
+    )
+
+
+def flat_split_rows(module: nn.Module, tp_size: int) -> tuple[str, int]:
+    """What each flat weight's rows are split by at ``tp_size`` and its size: the experts, or each expert's ffn."""
+    experts, ffn, _ = flat_expert_shape(module) or (0, 0, 0)
+    if flat_expert_layout(module, tp_size) == "experts":
+        return "num_experts", experts
+    return "each expert's ffn width", ffn
+
+
 class FlatExpertsParallel(ParallelStyle):
-    """Shard a flat-experts module (``DbrxExperts``) over TP: ``E / tp`` whole experts per rank
-    (see the module docstring); the TP size must divide the expert count.
+    """Shard a flat-experts module (``DbrxExperts``) over TP: ``E / tp`` whole experts per rank where
+    the TP size divides the expert count, else each expert's ffn rows split (see the module docstring).
 
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce); ``Partial()``
     returns the local partial sum for the MoE block's own style to reduce (or reduce-scatter under SP).
@@ -80,44 +120,60 @@ class FlatExpertsParallel(ParallelStyle):
             )
         experts, ffn, hidden = shape
         tp = device_mesh.size()
-        if experts % tp:
-            raise ValueError(
-                f"FlatExpertsParallel: {experts} experts do not divide by the TP size {tp} (largest legal TP size:"
-                f" {largest_tp_dividing(experts, tp)}); each expert's ffn split is not implemented for flat weights"
-            )
+        problem = flat_expert_problem(module, tp)
+        if problem is not None:
+            raise ValueError(problem)
+        layout = flat_expert_layout(module, tp)
         child = getattr(module, FLAT_CHILD)
+        if layout == "experts":
+            local, rows, first = experts // tp, ffn, device_mesh.get_local_rank() * (experts // tp)
+        else:  # every expert, this rank's ffn rows of each
+            local, rows, first = experts, ffn // tp, 0
         for name in FLAT_WEIGHTS:
             param = child._parameters[name]
-            sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+            data = param.data
+            if layout == "intermediate":
+                data = data.index_select(0, _expert_rows_by_rank(experts, ffn, tp).to(data.device))
+            sharded = distribute_tensor(data, device_mesh, [Shard(0)], src_data_rank=None)
             child.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        local = experts // tp
-        first = device_mesh.get_local_rank() * local
+        if layout == "intermediate":
+            from plangen.fused_styles import install_layout_hooks
+
+            install_layout_hooks(child, (1,) * experts, tp, {name: 0 for name in FLAT_WEIGHTS})
         reduce_here = not isinstance(self.output_layouts, Partial)
 
         def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
             hidden_states, top_k_index, top_k_weights = (replicated_local(t) for t in (hidden_states, top_k_index, top_k_weights))
-            if torch.is_grad_enabled():  # each rank's gradient covers its own experts' routes only
+            if torch.is_grad_enabled():  # each rank's gradient covers its own experts' routes (or rows) only
                 hidden_states = all_reduce_grad(hidden_states, device_mesh)
                 top_k_weights = all_reduce_grad(top_k_weights, device_mesh)
             output = _local_experts_forward(
-                child, hidden_states, top_k_index, top_k_weights, experts, ffn, hidden, first, local
+                child, hidden_states, top_k_index, top_k_weights, experts, rows, hidden, first, local
             )
             return SumOverMesh.apply(output, device_mesh.get_group()) if reduce_here else output
 
         module.forward = forward  # the instance's: hooks on the module still run around it
-        module._plangen_expert_layout = "experts"
+        module._plangen_expert_layout = layout
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_layouts={self.output_layouts})"
 
 
+def _expert_rows_by_rank(experts: int, ffn: int, tp: int) -> torch.Tensor:
+    # One part per expert, each split over TP: rank r's rows of every expert made contiguous.
+    from plangen.fused_styles import interleave_index
+
+    return interleave_index(experts * ffn, (1,) * experts, tp)
+
+
 def _local_experts_forward(
     child: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor, experts: int, ffn: int, hidden: int, first: int, local: int,
 ) -> torch.Tensor:
-    """``DbrxExperts.forward`` over experts ``first`` to ``first + local - 1`` only: this rank's
-    share of the output (the other ranks' routes contribute nothing here)."""
+    """``DbrxExperts.forward`` over experts ``first`` to ``first + local - 1`` only, ``ffn`` rows of
+    each (this rank's): this rank's share of the output (the other ranks' routes and rows contribute
+    nothing here)."""
     batch = hidden_states.shape[0]
     hidden_states = hidden_states.reshape(-1, hidden)
     output = torch.zeros_like(hidden_states)

@@ -11,11 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.moe_styles import expert_count
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.tp_sums import SumOverMesh, all_reduce_grad, grad_once, replicated_local
 
 
 def _swap_in_local(mod: nn.Module, swapped: dict[str, nn.Parameter]) -> None:
@@ -47,11 +47,15 @@ class GroupedColwiseParallel(ParallelStyle):
     block chunks in two), re-laid out so each rank's slice holds its share of every part, with the
     state dict in Hugging Face's layout (:mod:`plangen.fused_styles`); ``()`` for one part (a
     query projection, split by heads).
+
+    ``sum_input_grad=False``: the input's gradient is left partial, for a block that reduces all its
+    input gradients once (:class:`RoutedBlockSequenceParallel`'s gather, whose backward reduce-scatters).
     """
 
-    def __init__(self, *, part_sizes: tuple[int, ...] = ()) -> None:
+    def __init__(self, *, part_sizes: tuple[int, ...] = (), sum_input_grad: bool = True) -> None:
         super().__init__()
         self.part_sizes = tuple(part_sizes)
+        self.sum_input_grad = sum_input_grad
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from plangen.fused_styles import install_layout_hooks, interleave_index
@@ -72,7 +76,7 @@ class GroupedColwiseParallel(ParallelStyle):
         def prepare(mod: nn.Module, args: tuple) -> tuple:
             inputs, *rest = args
             inputs = replicated_local(inputs)
-            if torch.is_grad_enabled():
+            if torch.is_grad_enabled() and self.sum_input_grad:
                 inputs = all_reduce_grad(inputs, device_mesh)
             _swap_in_local(mod, swapped)
             return (inputs, *rest)
@@ -87,7 +91,7 @@ class GroupedColwiseParallel(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(part_sizes={self.part_sizes})"
+        return f"{type(self).__name__}(part_sizes={self.part_sizes}, sum_input_grad={self.sum_input_grad})"
 
 
 class GroupedRowwiseParallel(ParallelStyle):
@@ -95,7 +99,14 @@ class GroupedRowwiseParallel(ParallelStyle):
     its slice of every expert's input features (``Shard(2)``), takes the matching slice its
     :class:`GroupedColwiseParallel` partner left, and the partial outputs are summed over TP (one
     all-reduce of the routed tokens, ``B·S·k × H``), so everything after (the gates, the scatter back
-    to the tokens, the block's bias) runs on whole values, exactly."""
+    to the tokens, the block's bias) runs on whole values, exactly.
+
+    ``sum_output=False``: the partial outputs are returned as they are, for a block that reduces
+    them once after its gates and scatter back (:class:`RoutedBlockSequenceParallel`)."""
+
+    def __init__(self, *, sum_output: bool = True) -> None:
+        super().__init__()
+        self.sum_output = sum_output
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         weight = _grouped_weight(self, module)
@@ -113,11 +124,115 @@ class GroupedRowwiseParallel(ParallelStyle):
         def finish(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
             mod._parameters.update(swapped)  # type: ignore[arg-type]
             swapped.clear()
-            return output if output is None else SumOverMesh.apply(output, device_mesh.get_group())
+            if output is None or not self.sum_output:
+                return output
+            return SumOverMesh.apply(output, device_mesh.get_group())
 
         module.register_forward_pre_hook(prepare)
         module.register_forward_hook(finish, always_call=True)
         return module
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}(sum_output={self.sum_output})"
+
+
+class RoutedBlockSequenceParallel(ParallelStyle):
+    """Sequence parallel for a JetMoE block whose experts leave partial sums (its MoE MLP, and its
+    attention with the mixture of attention heads), ending as a dense row-parallel layer under SP
+    does: in a reduce-scatter onto the sequence-sharded residual.
+
+    * In: the sequence-sharded input all-gathered once; its gradient is taken as partial sums over
+      the ranks, so the gather's backward is one reduce-scatter that sums every input gradient of
+      the block at once (the experts' routed tokens, ``GroupedColwiseParallel(sum_input_grad=False)``;
+      each child named in ``reads_gathered``, which reads the gathered DTensor itself, so its
+      gradient stays partial too: the attention's ``kv_proj``).
+    * The experts' partial outputs (``GroupedRowwiseParallel(sum_output=False)``) go through the
+      gates and the scatter back to the tokens, both linear, and leave the block as partial sums:
+      one reduce-scatter onto the sequence shard, then the block's ``bias`` added once, on the shard
+      (a ``Replicate()`` DTensor, as a norm's weight under SP: its gradient is summed as theirs is).
+      The block's forward adds a zero in its place.
+    * The ``router`` runs replicated on every token. The gates multiply partial outputs, so their
+      gradient is partial: it is summed over TP (one all-reduce of B·S·k), and the router's
+      gradients, whole on every rank from then on (the auxiliary loss's too), are exact; its input's
+      gradient counts once (on the first rank) in the block's reduce-scatter.
+
+    ``input_kwarg``: the block's input keyword (``"hidden_states"`` for the attention), ``""`` for
+    its first positional argument; ``sequence_dim``: the dim the residual stream is sharded on (as
+    torch's ``SequenceParallel`` takes it). Paths (``bias``, ``router``, ``reads_gathered``) are relative to
+    the block. An output tuple has its first value reduced, the others passed through.
+    """
+
+    GATES = 2  # JetMoeTopKGating returns (sorted ids, token ids, gates, expert sizes, logits)
+
+    def __init__(self, *, input_kwarg: str = "", bias: str = "bias", router: str = "router",
+                 reads_gathered: tuple[str, ...] = (), sequence_dim: int = 1) -> None:
+        super().__init__()
+        self.sequence_dim = sequence_dim
+        self.input_kwarg, self.bias, self.router = input_kwarg, bias, router
+        self.reads_gathered = tuple(reads_gathered)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        owner_path, _, bias_name = self.bias.rpartition(".")
+        owner = module.get_submodule(owner_path)
+        bias = owner._parameters.get(bias_name)
+        if bias is None:
+            raise ValueError(f"{type(self).__name__}: {type(module).__name__} has no parameter {self.bias!r}")
+        replicated = distribute_tensor(bias.data, device_mesh, [Replicate()], src_data_rank=None)
+        owner.register_parameter(bias_name, nn.Parameter(replicated, requires_grad=bias.requires_grad))
+        state: dict[str, Any] = {}
+        sequence = Shard(self.sequence_dim)
+
+        def gather(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            args, kwargs = list(args), dict(kwargs)
+            hidden = kwargs[self.input_kwarg] if self.input_kwarg else args[0]
+            if not isinstance(hidden, DTensor):
+                hidden = DTensor.from_local(hidden, device_mesh, [sequence], run_check=False)
+            whole = hidden.redistribute(device_mesh, [Replicate()])
+            local = whole.to_local(grad_placements=[Partial()])
+            state.update(whole=whole, local=local, bias=owner._parameters[bias_name])
+            owner._parameters[bias_name] = torch.zeros((), dtype=local.dtype, device=local.device)  # type: ignore[assignment]
+            if self.input_kwarg:
+                kwargs[self.input_kwarg] = local
+            else:
+                args[0] = local
+            return tuple(args), kwargs
+
+        def reduce_scatter(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            bias_param = state.pop("bias", None)
+            if bias_param is not None:
+                owner._parameters[bias_name] = bias_param
+            state.clear()
+            first = output[0] if isinstance(output, tuple) else output
+            summed = DTensor.from_local(first, device_mesh, [Partial()], run_check=False).redistribute(device_mesh, [sequence])
+            summed = summed + bias_param
+            return (summed, *output[1:]) if isinstance(output, tuple) else summed
+
+        def read_gathered(mod: nn.Module, args: tuple) -> tuple:
+            # The block's gathered input, read as the DTensor it came from: the gradient stays partial.
+            return (state["whole"], *args[1:]) if args and args[0] is state.get("local") else args
+
+        def route_once(mod: nn.Module, args: tuple) -> tuple:
+            return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() else args
+
+        def sum_gates_grad(mod: nn.Module, args: tuple, output: tuple) -> tuple:
+            if not torch.is_grad_enabled():
+                return output
+            gates = all_reduce_grad(output[self.GATES], device_mesh)
+            return (*output[:self.GATES], gates, *output[self.GATES + 1:])
+
+        module.register_forward_pre_hook(gather, with_kwargs=True)
+        # always_call: an exception inside forward must not leave the zero in place of the bias.
+        module.register_forward_hook(reduce_scatter, with_kwargs=True, always_call=True)
+        for child in self.reads_gathered:
+            # prepend: before the child's own style reads its input.
+            module.get_submodule(child).register_forward_pre_hook(read_gathered, prepend=True)
+        router = module.get_submodule(self.router)
+        router.register_forward_pre_hook(route_once)
+        router.register_forward_hook(sum_gates_grad)
+        return module
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(input_kwarg={self.input_kwarg!r}, bias={self.bias!r}, router={self.router!r}, "
+            f"reads_gathered={self.reads_gathered}, sequence_dim={self.sequence_dim})"
+        )

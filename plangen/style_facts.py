@@ -236,6 +236,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         # features (the outputs all-reduced), split over TP.
         StyleFacts("GroupedColwiseParallel", PLANGEN_STYLES, "colwise", shard_dim={EXPERTS: 1}),
         StyleFacts("GroupedRowwiseParallel", PLANGEN_STYLES, "rowwise", shard_dim={EXPERTS: 2}),
+        # A JetMoE block under SP: gathers its input, reduce-scatters its experts' partial sums out.
+        StyleFacts("RoutedBlockSequenceParallel", PLANGEN_STYLES, "gather_output"),
         # A Llama-4 MoE block's PrepareModuleInputOutput that also splits its experts (the expert dim).
         StyleFacts("EveryTokenMoeParallel", PLANGEN_STYLES, "gather_output"),
         # An untied embedding that scales its own lookup: vocabulary-sharded, its forward on the partial lookup.

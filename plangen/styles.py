@@ -51,7 +51,7 @@ from plangen.mamba1_styles import Mamba1MixerParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel
+from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
@@ -226,6 +226,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         FlatExpertsParallel,
         GroupedColwiseParallel,
         GroupedRowwiseParallel,
+        RoutedBlockSequenceParallel,
         EveryTokenMoeParallel,
         AllReduceOutputGrad,
         TiedEmbeddingParallel,
@@ -501,6 +502,7 @@ __all__ = [
     "GatheredNormParallel",
     "GroupedColwiseParallel",
     "GroupedRowwiseParallel",
+    "RoutedBlockSequenceParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",

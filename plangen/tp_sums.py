@@ -49,9 +49,30 @@ class SumOverMesh(torch.autograd.Function):
         return grad, None
 
 
+class GradOnceOverMesh(torch.autograd.Function):
+    """Identity forward; backward, the gradient kept on the group's first rank and zero on the others.
+
+    For a gradient that is whole on every rank flowing into one that is partial (a sum over ranks,
+    reduced later): counted once, so the later reduction adds it exactly once, with no collective."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group: Any) -> torch.Tensor:  # type: ignore[override]
+        ctx.first = dist.get_rank(group) == 0
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return (grad if ctx.first else torch.zeros_like(grad)), None
+
+
 def all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     # Identity forward; the gradient is summed over the mesh in backward.
     return SumGradOverMesh.apply(tensor, mesh.get_group())
+
+
+def grad_once(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    # Identity forward; in backward the (whole) gradient counts on the mesh's first rank only.
+    return GradOnceOverMesh.apply(tensor, mesh.get_group())
 
 
 def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
@@ -59,4 +80,4 @@ def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-__all__ = ["SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "replicated_local"]
+__all__ = ["GradOnceOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "grad_once", "replicated_local"]

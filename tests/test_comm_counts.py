@@ -173,12 +173,14 @@ def test_dbrx_layer_with_split_kv_heads_costs_what_every_moe_layer_costs(fake_pg
     assert sorted(size for _, size in backward_step.records).count(bsk) == config.n_layers
 
 
+@pytest.mark.parametrize("name", ["dbrx", "dbrx-3-experts"])
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_dbrx_layer_with_one_kv_head_adds_the_kv_rows_gather(fake_pg, sequence_parallel):
+def test_dbrx_layer_with_one_kv_head_adds_the_kv_rows_gather(fake_pg, sequence_parallel, name):
     """DBRX's default layout, one KV head: MultiQueryColwiseParallel computes it whole on every rank,
     its weight rows all-gathered per forward and their gradient reduce-scattered: one more of each
-    per layer than the MoE minimum above, nothing else."""
-    forward, backward, _, _ = per_layer("dbrx", sequence_parallel)
+    per layer than the MoE minimum above, nothing else. With 3 experts at TP 2 (each expert's ffn
+    rows split) the same: the layouts leave the same partial sums and input gradients."""
+    forward, backward, _, _ = per_layer(name, sequence_parallel)
     if not sequence_parallel:
         assert forward == {AG: 1, AR: 2} and backward == {RS: 1, AR: 3}
     else:
@@ -212,21 +214,27 @@ def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
     assert sorted(size for _, size in backward_step.records) == sorted([bsh] * 3 + [routed] * 4)  # + the head's
 
 
-def test_jetmoe_layer_under_sequence_parallel_gathers_each_block_in_and_slices_its_whole_output(fake_pg):
-    """JetMoE's blocks sum their routed tokens inside (above), so there is no partial output to
-    reduce-scatter: each block all-gathers the sequence in and keeps this rank's shard of its whole
-    output (no communication). Backward: each block's output gradient is all-gathered, the input
-    gradients are reduced as without SP (kv_proj's, and each input_linear's routed tokens), and the
-    gathered input's gradient, whole on every rank, is sliced back."""
+def test_jetmoe_layer_under_sequence_parallel_reduce_scatters_each_block_out(fake_pg):
+    """JetMoE under SP (RoutedBlockSequenceParallel): each block (the attention's mixture of heads,
+    the MoE MLP) ends as a dense row-parallel layer does, its experts' partial sums reduce-scattered
+    onto the sequence-sharded residual, so per layer forward is the dense SP minimum: 2 all-gathers
+    and 2 reduce-scatters of B·S·H (no all-reduce of the routed tokens, B·S·k × H, any more).
+    Backward: each block's output gradient all-gathered, its input gradient (kv_proj's, the routed
+    tokens', the router's) reduce-scattered once, and the gates' gradient all-reduced (B·S·k): the
+    gates scale partial sums, so theirs is partial, and the router stays exact. The bias, added once
+    on the shard, costs no collective in the step (a Replicate() DTensor, as a norm's weight)."""
     forward, backward, _, _ = per_layer("jetmoe", True)
-    assert forward == {AG: 2, AR: 2} and backward == {AG: 2, AR: 3}
-    config, _, forward_step, _ = run_step("jetmoe", 2, True)
+    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2, AR: 2}
+    config, _, forward_step, backward_step = run_step("jetmoe", 2, True)
     bsh = BATCH * SEQ * config.hidden_size * 4
-    routed = config.num_experts_per_tok * bsh
+    bsk = BATCH * SEQ * config.num_experts_per_tok * 4
     # The embedding's reduce-scatter and the head's all-gather: B·S·H each.
-    assert merge_c10d_counts(forward_step.counts()) == {AG: 2 * 2 + 1, AR: 2 * 2, RS: 1}
-    # Sizes of the results: the reduce-scatter leaves this rank its sequence half.
-    assert sorted(size for _, size in forward_step.records) == sorted([bsh // 2] + [bsh] * (2 * 2 + 1) + [routed] * 4)
+    assert merge_c10d_counts(forward_step.counts()) == {AG: 2 * 2 + 1, RS: 2 * 2 + 1}
+    # Sizes of the results: a reduce-scatter leaves this rank its sequence half.
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh // 2] * (2 * 2 + 1) + [bsh] * (2 * 2 + 1))
+    assert sorted(size for _, size in backward_step.records) == sorted(
+        [bsk] * (2 * 2) + [bsh // 2] * (2 * 2 + 1) + [bsh] * (2 * 2 + 1)
+    )
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

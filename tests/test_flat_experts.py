@@ -52,9 +52,43 @@ def test_the_dbrx_plan_shards_the_flat_experts_and_the_attention(fake_pg):
     assert all(n.endswith(("norm_1.weight", "norm_2.weight", "norm_f.weight", "router.layer.weight")) for n in whole), whole
 
 
-def test_experts_the_tp_size_does_not_divide_are_refused_in_one_line(fake_pg):
-    experts = _dbrx(moe_num_experts=6).transformer.blocks[0].ffn.experts
-    with pytest.raises(ValueError, match=r"6 experts do not divide by the TP size 4 \(largest legal TP size: 3\)") as error:
+def test_experts_the_tp_size_does_not_divide_split_each_experts_ffn_rows(fake_pg):
+    """3 experts at TP 2: every rank holds its half of every expert's ffn rows, contiguous after the
+    re-layout ([e_0 r; e_1 r; e_2 r]), a plain Shard(0) of each flat weight; the ids stay global."""
+    experts = _dbrx(moe_num_experts=3).transformer.blocks[0].ffn.experts
+    whole = {n: p.detach().clone() for n, p in experts.mlp.named_parameters()}
+    FlatExpertsParallel(output_layouts=Partial())._apply(experts, DeviceMesh("cpu", torch.arange(2)))
+    assert experts._plangen_expert_layout == "intermediate" and experts.num_experts == 3
+    for name, param in experts.mlp.named_parameters():
+        assert isinstance(param, DTensor) and param.placements == (Shard(0),)
+        # rank 0 of 2: rows [0, 8) of each expert's 16
+        expected = whole[name].view(3, 16, 32)[:, :8].reshape(24, 32)
+        assert torch.equal(param.to_local(), expected), name
+
+
+def test_the_ffn_split_sums_to_the_unsharded_experts(fake_pg):
+    """Each rank's slice of every expert gives a partial output; the two ranks' partials (rank 1's
+    computed by applying rank 0's style to the other half) add up to the unsharded experts' output."""
+    from plangen.flat_expert_styles import _expert_rows_by_rank, _local_experts_forward
+
+    experts = _dbrx(moe_num_experts=3).transformer.blocks[0].ffn.experts
+    hidden, index = torch.randn(2, 5, 32), torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2], [1, 0]] * 2)
+    weights = torch.rand(10, 2)
+    expected = experts(hidden, index, weights)
+    order = _expert_rows_by_rank(3, 16, 2)
+    relaid = {n: p.detach().index_select(0, order) for n, p in experts.mlp.named_parameters()}
+    parts = []
+    for rank in range(2):
+        for name, value in relaid.items():
+            experts.mlp._parameters[name] = nn.Parameter(value[rank * 24:(rank + 1) * 24])
+        parts.append(_local_experts_forward(experts.mlp, hidden, index, weights, 3, 8, 32, 0, 3))
+    torch.testing.assert_close(parts[0] + parts[1], expected)
+
+
+def test_neither_layout_is_refused_in_one_line_naming_the_largest_tp_size(fake_pg):
+    experts = _dbrx(moe_num_experts=6, ffn_hidden_size=18).transformer.blocks[0].ffn.experts
+    with pytest.raises(ValueError, match=r"6 experts do not divide by the TP size 4, nor does each expert's ffn width 18"
+                       r" \(the other layout\) \(largest legal TP size: 3\)") as error:
         FlatExpertsParallel()._apply(experts, DeviceMesh("cpu", torch.arange(4)))
     assert "\n" not in str(error.value)
 
@@ -81,10 +115,10 @@ def test_a_rank_whose_experts_get_no_route_still_reaches_every_gradient(fake_pg)
         assert param.grad is not None and not param.grad.to_local().any(), name
 
 
-def test_verify_names_the_largest_tp_size_the_experts_take_and_refuses_other_modules(tmp_path):
-    """DBRX's default config: 4 experts, 16 query heads and one KV head. At TP 8 the experts' entry is
-    PG204 (whole experts per rank need the TP size to divide 4), nothing else; the style on a
-    module without flat experts is PG203."""
+def test_verify_takes_tp_sizes_that_split_the_experts_ffn_and_refuses_other_modules(tmp_path):
+    """DBRX's default config: 4 experts of ffn 10752, 16 query heads and one KV head. At TP 8 the
+    experts no longer divide but each expert's ffn does: verify is clean (it said PG204 before the
+    ffn split); the style on a module without flat experts is PG203."""
     from pathlib import Path
 
     from plangen.check import VerifyOptions, verify_plan_files
@@ -94,10 +128,23 @@ def test_verify_names_the_largest_tp_size_the_experts_take_and_refuses_other_mod
     path = tmp_path / "dbrx_plan.py"
     path.write_text(source)
     assert verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics == []
-    found = verify_plan_files([path], VerifyOptions(tp_size=8)).diagnostics
-    assert [(d.code, d.line) for d in found] == [("PG204", experts_line)]
-    assert "splits num_experts=4 of `transformer.blocks.*.ffn.experts`" in found[0].message
-    assert "the largest legal TP size for this plan is 4" in found[0].message
+    assert verify_plan_files([path], VerifyOptions(tp_size=8)).diagnostics == []
     path.write_text(source.replace('"transformer.blocks.*.ffn.experts"', '"transformer.blocks.*.ffn.router"'))
     found = verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics
     assert ("PG203", experts_line) in [(d.code, d.line) for d in found]
+
+
+def test_verify_names_the_largest_tp_size_where_neither_layout_fits():
+    """6 experts of ffn 18 at TP 4: neither whole experts nor each expert's ffn split fits: PG204 at
+    the experts' entry, in the style's own words (the largest legal TP size, 3)."""
+    from plangen.check.model_plan import ModelPlan
+    from plangen.check.rules_model import DivisibilityRule
+
+    model = _dbrx(moe_num_experts=6, ffn_hidden_size=18)
+    styles = {"transformer.blocks.*.ffn.experts": FlatExpertsParallel(output_layouts=Partial())}
+    plan = ModelPlan(model=model, tp_size=4, sequence_parallel=False, written=styles, styles=styles)
+    found = list(DivisibilityRule().check(plan))
+    assert [(f.code, f.key) for f in found] == [("PG204", "transformer.blocks.*.ffn.experts")]
+    assert "nor does each expert's ffn width 18 (the other layout) (largest legal TP size: 3)" in found[0].message
+    plan = ModelPlan(model=model, tp_size=3, sequence_parallel=False, written=styles, styles=styles)
+    assert list(DivisibilityRule().check(plan)) == []  # 3 divides the experts (and the ffn)

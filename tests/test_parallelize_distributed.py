@@ -62,7 +62,7 @@ def _cases():
         {"name": "longcat_flash-state-dict", "model": "longcat_flash", "state_dict": True},
         {"name": "longcat_flash-sp", "model": "longcat_flash", "sp": True},
         # JetMoE: experts of one [E, out, in] weight in the MLP and the attention; tied embeddings; SP
-        # gathers each block's sequence in and keeps this rank's shard of its whole output.
+        # gathers each block's sequence in and reduce-scatters its experts' partial sums out.
         {"name": "jetmoe-state-dict", "model": "jetmoe", "state_dict": True},
         {"name": "jetmoe-sp-state-dict", "model": "jetmoe", "sp": True, "state_dict": True},
         # DBRX: experts of flat [E * ffn, H] weights (FlatExpertsParallel), the fused Wqkv inside the
@@ -70,6 +70,9 @@ def _cases():
         {"name": "dbrx-state-dict", "model": "dbrx", "state_dict": True},
         {"name": "dbrx-sp", "model": "dbrx", "sp": True},
         {"name": "dbrx-2kv-sp-state-dict", "model": "dbrx-2kv", "sp": True, "state_dict": True},
+        # 3 experts at TP 2: each expert's ffn rows split, the state dict still Hugging Face's.
+        {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True},
+        {"name": "dbrx-3-experts-sp", "model": "dbrx-3-experts", "sp": True},
         # Gemma 4's MoE form, synthesized: experts the layer calls itself (no SP plan: Gemma 4 has none).
         {"name": "gemma4-moe-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "state_dict": True},
         # Gemma 4's multimodal class, synthesized: its forward reads the pad row of the vocab-parallel, tied embedding.
@@ -128,7 +131,11 @@ def _cases():
     # TP-local matmul as wide as MKL needs to pick the full-width kernel (tiny_configs): bitwise.
     stable = [{"name": f"{m}-stable", "model": m, "variant": "stable", "attn": ATTN.get(m, "sdpa")} for m in STABLE_MODELS]
     bitwise = [{"name": f"{m}-4kv-{v}", "model": f"{m}-4kv", "variant": v} for m in BITWISE_MODELS for v in VARIANTS]
-    return {"tp2": cases + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
+    # At TP 2 alone too: JetMoE's blocks reduce-scattered under SP (RoutedBlockSequenceParallel);
+    # DBRX's 3 experts split by their ffn rows, with the full state dict.
+    tp2_only = [{"name": "jetmoe-sp", "model": "jetmoe", "sp": True},
+                {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True}]
+    return {"tp2": cases + tp2_only + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
 
 
 CASES = _cases()
@@ -141,6 +148,7 @@ TP2_DEFAULT = {
     "llama", "llama-sp", "nemotron_h-sp", "llama4-sp",
     # issue 10's MoE parity at TP 2, SP off and on:
     *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
+    "jetmoe-sp", "dbrx-3-experts-state-dict",
 }
 # At DP 2 x TP 2, repeats of a layout another default case covers: HunYuan's and LongCat's experts
 # split by their intermediate as Mixtral-3's (whose state dict stays in), LongCat's stable variant.

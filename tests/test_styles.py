@@ -936,9 +936,24 @@ _MODULE_OF = {
     "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
     "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
+    "RoutedBlockSequenceParallel": lambda: _jetmoe_moe(),
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
 }
+
+
+def _jetmoe_moe():
+    """JetMoE's MoE MLP (a bias, a router, experts of one [E, out, in] weight); ``weight`` is the router's."""
+    from transformers import AutoConfig
+    from transformers.models.jetmoe.modeling_jetmoe import JetMoeMoE
+
+    from tiny_configs import TINY
+
+    class Block(JetMoeMoE):
+        weight = property(lambda self: self.router.layer.weight)
+
+    config = {k: v for k, v in TINY["jetmoe"].items() if k != "model_type"}
+    return Block(AutoConfig.for_model("jetmoe", **config))
 
 
 def _with_child(module: nn.Module, name: str, child: nn.Module) -> nn.Module:
@@ -1536,3 +1551,30 @@ def test_sequence_parallel_own_parameters_meet_the_sharded_residual_and_sum_thei
     assert not isinstance(module.child.weight, DTensor)  # children keep their own styles
     with torch.no_grad():
         assert isinstance(module(residual), DTensor)  # swapped without autograd too
+
+
+def test_routed_block_keeps_its_bias_one_replicated_parameter_even_when_its_forward_fails(tp_mesh):
+    """RoutedBlockSequenceParallel makes the block's bias a Replicate() DTensor (added once, on the
+    sequence shard, after the reduce-scatter) and puts a zero in its place during the forward; the
+    parameter is back afterwards, also when the forward raises (always_call), and the output is the
+    block's sequence shard, a DTensor. Numerics: tests/test_parallelize_distributed.py (jetmoe-sp)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    holder = nn.Module()
+    holder.m = _jetmoe_moe()
+    parallelize_module(holder, tp_mesh, {"m": _built("RoutedBlockSequenceParallel")})
+    block = holder.m
+    bias = block.bias
+    assert isinstance(bias, DTensor) and bias.placements == (Replicate(),)
+    output = block(torch.randn(2, 4, 32))  # this rank's sequence shard; the block gathers it
+    assert isinstance(output, DTensor) and output.placements == (Shard(1),) and output.to_local().shape == (2, 4, 32)
+    assert block.bias is bias
+
+    def fail(*_: Any) -> None:
+        raise RuntimeError("router failed")
+
+    block.router.register_forward_hook(fail)
+    with pytest.raises(RuntimeError, match="router failed"):
+        block(torch.randn(2, 4, 32))
+    assert block.bias is bias and "bias" in dict(block.named_parameters())

@@ -204,3 +204,5 @@ TINY["dbrx"] = dict(
     ffn_config=dict(ffn_hidden_size=16, moe_num_experts=4, moe_top_k=2), output_router_logits=True,
 )
 TINY["dbrx-2kv"] = dict(TINY["dbrx"], attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0))
+# 3 experts at TP 2: each expert's ffn rows split (the w1/v1/w2 rows re-laid out per rank inside).
+TINY["dbrx-3-experts"] = dict(TINY["dbrx"], ffn_config=dict(ffn_hidden_size=16, moe_num_experts=3, moe_top_k=2))

@@ -216,8 +216,15 @@ STYLES: dict[str, StyleSpec] = {
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("FlatExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
-        _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()),)),
-        _spec("GroupedRowwiseParallel", ()),
+        _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()), StyleParam("sum_input_grad", BOOL, True))),
+        _spec("GroupedRowwiseParallel", (StyleParam("sum_output", BOOL, True),)),
+        _spec(
+            "RoutedBlockSequenceParallel",
+            (
+                StyleParam("input_kwarg", STR, ""), StyleParam("bias", STR, "bias"), StyleParam("router", STR, "router"),
+                StyleParam("reads_gathered", STR_TUPLE, ()), StyleParam("sequence_dim", INT, 1),
+            ),
+        ),
         _spec("AllReduceOutputGrad", ()),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec("RGLRUParallel", (StyleParam("head_attribute", STR, "num_attention_heads"),)),

@@ -28,7 +28,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.kv_styles import PrepareAttentionInput, attention_head_counts
-from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape
+from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_problem, flat_expert_shape, flat_split_rows
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, LocalHeadCounts, head_count_owner, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
@@ -279,7 +279,7 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
         down = module.down_proj
         return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module):
-        return [("num_experts", module.num_experts, 1)]  # whole experts per rank: each weight's E * ffn rows
+        return [(*flat_split_rows(module, tp), 1)]  # whole experts per rank, else each expert's ffn rows
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
         own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
@@ -383,7 +383,8 @@ class DivisibilityRule(ModelRule):
             if size % (parts * tp):
                 style = type(plan.styles[key]).__name__
                 experts_problem = (
-                    expert_layout_problem(plan.modules[name], tp) if isinstance(plan.styles[key], ExpertsParallel) else None
+                    expert_layout_problem(plan.modules[name], tp) if isinstance(plan.styles[key], ExpertsParallel)
+                    else flat_expert_problem(plan.modules[name], tp) if isinstance(plan.styles[key], FlatExpertsParallel) else None
                 )
                 if experts_problem is not None:  # neither layout fits: the style's own words
                     yield self.finding(f"{experts_problem} (`{generalize(name)}`); the largest legal TP size for this"

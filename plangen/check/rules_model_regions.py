@@ -25,7 +25,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
 from plangen.style_facts import weight_layout
-from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce
+from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce, RoutedBlockSequenceParallel
 
 
 # --- PG206: sequence-parallel regions ----------------------------------------------------------
@@ -79,7 +79,7 @@ def _input_prepared_above(plan: ModelPlan, path: str) -> bool:
     while path:
         path = parent_path(path)
         style = plan.style_of(path)
-        if isinstance(style, (PrepareModuleInput, PrepareModuleInputOutput)):
+        if isinstance(style, (PrepareModuleInput, PrepareModuleInputOutput, RoutedBlockSequenceParallel)):  # (the last gathers its own)
             return True
     return False
 

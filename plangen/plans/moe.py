@@ -296,11 +296,14 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     # gates, the scatter back and the block's bias; kv_proj split by heads with them. The routers
     # run replicated on every token: routing and the auxiliary loss are exact.
     #
-    # Sequence parallel: the experts sum their routed tokens (B·S·k) inside the block, and what
-    # follows (the gates, the scatter back to the tokens, the block's bias) runs on whole values, so
-    # there is no partial block output to reduce-scatter: each block gathers the sequence in (one
-    # all-gather of B·S·H) and keeps this rank's sequence shard of its whole output (no communication;
-    # its gradient is all-gathered back). The norms and the residual stream are sequence-sharded.
+    # Sequence parallel: each block ends as a dense row-parallel layer does under SP, in one
+    # reduce-scatter onto the sequence-sharded residual (RoutedBlockSequenceParallel): it gathers the
+    # sequence in once, its experts leave partial sums through the gates and the scatter back (both
+    # linear), the block's bias is added once on the shard after the reduction; the gathered input's
+    # gradient is reduce-scattered once for all its readers (kv_proj, the routed tokens, the router,
+    # counted once), and the gates' gradient, partial like the outputs they scale, is all-reduced
+    # (B·S·k), so the router's gradients and the auxiliary loss stay exact. The norms and the
+    # residual stream are sequence-sharded.
     sp = sequence_parallel
     prefix = _text_prefix(model)
     layer = f"{prefix}.layers.*"
@@ -309,20 +312,16 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     entries = [e for e in dense.entries if not e.pattern.startswith(blocks)]
     replicated = list(dense.replicated)
     attention, mlp = f"{layer}.self_attention", f"{layer}.mlp"
-    gathered = "sequence parallel: the sequence gathered in, this rank's shard of the whole output kept"
+    scattered = "sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out"
     regions = [
-        PlanEntry(f"{attention}", "PrepareModuleInputOutput",
-                  dict(input_layouts=None, desired_input_layouts=None,
-                       input_kwarg_layouts={"hidden_states": SEQ}, desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                       use_local_input=True, output_layouts=(Replicate(), None, None),
-                       desired_output_layouts=(SEQ, Replicate(), Replicate()), use_local_output=False),
-                  "attention", f"{gathered} (its attention weights and router logits pass through)"),
-        PlanEntry(f"{mlp}", "PrepareModuleInputOutput",
-                  dict(input_layouts=(SEQ,), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
-                       desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Replicate(),),
-                       desired_output_layouts=(SEQ,), use_local_output=False),
-                  "mlp", gathered),
+        PlanEntry(f"{attention}", "RoutedBlockSequenceParallel",
+                  dict(input_kwarg="hidden_states", bias="experts.bias", router="experts.router", reads_gathered=("kv_proj",)),
+                  "attention", f"{scattered}, the bias added once on the shard (its attention weights and router logits pass through)"),
+        PlanEntry(f"{mlp}", "RoutedBlockSequenceParallel", {}, "mlp", f"{scattered}, the bias added once on the shard"),
     ] if sp else []
+    # Without SP each experts module reduces its own (routed-token) sums; with SP the block does, once.
+    summed, reduction = (dict(sum_output=False), "its partial sums left to the block") if sp else ({}, "one all-reduce of the routed tokens")
+    inputs, input_grad = (dict(sum_input_grad=False), "its input's gradient left to the block's reduce-scatter") if sp else ({}, "its input's gradient summed over TP")
     ours = [
         *regions,
         PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",
@@ -330,14 +329,14 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
                   "packed [k; v] split by heads: each rank its share of both, the heads its query experts read"),
         PlanEntry(f"{attention}.experts", "LocalHeadCounts", dict(attributes=("hidden_size",)), "attention",
                   "the attention experts' query width (all their heads) made this rank's: map() sizes its output by it"),
-        PlanEntry(f"{attention}.experts.input_linear", "GroupedColwiseParallel", {}, "attention",
-                  "each attention expert's query heads split over TP; its input's gradient summed over TP"),
-        PlanEntry(f"{attention}.experts.output_linear", "GroupedRowwiseParallel", {}, "attention",
-                  "each attention expert's output projection by its heads: one all-reduce of the routed tokens"),
-        PlanEntry(f"{mlp}.input_linear", "GroupedColwiseParallel", dict(part_sizes=(1, 1)), "mlp",
-                  "each expert's [gate; up] split over TP, each rank its share of both"),
-        PlanEntry(f"{mlp}.output_linear", "GroupedRowwiseParallel", {}, "mlp",
-                  "each expert's down projection by its intermediate: one all-reduce of the routed tokens"),
+        PlanEntry(f"{attention}.experts.input_linear", "GroupedColwiseParallel", dict(inputs), "attention",
+                  f"each attention expert's query heads split over TP; {input_grad}"),
+        PlanEntry(f"{attention}.experts.output_linear", "GroupedRowwiseParallel", dict(summed), "attention",
+                  f"each attention expert's output projection by its heads: {reduction}"),
+        PlanEntry(f"{mlp}.input_linear", "GroupedColwiseParallel", dict(part_sizes=(1, 1), **inputs), "mlp",
+                  f"each expert's [gate; up] split over TP, each rank its share of both; {input_grad}"),
+        PlanEntry(f"{mlp}.output_linear", "GroupedRowwiseParallel", dict(summed), "mlp",
+                  f"each expert's down projection by its intermediate: {reduction}"),
     ]
     entries[1:1] = ours  # after the embedding, as the file groups them
     why = "the router sees every token on every rank: routing stays exact"
@@ -351,8 +350,9 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     # the residual add, norm_2) and a MoE block (ffn: router, experts as flat [E * ffn, H] weights
     # w1/v1/w2 in experts.mlp). Attention as Phi-3's fused qkv (one KV head, as the default config
     # has: the KV head computed whole on every rank, MultiQueryColwiseParallel); clip_qkv clamps
-    # elementwise, on this rank's q/k/v alike. The experts: whole experts per rank
-    # (plangen.flat_expert_styles), reduced once by the MoE block as every other MoE plan does.
+    # elementwise, on this rank's q/k/v alike. The experts: whole experts per rank, or each expert's
+    # ffn rows split where the TP size does not divide them (plangen.flat_expert_styles), reduced
+    # once by the MoE block as every other MoE plan does.
     config = model.config
     heads, kv_heads = config.n_heads, config.attn_config.kv_n_heads
     sp = sequence_parallel
@@ -389,8 +389,8 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     ))
     entries.append(PlanEntry(
         f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial()), "mlp",
-        "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) and computes the routes"
-        " to them; partial sum out",
+        "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides"
+        " E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out",
     ))
     replicated = (*plan.replicated, Replicated(f"{ffn}.router", "the router sees every token on every rank: routing stays exact", "mlp"))
     return replace(plan, entries=tuple(entries), replicated=replicated)
