@@ -212,6 +212,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # Divides the attention module's head counts; its parameters are its children's business.
         StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
+        # The same on a child its parent rebuilds (BigBird's attention.self), from the parent's pre-hook.
+        StyleFacts("RebuiltChildHeadCounts", PLANGEN_STYLES, "other"),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
         # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
         StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),

@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.attention_styles import AttentionSinksParallel, PairedHeadsAttentionInput
+from plangen.attention_styles import AttentionSinksParallel, PairedHeadsAttentionInput, RebuiltChildHeadCounts
 from plangen.fused_styles import (
     Conv1DColwiseParallel,
     Conv1DRowwiseParallel,
@@ -237,6 +237,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
         PairedHeadsAttentionInput,
+        RebuiltChildHeadCounts,
         GatedDeltaNetParallel,
         ShardedNormParallel,
         GatheredNormParallel,
@@ -488,6 +489,7 @@ __all__ = [
     "SequenceParallelOwnParameters",
     "AttentionSinksParallel",
     "PairedHeadsAttentionInput",
+    "RebuiltChildHeadCounts",
     "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),

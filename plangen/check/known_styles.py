@@ -204,6 +204,8 @@ STYLES: dict[str, StyleSpec] = {
         _spec("RowwiseParallelOwnOutput", _LAYOUTS),
         _spec("ColwiseParallelOwnOutput", _LAYOUTS),
         _spec("LocalHeadCounts", (StyleParam("attributes", STR_TUPLE, ()),)),
+        _spec("RebuiltChildHeadCounts", (StyleParam("child", STR, "self"), StyleParam("attributes", STR_TUPLE, ()),
+                                         StyleParam("refused_in_training", STR_TUPLE, ()))),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         # PrepareModuleInput's arguments; the rope width is read from the module when applied.
         _spec("MlaAttentionParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, True))),

@@ -190,7 +190,15 @@ def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     assert isinstance(block, SplitBlock)
     inner, group = f"{part.path}.{block.inner}", block.kind
     entries: list[PlanEntry] = []
-    if block.head_attributes:
+    if block.rebuilt:  # its parent rebuilds it (BigBird): the parent's pre-hook makes the counts local
+        refused = block.refused_in_training
+        entries.append(PlanEntry(part.path, "RebuiltChildHeadCounts", dict(
+            child=block.inner, attributes=block.head_attributes, refused_in_training=refused), group,
+            f"rebuilds its {block.inner} (another attention class) between forwards: its head counts made this rank's "
+            "before each forward" + (f"; {', '.join(refused)} refused in training (random key blocks drawn per head "
+                                     "from one seeded stream)" if refused else "")))
+        colwise_input, why = SEQ if sp else Replicate(), "column-parallel: each rank computes its own heads, from its own input"
+    elif block.head_attributes:
         # One style per module: the head counts made local instead of one prepared input (each
         # projection then takes, and reduces the gradient of, its own input).
         entries.append(PlanEntry(inner, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
