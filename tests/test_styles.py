@@ -485,6 +485,52 @@ def test_gated_delta_net_refuses_heads_the_tp_size_does_not_divide(tp_mesh):
         parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel()})
 
 
+class _Heads(nn.Module):
+    def __init__(self, heads: int = 4) -> None:
+        super().__init__()
+        self.num_heads, self.width, self.head_dim = heads, heads * 8, 8
+
+
+class _Drawing(_Heads):
+    """Stands for BigBird's block-sparse attention (per-head random draws from one seeded stream)."""
+
+
+class _Rebuilding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Heads()
+
+    def forward(self, x):
+        return self.inner.num_heads, self.inner.width, self.inner.head_dim
+
+
+def test_rebuilt_child_head_counts_follow_the_child_the_parent_holds_at_each_forward(tp_mesh):
+    # BigBird's set_attention_type builds a new attention child with all heads' counts at the model's
+    # first forward: counts made local only when the plan was applied would be lost with the old one.
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import RebuiltChildHeadCounts
+
+    holder = nn.Module()
+    holder.attn = _Rebuilding()
+    style = RebuiltChildHeadCounts(child="inner", attributes=("num_heads", "width"), refused_in_training=("_Drawing",))
+    parallelize_module(holder, tp_mesh, {"attn": style})
+    assert (holder.attn.inner.num_heads, holder.attn.inner.width) == (2, 16)
+    holder.attn.inner = _Heads()  # rebuilt: all heads' counts again
+    x = torch.zeros(1)
+    assert holder.attn(x) == holder.attn(x) == (2, 16, 8)  # made local once per child, head_dim untouched
+    holder.attn.inner = _Drawing()
+    holder.attn.eval()
+    assert holder.attn(x) == (2, 16, 8)
+    holder.attn.train()
+    with pytest.raises(ValueError, match="_Drawing draws each head's random key blocks from one seeded stream"):
+        holder.attn(x)
+    holder.attn = _Rebuilding()
+    holder.attn.inner = _Heads(3)
+    with pytest.raises(ValueError, match=r"_Heads.num_heads=3 does not divide by the TP size 2"):
+        parallelize_module(holder, tp_mesh, {"attn": style})
+
+
 def test_attention_sinks_refuse_heads_the_tp_size_does_not_divide(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -938,6 +984,7 @@ _MODULE_OF = {
     "EveryTokenMoeParallel": _EveryTokenMoe,
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
+    "RebuiltChildHeadCounts": lambda: _with_child(nn.Linear(8, 8), "self", nn.Identity()),  # BigBird's child name
 }
 
 

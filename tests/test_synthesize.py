@@ -1373,6 +1373,34 @@ def test_a_head_from_a_narrower_projection_is_vocabulary_parallel_and_refuses_sp
     assert any(p.startswith(f"the output head reads {model.config.output_embedding_size} features, not the hidden size") for p in problems)
 
 
+def test_big_bird_attention_called_on_either_branch_is_split_and_its_rebuilt_child_gets_local_counts():
+    # BigBirdAttention calls self.self on both branches of `if self.attention_type == "original_full"`
+    # (one call site), and set_attention_type rebuilds self.self as full or block-sparse attention: the
+    # model's forward does so for sequences too short for block-sparse. The counts either class reshapes
+    # by are made this rank's from the parent; the block-sparse one, which draws each head's random
+    # key blocks from numpy's seeded stream, is refused in training.
+    from transformers.models.big_bird import modeling_big_bird as big_bird
+
+    from plangen.plans.split_source import read_draws_numpy_random, read_fed_by, read_rebuilt_child_classes
+
+    assert read_fed_by(big_bird.BigBirdAttention) == {"output": "self"}
+    assert set(read_rebuilt_child_classes(big_bird.BigBirdAttention, "self")) == {
+        big_bird.BigBirdSelfAttention, big_bird.BigBirdBlockSparseAttention}
+    assert read_draws_numpy_random(big_bird.BigBirdBlockSparseAttention)
+    assert not read_draws_numpy_random(big_bird.BigBirdSelfAttention)
+    assert read_rebuilt_child_classes(big_bird.BigBirdAttention, "output") == ()
+    plan = build_synthesized_plan(meta("big_bird"), False)
+    layers = "bert.encoder.layer.*"
+    attention = next(e for e in plan.entries if e.pattern == f"{layers}.attention")
+    assert (attention.style, attention.kwargs) == ("RebuiltChildHeadCounts", {
+        "child": "self", "attributes": ("all_head_size", "num_attention_heads"),
+        "refused_in_training": ("BigBirdBlockSparseAttention",)})
+    styles = styles_of(plan)
+    assert all(styles[f"{layers}.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value"))
+    assert styles[f"{layers}.attention.output.dense"] == "RowwiseParallel"
+    assert f"{layers}.attention.self" not in styles  # the child the plan saw is rebuilt at the first forward
+
+
 def test_xmod_mlp_halves_through_a_chunked_helper_and_its_language_adapters_are_sharded():
     # XmodLayer: apply_chunking_to_forward(self.feed_forward_chunk, ...) returns self.intermediate(x),
     # then self.output(that, residual, lang_ids); output's adapters are MLPs run after the reduction.

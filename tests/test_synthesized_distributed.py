@@ -69,6 +69,9 @@ CLASSES = {
     # RemBERT's head reads output_embedding_size features from a projection outside the layers:
     # vocabulary-parallel all the same (its input is whole on every rank).
     "rembert": ("RemBertForCausalLM", False),
+    # BigBird: its model rebuilds attention.self as full attention at the first (short) forward,
+    # moving the column-parallel q/k/v into it: the head counts made local from the parent.
+    "big_bird": ("BigBirdForCausalLM", True),
     # X-MOD: the MLP halves paired through apply_chunking_to_forward's helper; the language adapters
     # after the row-parallel reduction are their own column/row-parallel MLPs.
     "xmod": ("XmodForCausalLM", True),
@@ -120,7 +123,7 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", *TOWERS}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
