@@ -36,7 +36,13 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.attention_styles import AttentionSinksParallel, PairedHeadsAttentionInput, RebuiltChildHeadCounts
+from plangen.bucketed_styles import BucketedAttentionInputOutput
+from plangen.attention_styles import (
+    AttentionSinksParallel,
+    PairedHeadsAttentionInput,
+    PrepareAttentionInputOutput,
+    RebuiltChildHeadCounts,
+)
 from plangen.fused_styles import (
     Conv1DColwiseParallel,
     Conv1DRowwiseParallel,
@@ -238,6 +244,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         AttentionSinksParallel,
         PairedHeadsAttentionInput,
         RebuiltChildHeadCounts,
+        PrepareAttentionInputOutput,
+        BucketedAttentionInputOutput,
         GatedDeltaNetParallel,
         ShardedNormParallel,
         GatheredNormParallel,
@@ -490,6 +498,8 @@ __all__ = [
     "AttentionSinksParallel",
     "PairedHeadsAttentionInput",
     "RebuiltChildHeadCounts",
+    "PrepareAttentionInputOutput",
+    "BucketedAttentionInputOutput",
     "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),

@@ -952,6 +952,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
     "EmbeddingRowReadParallel": {"embedding": "embed"},
+    "PrepareAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
 }
 
 

@@ -40,7 +40,9 @@ from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
+from plangen.plans.bucketed import bucketed_attention_entries
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.recognize_bucketed import BucketedAttentionBlock
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
@@ -235,6 +237,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                           f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
+    if isinstance(part.block, BucketedAttentionBlock):
+        assert part.call is not None
+        return bucketed_attention_entries(part.path, part.block, part.call, _input_layouts(part.call, sp, desired=Shard(-1)), sp)
     if isinstance(part.block, GatedDeltaNetBlock):
         assert part.call is not None
         return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
