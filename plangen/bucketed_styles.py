@@ -21,6 +21,7 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Placement
 
 from plangen.attention_styles import PrepareAttentionInputOutput
 
@@ -35,13 +36,14 @@ class BucketedAttentionInputOutput(PrepareAttentionInputOutput):
     def __init__(
         self,
         *,
-        input_layouts: Any = None,
-        desired_input_layouts: Any = None,
-        input_kwarg_layouts: Any = None,
-        desired_input_kwarg_layouts: Any = None,
+        # torch's annotations (PrepareModuleInputOutput's): the contract the static check holds plans to.
+        input_layouts: Placement | tuple[Placement | None, ...] | None = None,
+        desired_input_layouts: Placement | tuple[Placement | None, ...] | None = None,
+        input_kwarg_layouts: dict[str, Placement] | None = None,
+        desired_input_kwarg_layouts: dict[str, Placement] | None = None,
         use_local_input: bool = False,
-        output_layouts: Any,
-        desired_output_layouts: Any,
+        output_layouts: Placement | tuple[Placement | None, ...],
+        desired_output_layouts: Placement | tuple[Placement, ...],
         use_local_output: bool = True,
         head_attributes: tuple[str, ...] = (),
         head_inputs: tuple[str, ...] = (),
