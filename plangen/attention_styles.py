@@ -20,13 +20,17 @@ full state dict gathers back the Hugging Face ``[num_heads]`` tensor.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import PrepareModuleInput
+from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput
+
+# Set on a child whose head counts RebuiltChildHeadCounts made this rank's.
+_LOCAL_MARK = "_plangen_local_head_counts"
 
 
 class AttentionSinksParallel(PrepareModuleInput):
@@ -122,3 +126,125 @@ class PairedHeadsAttentionInput(PrepareModuleInput):
             )
         sum_own_grads_over(module, device_mesh)
         return super()._apply(module, device_mesh)
+
+
+class RebuiltChildHeadCounts(ParallelStyle):
+    """:class:`~plangen.fused_styles.LocalHeadCounts` for a child its parent rebuilds between forwards.
+
+    BigBird's attention swaps its ``self`` child between block-sparse and full attention (the model's
+    forward calls ``set_attention_type("original_full")`` for sequences too short for block-sparse),
+    building the new child from the config with all heads' counts and moving the (column-parallel)
+    q/k/v projections into it. Counts made local once, when the plan is applied, would be lost with the
+    old child, so the parent's forward pre-hook makes them this rank's on the child it holds, once per
+    child object: each of ``attributes`` the child has is divided by the TP size.
+
+    ``refused_in_training`` names child classes that cannot follow a split by heads in training:
+    BigBird's block-sparse attention seeds numpy with the layer index and then draws each head's
+    random key blocks in turn, so a rank holding heads H/2.. would draw heads 0..'s blocks. A forward
+    through one of them in training mode is refused with that reason (in eval its random blocks are a
+    constant, the same for every head, so each rank's heads are exact).
+    """
+
+    def __init__(self, *, child: str = "self", attributes: tuple[str, ...] = (),
+                 refused_in_training: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.child = child
+        self.attributes = tuple(attributes)
+        self.refused_in_training = tuple(refused_in_training)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        tp, style = device_mesh.size(), type(self).__name__
+        child_name, attributes, refused = self.child, self.attributes, self.refused_in_training
+
+        def make_local(child: nn.Module) -> None:
+            # A mark on the child itself (not its id: a rebuilt child may reuse a freed one's).
+            if child.__dict__.get(_LOCAL_MARK):
+                return
+            for attribute in attributes:
+                value = getattr(child, attribute, None)
+                if value is None:
+                    continue
+                if not isinstance(value, int) or value % tp:
+                    raise ValueError(f"{style}: {type(child).__name__}.{attribute}={value!r} does not divide by the TP size {tp}")
+                setattr(child, attribute, value // tp)
+            child.__dict__[_LOCAL_MARK] = True
+
+        def before_forward(mod: nn.Module, args: Any) -> None:
+            child = getattr(mod, child_name)
+            if mod.training and type(child).__name__ in refused:
+                raise ValueError(
+                    f"{style}: {type(child).__name__} draws each head's random key blocks from one seeded stream, "
+                    f"so a rank holding some of the heads would draw the first heads' blocks: train at TP {tp} with "
+                    "full attention (attention_type='original_full') or sequences short enough for it"
+                )
+            make_local(child)
+
+        make_local(getattr(module, child_name))  # a missing child fails when the plan is applied
+        module.register_forward_pre_hook(before_forward)
+        return module
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(child={self.child!r}, attributes={self.attributes}, "
+                f"refused_in_training={self.refused_in_training})")
+
+
+class PrepareAttentionInputOutput(PrepareModuleInputOutput):
+    """``PrepareModuleInputOutput`` for an attention block that also shapes by its head counts.
+
+    ProphetNet's n-gram self-attention unpacks its width from its input (``hidden_size =
+    hidden_states.size()[-1]``) and reshapes by it both before and after its output projection
+    (``.view(batch_size, -1, hidden_size)`` of ``out_proj``'s output): it is handed this rank's slice
+    of the hidden dimension (each column-parallel projection all-gathers it), its ``out_proj`` output
+    is reduce-scattered to the same slice, and the block's output gathered back here. Its
+    ``head_attributes`` (``num_attn_heads``) are divided by the TP size, as
+    :class:`~plangen.fused_styles.LocalHeadCounts` does (one style per module: this one carries it).
+    ``head_inputs`` names keyword arguments with one slice per head on dimension 1, built for all
+    heads outside the block (ProphetNet's decoder expands its causal masks to every head): the block
+    gets this rank's heads' slice (one of size 1, broadcast over the heads, is left as it is).
+    The other arguments are ``PrepareModuleInputOutput``'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_input: bool = False,
+        output_layouts: Any,
+        desired_output_layouts: Any,
+        use_local_output: bool = True,
+        head_attributes: tuple[str, ...] = (),
+        head_inputs: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_input=use_local_input, output_layouts=output_layouts,
+            desired_output_layouts=desired_output_layouts, use_local_output=use_local_output,
+        )
+        self.head_attributes = tuple(head_attributes)
+        self.head_inputs = tuple(head_inputs)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from plangen.fused_styles import LocalHeadCounts
+
+        LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
+        if self.head_inputs:
+            module.register_forward_pre_hook(partial(_slice_head_inputs, self.head_inputs, device_mesh), with_kwargs=True)
+        return super()._apply(module, device_mesh)
+
+
+def _slice_head_inputs(names: tuple[str, ...], device_mesh: DeviceMesh, module: nn.Module, args: Any,
+                       kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """This rank's heads' slice (dimension 1) of each keyword tensor in ``names`` that has one per head."""
+    tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+    for name in names:
+        value = kwargs.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] > 1:
+            if value.shape[1] % tp:
+                raise ValueError(f"PrepareAttentionInputOutput: {name} has {value.shape[1]} heads, which TP size {tp} does not divide")
+            local = value.shape[1] // tp
+            kwargs[name] = value.narrow(1, rank * local, local)
+    return args, kwargs

@@ -212,6 +212,12 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # Divides the attention module's head counts; its parameters are its children's business.
         StyleFacts("LocalHeadCounts", PLANGEN_STYLES, "other"),
+        # The same on a child its parent rebuilds (BigBird's attention.self), from the parent's pre-hook.
+        StyleFacts("RebuiltChildHeadCounts", PLANGEN_STYLES, "other"),
+        # PrepareModuleInputOutput on attention whose head counts it also makes local (ProphetNet's n-gram one).
+        StyleFacts("PrepareAttentionInputOutput", PLANGEN_STYLES, "gather_output", hooks=PREPARE_INPUT_OUTPUT),
+        # The same, with ProphetNet's predict-stream relative positions computed for all heads.
+        StyleFacts("BucketedAttentionInputOutput", PLANGEN_STYLES, "gather_output", hooks=PREPARE_INPUT_OUTPUT),
         StyleFacts("MlaKvAProjParallel", PLANGEN_STYLES, "other", replicates=True),
         # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
         StyleFacts("MlaAttentionParallel", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
@@ -348,6 +354,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.tied_styles",
     "plangen.kv_styles",
     "plangen.attention_styles",
+    "plangen.bucketed_styles",
     "plangen.linear_attention_styles",
     "plangen.mla_styles",
     "plangen.norm_styles",

@@ -36,7 +36,13 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.attention_styles import AttentionSinksParallel, PairedHeadsAttentionInput
+from plangen.bucketed_styles import BucketedAttentionInputOutput
+from plangen.attention_styles import (
+    AttentionSinksParallel,
+    PairedHeadsAttentionInput,
+    PrepareAttentionInputOutput,
+    RebuiltChildHeadCounts,
+)
 from plangen.fused_styles import (
     Conv1DColwiseParallel,
     Conv1DRowwiseParallel,
@@ -238,6 +244,9 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
         PairedHeadsAttentionInput,
+        RebuiltChildHeadCounts,
+        PrepareAttentionInputOutput,
+        BucketedAttentionInputOutput,
         GatedDeltaNetParallel,
         ShardedNormParallel,
         GatheredNormParallel,
@@ -489,6 +498,9 @@ __all__ = [
     "SequenceParallelOwnParameters",
     "AttentionSinksParallel",
     "PairedHeadsAttentionInput",
+    "RebuiltChildHeadCounts",
+    "PrepareAttentionInputOutput",
+    "BucketedAttentionInputOutput",
     "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",
     *("Conv1DColwiseParallel", "Conv1DRowwiseParallel"),

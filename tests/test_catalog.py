@@ -159,11 +159,20 @@ def test_bart_family_decoders_are_synthesized_and_well_sharded(listing):
 
 
 def test_a_class_below_the_target_says_what_stays_whole(listing):
-    # ProphetNet's n-gram self-attention has a relative-position projection laid out (bucket, head).
-    row = rows_by_class(listing)["ProphetNetForCausalLM"]
+    # Falcon-7B's multi-query attention has 71 query heads, which no even TP size splits.
+    row = rows_by_class(listing)["FalconForCausalLM"]
     assert row["sharded_fraction"] < 0.95
-    assert "left whole at TP 2: prophetnet.decoder.layers.*.self_attn " in row["note"]
-    assert "(unrecognised submodule relative_pos_embeddings" in row["note"]
+    assert "left whole at TP 2: transformer.h.*.self_attention " in row["note"]
+    assert "(multi-query packed q|k|v projection query_key_value: its 71 query heads, an odd count" in row["note"]
+
+
+def test_prophetnet_and_big_bird_shard_their_attention(listing):
+    # ProphetNet's n-gram self-attention by heads (its bucket-major relative_pos_embeddings with them),
+    # BigBird's attention by heads although its model rebuilds attention.self at the first forward.
+    rows = rows_by_class(listing)
+    for name in ("ProphetNetForCausalLM", "BigBirdForCausalLM"):
+        assert (rows[name]["plan"], rows[name]["check"]) == ("synthesized", "passed"), name
+        assert rows[name]["sharded_fraction"] >= 0.95 and "left whole at TP 2" not in rows[name]["note"], name
 
 
 def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):

@@ -485,6 +485,85 @@ def test_gated_delta_net_refuses_heads_the_tp_size_does_not_divide(tp_mesh):
         parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel()})
 
 
+class _Heads(nn.Module):
+    def __init__(self, heads: int = 4) -> None:
+        super().__init__()
+        self.num_heads, self.width, self.head_dim = heads, heads * 8, 8
+
+
+class _Drawing(_Heads):
+    """Stands for BigBird's block-sparse attention (per-head random draws from one seeded stream)."""
+
+
+class _Rebuilding(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _Heads()
+
+    def forward(self, x):
+        return self.inner.num_heads, self.inner.width, self.inner.head_dim
+
+
+def test_rebuilt_child_head_counts_follow_the_child_the_parent_holds_at_each_forward(tp_mesh):
+    # BigBird's set_attention_type builds a new attention child with all heads' counts at the model's
+    # first forward: counts made local only when the plan was applied would be lost with the old one.
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import RebuiltChildHeadCounts
+
+    holder = nn.Module()
+    holder.attn = _Rebuilding()
+    style = RebuiltChildHeadCounts(child="inner", attributes=("num_heads", "width"), refused_in_training=("_Drawing",))
+    parallelize_module(holder, tp_mesh, {"attn": style})
+    assert (holder.attn.inner.num_heads, holder.attn.inner.width) == (2, 16)
+    holder.attn.inner = _Heads()  # rebuilt: all heads' counts again
+    x = torch.zeros(1)
+    assert holder.attn(x) == holder.attn(x) == (2, 16, 8)  # made local once per child, head_dim untouched
+    holder.attn.inner = _Drawing()
+    holder.attn.eval()
+    assert holder.attn(x) == (2, 16, 8)
+    holder.attn.train()
+    with pytest.raises(ValueError, match="_Drawing draws each head's random key blocks from one seeded stream"):
+        holder.attn(x)
+    holder.attn = _Rebuilding()
+    holder.attn.inner = _Heads(3)
+    with pytest.raises(ValueError, match=r"_Heads.num_heads=3 does not divide by the TP size 2"):
+        parallelize_module(holder, tp_mesh, {"attn": style})
+
+
+class _WidthShaped(nn.Module):
+    """Reports what its forward is handed (ProphetNet's n-gram attention unpacks its width from its input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_attn_heads = 4
+
+    def forward(self, hidden_states, attention_mask=None, broadcast_mask=None):
+        return hidden_states, attention_mask, broadcast_mask, self.num_attn_heads
+
+
+def test_prepare_attention_input_output_slices_the_input_width_the_head_counts_and_per_head_masks(tp_mesh):
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import PrepareAttentionInputOutput
+
+    holder = nn.Module()
+    holder.attn = _WidthShaped()
+    style = PrepareAttentionInputOutput(
+        input_kwarg_layouts={"hidden_states": Replicate()}, desired_input_kwarg_layouts={"hidden_states": Shard(-1)},
+        use_local_input=True, output_layouts=(Replicate(), None, None, None),
+        desired_output_layouts=(Replicate(), Replicate(), Replicate(), Replicate()),
+        head_attributes=("num_attn_heads",), head_inputs=("attention_mask", "broadcast_mask"))
+    parallelize_module(holder, tp_mesh, {"attn": style})
+    hidden = torch.randn(2, 3, 8)
+    mask = torch.arange(4.0).view(1, 4, 1, 1).expand(2, 4, 3, 3)  # one slice per head, for all heads
+    broadcast = torch.zeros(2, 1, 3, 3)
+    seen, seen_mask, seen_broadcast, heads = holder.attn(hidden_states=hidden, attention_mask=mask, broadcast_mask=broadcast)
+    assert heads == 2 and torch.equal(seen, hidden[..., :4])  # this (fake) rank 0's slice of the width
+    assert torch.equal(seen_mask, mask[:, :2]) and seen_broadcast is broadcast  # its heads; a broadcast one whole
+
+
 def test_attention_sinks_refuse_heads_the_tp_size_does_not_divide(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -906,6 +985,9 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
     "EmbeddingRowReadParallel": {"embedding": "embed"},
+    "PrepareAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
+    "BucketedAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()",
+                                     "head_attributes": ("num_heads",), "bucketed": "weight_proj", "all_heads_helper": "extra"},
 }
 
 
@@ -939,6 +1021,8 @@ _MODULE_OF = {
     "RoutedBlockSequenceParallel": lambda: _jetmoe_moe(),
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
+    "RebuiltChildHeadCounts": lambda: _with_child(nn.Linear(8, 8), "self", nn.Identity()),  # BigBird's child name
+    "BucketedAttentionInputOutput": lambda: _Bucketed(),
 }
 
 
@@ -954,6 +1038,16 @@ def _jetmoe_moe():
 
     config = {k: v for k, v in TINY["jetmoe"].items() if k != "model_type"}
     return Block(AutoConfig.for_model("jetmoe", **config))
+class _Bucketed(nn.Linear):
+    """A block with a head count, a bucketed projection and a helper (ProphetNet's n-gram attention's shape)."""
+
+    def __init__(self) -> None:
+        super().__init__(8, 8)
+        self.num_heads = 4
+        self.weight_proj = nn.Identity()
+
+    def extra(self, x):
+        return x
 
 
 def _with_child(module: nn.Module, name: str, child: nn.Module) -> nn.Module:

@@ -1373,6 +1373,67 @@ def test_a_head_from_a_narrower_projection_is_vocabulary_parallel_and_refuses_sp
     assert any(p.startswith(f"the output head reads {model.config.output_embedding_size} features, not the hidden size") for p in problems)
 
 
+def test_big_bird_attention_called_on_either_branch_is_split_and_its_rebuilt_child_gets_local_counts():
+    # BigBirdAttention calls self.self on both branches of `if self.attention_type == "original_full"`
+    # (one call site), and set_attention_type rebuilds self.self as full or block-sparse attention: the
+    # model's forward does so for sequences too short for block-sparse. The counts either class reshapes
+    # by are made this rank's from the parent; the block-sparse one, which draws each head's random
+    # key blocks from numpy's seeded stream, is refused in training.
+    from transformers.models.big_bird import modeling_big_bird as big_bird
+
+    from plangen.plans.split_source import read_draws_numpy_random, read_fed_by, read_rebuilt_child_classes
+
+    assert read_fed_by(big_bird.BigBirdAttention) == {"output": "self"}
+    assert set(read_rebuilt_child_classes(big_bird.BigBirdAttention, "self")) == {
+        big_bird.BigBirdSelfAttention, big_bird.BigBirdBlockSparseAttention}
+    assert read_draws_numpy_random(big_bird.BigBirdBlockSparseAttention)
+    assert not read_draws_numpy_random(big_bird.BigBirdSelfAttention)
+    assert read_rebuilt_child_classes(big_bird.BigBirdAttention, "output") == ()
+    plan = build_synthesized_plan(meta("big_bird"), False)
+    layers = "bert.encoder.layer.*"
+    attention = next(e for e in plan.entries if e.pattern == f"{layers}.attention")
+    assert (attention.style, attention.kwargs) == ("RebuiltChildHeadCounts", {
+        "child": "self", "attributes": ("all_head_size", "num_attention_heads"),
+        "refused_in_training": ("BigBirdBlockSparseAttention",)})
+    styles = styles_of(plan)
+    assert all(styles[f"{layers}.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value"))
+    assert styles[f"{layers}.attention.output.dense"] == "RowwiseParallel"
+    assert f"{layers}.attention.self" not in styles  # the child the plan saw is rebuilt at the first forward
+
+
+def test_prophetnet_ngram_attention_is_sharded_by_heads_with_its_bucket_major_projection():
+    # relative_pos_embeddings [num_buckets * num_heads, H] is viewed (..., num_buckets, num_attn_heads):
+    # bucket major, so each rank takes its heads of every bucket (num_buckets equal parts). The forward
+    # unpacks its width from its input and views by it after out_proj too; the predict stream's helper
+    # projects its input transposed (rows in another order than the heads' index): run for all heads.
+    from transformers.models.prophetnet import modeling_prophetnet as prophetnet
+
+    from plangen.plans.recognize_bucketed import read_bucket_major_view, read_transposed_projection_helper
+
+    attention = prophetnet.ProphetNetNgramSelfAttention
+    assert read_bucket_major_view(attention, "relative_pos_embeddings") == ("num_buckets", "num_attn_heads")
+    assert read_transposed_projection_helper(attention, "relative_pos_embeddings", "num_attn_heads") == (
+        "get_predict_relative_pos_embeddings", 2)
+    assert read_bucket_major_view(attention, "query_proj") is None
+    model = meta("prophetnet")
+    plan = build_synthesized_plan(model, False)
+    layers = "prophetnet.decoder.layers.*"
+    block = next(e for e in plan.entries if e.pattern == f"{layers}.self_attn")
+    assert block.style == "BucketedAttentionInputOutput"
+    assert block.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
+    assert block.kwargs["output_layouts"] == (Shard(-1), None, None) and block.kwargs["desired_output_layouts"][0] == Replicate()
+    assert (block.kwargs["head_attributes"], block.kwargs["head_inputs"]) == (
+        ("num_attn_heads",), ("attention_mask", "extended_predict_attention_mask"))
+    assert (block.kwargs["all_heads_helper"], block.kwargs["all_heads_dim"]) == ("get_predict_relative_pos_embeddings", 2)
+    entries = {e.pattern: e for e in plan.entries}
+    relative = entries[f"{layers}.self_attn.relative_pos_embeddings"]
+    assert relative.style == "FusedColwiseParallel" and relative.kwargs["part_sizes"] == (1,) * model.config.num_buckets
+    out = entries[f"{layers}.self_attn.out_proj"]
+    assert (out.style, out.kwargs["output_layouts"]) == ("RowwiseParallel", Shard(-1))
+    assert all(entries[f"{layers}.self_attn.{p}"].style == "ColwiseParallel" for p in ("query_proj", "key_proj", "value_proj"))
+    assert not any(r.pattern == f"{layers}.self_attn" for r in plan.replicated)
+
+
 def test_xmod_mlp_halves_through_a_chunked_helper_and_its_language_adapters_are_sharded():
     # XmodLayer: apply_chunking_to_forward(self.feed_forward_chunk, ...) returns self.intermediate(x),
     # then self.output(that, residual, lang_ids); output's adapters are MLPs run after the reduction.
@@ -1432,4 +1493,5 @@ def test_prophetnet_cross_attention_is_handed_its_slice_of_the_hidden_dimension(
     prepared = next(e for e in plan.entries if e.pattern == "prophetnet.decoder.layers.*.cross_attn")
     assert prepared.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
     assert styles_of(plan)["prophetnet.decoder.layers.*.cross_attn.query_proj"] == "ColwiseParallel"
-    assert "relative_pos_embeddings" in why_of(plan, "prophetnet.decoder.layers.*.self_attn")
+    # The n-gram self-attention beside it too (test_prophetnet_ngram_attention_is_sharded_by_heads_...).
+    assert styles_of(plan)["prophetnet.decoder.layers.*.self_attn"] == "BucketedAttentionInputOutput"

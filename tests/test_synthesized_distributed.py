@@ -46,7 +46,11 @@ CLASSES = {
     # reshape(bsz, tgt_len, embed_dim) by the input's own width: handed this rank's slice of the hidden
     # dimension (SP: an all-to-all to it), each of q/k/v all-gathers it.
     "trocr": ("TrOCRForCausalLM", True),
-    "prophetnet": ("ProphetNetForCausalLM", True),  # the same for its cross-attention; n-gram self-attention whole
+    # The same for its cross-attention; its n-gram self-attention too (it also views by the width after
+    # out_proj, whose output is reduce-scattered to the slice and gathered at the block's end), its
+    # bucket-major relative_pos_embeddings re-laid out per rank, its all-heads masks sliced, and its
+    # predict stream's relative positions computed for all heads (plangen.bucketed_styles).
+    "prophetnet": ("ProphetNetForCausalLM", True),
     # Doge: the dynamic mask's dt_proj reads every KV head's values (row-parallel, reduce-scattered to
     # this rank's heads), its A split with the heads; the layer's residual scales stay whole (SP:
     # Replicate DTensors against the sequence-sharded residual, gradient summed over TP).
@@ -69,6 +73,9 @@ CLASSES = {
     # RemBERT's head reads output_embedding_size features from a projection outside the layers:
     # vocabulary-parallel all the same (its input is whole on every rank).
     "rembert": ("RemBertForCausalLM", False),
+    # BigBird: its model rebuilds attention.self as full attention at the first (short) forward,
+    # moving the column-parallel q/k/v into it: the head counts made local from the parent.
+    "big_bird": ("BigBirdForCausalLM", True),
     # X-MOD: the MLP halves paired through apply_chunking_to_forward's helper; the language adapters
     # after the row-parallel reduction are their own column/row-parallel MLPs.
     "xmod": ("XmodForCausalLM", True),
@@ -120,7 +127,7 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", *TOWERS}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -146,8 +153,9 @@ STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmo
 # gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
 STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba", "recurrent_gemma-stable": "recurrent_gemma"}
 MESHES = ("tp2", "dp2tp2")
-# Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers).
-HEAD_GATE_REDUCE_SCATTERS = {"doge": 2}
+# Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers); ProphetNet's
+# n-gram self-attention's out_proj, once for the main and once for the predict streams per layer.
+HEAD_GATE_REDUCE_SCATTERS = {"doge": 2, "prophetnet": 4}
 
 
 def _cases() -> list[dict]:

@@ -204,6 +204,33 @@ STYLES: dict[str, StyleSpec] = {
         _spec("RowwiseParallelOwnOutput", _LAYOUTS),
         _spec("ColwiseParallelOwnOutput", _LAYOUTS),
         _spec("LocalHeadCounts", (StyleParam("attributes", STR_TUPLE, ()),)),
+        _spec(
+            "PrepareAttentionInputOutput",
+            (
+                *_INPUT_PREPARATION,
+                StyleParam("use_local_input", BOOL, False),
+                *_OUTPUT_PREPARATION,
+                StyleParam("use_local_output", BOOL, True),
+                StyleParam("head_attributes", STR_TUPLE, ()),
+                StyleParam("head_inputs", STR_TUPLE, ()),
+            ),
+        ),
+        _spec(
+            "BucketedAttentionInputOutput",
+            (
+                *_INPUT_PREPARATION,
+                StyleParam("use_local_input", BOOL, False),
+                *_OUTPUT_PREPARATION,
+                StyleParam("use_local_output", BOOL, True),
+                StyleParam("head_attributes", STR_TUPLE, ()),
+                StyleParam("head_inputs", STR_TUPLE, ()),
+                StyleParam("bucketed", STR, "relative_pos_embeddings"),
+                StyleParam("all_heads_helper", STR, "get_predict_relative_pos_embeddings"),
+                StyleParam("all_heads_dim", INT, 2),
+            ),
+        ),
+        _spec("RebuiltChildHeadCounts", (StyleParam("child", STR, "self"), StyleParam("attributes", STR_TUPLE, ()),
+                                         StyleParam("refused_in_training", STR_TUPLE, ()))),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         # PrepareModuleInput's arguments; the rope width is read from the module when applied.
         _spec("MlaAttentionParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, True))),

@@ -48,6 +48,7 @@ from plangen.plans.recognize import (
     recognize_layer_experts,
     recognize_layer_mlp,
 )
+from plangen.plans.recognize_bucketed import BucketedAttentionBlock, recognize_bucketed_attention
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
 from plangen.plans.recognize_mamba2 import Mamba2Block
@@ -302,7 +303,7 @@ def _analyze_layer(
             continue
         recognized = recognize_block(name, child, dims)
         if isinstance(recognized, KeptBlock):
-            recognized = recognize_packed_attention(child, dims) or recognized
+            recognized = recognize_packed_attention(child, dims) or recognize_bucketed_attention(child, dims) or recognized
         wrapped = recognize_wrapped_attention(child, dims) if isinstance(recognized, KeptBlock) else None
         if isinstance(wrapped, tuple) and per_head_input is None:
             inner, block = wrapped
@@ -326,9 +327,12 @@ def _analyze_layer(
             found.blocks.append(BlockPart(child_path, recognized, call))
             _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
             found.kept += kept
-        elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock)) and call is not None:
+        elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock, BucketedAttentionBlock)) and call is not None:
             # Its style splits its own heads and prepares its input: it must be where the layer calls it.
             found.blocks.append(BlockPart(child_path, recognized, call))
+        elif isinstance(recognized, BucketedAttentionBlock):  # its style takes its input: it must know the call
+            found.keep(child_path, "attention shaped by its input's width whose call by the layer the reader cannot follow",
+                       "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
         elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock)):
             found.keep(child_path, "recurrent mixer whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")

@@ -12,6 +12,7 @@ from plangen.plan import Replicated
 from plangen.plans.forward_source import BlockCall
 from plangen.plans.per_head_inputs import PerHeadInput
 from plangen.plans.recognize import LatentBlock, MoeBlock, ShardedBlock
+from plangen.plans.recognize_bucketed import BucketedAttentionBlock
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
 from plangen.plans.recognize_mamba1 import Mamba1Block
@@ -24,7 +25,8 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | MultiHeadMixerBlock | Mamba1Block | Mamba2Block
+    block: (ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | MultiHeadMixerBlock | Mamba1Block | Mamba2Block
+            | BucketedAttentionBlock)
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False

@@ -24,7 +24,9 @@ from plangen.plans.recognize import (
 from plangen.plans.split_source import (
     read_alike_readers,
     read_choice_readers,
+    read_draws_numpy_random,
     read_fed_by,
+    read_rebuilt_child_classes,
     read_reshape_attributes,
     read_sole_reader,
 )
@@ -51,9 +53,16 @@ class SplitBlock:
     # Attributes of ``inner`` its forward reshapes with that hold the unsharded head count or width
     # (``context.view(..., self.all_head_size)``): made this rank's (plangen.fused_styles.LocalHeadCounts).
     head_attributes: tuple[str, ...] = ()
+    # ``inner`` may be rebuilt by its parent between forwards (BigBird's set_attention_type): its head
+    # counts are then made this rank's from the parent (plangen.attention_styles.RebuiltChildHeadCounts),
+    # and the classes that draw per-head random numbers are refused in training.
+    rebuilt: bool = False
+    refused_in_training: tuple[str, ...] = ()
 
 
-def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | None, tuple[str, ...]] | None:
+def _column_half(
+    inner: nn.Module, dims: ModelDims, rebuilt: tuple[type, ...] = ()
+) -> tuple[str, int, str | None, tuple[str, ...]] | None:
     """(kind, output width, inner norm, head attributes) when every parameter of ``inner`` is a linear
     from the hidden size reading its input (or all reading one per-feature norm of it): three or more
     of whole heads (attention, as many KV heads as query heads), or one (an MLP's up-projection)."""
@@ -73,7 +82,9 @@ def _column_half(inner: nn.Module, dims: ModelDims) -> tuple[str, int, str | Non
     widths = {m.out_features for m in linears.values()}
     heads = dims.heads and dims.head_dim and dims.heads * dims.head_dim
     if len(linears) >= 3 and widths == {heads} and (dims.kv_heads or dims.heads) == dims.heads:
-        fixed = tuple(sorted(a for a in read_reshape_attributes(type(inner)) if getattr(inner, a, None) in (dims.heads, heads)))
+        # A child its parent may rebuild as another class: the attributes any of them reshapes by.
+        attributes = {a for cls in (type(inner), *rebuilt) for a in read_reshape_attributes(cls)}
+        fixed = tuple(sorted(a for a in attributes if getattr(inner, a, None) in (dims.heads, heads)))
         return "attention", heads, norm, fixed
     if len(linears) == 1:
         return "mlp", widths.pop(), norm, ()
@@ -96,12 +107,15 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
         inner, outer = children.get(inner_name), children.get(outer_name)
         if inner is None or outer is None or own_parameters(outer):
             continue
-        column = _column_half(inner, dims)
+        rebuilt = read_rebuilt_child_classes(type(parent), inner_name)
+        column = _column_half(inner, dims, rebuilt)
         rowwise = read_sole_reader(type(outer))
         row = getattr(outer, rowwise, None) if rowwise is not None and rowwise in dict(outer.named_children()) else None
         if column is None or not is_linear(row) or (row.in_features, row.out_features) != (column[1], dims.hidden):
             continue
         kind, _, norm, fixed = column
-        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed))
+        refused = tuple(c.__name__ for c in (type(inner), *rebuilt) if read_draws_numpy_random(c)) if rebuilt else ()
+        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed,
+                                rebuilt=bool(rebuilt), refused_in_training=tuple(dict.fromkeys(refused))))
     return found
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import textwrap
 from functools import lru_cache
 
@@ -125,6 +126,24 @@ def _chunked_child(cls: type, node: ast.AST) -> str | None:
     return _self_call_name(returned)
 
 
+def _either_or_calls(function: ast.FunctionDef) -> dict[int, ast.If]:
+    """The calls of one child made on either branch of an ``if`` of the function body (BigBird's
+    attention: ``out, w = self.self(...)`` as the last statement of both the full- and the
+    block-sparse branch), each branch's last statement assigning the same target from ``self.<A>(...)``:
+    one call site whichever branch runs. Keyed by the id of each of the two calls."""
+    found: dict[int, ast.If] = {}
+    for statement in function.body:
+        if not (isinstance(statement, ast.If) and statement.body and statement.orelse):
+            continue
+        ends = [statement.body[-1], statement.orelse[-1]]
+        if not all(isinstance(e, ast.Assign) and len(e.targets) == 1 for e in ends):
+            continue
+        names = {_self_call_name(e.value) for e in ends}  # type: ignore[attr-defined]
+        if len(names) == 1 and None not in names and ast.dump(ends[0].targets[0]) == ast.dump(ends[1].targets[0]):  # type: ignore[attr-defined]
+            found.update({id(e.value): statement for e in ends})  # type: ignore[attr-defined]
+    return found
+
+
 def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None = None) -> str | None:
     """The child whose first output alone is ``call``'s first argument: ``x = self.A(...)`` or
     ``x, _ = self.A(...)`` then ``call(x, ...)``, or ``x = self.A(...)`` then ``call(x[0], ...)``, the
@@ -139,9 +158,15 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None =
     name = name_node.id
     assigns = sorted((n for n in ast.walk(function) if _assigns(n, name)), key=_position)
     before = [a for a in assigns if _position(a) < _position(call) and call not in ast.walk(a)]
-    if not before or before[-1] not in function.body or not isinstance(before[-1], ast.Assign):
+    either_or = _either_or_calls(function).get(id(before[-1].value)) if before and isinstance(before[-1], ast.Assign) else None
+    if not before or (before[-1] not in function.body and either_or is None) or not isinstance(before[-1], ast.Assign):
         return None
     producing = before[-1]
+    # Assigned on both branches of one if: x is read after the if, and by nothing inside it but the call.
+    end = _end(either_or) if either_or is not None else _end(producing)
+    if either_or is not None and any(_position(either_or) <= _position(a) < _position(producing)
+                                     for a in assigns if a not in (either_or.body[-1], either_or.orelse[-1])):
+        return None
     target = producing.targets[0] if len(producing.targets) == 1 else None
     if isinstance(target, (ast.Tuple, ast.List)) and target.elts and not first_of:
         target = target.elts[0]
@@ -157,7 +182,7 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None =
     uses = [
         n for n in ast.walk(function)
         if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in rest
-        and _position(n) > _end(producing)
+        and _position(n) > end
         and (following is None or _position(n) < _position(following) or id(n) in inside_following)
     ]
     return source if uses == [name_node] else None
@@ -171,8 +196,10 @@ def read_fed_by(parent_cls: type) -> dict[str, str]:
     found: dict[str, str] = {}
     counts: dict[str, int] = {}
     for tree in _forward_and_helpers(parent_cls):
+        either_or = _either_or_calls(tree)
         for name, calls in _calls_in(tree).items():
-            counts[name] = counts.get(name, 0) + len(calls)
+            # Both branches' calls of an either-or are one call site (one runs).
+            counts[name] = counts.get(name, 0) + len(calls) - sum(id(c) in either_or for c, _ in calls) // 2
             for call, _ in calls:
                 source = _bound_once_to(tree, call, parent_cls)
                 if source is not None:
@@ -304,3 +331,45 @@ def read_fed_from(block_cls: type, child: str, sources: frozenset[str]) -> bool:
         if isinstance(node, ast.Assign) and any(_self_call_name(n) in sources for n in ast.walk(node.value)):
             fed |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
     return names <= fed
+
+
+@lru_cache(maxsize=None)
+def read_rebuilt_child_classes(parent_cls: type, child: str) -> tuple[type, ...]:
+    """The module classes a method of ``parent_cls`` other than ``forward`` and ``__init__`` builds
+    in a method that assigns ``self.<child> = ...`` (BigBird's ``set_attention_type`` swaps its
+    ``self`` between ``BigBirdSelfAttention`` and ``BigBirdBlockSparseAttention``): the child may be
+    one of those at a forward, not the one the plan saw. Classes are names of the class's module."""
+    from torch import nn
+
+    namespace = vars(sys.modules.get(parent_cls.__module__, None) or object())
+    found: list[type] = []
+    for name, method in vars(parent_cls).items():
+        if name in ("forward", "__init__") or not inspect.isfunction(method):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            continue
+        assigns_child = any(
+            isinstance(t, ast.Attribute) and t.attr == child and isinstance(t.value, ast.Name) and t.value.id == "self"
+            for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+        )
+        if not assigns_child:
+            continue
+        for node in ast.walk(tree):
+            built = namespace.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if isinstance(built, type) and issubclass(built, nn.Module) and built not in found:
+                found.append(built)
+    return tuple(found)
+
+
+@lru_cache(maxsize=None)
+def read_draws_numpy_random(cls: type) -> bool:
+    """Whether ``cls``'s source reads ``np.random`` / ``numpy.random`` (BigBird's block-sparse
+    attention draws each head's random key blocks from numpy's seeded global stream)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return False
+    return any(isinstance(n, ast.Attribute) and n.attr == "random" and isinstance(n.value, ast.Name)
+               and n.value.id in ("np", "numpy") for n in ast.walk(tree))

@@ -40,7 +40,9 @@ from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
+from plangen.plans.bucketed import bucketed_attention_entries
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.recognize_bucketed import BucketedAttentionBlock
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
@@ -190,7 +192,15 @@ def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     assert isinstance(block, SplitBlock)
     inner, group = f"{part.path}.{block.inner}", block.kind
     entries: list[PlanEntry] = []
-    if block.head_attributes:
+    if block.rebuilt:  # its parent rebuilds it (BigBird): the parent's pre-hook makes the counts local
+        refused = block.refused_in_training
+        entries.append(PlanEntry(part.path, "RebuiltChildHeadCounts", dict(
+            child=block.inner, attributes=block.head_attributes, refused_in_training=refused), group,
+            f"rebuilds its {block.inner} (another attention class) between forwards: its head counts made this rank's "
+            "before each forward" + (f"; {', '.join(refused)} refused in training (random key blocks drawn per head "
+                                     "from one seeded stream)" if refused else "")))
+        colwise_input, why = SEQ if sp else Replicate(), "column-parallel: each rank computes its own heads, from its own input"
+    elif block.head_attributes:
         # One style per module: the head counts made local instead of one prepared input (each
         # projection then takes, and reduces the gradient of, its own input).
         entries.append(PlanEntry(inner, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
@@ -227,6 +237,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                           f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
+    if isinstance(part.block, BucketedAttentionBlock):
+        assert part.call is not None
+        return bucketed_attention_entries(part.path, part.block, part.call, _input_layouts(part.call, sp, desired=Shard(-1)), sp)
     if isinstance(part.block, GatedDeltaNetBlock):
         assert part.call is not None
         return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
