@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import resource
 import sys
 from pathlib import Path
 
@@ -9,6 +10,13 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))  # tiny_configs, custom_plans
 
 DATA = TESTS / "data"
+
+
+def child_cpu_seconds() -> float:
+    """CPU seconds this process's finished children used: a duration other work on the machine does
+    not stretch (the timed tests run beside distributed launches; wall time measured the load)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 @pytest.fixture(scope="session")

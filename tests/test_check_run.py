@@ -151,5 +151,5 @@ def test_hung_rank_ends_the_run_within_the_time_limit(tmp_path):
     assert [(d.code, d.line) for d in report.diagnostics] == [("PG303", plan_line)]
     message = report.diagnostics[0].message
     assert "no result within the time limit (--timeout)" in message and "or the run needs longer (raise --timeout)" in message
-    # The limit bounds the work; starting the worker interpreter comes on top.
-    assert elapsed < timeout + 20, elapsed
+    # The limit bounds the work; starting the worker interpreter (slower on a busy machine) comes on top.
+    assert elapsed < timeout + 40, elapsed

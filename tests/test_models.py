@@ -194,9 +194,9 @@ def test_non_generation_model_type_is_refused():
 def test_meta_build_of_405b_is_fast_and_full_size():
     resolved = resolve_model(str(CONFIGS / "llama-3.1-405b.json"))
     build_meta_model(resolve_model("llama"))  # warm-up: imports the modeling module
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: other work on the machine does not stretch it
     model = build_meta_model(resolved)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert elapsed < 1.0, f"405B meta build took {elapsed:.2f}s"
     params = list(model.parameters())
     assert all(p.device.type == "meta" for p in params)
