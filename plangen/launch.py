@@ -29,24 +29,55 @@ class DistributedRunError(RuntimeError):
 
 def run_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0) -> list[Any]:
     """Run ``target(payload)`` on ``world_size`` gloo ranks; return each rank's result."""
-    with tempfile.TemporaryDirectory(prefix="plangen-run-") as tmp:
-        out = Path(tmp)
-        (out / "payload.json").write_text(json.dumps(payload))
-        cmd = [sys.executable, "-m", "plangen.launch", target, str(world_size), str(out), str(timeout)]
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return start_distributed(target, world_size, payload, timeout).result()
+
+
+def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0) -> "Launch":
+    """Start ``target(payload)`` on ``world_size`` gloo ranks in the background; ``result()`` waits."""
+    return Launch(target, world_size, payload, timeout)
+
+
+class Launch:
+    """A run on gloo ranks, started at construction; ``result()`` is each rank's result, in order."""
+
+    def __init__(self, target: str, world_size: int, payload: Any, timeout: float) -> None:
+        self.target, self.world_size, self.timeout = target, world_size, timeout
+        self._tmp = tempfile.TemporaryDirectory(prefix="plangen-run-")
+        self._out = Path(self._tmp.name)
+        (self._out / "payload.json").write_text(json.dumps(payload))
+        cmd = [sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout)]
+        self._deadline = time.monotonic() + timeout + 30  # the launcher's own deadline comes first
+        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def result(self) -> list[Any]:
         try:
-            log, _ = proc.communicate(timeout=timeout + 30)
+            return self._collect()
+        finally:
+            self._tmp.cleanup()
+
+    def kill(self) -> None:
+        """End the run whole (a launch nobody waits for must not outlive its caller)."""
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.communicate()
+        self._tmp.cleanup()
+
+    def _collect(self) -> list[Any]:
+        target, out, proc = self.target, self._out, self._proc
+        try:
+            log, _ = proc.communicate(timeout=max(self._deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             log, _ = proc.communicate()
-            raise DistributedRunError(f"{target}: no result after {timeout:.0f} s; all ranks killed") from None
-        errors = sorted(out.glob("rank*.err"))
+            raise DistributedRunError(f"{target}: no result after {self.timeout:.0f} s; all ranks killed") from None
+        # A killed rank first: the others' errors (a peer's connection reset) follow from it.
+        errors = sorted(out.glob("rank*.killed")) + sorted(out.glob("rank*.err"))
         if errors:
             first = errors[0]
             raise DistributedRunError(f"{target}: {first.stem} failed:\n{first.read_text()}")
         if proc.returncode != 0:
             raise DistributedRunError(f"{target}: launcher exited with {proc.returncode}:\n{log[-4000:]}")
-        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world_size)]
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(self.world_size)]
 
 
 def _import_target(target: str):
@@ -97,6 +128,13 @@ def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any) 
         os._exit(code)
 
 
+def _note_signal(out: Path, rank: int | None, code: int) -> None:
+    if rank is not None and os.WIFSIGNALED(code):  # no traceback to write: say how it ended
+        number = os.WTERMSIG(code)
+        hint = " (the kernel's out-of-memory killer sends this)" if number == signal.SIGKILL else ""
+        (out / f"rank{rank}.killed").write_text(f"rank {rank} was killed by signal {signal.Signals(number).name}{hint}\n")
+
+
 def _main(target: str, world_size: int, out: Path, timeout: float) -> int:
     import torch  # noqa: F401 - imported once here, shared by every forked worker
     import transformers  # noqa: F401
@@ -121,8 +159,14 @@ def _main(target: str, world_size: int, out: Path, timeout: float) -> int:
                 break
             time.sleep(0.05)
             continue
-        pids.pop(pid, None)
+        rank = pids.pop(pid, None)
+        _note_signal(out, rank, code)
         if code != 0:
+            # A rank that died of a signal makes its peers fail a moment later: reap what has ended
+            # by then, so the one that died first is named (its peers' errors follow from it).
+            time.sleep(0.5)
+            while pids and (ended := os.waitpid(-1, os.WNOHANG))[0]:
+                _note_signal(out, pids.pop(ended[0], None), ended[1])
             status = 1
             break
     for pid in pids:  # a failed or late rank would leave the others blocked in a collective
