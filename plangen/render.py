@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEADS, MIXER, STYLE_FACTS, layout_defaults, module_kind
+from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEADS, MIXER, SHARED_EXPERTS, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -251,7 +251,7 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
     from plangen.attention_styles import head_parameters
 
     weight = getattr(module, "weight", None)
-    if kind == EXPERTS and weight is None:  # packed experts: their first 3-D weight
+    if kind in (EXPERTS, SHARED_EXPERTS) and weight is None:  # packed (or shared) experts: their first 3-D weight
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
     elif kind == FLAT_EXPERTS:  # DBRX's flat experts: w1 [E * ffn, H], as v1 and w2
         weight = module.mlp.w1

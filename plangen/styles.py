@@ -54,6 +54,7 @@ from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
+from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -224,6 +225,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaAttentionParallel,
         ExpertsParallel,
         FlatExpertsParallel,
+        SharedExpertsParallel,
         GroupedColwiseParallel,
         GroupedRowwiseParallel,
         EveryTokenMoeParallel,
@@ -495,6 +497,7 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FlatExpertsParallel",
+    "SharedExpertsParallel",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",

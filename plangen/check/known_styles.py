@@ -216,6 +216,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("FlatExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()),)),
         _spec("GroupedRowwiseParallel", ()),
         _spec("AllReduceOutputGrad", ()),

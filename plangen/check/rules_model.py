@@ -29,6 +29,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.attention_styles import head_parameters
 from plangen.kv_styles import attention_head_counts
 from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape
+from plangen.shared_expert_styles import SharedExpertsParallel, packed_shared_shape
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
@@ -146,6 +147,8 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         return None
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module) is None:
         return f"`{name}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp` (DBRX's), not {what}"
+    if isinstance(style, SharedExpertsParallel) and packed_shared_shape(module) is None:
+        return f"`{name}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj [S, H, I] (Inkling's), not {what}"
     if isinstance(style, ShardedNormParallel):
         from plangen.norm_styles import resolve_norm_math
 
@@ -280,6 +283,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
         return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module):
         return [("num_experts", module.num_experts, 1)]  # whole experts per rank: each weight's E * ffn rows
+    if isinstance(style, SharedExpertsParallel) and (shared := packed_shared_shape(module)):
+        return [("each shared expert's intermediate width", shared[1], 1)]  # local slices, plain tensors
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
         own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
