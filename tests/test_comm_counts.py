@@ -689,3 +689,19 @@ def test_zamba2_shared_block_reduces_each_projections_input_gradient(fake_pg, se
     gathered = {AG: 2} if sequence_parallel else {}
     assert diff(f_mamba, f_hybrid) == {**gathered, AR: 2}
     assert diff(b_mamba, b_hybrid) == {**({AG: 1} if sequence_parallel else {}), AR: 8}
+
+
+def test_inkling_moe_layer_reduces_routed_and_shared_experts_once_and_their_scales_gradients(fake_pg):
+    """Inkling (synthesized; attention replicated): per MoE layer, forward one all-reduce of B·S·H,
+    the routed and the shared experts' partial sums together. Backward: the hidden state's gradient
+    from the routed experts and from the shared experts (B·S·H each), the routing weights' (B·S·k)
+    and the shared experts' per-token scales' (B·S·2), so the router over both stays exact."""
+    forward, backward, _, _ = per_layer("inkling", False, source="synthesized")
+    assert forward == {AR: 1} and backward == {AR: 4}
+    config, _, forward_step, backward_step = run_step("inkling", 4, False, source="synthesized")
+    bsh, bs = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * 4
+    moe_layers = config.num_hidden_layers - 1  # layer 0 is dense (replicated)
+    assert sorted(size for _, size in forward_step.records) == sorted([bsh] * moe_layers)
+    expected = [bsh] * (2 * moe_layers + 1) + [bs * config.num_experts_per_tok] * moe_layers
+    expected += [bs * config.n_shared_experts] * moe_layers  # + the head's input gradient
+    assert sorted(size for _, size in backward_step.records) == sorted(expected)

@@ -58,6 +58,10 @@ CLASSES = {
     # The same short conv, and attention with a sigmoid output gate of one value per head (g_proj).
     "lfm3": ("Lfm3ForCausalLM", True),
     "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
+    # A router over routed and shared experts ([E + S, H], a learned global_scale) whole on every rank,
+    # shared experts of 3-D weights split by their intermediate (SharedExpertsParallel), scaled per
+    # token by the router; no SP (its normed embedding is not vocabulary-sharded).
+    "inkling_text": ("InklingForCausalLM", False),
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
     # The BERT family as causal decoders: q/k/v and the projection back in sibling modules
     # (attention.self, attention.output), the MLP in intermediate/output, post-norms after the
@@ -120,7 +124,7 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", *TOWERS}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", "inkling_text", *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -140,7 +144,7 @@ EAGER = {"xlstm-4h"}
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
 # gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
