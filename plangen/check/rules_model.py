@@ -147,8 +147,10 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         return None
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module) is None:
         return f"`{name}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp` (DBRX's), not {what}"
-    if isinstance(style, SharedExpertsParallel) and packed_shared_shape(module) is None:
-        return f"`{name}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj [S, H, I] (Inkling's), not {what}"
+    if isinstance(style, SharedExpertsParallel):
+        if packed_shared_shape(module) is None:
+            return f"`{name}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj [S, H, I] (Inkling's), not {what}"
+        return None
     if isinstance(style, ShardedNormParallel):
         from plangen.norm_styles import resolve_norm_math
 
