@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
-from plangen.attention_styles import AttentionSinksParallel, PairedHeadsAttentionInput
+from plangen.attention_styles import AttentionSinksParallel, ConvChannelsParallel, PairedHeadsAttentionInput
 from plangen.fused_styles import (
     Conv1DColwiseParallel,
     Conv1DRowwiseParallel,
@@ -238,6 +238,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ActivationSparsityParallel,
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
+        ConvChannelsParallel,
         PairedHeadsAttentionInput,
         GatedDeltaNetParallel,
         ShardedNormParallel,
@@ -489,6 +490,7 @@ __all__ = [
     "AllReduceParamGrads",
     "SequenceParallelOwnParameters",
     "AttentionSinksParallel",
+    "ConvChannelsParallel",
     "PairedHeadsAttentionInput",
     "ColwiseParallelOwnOutput",
     "ColwiseParallelWithGather",

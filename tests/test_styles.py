@@ -1104,8 +1104,19 @@ def _shared_experts():
     return Shared(AutoConfig.for_model("inkling_text", **config))
 
 
+def _short_conv():
+    """Inkling's short conv over 16 channels (kernel 4); ``weight`` is its conv's [16, 1, 4]."""
+    from transformers.models.inkling.modeling_inkling import InklingShortConvolution
+
+    class Conv(InklingShortConvolution):
+        weight = property(lambda self: self.conv1d.weight)
+
+    return Conv(16, 4, layer_idx=0, conv_idx=0)
+
+
 # Styles for one module type only, with the module kind their facts name.
 _OWN_MODULE = {
+    "ConvChannelsParallel": _short_conv,
     "FlatExpertsParallel": _flat_experts,
     "SharedExpertsParallel": _shared_experts,
     "Mamba2MixerParallel": _mamba2_mixer,

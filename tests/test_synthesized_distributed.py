@@ -124,7 +124,7 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", "inkling_text", *TOWERS}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "prophetnet", "gemma3n_text", "inkling_text", "inkling", *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -137,6 +137,9 @@ TINY_CASES = {
     # RecurrentGemma's released layout (two recurrent blocks, then local attention): the recurrent
     # blocks' plan entries per layer, beside the attention's; the sweep's shrunk model has recurrent ones only.
     "recurrent_gemma-mixed": True,
+    # Inkling with 8 routed and 2 shared experts (the sweep's shrunk model has 4 and 1), a dense first
+    # layer (kept whole) and sliding-window and full attention layers; no SP (see inkling_text).
+    "inkling": False,
 }
 # Tiny configs built with eager attention (xLSTM refuses sdpa).
 EAGER = {"xlstm-4h"}
@@ -164,7 +167,7 @@ def _cases() -> list[dict]:
         {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
          **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"attn": "eager"} if t in EAGER else {})}
         for t in TINY_CASES
-        for sp in (False, True)
+        for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
         {"name": name, "model_type": t, "variant": "stable", "adam_eps": 1e-6, **({"pad": True} if t == "jamba" else {})}
         for name, t in STABLE.items()

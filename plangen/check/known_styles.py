@@ -217,6 +217,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("FlatExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("ConvChannelsParallel", ()),
         _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()),)),
         _spec("GroupedRowwiseParallel", ()),
         _spec("AllReduceOutputGrad", ()),

@@ -26,7 +26,7 @@ from torch.distributed.tensor.parallel import (
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.attention_styles import head_parameters
+from plangen.attention_styles import ConvChannelsParallel, depthwise_conv, head_parameters
 from plangen.kv_styles import attention_head_counts
 from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape
 from plangen.shared_expert_styles import SharedExpertsParallel, packed_shared_shape
@@ -147,6 +147,8 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         return None
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module) is None:
         return f"`{name}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp` (DBRX's), not {what}"
+    if isinstance(style, ConvChannelsParallel):
+        return None if depthwise_conv(module) else f"`{name}` splits a module around one depthwise nn.Conv1d by its channels, not {what}"
     if isinstance(style, SharedExpertsParallel):
         if packed_shared_shape(module) is None:
             return f"`{name}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj [S, H, I] (Inkling's), not {what}"
@@ -285,6 +287,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
         return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module):
         return [("num_experts", module.num_experts, 1)]  # whole experts per rank: each weight's E * ffn rows
+    if isinstance(style, ConvChannelsParallel) and (conv := depthwise_conv(module)):
+        return [("conv channels", conv.in_channels, 1)]  # local channels, plain tensors in the forward
     if isinstance(style, SharedExpertsParallel) and (shared := packed_shared_shape(module)):
         return [("each shared expert's intermediate width", shared[1], 1)]  # local slices, plain tensors
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank

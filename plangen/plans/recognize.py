@@ -100,6 +100,11 @@ class ShardedBlock:
     # Linears from all KV heads' values to one value per KV head (Doge's dynamic-mask dt_proj):
     # row-parallel, the partial sums reduce-scattered to this rank's heads.
     head_gates: tuple[str, ...] = ()
+    # Short convs on a projection's heads (Inkling's k/v, plangen.plans.recognize_conv_attention):
+    # their channels split with the heads (ConvChannelsParallel); children every local head reads
+    # (its relative-logits bank): replicated, their gradient summed over TP (AllReduceParamGrads).
+    conv_children: tuple[str, ...] = ()
+    shared_children: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,7 @@ def recognize_attention(
             "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
             "which is all heads' width, and reads its input otherwise too: a rank holding some heads cannot follow it",
         )
-    heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
+    heads = head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
             "attention",
@@ -266,7 +271,7 @@ def recognize_attention(
                         input_sharded=input_sharded, head_gates=head_gates)
 
 
-def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
+def head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
     """The integer attributes the forward shapes by that count all heads, or all heads' width.
 
     Without making them local, ``view(bsz, -1, self.num_heads, self.head_dim)`` of one rank's heads

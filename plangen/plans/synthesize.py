@@ -315,6 +315,12 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 "single-valued parameters applied to this rank's slice only: their gradient is summed over TP",
             )
         )
+    for name in block.conv_children:
+        entries.append(PlanEntry(f"{part.path}.{name}", "ConvChannelsParallel", {}, group,
+                                 "short conv over a projection's heads: its channels split with them, no communication"))
+    for name in block.shared_children:
+        entries.append(PlanEntry(f"{part.path}.{name}", "AllReduceParamGrads", {}, group,
+                                 "read by every local head: replicated, its gradient summed over TP"))
     for name in block.projection_norms:
         entries.append(
             PlanEntry(
