@@ -132,6 +132,15 @@ def depthwise_conv(module: nn.Module) -> nn.Conv1d | None:
     return convs[0]
 
 
+def short_conv_only(module: nn.Module) -> nn.Conv1d | None:
+    """The depthwise ``nn.Conv1d`` below ``module`` where its parameters are all ``module`` has (a
+    short convolution, Inkling's ``InklingShortConvolution``), else None."""
+    conv = depthwise_conv(module) if not isinstance(module, nn.Conv1d) else None
+    if conv is None or sum(1 for _ in module.parameters()) != sum(1 for _ in conv.parameters()):
+        return None
+    return conv
+
+
 class ConvChannelsParallel(ParallelStyle):
     """A short convolution inside attention, over a column-parallel projection's heads (Inkling's
     ``k_sconv`` / ``v_sconv``, a depthwise ``nn.Conv1d`` along the sequence on k and on v): its

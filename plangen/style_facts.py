@@ -413,10 +413,9 @@ def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
 
     if packed_shared_shape(module):
         return SHARED_EXPERTS
-    from plangen.attention_styles import depthwise_conv
+    from plangen.attention_styles import short_conv_only
 
-    conv = depthwise_conv(module) if not isinstance(module, nn.Conv1d) else None
-    if conv is not None and sum(1 for _ in module.parameters()) == sum(1 for _ in conv.parameters()):
+    if short_conv_only(module) is not None:
         return SHORT_CONV
     if by_heads and head_parameters(module):
         return HEADS

@@ -109,7 +109,7 @@ def test_a_router_with_more_rows_than_the_experts_and_the_shared_ones_is_not_one
 def test_the_file_init_writes_is_clean_and_verify_names_the_largest_tp_size_and_the_misfit(tmp_path):
     """Inkling at its default size: the file `plangen init` writes is clean at TP 2 and gives the
     shared experts' shard shape; at TP 2048 the shared experts' intermediate (3072) does not divide
-    (PG204, naming 256); the style on the router is PG203."""
+    (PG204, naming TP 8, which the full-attention layers' 8 KV heads allow); the style on the router is PG203."""
     from plangen.check import VerifyOptions, verify_plan_files
     from plangen.init import init_plan
 
@@ -121,7 +121,7 @@ def test_the_file_init_writes_is_clean_and_verify_names_the_largest_tp_size_and_
     found = [d for d in verify_plan_files([path], VerifyOptions(tp_size=2048)).diagnostics if d.line == line]
     assert [d.code for d in found] == ["PG204"]
     assert "each shared expert's intermediate width=3072" in found[0].message
-    assert "the largest legal TP size for this plan is 256" in found[0].message
+    assert "the largest legal TP size for this plan is 8" in found[0].message  # 8 KV heads (full attention)
     path.write_text(source.replace('"model.layers.*.mlp.shared_experts"', '"model.layers.*.mlp.gate"'))
     found = verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics
     assert ("PG203", line) in [(d.code, d.line) for d in found]

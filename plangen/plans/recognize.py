@@ -39,6 +39,7 @@ from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attenti
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
+from plangen.attention_styles import short_conv_only
 from plangen.plans.recognize_moe_parts import is_router, packed_shared_children, router_rows, takes_routing
 from plangen.plans.recognize_recurrent import recognize_recurrent_block
 from plangen.plans.recognize_short_conv import recognize_short_conv
@@ -525,6 +526,9 @@ def recognize_block(
         return mamba1 if isinstance(mamba1, Mamba1Block) else KeptBlock("mixer", mamba1)
     if (mamba2 := recognize_mamba2(block, dims.hidden)) is not None:
         return KeptBlock("mixer", mamba2) if isinstance(mamba2, str) else mamba2
+    if short_conv_only(block) is not None and short_conv_only(block).in_channels == dims.hidden:
+        return KeptBlock("other", "short convolution along the sequence, per feature of the whole hidden state: "
+                         "nothing to split over TP")
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",
