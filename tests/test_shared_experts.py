@@ -118,7 +118,11 @@ def test_the_file_init_writes_is_clean_and_verify_names_the_largest_tp_size_and_
     line = next(i for i, text in enumerate(source.splitlines(), 1) if '"model.layers.*.mlp.shared_experts"' in text)
     assert "66 × InklingSharedExperts [2, 3072, 6144] → local [2, 1536, 6144] at TP=2" in source
     assert verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics == []
-    found = [d for d in verify_plan_files([path], VerifyOptions(tp_size=2048)).diagnostics if d.line == line]
+    at_2048 = verify_plan_files([path], VerifyOptions(tp_size=2048)).diagnostics
+    conv = next(i for i, text in enumerate(source.splitlines(), 1) if '"model.layers.*.self_attn.k_sconv"' in text)
+    assert [d.code for d in at_2048 if d.line == conv] == ["PG204"]  # 1024 channels of 8 KV heads at full attention
+    assert "conv channels" in next(d.message for d in at_2048 if d.line == conv)
+    found = [d for d in at_2048 if d.line == line]
     assert [d.code for d in found] == ["PG204"]
     assert "each shared expert's intermediate width=3072" in found[0].message
     assert "the largest legal TP size for this plan is 8" in found[0].message  # 8 KV heads (full attention)
