@@ -248,3 +248,50 @@ def _slice_head_inputs(names: tuple[str, ...], device_mesh: DeviceMesh, module: 
             local = value.shape[1] // tp
             kwargs[name] = value.narrow(1, rank * local, local)
     return args, kwargs
+
+
+def depthwise_conv(module: nn.Module) -> nn.Conv1d | None:
+    """The one depthwise ``nn.Conv1d`` at or below ``module`` (a short convolution's), else None."""
+    convs = [c for c in module.modules() if isinstance(c, nn.Conv1d)]
+    if len(convs) != 1 or not (convs[0].in_channels == convs[0].out_channels == convs[0].groups):
+        return None
+    return convs[0]
+
+
+def short_conv_only(module: nn.Module) -> nn.Conv1d | None:
+    """The depthwise ``nn.Conv1d`` below ``module`` where its parameters are all ``module`` has (a
+    short convolution, Inkling's ``InklingShortConvolution``), else None."""
+    conv = depthwise_conv(module) if not isinstance(module, nn.Conv1d) else None
+    if conv is None or sum(1 for _ in module.parameters()) != sum(1 for _ in conv.parameters()):
+        return None
+    return conv
+
+
+class ConvChannelsParallel(ParallelStyle):
+    """A short convolution inside attention, over a column-parallel projection's heads (Inkling's
+    ``k_sconv`` / ``v_sconv``, a depthwise ``nn.Conv1d`` along the sequence on k and on v): its
+    channels are split with their heads (``Shard(0)``: rank r's channels are its heads' rows of the
+    projection it follows), and it convolves this rank's local channels.
+
+    Depthwise means per channel: each rank computes exactly its channels' values, the weight's
+    gradient is exactly its channels' and the input's needs no sum. The forward reads the conv's
+    weight directly (``causal_conv1d_fn(x, self.conv1d.weight.squeeze(1))``), so the weight is its
+    local view during the forward; the conv's channel counts are made this rank's."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        conv, tp = depthwise_conv(module), device_mesh.size()
+        if conv is None:
+            raise ValueError(f"{type(self).__name__} applies to a module around one depthwise nn.Conv1d; "
+                             f"{type(module).__name__} has none")
+        if conv.in_channels % tp:
+            raise ValueError(f"{type(self).__name__}: {type(module).__name__}'s {conv.in_channels} conv channels do not "
+                             f"divide by the TP size {tp}")
+        for name, param in list(conv.named_parameters(recurse=False)):
+            sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
+            conv.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        conv.in_channels = conv.out_channels = conv.groups = conv.in_channels // tp
+        local_during_forward(module, [(conv, name) for name, _ in conv.named_parameters(recurse=False)])
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEADS, MIXER, STYLE_FACTS, layout_defaults, module_kind
+from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEADS, MIXER, SHARED_EXPERTS, SHORT_CONV, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -248,13 +248,13 @@ def _shape(shape: tuple[int, ...]) -> str:
 def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | None:
     import torch
 
-    from plangen.attention_styles import head_parameters
+    from plangen.attention_styles import depthwise_conv, head_parameters
 
     weight = getattr(module, "weight", None)
-    if kind == EXPERTS and weight is None:  # packed experts: their first 3-D weight
+    if kind in (EXPERTS, SHARED_EXPERTS) and weight is None:  # packed (or shared) experts: their first 3-D weight
         weight = next((p for p in module.parameters(recurse=False) if p.dim() == 3), None)
-    elif kind == FLAT_EXPERTS:  # DBRX's flat experts: w1 [E * ffn, H], as v1 and w2
-        weight = module.mlp.w1
+    elif kind in (FLAT_EXPERTS, SHORT_CONV):  # DBRX's flat experts: w1 [E * ffn, H], as v1 and w2; a short conv's
+        weight = module.mlp.w1 if kind == FLAT_EXPERTS else depthwise_conv(module).weight
     elif kind == HEADS:  # the block's own per-head parameter
         weight = next(iter(head_parameters(module).values()))
     elif kind == MIXER:  # a Mamba1 mixer's own A_log [channels, state], split with its channels

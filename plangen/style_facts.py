@@ -37,6 +37,8 @@ EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in o
 HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
 FLAT_EXPERTS = "flat_experts"  # DBRX's experts: flat [experts * ffn, hidden] weights in a child (plangen.flat_expert_styles)
+SHARED_EXPERTS = "shared_experts"  # Inkling's shared experts: 3-D [S, I, H] / [S, H, I] weights applied by bmm (plangen.shared_expert_styles)
+SHORT_CONV = "short_conv"  # a module around one depthwise nn.Conv1d and nothing else (Inkling's k/v short convs)
 MIXER = "mamba1_mixer"  # a Mamba1 mixer, split by its channels (its own A_log [channels, state] and D [channels])
 
 
@@ -238,6 +240,13 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         ),
         # DBRX's experts of flat [E * ffn, H] weights in a child: whole experts per rank (Shard(0) of each).
         StyleFacts("FlatExpertsParallel", PLANGEN_STYLES, "other", shard_dim={FLAT_EXPERTS: 0}, produces=_SUM),
+        # A short conv over a column-parallel projection's heads: its channels split with them.
+        StyleFacts("ConvChannelsParallel", PLANGEN_STYLES, "other", shard_dim={SHORT_CONV: 0}),
+        # Inkling's shared experts of 3-D weights: each expert's intermediate (gate/up dim 1, down dim 2).
+        StyleFacts(
+            "SharedExpertsParallel", PLANGEN_STYLES, "other", shard_dim={SHARED_EXPERTS: 1},
+            layout_defaults={"output_layouts": _REPLICATE}, produces=_SUM,
+        ),
         # JetMoE's experts of one [E, out, in] weight: each expert's output features, or its input
         # features (the outputs all-reduced), split over TP.
         StyleFacts("GroupedColwiseParallel", PLANGEN_STYLES, "colwise", shard_dim={EXPERTS: 1}),
@@ -349,6 +358,7 @@ def facts_of(style: "ParallelStyle") -> StyleFacts | None:
 PLANGEN_STYLE_MODULES = (
     PLANGEN_STYLES,
     "plangen.moe_styles",
+    "plangen.shared_expert_styles",
     "plangen.grouped_styles",
     "plangen.replicated_styles",
     "plangen.tied_styles",
@@ -408,6 +418,14 @@ def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
 
     if flat_expert_shape(module):
         return FLAT_EXPERTS
+    from plangen.shared_expert_styles import packed_shared_shape
+
+    if packed_shared_shape(module):
+        return SHARED_EXPERTS
+    from plangen.attention_styles import short_conv_only
+
+    if short_conv_only(module) is not None:
+        return SHORT_CONV
     if by_heads and head_parameters(module):
         return HEADS
     own = [p for _, p in module.named_parameters(recurse=False)]

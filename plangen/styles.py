@@ -39,6 +39,7 @@ from torch.distributed.tensor.placement_types import Placement, _StridedShard
 from plangen.bucketed_styles import BucketedAttentionInputOutput
 from plangen.attention_styles import (
     AttentionSinksParallel,
+    ConvChannelsParallel,
     PairedHeadsAttentionInput,
     PrepareAttentionInputOutput,
     RebuiltChildHeadCounts,
@@ -60,6 +61,7 @@ from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
 from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
+from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
     AllReduceParamGrads,
@@ -230,6 +232,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaAttentionParallel,
         ExpertsParallel,
         FlatExpertsParallel,
+        SharedExpertsParallel,
         GroupedColwiseParallel,
         GroupedRowwiseParallel,
         RoutedBlockSequenceParallel,
@@ -243,6 +246,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ActivationSparsityParallel,
         KVHeadsColwiseParallel,
         AttentionSinksParallel,
+        ConvChannelsParallel,
         PairedHeadsAttentionInput,
         RebuiltChildHeadCounts,
         PrepareAttentionInputOutput,
@@ -497,6 +501,7 @@ __all__ = [
     "AllReduceParamGrads",
     "SequenceParallelOwnParameters",
     "AttentionSinksParallel",
+    "ConvChannelsParallel",
     "PairedHeadsAttentionInput",
     "RebuiltChildHeadCounts",
     "PrepareAttentionInputOutput",
@@ -508,6 +513,7 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FlatExpertsParallel",
+    "SharedExpertsParallel",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",

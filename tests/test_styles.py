@@ -1199,9 +1199,35 @@ def _flat_experts():
     return Experts(AutoConfig.for_model("dbrx", **config).ffn_config)
 
 
+def _shared_experts():
+    """Inkling's 2 shared experts (gate/up [2, 16, 32], down [2, 32, 16]); ``weight`` is ``gate_proj``."""
+    from transformers import AutoConfig
+    from transformers.models.inkling.modeling_inkling import InklingSharedExperts
+
+    from tiny_configs import TINY
+
+    class Shared(InklingSharedExperts):
+        weight = property(lambda self: self.gate_proj)
+
+    config = {k: v for k, v in TINY["inkling"].items() if k != "model_type"}
+    return Shared(AutoConfig.for_model("inkling_text", **config))
+
+
+def _short_conv():
+    """Inkling's short conv over 16 channels (kernel 4); ``weight`` is its conv's [16, 1, 4]."""
+    from transformers.models.inkling.modeling_inkling import InklingShortConvolution
+
+    class Conv(InklingShortConvolution):
+        weight = property(lambda self: self.conv1d.weight)
+
+    return Conv(16, 4, layer_idx=0, conv_idx=0)
+
+
 # Styles for one module type only, with the module kind their facts name.
 _OWN_MODULE = {
+    "ConvChannelsParallel": _short_conv,
     "FlatExpertsParallel": _flat_experts,
+    "SharedExpertsParallel": _shared_experts,
     "Mamba2MixerParallel": _mamba2_mixer,
     "GatedRMSNormParallel": _gated_norm,
     "GatheredGatedRMSNormParallel": _gated_norm,

@@ -62,6 +62,10 @@ CLASSES = {
     # The same short conv, and attention with a sigmoid output gate of one value per head (g_proj).
     "lfm3": ("Lfm3ForCausalLM", True),
     "granitemoe_swa": ("GraniteMoeSWAForCausalLM", False),  # attention sinks split with the heads; MoE
+    # A router over routed and shared experts ([E + S, H], a learned global_scale) whole on every rank,
+    # shared experts of 3-D weights split by their intermediate (SharedExpertsParallel), scaled per
+    # token by the router; no SP (its normed embedding is not vocabulary-sharded).
+    "inkling_text": ("InklingForCausalLM", False),
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
     # The BERT family as causal decoders: q/k/v and the projection back in sibling modules
     # (attention.self, attention.output), the MLP in intermediate/output, post-norms after the
@@ -127,7 +131,8 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", *TOWERS}
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", "inkling_text", "inkling",
+           *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -140,6 +145,9 @@ TINY_CASES = {
     # RecurrentGemma's released layout (two recurrent blocks, then local attention): the recurrent
     # blocks' plan entries per layer, beside the attention's; the sweep's shrunk model has recurrent ones only.
     "recurrent_gemma-mixed": True,
+    # Inkling with 8 routed and 2 shared experts (the sweep's shrunk model has 4 and 1), a dense first
+    # layer (kept whole) and sliding-window and full attention layers; no SP (see inkling_text).
+    "inkling": False,
 }
 # Tiny configs built with eager attention (xLSTM refuses sdpa).
 EAGER = {"xlstm-4h"}
@@ -147,7 +155,7 @@ EAGER = {"xlstm-4h"}
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
-              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
 # gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
@@ -168,7 +176,7 @@ def _cases() -> list[dict]:
         {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
          **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"attn": "eager"} if t in EAGER else {})}
         for t in TINY_CASES
-        for sp in (False, True)
+        for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
         {"name": name, "model_type": t, "variant": "stable", "adam_eps": 1e-6, **({"pad": True} if t == "jamba" else {})}
         for name, t in STABLE.items()

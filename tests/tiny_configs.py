@@ -174,6 +174,18 @@ TINY["deepseek_v2"] = dict(
     qk_nope_head_dim=8, v_head_dim=8, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
 )
 
+# Inkling: a router over 8 routed and 2 shared experts (its weight [10, H], a learned global_scale),
+# the shared experts 3-D weights applied by bmm and scaled per token by the router; attention with
+# short convs on k and v and relative logits; layer 0 sliding-window with a dense MLP (its own
+# global_scale), the other layers full attention with the MoE block.
+TINY["inkling"] = dict(
+    model_type="inkling_text", vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, swa_num_attention_heads=4,
+    swa_num_key_value_heads=2, swa_head_dim=8, d_rel=4, rel_extent=8, sliding_window_size=4, n_routed_experts=8,
+    num_experts_per_tok=2, n_shared_experts=2, max_position_embeddings=64, use_cache=False, local_layer_ids=[0],
+    dense_mlp_idx=1,
+)
+
 # Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
 TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)
 # GPT-2-style Conv1D projections (weights [in, out]) and a fused c_attn of equal q, k, v; tied head.

@@ -252,6 +252,8 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("reads_gathered", STR_TUPLE, ()), StyleParam("sequence_dim", INT, 1),
             ),
         ),
+        _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("ConvChannelsParallel", ()),
         _spec("AllReduceOutputGrad", ()),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec("RGLRUParallel", (StyleParam("head_attribute", STR, "num_attention_heads"),)),

@@ -26,9 +26,10 @@ from torch.distributed.tensor.parallel import (
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.attention_styles import head_parameters
+from plangen.attention_styles import ConvChannelsParallel, PrepareAttentionInputOutput, depthwise_conv, head_parameters
 from plangen.kv_styles import PrepareAttentionInput, attention_head_counts
 from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_problem, flat_expert_shape, flat_split_rows
+from plangen.shared_expert_styles import SharedExpertsParallel, packed_shared_shape
 from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel, LocalHeadCounts, head_count_owner, is_conv1d
 from plangen.linear_attention_styles import GatedDeltaNetParallel, gated_delta_net_misfit
 from plangen.mamba1_styles import mamba1_parts_problem
@@ -146,6 +147,12 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         return None
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module) is None:
         return f"`{name}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp` (DBRX's), not {what}"
+    if isinstance(style, ConvChannelsParallel):
+        return None if depthwise_conv(module) else f"`{name}` splits a module around one depthwise nn.Conv1d by its channels, not {what}"
+    if isinstance(style, SharedExpertsParallel):
+        if packed_shared_shape(module) is None:
+            return f"`{name}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj [S, H, I] (Inkling's), not {what}"
+        return None
     if isinstance(style, ShardedNormParallel):
         from plangen.norm_styles import resolve_norm_math
 
@@ -280,6 +287,10 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
         return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module):
         return [(*flat_split_rows(module, tp), 1)]  # whole experts per rank, else each expert's ffn rows
+    if isinstance(style, ConvChannelsParallel) and (conv := depthwise_conv(module)):
+        return [("conv channels", conv.in_channels, 1)]  # local channels, plain tensors in the forward
+    if isinstance(style, SharedExpertsParallel) and (shared := packed_shared_shape(module)):
+        return [("each shared expert's intermediate width", shared[1], 1)]  # local slices, plain tensors
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
         own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
@@ -294,7 +305,7 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
     if isinstance(style, PairedHeadsAttentionInput) and (counts := attention_head_counts(module)) is not None:
         return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs per rank
     counts = style.attributes if isinstance(style, LocalHeadCounts) else getattr(style, "head_attributes", ())
-    if isinstance(style, (LocalHeadCounts, PrepareAttentionInput)) and counts:  # the block reshapes by count / TP
+    if isinstance(style, (LocalHeadCounts, PrepareAttentionInput, PrepareAttentionInputOutput)) and counts:  # the block reshapes by count / TP
         values = [(a, getattr(*head_count_owner(module, a), None)) for a in counts]
         return [(a, v, 1) for a, v in values if isinstance(v, int) and not isinstance(v, bool)]
     if isinstance(module, nn.Linear) or is_conv1d(module):

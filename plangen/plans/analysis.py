@@ -55,6 +55,7 @@ from plangen.plans.recognize_mamba2 import Mamba2Block
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
 from plangen.plans.recognize_split import recognize_attention_called_alike
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
+from plangen.plans.recognize_conv_attention import recognize_conv_attention
 from plangen.plans.towers import analyze_towers, tower_kept_reason
 
 
@@ -303,7 +304,8 @@ def _analyze_layer(
             continue
         recognized = recognize_block(name, child, dims)
         if isinstance(recognized, KeptBlock):
-            recognized = recognize_packed_attention(child, dims) or recognize_bucketed_attention(child, dims) or recognized
+            recognized = (recognize_packed_attention(child, dims) or recognize_bucketed_attention(child, dims)
+                          or recognize_conv_attention(child, dims) or recognized)
         wrapped = recognize_wrapped_attention(child, dims) if isinstance(recognized, KeptBlock) else None
         if isinstance(wrapped, tuple) and per_head_input is None:
             inner, block = wrapped

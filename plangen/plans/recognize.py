@@ -39,6 +39,8 @@ from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attenti
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
+from plangen.attention_styles import short_conv_only
+from plangen.plans.recognize_moe_parts import is_router, packed_shared_children, router_rows, takes_routing
 from plangen.plans.recognize_recurrent import recognize_recurrent_block
 from plangen.plans.recognize_short_conv import recognize_short_conv
 from plangen.plans.split_source import read_fed_from
@@ -99,6 +101,11 @@ class ShardedBlock:
     # Linears from all KV heads' values to one value per KV head (Doge's dynamic-mask dt_proj):
     # row-parallel, the partial sums reduce-scattered to this rank's heads.
     head_gates: tuple[str, ...] = ()
+    # Short convs on a projection's heads (Inkling's k/v, plangen.plans.recognize_conv_attention):
+    # their channels split with the heads (ConvChannelsParallel); children every local head reads
+    # (its relative-logits bank): replicated, their gradient summed over TP (AllReduceParamGrads).
+    conv_children: tuple[str, ...] = ()
+    shared_children: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -250,7 +257,7 @@ def recognize_attention(
             "its forward shapes the heads' output by the input's own width (unpacked from the input's size), "
             "which is all heads' width, and reads its input otherwise too: a rank holding some heads cannot follow it",
         )
-    heads = _head_count_attributes(block, shapes, dims) if shapes is not None else ()
+    heads = head_count_attributes(block, shapes, dims) if shapes is not None else ()
     if heads and own:
         return KeptBlock(
             "attention",
@@ -265,7 +272,7 @@ def recognize_attention(
                         input_sharded=input_sharded, head_gates=head_gates)
 
 
-def _head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
+def head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
     """The integer attributes the forward shapes by that count all heads, or all heads' width.
 
     Without making them local, ``view(bsz, -1, self.num_heads, self.head_dim)`` of one rank's heads
@@ -391,20 +398,8 @@ class MoeBlock:
     # A norm the block applies to the summed branches and returns (A.X-K1's post_mlp_layernorm):
     # the partial sums are reduced into it rather than at the block's output.
     output_norm: str | None = None
-
-
-_ROUTING_ARGUMENTS = ({"top_k_index", "router_indices"}, {"top_k_weights", "routing_weights"})
-
-
-def _takes_routing(experts: nn.Module) -> bool:
-    """The experts' forward takes (hidden_states, top-k expert ids, top-k weights), as ExpertsParallel expects."""
-    import inspect
-
-    try:
-        names = [n for n in inspect.signature(type(experts).forward).parameters if n != "self"]
-    except (TypeError, ValueError):
-        return False
-    return len(names) >= 3 and all(names[i + 1] in allowed for i, allowed in enumerate(_ROUTING_ARGUMENTS))
+    # Shared experts packed as 3-D weights (Inkling's): each expert's intermediate split, partial sum out.
+    packed_shared: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -427,7 +422,7 @@ def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> Lay
     count = expert_count(experts)
     if not count:
         return None
-    if not hasattr(experts, "_is_expert_parallel") or not _takes_routing(experts):
+    if not hasattr(experts, "_is_expert_parallel") or not takes_routing(experts):
         return KeptBlock(
             "moe",
             f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
@@ -453,7 +448,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     if len(packed) > 1:
         return KeptBlock("moe", f"several experts modules ({', '.join(n for n, _ in packed)}) in one block")
     name, experts = packed[0]
-    if not hasattr(experts, "_is_expert_parallel") or not _takes_routing(experts):
+    if not hasattr(experts, "_is_expert_parallel") or not takes_routing(experts):
         return KeptBlock(
             "moe",
             f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
@@ -472,12 +467,13 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     routers: list[str] = []
     gates: list[str] = []
     output_norm: str | None = None
+    packed_shared = packed_shared_children(block, dims.hidden)
+    rows = router_rows(block, count, packed_shared)
     for child_name, child in block.named_children():
-        if child_name == name or not has_parameters(child):
+        if child_name in (name, *packed_shared) or not has_parameters(child):
             continue
-        # A router scores every expert for every token (an [experts, width] weight, perhaps a score
-        # bias beside it): it stays whole on every rank.
-        if any(p.dim() == 2 and p.shape[0] == count and p.shape[1] in widths for p in child.parameters()):
+        # A router scores every expert for every token: it stays whole on every rank.
+        if is_router(child, rows, widths):
             routers.append(child_name)
             continue
         if is_linear(child) and child.in_features == dims.hidden and child.out_features == 1:
@@ -494,7 +490,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
         return KeptBlock("moe", f"beside the experts: {why}")
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
-    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm)
+    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm, packed_shared=packed_shared)
 
 
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
@@ -530,6 +526,9 @@ def recognize_block(
         return mamba1 if isinstance(mamba1, Mamba1Block) else KeptBlock("mixer", mamba1)
     if (mamba2 := recognize_mamba2(block, dims.hidden)) is not None:
         return KeptBlock("mixer", mamba2) if isinstance(mamba2, str) else mamba2
+    if short_conv_only(block) is not None and short_conv_only(block).in_channels == dims.hidden:
+        return KeptBlock("other", "short convolution along the sequence, per feature of the whole hidden state: "
+                         "nothing to split over TP")
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",

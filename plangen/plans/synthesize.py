@@ -149,6 +149,12 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                  desired_input_kwarg_layouts=None, use_local_output=True), "mlp",
             "norm on the summed branches: their partial sums are all-reduced into it (one all-reduce of B·S·H)",
         ))
+    for name in block.packed_shared:
+        entries.append(PlanEntry(
+            f"{part.path}.{name}", "SharedExpertsParallel", dict(output_layouts=Partial()), "mlp",
+            "shared experts of 3-D weights: a slice of each one's intermediate per rank, partial sum out (reduced "
+            "by the block); their input's and per-token scales' gradients summed over TP",
+        ))
     for gate in block.gates:
         entries.append(PlanEntry(
             f"{part.path}.{gate}", "AllReduceOutputGrad", {}, "mlp",
@@ -322,6 +328,12 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 "single-valued parameters applied to this rank's slice only: their gradient is summed over TP",
             )
         )
+    for name in block.conv_children:
+        entries.append(PlanEntry(f"{part.path}.{name}", "ConvChannelsParallel", {}, group,
+                                 "short conv over a projection's heads: its channels split with them, no communication"))
+    for name in block.shared_children:
+        entries.append(PlanEntry(f"{part.path}.{name}", "AllReduceParamGrads", {}, group,
+                                 "read by every local head: replicated, its gradient summed over TP"))
     for name in block.projection_norms:
         entries.append(
             PlanEntry(
