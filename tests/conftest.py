@@ -38,9 +38,14 @@ def selected_cases(request, cases: dict[str, list[dict]], needs=None) -> dict[st
     A launch runs many cases (a launch costs seconds, a case a fraction of one), but the default
     run deselects the ``slow`` ones (and ``-k`` may deselect more): a test names the case it reads
     by its ``case_id`` parameter ("mesh/name"), or ``needs(test_name, params)`` names them."""
+    return cases_read_by(request.session.items, request.module, cases, needs)
+
+
+def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> dict[str, list[dict]]:
+    """:func:`selected_cases` from the session's items, before any test of ``module`` runs."""
     wanted: set[str] = set()
-    for item in request.session.items:
-        if item.module is not request.module:
+    for item in items:
+        if item.module is not module:
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "case_id" in params:
@@ -48,6 +53,52 @@ def selected_cases(request, cases: dict[str, list[dict]], needs=None) -> dict[st
         if needs is not None:
             wanted |= set(needs(item.originalname, params))
     return {mesh: [c for c in group if f"{mesh}/{c['name']}" in wanted] for mesh, group in cases.items()}
+
+
+# --- launches in the background ------------------------------------------------------------------
+# Most tests run in this one process on one core; the big four-rank launches would leave the
+# other idle for as long. A module that defines ``LAUNCH(items) -> (target, world_size, payload,
+# timeout)`` has its launch started when collection ends, and runs last (its tests wait for it):
+# the launch and the other tests share the two cores instead of taking turns.
+_STARTED: dict[str, tuple[tuple, object]] = {}
+
+
+def _launching(item) -> bool:
+    return callable(getattr(item.module, "LAUNCH", None))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=_launching)  # stable: each module's tests stay together, in their order
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    from plangen.launch import start_distributed
+
+    for module in dict.fromkeys(item.module for item in session.items if _launching(item)):
+        args = module.LAUNCH(session.items)
+        _STARTED[module.__name__] = (args, start_distributed(*args))
+
+
+def launched(request) -> list:
+    """The result of this module's ``LAUNCH``: the run started at collection, else one run now."""
+    from plangen.launch import run_distributed
+
+    args = request.module.LAUNCH(request.session.items)
+    started = _STARTED.pop(request.module.__name__, None)
+    if started is not None and started[0] == args:
+        return started[1].result()
+    if started is not None:
+        started[1].kill()
+    return run_distributed(*args)
+
+
+def pytest_sessionfinish(session):
+    for _, launch in _STARTED.values():  # never waited for (deselected at run time, or -x stopped first)
+        launch.kill()
+    _STARTED.clear()
 
 
 def slow_unless(ids, default) -> list:

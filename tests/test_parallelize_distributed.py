@@ -7,11 +7,12 @@ steps after which every parameter still agrees.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from conftest import selected_cases, slow_unless
+from conftest import cases_read_by, launched, slow_unless
 
-from plangen.launch import run_distributed
 
 TOL = 1e-5
 MULTIMODAL = [
@@ -172,11 +173,15 @@ def _needs(test: str, params: dict) -> list[str]:
     return []
 
 
+def LAUNCH(items) -> tuple:
+    # One launch for every selected case (a launch costs seconds, the cases fractions of one), started
+    # in the background at collection (conftest); its time limit allows for sharing the cores meanwhile.
+    return "tests/distributed/cases.py:run_cases", 4, cases_read_by(items, sys.modules[__name__], CASES, _needs), 1200
+
+
 @pytest.fixture(scope="module")
 def results(request) -> dict:
-    # One launch for every selected case: a launch costs seconds, the cases fractions of one.
-    cases = selected_cases(request, CASES, _needs)
-    return run_distributed("tests/distributed/cases.py:run_cases", 4, cases, timeout=480)
+    return launched(request)
 
 
 BF16 = [c for c in CASE_IDS if "bf16" in c]

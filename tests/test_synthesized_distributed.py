@@ -15,11 +15,12 @@ reads) must agree.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from conftest import selected_cases, slow_unless
+from conftest import cases_read_by, launched, slow_unless
 
-from plangen.launch import run_distributed
 
 CLASSES = {
     # model_type: (class, tied embeddings)
@@ -224,9 +225,15 @@ def _needs(test: str, params: dict) -> list[str]:
     return []
 
 
+def LAUNCH(items) -> tuple:
+    # One launch for every selected case, started in the background at collection (conftest). Its
+    # time limit allows for sharing the cores with the other tests meanwhile.
+    return "tests/distributed/cases.py:run_cases", 4, cases_read_by(items, sys.modules[__name__], CASES, _needs), 1200
+
+
 @pytest.fixture(scope="module")
 def results(request) -> list[dict]:
-    return run_distributed("tests/distributed/cases.py:run_cases", 4, selected_cases(request, CASES, _needs), timeout=450)
+    return launched(request)
 
 
 @pytest.mark.distributed
