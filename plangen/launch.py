@@ -47,29 +47,38 @@ class Launch:
         (self._out / "payload.json").write_text(json.dumps(payload))
         cmd = [sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout)]
         self._deadline = time.monotonic() + timeout + 30  # the launcher's own deadline comes first
-        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # The ranks' output goes to a file: a pipe nobody reads until result() would fill and block them.
+        self._log = open(self._out / "launch.log", "w+")
+        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+
+    def finished(self) -> bool:
+        return self._proc.poll() is not None
 
     def result(self) -> list[Any]:
         try:
             return self._collect()
         finally:
+            self._log.close()
             self._tmp.cleanup()
 
     def kill(self) -> None:
         """End the run whole (a launch nobody waits for must not outlive its caller)."""
         if self._proc.poll() is None:
             os.killpg(self._proc.pid, signal.SIGKILL)
-            self._proc.communicate()
+            self._proc.wait()
+        self._log.close()
         self._tmp.cleanup()
 
     def _collect(self) -> list[Any]:
         target, out, proc = self.target, self._out, self._proc
         try:
-            log, _ = proc.communicate(timeout=max(self._deadline - time.monotonic(), 1.0))
+            proc.wait(timeout=max(self._deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            log, _ = proc.communicate()
+            proc.wait()
             raise DistributedRunError(f"{target}: no result after {self.timeout:.0f} s; all ranks killed") from None
+        self._log.seek(0)
+        log = self._log.read()
         # A killed rank first: the others' errors (a peer's connection reset) follow from it.
         errors = sorted(out.glob("rank*.killed")) + sorted(out.glob("rank*.err"))
         if errors:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from plangen.launch import DistributedRunError, run_distributed, start_distribut
 def rank_and_payload(payload):
     import torch.distributed as dist
 
+    print("x" * 100_000, flush=True)  # more than a pipe holds (64 KiB)
     return [dist.get_rank(), payload]
 
 
@@ -25,8 +27,13 @@ def rank_one_killed(payload):
     return dist.get_rank()
 
 
-def test_a_background_launch_returns_each_ranks_result_in_order():
+def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_result_in_order():
     launch = start_distributed(f"{__file__}:rank_and_payload", 2, {"x": 1}, timeout=120)
+    # Nobody reads its output meanwhile (the tests before a launching module run): it still ends.
+    deadline = time.monotonic() + 90
+    while not launch.finished() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert launch.finished(), "the launch blocked on its own output"
     assert launch.result() == [[0, {"x": 1}], [1, {"x": 1}]]
 
 
