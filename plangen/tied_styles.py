@@ -271,7 +271,9 @@ class _RowReads(TorchFunctionMode):
         local = weight.to_local()
         start = vocab_shard_start(vocab, self.mesh)
         held = start <= row < start + local.shape[0]
-        part = local[row - start] if held else local.new_zeros(local.shape[1:])
+        # A zero row that takes part in autograd too: every rank then runs the same backward, and a
+        # collective in it (the row meeting a sequence-sharded DTensor under SP) is issued by all.
+        part = local[row - start] if held else local.new_zeros(local.shape[1:]).requires_grad_(local.requires_grad)
         from plangen.tp_sums import SumOverMesh  # one all-reduce forward, the gradient as it is back
 
         whole = SumOverMesh.apply(part, self.mesh.get_group())
