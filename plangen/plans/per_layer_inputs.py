@@ -41,8 +41,10 @@ def find_per_layer_inputs(model: nn.Module, layers_path: str, layers: nn.ModuleL
     owner = model.get_submodule(owner_path) if owner_path else model
     prefix = f"{owner_path}." if owner_path else ""
     count = len(layers)
+    get_in = getattr(model, "get_input_embeddings", None)
+    token_embedding = get_in() if callable(get_in) else None
     tables = [(n, c) for n, c in owner.named_children()
-              if isinstance(c, nn.Embedding) and c.embedding_dim % count == 0 and c.embedding_dim != dims.hidden]
+              if isinstance(c, nn.Embedding) and c is not token_embedding and c.embedding_dim % count == 0]
     if len(tables) != 1 or not all(_KEYWORD in inspect.signature(type(layer).forward).parameters for layer in layers):
         return None
     table, width = tables[0][0], tables[0][1].embedding_dim
