@@ -186,13 +186,19 @@ class ExpertsParallel(ParallelStyle):
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce) and returns a
     plain tensor; ``Partial()`` returns the local partial sum, for a block-level style that reduces
     it once together with other partial outputs (shared experts) or reduce-scatters it (SP).
+    ``use_local_output=False`` (with ``Partial()``) returns it as a ``Partial`` DTensor instead, for
+    experts the layer calls itself: whatever takes their output next redistributes it (Gemma 4's
+    norm on it, ``SequenceParallel`` under SP: one reduce-scatter into the sequence shards).
     """
 
-    def __init__(self, *, output_layouts: Placement | None = None) -> None:
+    def __init__(self, *, output_layouts: Placement | None = None, use_local_output: bool = True) -> None:
         super().__init__()
         self.output_layouts = output_layouts if output_layouts is not None else Replicate()
+        self.use_local_output = use_local_output
         if not isinstance(self.output_layouts, (Replicate, Partial)):
             raise ValueError(f"ExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}")
+        if not use_local_output and not isinstance(self.output_layouts, Partial):
+            raise ValueError("ExpertsParallel: use_local_output=False needs output_layouts=Partial()")
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         experts = expert_count(module)
@@ -251,7 +257,7 @@ class ExpertsParallel(ParallelStyle):
             mod._parameters.update(swapped)  # type: ignore[arg-type]
             swapped.clear()
             if isinstance(self.output_layouts, Partial):
-                return output
+                return output if self.use_local_output else DTensor.from_local(output, device_mesh, (Partial(),), run_check=False)
             return SumOverMesh.apply(output, device_mesh.get_group())
 
         module.register_forward_pre_hook(prepare, with_kwargs=True)
@@ -260,7 +266,8 @@ class ExpertsParallel(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(output_layouts={self.output_layouts})"
+        local = "" if self.use_local_output else ", use_local_output=False"
+        return f"{type(self).__name__}(output_layouts={self.output_layouts}{local})"
 
 
 def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[str, int]) -> None:

@@ -209,6 +209,12 @@ class EmbeddingRowReadParallel(ParallelStyle):
     one term is not zero); its gradient flows back to the holding rank's shard. Nothing else in the
     forward is touched; any other read of that weight's values fails with the module's name rather
     than meeting plain tensors as a DTensor deep inside it.
+
+    Under sequence parallelism the module then mixes that row with the embedding's sequence-sharded
+    output (``torch.where(mask[..., None], row, inputs_embeds)``, where ``mask`` marks multimodal
+    placeholders): a ``torch.where`` of DTensors and plain tensors takes the plain ones, the same
+    on every rank in the module's forward (the row read whole, masks of the whole input), as
+    ``Replicate`` DTensors, so each rank keeps its own sequence shard (no communication).
     """
 
     def __init__(self, *, embedding: str) -> None:
@@ -245,9 +251,12 @@ class _RowReads(TorchFunctionMode):
         self.table, self.mesh, self.what = table, mesh, what
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is torch.where and any(isinstance(a, DTensor) for a in args):
+            return func(*(self._replicated(a) for a in args), **kwargs)
         weight = self.table._parameters.get("weight")
         if func is not torch.Tensor.__getitem__ or not args or args[0] is not weight or not isinstance(weight, DTensor):
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
         key = args[1] if isinstance(args[1], tuple) else (args[1],)
         row = key[0]
         if isinstance(row, torch.Tensor) and row.dim() == 0 and not row.is_floating_point():
@@ -262,8 +271,15 @@ class _RowReads(TorchFunctionMode):
         local = weight.to_local()
         start = vocab_shard_start(vocab, self.mesh)
         held = start <= row < start + local.shape[0]
-        part = local[row - start] if held else local.new_zeros(local.shape[1:])
+        # A zero row that takes part in autograd too: every rank then runs the same backward, and a
+        # collective in it (the row meeting a sequence-sharded DTensor under SP) is issued by all.
+        part = local[row - start] if held else local.new_zeros(local.shape[1:]).requires_grad_(local.requires_grad)
         from plangen.tp_sums import SumOverMesh  # one all-reduce forward, the gradient as it is back
 
         whole = SumOverMesh.apply(part, self.mesh.get_group())
         return whole[key[1:]] if len(key) > 1 else whole
+
+    def _replicated(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+            return DTensor.from_local(value, self.mesh, (Replicate(),), run_check=False)
+        return value

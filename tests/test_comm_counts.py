@@ -201,6 +201,40 @@ def test_gemma4_moe_layer_reduces_its_experts_like_a_third_row_parallel_block(fa
     assert sorted(size for _, size in backward_step.records) == sorted([bsh] * (3 * 2 + 1) + [bsk] * 2)  # + the head's
 
 
+def test_gemma4_moe_layer_under_sp_reduce_scatters_its_experts_into_the_sequence_shards(fake_pg):
+    """Under SP (plans/layer_experts.py) the experts' partial sum is reduce-scattered by the norm on it,
+    as a row-parallel MLP's is: forward, per layer, the attention's, the MLP's and the experts' three
+    reduce-scatters, and four all-gathers of B·S·H (the attention's and the MLP's inputs, and the
+    flattened residual for the router and for the experts' input norm, which compute on every token
+    as without SP). Backward: the three blocks' output gradients gathered, the attention's and the
+    MLP's input gradients reduce-scattered, the experts' input and routing weights' all-reduced."""
+    forward, backward, _, _ = per_layer("gemma4-moe", True, source="synthesized")
+    assert forward == {AG: 4, RS: 3}
+    assert backward == {AG: 3, RS: 2, AR: 2}
+    config, _, forward_step, backward_step = run_step("gemma4-moe", 2, True, source="synthesized")
+    bsh, bsk = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.top_k_experts * 4
+    table = BATCH * SEQ * config.num_hidden_layers * config.hidden_size_per_layer_input * 4
+    # Reduce-scatters leave this rank half; the embedding's and the per-layer table's are the fixed ones.
+    assert sorted(forward_step.records) == sorted([(AG, bsh)] * (4 * 2 + 1) + [(RS, bsh // 2)] * (3 * 2 + 1) + [(RS, table // 2)])
+    assert sorted(backward_step.records) == sorted(
+        [(AG, bsh)] * (3 * 2 + 1) + [(AG, table)] + [(RS, bsh // 2)] * (2 * 2 + 1) + [("allreduce_", bsh), ("allreduce_", bsk)] * 2)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_gemma4_dense_layer_with_per_layer_inputs_costs_the_megatron_minimum(fake_pg, sequence_parallel):
+    """Gemma 4's dense form (E2B/E4B): the per-layer inputs (plans/per_layer_inputs.py) add nothing per
+    layer: their gate and projection stay whole (TP) or run on the sequence shard (SP). The per-layer
+    table is one more fixed reduction of B·S·L·P: an all-reduce, or under SP a reduce-scatter into the
+    sequence shards the layers take (and its gradient gathered back)."""
+    forward, backward, total_forward, total_backward = per_layer("gemma4-dense", sequence_parallel, source="synthesized")
+    if not sequence_parallel:
+        assert forward == {AR: 2} and backward == {AR: 2}
+        assert total_forward == {AR: 2 * 2 + 2} and total_backward == {AR: 2 * 2 + 1}
+    else:
+        assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2}
+        assert total_forward == {AG: 2 * 2 + 1, RS: 2 * 2 + 2} and total_backward == {AG: 2 * 2 + 2, RS: 2 * 2 + 1}
+
+
 def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
     """JetMoE (GroupedColwise/RowwiseParallel): per layer, forward one all-reduce of the routed tokens
     (B·S·k × H) after each output_linear (the attention experts' and the MLP experts'); backward the

@@ -74,11 +74,16 @@ def _cases():
         # 3 experts at TP 2: each expert's ffn rows split, the state dict still Hugging Face's.
         {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True},
         {"name": "dbrx-3-experts-sp", "model": "dbrx-3-experts", "sp": True},
-        # Gemma 4's MoE form, synthesized: experts the layer calls itself (no SP plan: Gemma 4 has none).
+        # Gemma 4's MoE form, synthesized: experts the layer calls itself; under SP their sum is
+        # reduce-scattered by the norm on it, each layer's per-layer input on the residual's shard.
         {"name": "gemma4-moe-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "state_dict": True},
-        # Gemma 4's multimodal class, synthesized: its forward reads the pad row of the vocab-parallel, tied embedding.
+        {"name": "gemma4-moe-sp-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "sp": True,
+         "state_dict": True},
+        # Gemma 4's multimodal class, synthesized: its forward reads the pad row of the vocab-parallel, tied
+        # embedding (under SP and mixes it into the sequence-sharded embedding with a torch.where).
         {"name": "gemma4-mm-tied-state-dict", "class": "Gemma4ForConditionalGeneration", "plan_kind": "synthesized",
          "state_dict": True},
+        {"name": "gemma4-mm-tied-sp", "class": "Gemma4ForConditionalGeneration", "plan_kind": "synthesized", "sp": True},
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [

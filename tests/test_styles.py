@@ -923,7 +923,37 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     (out * c).sum().backward()
     diffs["EmbeddingRowReadParallel/out"] = (out - reference(ids9)).abs().max().item()
     diffs["EmbeddingRowReadParallel/grad_weight"] = (full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
+    # Under SP the reader mixes the whole row into the sequence-sharded lookup with a torch.where of a
+    # plain mask (Gemma 4's placeholder tokens): the mask and the row taken as Replicate, exact both ways.
+    from torch.distributed.tensor import Shard
+
+    reference = _WheresRows(9)
+    ids9 = torch.tensor([[0, 4, 5, 8], [2, 5, 7, 1]])
+    c = torch.randn(2, 4, 4)
+    (reference(ids9) * c).sum().backward()
+    module = make_copy(reference)
+    lookup = dict(local_lookup=True, output_layouts=Shard(1), use_local_output=False)
+    parallelize_module(module, mesh, {"embed": build_style("TiedEmbeddingParallel", lookup),
+                                      "": EmbeddingRowReadParallel(embedding="embed")})
+    out = module(ids9)
+    diffs["EmbeddingRowReadParallel/sp/placement"] = float(tuple(out.placements) != (Shard(1),))
+    (out.full_tensor() * c).sum().backward()
+    diffs["EmbeddingRowReadParallel/sp/out"] = (out.full_tensor() - reference(ids9)).abs().max().item()
+    diffs["EmbeddingRowReadParallel/sp/grad_weight"] = (
+        full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
     return diffs
+
+
+class _WheresRows(nn.Module):
+    """Puts row 7 of its embedding's weight (rank 1's at TP 2) where the ids are 5, Gemma 4's way."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        row = self.embed.weight[7, :]
+        return torch.where((ids == 5)[..., None], row.view(1, 1, -1), self.embed(ids))
 
 
 class _ReadsRows(nn.Module):
@@ -1560,6 +1590,26 @@ def test_experts_the_tp_size_does_not_divide_split_each_experts_intermediate(tp_
     holder.experts = _tiny_experts("mixtral")
     parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel()})
     assert holder.experts._plangen_expert_layout == "experts" and holder.experts.num_experts == 4
+
+
+def test_experts_called_by_their_layer_under_sp_leave_their_sum_a_partial_dtensor(tp_mesh):
+    """ExpertsParallel(output_layouts=Partial(), use_local_output=False) (Gemma 4's MoE form under SP):
+    the local partial sum comes back as a Partial DTensor, for the norm after it to reduce-scatter;
+    asking for a DTensor of an already reduced output is refused."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.moe_styles import ExpertsParallel
+
+    holder = nn.Module()
+    holder.experts = _tiny_experts("mixtral")
+    parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel(output_layouts=Partial(), use_local_output=False)})
+    tokens = torch.randn(6, holder.experts.gate_up_proj.shape[-1])
+    index, weights = torch.tensor([[0, 3]] * 6), torch.full((6, 2), 0.5)
+    out = holder.experts(tokens, index, weights)
+    assert isinstance(out, DTensor) and out.placements == (Partial(),) and out.shape == tokens.shape
+    with pytest.raises(ValueError, match=r"use_local_output=False needs output_layouts=Partial\(\)"):
+        ExpertsParallel(output_layouts=Replicate(), use_local_output=False)
 
 
 def test_experts_that_neither_layout_fits_are_refused_naming_both(tp_mesh):

@@ -1237,6 +1237,29 @@ def test_gemma4_attention_is_sharded_in_every_layer_kind_and_its_per_layer_table
     assert not [r.pattern for r in build_synthesized_plan(model, False).replicated if "self_attn" in r.pattern]
 
 
+def test_gemma4_per_layer_inputs_stay_whole_under_tp_and_on_the_sequence_shard_under_sp():
+    """Gemma 4's per-layer inputs (plans/per_layer_inputs.py): without SP the projection and its norm
+    outside the layers stay whole with their reason and the table is all-reduced; under SP the
+    table is reduce-scattered into sequence shards, and the projection, its norm and each layer's
+    gate and projection run on the shard (SequenceParallel): no all-gather for them."""
+    model = meta("gemma4_text")
+    found = analyze_model(model).per_layer_inputs
+    assert found is not None and (found.table, found.projection, found.norm) == (
+        "model.embed_tokens_per_layer", "model.per_layer_model_projection", "model.per_layer_projection_norm")
+    assert found.layer_linears[:2] == ("model.layers.0.per_layer_input_gate", "model.layers.0.per_layer_projection")
+    plan = build_synthesized_plan(model, False)
+    assert "per token and small, whole on every rank" in why_of(plan, "model.per_layer_model_projection")
+    assert _entry(plan, "model.embed_tokens_per_layer").kwargs["output_layouts"] == Replicate()
+    sp = build_synthesized_plan(model, True)
+    table = _entry(sp, "model.embed_tokens_per_layer")
+    assert table.kwargs == dict(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+    for path in ("model.per_layer_model_projection", "model.per_layer_projection_norm",
+                 "model.layers.*.per_layer_input_gate", "model.layers.*.per_layer_projection"):
+        assert (_entry(sp, path).style, _entry(sp, path).kwargs) == (
+            "SequenceParallel", dict(sequence_dim=1, use_local_output=False))
+    assert "PrepareModuleInputOutput" not in styles_of(sp).values()
+
+
 def test_an_embedding_whose_rows_the_model_reads_itself_is_vocab_parallel_with_the_reader_styled():
     """Gemma 4's multimodal model takes the pad token's row of the token embedding's weight in its own
     forward: the embedding and its tied head are vocabulary-parallel, the reader gets
@@ -1271,14 +1294,21 @@ def test_an_embedding_whose_rows_the_model_reads_itself_is_vocab_parallel_with_t
     assert _entry(plan, "model").style == "EmbeddingRowReadParallel"
     assert _entry(plan, "model").kwargs == {"embedding": "language_model.embed_tokens"}
     assert "model.language_model.embed_tokens_per_layer" in styles_of(plan)
-    assert "mixes a row of the embedding's weight" in analyze_model(model).sp_problems[0]
+    # Under SP the reader's torch.where mixes the whole row with the sequence-sharded embedding
+    # (tied_styles._RowReads takes the row and the mask as Replicate DTensors): the same reader style.
+    assert not analyze_model(model).sp_problems
+    sp = build_synthesized_plan(model, True)
+    assert _entry(sp, "model").style == "EmbeddingRowReadParallel"
+    assert _entry(sp, "model.language_model.embed_tokens").kwargs["output_layouts"] == Shard(1)
 
 
 def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_output():
     """Gemma 4's MoE form (enable_moe_block, 26B-A4B): router and packed experts are children of the
     decoder layer, which normalises the experts' output: ExpertsParallel all-reduces it there, the
-    router stays whole with its reason, and SP is refused with the layer named (no block gathers
-    the sequence for the flattened routing)."""
+    router stays whole with its reason. Under SP the router and the experts' input norm (read from
+    the layer's forward) take the flattened residual whole, and the experts' sum is left a Partial
+    DTensor that the norm on it (SequenceParallel, as every norm) reduce-scatters."""
+    from plangen.plans.layer_experts import read_experts_norms
     from tiny_configs import build_tiny
 
     model = build_tiny("gemma4-moe")
@@ -1287,10 +1317,33 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     assert experts.style == "ExpertsParallel" and experts.kwargs == {"output_layouts": Replicate()}
     assert "routing stays exact" in why_of(plan, "model.layers.*.router")
     assert not [e for e in plan.entries if "router" in e.pattern]
-    assert any("Gemma4TextDecoderLayer routes its flattened hidden state to experts" in p
-               for p in analyze_model(model).sp_problems)
-    with pytest.raises(ValueError, match="no sequence-parallel synthesized plan"):
-        build_synthesized_plan(model, True)
+    layer = type(model.model.layers[0])
+    assert read_experts_norms(layer, "experts") == ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_2")
+    assert not analyze_model(model).sp_problems
+    sp = build_synthesized_plan(model, True)
+    assert _entry(sp, "model.layers.*.experts").kwargs == {"output_layouts": Partial(), "use_local_output": False}
+    whole = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
+                 desired_input_kwarg_layouts=None, use_local_output=True)
+    for name in ("router", "pre_feedforward_layernorm_2"):
+        assert (_entry(sp, f"model.layers.*.{name}").style, _entry(sp, f"model.layers.*.{name}").kwargs) == (
+            "PrepareModuleInput", whole)
+    assert styles_of(sp)["model.layers.*.post_feedforward_layernorm_2"] == "SequenceParallel"
+
+
+def test_experts_whose_output_no_norm_takes_are_refused_under_sequence_parallel():
+    """The reader follows the experts' input and output through names and reshapes only: a layer
+    adding their output straight to the residual has no norm to reduce-scatter it (and an input
+    normed inline is not read), so the analysis finds no SP layout for the layer."""
+    from plangen.plans.layer_experts import read_experts_norms
+
+    class Unnormed(nn.Module):
+        def forward(self, hidden_states):
+            flat = hidden_states.reshape(-1, 8)
+            weights, index = self.router(flat)
+            out = self.experts(self.norm(flat), index, weights)
+            return hidden_states + out.reshape(hidden_states.shape)
+
+    assert read_experts_norms(Unnormed, "experts") == (None, None)  # self.norm(...) inline, no norm after
 
 
 # --- gated-delta-net linear attention (plangen.plans.recognize_linear_attention) -------------------

@@ -108,6 +108,8 @@ CLASSES = {
     # KV grouping this rank's), and MLPs whose gate keeps a Gaussian top-k by statistics over the
     # whole intermediate (summed over TP: plangen.sparsity_styles). AltUp keeps it from SP.
     "gemma3n_text": ("Gemma3nForCausalLM", True),
+    # Gemma 4's per-layer inputs (table, projection, each layer's gate): under SP on the sequence shard.
+    "gemma4_text": ("Gemma4ForCausalLM", True),
     # Differential attention: heads paired i, i + H/2, so q/k/v in two halves (whole pairs per rank),
     # the lambdas replicated with their gradient summed over TP (plangen.attention_styles).
     "diffllama": ("DiffLlamaForCausalLM", False),

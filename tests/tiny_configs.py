@@ -40,6 +40,9 @@ TINY["gemma4-moe"] = dict(
     hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, layer_types=["sliding_attention", "full_attention"],
     sliding_window=8, global_head_dim=16, **COMMON,
 )
+# Gemma 4's dense form (E2B/E4B): the same layers and per-layer embeddings without the experts.
+TINY["gemma4-dense"] = {k: v for k, v in TINY["gemma4-moe"].items()
+                        if k not in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")}
 TINY["granite-1kv"] = dict(model_type="granite", **{**COMMON, "num_key_value_heads": 1})  # a synthesized plan
 # Falcon-40B's layout: packed q|k|v grouped by KV head, [q x heads/kv_heads; k; v] per group.
 TINY["falcon-gqa"] = dict(

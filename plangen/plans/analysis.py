@@ -14,7 +14,7 @@ whole sequence, see :class:`KeptPart`); anything else does not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from torch import nn
@@ -30,7 +30,9 @@ from plangen.plans.forward_source import (
 from plangen.plans.analysis_split import analyze_parent_of_split, analyze_split, split_blocks_by_child
 from plangen.plans.findings import BlockPart, Findings, KeptPart
 from plangen.plans.latent import latent_attention_entries
+from plangen.plans.layer_experts import read_experts_norms
 from plangen.plans.per_head_inputs import PerHeadInput
+from plangen.plans.per_layer_inputs import PerLayerInputs, find_per_layer_inputs
 from plangen.plans.recognize import (
     KeptBlock,
     LatentBlock,
@@ -97,6 +99,7 @@ class Analysis:
     # stack: plangen.plans.towers), sharded tensor-parallel only, and the paths of those stacks.
     tower_blocks: tuple[BlockPart, ...] = ()
     tower_stacks: tuple[str, ...] = ()
+    per_layer_inputs: PerLayerInputs | None = None  # Gemma 4's per-layer embeddings (plans/per_layer_inputs.py)
 
     @property
     def synthesizable(self) -> bool:
@@ -177,12 +180,9 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     reader = _weight_reader(model, paths[id(emb)]) if emb_ok else None
     if reader is not None and reader.rows_only and reader.path:
         # Rows only, by a module below the root: read whole from the sharded weight there
-        # (EmbeddingRowReadParallel on the reader; a plan names no style on the root).
+        # (EmbeddingRowReadParallel on the reader, which under SP also lets the row meet the
+        # sequence-sharded embedding in a torch.where; a plan names no style on the root).
         found.row_readers.append((reader.path, reader.embedding))
-        found.sp_problems.append(
-            f"{reader.cls}'s forward mixes a row of the embedding's weight with the embedding's output, which "
-            "sequence parallelism would leave sequence-sharded"
-        )
     elif reader is not None:
         found.keep(paths[id(emb)], f"{reader.cls}'s forward reads its weight itself (not rows alone), where a "
                    "vocabulary-sharded weight would meet the model's plain tensors", "embeddings")
@@ -281,14 +281,14 @@ def _analyze_layer(
     for name, _ in layer.named_children():
         experts = recognize_layer_experts(layer, name, dims)
         if isinstance(experts, LayerExpertsBlock):
-            found.blocks.append(BlockPart(f"{path}.{name}", experts, None))
+            before, after = read_experts_norms(type(layer), name)
+            found.blocks.append(BlockPart(f"{path}.{name}", replace(experts, input_norm=before), None))
             for router in experts.routers:
                 found.keep(f"{path}.{router}", "the router sees every token on every rank: routing stays exact", "mlp")
             in_flat |= {name, *experts.routers}
-            found.sp_problems.append(
-                f"{type(layer).__name__} routes its flattened hidden state to {name} itself, with no block to gather "
-                "the sequence for them"
-            )
+            if not all(n and is_per_feature(getattr(layer, n), dims.hidden) for n in (before, after)):
+                found.sp_problems.append(f"{type(layer).__name__} routes its flattened hidden state to {name} itself, "
+                                         "with no norm read on their input and output to gather and scatter the sequence")
     splits = split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
@@ -477,6 +477,9 @@ def analyze_model(model: nn.Module) -> Analysis:
         anchors.add(id(model.get_submodule(path)))
         if has_parameters(model.get_submodule(path)):
             found.keep(path, "position embedding added to the token embedding: a table, whole on every rank", "embeddings")
+    per_layer = find_per_layer_inputs(model, layers_path, layers, dims)
+    if per_layer is not None:
+        anchors |= {id(model.get_submodule(p)) for p in (per_layer.projection, per_layer.norm)}
     embedding_sum = _embedding_sum_problem(model, paths, ends.embedding, layers, dims)
     if embedding_sum is not None:
         found.sp_problems.insert(0, embedding_sum)
@@ -507,6 +510,7 @@ def analyze_model(model: nn.Module) -> Analysis:
         residual_parameters=tuple(found.residual_parameters),
         tower_blocks=tuple(towers.blocks),
         tower_stacks=tuple(stack.path for stack in towers.stacks),
+        per_layer_inputs=per_layer,
     )
 
 

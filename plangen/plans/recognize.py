@@ -412,6 +412,7 @@ class LayerExpertsBlock:
 
     routers: tuple[str, ...]
     kind: str = "moe"
+    input_norm: str | None = None  # the norm the layer applies before them (under SP it takes the whole sequence)
 
 
 def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> LayerExpertsBlock | KeptBlock | None:

@@ -43,6 +43,8 @@ from plangen.plans.forward_source import BlockCall
 from plangen.plans.bucketed import bucketed_attention_entries
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize_bucketed import BucketedAttentionBlock
+from plangen.plans.layer_experts import layer_experts_entries
+from plangen.plans.per_layer_inputs import per_layer_input_entries
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
@@ -239,8 +241,7 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if isinstance(part.block, MoeBlock):
         return _moe_entries(part, sp)
     if isinstance(part.block, LayerExpertsBlock):
-        return [PlanEntry(part.path, "ExpertsParallel", dict(output_layouts=Replicate()), "mlp",
-                          f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
+        return layer_experts_entries(part.path, part.block.routers, part.block.input_norm, sp)
     if isinstance(part.block, LatentBlock):
         return _latent_entries(part, sp)
     if isinstance(part.block, BucketedAttentionBlock):
@@ -370,12 +371,21 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
             f"its forward reads a row of {embedding}.weight itself: read whole from the vocab-parallel "
             "weight (one all-reduce of the hidden size)",
         ))
+    per_layer = analysis.per_layer_inputs
     for path, scaled in analysis.token_tables:
-        # Whole output on every rank, as the model hands it on (reshaped per layer, not sequence-sharded).
+        # Whole output on every rank, as the model hands it on (reshaped per layer), unless under SP
+        # the layers take it on their sequence shards (plans/per_layer_inputs.py).
         style = "ScaledEmbeddingParallel" if scaled else "RowwiseParallel"
-        why = "vocab-parallel table looked up by token outside the layers; all-reduced to its whole output"
-        entries.append(PlanEntry(path, style, dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
-                                 "embeddings", f"{why}; its own scale applied to the partial lookup first" if scaled else why))
+        sharded = sp and per_layer is not None and path == per_layer.table
+        why = "vocab-parallel table looked up by token outside the layers; " + (
+            "reduce-scattered into the sequence shards the layers take" if sharded else "all-reduced to its whole output")
+        layouts = dict(input_layouts=Replicate(), output_layouts=SEQ if sharded else Replicate(), use_local_output=not sharded)
+        entries.append(PlanEntry(path, style, layouts, "embeddings",
+                                 f"{why}; its own scale applied to the partial lookup first" if scaled else why))
+    if per_layer is not None:
+        more, kept = per_layer_input_entries(per_layer, sp)
+        entries += more
+        replicated += kept
     if sp:
         entries += [
             PlanEntry(
@@ -408,8 +418,15 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         )
     if sp:
         groups = {k.pattern: k.group for k in analysis.kept}
-        entries += [_gathered_entry(part, groups.get(part.path, "other")) for part in analysis.gathered]
+        on_shard = set(per_layer.layer_linears) if per_layer is not None else set()
+        entries += [_gathered_entry(part, groups.get(part.path, "other")) for part in analysis.gathered
+                    if part.path not in on_shard]
+    # Under SP the norm before experts the layer calls itself takes the whole sequence (plans/layer_experts.py).
+    whole = {f"{p.path.rpartition('.')[0]}.{p.block.input_norm}" for p in analysis.blocks
+             if isinstance(p.block, LayerExpertsBlock) and p.block.input_norm} if sp else set()
     for norm in analysis.norms:
+        if norm in whole:
+            continue
         if sp:
             entries.append(
                 PlanEntry(norm, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
