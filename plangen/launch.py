@@ -32,15 +32,17 @@ def run_distributed(target: str, world_size: int, payload: Any = None, timeout: 
     return start_distributed(target, world_size, payload, timeout).result()
 
 
-def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0) -> "Launch":
-    """Start ``target(payload)`` on ``world_size`` gloo ranks in the background; ``result()`` waits."""
-    return Launch(target, world_size, payload, timeout)
+def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *, nice: int = 0) -> "Launch":
+    """Start ``target(payload)`` on ``world_size`` gloo ranks in the background; ``result()`` waits.
+
+    ``nice`` lowers the ranks' priority: work in the foreground keeps its core, the ranks take the rest."""
+    return Launch(target, world_size, payload, timeout, nice=nice)
 
 
 class Launch:
     """A run on gloo ranks, started at construction; ``result()`` is each rank's result, in order."""
 
-    def __init__(self, target: str, world_size: int, payload: Any, timeout: float) -> None:
+    def __init__(self, target: str, world_size: int, payload: Any, timeout: float, *, nice: int = 0) -> None:
         self.target, self.world_size, self.timeout = target, world_size, timeout
         self._tmp = tempfile.TemporaryDirectory(prefix="plangen-run-")
         self._out = Path(self._tmp.name)
@@ -49,7 +51,8 @@ class Launch:
         self._deadline = time.monotonic() + timeout + 30  # the launcher's own deadline comes first
         # The ranks' output goes to a file: a pipe nobody reads until result() would fill and block them.
         self._log = open(self._out / "launch.log", "w+")
-        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=self._log, stderr=subprocess.STDOUT, text=True,
+                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
     def finished(self) -> bool:
         return self._proc.poll() is not None

@@ -79,7 +79,8 @@ def pytest_collection_finish(session):
 
     for module in dict.fromkeys(item.module for item in session.items if _launching(item)):
         args = module.LAUNCH(session.items)
-        _STARTED[module.__name__] = (args, start_distributed(*args))
+        # Niced: the tests in this process keep a core; the ranks take the other and any idle time.
+        _STARTED[module.__name__] = (args, start_distributed(*args, nice=10))
 
 
 def launched(request) -> list:

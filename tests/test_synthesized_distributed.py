@@ -230,7 +230,7 @@ def _needs(test: str, params: dict) -> list[str]:
 def LAUNCH(items) -> tuple:
     # One launch for every selected case, started in the background at collection (conftest). Its
     # time limit allows for sharing the cores with the other tests meanwhile.
-    return "tests/distributed/cases.py:run_cases", 4, cases_read_by(items, sys.modules[__name__], CASES, _needs), 1200
+    return "tests/distributed/cases.py:run_cases", 4, cases_read_by(items, sys.modules[__name__], CASES, _needs), 1500
 
 
 @pytest.fixture(scope="module")
