@@ -32,17 +32,13 @@ def fake_pg():
     yield
 
 
-def selected_cases(request, cases: dict[str, list[dict]], needs=None) -> dict[str, list[dict]]:
-    """The cases (by mesh) that this module's selected tests read, for a launch that runs those only.
+def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> dict[str, list[dict]]:
+    """The cases (by mesh) that ``module``'s selected tests (among ``items``) read, for a launch that
+    runs those only, known before any of them runs.
 
     A launch runs many cases (a launch costs seconds, a case a fraction of one), but the default
     run deselects the ``slow`` ones (and ``-k`` may deselect more): a test names the case it reads
     by its ``case_id`` parameter ("mesh/name"), or ``needs(test_name, params)`` names them."""
-    return cases_read_by(request.session.items, request.module, cases, needs)
-
-
-def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> dict[str, list[dict]]:
-    """:func:`selected_cases` from the session's items, before any test of ``module`` runs."""
     wanted: set[str] = set()
     for item in items:
         if item.module is not module:
@@ -60,7 +56,7 @@ def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> di
 # other idle for as long. A module that defines ``LAUNCH(items) -> (target, world_size, payload,
 # timeout)`` has its launch started when collection ends, and runs last (its tests wait for it):
 # the launch and the other tests share the two cores instead of taking turns.
-_STARTED: dict[str, tuple[tuple, object]] = {}
+_STARTED: dict = {}  # module name -> plangen.launch.Launch
 
 
 def _launching(item) -> bool:
@@ -84,26 +80,20 @@ def pytest_collection_finish(session):
     from plangen.launch import start_distributed
 
     for module in dict.fromkeys(item.module for item in session.items if _launching(item)):
-        args = module.LAUNCH(session.items)
         # Niced: the tests in this process keep a core; the ranks take the other and any idle time.
-        _STARTED[module.__name__] = (args, start_distributed(*args, nice=10))
+        _STARTED[module.__name__] = start_distributed(*module.LAUNCH(session.items), nice=10)
 
 
 def launched(request) -> list:
     """The result of this module's ``LAUNCH``: the run started at collection, else one run now."""
     from plangen.launch import run_distributed
 
-    args = request.module.LAUNCH(request.session.items)
     started = _STARTED.pop(request.module.__name__, None)
-    if started is not None and started[0] == args:
-        return started[1].result()
-    if started is not None:
-        started[1].kill()
-    return run_distributed(*args)
+    return started.result() if started is not None else run_distributed(*request.module.LAUNCH(request.session.items))
 
 
 def pytest_sessionfinish(session):
-    for _, launch in _STARTED.values():  # never waited for (deselected at run time, or -x stopped first)
+    for launch in _STARTED.values():  # never waited for (deselected at run time, or -x stopped first)
         launch.kill()
     _STARTED.clear()
 
