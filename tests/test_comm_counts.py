@@ -103,8 +103,12 @@ SHARED_BACKWARD = {"qwen2_moe": 2}
 
 
 def _moe_payloads(name: str, sequence_parallel: bool):
+    return _moe_payloads_of(name, sequence_parallel)
+
+
+def _moe_payloads_of(name: str, sequence_parallel: bool, source: str = "hand-written"):
     """(forward, backward) collective names and byte sizes of a 2-layer step, and the sizes B·S·H, B·S·k."""
-    config, _, forward, backward = run_step(name, 2, sequence_parallel)
+    config, _, forward, backward = run_step(name, 2, sequence_parallel, source=source)
     return forward.records, backward.records, BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_experts_per_tok * 4
 
 
@@ -751,3 +755,15 @@ def test_inkling_layer_costs_its_attention_and_moe_blocks_at_their_minimum(fake_
     expected = [bsh] * (layers + 2 * moe_layers + 1) + bank  # + the head's input gradient
     expected += [bs * config.num_experts_per_tok] * moe_layers + [bs * config.n_shared_experts] * moe_layers
     assert sorted(size for _, size in backward_step.records) == sorted(expected)
+
+
+def test_zaya_layer_reduces_its_experts_once_and_its_routes(fake_pg):
+    """Zaya (synthesized): its attention (CCA: convolved q/k, delayed values) stays whole on every
+    rank, so only the MoE block communicates: forward one all-reduce of B·S·H (the experts' partial
+    sum), backward the experts' input gradient (B·S·H) and the routing weights' (B·S·k)."""
+    forward, backward, total_forward, total_backward = per_layer("zaya", False, source="synthesized")
+    assert forward == {AR: 1} and backward == {AR: 2}
+    assert total_forward == {AR: 2 + 1} and total_backward == {AR: 2 * 2 + 1}  # + the embedding's, the head's
+    fwd, bwd, bsh, bsk = _moe_payloads_of("zaya", False, source="synthesized")
+    assert sorted({size for _, size in fwd}) == [bsh]
+    assert {size for _, size in bwd} == {bsh, bsk}

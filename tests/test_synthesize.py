@@ -192,6 +192,23 @@ def test_routing_parameters_beside_the_experts_stay_whole_and_the_experts_are_sp
     assert any(p.endswith(".mlp.experts") and s == "ExpertsParallel" for p, s in styles.items()), styles
 
 
+def test_a_router_mlp_scoring_a_skip_expert_is_a_router_and_its_experts_are_split():
+    # Zaya: down_proj to a router state, an MLP, out_proj to experts + 1 classes (a skip expert); the
+    # router is whole on every rank, its convolutional attention too (the reason given), the experts split.
+    from plangen.plans.recognize_moe_parts import is_router
+
+    router = meta("zaya").model.layers[1].mlp.gate
+    rows, widths = {router.num_experts}, {router.hidden_size}
+    assert router.router_mlp.out_proj.out_features == router.num_experts + 1 and is_router(router, rows, widths)
+    shared_mlp = nn.Sequential(nn.Linear(router.hidden_size, 64), nn.Linear(64, router.hidden_size))
+    assert not is_router(shared_mlp, rows, widths)
+    plan = build_synthesized_plan(meta("zaya"), False)
+    assert styles_of(plan)["model.layers.*.mlp.experts"] == "ExpertsParallel"
+    kept = {r.pattern: r.why for r in plan.replicated}
+    assert "router sees every token" in kept["model.layers.*.mlp.gate"]
+    assert "state-space / linear-attention mixer" in kept["model.layers.*.self_attn"]
+
+
 @pytest.mark.parametrize(
     "model_type, why",
     [

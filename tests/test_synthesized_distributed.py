@@ -67,6 +67,10 @@ CLASSES = {
     # shared experts of 3-D weights split by their intermediate (SharedExpertsParallel), scaled per
     # token by the router; no SP (its normed embedding is not vocabulary-sharded).
     "inkling_text": ("InklingForCausalLM", False),
+    # A router MLP scoring the experts and a skip expert from a router state each layer hands the next
+    # (whole on every rank), top-1; its convolutional attention whole. No SP (its own residual-stream
+    # parameters outside any module).
+    "zaya": ("ZayaForCausalLM", True),
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
     # The BERT family as causal decoders: q/k/v and the projection back in sibling modules
     # (attention.self, attention.output), the MLP in intermediate/output, post-norms after the
@@ -134,7 +138,7 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", "inkling_text", "inkling",
+TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", "inkling_text", "inkling", "zaya",
            *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {

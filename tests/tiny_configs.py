@@ -189,6 +189,14 @@ TINY["inkling"] = dict(
     dense_mlp_idx=1,
 )
 
+# Zaya: a router MLP scoring 4 experts and a skip expert (no compute) from a 16-wide router state
+# that each layer hands the next; its convolutional attention (CCA) stays whole; top-1 (all ZAYA supports).
+TINY["zaya"] = dict(
+    model_type="zaya", vocab_size=128, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=1,
+    router_hidden_size=16, max_position_embeddings=64, use_cache=False,
+)
+
 # Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
 TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)
 # GPT-2-style Conv1D projections (weights [in, out]) and a fused c_attn of equal q, k, v; tied head.

@@ -50,8 +50,25 @@ def router_rows(block: nn.Module, experts: int, shared: tuple[str, ...]) -> set[
 
 
 def is_router(child: nn.Module, rows: set[int], widths: set[int]) -> bool:
-    """An ``[experts (+ shared), width]`` weight reading the hidden state (perhaps a score bias beside it)."""
-    return any(p.dim() == 2 and p.shape[0] in rows and p.shape[1] in widths for p in child.parameters())
+    """An ``[experts (+ shared), width]`` weight reading the hidden state (perhaps a score bias beside
+    it), or a router MLP: the hidden state projected down, then scored (Zaya's ``ZayaRouter``: an
+    ``[experts + 1, router width]`` scoring weight, the extra class a skip expert with no compute)."""
+    weights = [p.shape for p in child.parameters() if p.dim() == 2]
+    if any(rows_ in rows and width in widths for rows_, width in weights):
+        return True
+    inner = _widths_read_from(weights, widths)
+    scores = rows | {r + 1 for r in rows}
+    return bool(inner) and any(rows_ in scores and width in inner for rows_, width in weights)
+
+
+def _widths_read_from(weights: list, widths: set[int]) -> set[int]:
+    """Every width a chain of ``[out, in]`` weights reaches from the hidden state."""
+    reached: set[int] = set()
+    frontier = set(widths)
+    while frontier:
+        frontier = {out for out, width in weights if width in frontier} - reached
+        reached |= frontier
+    return reached
 
 
 __all__ = ["is_router", "packed_shared_children", "router_rows", "takes_routing"]
