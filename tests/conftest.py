@@ -52,11 +52,15 @@ def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> di
 
 
 # --- launches in the background ------------------------------------------------------------------
-# Most tests run in this one process on one core; the big four-rank launches would leave the
-# other idle for as long. A module that defines ``LAUNCH(items) -> (target, world_size, payload,
-# timeout)`` has its launch started when collection ends, and runs last (its tests wait for it):
-# the launch and the other tests share the two cores instead of taking turns.
-_STARTED: dict = {}  # module name -> plangen.launch.Launch
+# Most tests run in this one process on one core; the big multi-process runs would leave the other
+# idle for as long (or, run from a test, block this one). A module that defines ``LAUNCH(items)``
+# has its run started when collection ends, and runs last (its tests wait for it): the runs and the
+# other tests share the two cores instead of taking turns. ``LAUNCH`` returns the arguments of
+# ``plangen.launch.start_distributed`` (target, world_size, payload, timeout), a list of them (the
+# module's ``launched`` is then the list of their results), or a callable taking ``nice`` that starts
+# any other run and returns what has ``result()`` and ``kill()`` (``BackgroundCommand``).
+_STARTED: dict = {}  # module name -> what _start returned
+_NICE = 10  # the tests in this process keep a core; the runs take the other and any idle time
 
 
 def _launching(item) -> bool:
@@ -74,28 +78,80 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_order)  # stable: each module's tests stay together, in their order
 
 
+def _start(spec):
+    from plangen.launch import start_distributed
+
+    if isinstance(spec, list):
+        return [_start(one) for one in spec]
+    return spec(nice=_NICE) if callable(spec) else start_distributed(*spec, nice=_NICE)
+
+
+def _result(started):
+    return [_result(one) for one in started] if isinstance(started, list) else started.result()
+
+
+def _kill(started) -> None:
+    for one in started if isinstance(started, list) else [started]:
+        one.kill()
+
+
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
-    from plangen.launch import start_distributed
-
     for module in dict.fromkeys(item.module for item in session.items if _launching(item)):
-        # Niced: the tests in this process keep a core; the ranks take the other and any idle time.
-        _STARTED[module.__name__] = start_distributed(*module.LAUNCH(session.items), nice=10)
+        _STARTED[module.__name__] = _start(module.LAUNCH(session.items))
 
 
-def launched(request) -> list:
+def launched(request):
     """The result of this module's ``LAUNCH``: the run started at collection, else one run now."""
-    from plangen.launch import run_distributed
-
     started = _STARTED.pop(request.module.__name__, None)
-    return started.result() if started is not None else run_distributed(*request.module.LAUNCH(request.session.items))
+    return _result(started if started is not None else _start(request.module.LAUNCH(request.session.items)))
 
 
 def pytest_sessionfinish(session):
-    for launch in _STARTED.values():  # never waited for (deselected at run time, or -x stopped first)
-        launch.kill()
+    for started in _STARTED.values():  # never waited for (deselected at run time, or -x stopped first)
+        _kill(started)
     _STARTED.clear()
+
+
+class BackgroundCommand:
+    """A command run in the background (a CLI as a CI job runs it), its output kept in files:
+    ``result()`` waits and gives (exit code, stdout, stderr)."""
+
+    def __init__(self, argv: list[str], cwd: Path, timeout: float, *, nice: int = 0) -> None:
+        import os
+        import subprocess
+        import tempfile
+        import time
+
+        self.argv, self._deadline = argv, time.monotonic() + timeout
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self._proc = subprocess.Popen(argv, cwd=cwd, stdout=self._out, stderr=self._err, text=True,
+                                      start_new_session=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+
+    def result(self) -> tuple[int, str, str]:
+        import subprocess
+        import time
+
+        try:
+            self._proc.wait(timeout=max(self._deadline - time.monotonic(), 1.0))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"{' '.join(self.argv[:4])} ...: no result in time; killed") from None
+        outputs = []
+        for stream in (self._out, self._err):
+            stream.seek(0)
+            outputs.append(stream.read())
+            stream.close()
+        return self._proc.returncode, *outputs
+
+    def kill(self) -> None:
+        import os
+        import signal
+
+        if self._proc.poll() is None:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
 
 
 def slow_unless(ids, default) -> list:

@@ -1,24 +1,27 @@
 """Level 3 of ``plangen verify`` (``--run``): each plan applied for real on CPU (PG3xx).
 
 One ``verify --run`` covers every committed generated plan and every level-3 example, through the
-CLI: every generated plan passes all three levels at its TP size, each wrong example yields exactly
-its code at its line and column (the PG303 one kills a rank, and the run goes on past it), each
-right example nothing, and progress is reported as the run goes. A rank that hangs ends the run
-within the time limit.
+CLI in its own process (started in the background when collection ends: conftest's ``LAUNCH``):
+every generated plan passes all three levels at its TP size, each wrong example yields exactly its
+code at its line and column (the PG303 one kills a rank, and the run goes on past it), each right
+example nothing, and progress is reported as the run goes. A rank that hangs ends the run within
+the time limit.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import BackgroundCommand, launched
 from plangen.check import VerifyOptions, verify_plan_files
 from plangen.check.codes import CODES
-from plangen.cli import app
 
 pytestmark = pytest.mark.distributed
 
@@ -47,11 +50,8 @@ custom_parallel_plan = {
 """
 
 
-@pytest.fixture(scope="module")
-def verified(tmp_path_factory, monkeypatch_module):
-    """One ``plangen verify --run`` of everything: (exit code, findings by path, stderr, example paths)."""
-    monkeypatch_module.chdir(ROOT)  # generated plans by their relative paths, as a CI job gives them
-    folder = tmp_path_factory.mktemp("level3")
+def _write_examples(folder: Path) -> tuple[list[str], dict[tuple[str, str], str]]:
+    """Every level-3 example (and two more) as a file under ``folder``: (paths in order, path by kind)."""
     examples: dict[tuple[str, str], str] = {}
     for code in LEVEL3_CODES:
         for kind in ("wrong", "right"):
@@ -69,17 +69,33 @@ def verified(tmp_path_factory, monkeypatch_module):
     examples["custom", "wrong"] = str(custom)
     # The rank-killing example first: the files after it are still checked.
     order = [examples["PG303", "wrong"], *GENERATED, *(p for k, p in examples.items() if k != ("PG303", "wrong"))]
-    result = CliRunner().invoke(app, ["verify", "--run", "--timeout", "400", "--format", "json", *order])
-    findings: dict[str, list[tuple[str, int, int]]] = {}
-    for entry in json.loads(result.stdout):
-        findings.setdefault(entry["path"], []).append((entry["code"], entry["line"], entry["col"]))
-    return result.exit_code, findings, result.stderr, examples
+    return order, examples
+
+
+_EXAMPLES: dict = {}  # the folder and the example paths, for the fixture that reads the run
+
+
+def LAUNCH(items):
+    """One ``plangen verify --run`` of everything, as a CI job runs it (the CLI, from the repository
+    root: generated plans by their relative paths), started in the background at collection."""
+    if not any(item.module is sys.modules[__name__] and "verified" in item.fixturenames for item in items):
+        return []
+    folder = tempfile.TemporaryDirectory(prefix="plangen-level3-")
+    order, examples = _write_examples(Path(folder.name))
+    _EXAMPLES.update(folder=folder, examples=examples)
+    argv = [sys.executable, "-m", "plangen", "verify", "--run", "--timeout", "400", "--format", "json", *order]
+    # The time limit allows for sharing the cores with the other tests and launches meanwhile.
+    return functools.partial(BackgroundCommand, argv, ROOT, 1500)
 
 
 @pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
+def verified(request):
+    """The run's (exit code, findings by path, stderr, example paths)."""
+    exit_code, stdout, stderr = launched(request)
+    findings: dict[str, list[tuple[str, int, int]]] = {}
+    for entry in json.loads(stdout):
+        findings.setdefault(entry["path"], []).append((entry["code"], entry["line"], entry["col"]))
+    return exit_code, findings, stderr, _EXAMPLES["examples"]
 
 
 def test_exit_status_is_1_for_the_findings(verified):

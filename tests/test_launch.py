@@ -41,3 +41,17 @@ def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_r
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal():
     with pytest.raises(DistributedRunError, match=r"rank1 failed:\nrank 1 was killed by signal SIGKILL \(the kernel's out-of-memory"):
         run_distributed(f"{__file__}:rank_one_killed", 2, timeout=120)
+
+
+def test_a_background_command_gives_its_exit_code_and_both_streams_and_can_be_killed(tmp_path):
+    import sys
+
+    from conftest import BackgroundCommand
+
+    script = "import os, sys; print('x' * 100_000); print('err', os.nice(0), file=sys.stderr); sys.exit(3)"
+    code, out, err = BackgroundCommand([sys.executable, "-c", script], tmp_path, 60, nice=5).result()
+    assert (code, len(out), err) == (3, 100_001, f"err {os.nice(0) + 5}\n")  # output past a pipe's size, niced
+    hung = BackgroundCommand([sys.executable, "-c", "import time; time.sleep(600)"], tmp_path, 60)
+    began = time.monotonic()
+    hung.kill()
+    assert hung._proc.poll() is not None and time.monotonic() - began < 5

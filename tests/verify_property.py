@@ -255,21 +255,26 @@ def verify_case(plan_path: Path) -> list[str]:
     return sorted({d.code for d in report.diagnostics if d.severity == "error"})
 
 
-def run_truth(cases: list[dict[str, Any]], timeout: float = 600.0) -> dict[str, str | None]:
-    """Case id -> why the real run differs from the unsharded model (None: it matches): one gloo
-    launch of 2 ranks for the TP 1 and 2 cases, one of 4 for the TP 4 ones."""
-    from plangen.launch import run_distributed
-
-    truth: dict[str, str | None] = {}
+def truth_launches(cases: list[dict[str, Any]], timeout: float = 600.0) -> list[tuple]:
+    """The gloo launches that judge the real runs, as ``run_distributed`` arguments: one of 2 ranks
+    for the TP 1 and 2 cases, one of 4 for the TP 4 ones (prepared cases: their files written)."""
+    launches = []
     for world, sizes in ((2, (1, 2)), (4, (4,))):
         batch = [
             {"id": c["id"], "config": c["config_path"], "plan": c["plan_path"], "tp_size": c["tp_size"]}
             for c in cases if c["tp_size"] in sizes
         ]  # fmt: skip
-        if not batch:
-            continue
-        per_rank = run_distributed("tests/distributed/edit_cases.py:run_cases", world, {"cases": batch}, timeout=timeout)
-        for case in batch:
+        if batch:
+            launches.append(("tests/distributed/edit_cases.py:run_cases", world, {"cases": batch}, timeout))
+    return launches
+
+
+def truth_from(launches: list[tuple], results: list[list[dict]]) -> dict[str, str | None]:
+    """Case id -> why the real run differs from the unsharded model (None: it matches), from each
+    launch's per-rank results."""
+    truth: dict[str, str | None] = {}
+    for (_, _, payload, _), per_rank in zip(launches, results, strict=True):
+        for case in payload["cases"]:
             problems = [rank[case["id"]] for rank in per_rank if case["id"] in rank]
             assert problems, f"{case['id']}: no rank ran it"
             truth[case["id"]] = next((p for p in problems if p is not None), None)
@@ -283,15 +288,21 @@ def prepare_cases(cases: list[dict[str, Any]], folder: Path) -> None:
         case["plan_path"], case["config_path"] = str(plan_path), str(plan_path.parent / "config.json")
 
 
-def judge_cases(cases: list[dict[str, Any]], folder: Path, timeout: float = 600.0) -> list[dict[str, Any]]:
-    """Each case with its verdicts: ``codes`` (verify's errors) and ``problem`` (the run's, None: right)."""
-    prepare_cases(cases, folder)
+def judge_prepared(cases: list[dict[str, Any]], truth: dict[str, str | None]) -> list[dict[str, Any]]:
+    """Each prepared case with its verdicts: ``codes`` (verify's errors) and ``problem`` (the run's, None: right)."""
     for case in cases:
         case["codes"] = verify_case(Path(case["plan_path"]))
-    truth = run_truth(cases, timeout)
-    for case in cases:
         case["problem"] = truth[case["id"]]
     return cases
+
+
+def judge_cases(cases: list[dict[str, Any]], folder: Path, timeout: float = 600.0) -> list[dict[str, Any]]:
+    """:func:`judge_prepared` with the files written and the runs launched here, one after the other."""
+    from plangen.launch import run_distributed
+
+    prepare_cases(cases, folder)
+    launches = truth_launches(cases, timeout)
+    return judge_prepared(cases, truth_from(launches, [run_distributed(*launch) for launch in launches]))
 
 
 def false_cleans(cases: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
