@@ -160,7 +160,8 @@ TINY_CASES = {
 EAGER = {"xlstm-4h"}
 # Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
 PADDED = {"qwen3_5"}
-# Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts).
+# Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts):
+# under SP where the class has it (the same parameters: one case reads it for both).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
               "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
@@ -176,12 +177,12 @@ HEAD_GATE_REDUCE_SCATTERS = {"doge": 2, "prophetnet": 4}
 def _cases() -> list[dict]:
     return [
         {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"pad": True} if t in PADDED else {})}
+         **({"state_dict": True} if t in STATE_DICT and sp == (t not in TP_ONLY) else {}), **({"pad": True} if t in PADDED else {})}
         for t in CLASSES
         for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
         {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and not sp else {}), **({"attn": "eager"} if t in EAGER else {})}
+         **({"state_dict": True} if t in STATE_DICT and sp == (t not in TP_ONLY) else {}), **({"attn": "eager"} if t in EAGER else {})}
         for t in TINY_CASES
         for sp in ((False,) if t in TP_ONLY else (False, True))
     ] + [
@@ -200,12 +201,12 @@ CASES = {mesh: [*_cases(), GLOBAL_HEADS, *([GDN_STABLE] if mesh == "dp2tp2" else
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE)]
 
 
-# The default run: every class at DP 2 x TP 2 with sequence parallel (without it where it has none,
-# or where its case reads the state dict), and without SP a few of each kind; at TP 2 alone (no
-# FSDP2) a dense, a hybrid and a BART-family class. The rest repeats those plans' styles and is marked
-# slow (-m "slow or not slow"); the sweep (scripts/sweep_plans.py) checks every class all four ways.
+# The default run: every class at DP 2 x TP 2 with sequence parallel (without it where it has none),
+# and without SP a few of each kind; at TP 2 alone (no FSDP2) a dense, a hybrid and a BART-family
+# class. The rest repeats those plans' styles and is marked slow (-m "slow or not slow"); the sweep
+# (scripts/sweep_plans.py) checks every class all four ways.
 TP2_DEFAULT = {"olmo", "jamba", "bart"}
-SP_OFF_DEFAULT = STATE_DICT | TP_ONLY | {"olmo", "glm", "bart", "opt", "qwen3_5"}
+SP_OFF_DEFAULT = TP_ONLY | {"olmo", "glm", "bart", "opt", "qwen3_5"}
 
 
 def _in_default_run(case_id: str) -> bool:
@@ -219,11 +220,15 @@ def _in_default_run(case_id: str) -> bool:
 DEFAULT_IDS = {c for c in CASE_IDS if _in_default_run(c)}
 
 
+def _state_dict_case(model_type: str) -> str:
+    return f"dp2tp2/{model_type}{'' if model_type in TP_ONLY else '-sp'}"
+
+
 def _needs(test: str, params: dict) -> list[str]:
     if test == "test_the_check_runs_the_towers_it_shards":
         return [f"dp2tp2/{params['model_type']}"]
     if test == "test_packed_state_dict_is_the_hugging_face_one_at_dp2":
-        return [f"dp2tp2/{params['model_type']}"]
+        return [_state_dict_case(params["model_type"])]
     if test == "test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model":
         return [f"dp2tp2/{GDN_STABLE['name']}"]
     if test == "test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong":
@@ -283,7 +288,7 @@ def test_the_check_runs_the_towers_it_shards(results, model_type):
 @pytest.mark.parametrize("model_type", sorted(STATE_DICT))
 def test_packed_state_dict_is_the_hugging_face_one_at_dp2(results, model_type):
     for rank, per_case in enumerate(results):
-        sd = per_case[f"dp2tp2/{model_type}"]["state_dict"]
+        sd = per_case[_state_dict_case(model_type)]["state_dict"]
         assert sd == {"names": [], "shapes": [], "read": 0.0, "loaded": 0.0}, f"rank {rank}: {sd}"
 
 
