@@ -107,15 +107,6 @@ def _cases():
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
     # NeMo RL's runtime (parallelize_module, then fully_shard): gpt-oss's sinks style needs nothing else.
     moe.append({"name": "gpt_oss-bare-sp", "model": "gpt_oss", "sp": True, "attn": "eager", "bare": True})
-    # gpt-oss: attention sinks split with the heads come back as the [heads] tensor.
-    moe += [
-        {"name": f"{m}-state-dict", "model": m, "state_dict": True, "attn": ATTN.get(m, "sdpa")}
-        for m in ("qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4",
-                  "nemotron_h", "nemotron_h-1g")
-    ]
-    # Fused projections re-laid out for TP: the state dict still reads and loads Hugging Face's layout.
-    moe += [{"name": "phi3-state-dict" + ("-sp" if sp else ""), "model": "phi3", "sp": sp, "state_dict": True} for sp in (False, True)]
-    moe.append({"name": "gpt2-state-dict", "model": "gpt2", "state_dict": True})  # Conv1D [in, out], fused c_attn with bias
     cases += moe
     # Zamba2: Mamba2 mixers one level down in hybrid layers, the shared transformer (one module for both
     # hybrid layers, per-layer adapters) split by heads and features; under SP it gathers its input and
@@ -141,11 +132,23 @@ def _cases():
     # DBRX's 3 experts split by their ffn rows, with the full state dict.
     tp2_only = [{"name": "jetmoe-sp", "model": "jetmoe", "sp": True},
                 {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True}]
+    for case in cases:  # the same dicts in every mesh
+        if case["name"] in READS_STATE_DICT:
+            case["state_dict"] = True
     return {"tp2": cases + tp2_only + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
+
+
+# Cases that also read the full state dict (torch.distributed.checkpoint) and load the Hugging Face
+# weights back, checked beside their parity: gpt-oss's attention sinks split with the heads come
+# back as the [heads] tensor; Phi-3's fused projections re-laid out for TP (without and with SP) and
+# GPT-2's Conv1D [in, out] with its fused c_attn still read and load Hugging Face's layout.
+READS_STATE_DICT = {"qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4", "nemotron_h",
+                    "nemotron_h-1g", "phi3", "phi3-sp", "gpt2"}
 
 
 CASES = _cases()
 SP_OF = {f"{mesh}/{c['name']}": c.get("sp", False) for mesh, cases in CASES.items() for c in cases}
+READS_OF = {f"{mesh}/{c['name']}": c.get("state_dict", False) for mesh, cases in CASES.items() for c in cases}
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
 # The default run: every case at DP 2 x TP 2 (FSDP2 and TP together) and HSDP; at TP 2 alone the
 # bitwise cases and one of each kind (dense, SP, hybrid, MoE, latent attention, sinks).
@@ -212,7 +215,7 @@ MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in (*M
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if c.endswith("-state-dict")]))
+@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if READS_OF[c]]))
 def test_full_state_dict_is_the_hugging_face_one_both_ways(results, case_id):
     for per_case in results:
         sd = per_case[case_id]["state_dict"]
