@@ -192,6 +192,26 @@ def test_routing_parameters_beside_the_experts_stay_whole_and_the_experts_are_sp
     assert any(p.endswith(".mlp.experts") and s == "ExpertsParallel" for p, s in styles.items()), styles
 
 
+def test_an_mlp_with_its_own_single_value_stays_whole_saying_where_the_value_may_act():
+    # Inkling's dense MLP scales its reduced output by global_scale: summing that gradient over TP (as
+    # for a scale of the intermediate's slice) would be wrong, and the reader does not tell the two apart.
+    from plangen.plans.dims import ModelDims
+    from plangen.plans.recognize import recognize_mlp
+
+    class ScaledMlp(nn.Module):
+        def __init__(self, shape):
+            super().__init__()
+            self.up, self.down, self.scale = nn.Linear(8, 16), nn.Linear(16, 8), nn.Parameter(torch.ones(shape))
+
+        def forward(self, x):
+            return self.down(torch.relu(self.up(x))) * self.scale
+
+    dims = ModelDims(hidden=8, heads=2, kv_heads=2, head_dim=4, vocab=None, experts=None)
+    assert recognize_mlp(ScaledMlp(1), dims).why == (
+        "own parameters (scale): the reader does not follow whether they scale the intermediate's slice or the reduced output")
+    assert recognize_mlp(ScaledMlp(16), dims).why == "own parameters (scale): they see only a slice of the intermediate width"
+
+
 def test_a_router_mlp_scoring_a_skip_expert_is_a_router_and_its_experts_are_split():
     # Zaya: down_proj to a router state, an MLP, out_proj to experts + 1 classes (a skip expert); the
     # router is whole on every rank, its convolutional attention too (the reason given), the experts split.

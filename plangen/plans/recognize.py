@@ -318,9 +318,10 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     fused = ((packed[0], (1, 1)),) if packed and len(reading) == 1 else ()
     if (not fused and any(m.out_features != width for m in reading.values())) or len(others) != 1:
         return None
-    if own_parameters(block):
-        names = ", ".join(own_parameters(block))
-        return KeptBlock("mlp", f"own parameters ({names}) see only a slice of the intermediate width")
+    if own := own_parameters(block):  # a single value's gradient is summed over TP on a slice, not on the output
+        where = ("the reader does not follow whether they scale the intermediate's slice or the reduced output"
+                 if all(shape in ((), (1,)) for shape in own.values()) else "they see only a slice of the intermediate width")
+        return KeptBlock("mlp", f"own parameters ({', '.join(own)}): {where}")
     for name, child in block.named_children():
         if name not in reading and name != down and is_per_feature(child, width):
             return KeptBlock(
