@@ -293,6 +293,13 @@ def read_argument_chains(parent_cls: type) -> dict[str, tuple[str, ...]]:
     return {name: next(iter(c)) for name, c in found.items() if len(c) == 1}
 
 
+def read_fed_by(parent_cls: type, child: str) -> str | None:
+    """The child whose output ``parent_cls.forward`` hands ``child`` straight, at every call
+    (``self.o_proj(self.attn_sub_norm(x))``: ``attn_sub_norm``); None where it is anything else."""
+    fed = read_argument_chains(parent_cls).get(child, (_UNKNOWN,))[0]
+    return None if fed == _UNKNOWN else fed
+
+
 @lru_cache(maxsize=None)
 def read_added_children(parent_cls: type) -> frozenset[str]:
     """Children whose output ``parent_cls.forward`` adds to another value with ``+`` (BART's

@@ -18,6 +18,7 @@ from plangen.plans.forward_source import (
     read_applied_to,
     read_argument_chains,
     read_block_call,
+    read_fed_by,
     read_input_readers,
     read_returned_child,
 )
@@ -225,10 +226,12 @@ def recognize_attention(
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
+    # A norm over all heads' output, read straight by the row-parallel projection (BitNet's attn_sub_norm).
+    sub = read_fed_by(type(block), outputs[0]) if n * d == others[outputs[0]].in_features else None
     for norm in whole:
         # Sharded with its projection only when it is applied straight to that projection's output.
         projection = read_applied_to(type(block)).get(norm)
-        if projection not in reading or not is_per_feature(getattr(block, norm), reading[projection].out_features):
+        if norm != sub and not (projection in reading and is_per_feature(getattr(block, norm), reading[projection].out_features)):
             return KeptBlock(
                 "attention",
                 f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
@@ -248,7 +251,7 @@ def recognize_attention(
     wrapped = any("." in name for name in (*reading, *outputs))
     kv = tuple(
         name for name, m in reading.items() if m.out_features == k * d and name not in gates.names
-    ) if k < n and not whole and not wrapped else ()
+    ) if k < n and not set(whole) - {sub} and not wrapped else ()
     # TrOCR: handed this rank's slice of its input, the width it unpacks is its heads' width.
     input_sharded = shapes is not None and shapes.input_width
     if input_sharded and (kv or not read_input_only_sized_and_projected(type(block), frozenset(reading))):
@@ -319,24 +322,23 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     if (not fused and any(m.out_features != width for m in reading.values())) or len(others) != 1:
         return None
     if own_parameters(block):
-        names = ", ".join(own_parameters(block))
-        return KeptBlock("mlp", f"own parameters ({names}) see only a slice of the intermediate width")
+        return KeptBlock("mlp", f"own parameters ({', '.join(own_parameters(block))}) see only a slice of the intermediate width")
+    # BitNet's ffn_sub_norm, read straight by down: sharded with the slice, its statistics summed over TP.
+    norms = tuple(n for n, c in block.named_children() if n == read_fed_by(type(block), down) and is_per_feature(c, width))
     for name, child in block.named_children():
-        if name not in reading and name != down and is_per_feature(child, width):
-            return KeptBlock(
-                "mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it"
-            )
+        if name not in (*reading, down, *norms) and is_per_feature(child, width):
+            return KeptBlock("mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it")
     # An activation whose parameters are single values (Apertus' xIELU alpha_p, alpha_n): the same on
     # every slice of the intermediate, so it runs on this rank's slice, its gradient summed over TP.
     scalars = tuple(
         name for name, child in block.named_children()
         if name not in reading and name != down and has_parameters(child) and all(p.numel() == 1 for p in child.parameters())
     )
-    unknown = _unexpected_children(block, set(reading) | {down, *scalars})
+    unknown = _unexpected_children(block, set(reading) | {down, *scalars, *norms})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
-    gate_statistics = callable(getattr(type(block), "_gaussian_topk", None))
-    return ShardedBlock("mlp", tuple(reading), down, fused=fused, scalar_children=scalars, gate_statistics=gate_statistics)
+    return ShardedBlock("mlp", tuple(reading), down, projection_norms=norms, fused=fused, scalar_children=scalars,
+                        gate_statistics=callable(getattr(type(block), "_gaussian_topk", None)))
 
 
 def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:
