@@ -387,6 +387,15 @@ def test_whole_projection_norms_add_two_all_reduces_of_one_value_per_token_per_l
     assert [size for op, size in b2.records if op == AR and size == tokens] == [tokens] * 2 * 2
 
 
+def test_xlm_blocks_called_by_index_cost_the_megatron_minimum(fake_pg):
+    """XLM's layer i is attentions[i], ffns[i] and their norms, called by index from the model's loop
+    (plangen.plans.block_stacks): each block entered where the loop calls it, so its q/k/v (lin1) share
+    one input-gradient reduction; per layer two all-reduces each way, as Llama's."""
+    forward, backward, total_forward, total_backward = per_layer("xlm", False, source="synthesized")
+    assert forward == {AR: 2} and backward == {AR: 2}
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
+
+
 @pytest.mark.parametrize("name", ["llama", "gemma3", "phi3", "gpt2", "openai-gpt", "qwen2_moe"])
 def test_stable_variant_forward_only_gathers(fake_pg, name):
     """The stable variant (plangen.plans.variants): no cross-rank sum in a layer's forward. o_proj
