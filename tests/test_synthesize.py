@@ -155,6 +155,20 @@ def test_bitnets_norms_before_the_row_parallel_projections_are_sharded_with_thei
     assert styles["model.layers.*.self_attn.o_proj"] == styles["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
 
 
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_bitnets_quantised_linears_are_not_sharded(mode):
+    """A BitNet checkpoint loads with AutoBitLinear (its quantization_config): each scales by mean |W| and
+    each token's input absmax, which a shard does not hold (offline: silently wrong; online: a DTensor error)."""
+    from transformers.integrations.bitnet import replace_with_bitnet_linear
+    from transformers.utils.quantization_config import BitNetQuantConfig
+
+    model = meta("bitnet")
+    quantised = BitNetQuantConfig(linear_class="autobitlinear", quantization_mode=mode)
+    replace_with_bitnet_linear(model, modules_to_not_convert=["lm_head"], quantization_config=quantised)
+    with pytest.raises(ValueError, match="q_proj AutoBitLinear"):
+        build_synthesized_plan(model, False)
+
+
 class _OutputNormAttention(nn.Module):
     """A norm over all heads' output that o_proj does not read straight (it reads a sum)."""
 
