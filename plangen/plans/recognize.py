@@ -33,6 +33,7 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     read_dims,
     wrapped_linear,
 )
+from plangen.plans.recognize_einsum import einsum_heads_reason
 from plangen.plans.recognize_gated import read_output_gates
 from plangen.plans.shape_source import ShapeSizes, read_shape_sizes
 from plangen.plans.paired_source import read_paired_heads
@@ -540,11 +541,10 @@ def recognize_block(
         )
     if is_linear(block):
         return KeptBlock("other", f"linear {describe(name, block)} outside any recognised block")
-    parts = [
-        f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
-        for n, m in block.named_children()
-        if has_parameters(m)
-    ]
+    if (einsum := einsum_heads_reason(block, dims)) is not None:
+        return KeptBlock("attention", einsum)
+    parts = [f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
+             for n, m in block.named_children() if has_parameters(m)]
     linear_only = all(is_linear(m) for m in block.children() if has_parameters(m))
     note = "" if linear_only else "; torch's styles shard nn.Linear"
     return KeptBlock("other", f"not recognised as attention or MLP ({type(block).__name__}: {', '.join(parts)}{note})")
