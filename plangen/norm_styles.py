@@ -12,6 +12,11 @@ norm with its per-token statistics summed over TP:
   of that sum (each rank's outputs depend on every rank's features through it), one more;
 * LayerNorm: the sum and the sum of squares together, one all-reduce of 2·B·S values each way.
 
+BitNet's norms sit at the other end of a block, over the whole input of its row-parallel projection
+(``o_proj(attn_sub_norm(attn_output))`` over all heads, ``down_proj(ffn_sub_norm(act(gate) * up))``
+over the intermediate): each rank again holds a contiguous slice (its heads, or its part of
+the intermediate), and the same style applies.
+
 Every other gradient is local: the weight's (each rank owns its slice of it) and the input's
 through the reduced statistics, so nothing else is reduced. The module's own forward is the spec:
 :func:`resolve_norm_math` runs it once on random values and picks the formula it computes (RMS,

@@ -60,7 +60,9 @@ def test_rows_follow_the_plan_priority(listing):
     assert (phi4mm["plan"], phi4mm["sequence_parallel"], phi4mm["check"]) == ("hand-written", False, "passed")
     assert rows["GPT2LMHeadModel"]["plan"] == "hand-written"  # Conv1D styles, fused c_attn re-laid out
     xlm = rows["XLMWithLMHeadModel"]  # attentions, ffns and norms in parallel lists, no layer modules
-    assert xlm["plan"] == "none" and "outside any recognised block" in xlm["note"]
+    assert (xlm["plan"], xlm["sequence_parallel"], xlm["check"]) == ("synthesized", False, "passed")
+    xlnet = rows["XLNetLMHeadModel"]  # projections as [hidden, heads, head_dim] parameters, applied by einsum
+    assert xlnet["plan"] == "none" and "applied by einsum, not nn.Linear" in xlnet["note"]
     # CTRL scales the embedding's output in place, Git adds positions into it: the embedding's
     # style hands out a copy (RowwiseParallelOwnOutput), proven.
     for name in ("CTRLLMHeadModel", "GitForCausalLM"):
@@ -117,13 +119,13 @@ def test_no_sequence_parallel_proof_is_stale():
 
 
 def test_text_table_for_some_models():
-    result = CliRunner().invoke(app, ["list", "olmo", "llama", "xlm"])
+    result = CliRunner().invoke(app, ["list", "olmo", "llama", "xlnet"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "TP-sharded", "note"]
     assert lines[1].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
     assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
-    assert lines[3].split()[:3] == ["XLMWithLMHeadModel", "xlm", "none"]
+    assert lines[3].split()[:3] == ["XLNetLMHeadModel", "xlnet", "none"]
     assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 0 hf, 1 none; ")
     assert lines[-1].endswith("shard ≥ 95% of their parameters over TP")
 

@@ -370,23 +370,34 @@ def test_latent_attention_under_sequence_parallel_gathers_once_per_block(fake_pg
 
 
 # --- norms over the whole q/k projection (OLMo-2/3): two small all-reduces per layer each way ----
+# BitNet (synthesized): its attn_sub_norm over all heads' output before o_proj, and its ffn_sub_norm
+# over the intermediate before down_proj, cost the same two.
 
-PROJECTION_NORMS = ["olmo2", "olmo3"]
+PROJECTION_NORMS = {"olmo2": "hand-written", "olmo3": "hand-written", "bitnet": "synthesized"}
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 @pytest.mark.parametrize("name", PROJECTION_NORMS)
 def test_whole_projection_norms_add_two_all_reduces_of_one_value_per_token_per_layer(fake_pg, name, sequence_parallel):
-    """q_norm and k_norm sum their statistics over TP: one all-reduce of B·S values each, forward
+    """The two norms sum their statistics over TP: one all-reduce of B·S values each, forward
     (the sum of squares) and backward (its gradient); everything else is the Megatron minimum."""
-    forward, backward, total_forward, total_backward = per_layer(name, sequence_parallel)
+    forward, backward, total_forward, total_backward = per_layer(name, sequence_parallel, source=PROJECTION_NORMS[name])
     megatron = {AG: 2, RS: 2} if sequence_parallel else {AR: 2}
     assert forward == {**megatron, AR: megatron.get(AR, 0) + 2}
     assert backward == {**megatron, AR: megatron.get(AR, 0) + 2}
-    _, _, f2, b2 = run_step(name, 2, sequence_parallel)
+    _, _, f2, b2 = run_step(name, 2, sequence_parallel, source=PROJECTION_NORMS[name])
     tokens = BATCH * SEQ * 4  # one float32 per token
     assert [size for op, size in f2.records if op == AR and size == tokens] == [tokens] * 2 * 2
     assert [size for op, size in b2.records if op == AR and size == tokens] == [tokens] * 2 * 2
+
+
+def test_xlm_blocks_called_by_index_cost_the_megatron_minimum(fake_pg):
+    """XLM's layer i is attentions[i], ffns[i] and their norms, called by index from the model's loop
+    (plangen.plans.block_stacks): each block entered where the loop calls it, so its q/k/v (lin1) share
+    one input-gradient reduction; per layer two all-reduces each way, as Llama's."""
+    forward, backward, total_forward, total_backward = per_layer("xlm", False, source="synthesized")
+    assert forward == {AR: 2} and backward == {AR: 2}
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: 2 * 2 + 1}
 
 
 @pytest.mark.parametrize("name", ["llama", "gemma3", "phi3", "gpt2", "openai-gpt", "qwen2_moe"])

@@ -139,7 +139,11 @@ def test_matches_the_unsharded_norm_over_gloo():
     for rank, diffs in enumerate(results):
         assert set(diffs) >= {f"{n}/{w}" for n in _norms() for w in ("out", "grad_input", "grad_weight")}
         assert set(diffs) >= {f"gathered/{n}/{w}" for n in _norms() for w in ("out", "out_not_bitwise", "grad_weight")}
-        bad = {case: d for case, d in diffs.items() if d > 1e-6}
+        assert set(diffs) >= {f"bitnet_{b}/{w}" for b in ("attention", "mlp") for w in ("out", "grad_input", "grad_norm")}
+        # The test sees the norm's gradient reduction: without it the input and weight gradients are off.
+        controls = {case: d for case, d in diffs.items() if case.startswith("control/")}
+        assert len(controls) == 2 and min(controls.values()) > 1e-3, controls
+        bad = {case: d for case, d in diffs.items() if d > 1e-6 and case not in controls}
         assert not bad, f"rank {rank}: {bad}"
 
 
@@ -189,4 +193,74 @@ def gloo_worker(payload: Any) -> dict[str, float]:
         # A DTensor input sharded on the last dim comes back the same way.
         dt = DTensor.from_local(x.chunk(world, -1)[rank], mesh, (Shard(2),), run_check=False)
         diffs[f"{key}/dtensor"] = (holder.m(dt).full_tensor() - reference(x)).abs().max().item()
+    return {**diffs, **_bitnet_block_diffs(mesh, rank, world)}
+
+
+def _bitnet_block_diffs(mesh: Any, rank: int, world: int) -> dict[str, float]:
+    """BitNet's norms inside its blocks, as its synthesized plan shards them: attn_sub_norm on all heads'
+    output (q/k/v column-parallel, o_proj row-parallel after it), ffn_sub_norm on the intermediate
+    (gate/up column-parallel, down_proj after it). Output, input gradient and every parameter gradient
+    against the whole block; then once more with the norm's backward all-reduce skipped (``control/``)."""
+    import copy
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from transformers import BitNetConfig
+    from transformers.models.bitnet import modeling_bitnet as bitnet
+
+    from plangen import norm_styles
+
+    config = BitNetConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          num_hidden_layers=1, vocab_size=16)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    blocks = {
+        "attention": (bitnet.BitNetAttention(config, 0), "attn_sub_norm", ("q_proj", "k_proj", "v_proj"), "o_proj"),
+        "mlp": (bitnet.BitNetMLP(config), "ffn_sub_norm", ("gate_proj", "up_proj"), "down_proj"),
+    }
+    x = torch.randn(2, 5, 32)
+    c = torch.randn(2, 5, 32)
+    cos_sin = bitnet.BitNetRotaryEmbedding(config)(x, torch.arange(5)[None].expand(2, 5))
+    diffs: dict[str, float] = {}
+    for name, (reference, norm, colwise, rowwise) in blocks.items():
+        with torch.no_grad():
+            for p in reference.parameters():
+                p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+        sharded = copy.deepcopy(reference)
+        parallelize_module(sharded, mesh, {**{n: ColwiseParallel() for n in colwise},
+                                           norm: norm_styles.ShardedNormParallel(), rowwise: RowwiseParallel()})
+
+        def run(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+            x_in = x.clone().requires_grad_(True)
+            out = block(x_in, cos_sin, None)[0] if name == "attention" else block(x_in)
+            (out * c).sum().backward()
+            return out, x_in.grad
+
+        out_ref, grad_ref = run(reference)
+        out, grad = run(sharded)
+        diffs[f"bitnet_{name}/out"] = _relative(out, out_ref)
+        diffs[f"bitnet_{name}/grad_input"] = _relative(grad, grad_ref)
+        got = dict(sharded.named_parameters())
+        for pname, param in reference.named_parameters():
+            g = got[pname].grad
+            g = g.full_tensor() if isinstance(g, DTensor) else g
+            key = "grad_norm" if pname == f"{norm}.weight" else f"grad_{pname}"
+            diffs[f"bitnet_{name}/{key}"] = _relative(g, param.grad)
+        # The control: each rank's statistics' gradient left unsummed.
+        backward = norm_styles._SumOverTP.backward
+        norm_styles._SumOverTP.backward = staticmethod(lambda ctx, g: (g, None))
+        try:
+            sharded.zero_grad()
+            _, grad = run(sharded)
+        finally:
+            norm_styles._SumOverTP.backward = backward
+        # Off in the input's gradient and the projections' before it (the norm's own weight gradient,
+        # y times the output gradient, does not go through the statistics).
+        before = [_relative(got[f"{n}.weight"].grad.full_tensor(), getattr(reference, n).weight.grad) for n in colwise]
+        diffs[f"control/bitnet_{name}"] = min(_relative(grad, grad_ref), max(before))
     return diffs
+
+
+def _relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest difference, relative to the largest expected value (a block's values reach tens)."""
+    return ((got - expected).abs().max() / expected.abs().max()).item()

@@ -144,12 +144,99 @@ def test_whole_projection_norms_are_sharded_with_their_heads(model_type):
         assert styles["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
 
 
-def test_a_whole_projection_norm_not_applied_to_a_projection_keeps_attention_replicated():
-    """BitNet's attn_sub_norm spans all heads but normalises the attention output, not a projection's."""
-    from plangen.plans.analysis import analyze_model
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_bitnets_norms_before_the_row_parallel_projections_are_sharded_with_their_slices(sequence_parallel):
+    """attn_sub_norm (all heads' output, then o_proj) and ffn_sub_norm (the intermediate, then down_proj)."""
+    styles = styles_of(build_synthesized_plan(meta("bitnet"), sequence_parallel))
+    assert styles["model.layers.*.self_attn.attn_sub_norm"] == "ShardedNormParallel"
+    assert styles["model.layers.*.mlp.ffn_sub_norm"] == "ShardedNormParallel"
+    for path in ("self_attn.q_proj", "mlp.gate_proj", "mlp.up_proj"):
+        assert styles[f"model.layers.*.{path}"] == "ColwiseParallel"
+    assert styles["model.layers.*.self_attn.o_proj"] == styles["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
 
-    kept = {k.pattern: k.why for k in analyze_model(meta("bitnet")).kept}
-    assert "not applied straight to a column-parallel projection's output" in kept["model.layers.0.self_attn"]
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_bitnets_quantised_linears_are_not_sharded(mode):
+    """A BitNet checkpoint loads with AutoBitLinear (its quantization_config): each scales by mean |W| and
+    each token's input absmax, which a shard does not hold (offline: silently wrong; online: a DTensor error)."""
+    from transformers.integrations.bitnet import replace_with_bitnet_linear
+    from transformers.utils.quantization_config import BitNetQuantConfig
+
+    model = meta("bitnet")
+    quantised = BitNetQuantConfig(linear_class="autobitlinear", quantization_mode=mode)
+    replace_with_bitnet_linear(model, modules_to_not_convert=["lm_head"], quantization_config=quantised)
+    with pytest.raises(ValueError, match="q_proj AutoBitLinear"):
+        build_synthesized_plan(model, False)
+
+
+class _OutputNormAttention(nn.Module):
+    """A norm over all heads' output that o_proj does not read straight (it reads a sum)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(32, 32) for _ in range(4))
+        self.sub_norm = nn.LayerNorm(32)
+
+    def forward(self, hidden_states):
+        out = self.q_proj(hidden_states) * self.k_proj(hidden_states) + self.v_proj(hidden_states)
+        return self.o_proj(out + self.sub_norm(out))
+
+
+class _OutputNormStraight(_OutputNormAttention):
+    """BitNet's order: o_proj reads the norm's output."""
+
+    def forward(self, hidden_states):
+        out = self.q_proj(hidden_states) * self.k_proj(hidden_states) + self.v_proj(hidden_states)
+        return self.o_proj(self.sub_norm(out))
+
+
+class _IntermediateNormMLP(nn.Module):
+    """A norm over the whole intermediate, before the activation (not what down_proj reads straight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(32, 64), nn.Linear(32, 64)
+        self.down_proj = nn.Linear(64, 32)
+        self.sub_norm = nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.down_proj(torch.relu(self.sub_norm(self.gate_proj(x))) * self.up_proj(x))
+
+
+def test_a_whole_norm_not_read_straight_by_the_row_parallel_projection_keeps_the_block_replicated():
+    from plangen.plans.recognize import KeptBlock, ModelDims, ShardedBlock, recognize_attention, recognize_mlp
+
+    dims = ModelDims(hidden=32, heads=4, kv_heads=4, head_dim=8, vocab=None, experts=None)
+    straight = recognize_attention(_OutputNormStraight(), dims)
+    assert isinstance(straight, ShardedBlock) and straight.projection_norms == ("sub_norm",)
+    kept = recognize_attention(_OutputNormAttention(), dims)
+    assert isinstance(kept, KeptBlock) and "not applied straight to a column-parallel projection's output" in kept.why
+    mlp = recognize_mlp(_IntermediateNormMLP(), dims)
+    assert isinstance(mlp, KeptBlock) and "norm sub_norm spans the whole intermediate activation" in mlp.why
+
+
+def test_xlms_lists_of_blocks_are_sharded_where_its_loop_calls_them_by_index():
+    """XLM's layers are attentions[i], layer_norm1[i], ffns[i], layer_norm2[i] (plangen.plans.block_stacks)."""
+    from plangen.plans.block_stacks import read_indexed_call
+    from transformers.models.xlm.modeling_xlm import MultiHeadAttention, TransformerFFN, XLMModel
+
+    model = meta("xlm")
+    analysis = analyze_model(model)
+    assert analysis.layers_path == "transformer.attentions"
+    assert analysis.block_stacks == ("transformer.layer_norm1", "transformer.ffns", "transformer.layer_norm2")
+    assert {"transformer.layer_norm1.0", "transformer.layer_norm2.0"} <= set(analysis.norms)
+    plan = build_synthesized_plan(model, False)
+    attention = _entry(plan, "transformer.attentions.*")
+    assert (attention.style, attention.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("n_heads",))
+    assert styles_of(plan)["transformer.ffns.*"] == "PrepareModuleInput"
+    assert {p: styles_of(plan)[f"transformer.{p}"] for p in ("attentions.*.q_lin", "ffns.*.lin1", "ffns.*.lin2")} == {
+        "attentions.*.q_lin": "ColwiseParallel", "ffns.*.lin1": "ColwiseParallel", "ffns.*.lin2": "RowwiseParallel"}
+    assert read_indexed_call(XLMModel, "attentions", MultiHeadAttention) == BlockCall(2, None, 1)
+    assert read_indexed_call(XLMModel, "ffns", TransformerFFN) == BlockCall(1, None, 1)
+    # Its FFN's forward only hands ff_chunk to apply_chunking_to_forward: the readers are ff_chunk's.
+    assert read_input_readers(TransformerFFN) == {"lin1"}
+    with pytest.raises(ValueError, match="position_embeddings"):
+        build_synthesized_plan(model, True)
 
 
 def test_packed_gate_up_is_re_laid_out_and_packed_qkv_stays_replicated_with_the_reason():

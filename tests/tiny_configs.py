@@ -26,6 +26,11 @@ TINY = {
         layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=8, **COMMON,
     ),
 }
+# BitNet: RMSNorms over all heads' output (attn_sub_norm) and the intermediate (ffn_sub_norm), synthesized.
+TINY["bitnet"] = dict(model_type="bitnet", **COMMON)
+# XLM: its layers are lists of blocks (attentions[i], ffns[i], ...) that the model's loop calls by index.
+TINY["xlm"] = dict(model_type="xlm", vocab_size=128, emb_dim=32, n_heads=4, n_layers=2, causal=True,
+                   max_position_embeddings=32)  # under half the vocabulary: not a token table
 # One KV head (Gemma-3-1B's layout): TP 2 replicates it (plangen.kv_styles).
 TINY["gemma3-1kv"] = {**TINY["gemma3"], "num_key_value_heads": 1}
 TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}

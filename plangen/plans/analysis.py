@@ -27,6 +27,7 @@ from plangen.plans.forward_source import (
     read_weight_reads,
     read_weight_row_reads,
 )
+from plangen.plans.block_stacks import analyze_block_stacks, find_block_stacks
 from plangen.plans.analysis_split import analyze_parent_of_split, analyze_split, split_blocks_by_child
 from plangen.plans.findings import BlockPart, Findings, KeptPart
 from plangen.plans.latent import latent_attention_entries
@@ -58,7 +59,7 @@ from plangen.plans.recognize_recurrent import MultiHeadMixerBlock
 from plangen.plans.recognize_split import recognize_attention_called_alike
 from plangen.plans.recognize_packed import recognize_packed_attention, recognize_wrapped_attention
 from plangen.plans.recognize_conv_attention import recognize_conv_attention
-from plangen.plans.towers import analyze_towers, tower_kept_reason
+from plangen.plans.towers import Towers, analyze_towers, tower_kept_reason
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Analysis:
     tower_blocks: tuple[BlockPart, ...] = ()
     tower_stacks: tuple[str, ...] = ()
     per_layer_inputs: PerLayerInputs | None = None  # Gemma 4's per-layer embeddings (plans/per_layer_inputs.py)
+    block_stacks: tuple[str, ...] = ()  # lists of blocks beside layers_path, item i of each in layer i (XLM's)
 
     @property
     def synthesizable(self) -> bool:
@@ -466,11 +468,15 @@ def analyze_model(model: nn.Module) -> Analysis:
         return _failed(class_name, "no list of decoder layers found")
     layers_path, layers = stack
     per_head_input = _per_head_input(model, layers_path, dims)
-    for index, layer in enumerate(layers):
+    block_stacks = find_block_stacks(model, layers_path, layers, dims)  # XLM's lists of blocks, one per kind
+    if block_stacks:
+        analyze_block_stacks(model, block_stacks, dims, found)
+    for index, layer in enumerate(() if block_stacks else layers):
         _analyze_layer(layer, f"{layers_path}.{index}", layer_dims(model, dims, layer), found, per_head_input)
-    towers = analyze_towers(model, layers_path, dims, _analyze_layer)
+    # The lists of blocks beside XLM's attentions are its layers, not towers.
+    towers = Towers() if block_stacks else analyze_towers(model, layers_path, dims, _analyze_layer)
     found.kept += towers.kept
-    anchors = {id(layers)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    anchors = {id(model.get_submodule(p)) for p in (layers_path, *block_stacks)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
     anchors |= {id(model.get_submodule(stack.path)) for stack in towers.stacks}
     positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
     for path in positions:
@@ -511,6 +517,7 @@ def analyze_model(model: nn.Module) -> Analysis:
         tower_blocks=tuple(towers.blocks),
         tower_stacks=tuple(stack.path for stack in towers.stacks),
         per_layer_inputs=per_layer,
+        block_stacks=tuple(p for p in block_stacks if p != layers_path),
     )
 
 

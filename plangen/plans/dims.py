@@ -91,8 +91,18 @@ def has_parameters(module: nn.Module) -> bool:
 
 def is_linear(module: nn.Module) -> bool:
     # torch's Colwise/RowwiseParallel shard nn.Linear (and subclasses); GPT-2's Conv1D stores the
-    # weight transposed and is not one.
-    return isinstance(module, nn.Linear)
+    # weight transposed and is not one. Nor is BitNet's quantised AutoBitLinear (how its checkpoints
+    # load): it scales by statistics over the whole weight and each token's whole input, which a
+    # rank's shard does not hold (row-parallel, its logits came out as far off as they are large).
+    return isinstance(module, nn.Linear) and not _is_quantised_bitnet(module)
+
+
+def _is_quantised_bitnet(module: nn.Module) -> bool:
+    try:
+        from transformers.integrations.bitnet import AutoBitLinear
+    except ImportError:  # pragma: no cover - an older transformers without it
+        return False
+    return isinstance(module, AutoBitLinear)
 
 
 def is_per_feature(module: nn.Module, width: int) -> bool:
@@ -117,3 +127,11 @@ def describe(name: str, module: nn.Module) -> str:
     """``name (Class: param (shape), ...)``: how findings name a module."""
     shapes = ", ".join(f"{n} {tuple(s)}" for n, s in own_parameters(module).items())
     return f"{name} ({type(module).__name__}{': ' + shapes if shapes else ''})"
+
+
+def sequential_readers(block: nn.Module) -> frozenset[str] | None:
+    """An ``nn.Sequential`` applies its children in order: the first reads the input (CTRL's MLP)."""
+    if type(block) is not nn.Sequential:
+        return None
+    first = next((name for name, _ in block.named_children()), None)
+    return frozenset({first}) if first is not None else frozenset()

@@ -43,13 +43,9 @@ class BlockCall:
     outputs: int | None = 1
 
 
-@lru_cache(maxsize=None)
-def _forward_tree(cls: type) -> ast.FunctionDef | None:
-    forward = getattr(cls, "forward", None)
-    if forward is None:
-        return None
+def _parse(function: Any) -> ast.FunctionDef | None:
     try:
-        source = textwrap.dedent(inspect.getsource(forward))
+        source = textwrap.dedent(inspect.getsource(function))
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
@@ -57,10 +53,30 @@ def _forward_tree(cls: type) -> ast.FunctionDef | None:
     return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
+def _forward_function(cls: type) -> Any:
+    """``cls.forward``, or the method it only hands to ``apply_chunking_to_forward`` (XLM's
+    ``TransformerFFN.forward`` runs ``self.ff_chunk`` on its input, in chunks or whole): what it computes."""
+    forward = getattr(cls, "forward", None)
+    tree = _parse(forward) if forward is not None else None
+    body = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))] if tree else []
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "apply_chunking_to_forward"
+            and call.args and isinstance(call.args[0], ast.Attribute) and isinstance(call.args[0].value, ast.Name)
+            and call.args[0].value.id == "self" and callable(getattr(cls, call.args[0].attr, None))):
+        return getattr(cls, call.args[0].attr)
+    return forward
+
+
+@lru_cache(maxsize=None)
+def _forward_tree(cls: type) -> ast.FunctionDef | None:
+    forward = _forward_function(cls)
+    return _parse(forward) if forward is not None else None
+
+
 def _first_parameter(cls: type) -> str | None:
     """The name of ``forward``'s first argument after ``self`` (the hidden state, by convention)."""
     try:
-        params = list(inspect.signature(cls.forward).parameters.values())[1:]
+        params = list(inspect.signature(_forward_function(cls)).parameters.values())[1:]
     except (TypeError, ValueError):
         return None
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
@@ -291,6 +307,13 @@ def read_argument_chains(parent_cls: type) -> dict[str, tuple[str, ...]]:
 
     walk(tree.body, False)
     return {name: next(iter(c)) for name, c in found.items() if len(c) == 1}
+
+
+def read_fed_by(parent_cls: type, child: str) -> str | None:
+    """The child whose output ``parent_cls.forward`` hands ``child`` straight, at every call
+    (``self.o_proj(self.attn_sub_norm(x))``: ``attn_sub_norm``); None where it is anything else."""
+    fed = read_argument_chains(parent_cls).get(child, (_UNKNOWN,))[0]
+    return None if fed == _UNKNOWN else fed
 
 
 @lru_cache(maxsize=None)

@@ -18,6 +18,7 @@ from plangen.plans.forward_source import (
     read_applied_to,
     read_argument_chains,
     read_block_call,
+    read_fed_by,
     read_input_readers,
     read_returned_child,
 )
@@ -30,8 +31,10 @@ from plangen.plans.dims import (  # noqa: F401 - re-exported: the recognizers' s
     layer_dims,
     own_parameters,
     read_dims,
+    sequential_readers,
     wrapped_linear,
 )
+from plangen.plans.recognize_einsum import einsum_heads_reason
 from plangen.plans.recognize_gated import read_output_gates
 from plangen.plans.shape_source import ShapeSizes, read_shape_sizes
 from plangen.plans.paired_source import read_paired_heads
@@ -225,10 +228,12 @@ def recognize_attention(
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
+    # A norm over all heads' output, read straight by the row-parallel projection (BitNet's attn_sub_norm).
+    sub = read_fed_by(type(block), outputs[0]) if n * d == others[outputs[0]].in_features else None
     for norm in whole:
         # Sharded with its projection only when it is applied straight to that projection's output.
         projection = read_applied_to(type(block)).get(norm)
-        if projection not in reading or not is_per_feature(getattr(block, norm), reading[projection].out_features):
+        if norm != sub and not (projection in reading and is_per_feature(getattr(block, norm), reading[projection].out_features)):
             return KeptBlock(
                 "attention",
                 f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
@@ -248,7 +253,7 @@ def recognize_attention(
     wrapped = any("." in name for name in (*reading, *outputs))
     kv = tuple(
         name for name, m in reading.items() if m.out_features == k * d and name not in gates.names
-    ) if k < n and not whole and not wrapped else ()
+    ) if k < n and not set(whole) - {sub} and not wrapped else ()
     # TrOCR: handed this rank's slice of its input, the width it unpacks is its heads' width.
     input_sharded = shapes is not None and shapes.input_width
     if input_sharded and (kv or not read_input_only_sized_and_projected(type(block), frozenset(reading))):
@@ -293,17 +298,9 @@ def head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims)
     return tuple(found)
 
 
-def _sequential_readers(block: nn.Module) -> frozenset[str] | None:
-    """An ``nn.Sequential`` applies its children in order: the first reads the input (CTRL's MLP)."""
-    if type(block) is not nn.Sequential:
-        return None
-    first = next((name for name, _ in block.named_children()), None)
-    return frozenset({first}) if first is not None else frozenset()
-
-
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
     """A dense MLP (up [and gate] → elementwise → down): shard the intermediate width, or say why not."""
-    split = _split_by_reading(block, _sequential_readers(block))
+    split = _split_by_reading(block, sequential_readers(block))
     if split is None:
         return None
     reading, others = split
@@ -318,26 +315,26 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     fused = ((packed[0], (1, 1)),) if packed and len(reading) == 1 else ()
     if (not fused and any(m.out_features != width for m in reading.values())) or len(others) != 1:
         return None
-    if own := own_parameters(block):  # a single value's gradient is summed over TP on a slice, not on the output
-        where = ("the reader does not follow whether they scale the intermediate's slice or the reduced output"
-                 if all(shape in ((), (1,)) for shape in own.values()) else "they see only a slice of the intermediate width")
+    if own := own_parameters(block):  # one value's gradient is summed over TP on a slice, not on the output
+        where = "the reader does not follow whether they scale the intermediate's slice or the reduced output" if all(
+            s in ((), (1,)) for s in own.values()) else "they see only a slice of the intermediate width"
         return KeptBlock("mlp", f"own parameters ({', '.join(own)}): {where}")
+    # BitNet's ffn_sub_norm, read straight by down: sharded with the slice, its statistics summed over TP.
+    norms = tuple(n for n, c in block.named_children() if n == read_fed_by(type(block), down) and is_per_feature(c, width))
     for name, child in block.named_children():
-        if name not in reading and name != down and is_per_feature(child, width):
-            return KeptBlock(
-                "mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it"
-            )
+        if name not in (*reading, down, *norms) and is_per_feature(child, width):
+            return KeptBlock("mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it")
     # An activation whose parameters are single values (Apertus' xIELU alpha_p, alpha_n): the same on
     # every slice of the intermediate, so it runs on this rank's slice, its gradient summed over TP.
     scalars = tuple(
         name for name, child in block.named_children()
         if name not in reading and name != down and has_parameters(child) and all(p.numel() == 1 for p in child.parameters())
     )
-    unknown = _unexpected_children(block, set(reading) | {down, *scalars})
+    unknown = _unexpected_children(block, set(reading) | {down, *scalars, *norms})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
-    gate_statistics = callable(getattr(type(block), "_gaussian_topk", None))
-    return ShardedBlock("mlp", tuple(reading), down, fused=fused, scalar_children=scalars, gate_statistics=gate_statistics)
+    return ShardedBlock("mlp", tuple(reading), down, projection_norms=norms, fused=fused, scalar_children=scalars,
+                        gate_statistics=callable(getattr(type(block), "_gaussian_topk", None)))
 
 
 def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:
@@ -539,11 +536,10 @@ def recognize_block(
         )
     if is_linear(block):
         return KeptBlock("other", f"linear {describe(name, block)} outside any recognised block")
-    parts = [
-        f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
-        for n, m in block.named_children()
-        if has_parameters(m)
-    ]
+    if (einsum := einsum_heads_reason(block, dims)) is not None:
+        return KeptBlock("attention", einsum)
+    parts = [f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
+             for n, m in block.named_children() if has_parameters(m)]
     linear_only = all(is_linear(m) for m in block.children() if has_parameters(m))
     note = "" if linear_only else "; torch's styles shard nn.Linear"
     return KeptBlock("other", f"not recognised as attention or MLP ({type(block).__name__}: {', '.join(parts)}{note})")

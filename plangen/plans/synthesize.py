@@ -501,7 +501,7 @@ def build_plan_from_analysis(model: nn.Module, analysis: Analysis, sequence_para
     """The plan data for an analysis (see :func:`build_synthesized_plan`)."""
     entries, replicated = _concrete_entries(analysis, sequence_parallel)
     stacks = [analysis.layers_path] if analysis.layers_path else []
-    for path in [*stacks, *analysis.tower_stacks]:
+    for path in [*stacks, *analysis.tower_stacks, *analysis.block_stacks]:
         layers = model.get_submodule(path)
         entries = _generalize(
             entries, path, layers,
