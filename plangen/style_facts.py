@@ -229,6 +229,12 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             "Mamba1MixerParallel", PLANGEN_STYLES, "other", shard_dim={MIXER: 0},
             lays_out_children={"in_proj": "colwise", "conv1d": "colwise", "dt_proj": "colwise", "x_proj": "rowwise"},
         ),
+        # An RWKV-4 mixer split by channels (plangen.rwkv_styles): time mixing's key/value/receptance
+        # and time_decay/time_first, or channel mixing's key/receptance by rows and value by columns.
+        StyleFacts("RwkvMixerParallel", PLANGEN_STYLES, "other",
+                   lays_out_children={"key": "colwise", "receptance": "colwise"}),
+        # A [buckets, heads] table its module looks up itself, split by its head columns (CpmAnt's position bias).
+        StyleFacts("HeadTableParallel", PLANGEN_STYLES, "other"),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
         StyleFacts(
             "ExpertsParallel",

@@ -41,6 +41,7 @@ from plangen.attention_styles import (
     AttentionSinksParallel,
     ConvChannelsParallel,
     PairedHeadsAttentionInput,
+    HeadTableParallel,
     PrepareAttentionInputOutput,
     RebuiltChildHeadCounts,
 )
@@ -55,6 +56,7 @@ from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
+from plangen.rwkv_styles import RwkvMixerParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
@@ -246,6 +248,8 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ShardedNormParallel,
         GatheredNormParallel,
         Mamba1MixerParallel,
+        RwkvMixerParallel,
+        HeadTableParallel,
         Mamba2MixerParallel,
         RGLRUParallel,
         MultiHeadNormParallel,
@@ -516,6 +520,8 @@ __all__ = [
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "Mamba1MixerParallel",
+    "RwkvMixerParallel",
+    "HeadTableParallel",
     "Mamba2MixerParallel",
     "RGLRUParallel",
     "MultiHeadNormParallel",

@@ -122,6 +122,11 @@ def _cases():
     # the token embeddings, which the Mamba layers are handed but ignore (plangen.fsdp_inputs).
     extra += [{"name": "zamba2", "model": "zamba2"},
               {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True}]
+    # CpmAnt: blocks one level down, the position bias table split by heads; RWKV-4: both mixers split
+    # by channels (plangen.rwkv_styles), in float64 (scripts/sweep_plans.py: FLOAT64_CHECKS); their state
+    # dicts Hugging Face's.
+    extra += [{"name": "cpmant-state-dict", "model": "cpmant", "state_dict": True},
+              {"name": "rwkv-state-dict", "model": "rwkv", "state_dict": True, "dtype": "float64"}]
     # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
     # own styles need nothing else (OLMo-2's norms over the whole projection).
     extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
