@@ -15,14 +15,15 @@ and check it after editing with `plangen verify generated/rwkv_plan.py`.
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
-RwkvMixerParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take it
-(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+RwkvChannelMixParallel, RwkvTimeMixParallel). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from plangen.styles import RwkvMixerParallel
+from plangen.styles import RwkvChannelMixParallel, RwkvTimeMixParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "rwkv"
@@ -38,7 +39,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 32 × RwkvSelfAttention
     # time mixing split by channels: key/value/receptance rows, time_decay/time_first with them; its input's gradient
     # summed once, the time_mix_* gradients by one small all-reduce
-    "rwkv.blocks.*.attention": RwkvMixerParallel(),
+    "rwkv.blocks.*.attention": RwkvTimeMixParallel(),
     # 32 × Linear [4096, 4096] → local [4096, 2048] at TP=2; row-parallel: one all-reduce
     "rwkv.blocks.*.attention.output": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 
@@ -46,7 +47,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 32 × RwkvFeedForward
     # channel mixing split by channels: key and receptance rows, value columns (its partial sum reduce-scattered onto
     # the receptance's channels), the gated product all-gathered
-    "rwkv.blocks.*.feed_forward": RwkvMixerParallel(),
+    "rwkv.blocks.*.feed_forward": RwkvChannelMixParallel(),
 
     # Norms
     # Left replicated on purpose: sees the full hidden state on every rank: nothing to shard

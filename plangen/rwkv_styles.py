@@ -19,7 +19,7 @@ channels ``receptance`` (hidden -> hidden, split by its rows) computes on this r
 is all-gathered. The receptance is an ninth of the layer's parameters: kept whole, a plan shards
 92.7 % of RWKV-4's default size; split, 99.9 %.
 
-Why one style per mixer and local tensors inside: the forward reads ``time_decay``, ``time_first``
+Why one style per mixer (``RwkvTimeMixParallel``, ``RwkvChannelMixParallel``) and local tensors inside: the forward reads ``time_decay``, ``time_first``
 and the ``time_mix_*`` itself, where no module style of torch's can put DTensors. During the
 mixer's forward its sharded parameters (and its linears') are swapped for their local shards and
 put back after, as :mod:`plangen.mamba1_styles` does.
@@ -121,19 +121,19 @@ def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement: Place
     module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
 
 
-class RwkvMixerParallel(ParallelStyle):
-    """An RWKV-4 time- or channel-mixing module split over TP by channels (see the module docstring).
+class _RwkvMixerParallel(ParallelStyle):
+    """An RWKV-4 mixer split over TP by channels (see the module docstring). The mixer takes its
+    hidden state as its first positional argument, as ``RwkvBlock`` passes it (no SP)."""
 
-    Time mixing: ``output`` is left to its own ``RowwiseParallel`` entry. Channel mixing: whole
-    here (``value``'s reduce-scatter and the product's all-gather are the style's). The mixer takes
-    its hidden state as its first positional argument, as ``RwkvBlock`` passes it (no SP).
-    """
+    kind = ""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         problem = rwkv_mixer_problem(module, device_mesh.size())
+        kind = rwkv_mixer_kind(module)
+        if problem is None and kind != self.kind:
+            problem = f"an RWKV {kind} mixing module, not the {self.kind} mixing this style splits"
         if problem is not None:
             raise ValueError(f"{type(self).__name__}: {type(module).__name__}: {problem}")
-        kind = rwkv_mixer_kind(module)
         group = device_mesh.get_group()
         if kind == "time":
             for name in TIME_MIX_LINEARS:
@@ -153,6 +153,20 @@ class RwkvMixerParallel(ParallelStyle):
         return f"{type(self).__name__}()"
 
 
+class RwkvTimeMixParallel(_RwkvMixerParallel):
+    """RWKV-4's time mixing (``RwkvSelfAttention``) by channels; ``output`` is left to its own
+    ``RowwiseParallel`` entry."""
+
+    kind = "time"
+
+
+class RwkvChannelMixParallel(_RwkvMixerParallel):
+    """RWKV-4's channel mixing (``RwkvFeedForward``) by channels, whole here: ``value``'s
+    reduce-scatter onto the receptance's channels and the gated product's all-gather are the style's."""
+
+    kind = "channel"
+
+
 def _install_local_forward(module: nn.Module, mesh: DeviceMesh, owners: list[nn.Module], mixes: tuple[str, ...],
                            kind: str) -> None:
     swapped: list[tuple[nn.Module, str, Any]] = []
@@ -162,7 +176,7 @@ def _install_local_forward(module: nn.Module, mesh: DeviceMesh, owners: list[nn.
 
     def swap_in(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if not args or isinstance(args[0], DTensor):
-            raise ValueError(f"RwkvMixerParallel: {type(mod).__name__} takes its hidden state as a plain first argument")
+            raise ValueError(f"{type(mod).__name__} takes its hidden state as a plain first argument")
         # Every path from the input runs through this rank's channels only: its gradient is summed once.
         args = (all_reduce_grad(args[0], mesh), *args[1:])
         for owner in owners:

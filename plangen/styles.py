@@ -40,8 +40,8 @@ from plangen.bucketed_styles import BucketedAttentionInputOutput
 from plangen.attention_styles import (
     AttentionSinksParallel,
     ConvChannelsParallel,
-    PairedHeadsAttentionInput,
     HeadTableParallel,
+    PairedHeadsAttentionInput,
     PrepareAttentionInputOutput,
     RebuiltChildHeadCounts,
 )
@@ -56,7 +56,7 @@ from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
-from plangen.rwkv_styles import RwkvMixerParallel
+from plangen.rwkv_styles import RwkvChannelMixParallel, RwkvTimeMixParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
@@ -248,8 +248,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ShardedNormParallel,
         GatheredNormParallel,
         Mamba1MixerParallel,
-        RwkvMixerParallel,
-        HeadTableParallel,
+        *(RwkvTimeMixParallel, RwkvChannelMixParallel, HeadTableParallel),
         Mamba2MixerParallel,
         RGLRUParallel,
         MultiHeadNormParallel,
@@ -520,8 +519,7 @@ __all__ = [
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "Mamba1MixerParallel",
-    "RwkvMixerParallel",
-    "HeadTableParallel",
+    "RwkvTimeMixParallel", "RwkvChannelMixParallel", "HeadTableParallel",
     "Mamba2MixerParallel",
     "RGLRUParallel",
     "MultiHeadNormParallel",

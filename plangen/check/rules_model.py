@@ -468,9 +468,10 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
             " plangen.loss.vocab_parallel_cross_entropy) or output_layouts=Replicate()"
         )
     block = parent_path(name)
-    # A container (Zamba2's adapters: Sequential in a ModuleList) hands its output to the module
-    # around it, which holds the projection that consumes it.
-    while block and isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)):
+    # A container (Zamba2's adapters: Sequential in a ModuleList), or a module of same-shaped
+    # projections only (CpmAnt's gated w_in: w_0, w_1), hands its output to the module around it,
+    # which holds the projection that consumes it.
+    while block and (isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)) or _parallel_projections(plan, block)):
         block = parent_path(block)
     kinds = plan.styles_below.get(block, set())
     block_style = plan.style_of(block)
@@ -485,6 +486,14 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
         " row-parallel to consume it: shard the projection that reads it with RowwiseParallel, or gather this"
         " output (output_layouts=Replicate())"
     )
+
+
+def _parallel_projections(plan: ModelPlan, block: str) -> bool:
+    """``block`` holds nothing but two or more linears of one shape that read its input side by side."""
+    module = plan.modules.get(block)
+    children = [c for c in module.children() if any(True for _ in c.parameters())] if module is not None else []
+    shapes = {tuple(c.weight.shape) if isinstance(c, nn.Linear) else None for c in children}
+    return len(children) >= 2 and len(shapes) == 1 and None not in shapes and not list(module.parameters(recurse=False))
 
 
 def _split_partner(plan: ModelPlan, block: str) -> str | None:
