@@ -86,7 +86,7 @@ class _ReduceScatterLast(torch.autograd.Function):
         ctx.group, size = group, dist.get_world_size(group)
         front = tensor.movedim(-1, 0).contiguous()
         out = front.new_empty((front.shape[0] // size, *front.shape[1:]))
-        dist.reduce_scatter_tensor(out, front, group=group)
+        dist.reduce_scatter_single(out, front, group=group)
         return out.movedim(0, -1)
 
     @staticmethod
@@ -111,7 +111,7 @@ class _GatherLast(torch.autograd.Function):
 def _gather_last(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     front = tensor.movedim(-1, 0).contiguous()
     out = front.new_empty((front.shape[0] * dist.get_world_size(group), *front.shape[1:]))
-    dist.all_gather_into_tensor(out, front, group=group)
+    dist.all_gather_single(out, front, group=group)
     return out.movedim(0, -1)
 
 
