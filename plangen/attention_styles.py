@@ -295,3 +295,33 @@ class ConvChannelsParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class HeadTableParallel(ParallelStyle):
+    """A table with one column per attention head that its module looks up itself (CpmAnt's
+    ``CpmAntSegmentPositionEmbedding.relative_attention_bias``, ``[buckets, heads]``): sharded
+    ``Shard(1)`` with the heads, so the module's forward (run on the local columns) computes the
+    bias of this rank's heads only, which the model then hands every layer's sharded attention.
+
+    Exact with no communication: each head's bias is its own column, and the attention of the
+    ranks' heads reads only theirs, so each rank's columns get exactly their gradient.
+    """
+
+    def __init__(self, *, parameter: str = "relative_attention_bias") -> None:
+        super().__init__()
+        self.parameter = parameter
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        param = module._parameters.get(self.parameter)
+        tp = device_mesh.size()
+        if param is None or param.dim() != 2 or param.shape[1] % tp:
+            shape = None if param is None else tuple(param.shape)
+            raise ValueError(f"HeadTableParallel: {type(module).__name__}.{self.parameter} is {shape}, not a "
+                             f"[buckets, heads] table whose heads TP size {tp} divides")
+        sharded = distribute_tensor(param.data, device_mesh, [Shard(1)], src_data_rank=None)
+        module.register_parameter(self.parameter, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        local_during_forward(module, [(module, self.parameter)])
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(parameter={self.parameter!r})"

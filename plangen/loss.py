@@ -141,7 +141,7 @@ class _VocabParallelStats(torch.autograd.Function):
             log_p = x - logsumexp[rows, cols].unsqueeze(-1)  # upcast and subtract in one pass
             del x
             if spec.logprobs:  # -coef * (p - one_hot(target))
-                out = log_p.exp_().scatter_add_(-1, column[rows, cols].unsqueeze(-1), minus_one[rows, cols])
+                out = log_p.exp_().scatter_add_(-1, column[rows, cols].unsqueeze(-1), minus_one[rows, cols].to(log_p.dtype))
             else:  # -coef * p * (log p + H)
                 out = log_p.exp().mul_(log_p.add_(entropy[rows, cols].unsqueeze(-1)))
             torch.mul(out, neg_coef[rows, cols].unsqueeze(-1), out=grad[rows, cols])  # scale and cast in one pass

@@ -175,8 +175,10 @@ def apply_fsdp(
     # Only the root casts its outputs (the logits) to float32: a layer that did would hand float32
     # activations to the next low-precision layer, and the output head's matmul would fail on
     # mixed dtypes (it does in NeMo RL's version, without autocast).
-    layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    # float32 at least; float64 parameters (a numerical check's) are reduced and returned in float64.
+    wide = torch.float64 if param_dtype == torch.float64 else torch.float32
+    layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=wide)
+    root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=wide, output_dtype=wide)
     offload_policy: OffloadPolicy = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
     # Dim 0, except where a TP-local dim 0 is smaller than DP (one expert per TP rank): padding
     # would fill whole ranks there (plangen.fsdp_shard).

@@ -274,6 +274,8 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     for name in _HIDDEN_KEYS:
         if (k := key(name)) is not None:
             values[k] = hidden
+    if (k := key("attention_hidden_size")) is not None and original[k] == old_hidden:  # RWKV's: kept equal
+        values[k] = hidden
     for name in _SMALL_WIDTH_KEYS:
         if (k := key(name)) is not None and values[k] > 0:
             values[k] = head_dim
@@ -304,10 +306,9 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     _shrink_layers(values, key, original)
     for name in _OTHER_LAYER_COUNT_KEYS:
         _cap_all(values, key, (name,), 2)
-    if "dtype" in values:
-        values["dtype"] = "float32"
-    if "use_cache" in values:
-        values["use_cache"] = False
+    # init_std: CpmAnt's 1.0 gives scores in the hundreds, whose float32 rounding 1e-5 cannot tell from an error.
+    fixed = {"dtype": "float32", "use_cache": False, "init_std": min(values.get("init_std") or 0.02, 0.02)}
+    values.update({k: v for k, v in fixed.items() if k in values})
 
 
 def _shrink_experts(values: dict[str, Any], key, tp: int) -> None:

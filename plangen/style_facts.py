@@ -39,6 +39,7 @@ NORM = "norm"  # one weight value per feature (a norm), the module's only kind o
 FLAT_EXPERTS = "flat_experts"  # DBRX's experts: flat [experts * ffn, hidden] weights in a child (plangen.flat_expert_styles)
 SHARED_EXPERTS = "shared_experts"  # Inkling's shared experts: 3-D [S, I, H] / [S, H, I] weights applied by bmm (plangen.shared_expert_styles)
 SHORT_CONV = "short_conv"  # a module around one depthwise nn.Conv1d and nothing else (Inkling's k/v short convs)
+HEAD_TABLE = "head_table"  # a [buckets, heads] table its module looks up itself (CpmAnt's position bias), split by head columns
 MIXER = "mamba1_mixer"  # a Mamba1 mixer, split by its channels (its own A_log [channels, state] and D [channels])
 
 
@@ -229,6 +230,14 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             "Mamba1MixerParallel", PLANGEN_STYLES, "other", shard_dim={MIXER: 0},
             lays_out_children={"in_proj": "colwise", "conv1d": "colwise", "dt_proj": "colwise", "x_proj": "rowwise"},
         ),
+        # An RWKV-4 mixer split by channels (plangen.rwkv_styles): time mixing's key/value/receptance
+        # and time_decay/time_first, or channel mixing's key/receptance by rows and value by columns.
+        StyleFacts("RwkvTimeMixParallel", PLANGEN_STYLES, "other",
+                   lays_out_children={"key": "colwise", "value": "colwise", "receptance": "colwise"}),
+        StyleFacts("RwkvChannelMixParallel", PLANGEN_STYLES, "other",
+                   lays_out_children={"key": "colwise", "receptance": "colwise", "value": "rowwise"}),
+        # A [buckets, heads] table its module looks up itself, split by its head columns (CpmAnt's position bias).
+        StyleFacts("HeadTableParallel", PLANGEN_STYLES, "other", shard_dim={HEAD_TABLE: 1}),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
         StyleFacts(
             "ExpertsParallel",
@@ -371,6 +380,7 @@ PLANGEN_STYLE_MODULES = (
     "plangen.mamba_styles",
     "plangen.fused_styles",
     "plangen.mamba1_styles",
+    "plangen.rwkv_styles",
     "plangen.recurrent_styles",
 )
 

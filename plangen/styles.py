@@ -40,6 +40,7 @@ from plangen.bucketed_styles import BucketedAttentionInputOutput
 from plangen.attention_styles import (
     AttentionSinksParallel,
     ConvChannelsParallel,
+    HeadTableParallel,
     PairedHeadsAttentionInput,
     PrepareAttentionInputOutput,
     RebuiltChildHeadCounts,
@@ -55,6 +56,7 @@ from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
 from plangen.linear_attention_styles import GatedDeltaNetParallel
 from plangen.mamba1_styles import Mamba1MixerParallel
+from plangen.rwkv_styles import RwkvChannelMixParallel, RwkvTimeMixParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
@@ -246,6 +248,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         ShardedNormParallel,
         GatheredNormParallel,
         Mamba1MixerParallel,
+        *(RwkvTimeMixParallel, RwkvChannelMixParallel, HeadTableParallel),
         Mamba2MixerParallel,
         RGLRUParallel,
         MultiHeadNormParallel,
@@ -516,6 +519,7 @@ __all__ = [
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "Mamba1MixerParallel",
+    "RwkvTimeMixParallel", "RwkvChannelMixParallel", "HeadTableParallel",
     "Mamba2MixerParallel",
     "RGLRUParallel",
     "MultiHeadNormParallel",

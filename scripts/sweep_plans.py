@@ -101,10 +101,20 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
     return targets, skipped
 
 
+# Classes checked in float64 (model and reference), and why float32 cannot hold the check's 1e-5.
+FLOAT64_CHECKS = {
+    "RwkvForCausalLM": "its embeddings are initialised at ~1e-4 and read by a LayerNorm (pre_ln), whose "
+    "backward multiplies by 1/sqrt(eps) ~ 316: the embedding's gradient is ~27, so 1e-5 is 4e-7 of it, "
+    "below float32's resolution of a reordered sum (every other gradient agrees within 3e-7 in float32)",
+}
+
+
 def build_cases(target: Target, plan: str) -> list[dict[str, Any]]:
     cases = []
     for sp in (False, True) if target.sequence_parallel and plan != "hf" else (False,):
         case = {"name": f"{target.class_name}/{plan}{'/sp' if sp else ''}", "model_type": target.spec, "sp": sp, "adam_eps": ADAM_EPS}
+        if target.class_name in FLOAT64_CHECKS:
+            case["dtype"] = "float64"
         if plan != "hand-written":
             case["plan_kind"] = plan
         cases.append(case)

@@ -56,7 +56,9 @@ def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized", so
 DENSE = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3"]
 
 
-TP_ONLY = ["gpt2", "openai-gpt"]  # Conv1D projections and a fused c_attn; no sequence-parallel plan
+# Conv1D projections and a fused c_attn; CpmAnt's blocks one level down, its position bias split by
+# heads with no communication; no sequence-parallel plan.
+TP_ONLY = ["gpt2", "openai-gpt", "cpmant"]
 
 
 @pytest.mark.parametrize("name", DENSE + TP_ONLY)
@@ -778,3 +780,19 @@ def test_zaya_layer_reduces_its_experts_once_and_its_routes(fake_pg):
     fwd, bwd, bsh, bsk = _moe_payloads_of("zaya", False, source="synthesized")
     assert sorted({size for _, size in fwd}) == [bsh]
     assert {size for _, size in bwd} == {bsh, bsk}
+
+
+def test_rwkv_layer_splits_both_mixers_by_channels(fake_pg):
+    """RWKV-4 (plangen.rwkv_styles). Forward: the time mixing's output all-reduce; the channel mixing's
+    value reduce-scattered onto the receptance's channels and the gated product all-gathered
+    (B·S·H each). Backward: each mixer's input gradient (B·S·H), its time_mix_* gradients stacked
+    into one small all-reduce (3·H, 2·H), and the all-gather of the value's reduce-scatter."""
+    forward, backward, total_forward, total_backward = per_layer("rwkv", False)
+    assert forward == {AR: 1, RS: 1, AG: 1}
+    assert backward == {AR: 4, AG: 1}
+    # Fixed: the embedding's all-reduce forward, the head's input-gradient reduction backward.
+    assert total_forward == {AR: 2 + 1, RS: 2, AG: 2} and total_backward == {AR: 4 * 2 + 1, AG: 2}
+    config, _, _, b2 = run_step("rwkv", 2, False)
+    sums = sorted(size for op, size in b2.records if op in ALL_REDUCES)
+    h, tokens = config.hidden_size, BATCH * SEQ
+    assert sums == sorted([2 * h * 4, 3 * h * 4] * 2 + [tokens * h * 4] * 5)

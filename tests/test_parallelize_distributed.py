@@ -113,6 +113,11 @@ def _cases():
     # the token embeddings, which the Mamba layers are handed but ignore (plangen.fsdp_inputs).
     extra += [{"name": "zamba2", "model": "zamba2"},
               {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True}]
+    # CpmAnt: blocks one level down, the position bias table split by heads; RWKV-4: both mixers split
+    # by channels (plangen.rwkv_styles), in float64 (scripts/sweep_plans.py: FLOAT64_CHECKS); their state
+    # dicts Hugging Face's.
+    extra += [{"name": "cpmant-state-dict", "model": "cpmant", "state_dict": True, "attn": "eager"},
+              {"name": "rwkv-state-dict", "model": "rwkv", "state_dict": True, "dtype": "float64", "attn": "eager"}]
     # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
     # own styles need nothing else (OLMo-2's norms over the whole projection).
     extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
@@ -302,8 +307,8 @@ def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, 
         assert all(local[0] < 2 for _, local in layouts.values()), layouts
         # vision (and audio) towers: not enumerated here
         multimodal = "ForConditionalGeneration" in case_id or "Phi4Multimodal" in case_id
-        # HunYuan's one expert (split on its intermediate) and router ([1, H]) have a dim 0 of 1.
-        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe", "hunyuan")) or case_id.startswith("tp2/")):
+        # HunYuan's one expert (split on its intermediate) and router ([1, H]) have a dim 0 of 1; RWKV's time_mix_* [1, 1, H].
+        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe", "hunyuan", "rwkv")) or case_id.startswith("tp2/")):
             assert layouts == {}, layouts
 
 

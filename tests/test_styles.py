@@ -1044,7 +1044,33 @@ class _PairedHeadsBlock(nn.Module):
         self.weight = nn.Parameter(torch.randn(8, 8))
 
 
+def _rwkv_mixer(kind: str) -> nn.Module:
+    """RWKV-4's time (``RwkvSelfAttention``) or channel (``RwkvFeedForward``) mixing, 32 wide; its
+    ``weight`` is its whole time_mix_key."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tiny_configs import TINY
+
+    block = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["rwkv"])).rwkv.blocks[0]
+    mixer = block.attention if kind == "time" else block.feed_forward
+    mixer.__class__ = type(type(mixer).__name__, (type(mixer),), {"weight": property(lambda self: self.time_mix_key)})
+    return mixer
+
+
+def _position_bias() -> nn.Module:
+    """CpmAnt's relative position bias: a [16 + 4 x 4, 4 heads] table; ``weight`` is the table."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tiny_configs import TINY
+
+    bias = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["cpmant"], attn_implementation="eager")).cpmant.position_bias
+    bias.__class__ = type("PositionBias", (type(bias),), {"weight": property(lambda self: self.relative_attention_bias)})
+    return bias
+
+
 _MODULE_OF = {
+    "RwkvTimeMixParallel": lambda: _rwkv_mixer("time"),
+    "RwkvChannelMixParallel": lambda: _rwkv_mixer("channel"),
     "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
     "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
@@ -1263,6 +1289,7 @@ _OWN_MODULE = {
     "GatheredGatedRMSNormParallel": _gated_norm,
     "RGLRUParallel": _rg_lru,
     "MultiHeadNormParallel": _multi_head_norm,
+    "HeadTableParallel": _position_bias,
 }
 
 
@@ -1748,3 +1775,76 @@ def test_routed_block_keeps_its_bias_one_replicated_parameter_even_when_its_forw
     with pytest.raises(RuntimeError, match="router failed"):
         block(torch.randn(2, 4, 32))
     assert block.bias is bias and "bias" in dict(block.named_parameters())
+
+
+def test_rwkv_mixers_are_split_by_channels_and_put_back_after_a_forward(tp_mesh):
+    """RwkvTimeMixParallel / RwkvChannelMixParallel at TP 2 (rank 0): the time mixing's key, value,
+    receptance rows and time_decay/time_first, the channel mixing's key and receptance rows and
+    value's columns, this rank's half; the time_mix_* whole; parameters put back after a forward,
+    whose WKV state is this rank's channels of the caller's (written in place) and handed back whole."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import RwkvChannelMixParallel, RwkvTimeMixParallel
+
+    holder = nn.Module()
+    holder.t, holder.c = _rwkv_mixer("time"), _rwkv_mixer("channel")
+    reference = {k: v.clone() for k, v in holder.state_dict().items()}
+    parallelize_module(holder, tp_mesh, {"t": RwkvTimeMixParallel(), "c": RwkvChannelMixParallel()})
+    expected = {
+        **{f"t.{n}.weight": (Shard(0), reference[f"t.{n}.weight"][:16]) for n in ("key", "value", "receptance")},
+        "t.time_decay": (Shard(0), reference["t.time_decay"][:16]),
+        "t.time_first": (Shard(0), reference["t.time_first"][:16]),
+        "c.key.weight": (Shard(0), reference["c.key.weight"][:32]),
+        "c.receptance.weight": (Shard(0), reference["c.receptance.weight"][:16]),
+        "c.value.weight": (Shard(1), reference["c.value.weight"][:, :32]),
+    }
+    params = dict(holder.named_parameters())
+    for name, (placement, rows) in expected.items():
+        assert placements(params[name]) == (placement,), name
+        assert torch.equal(local(params[name]), rows), name
+    assert not any(isinstance(params[n], DTensor) for n in params if "time_mix" in n or n == "t.output.weight")
+    holder.t.output.weight.data = holder.t.output.weight.data[:, :16].clone()  # as its row-parallel style leaves it
+    state = [torch.zeros(2, 32, 2) for _ in range(5)]
+    out, returned = holder.t(torch.randn(2, 3, 32), state=state, use_cache=True)
+    assert returned is state and out.shape == (2, 3, 32)
+    assert state[2][:, :16, 0].abs().sum() > 0 and state[2][:, 16:, 0].abs().sum() == 0  # rank 0's channels
+    assert holder.c(torch.randn(2, 3, 32))[0].shape == (2, 3, 32)  # fake group: gathered to the whole width
+    assert all(isinstance(dict(holder.named_parameters())[n], DTensor) for n in expected)
+    assert all(type(p) is nn.Parameter for n, p in holder.named_parameters() if "time_mix" in n)
+
+
+def test_rwkv_mixer_styles_refuse_the_other_kind_and_what_they_cannot_split(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import RwkvChannelMixParallel, RwkvTimeMixParallel
+
+    holder = nn.Module()
+    holder.m = _rwkv_mixer("channel")
+    with pytest.raises(ValueError, match="RwkvTimeMixParallel: RwkvFeedForward: an RWKV channel mixing module, not the time"):
+        parallelize_module(holder, tp_mesh, {"m": RwkvTimeMixParallel()})
+    holder.m = nn.Linear(4, 4)
+    with pytest.raises(ValueError, match="RwkvChannelMixParallel: Linear: not an RWKV-4 time mixing"):
+        parallelize_module(holder, tp_mesh, {"m": RwkvChannelMixParallel()})
+
+
+def test_head_table_is_split_by_heads_and_the_bias_is_this_ranks_heads(tp_mesh):
+    """HeadTableParallel on CpmAnt's position bias (rank 0): the [buckets, heads] table Shard(1), the
+    bias it computes [batch, heads / 2, q, k] from rank 0's columns; refused where TP does not divide the heads."""
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import HeadTableParallel
+
+    holder = nn.Module()
+    holder.m = _position_bias()
+    positions, segments = torch.arange(6).repeat(2, 1), torch.full((2, 6), 2)
+    whole = holder.m(positions, positions, segments, segments)
+    parallelize_module(holder, tp_mesh, {"m": HeadTableParallel()})
+    assert placements(holder.m.relative_attention_bias) == (Shard(1),)
+    assert torch.equal(holder.m(positions, positions, segments, segments), whole[:, :2])
+    assert isinstance(holder.m.relative_attention_bias, DTensor)
+    holder.m = _position_bias()
+    holder.m.relative_attention_bias = nn.Parameter(torch.zeros(32, 3))
+    with pytest.raises(ValueError, match=r"HeadTableParallel: PositionBias.relative_attention_bias is \(32, 3\)"):
+        parallelize_module(holder, tp_mesh, {"m": HeadTableParallel()})

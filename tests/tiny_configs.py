@@ -234,3 +234,16 @@ TINY["dbrx"] = dict(
 TINY["dbrx-2kv"] = dict(TINY["dbrx"], attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0))
 # 3 experts at TP 2: each expert's ffn rows split (the w1/v1/w2 rows re-laid out per rank inside).
 TINY["dbrx-3-experts"] = dict(TINY["dbrx"], ffn_config=dict(ffn_hidden_size=16, moe_num_experts=3, moe_top_k=2))
+# CpmAnt: attention and MLP one level down in each layer, a [buckets, heads] relative position bias
+# table (16 + 4 x 4 segment rows, 4 heads) computed once and handed to every layer; 4 prompt tokens
+# of type 2 are prepended (the token embedding has 128 + 4 x 4 rows).
+TINY["cpmant"] = dict(
+    model_type="cpmant", vocab_size=128, hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=64,
+    num_hidden_layers=2, prompt_types=4, prompt_length=4, segment_types=4, position_bias_num_buckets=16,
+    position_bias_max_distance=32, init_std=0.02, use_cache=False,
+)
+# RWKV-4: time mixing 32 channels wide (16 per rank at TP 2), channel mixing 64; rescale_every off.
+TINY["rwkv"] = dict(
+    model_type="rwkv", vocab_size=128, hidden_size=32, attention_hidden_size=32, intermediate_size=64,
+    num_hidden_layers=2, context_length=64, rescale_every=0, use_cache=False,
+)

@@ -256,6 +256,9 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ConvChannelsParallel", ()),
         _spec("AllReduceOutputGrad", ()),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
+        _spec("RwkvTimeMixParallel", ()),
+        _spec("RwkvChannelMixParallel", ()),
+        _spec("HeadTableParallel", (StyleParam("parameter", STR, "relative_attention_bias"),)),
         _spec("RGLRUParallel", (StyleParam("head_attribute", STR, "num_attention_heads"),)),
         _spec("MultiHeadNormParallel", (StyleParam("head_attributes", STR_TUPLE, ("num_heads", "num_features")),)),
         _spec(

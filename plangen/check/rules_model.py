@@ -26,7 +26,9 @@ from torch.distributed.tensor.parallel import (
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.attention_styles import ConvChannelsParallel, PrepareAttentionInputOutput, depthwise_conv, head_parameters
+from plangen.attention_styles import (
+    ConvChannelsParallel, HeadTableParallel, PrepareAttentionInputOutput, depthwise_conv, head_parameters,
+)
 from plangen.kv_styles import PrepareAttentionInput, attention_head_counts
 from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_problem, flat_expert_shape, flat_split_rows
 from plangen.shared_expert_styles import SharedExpertsParallel, packed_shared_shape
@@ -147,6 +149,10 @@ def _fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         return None
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module) is None:
         return f"`{name}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp` (DBRX's), not {what}"
+    if isinstance(style, HeadTableParallel):
+        table = getattr(module, style.parameter, None)
+        return None if isinstance(table, nn.Parameter) and table.dim() == 2 else (
+            f"`{name}` splits a [buckets, heads] table `{style.parameter}` by its head columns, not {what}")
     if isinstance(style, ConvChannelsParallel):
         return None if depthwise_conv(module) else f"`{name}` splits a module around one depthwise nn.Conv1d by its channels, not {what}"
     if isinstance(style, SharedExpertsParallel):
@@ -468,9 +474,10 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
             " plangen.loss.vocab_parallel_cross_entropy) or output_layouts=Replicate()"
         )
     block = parent_path(name)
-    # A container (Zamba2's adapters: Sequential in a ModuleList) hands its output to the module
-    # around it, which holds the projection that consumes it.
-    while block and isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)):
+    # A container (Zamba2's adapters: Sequential in a ModuleList), or a module of same-shaped
+    # projections only (CpmAnt's gated w_in: w_0, w_1), hands its output to the module around it,
+    # which holds the projection that consumes it.
+    while block and (isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)) or _parallel_projections(plan, block)):
         block = parent_path(block)
     kinds = plan.styles_below.get(block, set())
     block_style = plan.style_of(block)
@@ -485,6 +492,23 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
         " row-parallel to consume it: shard the projection that reads it with RowwiseParallel, or gather this"
         " output (output_layouts=Replicate())"
     )
+
+
+def _parallel_projections(plan: ModelPlan, block: str) -> bool:
+    """``block`` holds nothing but two or more column-parallel linears of one shape, and the module
+    around it a row-parallel linear that reads that width (CpmAnt's ``ffn.w_in`` and ``ffn.w_out``)."""
+    module = plan.modules.get(block)
+    if module is None or list(module.parameters(recurse=False)):
+        return False
+    children = {f"{block}.{n}": c for n, c in module.named_children() if any(True for _ in c.parameters())}
+    shapes = {tuple(c.weight.shape) if isinstance(c, nn.Linear) else None for c in children.values()}
+    if len(children) < 2 or len(shapes) != 1 or None in shapes:
+        return False
+    if any(style_kind(plan.style_of(p)) != "colwise" if plan.style_of(p) else True for p in children):
+        return False
+    parent = parent_path(block)
+    return any(isinstance(m, nn.Linear) and m.in_features == next(iter(shapes))[0] and plan.style_of(p) is not None
+               and style_kind(plan.style_of(p)) == "rowwise" for p, m in plan.modules.items() if parent_path(p) == parent)
 
 
 def _split_partner(plan: ModelPlan, block: str) -> str | None:

@@ -15,4 +15,4 @@ from plangen.plans.registry import CHECKPOINT_FILTERS, HAND_WRITTEN, PlanBuilder
 __all__ = ["CHECKPOINT_FILTERS", "HAND_WRITTEN", "PlanBuilder", "register_plan"]
 
 # Importing the families registers their plans.
-from plangen.plans import dense, fused, hybrid, moe, zamba2  # noqa: E402,F401
+from plangen.plans import cpmant, dense, fused, hybrid, moe, rwkv, zamba2  # noqa: E402,F401

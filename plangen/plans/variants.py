@@ -71,10 +71,10 @@ _WHOLE_EXPERTS = (
     " FSDP2 still shards them over DP"
 )
 # Blocks whose style sums inside them and that the stable variant keeps whole, with every entry below them.
-_WHOLE_BLOCKS = ("Mamba1MixerParallel",)
+_WHOLE_BLOCKS = ("Mamba1MixerParallel", "RwkvTimeMixParallel", "RwkvChannelMixParallel")
 _WHOLE_MIXER = (
-    "stable variant: Mamba1 mixer whole over TP (x_proj's partial outputs would be summed across ranks);"
-    " FSDP2 still shards it over DP"
+    "stable variant: mixer whole over TP (its partial sums, a Mamba1 mixer's x_proj or an RWKV mixer's "
+    "output or value, would be summed across ranks); FSDP2 still shards it over DP"
 )
 _WHOLE_GATE = "stable variant: the output it scales is whole on every rank, so its gradient is not summed"
 
