@@ -335,6 +335,47 @@ class AllReduceOutputGrad(ParallelStyle):
         return f"{type(self).__name__}()"
 
 
+class SharedInputGather(ParallelStyle):
+    """Sequence parallel for children of one module that read the same sequence-sharded DTensor
+    whole (Gemma 4's layer: its router and its experts' input norm are both handed the flattened
+    residual): all-gathered once, at the first of ``readers`` that runs, and the same local whole
+    tensor handed to the others. A ``PrepareModuleInput`` per reader gathers it once each.
+
+    Backward is what a reader's own ``PrepareModuleInput(..., use_local_output=True)`` does: the
+    readers' gradients (whole on every rank: the router's exact, the experts' summed over TP by
+    ``ExpertsParallel``) add up on the shared tensor, and the gather's backward keeps this rank's
+    shard, with no collective. A plain (not DTensor) input passes through untouched. ``readers``:
+    child paths relative to the module; the cached tensor is dropped when the module's forward ends.
+    """
+
+    def __init__(self, *, readers: tuple[str, ...]) -> None:
+        super().__init__()
+        self.readers = tuple(readers)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        shared: dict[str, Any] = {}
+
+        def gather_once(mod: nn.Module, args: tuple) -> tuple:
+            source = args[0] if args else None
+            if not isinstance(source, DTensor):
+                return args
+            if shared.get("source") is not source:
+                shared.update(source=source, whole=source.redistribute(device_mesh, [Replicate()]).to_local())
+            return (shared["whole"], *args[1:])
+
+        def forget(mod: nn.Module, args: tuple, output: Any) -> None:
+            shared.clear()
+
+        for reader in self.readers:
+            module.get_submodule(reader).register_forward_pre_hook(gather_once)
+        # always_call: an exception inside forward must not keep the gathered activation alive.
+        module.register_forward_hook(forget, always_call=True)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(readers={self.readers})"
+
+
 class EveryTokenMoeParallel(PrepareModuleInputOutput):
     """A MoE block whose experts run on every token (Llama-4's ``Llama4TextMoe``), experts split on
     the expert dimension: the block's own ``PrepareModuleInputOutput`` (same arguments), and the

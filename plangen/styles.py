@@ -58,9 +58,9 @@ from plangen.mamba1_styles import Mamba1MixerParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockSequenceParallel
+from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
+from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, SharedInputGather
 from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
@@ -231,8 +231,9 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         MlaKvAProjParallel,
         MlaAttentionParallel,
         *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel),
-        *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockSequenceParallel),
+        *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel),
         AllReduceOutputGrad,
+        SharedInputGather,
         TiedEmbeddingParallel,
         ScaledEmbeddingParallel,
         TiedHeadParallel,
@@ -505,12 +506,14 @@ __all__ = [
     "ExpertsParallel",
     "FlatExpertsParallel",
     "SharedExpertsParallel",
+    "SharedInputGather",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",
     "GatheredNormParallel",
     "GroupedColwiseParallel",
     "GroupedRowwiseParallel",
+    "RoutedBlockParallel",
     "RoutedBlockSequenceParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",

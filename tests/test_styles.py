@@ -1015,6 +1015,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
     "EmbeddingRowReadParallel": {"embedding": "embed"},
+    "SharedInputGather": {"readers": ("child",)},
     "PrepareAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "BucketedAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()",
                                      "head_attributes": ("num_heads",), "bucketed": "weight_proj", "all_heads_helper": "extra"},
@@ -1048,8 +1049,10 @@ _MODULE_OF = {
     "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
     "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
+    "RoutedBlockParallel": lambda: _jetmoe_moe(),
     "RoutedBlockSequenceParallel": lambda: _jetmoe_moe(),
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
+    "SharedInputGather": lambda: _with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
     "RebuiltChildHeadCounts": lambda: _with_child(nn.Linear(8, 8), "self", nn.Identity()),  # BigBird's child name
     "BucketedAttentionInputOutput": lambda: _Bucketed(),

@@ -246,6 +246,13 @@ STYLES: dict[str, StyleSpec] = {
         _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()), StyleParam("sum_input_grad", BOOL, True))),
         _spec("GroupedRowwiseParallel", (StyleParam("sum_output", BOOL, True),)),
         _spec(
+            "RoutedBlockParallel",
+            (
+                StyleParam("input_kwarg", STR, ""), StyleParam("bias", STR, "bias"), StyleParam("router", STR, "router"),
+                StyleParam("reads_gathered", STR_TUPLE, ()),
+            ),
+        ),
+        _spec(
             "RoutedBlockSequenceParallel",
             (
                 StyleParam("input_kwarg", STR, ""), StyleParam("bias", STR, "bias"), StyleParam("router", STR, "router"),
@@ -255,6 +262,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("ConvChannelsParallel", ()),
         _spec("AllReduceOutputGrad", ()),
+        _spec("SharedInputGather", (StyleParam("readers", STR_TUPLE),)),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec("RGLRUParallel", (StyleParam("head_attribute", STR, "num_attention_heads"),)),
         _spec("MultiHeadNormParallel", (StyleParam("head_attributes", STR_TUPLE, ("num_heads", "num_features")),)),
