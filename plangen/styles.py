@@ -60,7 +60,7 @@ from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParal
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, SharedInputGather
+from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, MoeBlockParallel, SharedInputGather
 from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
@@ -230,7 +230,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         *(FusedColwiseParallel, MultiQueryColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
         MlaKvAProjParallel,
         MlaAttentionParallel,
-        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel),
+        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel, MoeBlockParallel),
         *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel),
         AllReduceOutputGrad,
         SharedInputGather,
@@ -505,6 +505,7 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FlatExpertsParallel",
+    "MoeBlockParallel",
     "SharedExpertsParallel",
     "SharedInputGather",
     "FusedColwiseParallel",

@@ -741,17 +741,18 @@ def test_inkling_layer_costs_its_attention_and_moe_blocks_at_their_minimum(fake_
     """Inkling (synthesized): attention split by heads, its k/v short convs with their channels, and
     the MoE block's routed and shared experts. Per MoE layer, forward: o_proj's all-reduce and the MoE
     block's one all-reduce of B·S·H (the routed and the shared experts' partial sums together).
-    Backward: the attention's input gradient, the hidden state's from the routed and from the shared
-    experts (B·S·H each), the relative-logits bank's (read by every head: d_rel x extent), the routing
-    weights' (B·S·k) and the shared experts' per-token scales' (B·S·2), so the router over both stays
-    exact. (The per-head norms' gradients are Partial DTensors, reduced when read, as Qwen3's.)"""
+    Backward: the attention's input gradient, the MoE block's input gradient once for both branches
+    (B·S·H, MoeBlockParallel: the routed and the shared experts reduced theirs separately, 6 in all),
+    the relative-logits bank's (read by every head: d_rel x extent), the routing weights' (B·S·k) and
+    the shared experts' per-token scales' (B·S·2), so the router over both stays exact. (The per-head
+    norms' gradients are Partial DTensors, reduced when read, as Qwen3's.)"""
     forward, backward, _, _ = per_layer("inkling", False, source="synthesized")
-    assert forward == {AR: 2} and backward == {AR: 6}
+    assert forward == {AR: 2} and backward == {AR: 5}
     config, _, forward_step, backward_step = run_step("inkling", 4, False, source="synthesized")
     bsh, bs = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * 4
     layers, moe_layers = config.num_hidden_layers, config.num_hidden_layers - 1  # layer 0: a dense MLP, whole
     assert sorted(size for _, size in forward_step.records) == sorted([bsh] * (layers + moe_layers))
     bank = [config.d_rel * config.sliding_window_size * 4] + [config.d_rel * config.rel_extent * 4] * moe_layers
-    expected = [bsh] * (layers + 2 * moe_layers + 1) + bank  # + the head's input gradient
+    expected = [bsh] * (layers + moe_layers + 1) + bank  # + the head's input gradient
     expected += [bs * config.num_experts_per_tok] * moe_layers + [bs * config.n_shared_experts] * moe_layers
     assert sorted(size for _, size in backward_step.records) == sorted(expected)

@@ -1016,6 +1016,7 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
     "EmbeddingRowReadParallel": {"embedding": "embed"},
     "SharedInputGather": {"readers": ("child",)},
+    "MoeBlockParallel": {"router": "child", "output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "PrepareAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "BucketedAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()",
                                      "head_attributes": ("num_heads",), "bucketed": "weight_proj", "all_heads_helper": "extra"},
@@ -1053,6 +1054,7 @@ _MODULE_OF = {
     "RoutedBlockSequenceParallel": lambda: _jetmoe_moe(),
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
     "SharedInputGather": lambda: _with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)),
+    "MoeBlockParallel": lambda: _with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
     "RebuiltChildHeadCounts": lambda: _with_child(nn.Linear(8, 8), "self", nn.Identity()),  # BigBird's child name
     "BucketedAttentionInputOutput": lambda: _Bucketed(),
@@ -1751,3 +1753,18 @@ def test_routed_block_keeps_its_bias_one_replicated_parameter_even_when_its_forw
     with pytest.raises(RuntimeError, match="router failed"):
         block(torch.randn(2, 4, 32))
     assert block.bias is bias and "bias" in dict(block.named_parameters())
+
+
+def test_moe_block_reducing_its_input_gradient_once_refuses_a_sequence_sharded_input(tp_mesh):
+    """MoeBlockParallel all-reduces the block input's gradient once for its branches (Inkling's routed
+    and shared experts; counts: tests/test_comm_counts.py, numerics: the inkling synthesized cases);
+    under SP the gather's backward would have to reduce-scatter a partial gradient: refused."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import MoeBlockParallel
+
+    style = MoeBlockParallel(router="child", input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                             output_layouts=(Replicate(),), desired_output_layouts=(Replicate(),))
+    with pytest.raises(ValueError, match="no sequence parallel"):
+        parallelize_module(_with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)), tp_mesh, style)
