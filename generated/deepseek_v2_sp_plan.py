@@ -86,7 +86,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 32 × DeepseekV2Experts [64, 2814, 4096] → local [32, 2814, 4096] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # 32 × DeepseekV2MLP: shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once
     "model.layers.*.mlp.shared_experts": PrepareModuleInput(
         input_layouts=(Replicate(),),

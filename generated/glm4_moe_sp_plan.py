@@ -82,7 +82,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 45 × Glm4MoeExperts [128, 2816, 4096] → local [64, 2816, 4096] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # 45 × Glm4MoeMLP: shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once
     "model.layers.*.mlp.shared_experts": PrepareModuleInput(
         input_layouts=(Replicate(),),

@@ -72,7 +72,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 36 × GptOssExperts [128, 2880, 5760] → local [64, 2880, 5760] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.router": 36 × GptOssTopKRouter [128, 2880]
 

@@ -16,11 +16,12 @@ It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
 FusedColwiseParallel, GroupedColwiseParallel, GroupedRowwiseParallel, LocalHeadCounts,
-TiedEmbeddingParallel, TiedHeadParallel). model.embed_tokens and lm_head share one weight:
-TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded once on the vocabulary by
-whichever is applied first, so no re-tie is needed; keep the two together (one alone leaves two
-parameters, which plangen verify reports). The logits leave as a DTensor sharded on the vocabulary:
-the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+RoutedBlockParallel, TiedEmbeddingParallel, TiedHeadParallel). model.embed_tokens and lm_head share
+one weight: TiedEmbeddingParallel and TiedHeadParallel keep it one parameter, sharded once on the
+vocabulary by whichever is applied first, so no re-tie is needed; keep the two together (one alone
+leaves two parameters, which plangen verify reports). The logits leave as a DTensor sharded on the
+vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Replicate, Shard
@@ -31,6 +32,7 @@ from plangen.styles import (
     GroupedColwiseParallel,
     GroupedRowwiseParallel,
     LocalHeadCounts,
+    RoutedBlockParallel,
     TiedEmbeddingParallel,
     TiedHeadParallel,
 )
@@ -52,6 +54,15 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
 
     # Attention
+    # 12 × JetMoeAttention
+    # the experts' partial sums (the top k summed locally) all-reduced once, B·S·H, the bias added once after (its
+    # attention weights and router logits pass through)
+    "model.layers.*.self_attention": RoutedBlockParallel(
+        input_kwarg="hidden_states",
+        bias="experts.bias",
+        router="experts.router",
+        reads_gathered=("kv_proj",),
+    ),
     # 12 × Linear [4096, 2048] → local [2048, 2048] at TP=2
     # packed [k; v] split by heads: each rank its share of both, the heads its query experts read
     "model.layers.*.self_attention.kv_proj": FusedColwiseParallel(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True),
@@ -59,21 +70,25 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # the attention experts' query width (all their heads) made this rank's: map() sizes its output by it
     "model.layers.*.self_attention.experts": LocalHeadCounts(attributes=("hidden_size",)),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 1024, 2048] at TP=2
-    # each attention expert's query heads split over TP; its input's gradient summed over TP
-    "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=(), sum_input_grad=True),
+    # each attention expert's query heads split over TP; its input's gradient left to the block's one reduction
+    "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=(), sum_input_grad=False),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 2048, 1024] at TP=2
-    # each attention expert's output projection by its heads: one all-reduce of the routed tokens
-    "model.layers.*.self_attention.experts.output_linear": GroupedRowwiseParallel(sum_output=True),
+    # each attention expert's output projection by its heads: its partial sums left to the block
+    "model.layers.*.self_attention.experts.output_linear": GroupedRowwiseParallel(sum_output=False),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.self_attention.experts.router": 12 × JetMoeTopKGating
 
     # MLP
+    # 12 × JetMoeMoE
+    # the experts' partial sums (the top k summed locally) all-reduced once, B·S·H, the bias added once after
+    "model.layers.*.mlp": RoutedBlockParallel(input_kwarg="", bias="bias", router="router", reads_gathered=()),
     # 12 × JetMoeParallelExperts [8, 11264, 2048] → local [8, 5632, 2048] at TP=2
-    # each expert's [gate; up] split over TP, each rank its share of both; its input's gradient summed over TP
-    "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1), sum_input_grad=True),
+    # each expert's [gate; up] split over TP, each rank its share of both; its input's gradient left to the block's one
+    # reduction
+    "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1), sum_input_grad=False),
     # 12 × JetMoeParallelExperts [8, 2048, 5632] → local [8, 2048, 2816] at TP=2
-    # each expert's down projection by its intermediate: one all-reduce of the routed tokens
-    "model.layers.*.mlp.output_linear": GroupedRowwiseParallel(sum_output=True),
+    # each expert's down projection by its intermediate: its partial sums left to the block
+    "model.layers.*.mlp.output_linear": GroupedRowwiseParallel(sum_output=False),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.router": 12 × JetMoeTopKGating
 

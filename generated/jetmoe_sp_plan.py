@@ -72,7 +72,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # the attention experts' query width (all their heads) made this rank's: map() sizes its output by it
     "model.layers.*.self_attention.experts": LocalHeadCounts(attributes=("hidden_size",)),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 1024, 2048] at TP=2
-    # each attention expert's query heads split over TP; its input's gradient left to the block's reduce-scatter
+    # each attention expert's query heads split over TP; its input's gradient left to the block's one reduction
     "model.layers.*.self_attention.experts.input_linear": GroupedColwiseParallel(part_sizes=(), sum_input_grad=False),
     # 12 × JetMoeParallelExperts [8, 2048, 2048] → local [8, 2048, 1024] at TP=2
     # each attention expert's output projection by its heads: its partial sums left to the block
@@ -86,8 +86,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # once on the shard
     "model.layers.*.mlp": RoutedBlockSequenceParallel(input_kwarg="", bias="bias", router="router", reads_gathered=(), sequence_dim=1),
     # 12 × JetMoeParallelExperts [8, 11264, 2048] → local [8, 5632, 2048] at TP=2
-    # each expert's [gate; up] split over TP, each rank its share of both; its input's gradient left to the block's
-    # reduce-scatter
+    # each expert's [gate; up] split over TP, each rank its share of both; its input's gradient left to the block's one
+    # reduction
     "model.layers.*.mlp.input_linear": GroupedColwiseParallel(part_sizes=(1, 1), sum_input_grad=False),
     # 12 × JetMoeParallelExperts [8, 2048, 5632] → local [8, 2048, 2816] at TP=2
     # each expert's down projection by its intermediate: its partial sums left to the block

@@ -87,7 +87,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # (beside 256 identity experts)
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # 56 × LongcatFlashMLP: dense MLPs: one all-gather of the sequence per MLP block; one gradient reduction per block
     # in backward
     "model.layers.*.mlps.*": PrepareModuleInput(

@@ -81,7 +81,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 32 × MixtralExperts [8, 28672, 4096] → local [4, 28672, 4096] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.gate": 32 × MixtralTopKRouter [8, 4096]
 

@@ -77,7 +77,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 1 × NemotronHExperts [8, 7688, 4096] → local [4, 7688, 4096] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mixer.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mixer.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # 1 × Linear [7688, 4096] → local [3844, 4096] at TP=2; shared expert: column-parallel
     "model.layers.*.mixer.shared_experts.up_proj": ColwiseParallel(
         input_layouts=Replicate(),

@@ -79,7 +79,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 24 × Qwen2MoeExperts [60, 2816, 2048] → local [30, 2816, 2048] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # 24 × Qwen2MoeMLP: shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once
     "model.layers.*.mlp.shared_expert": PrepareModuleInput(
         input_layouts=(Replicate(),),

@@ -79,7 +79,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 24 × Qwen3MoeExperts [128, 1536, 2048] → local [64, 1536, 2048] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
     # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True),
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.gate": 24 × Qwen3MoeTopKRouter [128, 2048]
 

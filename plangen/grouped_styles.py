@@ -49,7 +49,8 @@ class GroupedColwiseParallel(ParallelStyle):
     query projection, split by heads).
 
     ``sum_input_grad=False``: the input's gradient is left partial, for a block that reduces all its
-    input gradients once (:class:`RoutedBlockSequenceParallel`'s gather, whose backward reduce-scatters).
+    input gradients once (:class:`RoutedBlockParallel`'s, an all-reduce; under SP
+    :class:`RoutedBlockSequenceParallel`'s gather, whose backward reduce-scatters).
     """
 
     def __init__(self, *, part_sizes: tuple[int, ...] = (), sum_input_grad: bool = True) -> None:
@@ -102,7 +103,8 @@ class GroupedRowwiseParallel(ParallelStyle):
     to the tokens, the block's bias) runs on whole values, exactly.
 
     ``sum_output=False``: the partial outputs are returned as they are, for a block that reduces
-    them once after its gates and scatter back (:class:`RoutedBlockSequenceParallel`)."""
+    them once after its gates and scatter back (:class:`RoutedBlockParallel`, one all-reduce of
+    B·S·H; :class:`RoutedBlockSequenceParallel`, one reduce-scatter)."""
 
     def __init__(self, *, sum_output: bool = True) -> None:
         super().__init__()
@@ -136,40 +138,47 @@ class GroupedRowwiseParallel(ParallelStyle):
         return f"{type(self).__name__}(sum_output={self.sum_output})"
 
 
-class RoutedBlockSequenceParallel(ParallelStyle):
-    """Sequence parallel for a JetMoE block whose experts leave partial sums (its MoE MLP, and its
-    attention with the mixture of attention heads), ending as a dense row-parallel layer under SP
-    does: in a reduce-scatter onto the sequence-sharded residual.
+class RoutedBlockParallel(ParallelStyle):
+    """Tensor parallel (no SP) for a JetMoE block whose experts leave partial sums (its MoE MLP, and
+    its attention with the mixture of attention heads), ending as a dense row-parallel layer does:
+    in one all-reduce of B·S·H, where reducing each experts module's routed tokens costs k times that.
 
-    * In: the sequence-sharded input all-gathered once; its gradient is taken as partial sums over
-      the ranks, so the gather's backward is one reduce-scatter that sums every input gradient of
-      the block at once (the experts' routed tokens, ``GroupedColwiseParallel(sum_input_grad=False)``;
-      each child named in ``reads_gathered``, which reads the gathered DTensor itself, so its
-      gradient stays partial too: the attention's ``kv_proj``).
+    * In: the block's (replicated) input, its gradient taken as partial sums over the ranks and
+      all-reduced once for every reader of the block (the experts' routed tokens,
+      ``GroupedColwiseParallel(sum_input_grad=False)``; each child named in ``reads_gathered``, which
+      reads it as a ``Replicate()`` DTensor, so its gradient stays partial too: the attention's
+      ``kv_proj``).
     * The experts' partial outputs (``GroupedRowwiseParallel(sum_output=False)``) go through the
       gates and the scatter back to the tokens, both linear, and leave the block as partial sums:
-      one reduce-scatter onto the sequence shard, then the block's ``bias`` added once, on the shard
-      (a ``Replicate()`` DTensor, as a norm's weight under SP: its gradient is summed as theirs is).
-      The block's forward adds a zero in its place.
+      one all-reduce, then the block's ``bias`` added once (whole on every rank, so is its
+      gradient). The block's forward adds a zero in its place.
     * The ``router`` runs replicated on every token. The gates multiply partial outputs, so their
       gradient is partial: it is summed over TP (one all-reduce of B·S·k), and the router's
       gradients, whole on every rank from then on (the auxiliary loss's too), are exact; its input's
-      gradient counts once (on the first rank) in the block's reduce-scatter.
+      gradient counts once (on the first rank) in the block's input-gradient reduction.
 
     ``input_kwarg``: the block's input keyword (``"hidden_states"`` for the attention), ``""`` for
-    its first positional argument; ``sequence_dim``: the dim the residual stream is sharded on (as
-    torch's ``SequenceParallel`` takes it). Paths (``bias``, ``router``, ``reads_gathered``) are relative to
+    its first positional argument. Paths (``bias``, ``router``, ``reads_gathered``) are relative to
     the block. An output tuple has its first value reduced, the others passed through.
     """
 
     GATES = 2  # JetMoeTopKGating returns (sorted ids, token ids, gates, expert sizes, logits)
 
     def __init__(self, *, input_kwarg: str = "", bias: str = "bias", router: str = "router",
-                 reads_gathered: tuple[str, ...] = (), sequence_dim: int = 1) -> None:
+                 reads_gathered: tuple[str, ...] = ()) -> None:
         super().__init__()
-        self.sequence_dim = sequence_dim
         self.input_kwarg, self.bias, self.router = input_kwarg, bias, router
         self.reads_gathered = tuple(reads_gathered)
+
+    def _bias_parameter(self, bias: nn.Parameter, device_mesh: DeviceMesh) -> nn.Parameter | None:
+        # Whole on every rank and added to the whole sum: a plain parameter, as every replicated one without SP.
+        return None
+
+    def _whole_input(self, hidden: torch.Tensor, device_mesh: DeviceMesh) -> DTensor:
+        return hidden if isinstance(hidden, DTensor) else DTensor.from_local(hidden, device_mesh, [Replicate()], run_check=False)
+
+    def _reduce(self, partial: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
+        return SumOverMesh.apply(partial, device_mesh.get_group())
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         owner_path, _, bias_name = self.bias.rpartition(".")
@@ -177,17 +186,16 @@ class RoutedBlockSequenceParallel(ParallelStyle):
         bias = owner._parameters.get(bias_name)
         if bias is None:
             raise ValueError(f"{type(self).__name__}: {type(module).__name__} has no parameter {self.bias!r}")
-        replicated = distribute_tensor(bias.data, device_mesh, [Replicate()], src_data_rank=None)
-        owner.register_parameter(bias_name, nn.Parameter(replicated, requires_grad=bias.requires_grad))
+        made = self._bias_parameter(bias, device_mesh)
+        if made is not None:
+            owner.register_parameter(bias_name, made)
         state: dict[str, Any] = {}
-        sequence = Shard(self.sequence_dim)
 
         def gather(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             args, kwargs = list(args), dict(kwargs)
             hidden = kwargs[self.input_kwarg] if self.input_kwarg else args[0]
-            if not isinstance(hidden, DTensor):
-                hidden = DTensor.from_local(hidden, device_mesh, [sequence], run_check=False)
-            whole = hidden.redistribute(device_mesh, [Replicate()])
+            whole = self._whole_input(hidden, device_mesh)
+            # Partial: the gradients of every reader are summed first, then reduced once (from whole's backward).
             local = whole.to_local(grad_placements=[Partial()])
             state.update(whole=whole, local=local, bias=owner._parameters[bias_name])
             owner._parameters[bias_name] = torch.zeros((), dtype=local.dtype, device=local.device)  # type: ignore[assignment]
@@ -197,18 +205,19 @@ class RoutedBlockSequenceParallel(ParallelStyle):
                 args[0] = local
             return tuple(args), kwargs
 
-        def reduce_scatter(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        def reduce(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             bias_param = state.pop("bias", None)
             if bias_param is not None:
                 owner._parameters[bias_name] = bias_param
             state.clear()
+            if output is None:  # the forward raised (always_call): the bias is back, nothing to reduce
+                return output
             first = output[0] if isinstance(output, tuple) else output
-            summed = DTensor.from_local(first, device_mesh, [Partial()], run_check=False).redistribute(device_mesh, [sequence])
-            summed = summed + bias_param
+            summed = self._reduce(first, device_mesh) + bias_param
             return (summed, *output[1:]) if isinstance(output, tuple) else summed
 
         def read_gathered(mod: nn.Module, args: tuple) -> tuple:
-            # The block's gathered input, read as the DTensor it came from: the gradient stays partial.
+            # The block's input, read as the DTensor it came from: the gradient stays partial.
             return (state["whole"], *args[1:]) if args and args[0] is state.get("local") else args
 
         def route_once(mod: nn.Module, args: tuple) -> tuple:
@@ -222,7 +231,7 @@ class RoutedBlockSequenceParallel(ParallelStyle):
 
         module.register_forward_pre_hook(gather, with_kwargs=True)
         # always_call: an exception inside forward must not leave the zero in place of the bias.
-        module.register_forward_hook(reduce_scatter, with_kwargs=True, always_call=True)
+        module.register_forward_hook(reduce, with_kwargs=True, always_call=True)
         for child in self.reads_gathered:
             # prepend: before the child's own style reads its input.
             module.get_submodule(child).register_forward_pre_hook(read_gathered, prepend=True)
@@ -231,8 +240,42 @@ class RoutedBlockSequenceParallel(ParallelStyle):
         router.register_forward_hook(sum_gates_grad)
         return module
 
+    def _arguments(self) -> str:
+        return (f"input_kwarg={self.input_kwarg!r}, bias={self.bias!r}, router={self.router!r}, "
+                f"reads_gathered={self.reads_gathered}")
+
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(input_kwarg={self.input_kwarg!r}, bias={self.bias!r}, router={self.router!r}, "
-            f"reads_gathered={self.reads_gathered}, sequence_dim={self.sequence_dim})"
-        )
+        return f"{type(self).__name__}({self._arguments()})"
+
+
+class RoutedBlockSequenceParallel(RoutedBlockParallel):
+    """:class:`RoutedBlockParallel` under sequence parallel, ending as a dense row-parallel layer under
+    SP does: the sequence-sharded input all-gathered once (its gradient, partial from every reader,
+    reduce-scattered once), the experts' partial sums reduce-scattered onto the sequence-sharded
+    residual, then the block's ``bias`` added once, on the shard (a ``Replicate()`` DTensor, as a
+    norm's weight under SP: its gradient is summed as theirs is). The router and the gates as there.
+
+    ``sequence_dim``: the dim the residual stream is sharded on (as torch's ``SequenceParallel``
+    takes it).
+    """
+
+    def __init__(self, *, input_kwarg: str = "", bias: str = "bias", router: str = "router",
+                 reads_gathered: tuple[str, ...] = (), sequence_dim: int = 1) -> None:
+        super().__init__(input_kwarg=input_kwarg, bias=bias, router=router, reads_gathered=reads_gathered)
+        self.sequence_dim = sequence_dim
+
+    def _bias_parameter(self, bias: nn.Parameter, device_mesh: DeviceMesh) -> nn.Parameter | None:
+        replicated = distribute_tensor(bias.data, device_mesh, [Replicate()], src_data_rank=None)
+        return nn.Parameter(replicated, requires_grad=bias.requires_grad)
+
+    def _whole_input(self, hidden: torch.Tensor, device_mesh: DeviceMesh) -> DTensor:
+        if not isinstance(hidden, DTensor):
+            hidden = DTensor.from_local(hidden, device_mesh, [Shard(self.sequence_dim)], run_check=False)
+        return hidden.redistribute(device_mesh, [Replicate()])
+
+    def _reduce(self, partial: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
+        return DTensor.from_local(partial, device_mesh, [Partial()], run_check=False).redistribute(
+            device_mesh, [Shard(self.sequence_dim)])
+
+    def _arguments(self) -> str:
+        return f"{super()._arguments()}, sequence_dim={self.sequence_dim}"

@@ -41,7 +41,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput
 
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.tp_sums import SumOverMesh, all_reduce_grad, grad_once, replicated_local
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -189,12 +189,16 @@ class ExpertsParallel(ParallelStyle):
     ``use_local_output=False`` (with ``Partial()``) returns it as a ``Partial`` DTensor instead, for
     experts the layer calls itself: whatever takes their output next redistributes it (Gemma 4's
     norm on it, ``SequenceParallel`` under SP: one reduce-scatter into the sequence shards).
+    ``sum_input_grad=False``: the hidden states' gradient is left partial, for a block that reduces
+    its branches' input gradients once (:class:`MoeBlockParallel`); the routing weights' is summed here.
     """
 
-    def __init__(self, *, output_layouts: Placement | None = None, use_local_output: bool = True) -> None:
+    def __init__(self, *, output_layouts: Placement | None = None, use_local_output: bool = True,
+                 sum_input_grad: bool = True) -> None:
         super().__init__()
         self.output_layouts = output_layouts if output_layouts is not None else Replicate()
         self.use_local_output = use_local_output
+        self.sum_input_grad = sum_input_grad
         if not isinstance(self.output_layouts, (Replicate, Partial)):
             raise ValueError(f"ExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}")
         if not use_local_output and not isinstance(self.output_layouts, Partial):
@@ -235,7 +239,8 @@ class ExpertsParallel(ParallelStyle):
             index, weights = replicated_local(index), replicated_local(weights)
             if torch.is_grad_enabled():
                 # Before the masking: each rank's gradient covers its own experts' routes only.
-                hidden = all_reduce_grad(hidden, device_mesh)
+                if self.sum_input_grad:
+                    hidden = all_reduce_grad(hidden, device_mesh)
                 weights = all_reduce_grad(weights, device_mesh)
             if local is not None:
                 off_rank = torch.div(index, local, rounding_mode="floor") != rank
@@ -267,7 +272,8 @@ class ExpertsParallel(ParallelStyle):
 
     def __repr__(self) -> str:
         local = "" if self.use_local_output else ", use_local_output=False"
-        return f"{type(self).__name__}(output_layouts={self.output_layouts}{local})"
+        summed = "" if self.sum_input_grad else ", sum_input_grad=False"
+        return f"{type(self).__name__}(output_layouts={self.output_layouts}{local}{summed})"
 
 
 def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[str, int]) -> None:
@@ -333,6 +339,84 @@ class AllReduceOutputGrad(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+class SharedInputGather(ParallelStyle):
+    """Sequence parallel for children of one module that read the same sequence-sharded DTensor
+    whole (Gemma 4's layer: its router and its experts' input norm are both handed the flattened
+    residual): all-gathered once, at the first of ``readers`` that runs, and the same local whole
+    tensor handed to the others. A ``PrepareModuleInput`` per reader gathers it once each.
+
+    Backward is what a reader's own ``PrepareModuleInput(..., use_local_output=True)`` does: the
+    readers' gradients (whole on every rank: the router's exact, the experts' summed over TP by
+    ``ExpertsParallel``) add up on the shared tensor, and the gather's backward keeps this rank's
+    shard, with no collective. A plain (not DTensor) input passes through untouched. ``readers``:
+    child paths relative to the module; the cached tensor is dropped when the module's forward ends.
+    """
+
+    def __init__(self, *, readers: tuple[str, ...]) -> None:
+        super().__init__()
+        self.readers = tuple(readers)
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        shared: dict[str, Any] = {}
+
+        def gather_once(mod: nn.Module, args: tuple) -> tuple:
+            source = args[0] if args else None
+            if not isinstance(source, DTensor):
+                return args
+            if shared.get("source") is not source:
+                shared.update(source=source, whole=source.redistribute(device_mesh, [Replicate()]).to_local())
+            return (shared["whole"], *args[1:])
+
+        def forget(mod: nn.Module, args: tuple, output: Any) -> None:
+            shared.clear()
+
+        for reader in self.readers:
+            module.get_submodule(reader).register_forward_pre_hook(gather_once)
+        # always_call: an exception inside forward must not keep the gathered activation alive.
+        module.register_forward_hook(forget, always_call=True)
+        return module
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(readers={self.readers})"
+
+
+class MoeBlockParallel(PrepareModuleInputOutput):
+    """A MoE block's ``PrepareModuleInputOutput`` (same arguments; tensor parallel, its input whole)
+    whose branches leave their input gradients partial (``ExpertsParallel(sum_input_grad=False)``,
+    ``SharedExpertsParallel(sum_input_grad=False)``): the block input's gradient is summed over TP
+    once (one all-reduce of B·S·H) where each branch reduced its own. The ``router``'s input gradient,
+    whole on every rank (the branches sum the gradients of its outputs), counts once, on the first
+    rank. Under SP the block's gather would need a partial gradient: refused.
+    """
+
+    def __init__(self, *, router: str = "gate", input_layouts: Any = None, desired_input_layouts: Any = None,
+                 input_kwarg_layouts: Any = None, desired_input_kwarg_layouts: Any = None, use_local_input: bool = False,
+                 output_layouts: Any, desired_output_layouts: Any, use_local_output: bool = True) -> None:
+        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
+                         input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+                         use_local_input=use_local_input, output_layouts=output_layouts,
+                         desired_output_layouts=desired_output_layouts, use_local_output=use_local_output)
+        self.router = router
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        layouts = [*(self.prepare_module_input.input_layouts or ()), *(self.prepare_module_input.desired_input_layouts or ())]
+        if not all(layout is None or isinstance(layout, Replicate) for layout in layouts):
+            raise ValueError("MoeBlockParallel: the block's input must be whole (Replicate()): no sequence parallel")
+        router = module.get_submodule(self.router)
+        module = super()._apply(module, device_mesh)
+
+        def reduce_once(mod: nn.Module, args: tuple) -> tuple:
+            # After the input preparation (registered first): the local whole input every branch reads.
+            return (all_reduce_grad(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
+
+        def route_once(mod: nn.Module, args: tuple) -> tuple:
+            return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
+
+        module.register_forward_pre_hook(reduce_once)
+        router.register_forward_pre_hook(route_once)
+        return module
 
 
 class EveryTokenMoeParallel(PrepareModuleInputOutput):

@@ -59,11 +59,15 @@ class SharedExpertsParallel(ParallelStyle):
 
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce); ``Partial()``
     returns the local partial sum for the MoE block's own style to reduce with the routed experts'.
+    ``sum_input_grad=False``: the hidden states' (first argument's) gradient is left partial, for a
+    block that reduces its branches' input gradients once (``MoeBlockParallel``); the per-token
+    scales' is summed here.
     """
 
-    def __init__(self, *, output_layouts: Placement | None = None) -> None:
+    def __init__(self, *, output_layouts: Placement | None = None, sum_input_grad: bool = True) -> None:
         super().__init__()
         self.output_layouts = output_layouts if output_layouts is not None else Replicate()
+        self.sum_input_grad = sum_input_grad
         if not isinstance(self.output_layouts, (Replicate, Partial)):
             raise ValueError(
                 f"SharedExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}"
@@ -88,17 +92,17 @@ class SharedExpertsParallel(ParallelStyle):
             module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
         swapped: dict[str, nn.Parameter] = {}
 
-        def local_input(tensor: Any) -> Any:
+        def local_input(tensor: Any, summed: bool = True) -> Any:
             if not isinstance(tensor, torch.Tensor):
                 return tensor
             tensor = replicated_local(tensor)
             # Each rank's gradient covers its slice of the intermediate only: summed over TP.
-            if torch.is_grad_enabled() and tensor.is_floating_point():
+            if torch.is_grad_enabled() and tensor.is_floating_point() and summed:
                 tensor = all_reduce_grad(tensor, device_mesh)
             return tensor
 
         def prepare(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            args = tuple(local_input(a) for a in args)
+            args = tuple(local_input(a, i > 0 or self.sum_input_grad) for i, a in enumerate(args))
             kwargs = {k: local_input(v) for k, v in kwargs.items()}
             for name, param in list(mod._parameters.items()):
                 if isinstance(param, DTensor):
@@ -119,7 +123,8 @@ class SharedExpertsParallel(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(output_layouts={self.output_layouts})"
+        summed = "" if self.sum_input_grad else ", sum_input_grad=False"
+        return f"{type(self).__name__}(output_layouts={self.output_layouts}{summed})"
 
 
 __all__ = ["SHARED_PROJECTIONS", "SharedExpertsParallel", "packed_shared_shape"]

@@ -260,10 +260,15 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         # features (the outputs all-reduced), split over TP.
         StyleFacts("GroupedColwiseParallel", PLANGEN_STYLES, "colwise", shard_dim={EXPERTS: 1}),
         StyleFacts("GroupedRowwiseParallel", PLANGEN_STYLES, "rowwise", shard_dim={EXPERTS: 2}),
-        # A JetMoE block under SP: gathers its input, reduce-scatters its experts' partial sums out.
+        # A JetMoE block: its experts' partial sums all-reduced once (under SP: its input gathered, reduce-scattered out).
+        StyleFacts("RoutedBlockParallel", PLANGEN_STYLES, "gather_output"),
         StyleFacts("RoutedBlockSequenceParallel", PLANGEN_STYLES, "gather_output"),
         # A Llama-4 MoE block's PrepareModuleInputOutput that also splits its experts (the expert dim).
         StyleFacts("EveryTokenMoeParallel", PLANGEN_STYLES, "gather_output"),
+        # A MoE block's PrepareModuleInputOutput that also reduces its branches' input gradients once (Inkling's).
+        StyleFacts("MoeBlockParallel", PLANGEN_STYLES, "gather_output"),
+        # A layer whose children read one sequence-sharded input whole (Gemma 4's router and experts' norm): gathered once.
+        StyleFacts("SharedInputGather", PLANGEN_STYLES, "prepare_input"),
         # An untied embedding that scales its own lookup: vocabulary-sharded, its forward on the partial lookup.
         StyleFacts(
             "ScaledEmbeddingParallel",

@@ -60,9 +60,9 @@ from plangen.rwkv_styles import RwkvChannelMixParallel, RwkvTimeMixParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockSequenceParallel
+from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel
+from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, MoeBlockParallel, SharedInputGather
 from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
@@ -232,9 +232,9 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         *(FusedColwiseParallel, MultiQueryColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
         MlaKvAProjParallel,
         MlaAttentionParallel,
-        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel),
-        *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockSequenceParallel),
-        AllReduceOutputGrad,
+        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel, MoeBlockParallel),
+        *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel),
+        *(AllReduceOutputGrad, SharedInputGather),
         TiedEmbeddingParallel,
         ScaledEmbeddingParallel,
         TiedHeadParallel,
@@ -507,14 +507,14 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FlatExpertsParallel",
-    "SharedExpertsParallel",
+    "MoeBlockParallel", "SharedExpertsParallel", "SharedInputGather",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",
     "GatheredNormParallel",
     "GroupedColwiseParallel",
     "GroupedRowwiseParallel",
-    "RoutedBlockSequenceParallel",
+    "RoutedBlockParallel", "RoutedBlockSequenceParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",

@@ -695,3 +695,27 @@ def test_xlstm_plan_is_clean_and_its_head_counts_must_divide(tmp_path):
     found = _verify(tmp_path, wrong, name="wrong.py").diagnostics
     assert ("PG203", norm) in [(d.code, d.line) for d in found]
     assert "splits a norm of each head by its heads, but xLSTMRMSNorm has no integer attribute num_heads" in str(found)
+
+
+def test_norm_handed_the_sequence_whole_by_its_layer_is_not_on_the_residual_stream(tmp_path):
+    """Gemma 4's MoE form under SP: the layer's SharedInputGather gathers the flattened residual once
+    for the router and the experts' input norm (pre_feedforward_layernorm_2), which then computes on
+    the whole sequence: no key of its own, and no PG206 for it; without that style it is one."""
+    from transformers import AutoConfig
+
+    from plangen.init import init_plan
+    from tiny_configs import TINY
+
+    kwargs = dict(TINY["gemma4-moe"])
+    config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    config.architectures = ["Gemma4ForCausalLM"]
+    config.save_pretrained(tmp_path / "gemma4-moe")
+    plan = tmp_path / "plan.py"
+    init_plan(str(tmp_path / "gemma4-moe"), plan, sequence_parallel=True)
+    source = plan.read_text()
+    assert "SharedInputGather(readers=(\"router\", \"pre_feedforward_layernorm_2\"))" in source
+    model = str(tmp_path / "gemma4-moe")
+    assert _verify(tmp_path, source, model=model).diagnostics == []
+    dropped = _drop(source, "model.layers.*")
+    found = [d for d in _verify(tmp_path, dropped, name="dropped.py", model=model).diagnostics if d.code == "PG206"]
+    assert found and "pre_feedforward_layernorm_2" in found[0].message

@@ -210,18 +210,19 @@ def test_gemma4_moe_layer_reduces_its_experts_like_a_third_row_parallel_block(fa
 def test_gemma4_moe_layer_under_sp_reduce_scatters_its_experts_into_the_sequence_shards(fake_pg):
     """Under SP (plans/layer_experts.py) the experts' partial sum is reduce-scattered by the norm on it,
     as a row-parallel MLP's is: forward, per layer, the attention's, the MLP's and the experts' three
-    reduce-scatters, and four all-gathers of B·S·H (the attention's and the MLP's inputs, and the
-    flattened residual for the router and for the experts' input norm, which compute on every token
-    as without SP). Backward: the three blocks' output gradients gathered, the attention's and the
-    MLP's input gradients reduce-scattered, the experts' input and routing weights' all-reduced."""
+    reduce-scatters, and three all-gathers of B·S·H (the attention's and the MLP's inputs, and the
+    flattened residual once for both the router and the experts' input norm, SharedInputGather: they
+    compute on every token as without SP; gathered for each it was 4). Backward: the three blocks'
+    output gradients gathered, the attention's and the MLP's input gradients reduce-scattered, the
+    experts' input and routing weights' all-reduced."""
     forward, backward, _, _ = per_layer("gemma4-moe", True, source="synthesized")
-    assert forward == {AG: 4, RS: 3}
+    assert forward == {AG: 3, RS: 3}
     assert backward == {AG: 3, RS: 2, AR: 2}
     config, _, forward_step, backward_step = run_step("gemma4-moe", 2, True, source="synthesized")
     bsh, bsk = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.top_k_experts * 4
     table = BATCH * SEQ * config.num_hidden_layers * config.hidden_size_per_layer_input * 4
     # Reduce-scatters leave this rank half; the embedding's and the per-layer table's are the fixed ones.
-    assert sorted(forward_step.records) == sorted([(AG, bsh)] * (4 * 2 + 1) + [(RS, bsh // 2)] * (3 * 2 + 1) + [(RS, table // 2)])
+    assert sorted(forward_step.records) == sorted([(AG, bsh)] * (3 * 2 + 1) + [(RS, bsh // 2)] * (3 * 2 + 1) + [(RS, table // 2)])
     assert sorted(backward_step.records) == sorted(
         [(AG, bsh)] * (3 * 2 + 1) + [(AG, table)] + [(RS, bsh // 2)] * (2 * 2 + 1) + [("allreduce_", bsh), ("allreduce_", bsk)] * 2)
 
@@ -241,17 +242,20 @@ def test_gemma4_dense_layer_with_per_layer_inputs_costs_the_megatron_minimum(fak
         assert total_forward == {AG: 2 * 2 + 1, RS: 2 * 2 + 2} and total_backward == {AG: 2 * 2 + 2, RS: 2 * 2 + 1}
 
 
-def test_jetmoe_layer_reduces_the_routed_tokens_of_each_experts_module(fake_pg):
-    """JetMoE (GroupedColwise/RowwiseParallel): per layer, forward one all-reduce of the routed tokens
-    (B·S·k × H) after each output_linear (the attention experts' and the MLP experts'); backward the
-    same for each input_linear's input gradient, and one of B·S·H for kv_proj's (k and v split by heads)."""
+def test_jetmoe_layer_reduces_each_block_once_at_the_hidden_size(fake_pg):
+    """JetMoE without SP (RoutedBlockParallel): each block (the attention's mixture of heads, the MoE
+    MLP) sums its experts' top-k outputs locally and all-reduces its output once, B·S·H, as a dense
+    row-parallel layer does (it all-reduced each output_linear's routed tokens, B·S·k × H: k times
+    that). Backward: each block's input gradient (kv_proj's, the routed tokens', the router's) reduced
+    once (B·S·H), and the gates' gradient (B·S·k): the gates scale partial sums, so the router stays
+    exact. Was forward 2 all-reduces of B·S·k·H, backward 2 of B·S·k·H and 1 of B·S·H per layer."""
     forward, backward, _, _ = per_layer("jetmoe", False)
-    assert forward == {AR: 2} and backward == {AR: 3}
+    assert forward == {AR: 2} and backward == {AR: 4}
     config, _, forward_step, backward_step = run_step("jetmoe", 2, False)
     bsh = BATCH * SEQ * config.hidden_size * 4
-    routed = config.num_experts_per_tok * bsh
-    assert sorted(size for _, size in forward_step.records) == sorted([bsh] + [routed] * 4)  # + the embedding's
-    assert sorted(size for _, size in backward_step.records) == sorted([bsh] * 3 + [routed] * 4)  # + the head's
+    bsk = BATCH * SEQ * config.num_experts_per_tok * 4
+    assert sorted(size for _, size in forward_step.records) == [bsh] * (2 * 2 + 1)  # + the embedding's
+    assert sorted(size for _, size in backward_step.records) == sorted([bsh] * (2 * 2 + 1) + [bsk] * (2 * 2))  # + the head's
 
 
 def test_jetmoe_layer_under_sequence_parallel_reduce_scatters_each_block_out(fake_pg):
@@ -754,18 +758,19 @@ def test_inkling_layer_costs_its_attention_and_moe_blocks_at_their_minimum(fake_
     """Inkling (synthesized): attention split by heads, its k/v short convs with their channels, and
     the MoE block's routed and shared experts. Per MoE layer, forward: o_proj's all-reduce and the MoE
     block's one all-reduce of B·S·H (the routed and the shared experts' partial sums together).
-    Backward: the attention's input gradient, the hidden state's from the routed and from the shared
-    experts (B·S·H each), the relative-logits bank's (read by every head: d_rel x extent), the routing
-    weights' (B·S·k) and the shared experts' per-token scales' (B·S·2), so the router over both stays
-    exact. (The per-head norms' gradients are Partial DTensors, reduced when read, as Qwen3's.)"""
+    Backward: the attention's input gradient, the MoE block's input gradient once for both branches
+    (B·S·H, MoeBlockParallel: the routed and the shared experts reduced theirs separately, 6 in all),
+    the relative-logits bank's (read by every head: d_rel x extent), the routing weights' (B·S·k) and
+    the shared experts' per-token scales' (B·S·2), so the router over both stays exact. (The per-head
+    norms' gradients are Partial DTensors, reduced when read, as Qwen3's.)"""
     forward, backward, _, _ = per_layer("inkling", False, source="synthesized")
-    assert forward == {AR: 2} and backward == {AR: 6}
+    assert forward == {AR: 2} and backward == {AR: 5}
     config, _, forward_step, backward_step = run_step("inkling", 4, False, source="synthesized")
     bsh, bs = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * 4
     layers, moe_layers = config.num_hidden_layers, config.num_hidden_layers - 1  # layer 0: a dense MLP, whole
     assert sorted(size for _, size in forward_step.records) == sorted([bsh] * (layers + moe_layers))
     bank = [config.d_rel * config.sliding_window_size * 4] + [config.d_rel * config.rel_extent * 4] * moe_layers
-    expected = [bsh] * (layers + 2 * moe_layers + 1) + bank  # + the head's input gradient
+    expected = [bsh] * (layers + moe_layers + 1) + bank  # + the head's input gradient
     expected += [bs * config.num_experts_per_tok] * moe_layers + [bs * config.n_shared_experts] * moe_layers
     assert sorted(size for _, size in backward_step.records) == sorted(expected)
 

@@ -133,9 +133,11 @@ def _cases():
     # TP-local matmul as wide as MKL needs to pick the full-width kernel (tiny_configs): bitwise.
     stable = [{"name": f"{m}-stable", "model": m, "variant": "stable", "attn": ATTN.get(m, "sdpa")} for m in STABLE_MODELS]
     bitwise = [{"name": f"{m}-4kv-{v}", "model": f"{m}-4kv", "variant": v} for m in BITWISE_MODELS for v in VARIANTS]
-    # At TP 2 alone too: JetMoE's blocks reduce-scattered under SP (RoutedBlockSequenceParallel);
-    # DBRX's 3 experts split by their ffn rows, with the full state dict.
-    tp2_only = [{"name": "jetmoe-sp", "model": "jetmoe", "sp": True},
+    # At TP 2 alone too: JetMoE's blocks reduced once (RoutedBlockParallel), under SP reduce-scattered
+    # (RoutedBlockSequenceParallel); Gemma 4's MoE form under SP (the router's and the experts' norm's
+    # input gathered once, SharedInputGather); DBRX's 3 experts split by their ffn rows, with the full state dict.
+    tp2_only = [{"name": "jetmoe", "model": "jetmoe"}, {"name": "jetmoe-sp", "model": "jetmoe", "sp": True},
+                {"name": "gemma4-moe-sp", "model": "gemma4-moe", "plan_kind": "synthesized", "sp": True},
                 {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True}]
     for case in cases:  # the same dicts in every mesh
         if case["name"] in READS_STATE_DICT:
@@ -162,7 +164,7 @@ TP2_DEFAULT = {
     "llama", "llama-sp", "nemotron_h-sp", "llama4-sp",
     # issue 10's MoE parity at TP 2, SP off and on:
     *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
-    "jetmoe-sp", "dbrx-3-experts-state-dict",
+    "jetmoe", "jetmoe-sp", "gemma4-moe-sp", "dbrx-3-experts-state-dict",
 }
 # At DP 2 x TP 2, repeats of a layout another default case covers: HunYuan's and LongCat's experts
 # split by their intermediate as Mixtral-3's (whose state dict stays in), LongCat's stable variant.

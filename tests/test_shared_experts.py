@@ -82,15 +82,18 @@ def test_an_intermediate_the_tp_size_does_not_divide_and_other_modules_are_refus
 def test_the_router_over_routed_and_shared_experts_is_recognised_and_stays_whole():
     """The router's weight is [8 routed + 2 shared, H] beside a learned global_scale: it is the
     block's router (whole on every rank), the routed experts split by ExpertsParallel and the shared
-    ones by SharedExpertsParallel, both leaving partial sums the block reduces once."""
+    ones by SharedExpertsParallel, both leaving partial sums the block reduces once, and their input
+    gradients too (MoeBlockParallel: one all-reduce for both, the router's share counted once)."""
     from plangen.plans.synthesize import build_synthesized_plan
 
     model = build_tiny("inkling")
     assert tuple(model.model.layers[1].mlp.gate.weight.shape) == (10, 32)
     plan = build_synthesized_plan(model, sequence_parallel=False)
     styles = {e.pattern: (e.style, e.kwargs) for e in plan.entries}
-    assert styles["model.layers.*.mlp.experts"] == ("ExpertsParallel", {"output_layouts": Partial()})
-    assert styles["model.layers.*.mlp.shared_experts"] == ("SharedExpertsParallel", {"output_layouts": Partial()})
+    partial = {"output_layouts": Partial(), "sum_input_grad": False}
+    assert styles["model.layers.*.mlp.experts"] == ("ExpertsParallel", partial)
+    assert styles["model.layers.*.mlp.shared_experts"] == ("SharedExpertsParallel", partial)
+    assert styles["model.layers.1.mlp"][0] == "MoeBlockParallel" and styles["model.layers.1.mlp"][1]["router"] == "gate"
     assert styles["model.layers.1.mlp"][1]["output_layouts"] == (Partial(),)
     kept = {r.pattern: r.why for r in plan.replicated}
     assert kept["model.layers.*.mlp.gate"] == "the router sees every token on every rank: routing stays exact"

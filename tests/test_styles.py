@@ -1015,6 +1015,8 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "EveryTokenMoeParallel": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "GatedDeltaNetParallel": {"head_parameters": ("weight",), "head_attributes": ("num_v_heads",)},
     "EmbeddingRowReadParallel": {"embedding": "embed"},
+    "SharedInputGather": {"readers": ("child",)},
+    "MoeBlockParallel": {"router": "child", "output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "PrepareAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "BucketedAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()",
                                      "head_attributes": ("num_heads",), "bucketed": "weight_proj", "all_heads_helper": "extra"},
@@ -1074,8 +1076,11 @@ _MODULE_OF = {
     "MlaAttentionParallel": lambda: _LatentAttention(rope=2, latent=6),
     "PairedHeadsAttentionInput": _PairedHeadsBlock,
     "EveryTokenMoeParallel": _EveryTokenMoe,
+    "RoutedBlockParallel": lambda: _jetmoe_moe(),
     "RoutedBlockSequenceParallel": lambda: _jetmoe_moe(),
     "GatheredNormParallel": lambda: nn.LayerNorm(8),
+    "SharedInputGather": lambda: _with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)),
+    "MoeBlockParallel": lambda: _with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)),
     "EmbeddingRowReadParallel": lambda: _with_child(nn.Linear(8, 8), "embed", nn.Embedding(8, 4)),
     "RebuiltChildHeadCounts": lambda: _with_child(nn.Linear(8, 8), "self", nn.Identity()),  # BigBird's child name
     "BucketedAttentionInputOutput": lambda: _Bucketed(),
@@ -1848,3 +1853,16 @@ def test_head_table_is_split_by_heads_and_the_bias_is_this_ranks_heads(tp_mesh):
     holder.m.relative_attention_bias = nn.Parameter(torch.zeros(32, 3))
     with pytest.raises(ValueError, match=r"HeadTableParallel: PositionBias.relative_attention_bias is \(32, 3\)"):
         parallelize_module(holder, tp_mesh, {"m": HeadTableParallel()})
+def test_moe_block_reducing_its_input_gradient_once_refuses_a_sequence_sharded_input(tp_mesh):
+    """MoeBlockParallel all-reduces the block input's gradient once for its branches (Inkling's routed
+    and shared experts; counts: tests/test_comm_counts.py, numerics: the inkling synthesized cases);
+    under SP the gather's backward would have to reduce-scatter a partial gradient: refused."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import MoeBlockParallel
+
+    style = MoeBlockParallel(router="child", input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                             output_layouts=(Replicate(),), desired_output_layouts=(Replicate(),))
+    with pytest.raises(ValueError, match="no sequence parallel"):
+        parallelize_module(_with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)), tp_mesh, style)

@@ -1430,7 +1430,8 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     """Gemma 4's MoE form (enable_moe_block, 26B-A4B): router and packed experts are children of the
     decoder layer, which normalises the experts' output: ExpertsParallel all-reduces it there, the
     router stays whole with its reason. Under SP the router and the experts' input norm (read from
-    the layer's forward) take the flattened residual whole, and the experts' sum is left a Partial
+    the layer's forward) take the flattened residual whole, gathered once for both (SharedInputGather
+    on the layer), and the experts' sum is left a Partial
     DTensor that the norm on it (SequenceParallel, as every norm) reduce-scatters."""
     from plangen.plans.layer_experts import read_experts_norms
     from tiny_configs import build_tiny
@@ -1446,11 +1447,10 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     assert not analyze_model(model).sp_problems
     sp = build_synthesized_plan(model, True)
     assert _entry(sp, "model.layers.*.experts").kwargs == {"output_layouts": Partial(), "use_local_output": False}
-    whole = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
-                 desired_input_kwarg_layouts=None, use_local_output=True)
-    for name in ("router", "pre_feedforward_layernorm_2"):
-        assert (_entry(sp, f"model.layers.*.{name}").style, _entry(sp, f"model.layers.*.{name}").kwargs) == (
-            "PrepareModuleInput", whole)
+    # The router and the experts' input norm read the flattened residual: gathered once for both.
+    shared = _entry(sp, "model.layers.*")
+    assert (shared.style, shared.kwargs) == ("SharedInputGather", {"readers": ("router", "pre_feedforward_layernorm_2")})
+    assert not [e for e in sp.entries if e.pattern.endswith((".router", ".pre_feedforward_layernorm_2"))]
     assert styles_of(sp)["model.layers.*.post_feedforward_layernorm_2"] == "SequenceParallel"
 
 

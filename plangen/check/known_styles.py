@@ -241,10 +241,18 @@ STYLES: dict[str, StyleSpec] = {
         ),
         _spec("ActivationSparsityParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
-        _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None), StyleParam("use_local_output", BOOL, True))),
+        _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None), StyleParam("use_local_output", BOOL, True),
+                                  StyleParam("sum_input_grad", BOOL, True))),
         _spec("FlatExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
         _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()), StyleParam("sum_input_grad", BOOL, True))),
         _spec("GroupedRowwiseParallel", (StyleParam("sum_output", BOOL, True),)),
+        _spec(
+            "RoutedBlockParallel",
+            (
+                StyleParam("input_kwarg", STR, ""), StyleParam("bias", STR, "bias"), StyleParam("router", STR, "router"),
+                StyleParam("reads_gathered", STR_TUPLE, ()),
+            ),
+        ),
         _spec(
             "RoutedBlockSequenceParallel",
             (
@@ -252,15 +260,26 @@ STYLES: dict[str, StyleSpec] = {
                 StyleParam("reads_gathered", STR_TUPLE, ()), StyleParam("sequence_dim", INT, 1),
             ),
         ),
-        _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None), StyleParam("sum_input_grad", BOOL, True))),
         _spec("ConvChannelsParallel", ()),
         _spec("AllReduceOutputGrad", ()),
+        _spec("SharedInputGather", (StyleParam("readers", STR_TUPLE),)),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec("RwkvTimeMixParallel", ()),
         _spec("RwkvChannelMixParallel", ()),
         _spec("HeadTableParallel", (StyleParam("parameter", STR, "relative_attention_bias"),)),
         _spec("RGLRUParallel", (StyleParam("head_attribute", STR, "num_attention_heads"),)),
         _spec("MultiHeadNormParallel", (StyleParam("head_attributes", STR_TUPLE, ("num_heads", "num_features")),)),
+        _spec(
+            "MoeBlockParallel",
+            (
+                StyleParam("router", STR, "gate"),
+                *_INPUT_PREPARATION,
+                StyleParam("use_local_input", BOOL, False),
+                *_OUTPUT_PREPARATION,
+                StyleParam("use_local_output", BOOL, True),
+            ),
+        ),
         _spec(
             "EveryTokenMoeParallel",
             (

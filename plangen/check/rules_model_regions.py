@@ -25,7 +25,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
 from plangen.style_facts import weight_layout
-from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce, RoutedBlockSequenceParallel
+from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce, RoutedBlockSequenceParallel, SharedInputGather
 
 
 # --- PG206: sequence-parallel regions ----------------------------------------------------------
@@ -183,14 +183,14 @@ def _norms_outside_sequence_parallel(plan: ModelPlan) -> Iterator[ModelFinding]:
     reported: set[str] = set()
     for owner in sorted(owners):
         module = plan.model.get_submodule(owner) if owner else plan.model
+        gathered = plan.style_of(owner).readers if isinstance(plan.style_of(owner), SharedInputGather) else ()  # whole
         for child, norm in module.named_children():
             path = f"{owner}.{child}" if owner else child
-            if "norm" not in type(norm).__name__.lower() or plan.style_of(path) is not None:
+            if "norm" not in type(norm).__name__.lower() or plan.style_of(path) is not None or child in gathered:
                 continue
             if next(norm.children(), None) is not None:  # a block named for its norms (DBRX's norm_attn_norm)
                 continue
-            pattern = generalize(path)
-            if pattern not in reported:
+            if (pattern := generalize(path)) not in reported:
                 reported.add(pattern)
                 yield SequenceParallelRule.finding(
                     f"`{pattern}` ({type(norm).__name__}) sits on the sequence-split residual stream, but no key"

@@ -11,8 +11,8 @@ block around them::
     hidden_states_2 = self.post_feedforward_layernorm_2(hidden_states_2)
 
 Under SP the residual is a ``Shard(1)`` DTensor and its flattening a strided shard of the tokens.
-The router and the experts' input norm each take the whole flattened sequence (one all-gather each;
-they compute whole on every rank, as without SP), the experts leave their partial sum as a
+The router and the experts' input norm take the whole flattened sequence, all-gathered once for both
+(``SharedInputGather`` on the layer; they compute whole on every rank, as without SP), the experts leave their partial sum as a
 ``Partial`` DTensor, and the norm on their output (``SequenceParallel``, as every norm on the
 residual stream) reduce-scatters it into this rank's sequence shard: the one reduce-scatter a
 row-parallel MLP has. :func:`read_experts_norms` reads which norms those are from the layer's forward.
@@ -29,7 +29,6 @@ from torch.distributed.tensor import Partial, Replicate
 from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import PlanEntry
 from plangen.plans.forward_source import _forward_tree, _self_call_name
-from plangen.plans.layouts import SEQ
 
 _VIEWS = frozenset({"reshape", "view", "to", "contiguous"})
 
@@ -87,18 +86,17 @@ def layer_experts_entries(
         return [PlanEntry(path, "ExpertsParallel", dict(output_layouts=Replicate()), "mlp",
                           f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
     layer = path.rpartition(".")[0]
-    whole = dict(input_layouts=(SEQ,), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
-                 desired_input_kwarg_layouts=None, use_local_output=True)
     entries = [PlanEntry(
         path, "ExpertsParallel", dict(output_layouts=Partial(), use_local_output=False), "mlp",
         f"{EXPERTS_PARALLEL_WHY}; their sum left partial, reduce-scattered by the norm on it into the "
         "sequence-sharded residual",
     )]
-    for name in (*routers, *((input_norm,) if input_norm else ())):
-        entries.append(PlanEntry(
-            f"{layer}.{name}", "PrepareModuleInput", whole, "mlp",
-            "takes the flattened residual whole (one all-gather of B·S·H) and computes on every token, as without SP",
-        ))
+    readers = (*routers, *((input_norm,) if input_norm else ()))
+    entries.append(PlanEntry(
+        layer, "SharedInputGather", dict(readers=readers), "mlp",
+        f"{' and '.join(readers)} take the flattened residual whole, all-gathered once for both (B·S·H), and "
+        f"compute on every token, as without SP",
+    ))
     return entries
 
 

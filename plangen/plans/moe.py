@@ -292,18 +292,18 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     # and in its mixture of attention heads (MoA: each expert a query projection of num_key_value_heads
     # heads and its output projection; k and v shared, packed in kv_proj). Each expert is split
     # Megatron-style: input_linear by output features (the MoA's query heads, the MoE's [gate; up]
-    # re-laid out), output_linear by input features, its routed-token outputs all-reduced before the
-    # gates, the scatter back and the block's bias; kv_proj split by heads with them. The routers
+    # re-laid out), output_linear by input features; kv_proj split by heads with them. The routers
     # run replicated on every token: routing and the auxiliary loss are exact.
     #
-    # Sequence parallel: each block ends as a dense row-parallel layer does under SP, in one
-    # reduce-scatter onto the sequence-sharded residual (RoutedBlockSequenceParallel): it gathers the
-    # sequence in once, its experts leave partial sums through the gates and the scatter back (both
-    # linear), the block's bias is added once on the shard after the reduction; the gathered input's
-    # gradient is reduce-scattered once for all its readers (kv_proj, the routed tokens, the router,
-    # counted once), and the gates' gradient, partial like the outputs they scale, is all-reduced
-    # (B·S·k), so the router's gradients and the auxiliary loss stay exact. The norms and the
-    # residual stream are sequence-sharded.
+    # Each block (self_attention, mlp) ends as a dense row-parallel layer does, in one reduction of
+    # B·S·H (RoutedBlockParallel: an all-reduce; under SP RoutedBlockSequenceParallel: a
+    # reduce-scatter onto the sequence-sharded residual, the sequence gathered in once): its experts
+    # leave partial sums through the gates and the scatter back (both linear), summed over the top k
+    # locally, and the block's bias is added once after the reduction. Reducing each output_linear's
+    # routed tokens instead costs k times that. The block's input gradient is reduced once for all
+    # its readers (kv_proj, the routed tokens, the router, counted once), and the gates' gradient,
+    # partial like the outputs they scale, is all-reduced (B·S·k), so the router's gradients and the
+    # auxiliary loss stay exact. Under SP the norms and the residual stream are sequence-sharded.
     sp = sequence_parallel
     prefix = _text_prefix(model)
     layer = f"{prefix}.layers.*"
@@ -312,16 +312,19 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     entries = [e for e in dense.entries if not e.pattern.startswith(blocks)]
     replicated = list(dense.replicated)
     attention, mlp = f"{layer}.self_attention", f"{layer}.mlp"
-    scattered = "sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out"
+    block_style = "RoutedBlockSequenceParallel" if sp else "RoutedBlockParallel"
+    reduced = ("sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out" if sp
+               else "the experts' partial sums (the top k summed locally) all-reduced once, B·S·H")
+    seq = dict(sequence_dim=1) if sp else {}
+    after = "the bias added once on the shard" if sp else "the bias added once after"
     regions = [
-        PlanEntry(f"{attention}", "RoutedBlockSequenceParallel",
-                  dict(input_kwarg="hidden_states", bias="experts.bias", router="experts.router", reads_gathered=("kv_proj",)),
-                  "attention", f"{scattered}, the bias added once on the shard (its attention weights and router logits pass through)"),
-        PlanEntry(f"{mlp}", "RoutedBlockSequenceParallel", {}, "mlp", f"{scattered}, the bias added once on the shard"),
-    ] if sp else []
-    # Without SP each experts module reduces its own (routed-token) sums; with SP the block does, once.
-    summed, reduction = (dict(sum_output=False), "its partial sums left to the block") if sp else ({}, "one all-reduce of the routed tokens")
-    inputs, input_grad = (dict(sum_input_grad=False), "its input's gradient left to the block's reduce-scatter") if sp else ({}, "its input's gradient summed over TP")
+        PlanEntry(f"{attention}", block_style,
+                  dict(input_kwarg="hidden_states", bias="experts.bias", router="experts.router", reads_gathered=("kv_proj",), **seq),
+                  "attention", f"{reduced}, {after} (its attention weights and router logits pass through)"),
+        PlanEntry(f"{mlp}", block_style, dict(seq), "mlp", f"{reduced}, {after}"),
+    ]
+    summed, reduction = dict(sum_output=False), "its partial sums left to the block"
+    inputs, input_grad = dict(sum_input_grad=False), "its input's gradient left to the block's one reduction"
     ours = [
         *regions,
         PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",

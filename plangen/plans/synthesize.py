@@ -111,10 +111,15 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     reduced = "one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce"
     if block.output_norm is not None:
         reduced = ("one all-gather of the sequence in; " if sp else "") + f"the sum reduced into {block.output_norm}"
+    # Shared experts of 3-D weights beside the routed ones (Inkling's), no SP: the block reduces both
+    # branches' input gradients once (MoeBlockParallel), each leaves its own partial.
+    once = (bool(block.packed_shared) and not sp and not block.shared and not block.gates and len(block.routers) == 1
+            and block.output_norm is None)
     entries = [
         PlanEntry(
-            part.path, "PrepareModuleInputOutput",
+            part.path, "MoeBlockParallel" if once else "PrepareModuleInputOutput",
             dict(
+                **(dict(router=block.routers[0]) if once else {}),
                 **_input_layouts(call, sp),
                 use_local_input=True,
                 # Reduced already where a norm on the summed branches is what the block returns.
@@ -125,8 +130,9 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             "mlp", f"mixture of experts: {reduced} of the summed partial outputs of its branches",
         ),
         PlanEntry(
-            f"{part.path}.{block.experts}", "ExpertsParallel", dict(output_layouts=Partial()), "mlp",
-            EXPERTS_PARALLEL_WHY,
+            f"{part.path}.{block.experts}", "ExpertsParallel",
+            dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})), "mlp",
+            EXPERTS_PARALLEL_WHY + ("; its input's gradient left to the block's one reduction" if once else ""),
         ),
     ]
     for name, mlp, shared_call in block.shared:
@@ -153,9 +159,11 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         ))
     for name in block.packed_shared:
         entries.append(PlanEntry(
-            f"{part.path}.{name}", "SharedExpertsParallel", dict(output_layouts=Partial()), "mlp",
+            f"{part.path}.{name}", "SharedExpertsParallel",
+            dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})), "mlp",
             "shared experts of 3-D weights: a slice of each one's intermediate per rank, partial sum out (reduced "
-            "by the block); their input's and per-token scales' gradients summed over TP",
+            "by the block); " + ("their per-token scales' gradient summed over TP, their input's left to the block's "
+                                 "one reduction" if once else "their input's and per-token scales' gradients summed over TP"),
         ))
     for gate in block.gates:
         entries.append(PlanEntry(
