@@ -183,9 +183,9 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "lm_head": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
 
     # Other
-    # 1 × Phi4MultimodalAudioRelativeAttentionBias
+    # 1 × Embedding [2000, 16], replicated at TP=2
     # one bias per head, sliced to this rank's heads in each layer: its gradient summed over TP
-    "model.embed_tokens_extend.audio_embed.encoder.relative_attention_bias_layer": AllReduceParamGrads(),
+    "model.embed_tokens_extend.audio_embed.encoder.relative_attention_bias_layer.bias_values": AllReduceParamGrads(),
     # Left replicated on purpose: the conformer's convolution module (GLU pointwise conv, depthwise conv, then two
     # channel-mixing pointwise convs with an activation between them): split by channels it would need a collective
     # between those two, a third per block

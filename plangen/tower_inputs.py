@@ -52,23 +52,25 @@ def _got_ocr2(model: Any, ids: torch.Tensor, gen: torch.Generator) -> tuple[torc
 def _phi4_multimodal(model: Any, ids: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     # One image (one crop of the image's own size, with the global view: two crops) and one audio
     # chunk per row. The image's tokens are the crop's and the global view's pooled patches, each row
-    # of them closed by a separator, and one more between the two; the audio's one token is the
-    # conformer's frames after its time reduction.
+    # of them closed by a separator, and one more between the two; the audio's two tokens are the
+    # conformer's frames after its time reduction (two, so that its attention and its per-head
+    # relative bias get a gradient: over one key the softmax is constant).
     config, vision, audio = model.config, model.config.vision_config, model.config.audio_config
     rows, crop = ids.shape[0], vision.crop_size
     side = int(model.model.embed_tokens_extend.image_embed.num_img_tokens ** 0.5)  # pooled patches per side
     image_tokens = 2 * side * (side + 1) + 1
     patches = crop // vision.patch_size
-    frames = audio.time_reduction  # one token after the reduction
+    audio_tokens = 2
+    frames = audio_tokens * audio.time_reduction
     ids = ids.clone()
     ids[:, 1:1 + image_tokens] = vision.image_token_id
-    ids[:, 1 + image_tokens] = audio.audio_token_id
+    ids[:, 1 + image_tokens:1 + image_tokens + audio_tokens] = audio.audio_token_id
     return ids, {
         "image_pixel_values": torch.randn(rows, 2, vision.num_channels, crop, crop, generator=gen),
         "image_sizes": torch.tensor([[crop, crop]] * rows),
         "image_attention_mask": torch.ones(rows, 2, patches, patches, dtype=torch.long),
         "audio_input_features": torch.randn(rows, frames, audio.input_size, generator=gen),
-        "audio_embed_sizes": torch.ones(rows, dtype=torch.long),
+        "audio_embed_sizes": torch.full((rows,), audio_tokens),
         "audio_attention_mask": torch.ones(rows, frames, dtype=torch.bool),
     }
 

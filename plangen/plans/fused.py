@@ -177,7 +177,7 @@ def _phi4_tower_entries() -> list[PlanEntry]:
         # The conformer adds a relative-position bias of one value per head (bias_values) to the mask it
         # hands every layer: each rank's attention takes its heads' slice of it, and the bias table,
         # whose gradient each rank then computes for its heads only, has it summed over TP.
-        PlanEntry(f"{_PHI4_AUDIO}.relative_attention_bias_layer", "AllReduceParamGrads", {}, "other",
+        PlanEntry(f"{_PHI4_AUDIO}.relative_attention_bias_layer.bias_values", "AllReduceParamGrads", {}, "other",
                   "one bias per head, sliced to this rank's heads in each layer: its gradient summed over TP"),
         PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn", "PrepareAttentionInputOutput", dict(
             input_layouts=(Replicate(), None), desired_input_layouts=(Replicate(), None), output_layouts=Replicate(),
