@@ -63,6 +63,9 @@ def _phi4_multimodal(model: Any, ids: torch.Tensor, gen: torch.Generator) -> tup
     audio_tokens = 2
     frames = audio_tokens * audio.time_reduction
     ids = ids.clone()
+    # Drawn ids may hit a placeholder (the hand-written parity cases draw from the whole vocabulary),
+    # which would ask for features no input gives: made plain text.
+    ids[(ids == vision.image_token_id) | (ids == audio.audio_token_id)] = 0
     ids[:, 1:1 + image_tokens] = vision.image_token_id
     ids[:, 1 + image_tokens:1 + image_tokens + audio_tokens] = audio.audio_token_id
     return ids, {
