@@ -68,6 +68,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         desired_input_kwarg_layouts={"hidden_states": Replicate()},
         use_local_output=False,
         head_attributes=(),
+        shared_tables=(),
     ),
     # 26 × Linear [2048, 2304] → local [1024, 2304] at TP=2; column-parallel: each rank computes its own heads
     "model.language_model.layers.*.self_attn.q_proj": ColwiseParallel(

@@ -238,16 +238,25 @@ class PrepareAttentionInputOutput(PrepareModuleInputOutput):
 
 def _slice_head_inputs(names: tuple[str, ...], device_mesh: DeviceMesh, module: nn.Module, args: Any,
                        kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """This rank's heads' slice (dimension 1) of each keyword tensor in ``names`` that has one per head."""
+    """This rank's heads' slice (dimension 1) of each tensor argument in ``names`` that has one per head,
+    passed by keyword or by position (Phi-4-multimodal's conformer: ``self_attn(hidden_states, attention_mask)``)."""
+    import inspect
+
     tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+    positions = list(inspect.signature(module.forward).parameters)
+    args = list(args)
     for name in names:
-        value = kwargs.get(name)
+        at = positions.index(name) if name not in kwargs and name in positions else None
+        value = kwargs.get(name) if at is None else (args[at] if at < len(args) else None)
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] > 1:
             if value.shape[1] % tp:
                 raise ValueError(f"PrepareAttentionInputOutput: {name} has {value.shape[1]} heads, which TP size {tp} does not divide")
             local = value.shape[1] // tp
-            kwargs[name] = value.narrow(1, rank * local, local)
-    return args, kwargs
+            if at is None:
+                kwargs[name] = value.narrow(1, rank * local, local)
+            else:
+                args[at] = value.narrow(1, rank * local, local)
+    return tuple(args), kwargs
 
 
 def depthwise_conv(module: nn.Module) -> nn.Conv1d | None:

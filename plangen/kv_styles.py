@@ -134,6 +134,8 @@ class PrepareAttentionInput(PrepareModuleInput):
     heads (OPT's ``self.num_heads`` in ``view(bsz, -1, self.num_heads, self.head_dim)``): they are
     divided by the TP size, as :class:`~plangen.fused_styles.LocalHeadCounts` does, so the block
     reshapes this rank's heads (one style per module: the input preparation carries it).
+    ``shared_tables`` names the block's own parameters that every local head reads alike (GOT-OCR2's
+    relative-position tables): replicated, each rank's gradient (its heads' share) summed over TP.
     """
 
     def __init__(
@@ -145,6 +147,7 @@ class PrepareAttentionInput(PrepareModuleInput):
         desired_input_kwarg_layouts: Any = None,
         use_local_output: bool = False,
         head_attributes: tuple[str, ...] = (),
+        shared_tables: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
             input_layouts=input_layouts,
@@ -154,6 +157,7 @@ class PrepareAttentionInput(PrepareModuleInput):
             use_local_output=use_local_output,
         )
         self.head_attributes = tuple(head_attributes)
+        self.shared_tables = tuple(shared_tables)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from plangen.fused_styles import LocalHeadCounts
@@ -161,6 +165,13 @@ class PrepareAttentionInput(PrepareModuleInput):
         apply_kv_head_layout(module, device_mesh)
         if self.head_attributes:
             LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
+        if self.shared_tables:
+            from plangen.replicated_styles import sum_own_grads_over
+
+            if set(self.shared_tables) != set(module._parameters):
+                raise ValueError(f"PrepareAttentionInput: shared_tables {self.shared_tables} are not all of "
+                                 f"{type(module).__name__}'s own parameters ({', '.join(module._parameters)})")
+            sum_own_grads_over(module, device_mesh)
         return super()._apply(module, device_mesh)
 
 

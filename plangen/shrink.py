@@ -5,7 +5,7 @@ and the plan sweep) need real weights, but only for the architecture, not the si
 :func:`shrink_config` keeps what decides how tensor parallelism shards a model (head ratios,
 tying, layer kinds, special modules) and drops everything else to toy sizes, and
 :func:`build_tiny_model` builds it on CPU with weights fixed by a seed. Resolving what a user
-names and the meta-device build stay in :mod:`plangen.models`.
+names and the meta-device build stay in :mod:`plangen.models`; towers' sizes in :mod:`plangen.shrink_towers`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from plangen.models import ModelSource, resolve_config_and_class
+from plangen.shrink_towers import shrink_tower_sizes
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -304,6 +305,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         values[k] = max(2, _round_up(head_dim * values[k] // old_head_size, 2))
     _shrink_rope(values, head_dim)
     _shrink_layers(values, key, original)
+    shrink_tower_sizes(values, original, hidden, TINY_INTERMEDIATE)
     for name in _OTHER_LAYER_COUNT_KEYS:
         _cap_all(values, key, (name,), 2)
     # init_std: CpmAnt's 1.0 gives scores in the hundreds, whose float32 rounding 1e-5 cannot tell from an error.
@@ -488,7 +490,7 @@ def is_layer_index_list(name: str, value: Any, count: int) -> bool:
     """Whether config attribute ``name`` names layers by index (Qwen3-MoE's ``mlp_only_layers``,
     Llama-4's ``moe_layers``: strictly increasing indices below ``count``) rather than holding one
     entry per layer; a list of every index (``[0, 1]`` of 2 layers) is taken as naming them."""
-    if not ("layers" in name or "idx" in name or "indices" in name):
+    if not any(word in name for word in ("layers", "idx", "indices", "indexes")):
         return False
     if not isinstance(value, list) or not all(type(i) is int for i in value):
         return False
@@ -525,9 +527,7 @@ def _remap_token_ids(values: dict[str, Any], vocab: int, mapping: dict[int, int]
 def _remapped(token_id: int, vocab: int, mapping: dict[int, int]) -> int:
     if token_id < vocab:
         return token_id
-    if token_id not in mapping:
-        mapping[token_id] = vocab - 1 - len(mapping)
-    return mapping[token_id]
+    return mapping.setdefault(token_id, vocab - 1 - len(mapping))
 
 
 def _set_size(values: dict[str, Any], key, name: str, size: int, tp: int) -> None:
@@ -541,9 +541,8 @@ def _set_size(values: dict[str, Any], key, name: str, size: int, tp: int) -> Non
 
 
 def _cap_all(values: dict[str, Any], key, names: tuple[str, ...], cap: int, keep_at_least: int = 0) -> None:
-    for name in names:
-        if (k := key(name)) is not None and values[k] > cap:
-            values[k] = max(cap, keep_at_least)
+    for k in (k for name in names if (k := key(name)) is not None and values[k] > cap):
+        values[k] = max(cap, keep_at_least)
 
 
 def _round_up(value: int, multiple: int) -> int:

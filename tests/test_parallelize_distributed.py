@@ -123,10 +123,14 @@ def _cases():
     extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
-    # Phi-4-multimodal: Phi-3's plan (fused qkv_proj / gate_up_proj re-laid out per rank), no SP; its
-    # state dict still Hugging Face's at DP 2 x TP 2.
-    cases += [{"name": "Phi4MultimodalForCausalLM", "class": "Phi4MultimodalForCausalLM"},
-              {"name": "Phi4MultimodalForCausalLM-state-dict", "class": "Phi4MultimodalForCausalLM", "state_dict": True}]
+    # Phi-4-multimodal: Phi-3's plan (fused qkv_proj / gate_up_proj re-laid out per rank), no SP, and
+    # its image and audio towers' layers, run by one image and one audio chunk per row; its state dict
+    # (the conformer's packed gate_up_proj too) still Hugging Face's at DP 2 x TP 2.
+    # Adam's eps 1e-6, as the sweep's: the towers' key biases get gradients that are zero in exact
+    # arithmetic (softmax ignores them), rounding noise that eps 1e-8 turns into lr steps (train_steps).
+    cases += [{"name": "Phi4MultimodalForCausalLM", "class": "Phi4MultimodalForCausalLM", "adam_eps": 1e-6},
+              {"name": "Phi4MultimodalForCausalLM-state-dict", "class": "Phi4MultimodalForCausalLM", "state_dict": True,
+               "adam_eps": 1e-6}]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
     hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
     # The stable variant (no cross-rank sums in forward), and at TP 2 the same models with every
@@ -216,6 +220,23 @@ def test_matches_unsharded_model(results, case_id):
         assert r["param_drift"] < TOL, f"rank {rank}: parameters differ by {r['param_drift']} after 3 AdamW steps"
         if r["aux_loss"] is not None:  # MoE load-balancing loss, from replicated router logits
             assert r["aux_loss"] < TOL, f"rank {rank}: auxiliary loss differs by {r['aux_loss']}"
+
+
+# Phi-4-multimodal's towers, run by the checks' image and audio (plangen.tower_inputs) and sharded by
+# its hand-written plan: every parameter of their sharded layers gets a gradient, so each is compared.
+# The image encoder's last layer is the exception, here as in the real model: the model reads the
+# second-to-last layer's output (vision feature_layer -2), so no loss reaches the last one.
+PHI4_TOWER_LAYERS = ("model.embed_tokens_extend.image_embed.img_processor.encoder.layers.0.",
+                     "model.embed_tokens_extend.audio_embed.encoder.encoders.")
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case_id", params(["dp2tp2/Phi4MultimodalForCausalLM"]))
+def test_phi4_multimodal_check_runs_its_sharded_towers(results, case_id):
+    r = results[0][case_id]
+    assert not [n for n in r["unreached"] if n.startswith(PHI4_TOWER_LAYERS)], r["unreached"]
+    last = "model.embed_tokens_extend.image_embed.img_processor.encoder.layers.1."
+    assert any(n.startswith(last) for n in r["unreached"])
 
 
 MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in (*MOE_MODELS, "gemma4-moe", "dbrx"))]

@@ -131,9 +131,13 @@ CLASSES = {
     # whose attention views by self.num_heads in a helper method (made this rank's).
     "git": ("GitForCausalLM", False),
     "moss_transcribe_diarize": ("MossTranscribeDiarizeForConditionalGeneration", True),
+    # GOT-OCR2's SAM-style encoder (pixel values; one image token per row): its packed qkv viewed as
+    # (…, 3, heads, -1) re-laid out per rank, its relative-position tables replicated, gradient summed.
+    "got_ocr2": ("GotOcr2ForConditionalGeneration", True),
 }
 # The towers those cases must run: every parameter of their layers gets a gradient in the check.
-TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcribe_diarize": "model.audio_tower.layers."}
+TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcribe_diarize": "model.audio_tower.layers.",
+          "got_ocr2": "model.vision_tower.layers."}
 # No sequence parallel: the BERT family's (RemBERT's, X-MOD's) position and token-type embeddings are
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing

@@ -237,7 +237,8 @@ STYLES: dict[str, StyleSpec] = {
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
         _spec(
             "PrepareAttentionInput",
-            (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False), StyleParam("head_attributes", STR_TUPLE, ())),
+            (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False), StyleParam("head_attributes", STR_TUPLE, ()),
+             StyleParam("shared_tables", STR_TUPLE, ())),
         ),
         _spec("ActivationSparsityParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec("KVHeadsColwiseParallel", _LAYOUTS),

@@ -138,11 +138,16 @@ def plan_phi3(model: nn.Module, sequence_parallel: bool) -> Plan:
     )
 
 
+_PHI4_IMAGE = "model.embed_tokens_extend.image_embed.img_processor.encoder.layers.*"
+_PHI4_AUDIO = "model.embed_tokens_extend.audio_embed.encoder"
+
+
 @register_plan("Phi4MultimodalForCausalLM")
 def plan_phi4_multimodal(model: nn.Module, sequence_parallel: bool) -> Plan:
     """Phi-4-multimodal's text decoder is Phi-3's (the same fused qkv_proj sliced by the config's head
-    counts, the same gate_up_proj): Phi-3's plan. Its image and audio towers (embed_tokens_extend)
-    stay whole: no check runs them yet (plangen.tower_inputs)."""
+    counts, the same gate_up_proj): Phi-3's plan. Its towers (embed_tokens_extend), run by the checks'
+    images and audio (plangen.tower_inputs), are sharded TP only as plangen.plans.towers shards towers:
+    the SigLIP image encoder's and the conformer's attention by heads, their MLPs by the intermediate."""
     if sequence_parallel:
         raise ValueError(
             f"{type(model).__name__}: no sequence-parallel plan: embed_tokens_extend merges image and audio "
@@ -150,9 +155,55 @@ def plan_phi4_multimodal(model: nn.Module, sequence_parallel: bool) -> Plan:
             "use sequence_parallel=False"
         )
     plan = plan_phi3(model, False)
-    towers = Replicated("model.embed_tokens_extend", "the image and audio towers, which no numerical check runs "
-                        "yet (no inputs built for them in plangen.tower_inputs): whole", "other")
-    return Plan(plan.entries, plan.source, (*plan.replicated, towers), False)
+    return Plan((*plan.entries, *_phi4_tower_entries()), plan.source, (*plan.replicated, *_PHI4_TOWERS_KEPT), False)
+
+
+def _phi4_tower_entries() -> list[PlanEntry]:
+    rowwise = dict(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True)
+    colwise = dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
+    fused = dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True)
+    once = "one input-gradient reduction per block in backward"
+    entries = [
+        PlanEntry(f"{_PHI4_IMAGE}.self_attn", "PrepareModuleInput", dict(
+            input_kwarg_layouts={"hidden_states": Replicate()}, desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=False), "attention", f"the image encoder's attention (views by -1 heads): {once}"),
+        *(PlanEntry(f"{_PHI4_IMAGE}.self_attn.{p}", "ColwiseParallel", colwise, "attention", "column-parallel: this rank's heads")
+          for p in ("q_proj", "k_proj", "v_proj")),
+        PlanEntry(f"{_PHI4_IMAGE}.self_attn.out_proj", "RowwiseParallel", rowwise, "attention", "row-parallel: all-reduce"),
+        PlanEntry(f"{_PHI4_IMAGE}.mlp", "PrepareModuleInput", dict(input_layouts=(Replicate(),), desired_input_layouts=(
+            Replicate(),), use_local_output=False), "mlp", f"the image encoder's MLP: {once}"),
+        PlanEntry(f"{_PHI4_IMAGE}.mlp.fc1", "ColwiseParallel", colwise, "mlp", "column-parallel: this rank's slice"),
+        PlanEntry(f"{_PHI4_IMAGE}.mlp.fc2", "RowwiseParallel", rowwise, "mlp", "row-parallel: all-reduce"),
+        # The conformer adds a relative-position bias of one value per head (bias_values) to the mask it
+        # hands every layer: each rank's attention takes its heads' slice of it, and the bias table,
+        # whose gradient each rank then computes for its heads only, has it summed over TP.
+        PlanEntry(f"{_PHI4_AUDIO}.relative_attention_bias_layer.bias_values", "AllReduceParamGrads", {}, "other",
+                  "one bias per head, sliced to this rank's heads in each layer: its gradient summed over TP"),
+        PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn", "PrepareAttentionInputOutput", dict(
+            input_layouts=(Replicate(), None), desired_input_layouts=(Replicate(), None), output_layouts=Replicate(),
+            desired_output_layouts=Replicate(), use_local_output=True, head_inputs=("attention_mask",)), "attention",
+            f"the conformer's attention (views by -1 heads): {once}; its all-heads mask (with the bias) sliced to its heads"),
+        *(PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn.{p}", "ColwiseParallel", colwise, "attention",
+                    "column-parallel: this rank's heads") for p in ("q_proj", "k_proj", "v_proj")),
+        PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn.o_proj", "RowwiseParallel", rowwise, "attention", "row-parallel: all-reduce"),
+    ]
+    for mlp in ("feed_forward_in", "feed_forward_out"):  # layer_norm, then gate_up_proj packed [up; gate] (chunk(2))
+        entries += [
+            PlanEntry(f"{_PHI4_AUDIO}.encoders.*.{mlp}.gate_up_proj", "FusedColwiseParallel", fused, "mlp",
+                      "each rank holds its own slice of up and of gate; one input-gradient reduction per block"),
+            PlanEntry(f"{_PHI4_AUDIO}.encoders.*.{mlp}.down_proj", "RowwiseParallel", rowwise, "mlp", "row-parallel: all-reduce"),
+        ]
+    return entries
+
+
+_PHI4_TOWERS_KEPT = (
+    Replicated("model.embed_tokens_extend.audio_embed.encoder.encoders.*.conv", "the conformer's convolution module "
+               "(GLU pointwise conv, depthwise conv, then two channel-mixing pointwise convs with an activation between "
+               "them): split by channels it would need a collective between those two, a third per block", "other"),
+    Replicated("model.embed_tokens_extend", "outside the towers' attention and MLPs (patch and position embeddings, "
+               "the conformer's subsampling convs, norms, the image pooling head, the projections into the text): "
+               "whole on every rank, run once per input, not once per layer", "other"),
+)
 
 
 def build_conv1d_decoder_plan(

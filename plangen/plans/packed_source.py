@@ -410,6 +410,10 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
     if len(trailing) < 2:
         return None
     values = [reader.int_value(e) for e in trailing]
+    parts = _parts_view(reader, trailing, values, out_features, counts, head_size)
+    if parts:  # GOT-OCR2's reshape(b, s, 3, self.num_attention_heads, -1): [q; k; v], each by heads
+        heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
+        return _unsure(reader.module, heads, head_size) or PackedSplit("parts", parts=parts, head_attributes=tuple(sorted(heads)))
     unit = 1
     for v in values[1:]:
         unit *= v  # type: ignore[operator]
@@ -449,6 +453,19 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
     if unsure:
         return unsure
     return PackedSplit("groups", groups=groups, head_attributes=tuple(sorted(heads | group_attrs)))
+
+
+def _parts_view(reader: _Reader, trailing: list[ast.expr], values: list[int | None], out_features: int,
+                counts: set[int], head_size: int | None) -> tuple[int, ...]:
+    """The parts of a view ``(..., P, heads, head_size or -1)`` whose P is a literal (the parts one
+    after another, each split by heads: ``[q; k; v]``), else (); the heads are a head-count attribute."""
+    if len(trailing) != 3 or not isinstance(trailing[0], ast.Constant) or not head_size:
+        return ()
+    count, heads, size = values
+    if not (count and count >= 2 and heads in counts and size in (-1, head_size) and count * heads * head_size == out_features
+            and reader.head_attributes(trailing[1], counts, set())):
+        return ()
+    return (out_features // count,) * count
 
 
 def _shared_heads(

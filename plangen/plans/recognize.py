@@ -109,19 +109,21 @@ class ShardedBlock:
     # (its relative-logits bank): replicated, their gradient summed over TP (AllReduceParamGrads).
     conv_children: tuple[str, ...] = ()
     shared_children: tuple[str, ...] = ()
+    # Own tables with no heads axis, one row per head feature, read alike by every local head (GOT-OCR2's
+    # relative positions): replicated, their gradient summed over TP by the block's input style.
+    shared_tables: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class KeptBlock:
     """A block left replicated, and why (shown in the plan file)."""
-
     kind: str  # "attention" | "mlp" | "moe" | "mixer" | "other"
     why: str
 
 
 def _linears(block: nn.Module, unwrap: bool = False) -> dict[str, nn.Linear]:
-    """The block's ``nn.Linear`` children by name; with ``unwrap``, also the one linear inside a
-    child that only wraps it, named by its path (``q_proj.linear``): that linear is what is sharded."""
+    """The block's ``nn.Linear`` children by name; with ``unwrap``, also the one linear inside a child
+    that only wraps it, by its path (``q_proj.linear``), the linear sharded."""
     found = {}
     for name, child in block.named_children():
         inner = wrapped_linear(child) if unwrap else None

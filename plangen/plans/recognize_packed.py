@@ -65,8 +65,13 @@ def packed_attention(
         return None
     if isinstance(split, Refused):
         return KeptBlock("attention", f"packed q|k|v projection {name}: {split.why}")
-    if own_parameters(block):
-        names = ", ".join(f"{p} {s}" for p, s in own_parameters(block).items())
+    own = own_parameters(block)
+    # Tables of one row per head feature and no heads axis (GOT-OCR2's relative positions, which its
+    # forward reads with every head's query) are read alike by each rank's heads: kept whole, their
+    # gradient summed over TP. Anything else sized otherwise cannot follow the split.
+    tables = tuple(p for p, s in own.items() if len(s) == 2 and s[1] == d and s[0] not in counts)
+    if len(tables) != len(own):
+        names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
     per_head, whole = _attention_norms(block, {name, output}, dims)
     if whole:
@@ -101,7 +106,7 @@ def packed_attention(
             common = gcd(common, p)
         fused = ((name, tuple(p // common for p in split.parts)),)
     return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
-                        head_attributes=heads, shared_parts=shared)
+                        head_attributes=heads, shared_parts=shared, shared_tables=tables)
 
 
 def _multi_query_parts(parts: tuple[int, ...], dims: ModelDims) -> tuple[int, ...]:
