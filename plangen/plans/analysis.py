@@ -300,9 +300,7 @@ def _analyze_layer(
             continue
         call = read_block_call(type(layer), name, type(child))
         if is_per_feature(child, dims.hidden):
-            found.norms.append(child_path)
-            if call is None or call.positional < 1:  # SequenceParallel prepares the first positional input
-                found.sp_problems.append(f"cannot read that {child_path} takes the hidden state as its first argument")
+            found.add_norm(child_path, call)
             continue
         recognized = recognize_block(name, child, dims)
         if isinstance(recognized, KeptBlock):

@@ -68,9 +68,7 @@ def analyze_block_stacks(model: nn.Module, stacks: tuple[str, ...], dims: ModelD
             item, path = model.get_submodule(stack)[index], f"{stack}.{index}"
             call = read_indexed_call(type(owner), name, type(item))
             if is_per_feature(item, dims.hidden):
-                found.norms.append(path)
-                if call is None or call.positional < 1:  # SequenceParallel prepares the first positional input
-                    found.sp_problems.append(f"cannot read that {path} takes the hidden state as its first argument")
+                found.add_norm(path, call)
                 continue
             recognized = recognize_block(name, item, dims)
             if isinstance(recognized, ShardedBlock):

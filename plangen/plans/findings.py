@@ -58,6 +58,12 @@ class Findings:
     residual_parameters: list[str] = field(default_factory=list)
     row_readers: list[tuple[str, str]] = field(default_factory=list)
 
+    def add_norm(self, path: str, call: BlockCall | None) -> None:
+        """A norm on the residual stream; SequenceParallel prepares its first positional input."""
+        self.norms.append(path)
+        if call is None or call.positional < 1:
+            self.sp_problems.append(f"cannot read that {path} takes the hidden state as its first argument")
+
     def keep(self, path: str, why: str, group: str, sp_problem: str | None = None) -> None:
         self.kept.append(Replicated(path, why, group))
         if sp_problem is not None:
