@@ -39,6 +39,21 @@ def start_distributed(target: str, world_size: int, payload: Any = None, timeout
     return Launch(target, world_size, payload, timeout, nice=nice)
 
 
+def lower_priority(nice: int) -> None:
+    """Lower this (new session's) process's priority by ``nice``, its children's with it.
+
+    With the kernel's autogroup scheduling (Linux's default on desktops and here) every session is
+    a group that gets a fair share whatever its processes' nice values: a new session's own nice
+    only ranks its processes among themselves. Its group's nice (``/proc/self/autogroup``) ranks it
+    against the others: without it, niced ranks in a new session take as much as the caller."""
+    os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as group:
+            group.write(str(min(nice, 19)))
+    except OSError:  # no autogroup (disabled, or not Linux): the process's nice is all there is
+        pass
+
+
 class Launch:
     """A run on gloo ranks, started at construction; ``result()`` is each rank's result, in order."""
 
@@ -52,7 +67,7 @@ class Launch:
         # The ranks' output goes to a file: a pipe nobody reads until result() would fill and block them.
         self._log = open(self._out / "launch.log", "w+")
         self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=self._log, stderr=subprocess.STDOUT, text=True,
-                                      preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                      preexec_fn=(lambda: lower_priority(nice)) if nice else None)
 
     def finished(self) -> bool:
         return self._proc.poll() is not None

@@ -119,15 +119,16 @@ class BackgroundCommand:
     ``result()`` waits and gives (exit code, stdout, stderr)."""
 
     def __init__(self, argv: list[str], cwd: Path, timeout: float, *, nice: int = 0) -> None:
-        import os
         import subprocess
         import tempfile
         import time
 
+        from plangen.launch import lower_priority
+
         self.argv, self._deadline = argv, time.monotonic() + timeout
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         self._proc = subprocess.Popen(argv, cwd=cwd, stdout=self._out, stderr=self._err, text=True,
-                                      start_new_session=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                                      start_new_session=True, preexec_fn=(lambda: lower_priority(nice)) if nice else None)
 
     def result(self) -> tuple[int, str, str]:
         import subprocess
