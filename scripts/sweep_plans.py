@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plangen.check.run import FLOAT64_CHECKS  # classes checked in float64, and why
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 PROVEN = ROOT / "plangen" / "plans" / "proven.json"
@@ -99,14 +101,6 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
             continue
         targets.append(Target(arch.class_name, spec, "hf", False))
     return targets, skipped
-
-
-# Classes checked in float64 (model and reference), and why float32 cannot hold the check's 1e-5.
-FLOAT64_CHECKS = {
-    "RwkvForCausalLM": "its embeddings are initialised at ~1e-4 and read by a LayerNorm (pre_ln), whose "
-    "backward multiplies by 1/sqrt(eps) ~ 316: the embedding's gradient is ~27, so 1e-5 is 4e-7 of it, "
-    "below float32's resolution of a reordered sum (every other gradient agrees within 3e-7 in float32)",
-}
 
 
 def build_cases(target: Target, plan: str) -> list[dict[str, Any]]:

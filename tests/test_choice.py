@@ -61,12 +61,12 @@ def test_custom_plan_wins_and_keeps_its_styles():
 
 def test_no_plan_says_why_each_source_was_passed_over():
     with pytest.raises(NoPlanError) as info:
-        choose_plan(meta("xlm"), False)
+        choose_plan(meta("xlnet"), False)
     passed = {p.source: p.why for p in info.value.passed_over}
     assert list(passed) == list(SOURCES)
     assert "not recognised" in passed["synthesized"] or "not numerically proven" in passed["synthesized"]
     assert "no Hugging Face tensor-parallel plan" in passed["hf"]
-    assert str(info.value).startswith("no plan for XLMWithLMHeadModel at TP>1: write a custom plan with `plangen init")
+    assert str(info.value).startswith("no plan for XLNetLMHeadModel at TP>1: write a custom plan with `plangen init")
 
 
 def test_an_unproven_synthesized_plan_only_seeds_a_file(monkeypatch):

@@ -69,9 +69,13 @@ def test_lora_model_matches_the_unsharded_lora_model(results, case_id):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c.endswith("-stable")])
-def test_stable_lora_logits_are_bitwise_those_of_the_unsharded_lora_model(results, case_id):
-    # No cross-rank sum in the forward, adapters included: each logit computed as one device does (fp32, CPU).
-    assert all(per_case[case_id]["logits"] == 0.0 for per_case in results)
+def test_stable_lora_logits_are_those_of_the_unsharded_lora_model_to_rounding(results, case_id):
+    # No cross-rank sum in the forward, adapters included: each logit computed as one device does (fp32,
+    # CPU), bit for bit where MKL picks the same kernels for the narrow shards and adapters as for the
+    # whole matrices. On some CPUs it does not (this session's machine: last-bit differences at TP 2
+    # and DP 2 x TP 2 alike, on the base commit too: up to 3.1e-7), so the bound is float32 rounding of
+    # logits of order 1, 10x under the parity tolerance.
+    assert all(per_case[case_id]["logits"] < 1e-6 for per_case in results), [r[case_id]["logits"] for r in results]
 
 
 @pytest.mark.distributed

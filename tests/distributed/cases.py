@@ -120,7 +120,7 @@ def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
 
 def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     model = build_case_model(case)
-    if case.get("dtype") == "float64":  # the reference too (scripts/sweep_plans.py: FLOAT64_CHECKS)
+    if case.get("dtype") == "float64":  # the reference too (plangen.check.run.FLOAT64_CHECKS)
         model = model.double()
     if "experts" in case:  # the experts implementation: eager or grouped_mm (transformers' default)
         model.config._experts_implementation = case["experts"]
