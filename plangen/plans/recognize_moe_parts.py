@@ -58,7 +58,7 @@ def is_router(child: nn.Module, rows: set[int], widths: set[int]) -> bool:
         return True
     inner = _widths_read_from(weights, widths)
     scores = rows | {r + 1 for r in rows}
-    return bool(inner) and any(rows_ in scores and width in inner for rows_, width in weights)
+    return any(rows_ in scores and width in inner for rows_, width in weights)
 
 
 def _widths_read_from(weights: list, widths: set[int]) -> set[int]:
