@@ -19,11 +19,13 @@ def rank_and_payload(payload):
 
 
 def _autogroup_nice() -> int | None:
+    # Empty where the process is in a cgroup of its own (a container): autogroup does not apply there.
     try:
         with open("/proc/self/autogroup") as group:
-            return int(group.read().split("nice")[1])
+            fields = group.read().split("nice")
     except OSError:
         return None
+    return int(fields[1]) if len(fields) == 2 else None
 
 
 def rank_one_killed(payload):
