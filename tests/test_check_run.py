@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BackgroundCommand, launched
+from conftest import BackgroundCommand, launched, slow_unless
 from plangen.check import VerifyOptions, verify_plan_files
 from plangen.check.codes import CODES
 
@@ -27,6 +27,13 @@ pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "generated").glob("*_plan.py"))
+# The default run's level 3 of generated files: one per layout kind (dense with SP, tied Conv1D, fused
+# projections, whole-projection norms, one KV head, MoE, latent attention, flat experts, Mamba2 hybrid,
+# shared hybrid block, multimodal text tower, float64 RWKV). The parity launches run every plan these
+# files' templates render (tests/test_parallelize_distributed.py); the rest are marked slow.
+GENERATED_DEFAULT = {f"generated/{name}_plan.py" for name in (
+    "llama_sp", "gpt2", "phi3_sp", "olmo2_sp", "gemma3_text_sp", "qwen3_moe_sp", "deepseek_v3_sp", "dbrx",
+    "nemotron_h_sp", "zamba2_sp", "llava_sp", "rwkv")}
 LEVEL3_CODES = sorted(code for code in CODES if code > "PG300")
 
 # Where each wrong example's finding is: (line, col).
@@ -50,7 +57,7 @@ custom_parallel_plan = {
 """
 
 
-def _write_examples(folder: Path) -> tuple[list[str], dict[tuple[str, str], str]]:
+def _write_examples(folder: Path, generated: list[str]) -> tuple[list[str], dict[tuple[str, str], str]]:
     """Every level-3 example (and two more) as a file under ``folder``: (paths in order, path by kind)."""
     examples: dict[tuple[str, str], str] = {}
     for code in LEVEL3_CODES:
@@ -68,7 +75,7 @@ def _write_examples(folder: Path) -> tuple[list[str], dict[tuple[str, str], str]
     custom.write_text(CUSTOM_STYLE_PLAN)
     examples["custom", "wrong"] = str(custom)
     # The rank-killing example first: the files after it are still checked.
-    order = [examples["PG303", "wrong"], *GENERATED, *(p for k, p in examples.items() if k != ("PG303", "wrong"))]
+    order = [examples["PG303", "wrong"], *generated, *(p for k, p in examples.items() if k != ("PG303", "wrong"))]
     return order, examples
 
 
@@ -81,8 +88,11 @@ def LAUNCH(items):
     if not any(item.module is sys.modules[__name__] and "verified" in item.fixturenames for item in items):
         return []
     folder = tempfile.TemporaryDirectory(prefix="plangen-level3-")
-    order, examples = _write_examples(Path(folder.name))
-    _EXAMPLES.update(folder=folder, examples=examples)
+    selected = {item.callspec.params["path"] for item in items
+                if item.module is sys.modules[__name__] and item.originalname == "test_generated_plan_passes_all_three_levels"}
+    generated = [path for path in GENERATED if path in selected]
+    order, examples = _write_examples(Path(folder.name), generated)
+    _EXAMPLES.update(folder=folder, examples=examples, generated=generated)
     argv = [sys.executable, "-m", "plangen", "verify", "--run", "--timeout", "400", "--format", "json", *order]
     # The time limit allows for sharing the cores with the other tests and launches meanwhile.
     return functools.partial(BackgroundCommand, argv, ROOT, 1500)
@@ -110,7 +120,11 @@ def test_exit_status_is_1_for_the_findings(verified):
     assert all(line.endswith("no --tp-size and no PLANGEN_TP_SIZE: checked at TP size 2") for line in others), notes
 
 
-@pytest.mark.parametrize("path", GENERATED)
+def test_the_default_runs_generated_files_are_generated_files():
+    assert GENERATED_DEFAULT <= set(GENERATED), GENERATED_DEFAULT - set(GENERATED)
+
+
+@pytest.mark.parametrize("path", slow_unless(GENERATED, GENERATED_DEFAULT))
 def test_generated_plan_passes_all_three_levels(verified, path):
     _, findings, stderr, _ = verified
     assert findings.get(path) is None, findings.get(path)
@@ -146,7 +160,7 @@ def test_a_style_that_fails_to_apply_is_found_on_its_key_at_level_2(verified):
 def test_progress_names_each_stage_and_case(verified):
     _, _, stderr, _ = verified
     lines = [line for line in stderr.splitlines() if line.startswith("plangen: verify --run: ")]
-    total = len(GENERATED) + 2 * len(LEVEL3_CODES) + 1  # the failing custom style stops at level 2
+    total = len(_EXAMPLES["generated"]) + 2 * len(LEVEL3_CODES) + 1  # the failing custom style stops at level 2
     assert lines[0].endswith(f"shapes: {total} plan(s) on a fake process group at their own TP size")
     assert any(line.startswith(f"plangen: verify --run: [shapes {total}/{total}] ") for line in lines)
     # PG301's wrong example stops at the shapes stage.
