@@ -128,9 +128,7 @@ def _cases():
     # (the conformer's packed gate_up_proj too) still Hugging Face's at DP 2 x TP 2.
     # Adam's eps 1e-6, as the sweep's: the towers' key biases get gradients that are zero in exact
     # arithmetic (softmax ignores them), rounding noise that eps 1e-8 turns into lr steps (train_steps).
-    cases += [{"name": "Phi4MultimodalForCausalLM", "class": "Phi4MultimodalForCausalLM", "adam_eps": 1e-6},
-              {"name": "Phi4MultimodalForCausalLM-state-dict", "class": "Phi4MultimodalForCausalLM", "state_dict": True,
-               "adam_eps": 1e-6}]
+    cases += [{"name": "Phi4MultimodalForCausalLM", "class": "Phi4MultimodalForCausalLM", "adam_eps": 1e-6}]
     # HSDP: a 2-D DP mesh (replicate x shard); the replicated dimension is counted once in the norm.
     hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
     # The stable variant (no cross-rank sums in forward), and at TP 2 the same models with every
@@ -153,7 +151,7 @@ def _cases():
 # weights back, checked beside their parity: gpt-oss's attention sinks split with the heads come
 # back as the [heads] tensor; Phi-3's fused projections re-laid out for TP (without and with SP) and
 # GPT-2's Conv1D [in, out] with its fused c_attn still read and load Hugging Face's layout.
-READS_STATE_DICT = {"qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4", "nemotron_h",
+READS_STATE_DICT = {"Phi4MultimodalForCausalLM", "qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4", "nemotron_h",
                     "nemotron_h-1g", "phi3", "phi3-sp", "gpt2"}
 
 
@@ -161,23 +159,48 @@ CASES = _cases()
 SP_OF = {f"{mesh}/{c['name']}": c.get("sp", False) for mesh, cases in CASES.items() for c in cases}
 READS_OF = {f"{mesh}/{c['name']}": c.get("state_dict", False) for mesh, cases in CASES.items() for c in cases}
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
-# The default run: every case at DP 2 x TP 2 (FSDP2 and TP together) and HSDP; at TP 2 alone the
-# bitwise cases and one of each kind (dense, SP, hybrid, MoE, latent attention, sinks).
-# The rest of TP 2 repeats DP 2 x TP 2 without FSDP2: marked slow (-m "slow or not slow").
+# The default run: one case per layout kind and each issue's named parity (the MoE four at TP 2 and
+# DP 2 x TP 2, SP off and on; Phi-3 with SP, OLMo-2, GPT-2, DeepSeek-V2), at DP 2 x TP 2 (FSDP2 and TP
+# together), HSDP, and at TP 2 alone the MoE four and the bitwise pairs. The rest repeats a layout a
+# default case covers and is marked slow: -m "slow or not slow" runs every case.
 TP2_DEFAULT = {
-    "llama", "llama-sp", "nemotron_h-sp", "llama4-sp",
-    # issue 10's MoE parity at TP 2, SP off and on:
-    *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
-    "jetmoe", "jetmoe-sp", "gemma4-moe-sp", "dbrx-3-experts-state-dict",
+    "llama-sp", *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
+    "jetmoe", "dbrx-3-experts-state-dict",
 }
-# At DP 2 x TP 2, repeats of a layout another default case covers: HunYuan's and LongCat's experts
-# split by their intermediate as Mixtral-3's (whose state dict stays in), LongCat's stable variant.
-DP2_SLOW = {"hunyuan_v1_moe-state-dict", "longcat_flash-state-dict", "longcat_flash-stable", "mixtral-3-experts-sp"}
+BITWISE_DEFAULT = ["llama", "olmo2", "qwen3_moe"]
+DP2_DEFAULT = {
+    # dense: tied, per-head and whole-projection q/k norms, fused projections with SP (state dict),
+    # Conv1D, padding under SP (Gemma 3's sliding window too), bf16, the runtime's options and other plan sources
+    "llama-sp", "llama-tied", "qwen3-sp", "olmo2", "olmo2-bare-sp", "phi3-sp", "gpt2",
+    "llama-eager-padded-sp", "gemma3-sdpa-padded-sp", "llama-bf16-sp", "llama-activation-checkpointing",
+    "llama-cpu-offload", "llama-custom-dotted", "qwen3-custom-file", "llama-hf-plan",
+    # MoE: the four with SP off and on, shared experts, latent attention, eager experts, NeMo RL's bare
+    # runtime, one expert per TP rank, experts split by their intermediate, flat and per-block experts,
+    # Gemma 4's layer-level experts
+    *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
+    "qwen2_moe", "deepseek_v2", "llama4", "qwen3_moe-eager-experts", "gpt_oss-bare-sp",
+    "mixtral-2-experts-state-dict", "mixtral-3-experts-state-dict", "dbrx-2kv-sp-state-dict",
+    "jetmoe-sp-state-dict", "gemma4-moe-sp-state-dict",
+    # hybrid and recurrent: Mamba2 with one B/C group (state dict), Zamba2's shared block under SP,
+    # CpmAnt, RWKV in float64
+    "nemotron_h-1g", "zamba2-sp-state-dict", "cpmant-state-dict", "rwkv-state-dict",
+    # a multimodal class's text tower (Phi-4-multimodal's own towers: slow, 19 s of the launch)
+    "Gemma3ForConditionalGeneration-sp",
+    # the stable variant: dense, MoE, Mamba2 with its gathered group
+    "llama-stable", "qwen3_moe-stable", "nemotron_h-1g-stable",
+}
 DEFAULT_IDS = {
     c for c in CASE_IDS
-    if (c.startswith("tp2/") and (c.split("/")[1] in TP2_DEFAULT or "-4kv-" in c))
-    or (not c.startswith("tp2/") and c.split("/")[1] not in DP2_SLOW)
+    if c.startswith("hsdp/")
+    or (c.startswith("tp2/") and (c.split("/")[1] in TP2_DEFAULT
+                                  or any(c.split("/")[1].startswith(f"{m}-4kv-") for m in BITWISE_DEFAULT)))
+    or (c.startswith("dp2tp2/") and c.split("/")[1] in DP2_DEFAULT)
 }
+
+
+def test_every_default_case_is_a_case():
+    names = {c.split("/")[1] for c in CASE_IDS}
+    assert (TP2_DEFAULT | DP2_DEFAULT | {f"{m}-4kv-stable" for m in BITWISE_DEFAULT}) <= names
 
 
 def params(ids) -> list:
@@ -350,7 +373,7 @@ def test_stable_variant_forward_has_no_cross_rank_sum(results, case_id):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("model", BITWISE_MODELS)
+@pytest.mark.parametrize("model", slow_unless(BITWISE_MODELS, BITWISE_DEFAULT))
 def test_stable_variant_logits_are_bitwise_those_of_tp1_and_optimized_ones_are_not(results, model):
     """CPU fp32, TP 2: the stable plan computes each logit as one device does, bit for bit, where
     every TP-local matmul is wide enough for MKL to use the same kernel (16 columns here; the
