@@ -12,8 +12,11 @@ state dicts in Hugging Face's layout both ways. One launch of four gloo processe
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from conftest import cases_read_by, slow_unless
 from plangen.launch import run_distributed
 
 TOL = 1e-5
@@ -39,15 +42,21 @@ CASES = {
     ],
 }
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
+# The default run: the issue's two (Gemma-3-1B at TP 2 with its one KV head, under SP too; Qwen2.5's
+# two KV heads at TP 4), the synthesized plan, and FSDP2 with each runtime (state dicts); the rest
+# (eager and padded, activation checkpointing, TP 4 with SP) is marked slow.
+DEFAULT_IDS = {"tp2/gemma3-1kv", "tp2/gemma3-1kv-sp", "tp2/granite-1kv-synthesized", "dp2tp2/gemma3-1kv",
+               "dp2tp2/qwen3-1kv-bare", "tp4/qwen2"}
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return run_distributed("tests/distributed/cases.py:run_cases", 4, CASES, timeout=300)
+def results(request) -> list[dict]:
+    cases = cases_read_by(request.session.items, sys.modules[__name__], CASES)
+    return run_distributed("tests/distributed/cases.py:run_cases", 4, cases, timeout=300)
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", CASE_IDS)
+@pytest.mark.parametrize("case_id", slow_unless(CASE_IDS, DEFAULT_IDS))
 def test_replicated_kv_heads_match_the_unsharded_model(results, case_id):
     for rank, per_case in enumerate(results):
         r = per_case[case_id]
@@ -61,7 +70,7 @@ def test_replicated_kv_heads_match_the_unsharded_model(results, case_id):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c in ("dp2tp2/gemma3-1kv", "dp2tp2/qwen3-1kv-bare", "tp4/qwen2")])
+@pytest.mark.parametrize("case_id", slow_unless([c for c in CASE_IDS if c in ("dp2tp2/gemma3-1kv", "dp2tp2/qwen3-1kv-bare", "tp4/qwen2")], DEFAULT_IDS))
 def test_replicated_kv_weights_give_the_hugging_face_state_dict_both_ways(results, case_id):
     for per_case in results:
         sd = per_case[case_id]["state_dict"]
