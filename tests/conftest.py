@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import fcntl
+import os
 import resource
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -67,10 +70,21 @@ def _launching(item) -> bool:
     return callable(getattr(item.module, "LAUNCH", None))
 
 
+def _xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
 def _order(item) -> int:
     # Modules marked QUIET measure what other work on the machine shifts (gloo timing against a
-    # byte-for-byte memory trace): they run after the launching modules, once the launches ended.
-    return 2 if getattr(item.module, "QUIET", False) else int(_launching(item))
+    # byte-for-byte memory trace): they run last. In one process the launching modules run just
+    # before them (their runs started in the background at collection); with xdist's workers
+    # (pyproject's addopts: one file per worker at a time) they run first: each launch is a
+    # module's long pole, and it runs while the other worker takes the other files.
+    if getattr(item.module, "QUIET", False):
+        return 2
+    if _xdist_worker():
+        return 0 if _launching(item) else 1
+    return int(_launching(item))
 
 
 @pytest.hookimpl(trylast=True)
@@ -96,7 +110,9 @@ def _kill(started) -> None:
 
 
 def pytest_collection_finish(session):
-    if session.config.option.collectonly:
+    # An xdist worker collects every file but runs the files the scheduler hands it, known only
+    # then: its launches start when their module's first test asks (``launched``).
+    if session.config.option.collectonly or _xdist_worker():
         return
     for module in dict.fromkeys(item.module for item in session.items if _launching(item)):
         _STARTED[module.__name__] = _start(module.LAUNCH(session.items))
@@ -112,6 +128,44 @@ def pytest_sessionfinish(session):
     for started in _STARTED.values():  # never waited for (deselected at run time, or -x stopped first)
         _kill(started)
     _STARTED.clear()
+
+
+# --- a quiet machine for the QUIET modules ---------------------------------------------------------
+# Under xdist the other worker keeps running tests (and launches) beside a QUIET module's
+# measurement: each test holds a shared lock on one file per run, the measurement an exclusive
+# one, so the other worker finishes its test and waits for the measurement to end.
+def _run_lock_path(config) -> Path:
+    run = getattr(config, "workerinput", {}).get("testrunuid", "single")
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"plangen-tests-{run}.lock"
+
+
+@contextmanager
+def _locked(config, mode: int):
+    with open(_run_lock_path(config), "a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _shares_the_machine(request):
+    if not _xdist_worker() or getattr(request.module, "QUIET", False):
+        yield
+        return
+    with _locked(request.config, fcntl.LOCK_SH):
+        yield
+
+
+@contextmanager
+def quiet_machine(config):
+    """Nothing else of this test run runs meanwhile (under xdist: the other worker waits)."""
+    if not _xdist_worker():
+        yield
+        return
+    with _locked(config, fcntl.LOCK_EX):
+        yield
 
 
 class BackgroundCommand:

@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from conftest import quiet_machine
 from plangen.cost.peak import Breakdown, PeakReport, PhasePeak, parse_memory
 from plangen.cost.settings import CostError, CostSettings
 
@@ -119,10 +120,11 @@ def test_sequence_parallel_and_checkpointing_lower_activations(predicted):
 
 
 @pytest.fixture(scope="module")
-def measured():
+def measured(request):
     from plangen.cost.validate import measure_cases
 
-    return measure_cases(CASES)
+    with quiet_machine(request.config):
+        return measure_cases(CASES)
 
 
 @pytest.mark.distributed
