@@ -38,7 +38,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # "cpmant.segment_embedding": 1 × Embedding [32, 4096]
 
     # Attention
-    # 1 × CpmAntSegmentPositionEmbedding (no weight)
+    # 1 × CpmAntSegmentPositionEmbedding [1536, 32] → local [1536, 16] at TP=2
     # the [buckets, heads] table split by heads: each rank computes its own heads' bias, no communication
     "cpmant.position_bias": HeadTableParallel(parameter="relative_attention_bias"),
     # 48 × CpmAntLayerNorm [4096]: norm before attention: its output one Replicate DTensor, so the block reduces its

@@ -32,7 +32,7 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEADS, MIXER, SHARED_EXPERTS, SHORT_CONV, STYLE_FACTS, layout_defaults, module_kind
+from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEAD_TABLE, HEADS, MIXER, SHARED_EXPERTS, SHORT_CONV, STYLE_FACTS, layout_defaults, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -257,19 +257,19 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
         weight = module.mlp.w1 if kind == FLAT_EXPERTS else depthwise_conv(module).weight
     elif kind == HEADS:  # the block's own per-head parameter
         weight = next(iter(head_parameters(module).values()))
-    elif kind == MIXER:  # a Mamba1 mixer's own A_log [channels, state], split with its channels
-        weight = getattr(module, "A_log", None)
+    elif kind in (MIXER, HEAD_TABLE):  # a Mamba1 mixer's own A_log [channels, state]; CpmAnt's [buckets, heads] table
+        weight = getattr(module, "A_log", None) if kind == MIXER else next(p for p in module.parameters(recurse=False) if p.dim() == 2)
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 
 def _count_by_kind(
-    modules: list["nn.Module"], by_heads: bool, by_mixer: bool = False
+    modules: list["nn.Module"], by_heads: bool, whole: str | None = None
 ) -> list[tuple[int, str, tuple[int, ...] | None, str | None, "nn.Module"]]:
     """(count, type name, weight shape, kind, first such module) per distinct (type, shape), in first-seen order."""
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
     first: dict[tuple[str, tuple[int, ...] | None, str | None], "nn.Module"] = {}
     for module in modules:
-        kind = MIXER if by_mixer else module_kind(module, by_heads)
+        kind = whole or module_kind(module, by_heads)
         key = (type(module).__name__, _weight_shape(module, kind), kind)
         counts[key] = counts.get(key, 0) + 1
         first.setdefault(key, module)
@@ -284,8 +284,8 @@ def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int
     if not modules:
         return "matches no module of this model"
     by_heads = style in STYLE_FACTS and HEADS in STYLE_FACTS[style].shard_dim
-    by_mixer = style in STYLE_FACTS and MIXER in STYLE_FACTS[style].shard_dim
-    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules, by_heads, by_mixer))
+    whole = next((k for k in (MIXER, HEAD_TABLE) if style in STYLE_FACTS and k in STYLE_FACTS[style].shard_dim), None)
+    return ", ".join(_describe_kind(*kind, style, tp_size) for kind in _count_by_kind(modules, by_heads, whole))
 
 
 def _describe_kind(
