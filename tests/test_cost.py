@@ -834,3 +834,119 @@ def test_peak_depths_of_xlstm_build_that_many_blocks():
 
     config = config_at_depth(xLSTMConfig(**{k: v for k, v in RECURRENT_MID["xlstm"].items() if k != "architectures"}), 2)
     assert (config.num_hidden_layers, config.num_blocks) == (2, 2)
+
+
+# --- Classes with proven plans that cost failed on (issues 10, 11) -------------------------------
+
+# XLM's attention reads its head size as emb_dim // n_heads: the base sizes' doubled head_dim built a
+# model its config disagreed with, and no synthesized plan ("no plan for XLMWithLMHeadModel").
+# CpmAnt prepends prompt_length tokens in its forward: its layers' collectives are B·(S+P)·H ("an
+# all-reduce of 13824 bytes grew to 33792 bytes ...: not a product of the model's dimensions").
+SECOND_SIZE = {
+    "xlm": dict(architectures=["XLMWithLMHeadModel"], model_type="xlm", vocab_size=384, emb_dim=96, n_heads=6,
+                n_layers=3, max_position_embeddings=64, use_cache=False),
+    "cpmant": dict(architectures=["CpmAntForCausalLM"], model_type="cpmant", vocab_size=384, hidden_size=96,
+                   num_attention_heads=6, dim_head=16, dim_ff=160, num_hidden_layers=3, prompt_types=4,
+                   prompt_length=5, segment_types=4, position_bias_num_buckets=32, position_bias_max_distance=64,
+                   init_std=0.02, use_cache=False),
+}
+
+
+@pytest.mark.slow  # about 15 s of CPU each; the cheap checks below run by default
+@pytest.mark.parametrize("name", sorted(SECOND_SIZE))
+def test_derived_head_size_and_prompt_tokens_are_scaled_exactly(fake_pg, tmp_path, name):
+    path = write_config(tmp_path, name, SECOND_SIZE[name])
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+    if name == "cpmant":  # every layer's 2 + 2 all-reduces carry the 5 prompt tokens too
+        layers = [c for c in plan.collectives if c.source == "TP" and c.scope == "per layer"]
+        assert {(c.phase, c.tensor, c.count) for c in layers} == {("forward", "B·(S+P)·H", 6), ("backward", "B·(S+P)·H", 6)}
+        assert layers[0].payload_bytes == 6 * MID_BATCH * (MID_SEQ + 5) * 96 * 4
+
+
+@pytest.mark.slow  # about 10 s of CPU; test_tower_kinds_are_left_out_of_the_layers runs by default
+def test_tower_layers_are_no_decoder_layers(fake_pg, tmp_path):
+    """Phi-4-multimodal's vision and audio encoder layers do not grow with num_hidden_layers: taken
+    for decoder layers, their kinds' extra-layer run indexed past the decoder's (IndexError)."""
+    from plangen.models import resolve_model
+    from plangen.shrink import shrink_config
+
+    values = shrink_config(resolve_model("Phi4MultimodalForCausalLM").config, 2).to_dict()
+    values.update(num_hidden_layers=3, architectures=["Phi4MultimodalForCausalLM"])
+    path = write_config(tmp_path, "phi4mm", values)
+    plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
+    assert any(n.startswith("towers: 4 layers") for n in plan.notes)  # 2 vision + 2 audio, shrunk
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
+
+
+def test_a_width_the_tp_size_does_not_split_is_refused_naming_the_largest_legal_size(fake_pg, tmp_path):
+    """BitNet's heads take TP 5, its intermediate (6912) no TP size above 1: the style's ValueError
+    came out as an internal error naming no legal size. Here: 4 heads, a 90-wide intermediate, TP 4."""
+    values = dict(architectures=["BitNetForCausalLM"], model_type="bitnet", vocab_size=256, hidden_size=64,
+                  intermediate_size=90, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    path = write_config(tmp_path, "bitnet", values)
+    with pytest.raises(CostError) as error:
+        build_cost_report(path, tp_size=4)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("--tp-size 4: ")
+    assert "out_features=90" in message and message.endswith("the largest legal TP size for this plan is 2")
+
+
+def test_xlstm_peak_is_traced_as_a_training_step(fake_pg, tmp_path):
+    """xLSTM's defaults are generation's: use_cache allocated its state for every head, not this rank's
+    ("expanded size ... must match"), and mode "inference" fails in bf16 on a chunk of tokens or more."""
+    from plangen.cost.peak import measure_peak
+
+    values = {k: v for k, v in RECURRENT_MID["xlstm"].items() if k != "use_cache"}  # use_cache: True
+    path = write_config(tmp_path, "xlstm-inference", dict(values, mode="inference"))
+    report = measure_peak(path, tp_size=2, seq_len=8)
+    assert report.plan == "synthesized" and report.peak.breakdown.total > 0
+
+
+def test_probed_xlm_configs_build_the_head_size_they_state():
+    """Each probe's XLM (and the base sizes') states the head size its attention derives (emb_dim // n_heads)."""
+    from transformers import XLMConfig, XLMWithLMHeadModel
+
+    from plangen.cost.measure import config_with_base_sizes, scaled_config
+    from plangen.shrink import shrink_config
+
+    base = config_with_base_sizes(shrink_config(XLMConfig(**SECOND_SIZE["xlm"]), 2), 2)
+    for factors in ({}, {"heads": 2}, {"head_dim": 3}):
+        config = scaled_config(base, factors)
+        attention = XLMWithLMHeadModel._from_config(config, attn_implementation="eager").transformer.attentions[0]
+        assert attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+
+
+def test_prompt_tokens_are_a_dimension_of_their_own():
+    """CpmAnt's layers see S + P tokens, its head S: a probe makes S x3 and S + P x7 (P = 7(S + P) - 3S),
+    so the residual stream's all-reduce reads B·(S+P)·H and the logits' B·S·V."""
+    from transformers import CpmAntConfig
+
+    from plangen.cost.measure import PROBE_GROUPS, config_with_tokens, read_dimensions
+    from plangen.cost.scaling import tensor_formula
+
+    config = CpmAntConfig(**{k: v for k, v in SECOND_SIZE["cpmant"].items() if k != "architectures"})
+    dims = read_dimensions(config, 3, 4)
+    assert dims["tokens"] == 4 + 5 and "tokens" in PROBE_GROUPS[0]
+    assert config_with_tokens(config, 12, 7 * dims["tokens"]).prompt_length == 7 * 9 - 12
+    factors = PROBE_GROUPS[0]
+    base = [Sample("forward", "all_reduce", 3 * 9 * 96 * 2), Sample("forward", "all_gather_into_tensor", 3 * 4 * 384 * 2)]
+    probed = [Sample("forward", "all_reduce", 6 * 63 * 96 * 2), Sample("forward", "all_gather_into_tensor", 6 * 12 * 1920 * 2)]
+    terms = derive_terms(base, [Probe(factors, probed)], base + base, 1, 2)
+    assert {tensor_formula(t.exponents) for t in terms} == {"B·(S+P)", "B·S·V"}  # H from another probe
+
+
+def test_tower_kinds_are_left_out_of_the_layers():
+    """Blocks whose count does not double with num_hidden_layers (Phi-4-multimodal's encoders) are no
+    decoder layers: what runs in them counts once, and the decoder's layers are renumbered."""
+    from plangen.cost.measure import StepRun, tower_kinds, without_kinds
+
+    base = StepRun([Sample("forward", "all_reduce", 8, 0), Sample("forward", "all_reduce", 4, 2),
+                    Sample("forward", "all_reduce", 8, 3)], 4, ("text", "text", "vision", "text"))
+    doubled = StepRun([], 7, ("text",) * 6 + ("vision",))
+    towers = tower_kinds(base, doubled)
+    assert towers == {"vision"}
+    assert without_kinds(base, towers) == StepRun(
+        [Sample("forward", "all_reduce", 8, 0), Sample("forward", "all_reduce", 4, None), Sample("forward", "all_reduce", 8, 2)],
+        3, ("text",) * 3,
+    )

@@ -14,7 +14,7 @@ import copy
 import logging
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -59,6 +59,9 @@ DIMENSION_KEYS = {
     # all-reduce the gradient of the router's scores (B·S·E) in backward.
     "experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
 }
+# Tokens a model prepends to every sequence inside its forward (CpmAnt's prompt): its layers see
+# S + P tokens, its head S ("tokens" in plangen.cost.scaling.LETTERS).
+PROMPT_KEYS = ("prompt_length",)
 # Dimensions whose keys are alternative names of one attribute (the first the config has counts),
 # not companions read from the first and scaled together.
 ALTERNATIVE_KEYS = frozenset({"experts"})
@@ -146,7 +149,25 @@ def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
             dims[name] = value
     if "head_dim" not in dims and "hidden" in dims and "heads" in dims:
         dims["head_dim"] = dims["hidden"] // dims["heads"]
+    prompt = prompt_tokens(text)
+    if prompt:
+        dims["tokens"] = seq + prompt
     return dims
+
+
+def prompt_tokens(text: Any) -> int | None:
+    """How many tokens the model prepends to the sequence itself (:data:`PROMPT_KEYS`), or None."""
+    value = next((getattr(text, k) for k in PROMPT_KEYS if _is_int(getattr(text, k, None))), None)
+    return value if value else None
+
+
+def config_with_tokens(config: Any, seq: int, tokens: int) -> Any:
+    """A copy of ``config`` whose layers see ``tokens`` tokens for a sequence of ``seq``: its prompt
+    made ``tokens - seq`` long, so that a probe multiplies S and S + P each by a prime of its own."""
+    config = copy.deepcopy(config)
+    text = text_config(config)
+    setattr(text, next(k for k in PROMPT_KEYS if _is_int(getattr(text, k, None))), tokens - seq)
+    return config
 
 
 def dimension_value(text: Any, name: str) -> Any:
@@ -446,6 +467,24 @@ class Measurement:
     dimensions: dict[str, int]
     # A hybrid stack's runs with one more layer of each kind (config_with_extra_layer), by kind.
     extra: dict[str, StepRun] = field(default_factory=dict)
+    # Kinds of the repeated blocks num_hidden_layers does not count (towers' layers, tower_kinds):
+    # left out of the runs' layers above, to be left out of the real model's too.
+    towers: frozenset[str] = frozenset()
+
+
+def tower_kinds(base: StepRun, doubled: StepRun) -> frozenset[str]:
+    """The layer kinds the run with twice the layers has no more of: blocks outside the decoder
+    stack whose count is another config's (Phi-4-multimodal's vision and audio encoder layers)."""
+    return frozenset(k for k in base.kinds if doubled.kinds.count(k) <= base.kinds.count(k))
+
+
+def without_kinds(run: StepRun, kinds: frozenset[str]) -> StepRun:
+    """``run`` with the blocks of ``kinds`` taken for no decoder layers: what runs in them counts as
+    outside the layers (once per step), and the layers are renumbered."""
+    keep = [i for i, kind in enumerate(run.kinds) if kind not in kinds]
+    index = {old: new for new, old in enumerate(keep)}
+    samples = [s if s.layer is None else replace(s, layer=index.get(s.layer)) for s in run.samples]
+    return StepRun(samples, len(keep), tuple(run.kinds[i] for i in keep))
 
 
 def _replicates_kv_heads(text: Any, tp_size: int) -> bool:
@@ -467,6 +506,8 @@ def measure_tp_collectives(
     text = text_config(tiny_config)
     # Only dimensions the config states can be probed (a derived head size would follow hidden).
     probeable = {"batch", "seq"} | {n for n in DIMENSION_KEYS if isinstance(dimension_value(text, n), int)}
+    if prompt_tokens(text):
+        probeable.add("tokens")
     # A width the class derives from others (DBRX's hidden size, heads x head size) follows them.
     derived = derived_width_keys(tiny_config)
     probeable -= {n for n in DIMENSION_KEYS if derived & set(DIMENSION_KEYS[n])}
@@ -486,17 +527,22 @@ def measure_tp_collectives(
         if not factors:
             continue
         config_factors = {k: v for k, v in factors.items() if k in DIMENSION_KEYS}
-        probed = run(
-            scaled_config(tiny_config, config_factors),
-            batch * factors.get("batch", 1),
-            seq * factors.get("seq", 1),
-        )
+        config, probed_seq = scaled_config(tiny_config, config_factors), seq * factors.get("seq", 1)
+        if "tokens" in factors:
+            config = config_with_tokens(config, probed_seq, dims["tokens"] * factors["tokens"])
+        probed = run(config, batch * factors.get("batch", 1), probed_seq)
         probes.append(Probe(factors, probed.samples))
     doubled = run(config_with_more_layers(tiny_config))
+    # Towers' layers do not double with the decoder's: counted as decoder layers, they left a negative
+    # fixed part, and their kinds' extra-layer run indexed per-layer lists past the decoder's layers
+    # (Phi-4-multimodal: IndexError). The step is text only, so nothing runs in them anyway.
+    towers = tower_kinds(base, doubled)
+    if towers:
+        base, doubled = without_kinds(base, towers), without_kinds(doubled, towers)
     extra = {}
     # A hybrid stack: one run per kind, with one more layer like its first of that kind.
     for kind in dict.fromkeys(base.kinds) if len(set(base.kinds)) > 1 else ():
         config = config_with_extra_layer(tiny_config, base.kinds.index(kind))
         if config is not None:
             extra[kind] = run(config)
-    return Measurement(base, probes, doubled, dims, extra)
+    return Measurement(base, probes, doubled, dims, extra, towers)

@@ -318,9 +318,11 @@ def trace_peak(
     (:mod:`plangen.cost.depth`), else every layer."""
     from plangen.cost import depth as deep
     from plangen.cost.measure import TORCH_DTYPES, count_layers
+    from plangen.cost.training import training_config
     from plangen.models import build_meta_model
     from plangen.plan_checks import find_transformer_layers
 
+    config = training_config(config)
     layers = count_layers(config)
     why = f"{layers} layers: few enough to trace each" if layers <= max(deep.DEPTHS) else None
     if why is None and extrapolate:

@@ -28,7 +28,11 @@ ROUTING_NOTE = (
 
 # Measured and derived TP terms by (class, shrunk config, plan, TP size, dtype): a benchmark costs the
 # same architecture at several real sizes, and the shrunk model is the same for all of them.
-_TERMS_CACHE: dict[tuple[str, ...], tuple[list[Any], dict[str, int]]] = {}
+_TERMS_CACHE: dict[tuple[str, ...], tuple[list[Any], dict[str, int], frozenset[str]]] = {}
+TOWERS_NOTE = (
+    "towers: {layers} layers outside the decoder stack (vision, audio encoders) run no TP collective in the "
+    "text-only step measured: a step with image or audio inputs adds theirs"
+)
 
 
 def read_target(target: str, model: str | None) -> tuple[str, str, dict[str, Any]]:
@@ -164,11 +168,28 @@ def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
     from plangen.plan_checks import PlanError
     from plangen.tensor_parallel import apply_tp
 
+    # Read before applying: a style that refuses leaves the model half sharded, its head counts this rank's.
+    problem = divisibility_problem(model, choice, settings.tp_size)
     try:
         with quiet_partial_matches():
             apply_tp(model, tp_mesh(settings.tp_size), choice.build(model), dp_size=settings.dp_size)
     except PlanError as error:
         raise CostError(f"{choice.name}: {error}") from None
+    except ValueError as error:  # a style's refusal: the width it cannot split, without the legal sizes
+        raise CostError(f"--tp-size {settings.tp_size}: {problem}" if problem else f"{choice.name}: {error}") from None
+
+
+def divisibility_problem(model: Any, choice: PlanChoice, tp_size: int) -> str | None:
+    """``plangen verify``'s PG204 on the plan at ``tp_size``: the first width it cannot split, with the
+    largest legal TP size for the plan (one line), or None. BitNet's heads take TP 5, its 6912-wide
+    intermediate no TP size above 1: the style's own error named no legal size."""
+    from plangen.check.model_plan import ModelPlan
+    from plangen.check.rules_model import DivisibilityRule
+    from plangen.plan_checks import resolve_tied_styles
+
+    styles = resolve_tied_styles(model, choice.build(model))
+    findings = DivisibilityRule().check(ModelPlan(model, tp_size, None, styles, styles))
+    return next((f.message for f in findings), None)
 
 
 def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettings, layer_kinds: Mapping[str, int]):
@@ -194,8 +215,12 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
             measured.base.kinds,
             {kind: run.samples for kind, run in measured.extra.items()},
         )
-        _TERMS_CACHE[key] = (terms, measured.dimensions)
-    terms, shrunk = _TERMS_CACHE[key]
+        _TERMS_CACHE[key] = (terms, measured.dimensions, measured.towers)
+    terms, shrunk, towers = _TERMS_CACHE[key]
     real = read_dimensions(config, settings.micro_batch, settings.seq_len)
-    return scale_terms(terms, shrunk, real, layer_kinds, settings.tp_size)
+    decoder = {kind: n for kind, n in layer_kinds.items() if kind not in towers}
+    rows, notes = scale_terms(terms, shrunk, real, decoder, settings.tp_size)
+    if towers:
+        notes.append(TOWERS_NOTE.format(layers=sum(layer_kinds.values()) - sum(decoder.values())))
+    return rows, notes
 

@@ -30,7 +30,12 @@ from plangen.cost.settings import CostError
 
 # Dimension names and the letter each shows as in a tensor formula.
 LETTERS = {
-    "batch": "B", "seq": "S", "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
+    "batch": "B", "seq": "S",
+    # The tokens the layers see where the model prepends P prompt tokens of its own (CpmAnt's 32): the
+    # residual stream's collectives are B·(S+P)·H, a sum no product of S and P can be; probed as one
+    # dimension of its own (plangen.cost.measure.config_with_tokens), apart from the logits' S.
+    "tokens": "(S+P)",
+    "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
     "q_latent": "Lq", "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)
     "experts": "E",  # routed experts (Llama-4's scores' gradient, B·S·E)
 }
@@ -40,7 +45,7 @@ LETTERS = {
 # matrix per routed token (tokens x k x H x I), so tokens x6 with I x7 took gpt-oss's shrunk model at
 # TP 8 to 15 GiB (the sweep of docs/cost.md was killed for memory).
 PROBE_GROUPS: tuple[Mapping[str, int], ...] = (
-    {"batch": 2, "seq": 3, "vocab": 5},
+    {"batch": 2, "seq": 3, "vocab": 5, "tokens": 7},
     {"hidden": 2, "head_dim": 3, "experts": 5},
     {"heads": 2, "q_latent": 3, "kv_latent": 5, "intermediate": 7},
 )

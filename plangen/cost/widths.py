@@ -60,6 +60,10 @@ WIDTH_RELATIONS: dict[str, WidthRelations] = {
     # base width (67 x TP). (Its head_dim and lru_width need nothing: the modeling file reads both as
     # stated, and no collective is lru_width wide.)
     "recurrent_gemma": WidthRelations(base_factors={"intermediate": 2}),
+    # XLM's attention derives its head size as emb_dim // n_heads (MultiHeadAttention), as DBRX's: a
+    # head_dim set alone (the base sizes' doubling, the head-size probe) built attention the
+    # config's head_dim disagreed with, and no synthesized plan for it.
+    "xlm": WidthRelations(products={"hidden_size": ("num_attention_heads", "head_dim")}),
     # xLSTM's embedding_dim and num_blocks are its hidden size and depth under other names (all fields).
     "xlstm": WidthRelations(nested={"hidden_size": "embedding_dim", "num_hidden_layers": "num_blocks"}),
 }
