@@ -190,7 +190,9 @@ class ExpertsParallel(ParallelStyle):
     experts the layer calls itself: whatever takes their output next redistributes it (Gemma 4's
     norm on it, ``SequenceParallel`` under SP: one reduce-scatter into the sequence shards).
     ``sum_input_grad=False``: the hidden states' gradient is left partial, for a block that reduces
-    its branches' input gradients once (:class:`MoeBlockParallel`); the routing weights' is summed here.
+    its branches' input gradients once (:class:`MoeBlockParallel`), or for a gather whose backward
+    reduce-scatters it (Gemma 4's layer under SP: ``SharedInputGather``'s ``partial_readers``); the
+    routing weights' is summed here.
     """
 
     def __init__(self, *, output_layouts: Placement | None = None, use_local_output: bool = True,
