@@ -190,7 +190,9 @@ class ExpertsParallel(ParallelStyle):
     experts the layer calls itself: whatever takes their output next redistributes it (Gemma 4's
     norm on it, ``SequenceParallel`` under SP: one reduce-scatter into the sequence shards).
     ``sum_input_grad=False``: the hidden states' gradient is left partial, for a block that reduces
-    its branches' input gradients once (:class:`MoeBlockParallel`); the routing weights' is summed here.
+    its branches' input gradients once (:class:`MoeBlockParallel`), or for a gather whose backward
+    reduce-scatters it (Gemma 4's layer under SP: ``SharedInputGather``'s ``partial_readers``); the
+    routing weights' is summed here.
     """
 
     def __init__(self, *, output_layouts: Placement | None = None, use_local_output: bool = True,
@@ -339,47 +341,6 @@ class AllReduceOutputGrad(ParallelStyle):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-class SharedInputGather(ParallelStyle):
-    """Sequence parallel for children of one module that read the same sequence-sharded DTensor
-    whole (Gemma 4's layer: its router and its experts' input norm are both handed the flattened
-    residual): all-gathered once, at the first of ``readers`` that runs, and the same local whole
-    tensor handed to the others. A ``PrepareModuleInput`` per reader gathers it once each.
-
-    Backward is what a reader's own ``PrepareModuleInput(..., use_local_output=True)`` does: the
-    readers' gradients (whole on every rank: the router's exact, the experts' summed over TP by
-    ``ExpertsParallel``) add up on the shared tensor, and the gather's backward keeps this rank's
-    shard, with no collective. A plain (not DTensor) input passes through untouched. ``readers``:
-    child paths relative to the module; the cached tensor is dropped when the module's forward ends.
-    """
-
-    def __init__(self, *, readers: tuple[str, ...]) -> None:
-        super().__init__()
-        self.readers = tuple(readers)
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        shared: dict[str, Any] = {}
-
-        def gather_once(mod: nn.Module, args: tuple) -> tuple:
-            source = args[0] if args else None
-            if not isinstance(source, DTensor):
-                return args
-            if shared.get("source") is not source:
-                shared.update(source=source, whole=source.redistribute(device_mesh, [Replicate()]).to_local())
-            return (shared["whole"], *args[1:])
-
-        def forget(mod: nn.Module, args: tuple, output: Any) -> None:
-            shared.clear()
-
-        for reader in self.readers:
-            module.get_submodule(reader).register_forward_pre_hook(gather_once)
-        # always_call: an exception inside forward must not keep the gathered activation alive.
-        module.register_forward_hook(forget, always_call=True)
-        return module
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(readers={self.readers})"
 
 
 class MoeBlockParallel(PrepareModuleInputOutput):

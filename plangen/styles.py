@@ -62,12 +62,12 @@ from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParal
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, MoeBlockParallel, SharedInputGather
+from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, MoeBlockParallel
+from plangen.shared_input_styles import SharedInputGather
 from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
-    AllReduceParamGrads,
-    LeaveUnsharded,
+    AllReduceParamGrads, LeaveUnsharded,
     SequenceParallelOwnParameters,
     ReplicatedWithGradAllReduce,
     RotaryEmbedParallel,

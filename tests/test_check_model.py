@@ -713,7 +713,8 @@ def test_norm_handed_the_sequence_whole_by_its_layer_is_not_on_the_residual_stre
     plan = tmp_path / "plan.py"
     init_plan(str(tmp_path / "gemma4-moe"), plan, sequence_parallel=True)
     source = plan.read_text()
-    assert "SharedInputGather(readers=(\"router\", \"pre_feedforward_layernorm_2\"))" in source
+    assert ('SharedInputGather(\n        readers=("router", "pre_feedforward_layernorm_2"),\n'
+            '        partial_readers=("pre_feedforward_layernorm_2",),\n    )') in source
     model = str(tmp_path / "gemma4-moe")
     assert _verify(tmp_path, source, model=model).diagnostics == []
     dropped = _drop(source, "model.layers.*")

@@ -1866,3 +1866,20 @@ def test_moe_block_reducing_its_input_gradient_once_refuses_a_sequence_sharded_i
                              output_layouts=(Replicate(),), desired_output_layouts=(Replicate(),))
     with pytest.raises(ValueError, match="no sequence parallel"):
         parallelize_module(_with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)), tp_mesh, style)
+
+
+def test_shared_input_gather_partial_readers_are_among_its_readers_and_their_parameters_replicated(tp_mesh):
+    """A partial reader must be one of the readers it gathers for; its own parameters become Replicate
+    DTensors (as a sequence-parallel norm's), the other readers' stay plain."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import SharedInputGather
+
+    with pytest.raises(ValueError, match="partial_readers"):
+        SharedInputGather(readers=("router",), partial_readers=("norm",))
+    layer = nn.Module()
+    layer.router, layer.norm = nn.Linear(8, 4), nn.LayerNorm(8)
+    parallelize_module(layer, tp_mesh, SharedInputGather(readers=("router", "norm"), partial_readers=("norm",)))
+    assert all(isinstance(p, DTensor) and p.placements == (Replicate(),) for p in layer.norm.parameters())
+    assert not any(isinstance(p, DTensor) for p in layer.router.parameters())

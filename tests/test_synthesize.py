@@ -1432,7 +1432,8 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     router stays whole with its reason. Under SP the router and the experts' input norm (read from
     the layer's forward) take the flattened residual whole, gathered once for both (SharedInputGather
     on the layer), and the experts' sum is left a Partial
-    DTensor that the norm on it (SequenceParallel, as every norm) reduce-scatters."""
+    DTensor that the norm on it (SequenceParallel, as every norm) reduce-scatters. Their input's
+    gradient is left partial (sum_input_grad=False) for the gather's backward to reduce-scatter."""
     from plangen.plans.layer_experts import read_experts_norms
     from tiny_configs import build_tiny
 
@@ -1446,10 +1447,13 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     assert read_experts_norms(layer, "experts") == ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_2")
     assert not analyze_model(model).sp_problems
     sp = build_synthesized_plan(model, True)
-    assert _entry(sp, "model.layers.*.experts").kwargs == {"output_layouts": Partial(), "use_local_output": False}
-    # The router and the experts' input norm read the flattened residual: gathered once for both.
+    assert _entry(sp, "model.layers.*.experts").kwargs == {"output_layouts": Partial(), "use_local_output": False,
+                                                           "sum_input_grad": False}
+    # The router and the experts' input norm read the flattened residual: gathered once for both, the
+    # norm's gradient (the experts' input's) partial, reduce-scattered by the gather's backward.
     shared = _entry(sp, "model.layers.*")
-    assert (shared.style, shared.kwargs) == ("SharedInputGather", {"readers": ("router", "pre_feedforward_layernorm_2")})
+    assert (shared.style, shared.kwargs) == ("SharedInputGather", {"readers": ("router", "pre_feedforward_layernorm_2"),
+                                                                   "partial_readers": ("pre_feedforward_layernorm_2",)})
     assert not [e for e in sp.entries if e.pattern.endswith((".router", ".pre_feedforward_layernorm_2"))]
     assert styles_of(sp)["model.layers.*.post_feedforward_layernorm_2"] == "SequenceParallel"
 

@@ -264,7 +264,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec("SharedExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None), StyleParam("sum_input_grad", BOOL, True))),
         _spec("ConvChannelsParallel", ()),
         _spec("AllReduceOutputGrad", ()),
-        _spec("SharedInputGather", (StyleParam("readers", STR_TUPLE),)),
+        _spec("SharedInputGather", (StyleParam("readers", STR_TUPLE), StyleParam("partial_readers", STR_TUPLE, ()))),
         _spec("Mamba1MixerParallel", (StyleParam("input_layouts", PLACEMENT_OR_NONE, None), StyleParam("grad_reduced", STR_TUPLE, ("x_proj",)))),
         _spec("RwkvTimeMixParallel", ()),
         _spec("RwkvChannelMixParallel", ()),

@@ -15,7 +15,11 @@ The router and the experts' input norm take the whole flattened sequence, all-ga
 (``SharedInputGather`` on the layer; they compute whole on every rank, as without SP), the experts leave their partial sum as a
 ``Partial`` DTensor, and the norm on their output (``SequenceParallel``, as every norm on the
 residual stream) reduce-scatters it into this rank's sequence shard: the one reduce-scatter a
-row-parallel MLP has. :func:`read_experts_norms` reads which norms those are from the layer's forward.
+row-parallel MLP has. In backward the experts leave their input's gradient partial
+(``sum_input_grad=False``) and the shared gather's backward reduce-scatters it, with the router's
+whole gradient counted once, into the sequence shards (``partial_readers``): what a column-parallel
+block's gather does, where summing it over TP first moved B·S·H per rank twice over.
+:func:`read_experts_norms` reads which norms those are from the layer's forward.
 """
 
 from __future__ import annotations
@@ -87,15 +91,18 @@ def layer_experts_entries(
                           f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
     layer = path.rpartition(".")[0]
     entries = [PlanEntry(
-        path, "ExpertsParallel", dict(output_layouts=Partial(), use_local_output=False), "mlp",
+        path, "ExpertsParallel", dict(output_layouts=Partial(), use_local_output=False,
+                                      **({} if input_norm is None else dict(sum_input_grad=False))), "mlp",
         f"{EXPERTS_PARALLEL_WHY}; their sum left partial, reduce-scattered by the norm on it into the "
-        "sequence-sharded residual",
+        "sequence-sharded residual" + ("; their input's gradient left partial, reduce-scattered by the layer's gather"
+                                       if input_norm else ""),
     )]
     readers = (*routers, *((input_norm,) if input_norm else ()))
     entries.append(PlanEntry(
-        layer, "SharedInputGather", dict(readers=readers), "mlp",
+        layer, "SharedInputGather", dict(readers=readers, **({} if input_norm is None else dict(partial_readers=(input_norm,)))), "mlp",
         f"{' and '.join(readers)} take the flattened residual whole, all-gathered once for both (B·S·H), and "
-        f"compute on every token, as without SP",
+        f"compute on every token, as without SP" + (f"; {input_norm}'s gradient (the experts' input's) partial, the "
+                                                    "gather's backward one reduce-scatter" if input_norm else ""),
     ))
     return entries
 
