@@ -159,9 +159,14 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
 
     experts_name, router_name = "experts", "router"
 
-    def __init__(self, *, input_grad_once: bool = False, use_local_input: bool = False, **layouts: Any) -> None:
+    def __init__(self, *, input_grad_once: bool = False, input_layouts: Any = None, desired_input_layouts: Any = None,
+                 input_kwarg_layouts: Any = None, desired_input_kwarg_layouts: Any = None, use_local_input: bool = False,
+                 output_layouts: Any, desired_output_layouts: Any, use_local_output: bool = True) -> None:
         # Once: the block's hook makes the input local itself (with the gradient's placement it needs).
-        super().__init__(use_local_input=use_local_input and not input_grad_once, **layouts)
+        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
+                         input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+                         use_local_input=use_local_input and not input_grad_once, output_layouts=output_layouts,
+                         desired_output_layouts=desired_output_layouts, use_local_output=use_local_output)
         self.input_grad_once = input_grad_once
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
