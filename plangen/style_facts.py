@@ -374,6 +374,7 @@ def facts_of(style: "ParallelStyle") -> StyleFacts | None:
 PLANGEN_STYLE_MODULES = (
     PLANGEN_STYLES,
     "plangen.moe_styles",
+    "plangen.moe_block_styles",
     "plangen.shared_expert_styles",
     "plangen.grouped_styles",
     "plangen.replicated_styles",
