@@ -15,21 +15,15 @@ and check it after editing with `plangen verify generated/deepseek_v3_sp_plan.py
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
-MlaAttentionParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take
-it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+MlaAttentionParallel, MoeBlockParallel, PartialGradInput). The logits leave as a DTensor sharded on
+the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
+loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-    SequenceParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
-from plangen.styles import ExpertsParallel, MlaAttentionParallel
+from plangen.styles import ExpertsParallel, MlaAttentionParallel, MoeBlockParallel, PartialGradInput
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "deepseek_v3"
@@ -72,9 +66,13 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # "model.layers.*.self_attn.kv_a_proj_with_mqa": 61 × Linear [576, 7168]
 
     # MLP
-    # 3 × DeepseekV3MLP, 58 × DeepseekV3MoE: one all-gather of the sequence in, one reduce-scatter out: the experts,
-    # shared experts and dense projections leave partial sums, reduced once here
-    "model.layers.*.mlp": PrepareModuleInputOutput(
+    # 3 × DeepseekV3MLP, 58 × DeepseekV3MoE
+    # one all-gather of the sequence in, one reduce-scatter out: the experts, shared experts and dense projections leave
+    # partial sums, reduced once here; their input gradients summed locally and reduced once (the router's and gates'
+    # counted once)
+    "model.layers.*.mlp": MoeBlockParallel(
+        router="gate",
+        gates=(),
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -86,10 +84,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 58 × DeepseekV3Experts [256, 4096, 7168] → local [128, 4096, 7168] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
-    # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
-    # 58 × DeepseekV3MLP: shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once
-    "model.layers.*.mlp.shared_experts": PrepareModuleInput(
+    # computes the routes to them; partial sum out; its input's gradient left to the block's one reduction
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=False),
+    # 58 × DeepseekV3MLP
+    # shared experts: one Replicate DTensor input, so gate and up add their partial input gradients on it; its input's
+    # gradient left to the block's one reduction
+    "model.layers.*.mlp.shared_experts": PartialGradInput(
         input_layouts=(Replicate(),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,

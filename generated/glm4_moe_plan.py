@@ -15,21 +15,21 @@ and check it after editing with `plangen verify generated/glm4_moe_plan.py`.
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
-KVHeadsColwiseParallel, PrepareAttentionInput). The logits leave as a DTensor sharded on the
-vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's
-loss_parallel()).
+KVHeadsColwiseParallel, MoeBlockParallel, PartialGradInput, PrepareAttentionInput). The logits leave
+as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from plangen.styles import ExpertsParallel, KVHeadsColwiseParallel, PrepareAttentionInput
+from plangen.styles import (
+    ExpertsParallel,
+    KVHeadsColwiseParallel,
+    MoeBlockParallel,
+    PartialGradInput,
+    PrepareAttentionInput,
+)
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "glm4_moe"
@@ -64,9 +64,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
 
     # MLP
-    # 1 × Glm4MoeMLP, 45 × Glm4MoeMoE: one all-reduce of the summed branches: the experts, shared experts and dense
-    # projections leave partial sums, reduced once here
-    "model.layers.*.mlp": PrepareModuleInputOutput(
+    # 1 × Glm4MoeMLP, 45 × Glm4MoeMoE
+    # one all-reduce of the summed branches: the experts, shared experts and dense projections leave partial sums,
+    # reduced once here; their input gradients summed locally and reduced once (the router's and gates' counted once)
+    "model.layers.*.mlp": MoeBlockParallel(
+        router="gate",
+        gates=(),
         input_layouts=(Replicate(),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -78,10 +81,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 45 × Glm4MoeExperts [128, 2816, 4096] → local [64, 2816, 4096] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
-    # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
-    # 45 × Glm4MoeMLP: shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once
-    "model.layers.*.mlp.shared_experts": PrepareModuleInput(
+    # computes the routes to them; partial sum out; its input's gradient left to the block's one reduction
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=False),
+    # 45 × Glm4MoeMLP
+    # shared experts: one Replicate DTensor input, so gate and up add their partial input gradients on it; its input's
+    # gradient left to the block's one reduction
+    "model.layers.*.mlp.shared_experts": PartialGradInput(
         input_layouts=(Replicate(),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,

@@ -15,23 +15,18 @@ and check it after editing with `plangen verify generated/llama4_text_sp_plan.py
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
-EveryTokenMoeParallel, KVHeadsColwiseParallel, PrepareAttentionInput, RowwiseParallelOwnOutput). The
-logits leave as a DTensor sharded on the vocabulary: the loss must take it
-(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+EveryTokenMoeParallel, KVHeadsColwiseParallel, PartialGradInput, PrepareAttentionInput,
+RowwiseParallelOwnOutput). The logits leave as a DTensor sharded on the vocabulary: the loss must
+take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
 from plangen.styles import (
     EveryTokenMoeParallel,
     KVHeadsColwiseParallel,
+    PartialGradInput,
     PrepareAttentionInput,
     RowwiseParallelOwnOutput,
 )
@@ -74,8 +69,9 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # MLP
     # 48 × Llama4TextMoe
     # each rank holds E/tp whole experts and scores of them; one all-gather of the sequence in, one reduce-scatter out
-    # (the router logits pass through)
+    # (the router logits pass through); the experts' and the shared expert's input gradients reduced once
     "model.layers.*.feed_forward": EveryTokenMoeParallel(
+        input_grad_once=True,
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -85,8 +81,10 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         desired_output_layouts=(Partial(reduce_op="sum"), Replicate()),
         use_local_output=False,
     ),
-    # 48 × Llama4TextMLP: shared expert: one Replicate DTensor input, so gate and up reduce their input gradient once
-    "model.layers.*.feed_forward.shared_expert": PrepareModuleInput(
+    # 48 × Llama4TextMLP
+    # shared expert: one Replicate DTensor input, gate and up add their partial input gradients on it (reduced once by
+    # the block)
+    "model.layers.*.feed_forward.shared_expert": PartialGradInput(
         input_layouts=(Replicate(),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,

@@ -15,8 +15,9 @@ and check it after editing with `plangen verify generated/nemotron_h_sp_plan.py`
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
-GatedRMSNormParallel, Mamba2MixerParallel). The logits leave as a DTensor sharded on the vocabulary:
-the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+GatedRMSNormParallel, Mamba2MixerParallel, MoeBlockParallel, PartialGradInput). The logits leave as
+a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
@@ -24,12 +25,17 @@ from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
-    PrepareModuleInputOutput,
     RowwiseParallel,
     SequenceParallel,
 )
 
-from plangen.styles import ExpertsParallel, GatedRMSNormParallel, Mamba2MixerParallel
+from plangen.styles import (
+    ExpertsParallel,
+    GatedRMSNormParallel,
+    Mamba2MixerParallel,
+    MoeBlockParallel,
+    PartialGradInput,
+)
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "nemotron_h"
@@ -62,9 +68,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "model.layers.*.mixer.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
 
     # MLP
-    # 1 × NemotronHMoE: one all-gather of the sequence in, one reduce-scatter out: the experts and the shared expert
-    # leave partial sums, reduced once here
-    "model.layers.1.mixer": PrepareModuleInputOutput(
+    # 1 × NemotronHMoE
+    # one all-gather of the sequence in, one reduce-scatter out: the experts and the shared expert leave partial sums,
+    # reduced once here, and their input gradients
+    "model.layers.1.mixer": MoeBlockParallel(
+        router="gate",
+        gates=(),
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -76,8 +85,16 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 1 × NemotronHExperts [8, 7688, 4096] → local [4, 7688, 4096] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
-    # computes the routes to them; partial sum out
-    "model.layers.*.mixer.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
+    # computes the routes to them; partial sum out; its input's gradient left to the mixer's one reduction
+    "model.layers.*.mixer.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=False),
+    # 1 × NemotronHMLP; shared expert: a Replicate DTensor input, its partial gradient left to the mixer's one reduction
+    "model.layers.*.mixer.shared_experts": PartialGradInput(
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        input_kwarg_layouts=None,
+        desired_input_kwarg_layouts=None,
+        use_local_output=False,
+    ),
     # 1 × Linear [7688, 4096] → local [3844, 4096] at TP=2; shared expert: column-parallel
     "model.layers.*.mixer.shared_experts.up_proj": ColwiseParallel(
         input_layouts=Replicate(),

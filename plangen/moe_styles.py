@@ -39,9 +39,9 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInputOutput
+from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, grad_once, replicated_local
+from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -338,130 +338,6 @@ class AllReduceOutputGrad(ParallelStyle):
 
         module.register_forward_hook(reduce_grad)
         return module
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class MoeBlockParallel(PrepareModuleInputOutput):
-    """A MoE block's ``PrepareModuleInputOutput`` (same arguments; tensor parallel, its input whole)
-    whose branches leave their input gradients partial (``ExpertsParallel(sum_input_grad=False)``,
-    ``SharedExpertsParallel(sum_input_grad=False)``): the block input's gradient is summed over TP
-    once (one all-reduce of B·S·H) where each branch reduced its own. The ``router``'s input gradient,
-    whole on every rank (the branches sum the gradients of its outputs), counts once, on the first
-    rank. Under SP the block's gather would need a partial gradient: refused.
-    """
-
-    def __init__(self, *, router: str = "gate", input_layouts: Any = None, desired_input_layouts: Any = None,
-                 input_kwarg_layouts: Any = None, desired_input_kwarg_layouts: Any = None, use_local_input: bool = False,
-                 output_layouts: Any, desired_output_layouts: Any, use_local_output: bool = True) -> None:
-        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
-                         input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
-                         use_local_input=use_local_input, output_layouts=output_layouts,
-                         desired_output_layouts=desired_output_layouts, use_local_output=use_local_output)
-        self.router = router
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        layouts = [*(self.prepare_module_input.input_layouts or ()), *(self.prepare_module_input.desired_input_layouts or ())]
-        if not all(layout is None or isinstance(layout, Replicate) for layout in layouts):
-            raise ValueError("MoeBlockParallel: the block's input must be whole (Replicate()): no sequence parallel")
-        router = module.get_submodule(self.router)
-        module = super()._apply(module, device_mesh)
-
-        def reduce_once(mod: nn.Module, args: tuple) -> tuple:
-            # After the input preparation (registered first): the local whole input every branch reads.
-            return (all_reduce_grad(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
-
-        def route_once(mod: nn.Module, args: tuple) -> tuple:
-            return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
-
-        module.register_forward_pre_hook(reduce_once)
-        router.register_forward_pre_hook(route_once)
-        return module
-
-
-class EveryTokenMoeParallel(PrepareModuleInputOutput):
-    """A MoE block whose experts run on every token (Llama-4's ``Llama4TextMoe``), experts split on
-    the expert dimension: the block's own ``PrepareModuleInputOutput`` (same arguments), and the
-    experts sharded ``Shard(0)`` with the router's scores cut to this rank's experts.
-
-    Llama-4 scores every expert for every token (``sigmoid`` of the top-k logits, 0 elsewhere), feeds
-    the experts ``hidden.repeat(E, 1) * scores`` (expert-major) and sums the ``E`` outputs. Here:
-
-    * the router runs whole on every rank (routing exact); a forward hook hands the block this
-      rank's ``E / tp`` columns of the scores, so the block builds its ``[E/tp · T, H]`` input and
-      sums its ``E/tp`` outputs: a partial sum over ranks, reduced once by this style's output
-      layouts (all-reduce, or reduce-scatter under SP) together with the shared expert's;
-    * backward: the scores' gradient (``T · E``) and the experts' input's gradient with respect to the
-      hidden state (``T · H``) cover this rank's experts only and are summed over TP. The second is
-      taken where the block repeats the hidden state: the experts' input is recomputed from the
-      router's input with that reduction (the same product, the same values), and the block's own
-      copy is left unused. The router's input path and the shared expert's are exact as they are.
-
-    The block's children are found by transformers' names, ``experts`` and ``router``. (The block
-    adds the routed sum in place into the shared expert's output: the plan gives its ``down_proj``
-    ``RowwiseParallelOwnOutput``, whose output is a copy, not ``to_local``'s view.)
-    """
-
-    experts_name, router_name = "experts", "router"
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        experts, router = getattr(module, self.experts_name, None), getattr(module, self.router_name, None)
-        count = expert_count(experts) if isinstance(experts, nn.Module) else None
-        if count is None or not isinstance(router, nn.Module):
-            raise ValueError(
-                f"EveryTokenMoeParallel applies to a MoE block with a packed experts module "
-                f"{self.experts_name!r} and a router {self.router_name!r}; {type(module).__name__} has none"
-            )
-        tp = device_mesh.size()
-        if count % tp:
-            raise ValueError(f"EveryTokenMoeParallel: {count} experts cannot be split evenly over TP size {tp}")
-        for name, param in list(experts.named_parameters(recurse=False)):
-            if param.dim() >= 1 and param.shape[0] == count:
-                sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
-                experts.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        local = count // tp
-        first = device_mesh.get_local_rank() * local
-        routed: dict[str, torch.Tensor] = {}
-        swapped: dict[str, nn.Parameter] = {}
-
-        def keep_router_input(mod: nn.Module, args: tuple) -> None:
-            routed["hidden"] = replicated_local(args[0])
-
-        def local_scores(mod: nn.Module, args: tuple, output: tuple) -> tuple:
-            scores, *rest = output
-            scores = replicated_local(scores)
-            if torch.is_grad_enabled():
-                scores = all_reduce_grad(scores, device_mesh)
-            routed["scores"] = scores[:, first:first + local]
-            return (routed["scores"], *rest)
-
-        def local_experts(mod: nn.Module, args: tuple) -> tuple:
-            hidden, scores = routed.pop("hidden"), routed.pop("scores")
-            if torch.is_grad_enabled():
-                hidden = all_reduce_grad(hidden, device_mesh)
-            for name, param in list(mod._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped[name] = param
-                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
-            rebuilt = hidden.repeat(local, 1) * scores.transpose(0, 1).reshape(-1, 1)
-            if rebuilt.shape != args[0].shape:
-                raise ValueError(
-                    f"EveryTokenMoeParallel: the experts' input {tuple(args[0].shape)} is not "
-                    f"hidden.repeat(E/tp, 1) * scores ({tuple(rebuilt.shape)})"
-                )
-            return (rebuilt, *args[1:])
-
-        def restore(mod: nn.Module, args: tuple, output: Any) -> None:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
-
-        router.register_forward_pre_hook(keep_router_input)
-        router.register_forward_hook(local_scores)
-        experts.register_forward_pre_hook(local_experts)
-        # always_call: an exception inside forward must not leave local views in place of the parameters.
-        experts.register_forward_hook(restore, always_call=True)
-        return super()._apply(module, device_mesh)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

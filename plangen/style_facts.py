@@ -267,6 +267,8 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("EveryTokenMoeParallel", PLANGEN_STYLES, "gather_output"),
         # A MoE block's PrepareModuleInputOutput that also reduces its branches' input gradients once (Inkling's).
         StyleFacts("MoeBlockParallel", PLANGEN_STYLES, "gather_output"),
+        # Shared experts' PrepareModuleInput whose input gradient is left to that block's one reduction.
+        StyleFacts("PartialGradInput", PLANGEN_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         # A layer whose children read one sequence-sharded input whole (Gemma 4's router and experts' norm): gathered once.
         StyleFacts("SharedInputGather", PLANGEN_STYLES, "prepare_input"),
         # An untied embedding that scales its own lookup: vocabulary-sharded, its forward on the partial lookup.
@@ -372,6 +374,7 @@ def facts_of(style: "ParallelStyle") -> StyleFacts | None:
 PLANGEN_STYLE_MODULES = (
     PLANGEN_STYLES,
     "plangen.moe_styles",
+    "plangen.moe_block_styles",
     "plangen.shared_expert_styles",
     "plangen.grouped_styles",
     "plangen.replicated_styles",

@@ -46,11 +46,7 @@ from plangen.attention_styles import (
     RebuiltChildHeadCounts,
 )
 from plangen.fused_styles import (
-    Conv1DColwiseParallel,
-    Conv1DRowwiseParallel,
-    FusedColwiseParallel,
-    LocalHeadCounts,
-    MultiQueryColwiseParallel,
+    Conv1DColwiseParallel, Conv1DRowwiseParallel, FusedColwiseParallel, LocalHeadCounts, MultiQueryColwiseParallel,
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
@@ -62,7 +58,8 @@ from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParal
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
 from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel
 from plangen.flat_expert_styles import FlatExpertsParallel
-from plangen.moe_styles import AllReduceOutputGrad, EveryTokenMoeParallel, ExpertsParallel, MoeBlockParallel
+from plangen.moe_block_styles import EveryTokenMoeParallel, MoeBlockParallel, PartialGradInput
+from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
 from plangen.shared_input_styles import SharedInputGather
 from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
@@ -232,7 +229,7 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         *(FusedColwiseParallel, MultiQueryColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
         MlaKvAProjParallel,
         MlaAttentionParallel,
-        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel, MoeBlockParallel),
+        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel, MoeBlockParallel, PartialGradInput),
         *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel),
         *(AllReduceOutputGrad, SharedInputGather),
         TiedEmbeddingParallel,
@@ -507,7 +504,7 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FlatExpertsParallel",
-    "MoeBlockParallel", "SharedExpertsParallel", "SharedInputGather",
+    "MoeBlockParallel", "PartialGradInput", "SharedExpertsParallel", "SharedInputGather",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",

@@ -99,9 +99,10 @@ def test_no_collective_moves_the_vocabulary(fake_pg, sequence_parallel):
 # mixtral-3-experts: 3 experts at TP 2, each expert's intermediate split (plangen.moe_styles): the
 # same collectives, of the same sizes, as the expert split.
 MOE = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "mixtral-3-experts"]
-# Qwen2-MoE's shared expert: its input gradient (gate and up share one input: one reduction) and
-# its gate's output gradient (one value per token, scaling the shared expert's partial output).
-SHARED_BACKWARD = {"qwen2_moe": 2}
+# Qwen2-MoE's shared expert: its gate's output gradient (one value per token, scaling the shared
+# expert's partial output). Its input gradient adds to the experts' locally, reduced once by the
+# block (MoeBlockParallel; it was a second B·S·H all-reduce, 3 in all).
+SHARED_BACKWARD = {"qwen2_moe": 1}
 
 
 def _moe_payloads(name: str, sequence_parallel: bool):
@@ -140,8 +141,13 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     assert forward == {AG: 2, RS: 2}  # per block: gather the sequence in, reduce-scatter the sum out
     # Backward: each block's output gradient is gathered; attention reduce-scatters its input
     # gradient, the experts all-reduce theirs (they take a local input; see docs/plans.md) and the
-    # routing weights'.
-    assert backward == {AG: 2, RS: 1, AR: 2 + SHARED_BACKWARD.get(name, 0)}
+    # routing weights'. With a shared expert (MoeBlockParallel) the block's input gradient, the
+    # experts' and the shared expert's summed locally, is one reduce-scatter (it was two
+    # all-reduces), beside the gate's output gradient.
+    if name in SHARED_BACKWARD:
+        assert backward == {AG: 2, RS: 2, AR: 1 + SHARED_BACKWARD[name]}
+    else:
+        assert backward == {AG: 2, RS: 1, AR: 2}
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -286,15 +292,17 @@ def test_jetmoe_layer_under_sequence_parallel_reduce_scatters_each_block_out(fak
 def test_llama4_moe_layer_costs_one_reduction_forward_and_the_scores_and_inputs_backward(fake_pg, sequence_parallel):
     """Llama-4's every-token experts (EveryTokenMoeParallel): forward, the block's one reduction with
     the shared expert's (a reduce-scatter under SP). Backward per MoE block: the scores' gradient
-    (B·S·E), the repeated hidden state's (B·S·H) and the shared expert's input (B·S·H)."""
+    (B·S·E) and the block's input gradient once (B·S·H, input_grad_once: the repeated hidden state's
+    and the shared expert's input's summed locally; they were two all-reduces), under SP one
+    reduce-scatter."""
     forward, backward, _, _ = per_layer("llama4-moe", sequence_parallel)
     config, _, _, backward_step = run_step("llama4-moe", 2, sequence_parallel)
     if sequence_parallel:
         assert forward == {AG: 2, RS: 2}
-        assert backward == {AG: 2, RS: 1, AR: 3}
+        assert backward == {AG: 2, RS: 2, AR: 1}
     else:
         assert forward == {AR: 2}
-        assert backward == {AR: 4}
+        assert backward == {AR: 3}
     bsh, bse = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_local_experts * 4
     sizes = Counter(size for name, size in backward_step.records if name in (AR, "allreduce_"))
     assert sizes[bse] == 2  # one per MoE layer: nothing moves E x H per token
@@ -350,30 +358,34 @@ def test_latent_attention_layer_costs_one_all_reduce_forward_and_three_backward(
     block's, as a dense layer. Backward, attention: three reductions of activation gradients, the
     query up-projection's input (column-parallel), the KV latent (kv_b_proj's input) and the shared
     rope key (MlaAttentionParallel), each as small as the tensor it reduces; the replicated
-    down-projections' weight gradients then need none. MoE: the experts', the routing weights' and
-    the shared experts' input gradients."""
+    down-projections' weight gradients then need none. MoE: the block's input gradient once, the
+    experts' and the shared experts' summed locally (MoeBlockParallel; they were two all-reduces),
+    and the routing weights'."""
     forward, backward, total_forward, total_backward = per_layer(name, False)
     assert forward == {AR: 2}
-    assert backward == {AR: 3 + 3}
-    # Fixed: the embedding forward, the head backward; layer 0 is dense (first_k_dense_replace) and
-    # its gate and up reduce their input gradients one each under the MoE block's style: 3 + 2.
-    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: (3 + 2) + (3 + 3) + 1}
+    assert backward == {AR: 3 + 2}
+    # Fixed: the embedding forward, the head backward; layer 0 is dense (first_k_dense_replace): its
+    # gate and up read the block's Replicate DTensor and reduce their input gradients once (3 + 1;
+    # each reduced its own before).
+    assert total_forward == {AR: 2 * 2 + 1} and total_backward == {AR: (3 + 1) + (3 + 2) + 1}
     config, _, forward_step, backward_step = run_step(name, 2, False)
     bsh, bsk = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_experts_per_tok * 4
     assert sorted({size for _, size in forward_step.records}) == [bsh]
     sizes = _latent_sizes(name)
-    moe_layer = sorted(size for _, size in backward_step.records[1:7])  # after the head's; the last layer first
-    assert moe_layer == sorted([sizes["query"], sizes["kv"], sizes["rope"], bsh, bsk, bsh])
+    moe_layer = sorted(size for _, size in backward_step.records[1:6])  # after the head's; the last layer first
+    assert moe_layer == sorted([sizes["query"], sizes["kv"], sizes["rope"], bsh, bsk])
 
 
 @pytest.mark.parametrize("name", LATENT)
 def test_latent_attention_under_sequence_parallel_gathers_once_per_block(fake_pg, name):
     """Forward as a dense layer: one all-gather in and one reduce-scatter out per block. Backward: the
-    blocks' output gradients gathered; the attention's three reductions and the MoE block's stay
-    all-reduces (the down-projections take a local, whole input)."""
+    blocks' output gradients gathered; the attention's three reductions stay all-reduces (the
+    down-projections take a local, whole input); the MoE block's input gradient, the experts' and
+    the shared experts' summed locally, is one reduce-scatter (it was two all-reduces), beside the
+    routing weights' all-reduce."""
     forward, backward, _, _ = per_layer(name, True)
     assert forward == {AG: 2, RS: 2}
-    assert backward == {AG: 2, AR: 3 + 3}
+    assert backward == {AG: 2, RS: 1, AR: 3 + 1}
 
 
 # --- norms over the whole q/k projection (OLMo-2/3): two small all-reduces per layer each way ----
@@ -605,8 +617,8 @@ def test_stable_variant_keeps_mamba1_mixers_whole_so_a_layer_sums_nothing(fake_p
 # --- Mamba2 mixers split by heads (plangen.mamba_styles) ---------------------------------------
 
 
-def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool, variant: str = "optimized"):
-    kwargs = dict(TINY["nemotron_h"], n_groups=n_groups, layers_block_type=["linear_attention"] * layers)
+def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool, variant: str = "optimized", kinds=()):
+    kwargs = dict(TINY["nemotron_h"], n_groups=n_groups, layers_block_type=["linear_attention"] * layers + list(kinds))
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
@@ -627,6 +639,22 @@ def _per_mixer(n_groups: int, sequence_parallel: bool, variant: str = "optimized
     c1, d1, c2, d2 = (merge_c10d_counts(c.counts()) for c in (f1, b1, f2, b2))
     diff = lambda a, b: {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
     return diff(c1, c2), diff(d1, d2), config, f2, b2
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_nemotron_h_moe_mixer_reduces_its_branches_input_gradient_once(fake_pg, sequence_parallel):
+    """Nemotron-H's MoE mixer (MoeBlockParallel): forward, its one reduction of the experts' and the
+    shared expert's partial sums (under SP the sequence gathered in, reduce-scattered out). Backward:
+    their input gradients summed locally and reduced once (B·S·H; under SP a reduce-scatter, after
+    the output gradient's gather), and the routing weights' (B·S·k). Each branch reduced its own
+    before: two all-reduces of B·S·H."""
+    (_, f1, b1), (config, f2, b2) = (_mamba_step(2, 1, sequence_parallel, kinds=kinds) for kinds in ((), ("moe",)))
+    c1, d1, c2, d2 = (merge_c10d_counts(c.counts()) for c in (f1, b1, f2, b2))
+    diff = lambda a, b: {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    assert diff(c1, c2) == ({AG: 1, RS: 1} if sequence_parallel else {AR: 1})
+    assert diff(d1, d2) == ({AG: 1, RS: 1, AR: 1} if sequence_parallel else {AR: 2})
+    bsk = BATCH * SEQ * config.num_experts_per_tok * 4
+    assert Counter(size for op, size in b2.records if op in (AR, "allreduce_"))[bsk] == 1
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

@@ -1853,19 +1853,29 @@ def test_head_table_is_split_by_heads_and_the_bias_is_this_ranks_heads(tp_mesh):
     holder.m.relative_attention_bias = nn.Parameter(torch.zeros(32, 3))
     with pytest.raises(ValueError, match=r"HeadTableParallel: PositionBias.relative_attention_bias is \(32, 3\)"):
         parallelize_module(holder, tp_mesh, {"m": HeadTableParallel()})
-def test_moe_block_reducing_its_input_gradient_once_refuses_a_sequence_sharded_input(tp_mesh):
-    """MoeBlockParallel all-reduces the block input's gradient once for its branches (Inkling's routed
-    and shared experts; counts: tests/test_comm_counts.py, numerics: the inkling synthesized cases);
-    under SP the gather's backward would have to reduce-scatter a partial gradient: refused."""
-    from torch.distributed.tensor import Replicate, Shard
+def test_moe_block_reducing_its_input_gradient_once_refuses_what_it_cannot_count_once(tp_mesh):
+    """MoeBlockParallel reduces the block input's gradient once for its branches (counts:
+    tests/test_comm_counts.py, numerics: the MoE and inkling distributed cases). A block with experts
+    but without the router or a gate named (whose whole gradient must count once) is refused, and so
+    are shards of the hidden state handed to the branches; PartialGradInput takes whole inputs only."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.styles import MoeBlockParallel
+    from plangen.moe_styles import expert_count
+    from plangen.styles import MoeBlockParallel, PartialGradInput
 
-    style = MoeBlockParallel(router="child", input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                             output_layouts=(Replicate(),), desired_output_layouts=(Replicate(),))
-    with pytest.raises(ValueError, match="no sequence parallel"):
-        parallelize_module(_with_child(nn.Linear(8, 8), "child", nn.Linear(8, 8)), tp_mesh, style)
+    block = _EveryTokenMoe()
+    assert expert_count(block.experts)
+    style = MoeBlockParallel(router="router", gates=("shared_expert_gate",), input_layouts=(Replicate(),),
+                             desired_input_layouts=(Replicate(),), output_layouts=(Partial(),),
+                             desired_output_layouts=(Replicate(),))
+    with pytest.raises(ValueError, match="_EveryTokenMoe has experts but no shared_expert_gate"):
+        parallelize_module(block, tp_mesh, style)
+    with pytest.raises(ValueError, match="read its input whole"):
+        MoeBlockParallel(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), output_layouts=(Partial(),),
+                         desired_output_layouts=(Shard(1),))
+    with pytest.raises(ValueError, match="must be whole"):
+        PartialGradInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
 
 
 def test_shared_input_gather_partial_readers_are_among_its_readers_and_their_parameters_replicated(tp_mesh):

@@ -137,6 +137,7 @@ STYLES: dict[str, StyleSpec] = {
             "PrepareModuleInput",
             (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False)),
         ),
+        _spec("PartialGradInput", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec(
             "PrepareModuleOutput",
             (*_OUTPUT_PREPARATION, StyleParam("use_local_output", BOOL, True)),
@@ -275,8 +276,9 @@ STYLES: dict[str, StyleSpec] = {
             "MoeBlockParallel",
             (
                 StyleParam("router", STR, "gate"),
+                StyleParam("gates", STR_TUPLE, ()),
                 *_INPUT_PREPARATION,
-                StyleParam("use_local_input", BOOL, False),
+                StyleParam("use_local_input", BOOL, True),
                 *_OUTPUT_PREPARATION,
                 StyleParam("use_local_output", BOOL, True),
             ),
@@ -284,6 +286,7 @@ STYLES: dict[str, StyleSpec] = {
         _spec(
             "EveryTokenMoeParallel",
             (
+                StyleParam("input_grad_once", BOOL, False),
                 *_INPUT_PREPARATION,
                 StyleParam("use_local_input", BOOL, False),
                 *_OUTPUT_PREPARATION,

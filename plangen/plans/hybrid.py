@@ -97,21 +97,26 @@ def _whole_experts_reason(model: nn.Module) -> str:
 def _moe_entries(model: nn.Module, sp: bool, colwise: dict) -> list[PlanEntry]:
     """A MoE mixer per MoE block: experts split on the expert dim, the shared expert's up/down
     column/row-parallel, both leaving partial sums that the mixer reduces once (all-reduce, or
-    all-gather in and reduce-scatter out under SP)."""
+    all-gather in and reduce-scatter out under SP), and their partial input gradients, summed
+    locally, once (MoeBlockParallel: the router's counted once)."""
     entries = [
-        PlanEntry(f"model.layers.{i}.mixer", "PrepareModuleInputOutput", dict(
-            input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),),
+        PlanEntry(f"model.layers.{i}.mixer", "MoeBlockParallel", dict(
+            router="gate", input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),),
             input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_input=True,
             output_layouts=(Partial(),), desired_output_layouts=(Shard(1) if sp else Replicate(),),
             use_local_output=not sp,
         ), "mlp", ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
-            + ": the experts and the shared expert leave partial sums, reduced once here")
+            + ": the experts and the shared expert leave partial sums, reduced once here, and their input gradients")
         for i, kind in enumerate(model.config.layers_block_type) if kind == "moe"
     ]
     layer = "model.layers.*.mixer"
     return entries + [
-        PlanEntry(f"{layer}.experts", "ExpertsParallel", dict(output_layouts=Partial()), "mlp",
-                  EXPERTS_PARALLEL_WHY),
+        PlanEntry(f"{layer}.experts", "ExpertsParallel", dict(output_layouts=Partial(), sum_input_grad=False), "mlp",
+                  EXPERTS_PARALLEL_WHY + "; its input's gradient left to the mixer's one reduction"),
+        PlanEntry(f"{layer}.shared_experts", "PartialGradInput",
+                  dict(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
+                       desired_input_kwarg_layouts=None, use_local_output=False), "mlp",
+                  "shared expert: a Replicate DTensor input, its partial gradient left to the mixer's one reduction"),
         PlanEntry(f"{layer}.shared_experts.up_proj", "ColwiseParallel", colwise, "mlp", "shared expert: column-parallel"),
         PlanEntry(f"{layer}.shared_experts.down_proj", "RowwiseParallel",
                   dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",

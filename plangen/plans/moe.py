@@ -4,7 +4,9 @@ experts split over TP on the expert dimension (:class:`plangen.moe_styles.Expert
 Every MLP block, MoE or dense, ends the same way: its branches (the routed experts, the shared
 experts, a dense MLP's ``down_proj``) leave local partial sums, and the block's own style reduces
 them once: one all-reduce of B·S·H per layer, or with sequence parallel one all-gather of the
-block's input and one reduce-scatter of its output. The router runs replicated on every token, so
+block's input and one reduce-scatter of its output. Where shared experts sit beside the routed
+ones the block reduces its input's gradient once for all branches too
+(:mod:`plangen.moe_block_styles`), where each branch reduced its own. The router runs replicated on every token, so
 the routing and the auxiliary load-balancing loss are exactly the unsharded model's.
 """
 
@@ -89,11 +91,16 @@ def build_moe_decoder_plan(
     def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
         entries.append(PlanEntry(pattern, style, kwargs, "mlp", why))
 
+    # With shared experts beside the routed ones the block also reduces their input gradients once
+    # (MoeBlockParallel): each branch leaves its own partial, the router's and gates' count once.
+    once = bool(shared) and len(routers) == 1
     add(
         f"{layer}.mlp",
-        "PrepareModuleInputOutput",
+        "MoeBlockParallel" if once else "PrepareModuleInputOutput",
         ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
-        + ": the experts, shared experts and dense projections leave partial sums, reduced once here",
+        + ": the experts, shared experts and dense projections leave partial sums, reduced once here"
+        + ("; their input gradients summed locally and reduced once (the router's and gates' counted once)" if once else ""),
+        **(dict(router=next(iter(routers)), gates=tuple(sorted(gates))) if once else {}),
         input_layouts=(SEQ if sp else Replicate(),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -104,18 +111,21 @@ def build_moe_decoder_plan(
         desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * (block_outputs - 1)),
         use_local_output=not sp,
     )
+    left = "; its input's gradient left to the block's one reduction"
     add(
         f"{layer}.mlp.experts",
         "ExpertsParallel",
-        EXPERTS_PARALLEL_WHY,
+        EXPERTS_PARALLEL_WHY + (left if once else ""),
         output_layouts=Partial(),
+        **(dict(sum_input_grad=False) if once else {}),
     )
     for owner in sorted(shared) + ([""] if dense else []):
         path = f"{layer}.mlp.{owner}." if owner else f"{layer}.mlp."
         what = "shared experts" if owner else "dense MLP (layers without experts)"
         if owner:  # transformers' MoE blocks call their shared experts with the hidden state, positionally
-            add(f"{layer}.mlp.{owner}", "PrepareModuleInput",
-                "shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once",
+            add(f"{layer}.mlp.{owner}", "PartialGradInput" if once else "PrepareModuleInput",
+                "shared experts: one Replicate DTensor input, so gate and up "
+                + ("add their partial input gradients on it" + left if once else "reduce their input gradient once"),
                 input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
                 input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False)
         for proj in ("gate_proj", "up_proj"):
@@ -220,7 +230,8 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
             "EveryTokenMoeParallel",
             "each rank holds E/tp whole experts and scores of them; "
             + ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
-            + " (the router logits pass through)",
+            + " (the router logits pass through); the experts' and the shared expert's input gradients reduced once",
+            input_grad_once=True,
             input_layouts=(SEQ if sp else Replicate(),),
             desired_input_layouts=(Replicate(),),
             input_kwarg_layouts=None,
@@ -232,8 +243,9 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
             desired_output_layouts=(Partial() if sp else Replicate(), Replicate()),
             use_local_output=not sp,
         )
-        add(f"{block}.shared_expert", "PrepareModuleInput",
-            "shared expert: one Replicate DTensor input, so gate and up reduce their input gradient once",
+        add(f"{block}.shared_expert", "PartialGradInput",
+            "shared expert: one Replicate DTensor input, gate and up add their partial input gradients on it"
+            " (reduced once by the block)",
             input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
             input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False)
         for proj in ("gate_proj", "up_proj"):
