@@ -628,9 +628,9 @@ def test_cli_checks_ten_files_in_under_a_second(tmp_path):
         path.write_text(GENERATED_PLAN)
         files.append(str(path))
 
-    def best_of_three(*args: str) -> float:
+    def best_of_five(*args: str) -> float:
         times = []
-        for _ in range(3):
+        for _ in range(5):  # the other xdist worker shares the machine: its load shifts CPU time a little too
             start = child_cpu_seconds()  # CPU time: other work on the machine does not stretch it
             result = _run_cli(*args)
             times.append(child_cpu_seconds() - start)
@@ -638,6 +638,6 @@ def test_cli_checks_ten_files_in_under_a_second(tmp_path):
         return min(times)
 
     # The budget is beyond interpreter start, so plain start-up is measured and taken off.
-    start_up = best_of_three("-c", "pass")
-    verify = best_of_three("-m", "plangen", "verify", "--static", *files)
+    start_up = best_of_five("-c", "pass")
+    verify = best_of_five("-m", "plangen", "verify", "--static", *files)
     assert verify - start_up < 1.0, f"verify of 10 files: {verify:.2f}s, interpreter start: {start_up:.2f}s"
