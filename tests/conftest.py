@@ -74,6 +74,16 @@ def _xdist_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
+def pytest_configure(config):
+    # Two workers on two cores: torch's intra-op pool of two threads in each would spin against the
+    # other's (measured: test_comm_counts 135 CPU-s alone, 261 beside test_cost). Launched ranks
+    # set their own (plangen.launch); one thread each here.
+    if _xdist_worker():
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def _order(item) -> int:
     # Modules marked QUIET measure what other work on the machine shifts (gloo timing against a
     # byte-for-byte memory trace): they run last. In one process the launching modules run just
