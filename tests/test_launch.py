@@ -45,10 +45,12 @@ def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_r
         time.sleep(0.2)
     assert launch.finished(), "the launch blocked on its own output"
     niced = min(os.nice(0) + 5, 19)  # the ranks run at a lower priority than this process
+    result = launch.result()
+    assert [rank[:3] for rank in result] == [[0, {"x": 1}, niced], [1, {"x": 1}, niced]]
     # Under autogroup scheduling the ranks' session group is niced too, or the nice would not count
-    # against this process's group.
-    group = None if _autogroup_nice() is None else 5  # a new session's group starts at nice 0
-    assert launch.result() == [[0, {"x": 1}, niced, group], [1, {"x": 1}, niced, group]]
+    # against this process's group. Whether a new session has a group is not this process's to say:
+    # in CI's container this process had none and the ranks' new session had one.
+    assert [rank[3] for rank in result] in ([None, None], [5, 5])
 
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal():
