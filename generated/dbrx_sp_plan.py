@@ -15,21 +15,15 @@ and check it after editing with `plangen verify generated/dbrx_sp_plan.py`.
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for
-FlatExpertsParallel, LocalHeadCounts, MultiQueryColwiseParallel). The logits leave as a DTensor
-sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
-torch's loss_parallel()).
+FlatExpertsParallel, LocalHeadCounts, MoeBlockParallel, MultiQueryColwiseParallel). The logits leave
+as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-    SequenceParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
-from plangen.styles import FlatExpertsParallel, LocalHeadCounts, MultiQueryColwiseParallel
+from plangen.styles import FlatExpertsParallel, LocalHeadCounts, MoeBlockParallel, MultiQueryColwiseParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "dbrx"
@@ -62,9 +56,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
 
     # MLP
-    # 24 × DbrxFFN: one all-gather of the sequence in, one reduce-scatter out: the experts leave partial sums, reduced
-    # once here
-    "transformer.blocks.*.ffn": PrepareModuleInputOutput(
+    # 24 × DbrxFFN
+    # one all-gather of the sequence in, one reduce-scatter out: the experts leave partial sums, reduced once here;
+    # their input gradient reduced once too (the router's counted once)
+    "transformer.blocks.*.ffn": MoeBlockParallel(
+        router="router",
+        gates=(),
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -76,8 +73,9 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 24 × DbrxExperts [14336, 2048] → local [7168, 2048] at TP=2
     # each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides E, else
-    # its slice of every expert's ffn rows, and computes the routes to them; partial sum out
-    "transformer.blocks.*.ffn.experts": FlatExpertsParallel(output_layouts=Partial(reduce_op="sum")),
+    # its slice of every expert's ffn rows, and computes the routes to them; partial sum out; its input's gradient left
+    # to the block's one reduction
+    "transformer.blocks.*.ffn.experts": FlatExpertsParallel(output_layouts=Partial(reduce_op="sum"), sum_input_grad=False),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "transformer.blocks.*.ffn.router": 24 × DbrxRouter
 

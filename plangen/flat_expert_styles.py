@@ -103,11 +103,14 @@ class FlatExpertsParallel(ParallelStyle):
 
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce); ``Partial()``
     returns the local partial sum for the MoE block's own style to reduce (or reduce-scatter under SP).
+    ``sum_input_grad=False``: the hidden states' gradient is left partial, for a block that reduces it
+    once (:class:`plangen.moe_block_styles.MoeBlockParallel`), as ``ExpertsParallel``'s.
     """
 
-    def __init__(self, *, output_layouts: Placement | None = None) -> None:
+    def __init__(self, *, output_layouts: Placement | None = None, sum_input_grad: bool = True) -> None:
         super().__init__()
         self.output_layouts = output_layouts if output_layouts is not None else Replicate()
+        self.sum_input_grad = sum_input_grad
         if not isinstance(self.output_layouts, (Replicate, Partial)):
             raise ValueError(f"FlatExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}")
 
@@ -145,7 +148,8 @@ class FlatExpertsParallel(ParallelStyle):
         def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
             hidden_states, top_k_index, top_k_weights = (replicated_local(t) for t in (hidden_states, top_k_index, top_k_weights))
             if torch.is_grad_enabled():  # each rank's gradient covers its own experts' routes (or rows) only
-                hidden_states = all_reduce_grad(hidden_states, device_mesh)
+                if self.sum_input_grad:
+                    hidden_states = all_reduce_grad(hidden_states, device_mesh)
                 top_k_weights = all_reduce_grad(top_k_weights, device_mesh)
             output = _local_experts_forward(
                 child, hidden_states, top_k_index, top_k_weights, experts, rows, hidden, first, local
@@ -157,7 +161,8 @@ class FlatExpertsParallel(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(output_layouts={self.output_layouts})"
+        summed = "" if self.sum_input_grad else ", sum_input_grad=False"
+        return f"{type(self).__name__}(output_layouts={self.output_layouts}{summed})"
 
 
 def _expert_rows_by_rank(experts: int, ffn: int, tp: int) -> torch.Tensor:

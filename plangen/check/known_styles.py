@@ -245,7 +245,8 @@ STYLES: dict[str, StyleSpec] = {
         _spec("KVHeadsColwiseParallel", _LAYOUTS),
         _spec("ExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None), StyleParam("use_local_output", BOOL, True),
                                   StyleParam("sum_input_grad", BOOL, True))),
-        _spec("FlatExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),)),
+        _spec("FlatExpertsParallel", (StyleParam("output_layouts", PLACEMENT_OR_NONE, None),
+                                      StyleParam("sum_input_grad", BOOL, True))),
         _spec("GroupedColwiseParallel", (StyleParam("part_sizes", INT_TUPLE, ()), StyleParam("sum_input_grad", BOOL, True))),
         _spec("GroupedRowwiseParallel", (StyleParam("sum_output", BOOL, True),)),
         _spec(

@@ -399,18 +399,20 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
             for e in entries
         ]
     entries.append(PlanEntry(
-        ffn, "PrepareModuleInputOutput",
-        dict(input_layouts=(SEQ if sp else Replicate(),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
-             desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Partial(),),
+        ffn, "MoeBlockParallel",
+        dict(router="router", gates=(), input_layouts=(SEQ if sp else Replicate(),), desired_input_layouts=(Replicate(),),
+             input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Partial(),),
              desired_output_layouts=(SEQ if sp else Replicate(),), use_local_output=not sp),
         "mlp",
         ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce")
-        + ": the experts leave partial sums, reduced once here",
+        + ": the experts leave partial sums, reduced once here; their input gradient reduced once too (the router's"
+        " counted once)",
     ))
     entries.append(PlanEntry(
-        f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial()), "mlp",
+        f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial(), sum_input_grad=False), "mlp",
         "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides"
-        " E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out",
+        " E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out; its input's"
+        " gradient left to the block's one reduction",
     ))
     replicated = (*plan.replicated, Replicated(f"{ffn}.router", "the router sees every token on every rank: routing stays exact", "mlp"))
     return replace(plan, entries=tuple(entries), replicated=replicated)
