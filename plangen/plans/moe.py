@@ -382,7 +382,7 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
         layer_norms=("norm_attn_norm.norm_1", "norm_attn_norm.norm_2"), attention="norm_attn_norm.attn",
         qkv="Wqkv", out="out_proj", mlp="ffn", embedding="wte", final_norm="norm_f", layers="blocks",
     )
-    ffn = f"{layer}.ffn"
+    ffn, router = f"{layer}.ffn", "router"
     entries = [e for e in plan.entries if not e.pattern.startswith(ffn)]  # the fused plan's gate_up/down
     if one_kv_head:
         qkv = f"{wrapper}.attn.Wqkv"
@@ -395,7 +395,7 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
         ]
     entries.append(PlanEntry(
         ffn, "MoeBlockParallel",
-        dict(router="router", gates=(), input_layouts=(SEQ if sp else Replicate(),), desired_input_layouts=(Replicate(),),
+        dict(router=router, gates=(), input_layouts=(SEQ if sp else Replicate(),), desired_input_layouts=(Replicate(),),
              input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Partial(),),
              desired_output_layouts=(SEQ if sp else Replicate(),), use_local_output=not sp),
         "mlp",
@@ -409,5 +409,5 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
         " E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out; its input's"
         " gradient left to the block's one reduction",
     ))
-    replicated = (*plan.replicated, Replicated(f"{ffn}.router", "the router sees every token on every rank: routing stays exact", "mlp"))
+    replicated = (*plan.replicated, Replicated(f"{ffn}.{router}", "the router sees every token on every rank: routing stays exact", "mlp"))
     return replace(plan, entries=tuple(entries), replicated=replicated)
