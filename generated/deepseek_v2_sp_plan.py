@@ -66,9 +66,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # MLP
     # 32 × DeepseekV2Moe
-    # one all-gather of the sequence in, one reduce-scatter out: the experts, shared experts and dense projections leave
-    # partial sums, reduced once here; their input gradients summed locally and reduced once (the router's and gates'
-    # counted once)
+    # one all-gather of the sequence in, one reduce-scatter out: the experts and shared experts leave partial sums,
+    # reduced once here; their input gradients summed locally and reduced once (the router's counted once)
     "model.layers.*.mlp": MoeBlockParallel(
         router="gate",
         gates=(),

@@ -66,7 +66,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # MLP
     # 3 × DeepseekV3MLP, 58 × DeepseekV3MoE
     # one all-reduce of the summed branches: the experts, shared experts and dense projections leave partial sums,
-    # reduced once here; their input gradients summed locally and reduced once (the router's and gates' counted once)
+    # reduced once here; their input gradients summed locally and reduced once (the router's counted once)
     "model.layers.*.mlp": MoeBlockParallel(
         router="gate",
         gates=(),

@@ -15,20 +15,14 @@ and check it after editing with `plangen verify generated/longcat_flash_plan.py`
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
-MlaAttentionParallel). The logits leave as a DTensor sharded on the vocabulary: the loss must take
-it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
+MlaAttentionParallel, MoeBlockParallel). The logits leave as a DTensor sharded on the vocabulary:
+the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
-from plangen.styles import ExpertsParallel, MlaAttentionParallel
+from plangen.styles import ExpertsParallel, MlaAttentionParallel, MoeBlockParallel
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "longcat_flash"
@@ -68,9 +62,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # "model.layers.*.self_attn.*.kv_a_proj_with_mqa": 56 × Linear [576, 6144]
 
     # MLP
-    # 28 × LongcatFlashMoE: one all-reduce of the summed branches: the experts, shared experts and dense projections
-    # leave partial sums, reduced once here
-    "model.layers.*.mlp": PrepareModuleInputOutput(
+    # 28 × LongcatFlashMoE
+    # one all-reduce of the summed branches: the experts leave partial sums, reduced once here; their input gradients
+    # summed locally and reduced once (the router's counted once)
+    "model.layers.*.mlp": MoeBlockParallel(
+        router="router",
+        gates=(),
         input_layouts=(Replicate(),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -83,8 +80,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     # 28 × LongcatFlashExperts [768, 4096, 6144] → local [768, 2048, 6144] at TP=2: each expert's intermediate split
     # (beside 256 identity experts)
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
-    # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
+    # computes the routes to them; partial sum out; its input's gradient left to the block's one reduction
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=False),
     # 56 × LongcatFlashMLP: dense MLPs: no communication; one gradient reduction per block in backward
     "model.layers.*.mlps.*": PrepareModuleInput(
         input_layouts=(Replicate(),),

@@ -56,8 +56,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
 
     # MLP
     # 24 × Qwen2MoeSparseMoeBlock
-    # one all-reduce of the summed branches: the experts, shared experts and dense projections leave partial sums,
-    # reduced once here; their input gradients summed locally and reduced once (the router's and gates' counted once)
+    # one all-reduce of the summed branches: the experts and shared experts leave partial sums, reduced once here; their
+    # input gradients summed locally and reduced once (the router's and gates counted once)
     "model.layers.*.mlp": MoeBlockParallel(
         router="gate",
         gates=("shared_expert_gate",),

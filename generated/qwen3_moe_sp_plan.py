@@ -15,22 +15,22 @@ and check it after editing with `plangen verify generated/qwen3_moe_sp_plan.py`.
 It relies only on a runtime that calls parallelize_module(model, tp_mesh, custom_parallel_plan) and
 then FSDP2 (fully_shard per decoder layer and on the root), as NeMo RL's _parallelize_model does;
 nothing from plangen's runtime, though plangen.styles must be importable there (for ExpertsParallel,
-KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce). Per-head norms see only
-their rank's heads: their style sums their weight gradient over TP. The logits leave as a DTensor
-sharded on the vocabulary: the loss must take it (plangen.loss.vocab_parallel_cross_entropy, or
-torch's loss_parallel()).
+KVHeadsColwiseParallel, MoeBlockParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce).
+Per-head norms see only their rank's heads: their style sums their weight gradient over TP. The
+logits leave as a DTensor sharded on the vocabulary: the loss must take it
+(plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel()).
 """
 
 from torch.distributed.tensor import Partial, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInputOutput,
-    RowwiseParallel,
-    SequenceParallel,
-)
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
-from plangen.styles import ExpertsParallel, KVHeadsColwiseParallel, PrepareAttentionInput, ReplicatedWithGradAllReduce
+from plangen.styles import (
+    ExpertsParallel,
+    KVHeadsColwiseParallel,
+    MoeBlockParallel,
+    PrepareAttentionInput,
+    ReplicatedWithGradAllReduce,
+)
 
 # Read by `plangen verify` (the model, TP size and sequence parallel this plan was made for).
 PLANGEN_MODEL = "qwen3_moe"
@@ -74,9 +74,12 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     "model.layers.*.self_attn.o_proj": RowwiseParallel(input_layouts=Shard(-1), output_layouts=Shard(1), use_local_output=False),
 
     # MLP
-    # 24 × Qwen3MoeSparseMoeBlock: one all-gather of the sequence in, one reduce-scatter out: the experts, shared
-    # experts and dense projections leave partial sums, reduced once here
-    "model.layers.*.mlp": PrepareModuleInputOutput(
+    # 24 × Qwen3MoeSparseMoeBlock
+    # one all-gather of the sequence in, one reduce-scatter out: the experts leave partial sums, reduced once here;
+    # their input gradients summed locally and reduced once (the router's counted once)
+    "model.layers.*.mlp": MoeBlockParallel(
+        router="gate",
+        gates=(),
         input_layouts=(Shard(1),),
         desired_input_layouts=(Replicate(),),
         input_kwarg_layouts=None,
@@ -88,8 +91,8 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
     ),
     # 24 × Qwen3MoeExperts [128, 1536, 2048] → local [64, 1536, 2048] at TP=2
     # each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's intermediate, and
-    # computes the routes to them; partial sum out
-    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=True),
+    # computes the routes to them; partial sum out; its input's gradient left to the block's one reduction
+    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Partial(reduce_op="sum"), use_local_output=True, sum_input_grad=False),
     # Left replicated on purpose: the router sees every token on every rank: routing stays exact
     # "model.layers.*.mlp.gate": 24 × Qwen3MoeTopKRouter [128, 2048]
 

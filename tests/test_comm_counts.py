@@ -126,10 +126,11 @@ def test_moe_layer_costs_what_a_dense_layer_costs_plus_the_routing_weights(fake_
     assert forward == {AR: 2}
     assert backward == {AR: 3 + shared}
     # Fixed: the embedding forward, the head's input gradient backward. Qwen3-MoE's layer 0 is dense
-    # here (mlp_only_layers): under the MoE block's style its gate and up projections reduce their
-    # input gradients one each, 3 per layer again.
+    # here (mlp_only_layers): under the MoE block's style (MoeBlockParallel) its gate and up
+    # projections add their partial input gradients on the block's input, reduced once: 2 there.
+    dense_first = 1 if name == "qwen3_moe" else 0
     assert total_forward == {AR: 2 * 2 + 1}
-    assert total_backward == {AR: (3 + shared) * 2 + 1}
+    assert total_backward == {AR: (3 + shared) * 2 + 1 - dense_first}
     fwd, bwd, bsh, bsk = _moe_payloads(name, False)
     assert sorted({size for _, size in fwd}) == [bsh]  # nothing moves more than the hidden state
     assert {size for _, size in bwd} - {bsh, bsk} <= ({BATCH * SEQ * 4} if name in SHARED_BACKWARD else set())
@@ -140,14 +141,24 @@ def test_moe_layer_under_sequence_parallel_gathers_in_and_reduce_scatters_out(fa
     forward, backward, _, _ = per_layer(name, True)
     assert forward == {AG: 2, RS: 2}  # per block: gather the sequence in, reduce-scatter the sum out
     # Backward: each block's output gradient is gathered; attention reduce-scatters its input
-    # gradient, the experts all-reduce theirs (they take a local input; see docs/plans.md) and the
-    # routing weights'. With a shared expert (MoeBlockParallel) the block's input gradient, the
-    # experts' and the shared expert's summed locally, is one reduce-scatter (it was two
-    # all-reduces), beside the gate's output gradient.
-    if name in SHARED_BACKWARD:
-        assert backward == {AG: 2, RS: 2, AR: 1 + SHARED_BACKWARD[name]}
+    # gradient; the MoE block's (MoeBlockParallel: the experts' partial, with the shared expert's
+    # summed locally, the router's counted once) is one reduce-scatter, the gather's backward (it was
+    # an all-reduce of B·S·H per branch), beside the routing weights' all-reduce and a shared
+    # expert's gate's output gradient.
+    assert backward == {AG: 2, RS: 2, AR: 1 + SHARED_BACKWARD.get(name, 0)}
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_synthesized_moe_block_with_a_shared_mlp_reduces_its_input_gradient_once(fake_pg, sequence_parallel):
+    """HunYuan-MoE-V1's block (synthesized: router, experts, an nn.Linear shared MLP) as the hand-written
+    Qwen2-MoE's: the experts' and the shared MLP's input gradients summed locally, reduced once by the
+    block (MoeBlockParallel + PartialGradInput): backward 4 AR -> 3 (the attention's, the block's, the
+    routing weights'), under SP 2 AG + 1 RS + 3 AR -> 2 AG + 2 RS + 1 AR."""
+    forward, backward, _, _ = per_layer("hunyuan_v1_moe", sequence_parallel, source="synthesized")
+    if sequence_parallel:
+        assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2, AR: 1}
     else:
-        assert backward == {AG: 2, RS: 1, AR: 2}
+        assert forward == {AR: 2} and backward == {AR: 3}
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -158,7 +169,8 @@ def test_longcat_flash_layer_costs_its_five_blocks_at_their_minimum(fake_pg, seq
     weights' gradients backward). With SP every block gathers its input once and reduce-scatters
     its output; backward each block's output gradient is gathered, the MLPs reduce-scatter their
     input gradients, and the attentions' three reductions and the experts' two stay all-reduces (they
-    take a local, whole input)."""
+    take a local, whole input), but the MoE block's input gradient (the experts' and the identity
+    experts' partial shares, the router's counted once) is one reduce-scatter, its gather's backward."""
     # num_hidden_layers counts sublayers, two per LongCat layer: 2 and 4 build one layer and two.
     one, two = (run_step("longcat_flash", n, sequence_parallel) for n in (2, 4))
     counts = [[merge_c10d_counts(c.counts()) for c in step[2:]] for step in (one, two)]
@@ -168,7 +180,7 @@ def test_longcat_flash_layer_costs_its_five_blocks_at_their_minimum(fake_pg, seq
         assert forward == {AR: 5} and backward == {AR: 2 * 3 + 2 + 2}
     else:
         assert forward == {AG: 5, RS: 5}
-        assert backward == {AG: 5, RS: 2, AR: 2 * 3 + 2}
+        assert backward == {AG: 5, RS: 3, AR: 2 * 3 + 1}
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])

@@ -255,14 +255,12 @@ def test_synthesizer_rederives_every_hand_written_moe_plan(model_type, sequence_
     model = meta(model_type)
     synthesized = build_synthesized_plan(model, sequence_parallel)
     hand_written = HAND_WRITTEN[type(model).__name__](model, sequence_parallel)
-    # Qwen2-MoE's hand-written block reduces its branches' input gradients once (MoeBlockParallel,
-    # its experts and shared expert leaving theirs partial); the synthesizer does that for Inkling's
-    # packed shared experts only (its nn.Linear shared experts' classes are proven as they are).
-    once = {"model.layers.*.mlp", "model.layers.*.mlp.experts", "model.layers.*.mlp.shared_expert"}
-    differ = {e[0] for e in entry_set(synthesized) ^ entry_set(hand_written)}
-    assert differ == (once if model_type == "qwen2_moe" else set())
+    # Every block reduces its branches' input gradients once (MoeBlockParallel: the experts and a shared
+    # expert leave theirs partial, the router's and the shared gate's count once), the synthesizer's too.
+    assert entry_set(synthesized) == entry_set(hand_written)
+    assert styles_of(synthesized)["model.layers.*.mlp"] == "MoeBlockParallel"
     if model_type == "qwen2_moe":
-        assert styles_of(hand_written)["model.layers.*.mlp"] == "MoeBlockParallel"
+        assert styles_of(synthesized)["model.layers.*.mlp.shared_expert"] == "PartialGradInput"
     assert styles_of(synthesized)["model.layers.*.mlp.experts"] == "ExpertsParallel"
     assert "router" in why_of(synthesized, "model.layers.*.mlp.gate")
 
@@ -270,9 +268,9 @@ def test_synthesizer_rederives_every_hand_written_moe_plan(model_type, sequence_
 def test_moe_blocks_beside_dense_layers_and_router_scores_passed_through():
     # DeepSeek-V3: dense first layer(s), then MoE with shared experts; MLA attention stays replicated.
     styles = styles_of(build_synthesized_plan(meta("deepseek_v3"), False))
-    assert styles["model.layers.0.mlp"] == "PrepareModuleInput" and styles["model.layers.1.mlp"] == "PrepareModuleInputOutput"
+    assert styles["model.layers.0.mlp"] == "PrepareModuleInput" and styles["model.layers.1.mlp"] == "MoeBlockParallel"
     assert styles["model.layers.*.mlp.experts"] == "ExpertsParallel"
-    assert styles["model.layers.*.mlp.shared_experts"] == "PrepareModuleInput"
+    assert styles["model.layers.*.mlp.shared_experts"] == "PartialGradInput"  # the block reduces its input gradient
     assert styles["model.layers.*.mlp.shared_experts.down_proj"] == "RowwiseParallel"
     # gpt-oss: the block returns (hidden, router scores); the scores pass through untouched.
     block = next(e for e in build_synthesized_plan(meta("gpt_oss"), True).entries if e.pattern == "model.layers.*.mlp")
@@ -495,7 +493,7 @@ def test_heterogeneous_layers_get_per_layer_patterns():
     assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"  # not layers.*: layer 1's is MoE
     assert "model.layers.*.feed_forward" not in styles
     assert styles["model.layers.*.mamba"] == "Mamba1MixerParallel"  # every layer that holds one
-    assert styles["model.layers.1.feed_forward"] == "PrepareModuleInputOutput"
+    assert styles["model.layers.1.feed_forward"] == "MoeBlockParallel"
     assert styles["model.layers.*.feed_forward.experts"] == "ExpertsParallel"  # only layer 1 holds experts
     from plangen.module_tree import find_unmatched_keys
 
@@ -735,10 +733,11 @@ def test_synthesized_sequence_parallel_gathers_once_per_block(fake_pg):
 
 
 def test_moe_under_sequence_parallel_gathers_once_per_block(fake_pg):
-    # Attention and the MoE block each gather the sequence in and reduce-scatter out; backward, the
-    # experts all-reduce their input gradient and the routing weights' (tests/test_comm_counts.py).
+    # Attention and the MoE block each gather the sequence in and reduce-scatter out; backward, each
+    # reduce-scatters its input gradient (the MoE block's: the experts' partial, MoeBlockParallel),
+    # and the routing weights' gradient is all-reduced (tests/test_comm_counts.py).
     forward, backward, _, _ = per_layer("qwen3_moe", True)
-    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 1, AR: 2}
+    assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2, AR: 1}
 
 
 # --- multi-head latent attention -------------------------------------------------------------------

@@ -91,15 +91,20 @@ def build_moe_decoder_plan(
     def add(pattern: str, style: str, why: str, **kwargs: object) -> None:
         entries.append(PlanEntry(pattern, style, kwargs, "mlp", why))
 
-    # With shared experts beside the routed ones the block also reduces their input gradients once
-    # (MoeBlockParallel): each branch leaves its own partial, the router's and gates' count once.
-    once = bool(shared) and len(routers) == 1
+    # The block reduces its branches' input gradients once (MoeBlockParallel): each branch (the
+    # routed experts, shared experts) leaves its own partial, the router's and gates' count once.
+    # Without shared experts that still matters under SP: the experts' partial gradient is
+    # reduce-scattered by the gather's backward, where an all-reduce of B·S·H came before it.
+    once = len(routers) == 1
+    parts = ["the experts", *(["shared experts"] if shared else []), *(["dense projections"] if dense else [])]
+    branches = ", ".join(parts[:-1]) + f" and {parts[-1]}" if len(parts) > 1 else parts[0]
     add(
         f"{layer}.mlp",
         "MoeBlockParallel" if once else "PrepareModuleInputOutput",
         ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
-        + ": the experts, shared experts and dense projections leave partial sums, reduced once here"
-        + ("; their input gradients summed locally and reduced once (the router's and gates' counted once)" if once else ""),
+        + f": {branches} leave partial sums, reduced once here"
+        + (f"; their input gradients summed locally and reduced once (the router's{' and gates' if gates else ''} "
+           "counted once)" if once else ""),
         **(dict(router=next(iter(routers)), gates=tuple(sorted(gates))) if once else {}),
         input_layouts=(SEQ if sp else Replicate(),),
         desired_input_layouts=(Replicate(),),

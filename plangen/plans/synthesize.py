@@ -111,15 +111,17 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     reduced = "one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce"
     if block.output_norm is not None:
         reduced = ("one all-gather of the sequence in; " if sp else "") + f"the sum reduced into {block.output_norm}"
-    # Shared experts of 3-D weights beside the routed ones (Inkling's), no SP: the block reduces both
-    # branches' input gradients once (MoeBlockParallel), each leaves its own partial.
-    once = (bool(block.packed_shared) and not sp and not block.shared and not block.gates and len(block.routers) == 1
-            and block.output_norm is None)
+    # The block reduces its branches' input gradients once (MoeBlockParallel, as plans/moe.py): each
+    # branch leaves its own partial, the router's and gates' count once. It needs the block's input
+    # positional (its hook reads args[0]), every shared MLP's call read (so PartialGradInput can take
+    # its input) and one router; a norm on the summed branches keeps the per-branch reductions.
+    once = (len(block.routers) == 1 and call.keyword is None and block.output_norm is None
+            and all(shared_call is not None for _, _, shared_call in block.shared))
     entries = [
         PlanEntry(
             part.path, "MoeBlockParallel" if once else "PrepareModuleInputOutput",
             dict(
-                **(dict(router=block.routers[0]) if once else {}),
+                **(dict(router=block.routers[0], gates=tuple(sorted(block.gates))) if once else {}),
                 **_input_layouts(call, sp),
                 use_local_input=True,
                 # Reduced already where a norm on the summed branches is what the block returns.
@@ -138,9 +140,11 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     for name, mlp, shared_call in block.shared:
         if shared_call is not None:
             entries.append(PlanEntry(
-                f"{part.path}.{name}", "PrepareModuleInput",
+                f"{part.path}.{name}", "PartialGradInput" if once else "PrepareModuleInput",
                 dict(**_input_layouts(shared_call, False), use_local_output=False), "mlp",
-                "shared experts: one Replicate DTensor input, so gate and up reduce their input gradient once",
+                "shared experts: one Replicate DTensor input, so gate and up " + (
+                    "add their partial input gradients on it; its input's gradient left to the block's one reduction"
+                    if once else "reduce their input gradient once"),
             ))
         for proj in mlp.colwise:
             entries.append(_colwise_entry(f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp",
