@@ -62,16 +62,24 @@ def _counts(config: Any) -> tuple[int, int] | None:
     return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
-def tp_size_problem(config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = False) -> str | None:
+def tp_size_problem(
+    config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = False, padded_heads: bool = False
+) -> str | None:
     """Why ``tp_size`` cannot shard this config's attention heads (one line), or None when it can.
 
     ``replicate_kv``: the plan replicates KV heads where the TP size exceeds them. The line names
-    the largest legal TP size both without and with KV head replication.
+    the largest legal TP size both without and with KV head replication. ``padded_heads``: the plan
+    pads multi-query attention's query heads to a multiple of the TP size (:mod:`plangen.pad_layout`;
+    its one KV head is whole on every rank): every rank must keep a real head.
     """
     counts = head_counts(config)
     if counts is None:
         return None
     heads, kv_heads = counts
+    if padded_heads:
+        from plangen.pad_layout import padded_tp_problem
+
+        return padded_tp_problem(heads, tp_size, model_name)
     if legal_tp_size(heads, kv_heads, tp_size, replicate_kv=replicate_kv):
         return None
     if heads % tp_size:
