@@ -97,3 +97,14 @@ def tp_size_problem(
     else:
         sizes = f"{legal} (also with KV heads replicated)"
     return f"{what}={count} {why} the TP size {tp_size}: the largest legal TP size for {model_name} is {sizes}"
+
+
+def any_layout_tp_size_problem(config: Any, tp_size: int, model_name: str) -> str | None:
+    """Why no plan layout can shard this config's heads at ``tp_size`` (checked before a plan is known):
+    KV heads may be replicated, and an odd query head count (the only one a plan pads: Falcon-7B's 71,
+    :mod:`plangen.padded_heads`) may be padded. Applying the plan checks it against its own layout."""
+    problem = tp_size_problem(config, tp_size, model_name, replicate_kv=True)
+    counts = head_counts(config)
+    if problem is None or counts is None or counts[0] % 2 == 0:
+        return problem
+    return tp_size_problem(config, tp_size, model_name, padded_heads=True)

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
 from plangen.pad_layout import local_pad_features, padded_head_count, padded_tp_problem, real_rows
 
-# On the packed projection, set by the block's style: (query heads, padded heads).
+# On the packed projection, set by the block's style: (query heads, padded heads, head size).
 PADDED_HEADS = "_plangen_padded_heads"
 # On a module whose parameters hold pad: {parameter: (dim, rows of Hugging Face's values, padded size)}.
 PAD_LAYOUT = "_plangen_pad_layout"
@@ -71,7 +71,7 @@ def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attri
         attention.config = ConfigView(attention.config, overrides)
     if padded == heads:
         return  # the TP size divides the heads: nothing to pad
-    setattr(packed, PADDED_HEADS, (heads, padded))
+    setattr(packed, PADDED_HEADS, (heads, padded, head_dim))
     rows = real_rows(heads, padded, head_dim)
     pad_parameters(output, {"weight": 1}, rows, padded * head_dim)
     install_pad_load_hook(output, distribute=True)
@@ -101,22 +101,25 @@ def _packed_and_output(attention: nn.Module, heads: int, head_dim: int) -> tuple
 def apply_padded_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], shared: tuple[int, ...]) -> tuple[int, ...]:
     """Where the block marked ``module`` (:data:`PADDED_HEADS`): its query rows padded with zero heads
     (the load hook installed; the save hook is the caller's, after its own layout hooks), and the
-    parts' proportions of the padded layout returned. Unmarked: ``part_sizes`` unchanged."""
+    parts' proportions of the padded layout returned, in heads (``(padded, 1, 1)``). The mark's head
+    counts are the module's own: a plan's ``part_sizes`` were written for the full-size model, and
+    a shrunk one (``plangen verify``'s) keeps only their layout, q then one head per shared part.
+    Unmarked: ``part_sizes`` unchanged."""
     from plangen.fused_styles import _output_dim
 
     mark = getattr(module, PADDED_HEADS, None)
     if mark is None:
         return part_sizes
-    heads, padded = mark
-    if shared != tuple(range(1, len(part_sizes))) or part_sizes[0] * padded % heads:
-        raise ValueError(f"padded heads: parts {part_sizes} (shared {shared}) are not [q of {heads} heads; shared parts]")
+    heads, padded, head_dim = mark
     dims = {name: _output_dim(module, name) for name, _ in module.named_parameters(recurse=False)}
     rows = next(p.shape[dims[n]] for n, p in module.named_parameters(recurse=False))
-    unit = rows // sum(part_sizes)
-    head_dim, trailing = unit * part_sizes[0] // heads, unit * sum(part_sizes[1:])
+    trailing = rows - heads * head_dim
+    if shared != tuple(range(1, len(part_sizes))) or trailing != len(shared) * head_dim:
+        raise ValueError(f"padded heads: {rows} rows (parts {part_sizes}, shared {shared}) are not [q of {heads} heads "
+                         f"of {head_dim}; one head per shared part]")
     pad_parameters(module, dims, real_rows(heads, padded, head_dim, trailing), padded * head_dim + trailing)
     install_pad_load_hook(module, distribute=False)
-    return (part_sizes[0] * padded // heads, *part_sizes[1:])
+    return (padded, *(1,) * len(shared))
 
 
 def pad_parameters(module: nn.Module, dims: dict[str, int], rows: list[int], size: int) -> None:
@@ -147,6 +150,15 @@ def drop_pad(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.
         return tensor
     dim, rows, _ = layout
     return tensor.index_select(dim, torch.tensor(rows, device=tensor.device))
+
+
+def hugging_face_shape(module: nn.Module, param_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a whole padded parameter (or gradient) once its pad is dropped; others' unchanged."""
+    layout = getattr(module, PAD_LAYOUT, {}).get(param_name)
+    if layout is None:
+        return tuple(shape)
+    dim, rows, _ = layout
+    return tuple(len(rows) if d == dim else n for d, n in enumerate(shape))
 
 
 def read_pad(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.Tensor | None:
