@@ -69,6 +69,8 @@ EXPERTS_PARALLEL_WHY = (
     "each rank holds E/tp whole experts where the TP size divides E, else a slice of every expert's "
     "intermediate, and computes the routes to them; partial sum out"
 )
+# What a branch whose sum_input_grad is off says (the block's MoeBlockParallel reduces the sum once).
+INPUT_GRAD_LEFT_WHY = "its input's gradient left to the block's one reduction"
 
 
 def choose_expert_layout(num_experts: int, tp_size: int, identity_experts: int = 0) -> str:

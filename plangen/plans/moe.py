@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.models import text_config
-from plangen.moe_styles import EXPERTS_PARALLEL_WHY, expert_count
+from plangen.moe_styles import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
@@ -116,7 +116,7 @@ def build_moe_decoder_plan(
         desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * (block_outputs - 1)),
         use_local_output=not sp,
     )
-    left = "; its input's gradient left to the block's one reduction"
+    left = f"; {INPUT_GRAD_LEFT_WHY}"
     add(
         f"{layer}.mlp.experts",
         "ExpertsParallel",
@@ -341,7 +341,7 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
         PlanEntry(f"{mlp}", block_style, dict(seq), "mlp", f"{reduced}, {after}"),
     ]
     summed, reduction = dict(sum_output=False), "its partial sums left to the block"
-    inputs, input_grad = dict(sum_input_grad=False), "its input's gradient left to the block's one reduction"
+    inputs, input_grad = dict(sum_input_grad=False), INPUT_GRAD_LEFT_WHY
     ours = [
         *regions,
         PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",
@@ -411,8 +411,7 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     entries.append(PlanEntry(
         f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial(), sum_input_grad=False), "mlp",
         "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides"
-        " E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out; its input's"
-        " gradient left to the block's one reduction",
+        f" E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out; {INPUT_GRAD_LEFT_WHY}",
     ))
     replicated = (*plan.replicated, Replicated(f"{ffn}.{router}", "the router sees every token on every rank: routing stays exact", "mlp"))
     return replace(plan, entries=tuple(entries), replicated=replicated)

@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-from plangen.moe_styles import EXPERTS_PARALLEL_WHY
+from plangen.moe_styles import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
@@ -134,7 +134,7 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         PlanEntry(
             f"{part.path}.{block.experts}", "ExpertsParallel",
             dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})), "mlp",
-            EXPERTS_PARALLEL_WHY + ("; its input's gradient left to the block's one reduction" if once else ""),
+            EXPERTS_PARALLEL_WHY + (f"; {INPUT_GRAD_LEFT_WHY}" if once else ""),
         ),
     ]
     for name, mlp, shared_call in block.shared:
@@ -143,8 +143,7 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 f"{part.path}.{name}", "PartialGradInput" if once else "PrepareModuleInput",
                 dict(**_input_layouts(shared_call, False), use_local_output=False), "mlp",
                 "shared experts: one Replicate DTensor input, so gate and up " + (
-                    "add their partial input gradients on it; its input's gradient left to the block's one reduction"
-                    if once else "reduce their input gradient once"),
+                    f"add their partial input gradients on it; {INPUT_GRAD_LEFT_WHY}" if once else "reduce their input gradient once"),
             ))
         for proj in mlp.colwise:
             entries.append(_colwise_entry(f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp",
