@@ -54,6 +54,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         use_local_output=False,
         head_attributes=(),
         shared_tables=(),
+        padded_heads=False,
     ),
     # 24 × Linear [2048, 2048] → local [1024, 2048] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),

@@ -200,9 +200,22 @@ class MultiQueryColwiseParallel(FusedColwiseParallel):
             raise ValueError(f"shared_parts {self.shared_parts} must name parts of part_sizes {self.part_sizes}")
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        from copy import copy
+
+        from plangen.padded_heads import apply_padded_packed_rows, install_pad_save_hook
+
         _check_projection(self, module)
-        self._partition_linear_fn("", module, device_mesh)
-        apply_shared_parts(module, device_mesh, self.part_sizes, self.shared_parts, self.input_layouts[0])
+        # Query heads padded by the block's PrepareAttentionInput(padded_heads=True): the layout's parts
+        # are the padded ones (this rank's query heads, pad included; the shared head whole).
+        parts = apply_padded_packed_rows(module, self.part_sizes, self.shared_parts)
+        style = self
+        if parts != self.part_sizes:
+            style = copy(self)
+            style.part_sizes = parts
+        style._partition_linear_fn("", module, device_mesh)
+        if parts != self.part_sizes:
+            install_pad_save_hook(module)  # after the layout hooks: it drops the pad from their rows
+        apply_shared_parts(module, device_mesh, parts, self.shared_parts, self.input_layouts[0])
         return module
 
     def __repr__(self) -> str:
@@ -287,8 +300,16 @@ def hugging_face_layout(model: nn.Module, name: str, tensor: torch.Tensor) -> to
     parameter or of its gradient); parameters of modules :class:`FusedColwiseParallel` did not
     re-lay out come back unchanged.
     """
+    from plangen.padded_heads import drop_pad
+
     path, _, param_name = name.rpartition(".")
     module = model.get_submodule(path)
+    return drop_pad(module, param_name, padded_layout(module, param_name, tensor))
+
+
+def padded_layout(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """The whole parameter (or gradient) in Hugging Face's row order, with any pad heads still in
+    (:mod:`plangen.padded_heads`); unchanged where the module was not re-laid out."""
     layout = getattr(module, LAYOUT_ATTRIBUTE, None)
     if layout is None:
         return tensor

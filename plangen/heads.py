@@ -62,16 +62,24 @@ def _counts(config: Any) -> tuple[int, int] | None:
     return heads, getattr(config, "num_key_value_heads", None) or heads
 
 
-def tp_size_problem(config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = False) -> str | None:
+def tp_size_problem(
+    config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = False, padded_heads: bool = False
+) -> str | None:
     """Why ``tp_size`` cannot shard this config's attention heads (one line), or None when it can.
 
     ``replicate_kv``: the plan replicates KV heads where the TP size exceeds them. The line names
-    the largest legal TP size both without and with KV head replication.
+    the largest legal TP size both without and with KV head replication. ``padded_heads``: the plan
+    pads multi-query attention's query heads to a multiple of the TP size (:mod:`plangen.pad_layout`;
+    its one KV head is whole on every rank): every rank must keep a real head.
     """
     counts = head_counts(config)
     if counts is None:
         return None
     heads, kv_heads = counts
+    if padded_heads:
+        from plangen.pad_layout import padded_tp_problem
+
+        return padded_tp_problem(heads, tp_size, model_name)
     if legal_tp_size(heads, kv_heads, tp_size, replicate_kv=replicate_kv):
         return None
     if heads % tp_size:
@@ -89,3 +97,14 @@ def tp_size_problem(config: Any, tp_size: int, model_name: str, *, replicate_kv:
     else:
         sizes = f"{legal} (also with KV heads replicated)"
     return f"{what}={count} {why} the TP size {tp_size}: the largest legal TP size for {model_name} is {sizes}"
+
+
+def any_layout_tp_size_problem(config: Any, tp_size: int, model_name: str) -> str | None:
+    """Why no plan layout can shard this config's heads at ``tp_size`` (checked before a plan is known):
+    KV heads may be replicated, and an odd query head count (the only one a plan pads: Falcon-7B's 71,
+    :mod:`plangen.padded_heads`) may be padded. Applying the plan checks it against its own layout."""
+    problem = tp_size_problem(config, tp_size, model_name, replicate_kv=True)
+    counts = head_counts(config)
+    if problem is None or counts is None or counts[0] % 2 == 0:
+        return problem
+    return tp_size_problem(config, tp_size, model_name, padded_heads=True)

@@ -90,27 +90,31 @@ def load_model(spec: "str | ResolvedModel") -> LoadedModel:
     return LoadedModel(resolved, model)
 
 
-def check_tp_size(config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = True) -> None:
+def check_tp_size(
+    config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = True, padded_heads: bool = False
+) -> None:
     """Refuse a TP size below 1 or one the attention heads cannot be split by (naming the largest legal one).
 
     ``replicate_kv``: KV heads may be replicated (checked before the plan is known; the seed plan is
-    checked again for it once built)."""
+    checked again for it once built). ``padded_heads``: the plan pads the query heads (plangen.padded_heads)."""
     from plangen.heads import tp_size_problem
 
     if tp_size < 1:
         raise InitError(f"--tp-size must be at least 1, got {tp_size}")
-    problem = tp_size_problem(config, tp_size, model_name, replicate_kv=replicate_kv)
+    problem = tp_size_problem(config, tp_size, model_name, replicate_kv=replicate_kv, padded_heads=padded_heads)
     if problem is not None:
         raise InitError(f"--tp-size {tp_size}: {problem}")
 
 
 def check_seed_plan_heads(model: "nn.Module", plan: Plan, tp_size: int) -> None:
-    """A seed plan that does not replicate KV heads (plangen.kv_styles) needs the TP size to divide them."""
+    """A seed plan that does not replicate KV heads (plangen.kv_styles) needs the TP size to divide them;
+    one that pads the query heads (plangen.padded_heads) needs every rank to keep a real head."""
     from plangen.plan import build_parallel_styles
-    from plangen.plan_checks import replicates_kv_heads
+    from plangen.plan_checks import pads_heads, replicates_kv_heads
 
-    if not replicates_kv_heads(model, build_parallel_styles(plan)):
-        check_tp_size(model.config, tp_size, type(model).__name__, replicate_kv=False)
+    styles = build_parallel_styles(plan)
+    check_tp_size(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles),
+                  padded_heads=pads_heads(model, styles))
 
 
 def check_seed_plan_splits(model: "nn.Module", plan: Plan, tp_size: int) -> None:
@@ -200,8 +204,13 @@ def render_plan_module(
         raise InitError(f"--tp-size must be at least 1, got {tp_size}")
     check_variant_option(variant)
     resolved = resolve(spec) if loaded is None else loaded.resolved
-    # Before building anything; the built model's text config has the same heads.
-    check_tp_size(resolved.config, tp_size, resolved.model_class.__name__)
+    # Before building anything; the built model's text config has the same heads. Any layout a plan may
+    # take (replicated KV heads, padded query heads): the seed plan is checked for its own once built.
+    from plangen.heads import any_layout_tp_size_problem
+
+    problem = any_layout_tp_size_problem(resolved.config, tp_size, resolved.model_class.__name__)
+    if problem is not None:
+        raise InitError(f"--tp-size {tp_size}: {problem}")
     if loaded is None:
         loaded = load_model(resolved)
     path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel, variant)

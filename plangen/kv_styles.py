@@ -136,6 +136,9 @@ class PrepareAttentionInput(PrepareModuleInput):
     reshapes this rank's heads (one style per module: the input preparation carries it).
     ``shared_tables`` names the block's own parameters that every local head reads alike (GOT-OCR2's
     relative-position tables): replicated, each rank's gradient (its heads' share) summed over TP.
+    ``padded_heads``: multi-query attention whose query heads the TP size does not divide (Falcon-7B's
+    71) gets zero pad heads up to the next multiple (:mod:`plangen.padded_heads`); ``head_attributes``
+    then become this rank's padded share, and its one KV head stays whole in the packed projection.
     """
 
     def __init__(
@@ -148,6 +151,7 @@ class PrepareAttentionInput(PrepareModuleInput):
         use_local_output: bool = False,
         head_attributes: tuple[str, ...] = (),
         shared_tables: tuple[str, ...] = (),
+        padded_heads: bool = False,
     ) -> None:
         super().__init__(
             input_layouts=input_layouts,
@@ -158,12 +162,19 @@ class PrepareAttentionInput(PrepareModuleInput):
         )
         self.head_attributes = tuple(head_attributes)
         self.shared_tables = tuple(shared_tables)
+        self.padded_heads = padded_heads
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from plangen.fused_styles import LocalHeadCounts
 
-        apply_kv_head_layout(module, device_mesh)
-        if self.head_attributes:
+        if self.padded_heads:
+            from plangen.padded_heads import apply_padded_heads
+
+            # Multi-query: the one KV head is computed whole by the packed projection's style.
+            apply_padded_heads(module, device_mesh, self.head_attributes)
+        else:
+            apply_kv_head_layout(module, device_mesh)
+        if self.head_attributes and not self.padded_heads:
             LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         if self.shared_tables:
             from plangen.replicated_styles import sum_own_grads_over

@@ -31,10 +31,11 @@ class PlanError(ValueError):
     """The plan cannot be applied to this model at this TP size."""
 
 
-def check_heads_divisible(model: nn.Module, tp_size: int, *, replicate_kv: bool = False) -> None:
+def check_heads_divisible(model: nn.Module, tp_size: int, *, replicate_kv: bool = False, padded_heads: bool = False) -> None:
     if not hasattr(model, "config"):
         return
-    problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicate_kv)
+    problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicate_kv,
+                              padded_heads=padded_heads)
     if problem is not None:
         raise PlanError(problem)
 
@@ -80,6 +81,15 @@ def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
     return bool(blocks)
 
 
+def pads_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
+    """The plan pads the query heads of its attention blocks to a multiple of the TP size
+    (``PrepareAttentionInput(padded_heads=True)`` on a module of the model: :mod:`plangen.padded_heads`)."""
+    from plangen.kv_styles import PrepareAttentionInput
+
+    return any(isinstance(s, PrepareAttentionInput) and s.padded_heads and find_matching_modules(model, p)
+               for p, s in styles.items())
+
+
 def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
     unmatched = find_unmatched_keys(model, styles)
     if unmatched:
@@ -88,7 +98,8 @@ def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_si
             "(torch would only warn and leave those modules unsharded)"
         )
     if shards_attention(model, styles):
-        check_heads_divisible(model, tp_size, replicate_kv=replicates_kv_heads(model, styles))
+        check_heads_divisible(model, tp_size, replicate_kv=replicates_kv_heads(model, styles),
+                              padded_heads=pads_heads(model, styles))
 
 
 def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelStyle], dp_size: int) -> None:

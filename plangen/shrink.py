@@ -347,6 +347,13 @@ def _tiny_head_counts(heads: int, kv: int, tp: int) -> tuple[int, int]:
     """Head counts that keep the GQA ratio and the original's divisibility by ``tp``."""
     if kv <= 0 or heads <= 0:
         return heads, kv
+    if heads == kv and heads % 2 and heads % tp:
+        # An odd count no TP size splits (Falcon-7B's 71, its multi-query attention padded with zero heads:
+        # plangen.padded_heads): still odd, and enough that every rank keeps a real head once padded.
+        from plangen.pad_layout import legal_padded_tp_size
+
+        odd = next(h for h in range(5, heads + 1, 2) if h % tp and legal_padded_tp_size(h, tp)) if heads >= 5 else heads
+        return odd, odd
     if kv == 1:
         new_kv = 1  # multi-query attention stays multi-query
     elif kv % tp == 0:

@@ -60,3 +60,30 @@ def opt_plan_with_global_head_counts():
     )
     assert any("head_attributes" in e.kwargs for e in plan.entries), "OPT's plan no longer makes its head counts local"
     return build_parallel_styles(replace(plan, entries=entries))
+
+
+def falcon_plan_without_pad_mask():
+    """The synthesized plan of the 5-head multi-query Falcon (tests/tiny_configs.py) with the output
+    projection's pad mask removed: the forward is still exact, but the pad columns get gradients and
+    the steps make them non-zero. Must fail the parity check: it pins why the mask is there
+    (plangen.padded_heads; tests/test_synthesized_distributed.py)."""
+    from plangen.kv_styles import PrepareAttentionInput
+    from plangen.padded_heads import PAD_MASK
+    from plangen.plan import build_parallel_styles
+    from plangen.plans.synthesize import build_synthesized_plan
+    from tiny_configs import build_tiny
+
+    class WithoutPadMask(PrepareAttentionInput):
+        def _apply(self, module, device_mesh):
+            module = super()._apply(module, device_mesh)
+            for child in module.children():
+                if getattr(child, PAD_MASK, None) is not None:
+                    getattr(child, PAD_MASK).remove()
+            return module
+
+    styles = build_parallel_styles(build_synthesized_plan(build_tiny("falcon-mqa-5h"), False))
+    padded = [p for p, s in styles.items() if isinstance(s, PrepareAttentionInput) and s.padded_heads]
+    assert padded, "the 5-head Falcon's plan no longer pads its heads"
+    for pattern in padded:
+        styles[pattern].__class__ = WithoutPadMask
+    return styles

@@ -161,11 +161,18 @@ def test_bart_family_decoders_are_synthesized_and_well_sharded(listing):
 
 
 def test_a_class_below_the_target_says_what_stays_whole(listing):
-    # Falcon-7B's multi-query attention has 71 query heads, which no even TP size splits.
-    row = rows_by_class(listing)["FalconForCausalLM"]
+    # Youtu's latent attention: its low-rank down-projections are shared by every head.
+    row = rows_by_class(listing)["YoutuForCausalLM"]
     assert row["sharded_fraction"] < 0.95
-    assert "left whole at TP 2: transformer.h.*.self_attention " in row["note"]
-    assert "(multi-query packed q|k|v projection query_key_value: its 71 query heads, an odd count" in row["note"]
+    assert "left whole at TP 2: model.layers.*.self_attn.q_a_proj " in row["note"]
+    assert "(low-rank down-projection (or its norm), shared by every head" in row["note"]
+
+
+def test_falcon_7b_pads_its_odd_query_heads_and_shards_its_attention(listing):
+    # Falcon-7B's 71 multi-query heads, padded with a zero head at TP 2 (plangen.padded_heads): 80.6 %
+    # TP-sharded while its attention stayed whole.
+    row = rows_by_class(listing)["FalconForCausalLM"]
+    assert row["sharded_fraction"] >= 0.95 and not row["note"], row
 
 
 def test_prophetnet_and_big_bird_shard_their_attention(listing):
@@ -235,15 +242,16 @@ def test_committed_table_covers_every_architecture(listing):
 
 def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     """Below 95 % the note names the largest parts TP leaves whole, with the plan's reason: for
-    Falcon-7B its multi-query attention of 71 query heads (OLMo-Hybrid's gated delta nets, LFM-3's
-    short convolutions and xLSTM's mLSTM layers, once named here, are sharded)."""
+    Youtu its latent attention's shared down-projection (Falcon-7B's multi-query attention of 71 query
+    heads, OLMo-Hybrid's gated delta nets, LFM-3's short convolutions and xLSTM's mLSTM layers, once
+    named here, are sharded)."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
 
-    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("FalconForCausalLM", "falcon")))
+    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("YoutuForCausalLM", "youtu")))
     pattern, share, why = left[0]
-    assert pattern == "transformer.h.*.self_attention" and "71 query heads" in why
+    assert pattern == "model.layers.*.self_attn.q_a_proj" and "shared by every head" in why
     assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
-    assert render_left_whole(left).startswith(f"left whole at TP 2: transformer.h.*.self_attention {share:.1%} (multi-query")
+    assert render_left_whole(left).startswith(f"left whole at TP 2: model.layers.*.self_attn.q_a_proj {share:.1%} (low-rank")
 
 
 def test_recurrent_gemma_shards_its_recurrent_blocks_at_full_size(fake_pg):

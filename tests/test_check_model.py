@@ -720,3 +720,17 @@ def test_norm_handed_the_sequence_whole_by_its_layer_is_not_on_the_residual_stre
     dropped = _drop(source, "model.layers.*")
     found = [d for d in _verify(tmp_path, dropped, name="dropped.py", model=model).diagnostics if d.code == "PG206"]
     assert found and "pre_feedforward_layernorm_2" in found[0].message
+
+
+# --- Falcon-7B's multi-query attention, its 71 query heads padded with zero heads (plangen.padded_heads) ---
+
+
+@pytest.mark.parametrize("tp_size", [2, 4, 8])
+def test_falcon_plan_with_padded_heads_is_clean_at_even_tp_sizes(tp_size, tmp_path):
+    """71 query heads, which no even TP size splits: the plan init writes pads them, and verify (the
+    rules and the fake run of the shrunk model, whose head count stays odd) finds nothing."""
+    from plangen.init import init_plan
+
+    source = init_plan("falcon", tmp_path / "falcon_plan.py", tp_size=tp_size).path.read_text()
+    assert "padded_heads=True" in source
+    assert _verify(tmp_path, source, tp_size=tp_size).diagnostics == []

@@ -177,3 +177,32 @@ def test_conv1d_styles_split_the_transposed_weight(tp_mesh):
     with CommDebugMode() as comm:
         out = row(torch.randn(2, 5, 8)) * 1  # this rank's half of the 16 input features
     assert out.shape == (2, 5, 8) and comm.get_comm_counts() and comm.get_total_counts() == 1
+
+
+def test_padded_layout_keeps_a_real_head_on_every_rank():
+    # Falcon-7B's 71 query heads (plangen.pad_layout): 72 at TP 2, 4 and 8, one zero head on the last rank.
+    from plangen.pad_layout import (
+        largest_padded_tp_size, legal_padded_tp_size, local_pad_features, padded_head_count, padded_tp_problem, real_rows,
+    )
+
+    assert [padded_head_count(71, tp) for tp in (1, 2, 4, 8)] == [71, 72, 72, 72]
+    assert all(legal_padded_tp_size(71, tp) for tp in (1, 2, 4, 8, 36, 71))
+    assert not legal_padded_tp_size(71, 70) and not legal_padded_tp_size(71, 128)  # ranks of pad only
+    assert largest_padded_tp_size(71) == 71 and largest_padded_tp_size(71, 70) == 36
+    problem = padded_tp_problem(71, 128, "FalconForCausalLM")
+    assert "\n" not in problem and problem.endswith("the largest legal TP size for FalconForCausalLM is 71")
+    # 5 heads of 2 at TP 2: rank 0 holds heads 0-2, rank 1 heads 3-5 of which 5 is pad (its local features 4:6).
+    assert [local_pad_features(5, 2, r, 2) for r in (0, 1)] == [None, (4, 6)]
+    assert real_rows(5, 6, 2, 4) == [*range(10), *range(12, 16)]
+
+
+def test_falcon_tp_sizes_are_checked_against_the_padded_layout():
+    from plangen.heads import any_layout_tp_size_problem, tp_size_problem
+    from plangen.models import resolve_model
+
+    config = resolve_model("falcon").config
+    for tp in (2, 4, 8):
+        assert tp_size_problem(config, tp, "FalconForCausalLM", padded_heads=True) is None
+        assert any_layout_tp_size_problem(config, tp, "FalconForCausalLM") is None
+        assert tp_size_problem(config, tp, "FalconForCausalLM") is not None  # unpadded: 71 splits over none
+    assert "largest legal TP size for FalconForCausalLM is 71" in any_layout_tp_size_problem(config, 128, "FalconForCausalLM")

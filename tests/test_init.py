@@ -293,6 +293,8 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
         (["llamaa"], "unknown model spec 'llamaa': did you mean llama"),
         (["no/such-model-anywhere"], "in the local Hugging Face cache, and plangen never downloads"),
         ([str(LLAMA_405B), "--tp-size", "256"], "num_attention_heads=128 is not divisible by the TP size 256: the largest legal TP size for LlamaForCausalLM is 128 (8 without KV head replication)"),
+        # Falcon-7B's 71 query heads padded with zero heads: a TP size leaving ranks only pad heads.
+        (["falcon", "--tp-size", "128"], "num_attention_heads=71 padded to 128 leaves ranks of the TP size 128 with only pad heads (1 per rank): the largest legal TP size for FalconForCausalLM is 71"),
         (["qwen3", "--tp-size", "0"], "--tp-size must be at least 1, got 0"),
         (["qwen3", "--tp-size", "-2"], "--tp-size must be at least 1, got -2"),
         (["xlm", "--sequence-parallel"], "--sequence-parallel: no plan for XLMWithLMHeadModel: Hugging Face plans have no sequence parallel"),
@@ -483,3 +485,11 @@ def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_su
         assert "experts whole over TP" in path.read_text()
     report = verify_plan_files([path])
     assert report.diagnostics == [] and report.notes == []
+
+
+@pytest.mark.parametrize("tp_size", ["2", "4", "8"])
+def test_falcon_7b_takes_even_tp_sizes_with_its_heads_padded(tp_size, tmp_path):
+    path = tmp_path / "falcon_plan.py"
+    result = invoke("falcon", "-o", str(path), "--tp-size", tp_size)
+    assert result.exit_code == 0, result.output
+    assert "padded_heads=True" in path.read_text()

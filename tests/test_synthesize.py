@@ -841,15 +841,27 @@ def test_multi_query_packed_qkv_shards_the_query_heads_and_shares_the_kv_head():
     assert _entry(plan, "transformer.h.*.self_attention").kwargs["head_attributes"] == ("num_heads",)
 
 
-def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
-    # Falcon at its default size (Falcon-7B): 71 query heads, which no even TP size divides; shrunk, one.
-    falcon = {k.pattern: k.why for k in analyze_model(meta("falcon")).kept}["transformer.h.0.self_attention"]
-    assert "multi-query" in falcon and "(64, 64, 64)" in falcon
+def test_multi_query_attention_with_an_odd_head_count_is_padded():
+    # Falcon-7B's 71 query heads, which no even TP size divides: padded with zero heads when applied
+    # (plangen.padded_heads), at full size and shrunk (5 heads: plangen.shrink keeps the count odd).
     from plangen.catalog import build_full_size_model, list_architectures
 
     arch = next(a for a in list_architectures() if a.class_name == "FalconForCausalLM")
-    full = {k.pattern: k.why for k in analyze_model(build_full_size_model(arch)).kept}["transformer.h.0.self_attention"]
-    assert "its 71 query heads, an odd count, split over no even TP size" in full
+    for model in (meta("falcon"), build_full_size_model(arch)):
+        plan = build_synthesized_plan(model, False)
+        attention = _entry(plan, "transformer.h.*.self_attention")
+        assert (attention.style, attention.kwargs["padded_heads"], attention.kwargs["head_attributes"]) == (
+            "PrepareAttentionInput", True, ("num_heads",))
+        assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "MultiQueryColwiseParallel"
+    assert meta("falcon").config.num_attention_heads == 5
+    # A head count that divides needs no pad: the 4-head tiny Falcon's plan does not pad.
+    from tiny_configs import build_tiny
+
+    plan = build_synthesized_plan(build_tiny("falcon-mqa"), False)
+    assert "padded_heads" not in _entry(plan, "transformer.h.*.self_attention").kwargs
+
+
+def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
     # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq]: not sliceable.
     why = {k.pattern: k.why for k in analyze_model(meta("bloom")).kept}["transformer.h.0.self_attention"]
     assert "a tensor per head for all heads outside the attention" in why

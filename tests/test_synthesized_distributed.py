@@ -149,6 +149,9 @@ TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
     "falcon_h1-mup": False,  # FalconH1's MuP multipliers per in_proj part: its mup_vector cut to each rank's features
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
+    # Falcon-7B's odd query head count in small (5): padded with a zero head (plangen.padded_heads), the pad
+    # exactly 0 after the steps (case_problem), its full state dict Hugging Face's.
+    "falcon-mqa-5h": True,
     # xLSTM with 4 heads, for its full state dict at DP 2 x TP 2: the shrunk model's 2 heads leave one
     # igate/fgate row per TP rank, fewer than the DP size, which torch's full-state-dict load of the
     # FSDP2-over-TP (_StridedShard) parameter refuses (an assertion in _StridedShard._shard_tensor).
@@ -166,7 +169,7 @@ EAGER = {"xlstm-4h"}
 PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts):
 # under SP where the class has it (the same parameters: one case reads it for both).
-STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa",
+STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa", "falcon-mqa-5h",
               "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text"}
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
@@ -201,8 +204,11 @@ GLOBAL_HEADS = {"name": "opt-global-heads", "model_type": "opt", "plan": "custom
 # The stable variant of the plan the runtime picks for Qwen3.5 (its proven synthesized one): the gated
 # delta nets' out_proj column-parallel on its gathered input, left-padded.
 GDN_STABLE = {"name": "qwen3_5-stable", "model_type": "qwen3_5", "variant": "stable", "pad": True, "adam_eps": 1e-6}
-CASES = {mesh: [*_cases(), GLOBAL_HEADS, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
-CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE)]
+# The 5-head Falcon's padded plan without the output projection's pad mask (tests/custom_plans.py).
+UNMASKED_PAD = {"name": "falcon-mqa-5h-unmasked", "model": "falcon-mqa-5h", "plan": "custom_plans.falcon_plan_without_pad_mask",
+                "adam_eps": 1e-6}
+CASES = {mesh: [*_cases(), GLOBAL_HEADS, UNMASKED_PAD, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
+CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE, UNMASKED_PAD)]
 
 
 # The default run: one class per layout kind at DP 2 x TP 2 (FSDP2 and TP together), with sequence
@@ -215,7 +221,7 @@ DP2_DEFAULT = {
     "olmo", "olmo-sp", "glm-sp", "cohere-sp", "bert", "bart-sp", "opt", "trocr-sp",
     # packed q|k|v: per-head (GPT-NeoX), CodeGen's groups, plain (MPT), grouped and multi-query (Falcon),
     # paired heads (DiffLlama), each with its full state dict
-    "gpt_neox-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "diffllama-sp",
+    "gpt_neox-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "falcon-mqa-5h-sp", "diffllama-sp",
     # MoE: whole-projection norms (OLMoE), routed and shared 3-D experts (Inkling), a router MLP (Zaya)
     "olmoe-sp", "inkling", "zaya",
     # gated delta nets (left-padded), Mamba1 (and in Jamba beside attention and MoE, its stable
@@ -224,7 +230,7 @@ DP2_DEFAULT = {
     # a tower outside the decoder, run by its pixels
     "git",
 }
-TP2_DEFAULT = {"bart", "jamba"}
+TP2_DEFAULT = {"bart", "jamba", "falcon-mqa-5h"}
 TOWERS_DEFAULT = ["git"]
 
 
@@ -255,6 +261,8 @@ def _needs(test: str, params: dict) -> list[str]:
         return [_state_dict_case(params["model_type"])]
     if test == "test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model":
         return [f"dp2tp2/{GDN_STABLE['name']}"]
+    if test == "test_pad_heads_without_the_mask_get_gradients_and_drift":
+        return [f"{params['mesh']}/{UNMASKED_PAD['name']}"]
     if test == "test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong":
         return [f"{params['mesh']}/{GLOBAL_HEADS['name']}"]
     return []
@@ -351,3 +359,18 @@ def test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model(resu
         assert case_problem(result) is None, f"rank {rank}: {result.get('trace', case_problem(result))}"
         # One all-reduce in forward: the embedding's (exact); the optimized plan adds two per layer.
         assert merge_c10d_counts(result["forward_collectives"]).get("all_reduce") == 1, result["forward_collectives"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mesh", slow_unless(MESHES, ["dp2tp2"]))
+def test_pad_heads_without_the_mask_get_gradients_and_drift(results, mesh):
+    """The negative control of the padded heads (plangen.padded_heads): without the output projection's
+    input mask the forward is still exact, but its pad columns get the pad heads' outputs' gradients and
+    the AdamW steps make them non-zero: the check fails on the pad."""
+    from distributed.cases import case_problem
+
+    for per_case in results:
+        result = per_case[f"{mesh}/{UNMASKED_PAD['name']}"]
+        assert "error" not in result, result.get("trace", result["error"])
+        assert result["logits"] < 1e-5  # the first forward: the pad columns are still zero
+        assert result["pad"] > 1e-6 and "pad heads" in case_problem(result), result

@@ -69,6 +69,9 @@ TINY["falcon-mqa"] = dict(
     new_decoder_architecture=False, alibi=False, bias=False, use_cache=False,
 )
 
+# Falcon-7B's odd query head count (71) in small: 5 heads, padded with a zero head at TP 2 (plangen.padded_heads).
+TINY["falcon-mqa-5h"] = {**TINY["falcon-mqa"], "hidden_size": 40, "num_attention_heads": 5}
+
 
 def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
     kwargs = dict(TINY[name])

@@ -138,6 +138,8 @@ def _run_on_fake_group(
 def _gradient_shapes(reference: "nn.Module", sharded: "nn.Module") -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
     """The parameters that lost their gradient, and those whose gradient has another (global) shape
     than the unsharded model's: a DTensor knows its global shape, so nothing is gathered."""
+    from plangen.padded_heads import hugging_face_shape
+
     grads = {name: p.grad for name, p in sharded.named_parameters() if p.grad is not None}
     missing, shapes = [], {}
     for name, param in reference.named_parameters():
@@ -145,8 +147,12 @@ def _gradient_shapes(reference: "nn.Module", sharded: "nn.Module") -> tuple[list
             continue
         if name not in grads:
             missing.append(name)
-        elif tuple(grads[name].shape) != tuple(param.grad.shape):
-            shapes[name] = (list(grads[name].shape), list(param.grad.shape))
+            continue
+        # Zero heads padding the query heads (plangen.padded_heads) are not Hugging Face's: their shape without.
+        path, _, param_name = name.rpartition(".")
+        got = hugging_face_shape(sharded.get_submodule(path), param_name, tuple(grads[name].shape))
+        if got != tuple(param.grad.shape):
+            shapes[name] = (list(got), list(param.grad.shape))
     return missing, shapes
 
 

@@ -311,6 +311,8 @@ def _required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tup
     if isinstance(style, PairedHeadsAttentionInput) and (counts := attention_head_counts(module)) is not None:
         return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs per rank
     counts = style.attributes if isinstance(style, LocalHeadCounts) else getattr(style, "head_attributes", ())
+    if isinstance(style, PrepareAttentionInput) and style.padded_heads:
+        return []  # its head counts become this rank's padded share: the heads check says which TP sizes can
     if isinstance(style, (LocalHeadCounts, PrepareAttentionInput, PrepareAttentionInputOutput)) and counts:  # the block reshapes by count / TP
         values = [(a, getattr(*head_count_owner(module, a), None)) for a in counts]
         return [(a, v, 1) for a, v in values if isinstance(v, int) and not isinstance(v, bool)]
@@ -359,11 +361,13 @@ class DivisibilityRule(ModelRule):
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         from plangen.heads import head_counts, legal_tp_size, tp_size_problem
+        from plangen.pad_layout import legal_padded_tp_size
         from plangen.kv_styles import KVHeadsColwiseParallel
-        from plangen.plan_checks import replicates_kv_heads, shards_attention  # the runtime's own checks
+        from plangen.plan_checks import pads_heads, replicates_kv_heads, shards_attention  # the runtime's own checks
 
         tp = plan.tp_size
         replicate_kv = replicates_kv_heads(plan.model, plan.styles)
+        padded = pads_heads(plan.model, plan.styles)
         required: list[tuple[str, str, str, int, int]] = []  # key, path, what, size, parts
         attention_key = None
         for key, names in plan.matches.items():
@@ -385,14 +389,14 @@ class DivisibilityRule(ModelRule):
         if attention_key is not None and plan.config is not None:
             heads = head_counts(plan.config)
             # the runtime's own words
-            heads_problem = tp_size_problem(plan.config, tp, plan.model_name, replicate_kv=replicate_kv)
+            heads_problem = tp_size_problem(plan.config, tp, plan.model_name, replicate_kv=replicate_kv, padded_heads=padded)
         if heads_problem is not None:
             yield self.finding(f"`{attention_key}` splits attention heads: {heads_problem}", attention_key, "value")
         legal = max(
             d
             for d in range(1, tp + 1)
             if (common == 0 or common % d == 0)
-            and (heads is None or legal_tp_size(*heads, d, replicate_kv=replicate_kv))
+            and (heads is None or (legal_padded_tp_size(heads[0], d) if padded else legal_tp_size(*heads, d, replicate_kv=replicate_kv)))
         )
         for key, name, what, size, parts in required:
             if heads_problem is not None and key == attention_key:

@@ -195,7 +195,8 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
     if isinstance(getattr(text, "intermediate_size", None), int):
         text.intermediate_size = BASE_INTERMEDIATE_PER_RANK * tp_size
     heads, head_dim, hidden = (getattr(text, k, None) for k in ("num_attention_heads", "head_dim", "hidden_size"))
-    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and heads * head_dim == hidden:
+    derived = isinstance(getattr(type(text), "head_dim", None), property)  # Falcon's: hidden // heads, not settable
+    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and heads * head_dim == hidden and not derived:
         # Attention as wide as the hidden state would give a gather of the attention output (B·S·N·D)
         # and one of the hidden state (B·S·H) the same size at the base, which scaling cannot tell
         # apart: the stable plan variant (plangen.plans.variants) has both.
@@ -511,6 +512,8 @@ def measure_tp_collectives(
     # A width the class derives from others (DBRX's hidden size, heads x head size) follows them.
     derived = derived_width_keys(tiny_config)
     probeable -= {n for n in DIMENSION_KEYS if derived & set(DIMENSION_KEYS[n])}
+    if isinstance(getattr(type(text), "head_dim", None), property):
+        probeable.discard("head_dim")  # Falcon's: hidden // heads, a property; it follows them
     mixer = state_space_heads(text)
     if mixer is not None and mixer[1] == "head_dim" and not _is_int(getattr(text, "num_attention_heads", None)):
         # Mamba-2's head_dim is its mixer's: scaled, the heads would no longer span expand x hidden.
@@ -519,6 +522,11 @@ def measure_tp_collectives(
         # More TP ranks than KV heads (plangen.kv_styles): scaled heads would divide by the TP size and
         # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there
         # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
+        probeable.discard("heads")
+    heads = getattr(text, "num_attention_heads", None)
+    if _is_int(heads) and heads % 2 and heads % tp_size:
+        # Falcon-7B's odd query heads, padded with zero heads (plangen.padded_heads): doubled, they would
+        # divide by the TP size and leave the padded layout. Measured at the shrunk model's count.
         probeable.discard("heads")
     base = run(tiny_config)
     probes = []

@@ -50,6 +50,8 @@ def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
     """Every parameter of ``module`` once (tied ones once), with its TP-local shape."""
     from torch.distributed.tensor import DTensor
 
+    from plangen.padded_heads import hugging_face_shape
+
     shards = []
     for name, param in module.named_parameters():
         if isinstance(param, DTensor):
@@ -57,7 +59,11 @@ def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
             sharded = any(p.is_shard() for p in param.placements)
         else:
             local, sharded = tuple(param.shape), False
-        shards.append(ParameterShard(name, param.numel(), local, sharded))
+        # The model's own elements: zero heads padding the query heads (plangen.padded_heads) are held
+        # (the local shape) but are not the model's, so the ideal does not count them.
+        path, _, param_name = name.rpartition(".")
+        whole = math.prod(hugging_face_shape(module.get_submodule(path), param_name, tuple(param.shape)))
+        shards.append(ParameterShard(name, whole, local, sharded))
     return shards
 
 

@@ -109,7 +109,7 @@ def _recorded_tp_size(metadata: dict[str, Any]) -> int:
 
 
 def resolve_cost_model(spec: str, settings: CostSettings):
-    from plangen.heads import tp_size_problem
+    from plangen.heads import any_layout_tp_size_problem
     from plangen.models import ModelSpecError, config_for_class, resolve_model
 
     try:
@@ -117,8 +117,8 @@ def resolve_cost_model(spec: str, settings: CostSettings):
     except ModelSpecError as error:
         raise CostError(str(error)) from None
     config = config_for_class(resolved.config, resolved.model_class)
-    # KV heads may be replicated here: applying each plan checks it against its own layout.
-    problem = tp_size_problem(config, settings.tp_size, resolved.model_class.__name__, replicate_kv=True)
+    # KV heads may be replicated, odd query heads padded here: applying each plan checks it against its own layout.
+    problem = any_layout_tp_size_problem(config, settings.tp_size, resolved.model_class.__name__)
     if problem is not None:
         raise CostError(f"--tp-size {settings.tp_size}: {problem}")
     return resolved

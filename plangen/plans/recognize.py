@@ -112,6 +112,9 @@ class ShardedBlock:
     # Own tables with no heads axis, one row per head feature, read alike by every local head (GOT-OCR2's
     # relative positions): replicated, their gradient summed over TP by the block's input style.
     shared_tables: tuple[str, ...] = ()
+    # Multi-query attention whose query head count no even TP size divides (Falcon-7B's 71): padded
+    # with zero heads to a multiple of the TP size when the plan is applied (plangen.padded_heads).
+    padded_heads: bool = False
 
 
 @dataclass(frozen=True)

@@ -82,13 +82,12 @@ def packed_attention(
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
     shared: tuple[int, ...] = ()
     heads = split.head_attributes
+    padded = False
     if split.kind == "parts":
         shared = _multi_query_parts(split.parts, dims)
-        if shared and dims.heads % 2:
-            # Falcon-7B's 71: sharded, the plan would refuse every TP size a job uses instead of
-            # running with its attention whole.
-            return KeptBlock("attention", f"multi-query packed q|k|v projection {name}: its {dims.heads} query heads, "
-                                          "an odd count, split over no even TP size")
+        # Falcon-7B's 71 query heads split over no even TP size: padded with zero heads to a multiple of
+        # it when the plan is applied (plangen.padded_heads). Only there: a count that divides needs no pad.
+        padded = bool(shared) and dims.heads % 2 == 1
         if shared:
             # The shared head's width stays whole (its num_key_value_groups, which the attention
             # interfaces repeat it by, PrepareAttentionInput makes this rank's query heads).
@@ -106,7 +105,7 @@ def packed_attention(
             common = gcd(common, p)
         fused = ((name, tuple(p // common for p in split.parts)),)
     return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
-                        head_attributes=heads, shared_parts=shared, shared_tables=tables)
+                        head_attributes=heads, shared_parts=shared, shared_tables=tables, padded_heads=padded)
 
 
 def _multi_query_parts(parts: tuple[int, ...], dims: ModelDims) -> tuple[int, ...]:

@@ -280,7 +280,8 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         prepared = dict(**_input_layouts(call, sp), use_local_output=False)
-        style = "PrepareAttentionInput" if kv or heads or block.reads_shared_kv or block.shared_tables else "PrepareModuleInput"
+        style = ("PrepareAttentionInput" if kv or heads or block.reads_shared_kv or block.shared_tables or block.padded_heads
+                 else "PrepareModuleInput")
         why = f"{gathered}; one gradient reduction per block in backward"
         if block.gate_statistics:
             style, why = "ActivationSparsityParallel", f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)"
@@ -291,6 +292,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         if heads:
             prepared["head_attributes"] = heads
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
+        if block.padded_heads:
+            prepared["padded_heads"] = True
+            why += "; its query heads, a count no even TP size divides, padded with zero heads to a multiple of the TP size"
         if block.shared_tables:
             prepared["shared_tables"] = block.shared_tables
             why += f"; its {', '.join(block.shared_tables)} (no heads axis) replicated, their gradient summed over TP"

@@ -198,6 +198,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     )
     return {
         "param_drift": param_drift,
+        "pad": read_pad_after_steps(sharded),
         "forward_collectives": forward.counts(),
         "logits_type": "DTensor" if isinstance(logits, DTensor) else "Tensor",
         "logits_placements": [str(p) for p in logits.placements] if isinstance(logits, DTensor) else None,
@@ -218,6 +219,22 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "off_dim0": off_dim0,
         "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
     }
+
+
+def read_pad_after_steps(sharded: torch.nn.Module) -> float | None:
+    """The largest pad entry of the parameters padded with zero heads (plangen.padded_heads), after the
+    training steps: exactly 0 where the pad gets no gradient; None where nothing is padded."""
+    from plangen.fused_styles import padded_layout
+    from plangen.padded_heads import read_pad
+
+    largest = None
+    for name, param in sharded.named_parameters():
+        path, _, param_name = name.rpartition(".")
+        module = sharded.get_submodule(path)
+        pad = read_pad(module, param_name, padded_layout(module, param_name, full(param.detach())))
+        if pad is not None:
+            largest = max(largest or 0.0, pad.abs().max().item())
+    return largest
 
 
 def parallelize_bare(model: torch.nn.Module, dp_mesh, tp_mesh, sequence_parallel: bool) -> torch.nn.Module:
@@ -365,6 +382,8 @@ def case_problem(result: dict[str, Any]) -> str | None:
         return f"full state dict differs from the Hugging Face weights: {sd}"
     if result["missing_grads"] or result["extra_grads"]:
         return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"
+    if result.get("pad"):  # zero heads padding the query heads (plangen.padded_heads) must stay exactly 0
+        return f"pad heads' parameters are not zero after the steps: {result['pad']:.1e}"
     for key in ("logits", "loss", "grad", "grad_norm", "grad_norm_inf", "param_drift", "aux_loss"):
         if result.get(key) is not None and not result[key] < TOL:
             where = f" ({result['worst_grad']})" if key == "grad" else ""
