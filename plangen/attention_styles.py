@@ -109,7 +109,7 @@ class PairedHeadsAttentionInput(PrepareModuleInput):
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.kv_styles import attention_head_counts
+        from plangen.module_facts import attention_head_counts
         from plangen.replicated_styles import sum_own_grads_over
 
         tp = device_mesh.size()

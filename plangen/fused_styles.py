@@ -29,6 +29,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
+from plangen.module_facts import ConfigView, head_count_owner, is_conv1d, output_dim
+
 
 def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torch.Tensor:
     """The fused rows in their TP order: for each rank ``r``, the ``r``-th slice of every part.
@@ -56,16 +58,6 @@ def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torc
     )
 
 
-def _output_dim(module: nn.Module, param_name: str) -> int:
-    # nn.Linear keeps [out, in]; GPT-2's Conv1D keeps its weight transposed, [in, out]. Biases are [out].
-    return 1 if param_name == "weight" and is_conv1d(module) else 0
-
-
-def is_conv1d(module: nn.Module) -> bool:
-    """GPT-2's ``Conv1D`` (transformers.pytorch_utils): an ``nn.Linear`` with its weight stored ``[in, out]``."""
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and hasattr(module, "nx")
-
-
 def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
     if not (isinstance(module, nn.Linear) or is_conv1d(module)):
         raise NotImplementedError(f"{type(style).__name__} shards nn.Linear and Conv1D only, not {type(module).__name__}")
@@ -77,7 +69,7 @@ class Conv1DColwiseParallel(ColwiseParallel):
 
     def _partition_linear_fn(self, name, module, device_mesh):
         for param_name, param in list(module.named_parameters(recurse=False)):
-            dim = _output_dim(module, param_name)
+            dim = output_dim(module, param_name)
             dist_param = nn.Parameter(
                 distribute_tensor(self._relayout(param.detach(), dim, device_mesh), device_mesh, [Shard(dim)],
                                   src_data_rank=self.src_data_rank),
@@ -266,7 +258,7 @@ def apply_shared_parts(
                 continue
             swapped[name] = param
             mod._parameters[name] = gather_shared_rows(  # type: ignore[assignment]
-                param, _output_dim(mod, name), part_sizes, shared, device_mesh)
+                param, output_dim(mod, name), part_sizes, shared, device_mesh)
         return (x, *rest)
 
     def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
@@ -325,7 +317,7 @@ def _relaid_dim(module: nn.Module, param_name: str, dims: dict[str, int] | None)
     # dims None: every parameter of the module is re-laid out on its output dim (a fused Linear);
     # else only the named ones, each on its own dim (a packed experts module's gate_up_proj).
     if dims is None:
-        return _output_dim(module, param_name)
+        return output_dim(module, param_name)
     return dims.get(param_name)
 
 
@@ -376,11 +368,6 @@ def install_layout_hooks(
     module.register_load_state_dict_pre_hook(from_hugging_face)
 
 
-def head_count_owner(module: nn.Module, attribute: str) -> tuple[Any, str]:
-    """Where a head-count attribute lives: ``"config.X"`` on the module's config, else on the module."""
-    return (module.config, attribute[len("config."):]) if attribute.startswith("config.") else (module, attribute)
-
-
 class LocalHeadCounts(ParallelStyle):
     """The attention module sees only this rank's heads: its head counts are divided by the TP size.
 
@@ -415,25 +402,3 @@ class LocalHeadCounts(ParallelStyle):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(attributes={self.attributes})"
 
-
-class ConfigView:
-    """A config with a few attributes overridden; every other attribute read or written is the base's."""
-
-    def __init__(self, base: Any, overrides: dict[str, Any]) -> None:
-        object.__setattr__(self, "_base", base)
-        object.__setattr__(self, "_overrides", dict(overrides))
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for names not on the view itself; guard copies/unpickling before __init__ ran.
-        state = self.__dict__
-        if name in state.get("_overrides", {}):
-            return state["_overrides"][name]
-        if "_base" not in state:
-            raise AttributeError(name)
-        return getattr(state["_base"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._base, name, value)
-
-    def __repr__(self) -> str:
-        return f"ConfigView({self._overrides}, of {type(self._base).__name__})"

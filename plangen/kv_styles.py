@@ -40,6 +40,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
 
+from plangen.module_facts import attention_head_counts
+
 # Set on a k/v projection by PrepareAttentionInput: (first row, rows) of this rank's KV head.
 KV_ROWS = "_plangen_kv_rows"
 
@@ -54,16 +56,6 @@ def resolve_kv_head(num_heads: int, num_kv_heads: int, tp_size: int, rank: int) 
             f"of num_key_value_heads={num_kv_heads}"
         )
     return rank // (tp_size // num_kv_heads)
-
-
-def attention_head_counts(attention: nn.Module) -> tuple[int, int, int] | None:
-    """(heads, KV heads, head_dim) of a Hugging Face attention module, read from its config; None if absent."""
-    config = getattr(attention, "config", None)
-    head_dim = getattr(attention, "head_dim", None)
-    heads = getattr(config, "num_attention_heads", None)
-    if not heads or not isinstance(head_dim, int):
-        return None
-    return heads, getattr(config, "num_key_value_heads", None) or heads, head_dim
 
 
 def kv_projections(attention: nn.Module, kv_heads: int, head_dim: int) -> list[tuple[str, nn.Linear]]:

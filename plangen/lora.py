@@ -202,7 +202,8 @@ def check_lora_layer(
 ) -> str | None:
     """Why ``style`` cannot be translated onto the LoRA layer ``module`` at ``path`` (a child of
     ``parent``); None if it can."""
-    from plangen.kv_styles import KVHeadsColwiseParallel, attention_head_counts
+    from plangen.kv_styles import KVHeadsColwiseParallel
+    from plangen.module_facts import attention_head_counts
 
     name = type(style).__name__
     if _fit(style) is None:

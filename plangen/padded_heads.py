@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
+from plangen.module_facts import ConfigView, attention_head_counts, head_count_owner, output_dim
 from plangen.pad_layout import local_pad_features, padded_head_count, padded_tp_problem, real_rows
 
 # On the packed projection, set by the block's style: (query heads, padded heads, head size).
@@ -44,9 +45,6 @@ PAD_MASK = "_plangen_pad_mask"
 
 def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attributes: tuple[str, ...]) -> None:
     """Pad ``attention``'s query heads to a multiple of the TP size; its head counts this rank's share."""
-    from plangen.fused_styles import ConfigView, head_count_owner
-    from plangen.kv_styles import attention_head_counts
-
     counts = attention_head_counts(attention)
     if counts is None:
         raise ValueError(f"padded heads: {type(attention).__name__} states no head counts (config.num_attention_heads, head_dim)")
@@ -105,13 +103,11 @@ def apply_padded_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], sha
     counts are the module's own: a plan's ``part_sizes`` were written for the full-size model, and
     a shrunk one (``plangen verify``'s) keeps only their layout, q then one head per shared part.
     Unmarked: ``part_sizes`` unchanged."""
-    from plangen.fused_styles import _output_dim
-
     mark = getattr(module, PADDED_HEADS, None)
     if mark is None:
         return part_sizes
     heads, padded, head_dim = mark
-    dims = {name: _output_dim(module, name) for name, _ in module.named_parameters(recurse=False)}
+    dims = {name: output_dim(module, name) for name, _ in module.named_parameters(recurse=False)}
     rows = next(p.shape[dims[n]] for n, p in module.named_parameters(recurse=False))
     trailing = rows - heads * head_dim
     if shared != tuple(range(1, len(part_sizes))) or trailing != len(shared) * head_dim:

@@ -56,7 +56,8 @@ def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
     A packed ``[q; k; v]`` of one KV head under ``MultiQueryColwiseParallel`` (DBRX's ``Wqkv``)
     computes that head whole on every rank: replicated too."""
     from plangen.fused_styles import MultiQueryColwiseParallel
-    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, attention_head_counts, kv_projections
+    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, kv_projections
+    from plangen.module_facts import attention_head_counts
 
     if any(isinstance(s, MultiQueryColwiseParallel) and find_matching_modules(model, p) for p, s in styles.items()):
         return True

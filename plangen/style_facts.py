@@ -424,7 +424,7 @@ def module_kind(module: "nn.Module", by_heads: bool = False) -> str | None:
     if isinstance(module, nn.Linear):
         return LINEAR
     from plangen.attention_styles import head_parameters
-    from plangen.fused_styles import is_conv1d
+    from plangen.module_facts import is_conv1d
     from plangen.moe_styles import expert_count
 
     if is_conv1d(module):
