@@ -22,7 +22,7 @@ from torch.distributed.tensor.parallel import (
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.check.rules_model import first_layout, is_sequence_split, leaves_local_shard, suggest_key
+from plangen.check.style_needs import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
 from plangen.style_facts import weight_layout
 from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce, RoutedBlockSequenceParallel, SharedInputGather
