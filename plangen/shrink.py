@@ -14,6 +14,12 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from plangen.config_keys import (
+    HEAD_KEYS, PAIRED_HEADS_KEYS, HEAD_DIM_KEYS, HIDDEN_KEYS, EMBEDDING_WIDTH_KEYS, SMALL_WIDTH_KEYS,
+    INTERMEDIATE_KEYS, EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, SHARED_EXPERT_KEYS, EXPERT_GROUP_KEYS,
+    LAYER_COUNT_KEYS, OTHER_LAYER_COUNT_KEYS, LEADING_LAYER_KEYS, TRAILING_LAYER_KEYS, LAYER_PERIOD_KEYS,
+    STATE_SPACE_HEADS, STATE_SIZE_KEYS, POSITION_KEYS, CODEBOOK_KEYS, SLIDING_WINDOW_KEYS,
+)
 from plangen.models import ModelSource, resolve_config_and_class
 from plangen.shrink_towers import shrink_tower_sizes
 
@@ -42,80 +48,7 @@ _ALWAYS_PASSED_KEYS = {
 _MIN_HEAD_DIM = 8
 _TARGET_HIDDEN = 64
 
-# (attention heads, key/value heads or None) pairs. The first present pair fixes the head size.
-_HEAD_KEYS: tuple[tuple[str, str | None], ...] = (
-    ("num_attention_heads", "num_key_value_heads"),
-    ("num_attention_heads", "num_kv_heads"),
-    ("num_attention_heads", "n_head_kv"),
-    ("num_attention_heads", "multi_query_group_num"),
-    ("num_attention_heads", None),
-    ("num_heads", "num_key_value_heads"),
-    ("num_heads", None),
-    ("n_head", None),
-    ("n_heads", "kv_n_heads"),
-    ("n_heads", None),
-    ("decoder_attention_heads", None),
-    ("encoder_attention_heads", None),
-    ("swa_num_attention_heads", "swa_num_key_value_heads"),
-    ("linear_num_value_heads", "linear_num_key_heads"),
-    ("linear_num_heads", None),
-    ("index_n_heads", None),
-)
-# Differential attention (DiffLlama's lambda initialisation): head i is paired with head i + H/2.
-_PAIRED_HEADS_KEYS = ("lambda_std_dev",)
-_HEAD_DIM_KEYS = (
-    "head_dim", "attention_head_dim", "d_kv", "kv_channels", "swa_head_dim", "v_head_dim",
-    "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim", "index_head_dim",
-    "qk_head_dim", "d_head", "dim_head",
-)
-_HIDDEN_KEYS = (
-    "hidden_size", "d_model", "n_embd", "embed_dim", "dim", "embedding_size", "embedding_dim",
-    "lru_width",
-)
-# The token embedding's own width, where a model may project it to the hidden size (OPT-350m's
-# 512 into 1024): equal to the hidden size stays equal (no projection the real model lacks),
-# different stays different.
-_EMBEDDING_WIDTH_KEYS = ("word_embed_proj_dim",)
-# Widths of side inputs that only need to stay small (Gemma-3n per-layer embeddings).
-_SMALL_WIDTH_KEYS = ("hidden_size_per_layer_input",)
-_INTERMEDIATE_KEYS = (
-    "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim", "encoder_ffn_dim", "d_ff",
-    "ffn_hidden_size", "dim_ff",
-)
-_EXPERT_COUNT_KEYS = (
-    "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "zero_expert_num",
-)
-_EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
-_SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
-_EXPERT_GROUP_KEYS = ("n_group", "num_expert_group", "topk_group")
-_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
-_OTHER_LAYER_COUNT_KEYS = (
-    "decoder_layers", "encoder_layers", "num_decoder_layers", "depth", "num_blocks",
-)
-# Scalars counting leading layers of one kind (dense before MoE, and so on) or trailing ones.
-_LEADING_LAYER_KEYS = ("first_k_dense_replace", "num_dense_layers")
-_TRAILING_LAYER_KEYS = ("num_kv_shared_layers",)
-# Every n-th layer is of another kind; 2 keeps both kinds inside the tiny layer count.
-_LAYER_PERIOD_KEYS = (
-    "sliding_window_pattern", "no_rope_layer_interval", "global_attn_every_n_layers",
-    "attn_layer_period", "expert_layer_period", "full_attention_interval", "layer_group_size",
-    "decoder_sparse_step", "interleave_moe_layer_step",
-)
-# (heads, head size, expansion) of state-space mixers, whose inner width is expansion x hidden.
-_STATE_SPACE_HEADS = (
-    ("mamba_n_heads", "mamba_d_head", "mamba_expand"),
-    ("num_heads", "head_dim", "expand"),
-    ("mamba_num_heads", "mamba_head_dim", "expand"),
-)
-_STATE_SIZE_KEYS = ("state_size", "mamba_d_state", "ssm_state_size")
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
-# Musicgen's input rows are batch x codebooks: two codebooks keep the layout and let a DP rank's
-# two rows of the checks' batch of four be one sample.
-_CODEBOOK_KEYS = ("num_codebooks",)
 TINY_CODEBOOKS = 2
-_SLIDING_WINDOW_KEYS = (
-    "sliding_window", "sliding_window_size", "attention_window", "attention_chunk_size",
-)
 
 
 def build_tiny_model(
@@ -231,7 +164,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     done: set[str] = set()
     head_dim: int | None = None
     hidden: int | None = None
-    for heads_name, kv_name in _HEAD_KEYS:
+    for heads_name, kv_name in HEAD_KEYS:
         heads_key = key(heads_name)
         # A None KV count means "as many as the query heads"; it is written out explicitly because
         # some modeling files read it without applying that default.
@@ -241,7 +174,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         heads = values[heads_key]
         kv = values[kv_key] if kv_key and values[kv_key] is not None else heads
         new_heads, new_kv = _tiny_head_counts(heads, kv, tp)
-        if any(name in values for name in _PAIRED_HEADS_KEYS) and heads % (2 * tp) == 0 and kv % (2 * tp) == 0:
+        if any(name in values for name in PAIRED_HEADS_KEYS) and heads % (2 * tp) == 0 and kv % (2 * tp) == 0:
             # Heads paired i, i + H/2: each half's heads split over TP, as the original's do.
             factor = math.lcm(new_kv, 2 * tp) // new_kv
             new_heads, new_kv = new_heads * factor, new_kv * factor
@@ -260,7 +193,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         head_dim, hidden = _MIN_HEAD_DIM, _round_up(_TARGET_HIDDEN, tp)
 
     old_head_size = _head_size(values, aliases)
-    for name in _HEAD_DIM_KEYS:
+    for name in HEAD_DIM_KEYS:
         # head_dim is written even where the config left it None (derived), to be explicit.
         if (k := key(name, allow_none=name == "head_dim")) is not None:
             values[k] = head_dim
@@ -268,30 +201,30 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         # Stated even where the config class derives it, so checks can read config.head_dim.
         values["head_dim"] = head_dim
     _shrink_latent_attention(values, head_dim)
-    old_hidden = next((original[k] for name in _HIDDEN_KEYS if (k := key(name)) is not None), None)
-    for name in _EMBEDDING_WIDTH_KEYS:
+    old_hidden = next((original[k] for name in HIDDEN_KEYS if (k := key(name)) is not None), None)
+    for name in EMBEDDING_WIDTH_KEYS:
         if (k := key(name)) is not None:
             values[k] = hidden if original[k] == old_hidden else _round_up(max(_MIN_HEAD_DIM, hidden // 2), tp)
-    for name in _HIDDEN_KEYS:
+    for name in HIDDEN_KEYS:
         if (k := key(name)) is not None:
             values[k] = hidden
     if (k := key("attention_hidden_size")) is not None and original[k] == old_hidden:  # RWKV's: kept equal
         values[k] = hidden
-    for name in _SMALL_WIDTH_KEYS:
+    for name in SMALL_WIDTH_KEYS:
         if (k := key(name)) is not None and values[k] > 0:
             values[k] = head_dim
     for name in list(values):
-        if name in _INTERMEDIATE_KEYS or "intermediate_size" in name or "ffn_hidden_size" in name:
+        if name in INTERMEDIATE_KEYS or "intermediate_size" in name or "ffn_hidden_size" in name:
             expert = "moe" in name or "expert" in name
             _set_size(values, key, name, TINY_MOE_INTERMEDIATE if expert else TINY_INTERMEDIATE, tp)
         elif name.endswith("_lora_rank"):
             _set_size(values, key, name, TINY_LORA_RANK, tp)
     _shrink_experts(values, key, tp)
     _shrink_state_space(values, key, hidden, head_dim)
-    _cap_all(values, key, _POSITION_KEYS, TINY_MAX_POSITIONS, keep_at_least=TINY_MAX_POSITIONS)
-    _cap_all(values, key, _CODEBOOK_KEYS, TINY_CODEBOOKS)
-    _cap_all(values, key, _SLIDING_WINDOW_KEYS, TINY_SLIDING_WINDOW)
-    for name in _LAYER_PERIOD_KEYS:
+    _cap_all(values, key, POSITION_KEYS, TINY_MAX_POSITIONS, keep_at_least=TINY_MAX_POSITIONS)
+    _cap_all(values, key, CODEBOOK_KEYS, TINY_CODEBOOKS)
+    _cap_all(values, key, SLIDING_WINDOW_KEYS, TINY_SLIDING_WINDOW)
+    for name in LAYER_PERIOD_KEYS:
         if (k := key(name)) is not None and values[k] > 2:
             values[k] = 2
             offset = key(name.replace("_period", "_offset"))
@@ -306,7 +239,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
     _shrink_rope(values, head_dim)
     _shrink_layers(values, key, original)
     shrink_tower_sizes(values, original, hidden, TINY_INTERMEDIATE)
-    for name in _OTHER_LAYER_COUNT_KEYS:
+    for name in OTHER_LAYER_COUNT_KEYS:
         _cap_all(values, key, (name,), 2)
     # init_std: CpmAnt's 1.0 gives scores in the hundreds, whose float32 rounding 1e-5 cannot tell from an error.
     fixed = {"dtype": "float32", "use_cache": False, "init_std": min(values.get("init_std") or 0.02, 0.02)}
@@ -315,20 +248,20 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
 
 def _shrink_experts(values: dict[str, Any], key, tp: int) -> None:
     experts = _round_up(TINY_EXPERTS, tp)
-    _cap_all(values, key, _EXPERT_COUNT_KEYS, experts)
-    _cap_all(values, key, _EXPERTS_PER_TOKEN_KEYS, 2)
-    _cap_all(values, key, _SHARED_EXPERT_KEYS, 1)
-    _cap_all(values, key, _EXPERT_GROUP_KEYS, 1)
-    if any(key(name) is not None for name in _EXPERT_COUNT_KEYS):
+    _cap_all(values, key, EXPERT_COUNT_KEYS, experts)
+    _cap_all(values, key, EXPERTS_PER_TOKEN_KEYS, 2)
+    _cap_all(values, key, SHARED_EXPERT_KEYS, 1)
+    _cap_all(values, key, EXPERT_GROUP_KEYS, 1)
+    if any(key(name) is not None for name in EXPERT_COUNT_KEYS):
         # Some default configs leave top-k unset although their router reads it.
-        for name in _EXPERTS_PER_TOKEN_KEYS:
+        for name in EXPERTS_PER_TOKEN_KEYS:
             if (k := key(name, allow_none=True)) is not None and values[k] is None:
                 values[k] = 2
 
 
 def _shrink_state_space(values: dict[str, Any], key, hidden: int, head_dim: int) -> None:
     """Mamba-style mixers: heads x head size must equal expand x hidden size."""
-    for heads_name, dim_name, expand_name in _STATE_SPACE_HEADS:
+    for heads_name, dim_name, expand_name in STATE_SPACE_HEADS:
         heads_key, dim_key, expand_key = key(heads_name), key(dim_name), key(expand_name)
         if heads_key and dim_key and expand_key:
             inner = values[expand_key] * hidden
@@ -336,7 +269,7 @@ def _shrink_state_space(values: dict[str, Any], key, hidden: int, head_dim: int)
                 values[k] = inner
             values[dim_key] = head_dim
             values[heads_key] = max(1, inner // head_dim)
-    _cap_all(values, key, _STATE_SIZE_KEYS, 16)
+    _cap_all(values, key, STATE_SIZE_KEYS, 16)
     _cap_all(values, key, ("n_groups", "mamba_n_groups"), 1)
     for name in ("time_step_rank", "mamba_dt_rank"):
         if (k := key(name)) is not None:
@@ -373,7 +306,7 @@ def _head_size(values: dict[str, Any], aliases: dict[str, str]) -> int | None:
         return next((v for v in found if isinstance(v, int) and not isinstance(v, bool)), None)
 
     stated = first_int(("head_dim", "attention_head_dim"))
-    hidden, heads = first_int(_HIDDEN_KEYS), first_int(("num_attention_heads", "n_head"))
+    hidden, heads = first_int(HIDDEN_KEYS), first_int(("num_attention_heads", "n_head"))
     return stated or (hidden // heads if hidden and heads else None)
 
 
@@ -433,7 +366,7 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> Non
     layer-index lists (``mlp_only_layers``), per-layer overrides, and whether it falls in the
     leading dense block or the trailing KV-sharing block.
     """
-    count_key = next((k for name in _LAYER_COUNT_KEYS if (k := key(name)) is not None), None)
+    count_key = next((k for name in LAYER_COUNT_KEYS if (k := key(name)) is not None), None)
     if count_key is None:
         return
     count = values[count_key]
@@ -447,8 +380,8 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> Non
     overrides = values.get("per_layer_config")
     overrides = overrides if isinstance(overrides, dict) and overrides else {}
     override_at = {int(k): v for k, v in overrides.items()}
-    leading = {k: values[k] for name in _LEADING_LAYER_KEYS if (k := key(name)) is not None}
-    trailing = {k: values[k] for name in _TRAILING_LAYER_KEYS if (k := key(name)) is not None}
+    leading = {k: values[k] for name in LEADING_LAYER_KEYS if (k := key(name)) is not None}
+    trailing = {k: values[k] for name in TRAILING_LAYER_KEYS if (k := key(name)) is not None}
 
     def signature(i: int) -> tuple:
         return (
