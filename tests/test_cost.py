@@ -527,7 +527,7 @@ def test_latent_attention_base_sizes_keep_its_reductions_apart(tp_size):
     """Per token, the reductions of DeepSeek-V3's layer differ in size at every TP size (bf16, the
     routing weights fp32): equal sizes that scale differently cannot be told apart (TP 8 once had the
     rope key's 4 x 2 bytes equal to the routing weights' 2 x 4)."""
-    from plangen.cost.measure import config_with_base_sizes
+    from plangen.cost.probe_configs import config_with_base_sizes
     from plangen.models import resolve_model
     from plangen.shrink import shrink_config
 
@@ -596,7 +596,7 @@ def test_measurement_kernels_run_on_cpu_at_odd_widths():
 def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds():
     from transformers import DeepseekV3Config
 
-    from plangen.cost.measure import config_with_more_layers, scaled_config
+    from plangen.cost.probe_configs import config_with_more_layers, scaled_config
 
     config = DeepseekV3Config(**{k: v for k, v in MOE_CONFIGS["deepseek_v3"].items() if k not in ("architectures", "model_type")})
     scaled = scaled_config(config, {"head_dim": 3})
@@ -610,7 +610,7 @@ def test_the_expert_count_is_scaled_once_under_an_aliased_name():
     """gpt-oss maps ``num_experts`` to ``num_local_experts``: the probe multiplies the count once."""
     from transformers import GptOssConfig
 
-    from plangen.cost.measure import scaled_config
+    from plangen.cost.probe_configs import scaled_config
 
     config = GptOssConfig(**{k: v for k, v in MOE_CONFIGS["gpt_oss"].items() if k not in ("architectures", "model_type")})
     assert scaled_config(config, {"experts": 5}).num_local_experts == 20
@@ -667,7 +667,7 @@ def test_doubling_layers_keeps_every_moe_layer_moe():
     """Llama-4 names its MoE layers by index (``moe_layers``): doubled, they name the added layers too."""
     from transformers import Llama4TextConfig
 
-    from plangen.cost.measure import config_with_more_layers
+    from plangen.cost.probe_configs import config_with_more_layers
 
     values = {k: v for k, v in LLAMA4_MID.items() if k not in ("architectures", "model_type")}
     scout = Llama4TextConfig(**dict(values, num_hidden_layers=2))
@@ -813,7 +813,7 @@ def test_probed_dbrx_configs_build_the_widths_they_state():
     (the attention reads attn_config.kv_n_heads and d_model // n_heads, the experts ffn_config)."""
     from transformers import DbrxConfig, DbrxForCausalLM
 
-    from plangen.cost.measure import config_with_base_sizes, scaled_config
+    from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
     from plangen.shrink import shrink_config
 
     base = config_with_base_sizes(shrink_config(DbrxConfig(**DBRX_MID), 2), 2)
@@ -906,7 +906,7 @@ def test_probed_xlm_configs_build_the_head_size_they_state():
     """Each probe's XLM (and the base sizes') states the head size its attention derives (emb_dim // n_heads)."""
     from transformers import XLMConfig, XLMWithLMHeadModel
 
-    from plangen.cost.measure import config_with_base_sizes, scaled_config
+    from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
     from plangen.shrink import shrink_config
 
     base = config_with_base_sizes(shrink_config(XLMConfig(**SECOND_SIZE["xlm"]), 2), 2)
@@ -921,7 +921,8 @@ def test_prompt_tokens_are_a_dimension_of_their_own():
     so the residual stream's all-reduce reads B·(S+P)·H and the logits' B·S·V."""
     from transformers import CpmAntConfig
 
-    from plangen.cost.measure import PROBE_GROUPS, config_with_tokens, read_dimensions
+    from plangen.cost.measure import PROBE_GROUPS
+    from plangen.cost.probe_configs import config_with_tokens, read_dimensions
     from plangen.cost.scaling import tensor_formula
 
     config = CpmAntConfig(**{k: v for k, v in SECOND_SIZE["cpmant"].items() if k != "architectures"})

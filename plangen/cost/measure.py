@@ -24,9 +24,13 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from plangen.comm import CollectiveCounter
+from plangen.cost.probe_configs import (
+    DIMENSION_KEYS, config_with_base_sizes, config_with_extra_layer, config_with_more_layers, config_with_tokens,
+    dimension_value, is_int, prompt_tokens, read_dimensions, scaled_config, state_space_heads,
+)
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
-from plangen.cost.widths import apply_width_relations, derived_width_keys, width_relations
+from plangen.cost.widths import derived_width_keys
 from plangen.models import text_config
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
@@ -37,39 +41,6 @@ BASE_BATCH = 3  # odd, so token counts rarely equal a width (sizes must tell col
 BASE_SEQ_PER_RANK = 2
 # Token ids stay below the tiny vocabulary's top ids, where shrink_config moves special tokens.
 SPECIAL_TOKEN_SPAN = 32
-# Base widths of the measured model, in units of the TP size: odd multiples, so that a logits
-# gather (B·S·V) and an MLP gather (B·S·I) cannot have the same size by accident, as the powers of
-# two of shrink_config would (V = 2 I). The vocabulary stays above shrink_config's special token ids.
-BASE_VOCAB_PER_RANK = 139
-BASE_INTERMEDIATE_PER_RANK = 67
-MIN_BASE_VOCAB = 256
-# Config attributes of each scaled dimension (on the text config).
-DIMENSION_KEYS = {
-    "hidden": ("hidden_size",),
-    "heads": ("num_attention_heads", "num_key_value_heads"),
-    # Latent attention (DeepSeek, Kimi, GLM-MoE-DSA...) has several head sizes, with head_dim the rotary
-    # part's: a probe scales them together, or rotary and projections disagree.
-    "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim"),
-    "intermediate": ("intermediate_size",),
-    "vocab": ("vocab_size",),
-    # Latent attention's low ranks: its sharded plan all-reduces gradients of B·S·rank.
-    "q_latent": ("q_lora_rank",),
-    "kv_latent": ("kv_lora_rank",),
-    # The expert count, under whichever name the class gives it: Llama-4's every-token experts
-    # all-reduce the gradient of the router's scores (B·S·E) in backward.
-    "experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
-}
-# Tokens a model prepends to every sequence inside its forward (CpmAnt's prompt): its layers see
-# S + P tokens, its head S ("tokens" in plangen.cost.scaling.LETTERS).
-PROMPT_KEYS = ("prompt_length",)
-# Dimensions whose keys are alternative names of one attribute (the first the config has counts),
-# not companions read from the first and scaled together.
-ALTERNATIVE_KEYS = frozenset({"experts"})
-# Base ranks of latent attention: odd and distinct, so the query and KV latents' gradients (and
-# nothing else) have the sizes they have; and an odd multiple of its head sizes, so the rope key's
-# gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
-BASE_Q_LATENT, BASE_KV_LATENT = 37, 29
-LATENT_HEAD_FACTOR = 3
 
 
 # CollectiveCounter sizes c10d collectives too (their result is a list of tensors): the name stays
@@ -133,193 +104,6 @@ def tp_mesh(tp_size: int):
     from torch.distributed.device_mesh import DeviceMesh
 
     return DeviceMesh("cpu", torch.arange(tp_size))
-
-
-# ---------------------------------------------------------------------------------------------
-# Dimensions of a config
-
-
-def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
-    """The dimensions collective sizes are made of, as this config has them."""
-    text = text_config(config)
-    dims = {"batch": batch, "seq": seq}
-    for name in DIMENSION_KEYS:
-        value = dimension_value(text, name)
-        if isinstance(value, int) and value > 0:
-            dims[name] = value
-    if "head_dim" not in dims and "hidden" in dims and "heads" in dims:
-        dims["head_dim"] = dims["hidden"] // dims["heads"]
-    prompt = prompt_tokens(text)
-    if prompt:
-        dims["tokens"] = seq + prompt
-    return dims
-
-
-def prompt_tokens(text: Any) -> int | None:
-    """How many tokens the model prepends to the sequence itself (:data:`PROMPT_KEYS`), or None."""
-    value = next((getattr(text, k) for k in PROMPT_KEYS if _is_int(getattr(text, k, None))), None)
-    return value if value else None
-
-
-def config_with_tokens(config: Any, seq: int, tokens: int) -> Any:
-    """A copy of ``config`` whose layers see ``tokens`` tokens for a sequence of ``seq``: its prompt
-    made ``tokens - seq`` long, so that a probe multiplies S and S + P each by a prime of its own."""
-    config = copy.deepcopy(config)
-    text = text_config(config)
-    setattr(text, next(k for k in PROMPT_KEYS if _is_int(getattr(text, k, None))), tokens - seq)
-    return config
-
-
-def dimension_value(text: Any, name: str) -> Any:
-    """The config's value of dimension ``name`` (None where it has none)."""
-    keys = DIMENSION_KEYS[name]
-    if name in ALTERNATIVE_KEYS:
-        return next((getattr(text, k) for k in keys if type(getattr(text, k, None)) is int), None)
-    return getattr(text, keys[0], None)
-
-
-def count_layers(config: Any) -> int:
-    layers = getattr(text_config(config), "num_hidden_layers", None)
-    if not isinstance(layers, int):
-        raise CostError(f"{type(config).__name__} has no num_hidden_layers: cannot scale per-layer collectives")
-    return layers
-
-
-def config_with_base_sizes(config: Any, tp_size: int) -> Any:
-    """A copy of a shrunk config with the odd base widths the measurement starts from."""
-    config = copy.deepcopy(config)
-    text = text_config(config)
-    if isinstance(getattr(text, "vocab_size", None), int):
-        units = max(BASE_VOCAB_PER_RANK, -(-MIN_BASE_VOCAB // tp_size) | 1)
-        text.vocab_size = units * tp_size
-    if isinstance(getattr(text, "intermediate_size", None), int):
-        text.intermediate_size = BASE_INTERMEDIATE_PER_RANK * tp_size
-    heads, head_dim, hidden = (getattr(text, k, None) for k in ("num_attention_heads", "head_dim", "hidden_size"))
-    derived = isinstance(getattr(type(text), "head_dim", None), property)  # Falcon's: hidden // heads, not settable
-    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and heads * head_dim == hidden and not derived:
-        # Attention as wide as the hidden state would give a gather of the attention output (B·S·N·D)
-        # and one of the hidden state (B·S·H) the same size at the base, which scaling cannot tell
-        # apart: the stable plan variant (plangen.plans.variants) has both.
-        text.head_dim = head_dim * 2
-    if isinstance(getattr(text, "kv_lora_rank", None), int):
-        text.kv_lora_rank = BASE_KV_LATENT
-        if isinstance(getattr(text, "q_lora_rank", None), int):
-            text.q_lora_rank = BASE_Q_LATENT
-        for key in DIMENSION_KEYS["head_dim"]:
-            if isinstance(getattr(text, key, None), int):
-                setattr(text, key, getattr(text, key) * LATENT_HEAD_FACTOR)
-    return scaled_config(config, width_relations(config).base_factors)
-
-
-# Widths no probe scales that a collective can carry (Mamba1's x_proj output, all-reduced per mixer:
-# B·S·(dt_rank + 2 x state), a sum of sizes where the probes read products): measured at the real
-# model's value, so their bytes are the real ones.
-REAL_WIDTH_KEYS = ("time_step_rank", "mamba_dt_rank", "state_size", "mamba_d_state", "ssm_state_size")
-# Mamba-2's B/C groups: shrunk to one, which plangen.mamba_styles lays out otherwise (one group
-# gathered per forward, its norm's statistics summed) than groups split over TP.
-GROUP_KEYS = ("n_groups", "mamba_n_groups")
-HEAD_KEYS = ("num_heads", "mamba_n_heads", "mamba_num_heads")
-
-
-def config_with_real_widths(config: Any, real: Any, tp_size: int) -> Any:
-    """A copy of a shrunk config with the ``REAL_WIDTH_KEYS`` of the real config ``real``, and its
-    state-space groups split over TP where the real ones are (``tp_size`` groups)."""
-    config = copy.deepcopy(config)
-    text, real_text = text_config(config), text_config(real)
-    for key in REAL_WIDTH_KEYS:
-        value = getattr(real_text, key, None)
-        if _is_int(value) and _is_int(getattr(text, key, None)):
-            setattr(text, key, value)
-    heads = next((getattr(text, k) for k in HEAD_KEYS if _is_int(getattr(text, k, None))), None)
-    for key in GROUP_KEYS:
-        groups = getattr(real_text, key, None)
-        if _is_int(groups) and groups > 1 and groups % tp_size == 0 and heads and heads % tp_size == 0:
-            setattr(text, key, tp_size)
-    return config
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def state_space_heads(text: Any) -> tuple[str, str, str] | None:
-    """The (heads, head size, expansion) keys of a Mamba-2-style mixer whose heads x head size is
-    expansion x hidden, or None (plangen.shrink's table of them)."""
-    from plangen.shrink import _STATE_SPACE_HEADS
-
-    hidden = getattr(text, "hidden_size", None)
-    for keys in _STATE_SPACE_HEADS:
-        heads, dim, expand = (getattr(text, k, None) for k in keys)
-        if all(_is_int(v) for v in (heads, dim, expand, hidden)) and heads * dim == expand * hidden:
-            return keys
-    return None
-
-
-def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
-    """A copy of ``config`` with each dimension in ``factors`` multiplied by its factor; a
-    state-space mixer's heads follow the hidden size (its inner width is expansion x hidden)."""
-    config = copy.deepcopy(config)
-    text = text_config(config)
-    mixer = state_space_heads(text)
-    if mixer is not None and "hidden" in factors:
-        setattr(text, mixer[0], getattr(text, mixer[0]) * factors["hidden"])
-    for name, factor in factors.items():
-        keys = DIMENSION_KEYS[name]
-        if name in ALTERNATIVE_KEYS:
-            # One attribute under several names (gpt-oss maps num_experts to num_local_experts):
-            # scaling each name would scale it again.
-            keys = tuple(k for k in keys if type(getattr(text, k, None)) is int)[:1]
-        for key in keys:
-            value = getattr(text, key, None)
-            if isinstance(value, int):
-                setattr(text, key, value * factor)
-    return apply_width_relations(config)
-
-
-def config_with_extra_layer(config: Any, index: int) -> Any | None:
-    """A copy with one more layer like layer ``index``, appended; None where the layers' kinds are
-    not per-layer lists alone (index lists, leading, trailing or periodic layer counts would move)."""
-    from plangen.shrink import _LAYER_PERIOD_KEYS, _LEADING_LAYER_KEYS, _TRAILING_LAYER_KEYS, is_layer_index_list
-
-    text = text_config(config)
-    layers = count_layers(config)
-    if any(
-        is_layer_index_list(key, value, layers)
-        or (key in _LEADING_LAYER_KEYS + _TRAILING_LAYER_KEYS and value)
-        or (key in _LAYER_PERIOD_KEYS and _is_int(value) and value > 1)
-        for key, value in vars(text).items()
-    ):
-        return None
-    lists = [key for key, value in vars(text).items() if isinstance(value, list) and len(value) == layers]
-    if not lists:
-        return None
-    config = copy.deepcopy(config)
-    text = text_config(config)
-    for key in lists:
-        getattr(text, key).append(getattr(text, key)[index])
-    text.num_hidden_layers = layers + 1
-    return apply_width_relations(config)
-
-
-def config_with_more_layers(config: Any, factor: int = 2) -> Any:
-    """A copy with ``factor`` times the layers; per-layer lists (layer kinds) repeat their pattern, so do
-    lists of layer indices (Llama-4's ``moe_layers``: ``[0, 1]`` becomes ``[0, 1, 2, 3]``, not the
-    per-layer repeat ``[0, 1, 0, 1]``, which left the added layers dense and their collectives uncounted),
-    and a count of leading layers of another kind (DeepSeek's dense first layers) grows with them."""
-    from plangen.shrink import _LEADING_LAYER_KEYS, is_layer_index_list
-
-    config = copy.deepcopy(config)
-    text = text_config(config)
-    layers = count_layers(config)
-    for key, value in list(vars(text).items()):
-        if is_layer_index_list(key, value, layers):
-            setattr(text, key, [i + k * layers for k in range(factor) for i in value])
-        elif isinstance(value, list) and len(value) == layers:
-            setattr(text, key, value * factor)
-        elif key in _LEADING_LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
-            setattr(text, key, value * factor)
-    text.num_hidden_layers = layers * factor
-    return apply_width_relations(config)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,7 +299,7 @@ def measure_tp_collectives(
     if isinstance(getattr(type(text), "head_dim", None), property):
         probeable.discard("head_dim")  # Falcon's: hidden // heads, a property; it follows them
     mixer = state_space_heads(text)
-    if mixer is not None and mixer[1] == "head_dim" and not _is_int(getattr(text, "num_attention_heads", None)):
+    if mixer is not None and mixer[1] == "head_dim" and not is_int(getattr(text, "num_attention_heads", None)):
         # Mamba-2's head_dim is its mixer's: scaled, the heads would no longer span expand x hidden.
         probeable.discard("head_dim")
     if _replicates_kv_heads(text, tp_size):
@@ -524,7 +308,7 @@ def measure_tp_collectives(
         # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
         probeable.discard("heads")
     heads = getattr(text, "num_attention_heads", None)
-    if _is_int(heads) and heads % 2 and heads % tp_size:
+    if is_int(heads) and heads % 2 and heads % tp_size:
         # Falcon-7B's odd query heads, padded with zero heads (plangen.padded_heads): doubled, they would
         # divide by the TP size and leave the padded layout. Measured at the shrunk model's count.
         probeable.discard("heads")

@@ -317,7 +317,8 @@ def trace_peak(
     traced): at depths 3, 4 and 5 and extrapolated where every layer is alike and the fit is exact
     (:mod:`plangen.cost.depth`), else every layer."""
     from plangen.cost import depth as deep
-    from plangen.cost.measure import TORCH_DTYPES, count_layers
+    from plangen.cost.measure import TORCH_DTYPES
+    from plangen.cost.probe_configs import count_layers
     from plangen.cost.training import training_config
     from plangen.models import build_meta_model
     from plangen.plan_checks import find_transformer_layers
@@ -421,7 +422,7 @@ def measure_peak(
     as in :func:`plangen.cost.report.build_cost_report`. ``extrapolate=False`` traces every layer
     even where the depth could be extrapolated (:mod:`plangen.cost.depth`).
     """
-    from plangen.cost.measure import count_layers
+    from plangen.cost.probe_configs import count_layers
     from plangen.cost.report import _recorded_tp_size, read_target, resolve_cost_model
     from plangen.models import config_for_class
 

@@ -98,7 +98,7 @@ def build_cost_report(
 
     with fake_process_group(settings.tp_size):
         plans = tuple(build_plan_cost(resolved, name, settings) for name in names)
-    from plangen.cost.measure import count_layers
+    from plangen.cost.probe_configs import count_layers
 
     return CostReport(spec, resolved.model_class.__name__, count_layers(resolved.config), settings, plans)
 
@@ -195,7 +195,8 @@ def divisibility_problem(model: Any, choice: PlanChoice, tp_size: int) -> str | 
 def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettings, layer_kinds: Mapping[str, int]):
     """The plan's TP collectives at the real size: measured shrunk, then scaled to the real model's
     ``layer_kinds`` (decoder layers by kind, measure.layer_kind)."""
-    from plangen.cost.measure import config_with_real_widths, measure_tp_collectives, read_dimensions
+    from plangen.cost.measure import measure_tp_collectives
+    from plangen.cost.probe_configs import config_with_real_widths, read_dimensions
     from plangen.cost.scaling import derive_terms, scale_terms
     from plangen.models import config_for_class
     from plangen.shrink import shrink_config

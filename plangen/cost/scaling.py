@@ -33,7 +33,7 @@ LETTERS = {
     "batch": "B", "seq": "S",
     # The tokens the layers see where the model prepends P prompt tokens of its own (CpmAnt's 32): the
     # residual stream's collectives are B·(S+P)·H, a sum no product of S and P can be; probed as one
-    # dimension of its own (plangen.cost.measure.config_with_tokens), apart from the logits' S.
+    # dimension of its own (plangen.cost.probe_configs.config_with_tokens), apart from the logits' S.
     "tokens": "(S+P)",
     "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
     "q_latent": "Lq", "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)

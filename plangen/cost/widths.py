@@ -29,7 +29,7 @@ class WidthRelations:
     ``attention_hidden_size``, ``mamba_headdim``, ``hybrid_layer_ids``): the config is built again
     from its fields, which derives them afresh, before the copies of ``nested`` are made.
     ``derived``: keys the class derives from others, not probed on their own.
-    ``base_factors``: dimensions (:data:`plangen.cost.measure.DIMENSION_KEYS`' names) multiplied at
+    ``base_factors``: dimensions (:data:`plangen.cost.probe_configs.DIMENSION_KEYS`' names) multiplied at
     the measurement's base sizes, where the shrunk widths make two different tensors one size.
     """
 
