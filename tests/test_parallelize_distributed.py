@@ -104,6 +104,10 @@ def _cases():
         for m in MOE_MODELS for sp in (False, True)
     ]
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
+    # Trained on the load-balancing loss too (as out.loss is, at router_aux_loss_coef; 1.0 here so a
+    # wrong router gradient shows): the replicated router's gradient from it must not be summed over TP.
+    moe += [{"name": f"{m}-aux" + ("-sp" if sp else ""), "model": m, "sp": sp, "attn": ATTN.get(m, "sdpa"), "aux_coef": 1.0}
+            for m in ("qwen3_moe", "mixtral", "gpt_oss") for sp in (False, True)]
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
     # NeMo RL's runtime (parallelize_module, then fully_shard): gpt-oss's sinks style needs nothing else.
     moe.append({"name": "gpt_oss-bare-sp", "model": "gpt_oss", "sp": True, "attn": "eager", "bare": True})
@@ -165,7 +169,7 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in case
 # default case covers and is marked slow: -m "slow or not slow" runs every case.
 TP2_DEFAULT = {
     "llama-sp", *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
-    "jetmoe", "dbrx-3-experts-state-dict",
+    "jetmoe", "dbrx-3-experts-state-dict", "mixtral-aux-sp",
 }
 BITWISE_DEFAULT = ["llama", "olmo2", "qwen3_moe"]
 DP2_DEFAULT = {
@@ -178,7 +182,7 @@ DP2_DEFAULT = {
     # runtime, one expert per TP rank, experts split by their intermediate, flat and per-block experts,
     # Gemma 4's layer-level experts
     *(m + sp for m in ("qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss") for sp in ("", "-sp")),
-    "qwen2_moe", "deepseek_v2", "llama4", "qwen3_moe-eager-experts", "gpt_oss-bare-sp",
+    "qwen2_moe", "deepseek_v2", "llama4", "qwen3_moe-eager-experts", "gpt_oss-bare-sp", "qwen3_moe-aux-sp", "gpt_oss-aux",
     "mixtral-2-experts-state-dict", "mixtral-3-experts-state-dict", "dbrx-2kv-sp-state-dict",
     "jetmoe-sp-state-dict", "gemma4-moe-sp-state-dict",
     # hybrid and recurrent: Mamba2 with one B/C group (state dict), Zamba2's shared block under SP,

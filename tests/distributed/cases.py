@@ -144,12 +144,11 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     def run(m, sl=slice(None)):
         return m(input_ids=ids[sl], attention_mask=mask[sl], **{k: v[sl] for k, v in towers.items()})
 
+    aux_coef = case.get("aux_coef", 0.0)  # train on the load-balancing loss too, as out.loss does
     ref_out = run(reference)
     ref_logits = ref_out.logits
     ref_text = text_logits(ref_logits, ids)
-    # FSDP2 averages gradients over DP ranks: the reference loss is the mean of per-slice losses.
-    ref_loss = torch.stack([next_token_loss(ref_text[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean()
-    ref_loss.backward()
+    reference_loss(reference, ref_out, ids, dp, run, aux_coef).backward()
     # Text-only batches leave a vision tower without gradients: compare what the reference has.
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
     # Summed in float64, as get_grad_norm does: a float32 norm of RemBert's gradients (15.99) is off by 6e-5.
@@ -184,7 +183,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         if getattr(out, "aux_loss", None) is not None:  # load balancing, from replicated router logits
             aux = abs(float(full(out.aux_loss)) - float(ref_rows.aux_loss))
     loss = next_token_loss(text_logits(logits, ids), ids[rows])
-    loss.backward()
+    (loss + aux_coef * full(out.aux_loss) if aux_coef else loss).backward()
 
     grads = {n: p.grad for n, p in sharded.named_parameters() if p.grad is not None}
     norm = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group())
@@ -194,7 +193,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
     ref_slice_loss = next_token_loss(ref_text[rows], ids[rows]).item()
     param_drift = train_steps(
-        reference, sharded, ids, mask, rows, dp, case.get("steps", 3), case.get("adam_eps", 1e-8), run
+        reference, sharded, ids, mask, rows, dp, case.get("steps", 3), case.get("adam_eps", 1e-8), run, aux_coef
     )
     return {
         "param_drift": param_drift,
@@ -285,7 +284,20 @@ def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, to
     return {"names": names_differ[:5], "shapes": shapes_differ[:5], "read": read, "loaded": loaded}
 
 
-def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: float = 1e-8, forward=None) -> float | None:
+def reference_loss(reference, out, ids, dp: int, forward, aux_coef: float = 0.0) -> torch.Tensor:
+    """The loss the DP ranks' losses average to (FSDP2 averages gradients over DP): the mean of the
+    per-slice losses, each with its slice's load-balancing loss times ``aux_coef`` where that is
+    not 0 (a slice's routing statistics are its own: the reference runs each slice again)."""
+    text, per_slice = text_logits(out.logits, ids), []
+    for r in range(dp):
+        rows = slice(r * BATCH // dp, (r + 1) * BATCH // dp)
+        loss = next_token_loss(text[rows], ids[rows])
+        per_slice.append(loss + aux_coef * forward(reference, rows).aux_loss if aux_coef else loss)
+    return torch.stack(per_slice).mean()
+
+
+def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: float = 1e-8, forward=None,
+                aux_coef: float = 0.0) -> float | None:
     """Continue from the gradients already computed: ``steps`` AdamW steps on both models, then
     the largest parameter difference (optimizer state sharded by FSDP2 must not change the result).
 
@@ -310,9 +322,10 @@ def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: f
         if step:
             for m in (reference, sharded):
                 m.zero_grad(set_to_none=True)
-            ref_logits = text_logits(forward(reference).logits, ids)
-            torch.stack([next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]).mean().backward()
-            next_token_loss(text_logits(forward(sharded, rows).logits, ids), ids[rows]).backward()
+            reference_loss(reference, forward(reference), ids, dp, forward, aux_coef).backward()
+            out = forward(sharded, rows)
+            loss = next_token_loss(text_logits(out.logits, ids), ids[rows])
+            (loss + aux_coef * full(out.aux_loss) if aux_coef else loss).backward()
         ref_opt.step()
         opt.step()
     ref_params = dict(reference.named_parameters())
