@@ -1,6 +1,6 @@
 """Synthesized plans against the unsharded model, for real: gloo, four processes, one launch.
 
-Classes with no hand-written plan, old and new, dense, BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded)
+Classes with no hand-written plan, old and new, dense (GLM-4 among them), BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded)
 and its attention's per-head output gates (Qwen3.5-MoE, Qwen3-Next, LFM3), LFM's short-conv mixers split by channels, fused (GLM's packed gate|up;
 GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, DiffLlama's paired heads, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
@@ -27,6 +27,7 @@ CLASSES = {
     "olmo": ("OlmoForCausalLM", False),  # parameter-free LayerNorms
     "olmoe": ("OlmoeForCausalLM", False),  # q/k norms over all heads, sharded with them; MoE
     "glm": ("GlmForCausalLM", False),  # packed gate|up re-laid out per rank (FusedColwiseParallel)
+    "glm4": ("Glm4ForCausalLM", False),  # the same gate|up, with norms after attention and after the MLP
     "cohere": ("CohereForCausalLM", True),  # attention and MLP in parallel on one norm, logit scale
     "phi": ("PhiForCausalLM", False),  # biases, fc1/fc2, partial rotary, parallel residual
     "starcoder2": ("Starcoder2ForCausalLM", True),  # LayerNorm with bias, c_fc/c_proj
@@ -170,7 +171,8 @@ PADDED = {"qwen3_5"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts):
 # under SP where the class has it (the same parameters: one case reads it for both).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa", "falcon-mqa-5h",
-              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text"}
+              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text", "glm4",
+              "prophetnet"}  # ProphetNet's bucket-major relative_pos_embeddings, re-laid out per rank
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
 # gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
@@ -218,10 +220,12 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c n
 DP2_DEFAULT = {
     # dense with and without SP, packed gate|up, parallel attention and MLP, the BERT and BART families,
     # OPT's local head counts, TrOCR's width-sliced reshape
-    "olmo", "olmo-sp", "glm-sp", "cohere-sp", "bert", "bart-sp", "opt", "trocr-sp",
+    "olmo", "olmo-sp", "glm-sp", "glm4-sp", "cohere-sp", "bert", "bart-sp", "opt", "trocr-sp",
     # packed q|k|v: per-head (GPT-NeoX), CodeGen's groups, plain (MPT), grouped and multi-query (Falcon),
     # paired heads (DiffLlama), each with its full state dict
     "gpt_neox-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "falcon-mqa-5h-sp", "diffllama-sp",
+    # ProphetNet's bucket-major relative-position projection, with its full state dict
+    "prophetnet",
     # MoE: whole-projection norms (OLMoE), routed and shared 3-D experts (Inkling), a router MLP (Zaya)
     "olmoe-sp", "inkling", "zaya",
     # gated delta nets (left-padded), Mamba1 (and in Jamba beside attention and MoE, its stable
