@@ -653,6 +653,27 @@ def test_experts_the_tp_size_does_not_divide_get_the_intermediate_split_and_veri
     assert [(d.code, d.line) for d in found] == [("PG204", _line_of(mixtral, '"model.layers.*.mlp.experts"'))]
     assert ("8 experts do not divide by the TP size 3, and each expert's intermediate split (the other layout) does not"
             " fit: their intermediate width 14336 does not divide by it either") in found[0].message
+    assert found[0].message.endswith("the largest legal TP size for this plan is 2")  # at most the TP size asked for
+
+
+def test_experts_styles_fit_packed_experts_modules_only(tmp_path):
+    """PG203 on the expert layout: ExpertsParallel on a module that is no packed experts module (an
+    nn.Linear), and a torch style on the packed experts module, each found on its entry's value."""
+    mixtral = (ROOT / "generated" / "mixtral_plan.py").read_text()
+    experts = '"model.layers.*.mlp.experts": ExpertsParallel('
+    on_linear = mixtral.replace('    "model.layers.*.self_attn.q_proj": ColwiseParallel(', '    "model.layers.*.self_attn.q_projX": ColwiseParallel(', 1)
+    on_linear = on_linear.replace(experts, '"model.layers.*.self_attn.q_proj": ExpertsParallel(', 1)
+    [found] = [d for d in _verify(tmp_path, on_linear).diagnostics if d.code == "PG203"]
+    assert found.line == _line_of(on_linear, '"model.layers.*.self_attn.q_proj": ExpertsParallel')
+    assert found.message == ("`ExpertsParallel` shards a packed experts module (num_experts and [experts, ...] weights,"
+                             " transformers 5.x), not Linear (`model.layers.*.self_attn.q_proj`)")
+    line = next(l for l in mixtral.splitlines() if experts in l)
+    torch_style = mixtral.replace(line, '    "model.layers.*.mlp.experts": ColwiseParallel(),')
+    [found] = [d for d in _verify(tmp_path, torch_style).diagnostics if d.code == "PG203"]
+    assert (found.line, found.message) == (
+        _line_of(torch_style, '"model.layers.*.mlp.experts"'),
+        "`ColwiseParallel` shards nn.Linear and nn.Embedding only, not MixtralExperts (torch raises NotImplementedError)"
+        " (`model.layers.*.mlp.experts`)")
 
 
 # --- RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.recurrent_styles) ---------

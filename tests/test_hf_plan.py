@@ -160,6 +160,19 @@ def test_moe_plan_is_refused_by_name():
         build_hf_plan(model)
     assert info.value.style == "moe_tp_experts"
     assert info.value.module_name == "model.layers.*.mlp.experts"
+    message = str(info.value)  # one line that names the way out: plangen's own experts style and plans
+    assert "\n" not in message
+    assert "plangen splits the experts with its own ExpertsParallel instead" in message
+    assert "hand-written or synthesized plan (plangen list), or plangen init to write one" in message
+
+
+@pytest.mark.parametrize("style", ["moe_tp_experts", "moe_identity_expert", "grouped_gemm", "ep_dispatch_experts", "ep_router"])
+def test_every_moe_style_is_refused_naming_plangens_experts_style(style):
+    from plangen.styles import resolve_hf_style
+
+    with pytest.raises(UnsupportedStyleError) as info:
+        resolve_hf_style(style, "model.layers.*.mlp.experts")
+    assert "ExpertsParallel" in str(info.value) and "plangen init" in str(info.value), str(info.value)
 
 
 def test_rule_on_a_parameter_is_refused():
