@@ -178,6 +178,13 @@ TINY["gpt_oss"] = dict(
     model_type="gpt_oss", num_local_experts=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
     **MOE, **dict(COMMON, intermediate_size=16),
 )
+# The four with 32 experts: 32 routes per layer on a DP rank's 16 tokens leave about a third of the
+# experts without a token (the empty path) while each TP rank's 16 still get some (8 experts rarely
+# leave one idle at these batches). Expert counts live under the class's own key.
+EXPERT_KEY = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts",
+              "gpt_oss": "num_local_experts"}
+for _name, _key in EXPERT_KEY.items():
+    TINY[f"{_name}-32e"] = {**TINY[_name], _key: 32}
 # DeepSeek-V2-Lite's shape: no query latent (q_proj straight from the hidden state), dense first layer.
 TINY["deepseek_v2"] = dict(
     model_type="deepseek_v2", n_routed_experts=8, moe_intermediate_size=16, n_shared_experts=1, first_k_dense_replace=1,
