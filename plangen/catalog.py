@@ -35,6 +35,7 @@ PlanKind = Literal["hand-written", "synthesized", "hf", "none"]
 FRACTION_TP_SIZE = 2  # the TP size the sharded share is measured at
 # The fake group started for the measurement when none runs (as many ranks as the tests' own).
 WELL_SHARDED = 0.95  # a plan that shards less leaves much of the model on every TP rank
+WHOLE_PARTS_LISTED = 0.0001  # what a row lists as left whole: down to a router's few hundredths of a percent
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class CatalogRow:
     note: str = ""
     # Share of the parameters (by elements) the plan shards over TP at the default size; 0: no plan.
     sharded_fraction: float = 0.0
+    # What the plan leaves whole at that size: its largest parts, their shares and the plan's reasons.
+    left_whole: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,9 +194,9 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
     row = _plan_row(arch, model, proven.get(arch.class_name))
     if row.plan == "none":
         return row
-    fraction, why = build_sharded_fraction(arch, model)
+    fraction, why, left = build_sharded_fraction(arch, model)
     note = "; ".join(n for n in (row.note, why) if n)
-    return replace(row, note=note, sharded_fraction=round(fraction, 4))
+    return replace(row, note=note, sharded_fraction=round(fraction, 4), left_whole=left)
 
 
 def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:
@@ -258,8 +261,10 @@ def build_catalog(only: Iterable[str] | None = None) -> list[CatalogRow]:
 # The share of the parameters a plan shards
 
 
-def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[float, str]:
-    """(share of the parameters the runtime's plan shards at TP=2 at the default size, a note).
+def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[float, str, str]:
+    """(share of the parameters the runtime's plan shards at TP=2 at the default size, a note, what
+    it leaves whole: :func:`render_whole_parts`, its largest parts; the note repeats them below
+    :data:`WELL_SHARDED`).
 
     Measured on the full-size model; where the full size does not build or its plan does not apply,
     on ``shrunk`` (the catalog model, consumed), and the note says so. Needs a fake process group:
@@ -273,17 +278,17 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
         # Left running, as plangen.cost.measure.fake_process_group leaves its group (why: there).
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
     elif dist.get_backend() != "fake" or dist.get_world_size() < FRACTION_TP_SIZE:
-        return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running"
+        return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running", ""
     try:
         fraction, left = measure_sharded_share(lambda: build_full_size_model(arch))
-        return fraction, "" if fraction >= WELL_SHARDED else render_left_whole(left)
+        return fraction, "" if fraction >= WELL_SHARDED else render_left_whole(left), render_whole_parts(left, most=3, at_least=WHOLE_PARTS_LISTED)
     except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
         why = one_line(err, part="first")
     try:
-        fraction = measure_sharded_fraction(lambda: shrunk)
+        fraction, left = measure_sharded_share(lambda: shrunk)
     except Exception as err:  # noqa: BLE001
-        return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}"
-    return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})"
+        return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}", ""
+    return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})", render_whole_parts(left, most=3, at_least=WHOLE_PARTS_LISTED)
 
 
 def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
@@ -297,10 +302,19 @@ def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
     return measure_sharded_share(build_model)[0]
 
 
+def render_whole_parts(left: list[tuple[str, float, str]], most: int = 2, at_least: float = 0.001) -> str:
+    """The largest parts TP leaves whole (:func:`plangen.cost.memory.read_left_whole`) of at least
+    ``at_least`` of the model, each with its share and the plan's reason."""
+    return "; ".join(
+        f"{pattern} {share:.{1 if share >= 0.001 else 2}%}" + (f" ({why})" if why else "")
+        for pattern, share, why in left[:most] if share >= at_least
+    )
+
+
 def render_left_whole(left: list[tuple[str, float, str]], most: int = 2) -> str:
-    """The largest parts TP leaves whole (:func:`plangen.cost.memory.read_left_whole`), for a note."""
-    parts = [f"{pattern} {share:.1%}" + (f" ({why})" if why else "") for pattern, share, why in left[:most] if share >= 0.001]
-    return f"left whole at TP {FRACTION_TP_SIZE}: " + "; ".join(parts) if parts else ""
+    """:func:`render_whole_parts`, for a note."""
+    parts = render_whole_parts(left, most)
+    return f"left whole at TP {FRACTION_TP_SIZE}: {parts}" if parts else ""
 
 
 def measure_sharded_share(build_model: Callable[[], "nn.Module"]) -> tuple[float, list[tuple[str, float, str]]]:

@@ -243,7 +243,7 @@ def write_docs(seconds: float | None) -> None:
     import torch
     import transformers
 
-    from plangen.catalog import WELL_SHARDED, build_catalog, render_fraction
+    from plangen.catalog import FRACTION_TP_SIZE, WELL_SHARDED, build_catalog, render_fraction
     from plangen.plans.proven import load_proven
 
     load_proven.cache_clear()
@@ -287,6 +287,21 @@ def write_docs(seconds: float | None) -> None:
         lines.append(
             f"| {row.class_name} | {row.model_type} | {row.plan} | {sp} | {row.check} | {render_fraction(row)} | {_cell(row.note)} |"
         )
+    lines += [
+        "",
+        "## What each plan leaves whole",
+        "",
+        "The largest parts (at least 0.01 % of the model, three at most) each plan keeps whole on every TP rank",
+        f"at the class's default size and TP={FRACTION_TP_SIZE}, with the reason the plan gives: routers, norms, what",
+        "cannot split. `other`: parameters no entry of the plan names (plain norms, biases). `plangen cost`",
+        "gives the same per rank at any size.",
+        "",
+        "| class | plan | TP-sharded | left whole |",
+        "| --- | --- | ---: | --- |",
+    ]
+    for row in rows:
+        if row.plan != "none":
+            lines.append(f"| {row.class_name} | {row.plan} | {render_fraction(row)} | {_cell(row.left_whole) or '-'} |")
     DOCS.parent.mkdir(parents=True, exist_ok=True)
     DOCS.write_text("\n".join(lines) + "\n")
 

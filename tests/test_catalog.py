@@ -168,6 +168,17 @@ def test_a_class_below_the_target_says_what_stays_whole(listing):
     assert "(low-rank down-projection (or its norm), shared by every head" in row["note"]
 
 
+def test_every_row_says_what_its_plan_leaves_whole_and_why(listing):
+    """What stays whole beside the sharded share (docs/plans.md lists it for every class): a MoE
+    plan's router, with the plan's reason; nothing for a plan that shards everything."""
+    rows = rows_by_class(listing)
+    assert rows["Qwen3MoeForCausalLM"]["left_whole"] == (
+        "model.layers.*.mlp.gate 0.04% (the router sees every token on every rank: routing stays exact)")
+    assert rows["MixtralForCausalLM"]["left_whole"] == ""  # its router: 0.003 %, below what a row lists
+    assert rows["YoutuForCausalLM"]["left_whole"].startswith("model.layers.*.self_attn.q_a_proj 5.1% (low-rank")
+    assert all(row["left_whole"] == "" for row in rows.values() if row["plan"] == "none")
+
+
 def test_falcon_7b_pads_its_odd_query_heads_and_shards_its_attention(listing):
     # Falcon-7B's 71 multi-query heads, padded with a zero head at TP 2 (plangen.padded_heads): 80.6 %
     # TP-sharded while its attention stayed whole.
