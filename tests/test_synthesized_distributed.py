@@ -162,6 +162,9 @@ TINY_CASES = {
     # Inkling with 8 routed and 2 shared experts (the sweep's shrunk model has 4 and 1), a dense first
     # layer (kept whole) and sliding-window and full attention layers; no SP (see inkling_text).
     "inkling": False,
+    # Qwen3-Next's shared expert as wide as its expert count (Qwen3-Next-80B-A3B's 512 and 512; Qwen4-Exp's
+    # default config too): sharded as a shared expert, not kept whole as a router (counted once per rank).
+    "qwen3_next-shared-as-wide-as-experts": False,
 }
 # Tiny configs built with eager attention (xLSTM refuses sdpa).
 EAGER = {"xlstm-4h"}
