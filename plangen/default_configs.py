@@ -48,6 +48,16 @@ def _dbrx_rope_theta(config: Any) -> dict[str, Any]:
     return {"rope_parameters": {**(config.rope_parameters or {}), "rope_theta": 500000.0}}
 
 
+def _qwen4_exp_indexer(config: Any) -> dict[str, Any]:
+    # Qwen4-Exp's released text config: a QSA indexer of 4 query heads and the 1 key head its
+    # validation requires, 128 wide, selecting 2048 tokens in blocks of 4. Its attention rotates a
+    # quarter of each 256-wide head (partial_rotary_factor 0.25), which is what lets the 64 rotary
+    # dims fit the 128-wide index head (validated once the indexer is set; the default rotates all).
+    rope = {**(config.rope_parameters or {}), "partial_rotary_factor": 0.25}
+    return {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 128, "indexer_budget": 2048,
+            "indexer_compress_ratio": 4, "rope_parameters": rope}
+
+
 # model_type -> (the field that is None or missing, dotted below the config; what to set).
 _FIXES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "hunyuan_v1_moe": ("head_dim", _hunyuan_head_dim),
@@ -55,6 +65,7 @@ _FIXES: dict[str, tuple[str, Callable[[Any], dict[str, Any]]]] = {
     "lfm2_moe": ("layer_types", _lfm2_moe_layer_types),
     "xmod": ("default_language", _xmod_language),
     "dbrx": ("attn_config.rope_theta", _dbrx_rope_theta),
+    "qwen4_exp_text": ("indexer_n_heads", _qwen4_exp_indexer),
 }
 
 

@@ -237,7 +237,7 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         # Partial rotary (GPT-J, CodeGen): keep the rotated fraction of each head.
         values[k] = max(2, _round_up(head_dim * values[k] // old_head_size, 2))
     _shrink_rope(values, head_dim)
-    _shrink_layers(values, key, original)
+    _shrink_layers(values, key, original, tp)
     shrink_tower_sizes(values, original, hidden, TINY_INTERMEDIATE)
     for name in OTHER_LAYER_COUNT_KEYS:
         _cap_all(values, key, (name,), 2)
@@ -358,7 +358,7 @@ def _rescale_sections(sections: list[int], total: int) -> list[int]:
     return scaled
 
 
-def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> None:
+def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any], tp: int) -> None:
     """Keep one layer of each distinct kind, and the per-layer settings that go with them.
 
     A layer's kind is everything that can differ between layers: its entries in per-layer lists
@@ -421,7 +421,7 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any]) -> Non
     if overrides:
         width = len(next(iter(overrides)))
         values["per_layer_config"] = {
-            str(new).zfill(width): _scaled_override(override_at[old], values, original)
+            str(new).zfill(width): _scaled_override(override_at[old], values, original, tp)
             for new, old in enumerate(kept) if old in override_at
         }
 
@@ -438,15 +438,29 @@ def is_layer_index_list(name: str, value: Any, count: int) -> bool:
 
 
 def _scaled_override(
-    override: dict[str, Any], values: dict[str, Any], original: dict[str, Any]
+    override: dict[str, Any], values: dict[str, Any], original: dict[str, Any], tp: int
 ) -> dict[str, Any]:
-    """A per-layer override keeps its ratio to the (shrunk) model-wide value it replaces."""
+    """A per-layer override keeps its ratio to the (shrunk) model-wide value it replaces.
+
+    A head count the TP size divided still divides (Dots3's 64 heads beside 128 would be 1 beside
+    2), and a layer whose head size was its latent attention's two parts (Dots3's sliding layers:
+    ``head_dim = qk_nope_head_dim + qk_rope_head_dim``, which its config validates) keeps that sum.
+    """
+    head_counts = {name for pair in HEAD_KEYS for name in pair if name}
     scaled = {}
     for name, value in override.items():
         old, new = original.get(name), values.get(name)
         if isinstance(value, int) and isinstance(old, int) and isinstance(new, int) and old:
+            divides = name in head_counts and value % tp == 0
             value = max(1, round(value * new / old))
+            value = _round_up(value, tp) if divides else value
         scaled[name] = value
+    before, after = {**original, **override}, {**values, **scaled}
+    parts = ("qk_nope_head_dim", "qk_rope_head_dim")
+    if all(isinstance(before.get(n), int) for n in ("head_dim", *parts)) and before["head_dim"] == sum(
+        before[n] for n in parts
+    ):
+        scaled["head_dim"] = sum(after[n] for n in parts)
     return scaled
 
 

@@ -328,6 +328,19 @@ def test_shrink_keeps_leading_dense_layers_of_moe_models():
     assert tiny.n_routed_experts == 4 and tiny.num_experts_per_tok == 2
 
 
+@pytest.mark.parametrize("tp", [2, 4])
+def test_shrink_keeps_per_layer_latent_attention_overrides_consistent(tp):
+    # Dots3-Note's sliding layers override the MLA sizes (64 heads beside 128, qk_nope 192 beside 128)
+    # and validate head_dim = qk_nope_head_dim + qk_rope_head_dim; scaled alone, the override broke
+    # that sum (the config refused to build) and left 1 head beside 2, which TP 2 cannot split.
+    tiny = shrink_config(resolve_model("dots3_note").config, tp)
+    sliding = tiny.per_layer_config["sliding_attention"]
+    assert sliding.head_dim == sliding.qk_nope_head_dim + sliding.qk_rope_head_dim
+    assert sliding.qk_nope_head_dim > tiny.per_layer_config["indexed_attention"].qk_nope_head_dim  # its 1.5x kept
+    for layer in (tiny.per_layer_config[t] for t in set(tiny.layer_types)):
+        assert layer.num_attention_heads == layer.num_key_value_heads and layer.num_attention_heads % tp == 0
+
+
 def test_shrink_attention_override():
     tiny = shrink_config(resolve_model("llama").config, attn_implementation="eager")
     assert tiny._attn_implementation == "eager"
@@ -440,8 +453,6 @@ def test_tiny_model_dtype():
 DEFAULT_CONFIG_BROKEN = {
     "cohere_compass_text": "default rope_parameters is empty but the model reads per-type entries",
     "gemma4_assistant": "default config fails its own validation (hidden_size_per_layer_input)",
-    "qwen4_exp": "default indexer sizes are None",
-    "qwen4_exp_text": "default indexer sizes are None",
 }
 SKIPPED = {
     # Not a plain text LM: a forward on token ids alone is not how these run.
@@ -453,8 +464,6 @@ SKIPPED = {
     # Structure the generic shrink does not reproduce.
     "blt": "byte-latent patcher/encoder sizes are not shrunk; builds for ~15-45 s, then fails",
     "dory": "input/recurrent/output layer groups must sum to num_hidden_layers",
-    "dots3_note": "per-layer MLA overrides (head_dim = nope + rope) shrink inconsistently",
-    "dots3_note_text": "per-layer MLA overrides (head_dim = nope + rope) shrink inconsistently",
     "zamba": "shared transformer is tied across hybrid layers; one hybrid layer cannot tie",
 }
 if importlib.util.find_spec("timm") is None:
@@ -498,6 +507,7 @@ def test_every_causal_lm_type_builds_tiny_and_runs(model_type):
         ("dots1", "n_routed_experts", 128),
         ("Lfm2MoeForCausalLM", "layer_types", None),  # a pattern with both kinds, checked below
         ("xmod", "default_language", "en_XX"),  # its forward needs a language (builds without one)
+        ("Qwen4ExpForCausalLM", "indexer_n_heads", 4),  # the released QSA indexer (its attention reads it)
     ],
 )
 def test_default_configs_get_what_their_class_reads_and_build(spec, field, value):

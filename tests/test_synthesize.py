@@ -322,6 +322,53 @@ def test_a_router_mlp_scoring_a_skip_expert_is_a_router_and_its_experts_are_spli
     assert "state-space / linear-attention mixer" in kept["model.layers.*.self_attn"]
 
 
+@pytest.mark.parametrize("class_name", ["Qwen3NextForCausalLM", "Qwen4ExpForCausalLM"])
+def test_a_shared_expert_as_wide_as_the_expert_count_is_a_shared_expert_not_a_router(class_name):
+    # At their default (and Qwen3-Next-80B's released) size the shared expert's intermediate is the
+    # expert count, 512: its gate_proj [512, hidden] looked like a router, so it was kept whole while
+    # the block reduced it with the experts' partial sums, once per rank (the parity case
+    # qwen3_next-shared-as-wide-as-experts: logits off by 5.7e-3 at TP 2).
+    from plangen.catalog import build_full_size_model, list_architectures
+
+    arch = next(a for a in list_architectures() if a.class_name == class_name)
+    model = build_full_size_model(arch)
+    mlp = model.model.layers[0].mlp
+    assert mlp.shared_expert.gate_proj.out_features == mlp.experts.num_experts == 512
+    plan = build_synthesized_plan(model, False)
+    styles = styles_of(plan)
+    assert styles["model.layers.*.mlp"] == "MoeBlockParallel"
+    assert styles["model.layers.*.mlp.shared_expert.gate_proj"] == "ColwiseParallel"
+    assert styles["model.layers.*.mlp.shared_expert.down_proj"] == "RowwiseParallel"
+    assert [r.pattern for r in plan.replicated if "router" in r.why] == ["model.layers.*.mlp.gate"]
+
+
+@pytest.mark.parametrize(
+    "model_type, pattern",
+    [
+        # 4 residual streams beside 4 experts (shrunk): block_inject_weight [4, 4 x hidden] is no router.
+        ("qwen4_exp", "model.layers.*.attn_hyper_connection"),
+        ("deepseek_v4", "model.layers.1.self_attn"),  # its compressor's position_bias [compress ratio 4, 16]
+    ],
+)
+def test_a_matrix_with_as_many_rows_as_experts_does_not_make_a_block_a_mixture_of_experts(model_type, pattern):
+    why = why_of(build_synthesized_plan(meta(model_type), False), pattern)
+    assert why.startswith("not recognised as attention or MLP"), why
+
+
+def test_qwen4_exp_and_dots3_note_from_completed_default_configs_get_their_experts_split():
+    # Both build only from completed defaults (Qwen4-Exp's indexer, plangen.default_configs) or a
+    # consistent shrink (Dots3-Note's per-layer MLA sizes); their attention with a sparse indexer stays whole.
+    qwen4 = styles_of(build_synthesized_plan(meta("qwen4_exp"), False))
+    assert qwen4["model.layers.*.mlp.experts"] == "ExpertsParallel"
+    assert qwen4["model.layers.*.mlp.shared_expert.down_proj"] == "RowwiseParallel"
+    assert qwen4["model.layers.*.linear_attn"] == "GatedDeltaNetParallel"
+    dots3 = build_synthesized_plan(meta("dots3_note"), True)
+    assert styles_of(dots3)["model.layers.*.mlp.experts"] == "ExpertsParallel"
+    assert styles_of(dots3)["model.layers.*.mlp.shared_experts.down_proj"] == "RowwiseParallel"
+    assert styles_of(dots3)["model.layers.0.mlp"] == "PrepareModuleInput"  # its first layer's dense MLP
+    assert "not recognised" in why_of(dots3, "model.layers.2.self_attn")
+
+
 @pytest.mark.parametrize(
     "model_type, why",
     [

@@ -59,6 +59,12 @@ CLASSES = {
     "doge": ("DogeForCausalLM", False),
     # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
+    # Dots3-Note: its sliding layers' own MLA sizes shrunk consistently (head_dim = nope + rope), shared
+    # experts, a dense first layer; its attention (latent, a sparse indexer on some layers) whole.
+    "dots3_note": ("Dots3NoteForCausalLM", False),
+    # Qwen4-Exp from a completed default config (its QSA indexer): gated delta nets by heads, experts split,
+    # the shared expert by its intermediate; 4 hyper-connected residual streams, whole, keep it from SP.
+    "qwen4_exp": ("Qwen4ExpForCausalLM", False),
     # Short-conv mixers split by channels (packed [B; C; x] re-laid out per rank), MoE with a routing bias.
     "lfm2_moe": ("Lfm2MoeForCausalLM", True),
     # The same short conv, and attention with a sigmoid output gate of one value per head (g_proj).
@@ -144,7 +150,7 @@ TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcr
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
 TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", "inkling_text", "inkling", "zaya",
-           *TOWERS}
+           "qwen4_exp", *TOWERS}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -163,6 +169,9 @@ TINY_CASES = {
     # Inkling with 8 routed and 2 shared experts (the sweep's shrunk model has 4 and 1), a dense first
     # layer (kept whole) and sliding-window and full attention layers; no SP (see inkling_text).
     "inkling": False,
+    # Qwen3-Next's shared expert as wide as its expert count (Qwen3-Next-80B-A3B's 512 and 512; Qwen4-Exp's
+    # default config too): sharded as a shared expert, not kept whole as a router (counted once per rank).
+    "qwen3_next-shared-as-wide-as-experts": False,
 }
 # Tiny configs built with eager attention (xLSTM refuses sdpa).
 EAGER = {"xlstm-4h"}

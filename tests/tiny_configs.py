@@ -211,6 +211,14 @@ TINY["zaya"] = dict(
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=1,
     router_hidden_size=16, max_position_embeddings=64, use_cache=False,
 )
+# Qwen3-Next-80B-A3B's shared expert is exactly as wide as its expert count (512 and 512): its
+# gate_proj, [experts, hidden] like a router's weight, once made the synthesizer keep the shared
+# expert whole as a router, whose whole output the block's reduction then summed once per TP rank.
+TINY["qwen3_next-shared-as-wide-as-experts"] = dict(
+    model_type="qwen3_next", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+    linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"], num_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=4, **COMMON,
+)
 
 # Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
 TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)

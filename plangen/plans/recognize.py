@@ -379,8 +379,8 @@ def _is_mixture_of_experts(block: nn.Module, dims: ModelDims) -> bool:
     if not dims.experts:
         return False
     for _, param in block.named_parameters():
-        # Router weights (experts x hidden), fused expert weights (experts x ... x ...).
-        if param.dim() >= 2 and param.shape[0] == dims.experts:
+        # A router's [experts, hidden] or packed experts' [experts, ...]; not any matrix of that many rows.
+        if param.shape[:1] == (dims.experts,) and (param.dim() >= 3 or param.shape == (dims.experts, dims.hidden)):
             return True
     return any(isinstance(m, nn.ModuleList) and len(m) == dims.experts for m in block.modules())
 
@@ -476,6 +476,10 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     for child_name, child in block.named_children():
         if child_name in (name, *packed_shared) or not has_parameters(child):
             continue
+        # An MLP back to the hidden size is a shared expert, even one as wide as the expert count (Qwen3-Next's).
+        if isinstance(mlp := recognize_mlp(child, dims), ShardedBlock):
+            shared.append((child_name, mlp, read_block_call(type(block), child_name, type(child))))
+            continue
         # A router scores every expert for every token: it stays whole on every rank.
         if is_router(child, rows, widths):
             routers.append(child_name)
@@ -485,10 +489,6 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
             continue
         if is_per_feature(child, dims.hidden) and read_returned_child(type(block)) == child_name:
             output_norm = child_name
-            continue
-        mlp = recognize_mlp(child, dims)
-        if isinstance(mlp, ShardedBlock):
-            shared.append((child_name, mlp, read_block_call(type(block), child_name, type(child))))
             continue
         why = mlp.why if isinstance(mlp, KeptBlock) else f"unrecognised submodule {describe(child_name, child)}"
         return KeptBlock("moe", f"beside the experts: {why}")
