@@ -70,6 +70,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         head_attributes=(),
         shared_tables=(),
         padded_heads=False,
+        batch_head_inputs=(),
     ),
     # 26 × Linear [2048, 2304] → local [1024, 2304] at TP=2; column-parallel: each rank computes its own heads
     "model.language_model.layers.*.self_attn.q_proj": ColwiseParallel(

@@ -54,6 +54,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         head_attributes=(),
         shared_tables=(),
         padded_heads=False,
+        batch_head_inputs=(),
     ),
     # 46 × Linear [4032, 4096] → local [2016, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),

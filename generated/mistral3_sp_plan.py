@@ -63,6 +63,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         head_attributes=(),
         shared_tables=(),
         padded_heads=False,
+        batch_head_inputs=(),
     ),
     # 40 × Linear [4096, 5120] → local [2048, 5120] at TP=2; column-parallel: each rank computes its own heads
     "model.language_model.layers.*.self_attn.q_proj": ColwiseParallel(

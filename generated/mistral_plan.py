@@ -46,6 +46,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         head_attributes=(),
         shared_tables=(),
         padded_heads=False,
+        batch_head_inputs=(),
     ),
     # 32 × Linear [4096, 4096] → local [2048, 4096] at TP=2; column-parallel: each rank computes its own heads
     "model.layers.*.self_attn.q_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),

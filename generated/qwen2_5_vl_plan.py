@@ -46,6 +46,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         head_attributes=(),
         shared_tables=(),
         padded_heads=False,
+        batch_head_inputs=(),
     ),
     # 80 × Linear [8192, 8192] → local [4096, 8192] at TP=2; column-parallel: each rank computes its own heads
     "model.language_model.layers.*.self_attn.q_proj": ColwiseParallel(

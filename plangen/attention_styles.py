@@ -240,22 +240,53 @@ def _slice_head_inputs(names: tuple[str, ...], device_mesh: DeviceMesh, module: 
                        kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """This rank's heads' slice (dimension 1) of each tensor argument in ``names`` that has one per head,
     passed by keyword or by position (Phi-4-multimodal's conformer: ``self_attn(hidden_states, attention_mask)``)."""
+    tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+
+    def cut(name: str, value: torch.Tensor) -> torch.Tensor:
+        if value.dim() < 2 or value.shape[1] == 1:
+            return value
+        if value.shape[1] % tp:
+            raise ValueError(f"PrepareAttentionInputOutput: {name} has {value.shape[1]} heads, which TP size {tp} does not divide")
+        local = value.shape[1] // tp
+        return value.narrow(1, rank * local, local)
+
+    return replace_arguments(module, names, args, kwargs, cut)
+
+
+def slice_batch_head_rows(names: tuple[str, ...], heads: int, device_mesh: DeviceMesh, module: nn.Module, args: Any,
+                          kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """This rank's heads' rows of each tensor argument in ``names`` that stacks every batch row's
+    ``heads`` heads on dimension 0, batch row by batch row (Bloom's ALiBi, ``[B x H, 1, S]``):
+    ``[B x H/tp, 1, S]``, the rows of heads ``rank x H/tp`` to ``(rank + 1) x H/tp - 1`` of every batch row."""
+    tp, rank = device_mesh.size(), device_mesh.get_local_rank()
+    local = heads // tp
+
+    def cut(name: str, value: torch.Tensor) -> torch.Tensor:
+        if value.dim() < 1 or value.shape[0] % heads:
+            raise ValueError(f"PrepareAttentionInput: {name} has {value.shape[0]} rows, not a batch of {heads} heads each")
+        rows = value.unflatten(0, (-1, heads)).narrow(1, rank * local, local)
+        return rows.flatten(0, 1)
+
+    return replace_arguments(module, names, args, kwargs, cut)
+
+
+def replace_arguments(module: nn.Module, names: tuple[str, ...], args: Any, kwargs: dict[str, Any],
+                      cut: Any) -> tuple[Any, dict[str, Any]]:
+    """``cut(name, value)`` in place of each tensor argument of ``module``'s forward named in ``names``,
+    passed by keyword or by position."""
     import inspect
 
-    tp, rank = device_mesh.size(), device_mesh.get_local_rank()
     positions = list(inspect.signature(module.forward).parameters)
     args = list(args)
     for name in names:
         at = positions.index(name) if name not in kwargs and name in positions else None
         value = kwargs.get(name) if at is None else (args[at] if at < len(args) else None)
-        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] > 1:
-            if value.shape[1] % tp:
-                raise ValueError(f"PrepareAttentionInputOutput: {name} has {value.shape[1]} heads, which TP size {tp} does not divide")
-            local = value.shape[1] // tp
-            if at is None:
-                kwargs[name] = value.narrow(1, rank * local, local)
-            else:
-                args[at] = value.narrow(1, rank * local, local)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if at is None:
+            kwargs[name] = cut(name, value)
+        else:
+            args[at] = cut(name, value)
     return tuple(args), kwargs
 
 

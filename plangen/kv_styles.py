@@ -131,6 +131,10 @@ class PrepareAttentionInput(PrepareModuleInput):
     ``padded_heads``: multi-query attention whose query heads the TP size does not divide (Falcon-7B's
     71) gets zero pad heads up to the next multiple (:mod:`plangen.padded_heads`); ``head_attributes``
     then become this rank's padded share, and its one KV head stays whole in the packed projection.
+    ``batch_head_inputs`` names arguments that stack every batch row's heads on dimension 0, built
+    for all heads outside the block (Bloom's ALiBi ``alibi``, ``[batch x heads, 1, seq]``): the block
+    gets this rank's heads' rows of each batch row (a local slice, no communication; the head count
+    is the first of ``head_attributes``, read before it is made this rank's).
     """
 
     def __init__(
@@ -144,6 +148,7 @@ class PrepareAttentionInput(PrepareModuleInput):
         head_attributes: tuple[str, ...] = (),
         shared_tables: tuple[str, ...] = (),
         padded_heads: bool = False,
+        batch_head_inputs: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
             input_layouts=input_layouts,
@@ -155,10 +160,13 @@ class PrepareAttentionInput(PrepareModuleInput):
         self.head_attributes = tuple(head_attributes)
         self.shared_tables = tuple(shared_tables)
         self.padded_heads = padded_heads
+        self.batch_head_inputs = tuple(batch_head_inputs)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from plangen.fused_styles import LocalHeadCounts
 
+        if self.batch_head_inputs:
+            _slice_batch_head_rows(self, module, device_mesh)
         if self.padded_heads:
             from plangen.padded_heads import apply_padded_heads
 
@@ -176,6 +184,23 @@ class PrepareAttentionInput(PrepareModuleInput):
                                  f"{type(module).__name__}'s own parameters ({', '.join(module._parameters)})")
             sum_own_grads_over(module, device_mesh)
         return super()._apply(module, device_mesh)
+
+
+def _slice_batch_head_rows(style: PrepareAttentionInput, module: nn.Module, device_mesh: DeviceMesh) -> None:
+    from functools import partial
+
+    from plangen.attention_styles import slice_batch_head_rows
+    from plangen.module_facts import head_count_owner
+
+    if not style.head_attributes or style.padded_heads:
+        raise ValueError("PrepareAttentionInput: batch_head_inputs need the block's head count, the first of head_attributes "
+                         "(and no padded_heads)")
+    heads = getattr(*head_count_owner(module, style.head_attributes[0]))
+    if not isinstance(heads, int) or heads % device_mesh.size():
+        raise ValueError(f"PrepareAttentionInput: {type(module).__name__}.{style.head_attributes[0]}={heads!r} does not "
+                         f"divide by the TP size {device_mesh.size()}")
+    hook = partial(slice_batch_head_rows, style.batch_head_inputs, heads, device_mesh)
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _all_reduce_grad(tensor: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:

@@ -87,3 +87,30 @@ def falcon_plan_without_pad_mask():
     for pattern in padded:
         styles[pattern].__class__ = WithoutPadMask
     return styles
+
+
+def bloom_plan_with_plain_alibi_slice():
+    """Bloom's synthesized TP plan with its ALiBi cut as MPT's is, a plain slice of its first dim (the
+    layer's input laid out Shard(0)) instead of each batch row's heads' rows: ``alibi`` stacks every
+    batch row's heads, ``[batch x heads, 1, seq]``, so a plain slice hands rank 0 the first batch rows'
+    every head. Must fail the parity check, with no error: it pins why the attention's input style
+    keeps this rank's heads' rows (tests/test_synthesized_distributed.py)."""
+    from dataclasses import replace
+
+    from plangen.models import build_meta_model, resolve_model
+    from plangen.plan import PlanEntry, build_parallel_styles
+    from plangen.plans.per_head_inputs import PerHeadInput, per_head_input_entry
+    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.shrink import shrink_config
+
+    resolved = resolve_model("bloom")
+    config = shrink_config(resolved.config, 2, attn_implementation="eager")  # Bloom has no sdpa
+    plan = build_synthesized_plan(build_meta_model(config, resolved.model_class), False)
+    rows = [e for e in plan.entries if e.kwargs.get("batch_head_inputs")]
+    assert rows, "Bloom's plan no longer keeps its heads' ALiBi rows"
+    entries: list[PlanEntry] = [
+        replace(e, kwargs={k: v for k, v in e.kwargs.items() if k != "batch_head_inputs"}) if e in rows else e
+        for e in plan.entries
+    ]
+    entries.append(per_head_input_entry("transformer.h.*", PerHeadInput("alibi", 0, "the ALiBi bias")))
+    return build_parallel_styles(replace(plan, entries=tuple(entries)))

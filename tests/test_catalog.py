@@ -285,3 +285,18 @@ def test_xlstm_shards_its_mlstm_layers_at_full_size(fake_pg):
     fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("xLSTMForCausalLM", "xlstm")))
     assert fraction >= 0.99
     assert not [pattern for pattern, _, _ in left if "mlstm_layer" in pattern]
+
+
+def test_bloom_shards_its_attention_at_bloom_7b1_size(fake_pg):
+    """BLOOM-7B1's sizes (hidden 4096, 32 heads, 30 layers, vocabulary 250880) at TP 2: its attention
+    (28.5 % of the parameters, whole while its ALiBi kept it so: 71.5 % sharded) is split by heads;
+    what stays whole is the norms only. The default BloomConfig (hidden 64) hides it behind its vocabulary."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    from plangen.catalog import measure_sharded_share
+    from plangen.models import build_meta_model
+
+    config = BloomConfig(hidden_size=4096, n_head=32, n_layer=30, vocab_size=250880)
+    fraction, left = measure_sharded_share(lambda: build_meta_model(config, BloomForCausalLM))
+    assert fraction >= 0.999
+    assert not [pattern for pattern, _, _ in left if "self_attention" in pattern]

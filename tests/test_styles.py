@@ -564,6 +564,39 @@ def test_prepare_attention_input_output_slices_the_input_width_the_head_counts_a
     assert torch.equal(seen_mask, mask[:, :2]) and seen_broadcast is broadcast  # its heads; a broadcast one whole
 
 
+class _BatchHeads(nn.Module):
+    """Reports what its forward is handed and its head count (Bloom's attention: alibi= by keyword)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_heads = 4
+
+    def forward(self, hidden_states, residual, alibi=None):
+        return alibi, self.num_heads
+
+
+def test_prepare_attention_input_cuts_the_rows_of_its_heads_from_every_batch_row(tp_mesh):
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from plangen.styles import PrepareAttentionInput
+
+    holder = nn.Module()
+    holder.attn = _BatchHeads()
+    parallelize_module(holder, tp_mesh, {"attn": PrepareAttentionInput(head_attributes=("num_heads",), batch_head_inputs=("alibi",))})
+    # Row b x 4 + h holds 10 b + h: three batch rows of four heads, as Bloom's ALiBi stacks them.
+    alibi = (10 * torch.arange(3.0)[:, None] + torch.arange(4.0)).reshape(12, 1, 1).expand(12, 1, 5).requires_grad_()
+    seen, heads = holder.attn(torch.zeros(3, 5, 8), torch.zeros(3, 5, 8), alibi=alibi)
+    assert heads == 2 and seen.shape == (6, 1, 5)
+    assert seen[:, 0, 0].tolist() == [0.0, 1.0, 10.0, 11.0, 20.0, 21.0]  # (fake) rank 0: heads 0 and 1 of each row
+    seen.sum().backward()  # a slice: each of its rows' gradient reaches the whole bias's row, the others none
+    assert alibi.grad[:, 0, 0].tolist() == [1.0, 1.0, 0.0, 0.0] * 3
+    with pytest.raises(ValueError, match="alibi has 10 rows, not a batch of 4 heads each"):
+        holder.attn(torch.zeros(3, 5, 8), torch.zeros(3, 5, 8), alibi=torch.zeros(10, 1, 5))
+    holder.attn = _BatchHeads()
+    with pytest.raises(ValueError, match="batch_head_inputs need the block's head count"):
+        parallelize_module(holder, tp_mesh, {"attn": PrepareAttentionInput(batch_head_inputs=("alibi",))})
+
+
 def test_attention_sinks_refuse_heads_the_tp_size_does_not_divide(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 

@@ -908,10 +908,83 @@ def test_multi_query_attention_with_an_odd_head_count_is_padded():
     assert "padded_heads" not in _entry(plan, "transformer.h.*.self_attention").kwargs
 
 
-def test_packed_qkv_layouts_that_do_not_follow_the_heads_stay_whole_with_the_reason():
-    # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq]: not sliceable.
-    why = {k.pattern: k.why for k in analyze_model(meta("bloom")).kept}["transformer.h.0.self_attention"]
-    assert "a tensor per head for all heads outside the attention" in why
+def test_a_per_head_bias_stacked_with_the_batch_rows_is_cut_by_the_attentions_input_style():
+    # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq], and hands
+    # it to every layer, which hands it on to its attention as alibi=: no plain slice is one rank's heads.
+    model = meta("bloom")
+    for sp in (False, True):
+        plan = build_synthesized_plan(model, sp)
+        attention = _entry(plan, "transformer.h.*.self_attention")
+        assert attention.style == "PrepareAttentionInput"
+        assert (attention.kwargs["head_attributes"], attention.kwargs["batch_head_inputs"]) == (("num_heads",), ("alibi",))
+        assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "ColwiseParallel"  # whole heads
+        assert _entry(plan, "transformer.h.*.self_attention.dense").style == "RowwiseParallel"
+        assert not [e for e in plan.entries if e.pattern == "transformer.h.*"]  # not MPT's slice of the layer's input
+    assert analyze_model(model).sequence_parallel
+
+
+def test_a_replicated_block_returning_its_own_parameter_hands_it_out_as_a_dtensor_under_sp():
+    # GPT-NeoX-Japanese's last attention (kept whole: its dense_bias) returns dense_bias, which its layer
+    # adds to the sequence-sharded output: a plain tensor there met a DTensor (aten.add.Tensor got mixed ...).
+    model = meta("gpt_neox_japanese")
+    last = f"gpt_neox_japanese.layers.{len(model.gpt_neox_japanese.layers) - 1}.attention"
+    kept = _entry(build_synthesized_plan(model, True), last)
+    assert kept.style == "PrepareModuleInputOutput"
+    assert kept.kwargs["output_layouts"] == (Replicate(), None, Replicate())  # attn_weights (None) passes through
+    assert "hands out the parameters it returns as Replicate DTensors" in kept.why
+
+
+def test_a_token_embedding_added_to_a_buffer_the_model_indexes_has_no_sp_with_the_reason():
+    # CTRL: hidden_states = inputs_embeds + self.pos_encoding[position_ids, :] + ..., in CTRLModel's forward.
+    analysis = analyze_model(meta("ctrl"))
+    assert not analysis.sequence_parallel
+    assert analysis.sp_problems[0] == ("the token embedding is added to pos_encoding, a buffer CTRLModel indexes in its "
+                                       "own forward, where no style can lay the sum out on sequence shards")
+
+
+def test_bloom_hands_its_layers_the_same_alibi_layout_without_a_mask():
+    # The probe reads build_alibi_tensor (a mask given); without one Bloom builds it inline
+    # (slopes x arange, repeated per batch row): the same [batch x heads, 1, seq] rows, so one cut fits both.
+    from transformers import BloomConfig, BloomForCausalLM
+
+    model = BloomForCausalLM(BloomConfig(hidden_size=32, n_head=4, n_layer=1, vocab_size=64)).eval()
+    seen = []
+    model.transformer.h[0].register_forward_pre_hook(lambda m, a, k: seen.append(k["alibi"]), with_kwargs=True)
+    ids = torch.randint(0, 64, (3, 5))
+    with torch.no_grad():
+        model(input_ids=ids)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert seen[0].shape == (12, 1, 5) and torch.equal(seen[0], seen[1])
+
+
+class _Biased(nn.Module):
+    """The module holding the layers, building a per-head bias from the mask as Bloom does, its rows
+    stacked batch row by batch row, or head by head (``head_major``)."""
+
+    def __init__(self, head_major: bool):
+        super().__init__()
+        self.num_heads, self.head_major = 4, head_major
+        self.layers = nn.ModuleList([nn.Identity()])
+
+    def build_bias(self, attention_mask, num_heads, dtype):
+        bias = attention_mask.cumsum(-1)[:, None, None, :] * torch.arange(1.0, num_heads + 1)[None, :, None, None]
+        bias = bias.transpose(0, 1) if self.head_major else bias
+        return bias.reshape(-1, 1, attention_mask.shape[-1]).to(dtype)
+
+    def forward(self, hidden_states, attention_mask):
+        bias = self.build_bias(attention_mask, self.num_heads, dtype=hidden_states.dtype)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, bias=bias)
+        return hidden_states
+
+
+def test_a_bias_builder_taking_the_mask_is_read_off_a_probe_mask():
+    from plangen.plans.per_head_inputs import PerHeadInput, read_per_head_arguments
+
+    found = read_per_head_arguments(_Biased(head_major=False), {4})
+    assert found == PerHeadInput("bias", 0, "self.build_bias(self.num_heads, ...)", batch_major=True)
+    # Its rows head by head: cutting each batch row's heads' rows would hand a rank other rows' bias.
+    assert read_per_head_arguments(_Biased(head_major=True), {4}) == "self.build_bias(self.num_heads, ...)"
 
 
 def test_a_per_head_bias_built_for_all_heads_is_sliced_to_each_ranks_heads():

@@ -2,7 +2,7 @@
 
 Classes with no hand-written plan, old and new, dense (GLM-4 among them), BERT-style split blocks, Qwen3.5's gated-delta-net linear attention (left-padded)
 and its attention's per-head output gates (Qwen3.5-MoE, Qwen3-Next, LFM3), LFM's short-conv mixers split by channels, fused (GLM's packed gate|up;
-GPT-NeoX's, Persimmon's, CodeGen's and MPT's packed q|k|v, DiffLlama's paired heads, GPT-BigCode's and Falcon-7B's multi-query one, their full state
+GPT-NeoX's, Persimmon's, CodeGen's, MPT's and Bloom's packed q|k|v (their ALiBi cut to each rank's heads), DiffLlama's paired heads, GPT-BigCode's and Falcon-7B's multi-query one, their full state
 dict read and loaded back at DP 2 x TP 2), with
 OLMoE's whole-projection norms (sharded with the heads), MoE (experts split over TP), Mamba1 mixers
 split by channels (Mamba, FalconMamba, Jamba; their full state dict at DP 2 x TP 2, and the stable
@@ -101,6 +101,10 @@ CLASSES = {
     "codegen": ("CodeGenForCausalLM", False),  # mp_num blocks of [q; v; k]: whole blocks per rank
     "falcon": ("FalconForCausalLM", True),  # mlp_output += attention_output: the MLP's output is a copy
     "mpt": ("MptForCausalLM", True),  # chunk(3): [q; k; v] re-laid out per rank; ALiBi bias sliced to its heads
+    # view(b, s, num_heads, 3, d): whole heads per rank, num_heads made local; its ALiBi, [batch x heads, 1, seq]
+    # for all heads, cut to each batch row's local heads' rows by the attention's input style (left-padded:
+    # each row's bias differs). Its attention and MLP add the residual themselves: under SP a DTensor.
+    "bloom": ("BloomForCausalLM", True),
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
     # Multi-query split((embed_dim, kv_dim, kv_dim)): query heads by rank, the one KV head gathered whole
     "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
@@ -175,11 +179,12 @@ TINY_CASES = {
 }
 # Tiny configs built with eager attention (xLSTM refuses sdpa).
 EAGER = {"xlstm-4h"}
-# Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by.
-PADDED = {"qwen3_5"}
+# Left-padded batches: the mask the linear-attention mixer multiplies its (Replicate DTensor) input by;
+# Bloom's ALiBi, built from it, then differs from batch row to batch row.
+PADDED = {"qwen3_5", "bloom"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts):
 # under SP where the class has it (the same parameters: one case reads it for both).
-STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "falcon-gqa", "gpt_bigcode", "falcon-mqa", "falcon-mqa-5h",
+STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "bloom", "falcon-gqa", "gpt_bigcode", "falcon-mqa", "falcon-mqa-5h",
               "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text", "glm4",
               "prophetnet"}  # ProphetNet's bucket-major relative_pos_embeddings, re-laid out per rank
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
@@ -218,8 +223,12 @@ GDN_STABLE = {"name": "qwen3_5-stable", "model_type": "qwen3_5", "variant": "sta
 # The 5-head Falcon's padded plan without the output projection's pad mask (tests/custom_plans.py).
 UNMASKED_PAD = {"name": "falcon-mqa-5h-unmasked", "model": "falcon-mqa-5h", "plan": "custom_plans.falcon_plan_without_pad_mask",
                 "adam_eps": 1e-6}
-CASES = {mesh: [*_cases(), GLOBAL_HEADS, UNMASKED_PAD, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
-CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in (GLOBAL_HEADS, GDN_STABLE, UNMASKED_PAD)]
+# Bloom's plan with its ALiBi cut by a plain slice of its first dim, as MPT's is (tests/custom_plans.py).
+PLAIN_ALIBI = {"name": "bloom-plain-alibi-slice", "model_type": "bloom", "plan": "custom_plans.bloom_plan_with_plain_alibi_slice",
+               "pad": True, "adam_eps": 1e-6}
+CONTROLS = (GLOBAL_HEADS, GDN_STABLE, UNMASKED_PAD, PLAIN_ALIBI)
+CASES = {mesh: [*_cases(), GLOBAL_HEADS, UNMASKED_PAD, PLAIN_ALIBI, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
+CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in CONTROLS]
 
 
 # The default run: one class per layout kind at DP 2 x TP 2 (FSDP2 and TP together), with sequence
@@ -230,9 +239,9 @@ DP2_DEFAULT = {
     # dense with and without SP, packed gate|up, parallel attention and MLP, the BERT and BART families,
     # OPT's local head counts, TrOCR's width-sliced reshape
     "olmo", "olmo-sp", "glm-sp", "glm4-sp", "cohere-sp", "bert", "bart-sp", "opt", "trocr-sp",
-    # packed q|k|v: per-head (GPT-NeoX), CodeGen's groups, plain (MPT), grouped and multi-query (Falcon),
-    # paired heads (DiffLlama), each with its full state dict
-    "gpt_neox-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "falcon-mqa-5h-sp", "diffllama-sp",
+    # packed q|k|v: per-head (GPT-NeoX; Bloom, its ALiBi rows cut per rank), CodeGen's groups, plain (MPT),
+    # grouped and multi-query (Falcon), paired heads (DiffLlama), each with its full state dict
+    "gpt_neox-sp", "bloom-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "falcon-mqa-5h-sp", "diffllama-sp",
     # ProphetNet's bucket-major relative-position projection, with its full state dict
     "prophetnet",
     # MoE: whole-projection norms (OLMoE), routed and shared 3-D experts (Inkling), a router MLP (Zaya)
@@ -278,6 +287,8 @@ def _needs(test: str, params: dict) -> list[str]:
         return [f"{params['mesh']}/{UNMASKED_PAD['name']}"]
     if test == "test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong":
         return [f"{params['mesh']}/{GLOBAL_HEADS['name']}"]
+    if test == "test_bloom_alibi_cut_by_a_plain_slice_is_silently_wrong":
+        return [f"{params['mesh']}/{PLAIN_ALIBI['name']}"]
     return []
 
 
@@ -356,6 +367,21 @@ def test_opt_heads_viewed_by_the_global_head_count_are_silently_wrong(results, m
         result = per_case[f"{mesh}/opt-global-heads"]
         assert "error" not in result, result.get("trace", result["error"])
         assert result["logits"] > 1e-2, case_problem(result)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mesh", slow_unless(MESHES, ["dp2tp2"]))
+def test_bloom_alibi_cut_by_a_plain_slice_is_silently_wrong(results, mesh):
+    """The negative control of Bloom's ALiBi rows (PrepareAttentionInput's batch_head_inputs): cut as
+    MPT's bias is, by a plain slice of its first dim, each rank gets the first batch rows' every head,
+    and the logits differ with no error (dropping the cut altogether fails on the shapes instead)."""
+    from distributed.cases import case_problem
+
+    for per_case in results:
+        result = per_case[f"{mesh}/{PLAIN_ALIBI['name']}"]
+        assert "error" not in result, result.get("trace", result["error"])
+        # ~8e-4 on the tiny model (small weights, two heads' slopes 2^-4 and 2^-8), 80x the tolerance.
+        assert result["logits"] > 1e-4 and result["grad"] > 1e-4, case_problem(result)
 
 
 @pytest.mark.distributed

@@ -239,7 +239,8 @@ STYLES: dict[str, StyleSpec] = {
         _spec(
             "PrepareAttentionInput",
             (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False), StyleParam("head_attributes", STR_TUPLE, ()),
-             StyleParam("shared_tables", STR_TUPLE, ()), StyleParam("padded_heads", BOOL, False)),
+             StyleParam("shared_tables", STR_TUPLE, ()), StyleParam("padded_heads", BOOL, False),
+             StyleParam("batch_head_inputs", STR_TUPLE, ())),
         ),
         _spec("ActivationSparsityParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, False))),
         _spec("KVHeadsColwiseParallel", _LAYOUTS),

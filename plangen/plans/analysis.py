@@ -21,9 +21,11 @@ from torch import nn
 
 from plangen.plan import Replicated
 from plangen.plans.forward_source import (
+    read_added_buffer_reads,
     read_added_children,
     read_block_call,
     read_modified_in_place,
+    read_returned_parameters,
     read_weight_reads,
     read_weight_row_reads,
 )
@@ -32,7 +34,7 @@ from plangen.plans.analysis_split import analyze_parent_of_split, analyze_split,
 from plangen.plans.findings import BlockPart, Findings, KeptPart
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.layer_experts import read_experts_norms
-from plangen.plans.per_head_inputs import PerHeadInput
+from plangen.plans.per_head_inputs import PerHeadInput, read_head_input_rows, read_layers_head_input
 from plangen.plans.per_layer_inputs import PerLayerInputs, find_per_layer_inputs
 from plangen.plans.recognize import (
     KeptBlock,
@@ -315,6 +317,7 @@ def _analyze_layer(
             continue
         if isinstance(wrapped, KeptBlock):
             recognized = wrapped
+        head_rows = read_head_input_rows(type(layer), name, recognized, call, per_head_input)
         if isinstance(recognized, MoeBlock) and (call is None or call.outputs is None):
             # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
             found.keep(child_path, "mixture of experts whose call by the layer the reader cannot follow", "mlp",
@@ -348,11 +351,12 @@ def _analyze_layer(
         elif isinstance(recognized, LatentBlock):
             found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
                        f"{child_path} is replicated and the reader cannot follow how its layer calls it")
-        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(per_head_input, PerHeadInput):
-            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
-            found.head_inputs.append((path, per_head_input))
-        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and per_head_input is not None:
-            why = (f"the model computes a tensor per head for all heads outside the attention ({per_head_input}: "
+        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(head_rows, tuple):
+            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer)), head_rows))
+            if not head_rows:  # sliced where the layer is called (MPT's position_bias)
+                found.head_inputs.append((path, per_head_input))
+        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and head_rows is not None:
+            why = (f"the model computes a tensor per head for all heads outside the attention ({head_rows}: "
                    "ALiBi?) and hands it to every layer: sharded by heads, each rank would add every head's values")
             if call is None or call.outputs is None:
                 found.keep(child_path, why, "attention", f"{child_path} is replicated ({why}) and the reader cannot "
@@ -383,7 +387,7 @@ def _analyze_layer(
                        "calls it, so it cannot be given the whole sequence under sequence parallel")
         else:
             found.keep(child_path, recognized.why, _group_of(recognized.kind))
-            found.gathered.append(KeptPart(child_path, call))
+            found.gathered.append(KeptPart(child_path, call, read_returned_parameters(child)))
 
 
 def _analyze_outside(
@@ -423,10 +427,14 @@ def _embedding_sum_problem(
     model: nn.Module, paths: dict[int, str], embedding: nn.Module | None, layers: nn.Module, dims: ModelDims
 ) -> str | None:
     """Why SP cannot start at an embedding held with other parameters in a module of its own (BERT's
-    embeddings: token + position + token type, then a norm): the sum is formed inside that module."""
+    embeddings: token + position + token type, then a norm), or added to a buffer the module reads
+    itself (CTRL's sinusoidal positions): the sum is formed inside that module."""
     if embedding is None:
         return None
-    parent_path, parent, _ = _owner(model, paths[id(embedding)])
+    parent_path, parent, name = _owner(model, paths[id(embedding)])
+    if buffers := read_added_buffer_reads(parent, name):
+        return (f"the token embedding is added to {', '.join(buffers)}, a buffer {type(parent).__name__} indexes in its "
+                "own forward, where no style can lay the sum out on sequence shards")
     if parent is model or any(m is layers for m in parent.modules()):
         return None
     others = [
@@ -437,15 +445,6 @@ def _embedding_sum_problem(
         return None
     return (f"the token embedding is combined with {', '.join(others)} inside {parent_path} "
             f"({type(parent).__name__}), where no style can lay the sum out on sequence shards")
-
-
-def _per_head_input(model: nn.Module, layers_path: str, dims: ModelDims) -> PerHeadInput | str | None:
-    """A call in the forward of the module holding the layers that is given a head count (ALiBi)."""
-    from plangen.plans.per_head_inputs import read_per_head_arguments
-
-    owner_path = layers_path.rpartition(".")[0]
-    owner = model.get_submodule(owner_path) if owner_path else model
-    return read_per_head_arguments(owner, {c for c in (dims.heads, dims.kv_heads) if c})
 
 
 def _failed(class_name: str, problem: str) -> Analysis:
@@ -465,7 +464,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     if stack is None:
         return _failed(class_name, "no list of decoder layers found")
     layers_path, layers = stack
-    per_head_input = _per_head_input(model, layers_path, dims)
+    per_head_input = read_layers_head_input(model, layers_path, dims)
     block_stacks = find_block_stacks(model, layers_path, layers, dims)  # XLM's lists of blocks, one per kind
     if block_stacks:
         analyze_block_stacks(model, block_stacks, dims, found)

@@ -30,6 +30,9 @@ class BlockPart:
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
+    # Keywords of an attention block stacking every batch row's heads on dim 0, built for all heads
+    # outside it (Bloom's alibi): its input style keeps this rank's heads' rows.
+    batch_head_inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class KeptPart:
 
     path: str
     call: BlockCall
+    # Places in the block's output tuple that hold its own parameters (GPT-NeoX-Japanese's dense_bias,
+    # which its layer adds to the sequence-sharded output): handed out as Replicate DTensors.
+    parameter_outputs: frozenset[int] = frozenset()
 
 
 

@@ -501,3 +501,38 @@ def read_weight_reads(cls: type, child_name: str) -> bool:
     model takes the pad token's row of ``language_model.embed_tokens.weight``): a weight read
     outside its module's own forward sees whatever a style made of it."""
     return bool(_weight_read_nodes(cls, child_name))
+
+
+def read_returned_parameters(block: Any) -> frozenset[int]:
+    """Places in the tuple ``block.forward`` returns that hold one of its own parameters in every return
+    (GPT-NeoX-Japanese's last attention returns ``self.dense_bias``, which its layer adds to the output)."""
+    tree = _forward_tree(type(block))
+    returns = [node.value for node in ast.walk(tree) if isinstance(node, ast.Return)] if tree is not None else []
+    if not returns or not all(isinstance(r, ast.Tuple) for r in returns):
+        return frozenset()
+    return frozenset.intersection(*(frozenset(
+        i for i, e in enumerate(r.elts) if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name)
+        and e.value.id == "self" and block._parameters.get(e.attr) is not None) for r in returns))
+
+
+def read_added_buffer_reads(module: Any, child: str) -> tuple[str, ...]:
+    """Buffers ``module.forward`` indexes and adds to the output of ``self.<child>`` in one sum (CTRL's
+    model: ``pos_embeds = self.pos_encoding[position_ids, :]``, then ``inputs_embeds + pos_embeds``,
+    ``inputs_embeds = self.w(input_ids)``): a table read outside any module, whose values no style lays out."""
+    tree = _forward_tree(type(module))
+    if tree is None:
+        return ()
+    bound = [(node.targets[0].id, node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)]
+    outputs = {name for name, value in bound if _self_call_name(value) == child}
+    read = {name: value.value.attr for name, value in bound if isinstance(value, ast.Subscript)
+            and isinstance(value.value, ast.Attribute) and isinstance(value.value.value, ast.Name)
+            and value.value.value.id == "self" and value.value.attr in module._buffers}
+
+    def terms(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return terms(node.left) | terms(node.right)
+        return {node.id} if isinstance(node, ast.Name) else set()
+
+    sums = [terms(node) for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)]
+    return tuple(sorted({read[name] for names in sums if names & outputs for name in names & read.keys()}))

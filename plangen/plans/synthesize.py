@@ -44,6 +44,7 @@ from plangen.plans.bucketed import bucketed_attention_entries
 from plangen.plans.latent import latent_attention_entries
 from plangen.plans.recognize_bucketed import BucketedAttentionBlock
 from plangen.plans.layer_experts import layer_experts_entries
+from plangen.plans.per_head_inputs import batch_head_rows_why, per_head_input_entry
 from plangen.plans.per_layer_inputs import per_layer_input_entries
 from plangen.plans.linear_attention import gated_delta_net_entries
 from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
@@ -85,20 +86,23 @@ def _input_layouts(call: BlockCall, sp: bool, desired: Placement = Replicate()) 
 def _gathered_entry(part: KeptPart, group: str) -> PlanEntry:
     # One layout per output the layer unpacks; torch passes an output whose layout is None through
     # untouched and never reads its desired layout (documented as a placement: Replicate()).
+    # Its own parameters among them become Replicate DTensors, for the layer to add to the sharded output.
     others = (part.call.outputs or 1) - 1
+    own = (Replicate() if i in part.parameter_outputs else None for i in range(1, others + 1))
     return PlanEntry(
         part.path,
         "PrepareModuleInputOutput",
         dict(
             **_input_layouts(part.call, True),
             use_local_input=True,
-            output_layouts=(Replicate(), *(None,) * others),
+            output_layouts=(Replicate(), *own),
             desired_output_layouts=(SEQ, *(Replicate(),) * others),
             use_local_output=False,
         ),
         group,
         "replicated block under sequence parallel: all-gathers its input, computes whole on every rank, "
-        "keeps this rank's sequence shard of its output" + (" (its other outputs pass through)" if others else ""),
+        "keeps this rank's sequence shard of its output" + (" (its other outputs pass through)" if others else "")
+        + (" and hands out the parameters it returns as Replicate DTensors" if part.parameter_outputs else ""),
     )
 
 
@@ -281,7 +285,7 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         prepared = dict(**_input_layouts(call, sp), use_local_output=False)
         style = ("PrepareAttentionInput" if kv or heads or block.reads_shared_kv or block.shared_tables or block.padded_heads
-                 else "PrepareModuleInput")
+                 or part.batch_head_inputs else "PrepareModuleInput")
         why = f"{gathered}; one gradient reduction per block in backward"
         if block.gate_statistics:
             style, why = "ActivationSparsityParallel", f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)"
@@ -292,6 +296,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         if heads:
             prepared["head_attributes"] = heads
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
+        if part.batch_head_inputs:
+            prepared["batch_head_inputs"] = part.batch_head_inputs
+            why += batch_head_rows_why(part.batch_head_inputs)
         if block.padded_heads:
             prepared["padded_heads"] = True
             why += "; its query heads, a count no even TP size divides, padded with zero heads to a multiple of the TP size"
@@ -422,18 +429,7 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         entries += _block_entries(part, sp)
     for part in analysis.tower_blocks:  # a tower's sequence is not the decoder's: TP only, under SP too
         entries += _block_entries(part, False)
-    for layer, head_input in analysis.head_inputs:
-        entries.append(
-            PlanEntry(
-                layer, "PrepareModuleInput",
-                dict(input_layouts=None, desired_input_layouts=None,
-                     input_kwarg_layouts={head_input.keyword: Replicate()},
-                     desired_input_kwarg_layouts={head_input.keyword: Shard(head_input.dim)}, use_local_output=True),
-                "attention",
-                f"{head_input.keyword} holds every head's values ({head_input.source}): each rank keeps its own heads' "
-                "(a local slice, no communication)",
-            )
-        )
+    entries += [per_head_input_entry(layer, head_input) for layer, head_input in analysis.head_inputs]
     if sp:
         groups = {k.pattern: k.group for k in analysis.kept}
         on_shard = set(per_layer.layer_linears) if per_layer is not None else set()
