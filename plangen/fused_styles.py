@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from plangen.module_facts import ConfigView, head_count_owner, is_conv1d, output_dim
+from plangen.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
 
 
 def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torch.Tensor:
@@ -385,18 +385,11 @@ class LocalHeadCounts(ParallelStyle):
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         tp = device_mesh.size()
-        overrides: dict[str, int] = {}
-        for attribute in self.attributes:
-            owner, name = head_count_owner(module, attribute)
-            value = getattr(owner, name)
+        counts = {attribute: getattr(*head_count_owner(module, attribute)) for attribute in self.attributes}
+        for attribute, value in counts.items():
             if not isinstance(value, int) or value % tp:
                 raise ValueError(f"{type(self).__name__}: {type(module).__name__}.{attribute}={value!r} does not divide by the TP size {tp}")
-            if owner is module:
-                setattr(module, name, value // tp)
-            else:
-                overrides[name] = value // tp
-        if overrides:
-            module.config = ConfigView(module.config, overrides)
+        apply_head_counts(module, {attribute: value // tp for attribute, value in counts.items()})
         return module
 
     def __repr__(self) -> str:

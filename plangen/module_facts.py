@@ -1,4 +1,5 @@
-"""What a Hugging Face module states about its heads and its weights' layout, read without changing it.
+"""What a Hugging Face module states about its heads and its weights' layout, and the one way a
+style changes its head counts (:func:`apply_head_counts`).
 
 Below every style module (fused, KV-head, padded-head and attention styles all read these facts),
 so none of them has to import another for them.
@@ -22,6 +23,21 @@ def attention_head_counts(attention: Any) -> tuple[int, int, int] | None:
 def head_count_owner(module: Any, attribute: str) -> tuple[Any, str]:
     """Where a head-count attribute lives: ``"config.X"`` on the module's config, else on the module."""
     return (module.config, attribute[len("config."):]) if attribute.startswith("config.") else (module, attribute)
+
+
+def apply_head_counts(module: Any, counts: dict[str, int]) -> None:
+    """Give ``module`` the head counts ``counts`` (attribute -> value, :func:`head_count_owner`'s
+    names): set on the module itself, or on a :class:`ConfigView` of its config, so the model's own
+    config, which other modules read, keeps the whole counts."""
+    overrides: dict[str, int] = {}
+    for attribute, value in counts.items():
+        owner, name = head_count_owner(module, attribute)
+        if owner is module:
+            setattr(module, name, value)
+        else:
+            overrides[name] = value
+    if overrides:
+        module.config = ConfigView(module.config, overrides)
 
 
 def is_conv1d(module: Any) -> bool:

@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-from plangen.module_facts import ConfigView, attention_head_counts, head_count_owner, output_dim
+from plangen.module_facts import apply_head_counts, attention_head_counts, head_count_owner, output_dim
 from plangen.pad_layout import local_pad_features, padded_head_count, padded_tp_problem, real_rows
 
 # On the packed projection, set by the block's style: (query heads, padded heads, head size).
@@ -55,18 +55,11 @@ def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attri
         raise ValueError(problem)
     padded = padded_head_count(heads, tp)
     packed, output = _packed_and_output(attention, heads, head_dim)
-    overrides: dict[str, int] = {}
     for attribute in head_attributes:
-        owner, name = head_count_owner(attention, attribute)
-        if getattr(owner, name) != heads:
-            raise ValueError(f"padded heads: {type(attention).__name__}.{attribute}={getattr(owner, name)!r} is not "
+        if (value := getattr(*head_count_owner(attention, attribute))) != heads:
+            raise ValueError(f"padded heads: {type(attention).__name__}.{attribute}={value!r} is not "
                              f"the query head count {heads}")
-        if owner is attention:
-            setattr(attention, name, padded // tp)
-        else:
-            overrides[name] = padded // tp
-    if overrides:
-        attention.config = ConfigView(attention.config, overrides)
+    apply_head_counts(attention, {attribute: padded // tp for attribute in head_attributes})
     if padded == heads:
         return  # the TP size divides the heads: nothing to pad
     setattr(packed, PADDED_HEADS, (heads, padded, head_dim))

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from plangen.fused_styles import (
-    ConfigView,
     FusedColwiseParallel,
     LocalHeadCounts,
     MultiQueryColwiseParallel,
     hugging_face_layout,
     interleave_index,
 )
+from plangen.module_facts import ConfigView
 
 
 @pytest.fixture(scope="module")
