@@ -1815,3 +1815,12 @@ def test_prophetnet_cross_attention_is_handed_its_slice_of_the_hidden_dimension(
     assert styles_of(plan)["prophetnet.decoder.layers.*.cross_attn.query_proj"] == "ColwiseParallel"
     # The n-gram self-attention beside it too (test_prophetnet_ngram_attention_is_sharded_by_heads_...).
     assert styles_of(plan)["prophetnet.decoder.layers.*.self_attn"] == "BucketedAttentionInputOutput"
+
+
+def test_a_model_of_several_stacks_names_them_as_its_reason():
+    """BLT sizes its patcher, local encoder, global transformer and local decoder each in a sub-config:
+    the reason says so instead of only "no hidden size"."""
+    analysis = analyze_model(meta("blt"))
+    assert not analysis.synthesizable
+    assert analysis.problem == ("its config states no hidden size of its own, only its stacks' (decoder_config,"
+                                " encoder_config, global_config, patcher_config): a model of several stacks is not recognised")

@@ -447,6 +447,14 @@ def _embedding_sum_problem(
             f"({type(parent).__name__}), where no style can lay the sum out on sequence shards")
 
 
+def _no_hidden_size(config: object) -> str:
+    # A model of several stacks (BLT's patcher, encoder, global transformer, decoder) sizes each in a sub-config.
+    subs = sorted(k for k, v in vars(config).items() if k.endswith("_config") and hasattr(v, "hidden_size")) if config is not None else []
+    if subs:
+        return f"its config states no hidden size of its own, only its stacks' ({', '.join(subs)}): a model of several stacks is not recognised"
+    return "its config states no hidden size"
+
+
 def _failed(class_name: str, problem: str) -> Analysis:
     return Analysis(class_name, None, 0, None, None, (), (), (), (), (), problem)
 
@@ -456,7 +464,7 @@ def analyze_model(model: nn.Module) -> Analysis:
     class_name = type(model).__name__
     dims = read_dims(model)
     if dims is None:
-        return _failed(class_name, "its config states no hidden size")
+        return _failed(class_name, _no_hidden_size(getattr(model, "config", None)))
     paths = {id(m): name for name, m in model.named_modules()}
     found = Findings()
     ends = _find_ends(model, dims, paths, found)
