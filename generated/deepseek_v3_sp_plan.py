@@ -46,6 +46,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         input_kwarg_layouts={"hidden_states": Shard(1)},
         desired_input_kwarg_layouts={"hidden_states": Replicate()},
         use_local_output=True,
+        sharded_query_latent=False,
     ),
     # 61 × Linear [24576, 1536] → local [12288, 1536] at TP=2
     # column-parallel: each rank computes its own heads' queries

@@ -44,6 +44,7 @@ custom_parallel_plan: dict[str, ParallelStyle] = {
         input_kwarg_layouts={"hidden_states": Replicate()},
         desired_input_kwarg_layouts={"hidden_states": Replicate()},
         use_local_output=True,
+        sharded_query_latent=False,
     ),
     # 56 × Linear [12288, 1536] → local [6144, 1536] at TP=2; column-parallel: each rank computes its own heads' queries
     "model.layers.*.self_attn.*.q_b_proj": ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True),

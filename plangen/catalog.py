@@ -21,9 +21,8 @@ from __future__ import annotations
 import io
 import json
 import math
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 from plangen.errors import one_line
 
@@ -116,41 +115,9 @@ def build_catalog_model(arch: Architecture) -> "nn.Module":
 
 def build_full_size_model(arch: Architecture) -> "nn.Module":
     """The class on the meta device, from its default config as it is (every layer, real widths)."""
-    from plangen.models import build_meta_model
+    from plangen.models import build_full_size_meta_model
 
-    resolved = _resolve_architecture(arch)
-    with _torch_initializers_skipped():
-        return build_meta_model(resolved.config, resolved.model_class)
-
-
-@contextmanager
-def _torch_initializers_skipped() -> Iterator[None]:
-    """torch's initializers (``nn.Linear.reset_parameters``...) do nothing for the duration.
-
-    On the meta device they fill nothing, yet their decompositions are most of a full-size build
-    (some classes have tens of thousands of linear layers). Transformers' own initialisation (which
-    also ties weights) is left alone.
-    """
-    from torch.nn import init
-
-    originals = {name: getattr(init, name) for name in _TORCH_INITIALIZERS if hasattr(init, name)}
-
-    def nothing(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        return tensor
-
-    try:
-        for name in originals:
-            setattr(init, name, nothing)
-        yield
-    finally:
-        for name, function in originals.items():
-            setattr(init, name, function)
-
-
-_TORCH_INITIALIZERS = (
-    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
-)
+    return build_full_size_meta_model(_resolve_architecture(arch))
 
 
 def _verdict(record: dict[str, Any] | None, with_sp: bool) -> str:

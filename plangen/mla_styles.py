@@ -13,6 +13,17 @@ up-projections already sum their input gradient over TP; the rope key ``kr`` rea
 without one, so each rank's gradient of it covers its own heads only and must be summed:
 :class:`MlaKvAProjParallel` does that on ``kv_a_proj_with_mqa``'s output, given the rope width.
 
+Where the query latent is a large share of the model (Youtu: 5.1 %, the rule in
+:func:`plangen.plans.latent.shards_query_latent`), it is sharded too: ``q_a_proj`` column-parallel
+(each rank computes its slice of the latent), ``q_a_layernorm`` over the whole latent with its
+statistics summed over TP (:class:`~plangen.norm_styles.ShardedNormParallel`), the latent
+all-gathered into a column-parallel ``q_b_proj`` (its gradient reduce-scattered back). ``q_a_proj``'s
+input gradient is then a partial sum over TP: ``MlaAttentionParallel(sharded_query_latent=True)``
+leaves it partial, counts ``kv_a_proj_with_mqa``'s (whole on every rank) on the first rank only, and
+reduces the block input's gradient once, an all-reduce of B·S·H, or under sequence parallel the
+reduce-scatter that is its all-gather's backward (where ``q_a_proj`` reducing its own would add an
+all-reduce of B·S·H to the gather's free slice).
+
 A plan file must not carry the width: ``plangen verify --run`` checks the file on a shrunk model
 whose rope width differs, and a runtime that only calls ``parallelize_module`` (NeMo RL) would apply
 a wrong number silently. :class:`MlaAttentionParallel` is applied on the attention module instead,
@@ -29,13 +40,15 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
 
-from plangen.tp_sums import all_reduce_grad
+from plangen.tp_sums import all_reduce_grad, grad_once
 
 # transformers' names of MLA's latent projections (every MLA class in transformers 5.x).
 LATENT_KV_PROJ = "kv_a_proj_with_mqa"
 KV_UP_PROJ = "kv_b_proj"
+QUERY_DOWN_PROJ = "q_a_proj"
 
 
 def _all_reduce_rope_grad(rope_dim: int, device_mesh: DeviceMesh, mod: nn.Module, inputs, output):
@@ -93,6 +106,11 @@ class MlaAttentionParallel(PrepareModuleInput):
     replicated down-projections: ``use_local_output=True``). When applied, it reads the rope width
     from the module (:func:`rope_width`) and hooks ``kv_a_proj_with_mqa`` as
     :class:`MlaKvAProjParallel` would: the plan file names no model size.
+
+    ``sharded_query_latent=True``: ``q_a_proj`` is column-parallel (the plan's entry for it), so its
+    input gradient is a partial sum over TP; it is left partial, ``kv_a_proj_with_mqa``'s input
+    gradient (whole on every rank) counts on the first rank only, and the block input's gradient is
+    reduced once here (the module docstring).
     """
 
     def __init__(
@@ -103,6 +121,7 @@ class MlaAttentionParallel(PrepareModuleInput):
         input_kwarg_layouts: Any = None,
         desired_input_kwarg_layouts: Any = None,
         use_local_output: bool = True,
+        sharded_query_latent: bool = False,
     ) -> None:
         # The layouts are PrepareModuleInput's, passed on (its annotations are the contract).
         super().__init__(
@@ -112,7 +131,51 @@ class MlaAttentionParallel(PrepareModuleInput):
             desired_input_kwarg_layouts=desired_input_kwarg_layouts,
             use_local_output=use_local_output,
         )
+        self.sharded_query_latent = sharded_query_latent
+        if sharded_query_latent:
+            desired = [*(self.desired_input_layouts or ()), *(self.desired_input_kwarg_layouts or {}).values()]
+            if not use_local_output or not all(layout is None or isinstance(layout, Replicate) for layout in desired):
+                raise ValueError("MlaAttentionParallel(sharded_query_latent=True): the down-projections read the block "
+                                 "input whole and local (desired layouts Replicate(), use_local_output=True)")
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         MlaKvAProjParallel(rope_dim=rope_width(module))._apply(getattr(module, LATENT_KV_PROJ), device_mesh)
+        if self.sharded_query_latent:
+            _leave_query_input_grad_partial(module, device_mesh)
         return super()._apply(module, device_mesh)
+
+    def _prepare_input_arg(self, input: Any, mesh: DeviceMesh, input_layout: Any, desired_layout: Any) -> Any:
+        if not self.sharded_query_latent or input_layout is None:
+            return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
+        # PrepareModuleInput's, the local gradient taken as a partial sum: reduced to the input's
+        # layout by the backward of this redistribution (all-reduce; reduce-scatter from Replicate to SP).
+        whole = input if isinstance(input, DTensor) else DTensor.from_local(input, mesh, (input_layout,), run_check=False)
+        if desired_layout is not None and input_layout != desired_layout:
+            whole = whole.redistribute(placements=(desired_layout,))
+        return whole.to_local(grad_placements=(Partial(),))
+
+
+def _leave_query_input_grad_partial(attention: nn.Module, device_mesh: DeviceMesh) -> None:
+    """``q_a_proj``'s local input handed on as a Replicate DTensor whose gradient stays partial (its
+    column-parallel style then neither converts it nor reduces it); ``kv_a_proj_with_mqa``'s whole
+    input gradient counted on the first rank only."""
+    query = getattr(attention, QUERY_DOWN_PROJ, None)
+    if not isinstance(query, nn.Linear):
+        raise ValueError(f"MlaAttentionParallel(sharded_query_latent=True): {type(attention).__name__} has no nn.Linear "
+                         f"{QUERY_DOWN_PROJ} (a query latent)")
+
+    def partial_grad_input(mod: nn.Module, args: tuple) -> tuple:
+        if not isinstance(mod.weight, DTensor):
+            raise ValueError(f"MlaAttentionParallel(sharded_query_latent=True): {QUERY_DOWN_PROJ} is not sharded; give it "
+                             "ColwiseParallel (its input gradient is left partial for the block to reduce once)")
+        x, *rest = args
+        if isinstance(x, DTensor):
+            return args
+        return (DTensor.from_local(x, device_mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),)), *rest)
+
+    def count_once(mod: nn.Module, args: tuple) -> tuple:
+        return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
+
+    # Prepended: before the column-parallel style's own input hook, whatever order the plan applies them in.
+    query.register_forward_pre_hook(partial_grad_input, prepend=True)
+    getattr(attention, LATENT_KV_PROJ).register_forward_pre_hook(count_once)

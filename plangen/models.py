@@ -14,9 +14,10 @@ import copy
 import difflib
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Iterator, Literal, Union
 
 from plangen.errors import one_line
 from plangen.default_configs import complete_default_config
@@ -327,6 +328,39 @@ def build_meta_model(
     kwargs = {} if dtype is None else {"dtype": dtype}
     with torch.device("meta"):
         return model_class._from_config(config, **kwargs)
+
+
+def build_full_size_meta_model(source: ModelSource) -> "PreTrainedModel":
+    """:func:`build_meta_model` at the config's own (full) size, with torch's initializers skipped:
+    on the meta device they fill nothing, yet their decompositions are most of a full-size build
+    (some classes have tens of thousands of linear layers). Transformers' own initialisation (which
+    also ties weights) is left alone."""
+    with _torch_initializers_skipped():
+        return build_meta_model(source)
+
+
+@contextmanager
+def _torch_initializers_skipped() -> Iterator[None]:
+    from torch.nn import init
+
+    originals = {name: getattr(init, name) for name in _TORCH_INITIALIZERS if hasattr(init, name)}
+
+    def nothing(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        return tensor
+
+    try:
+        for name in originals:
+            setattr(init, name, nothing)
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(init, name, function)
+
+
+_TORCH_INITIALIZERS = (
+    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+)
 
 
 def resolve_config_and_class(

@@ -25,7 +25,7 @@ AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
 
 
 def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, variant: str = "optimized",
-             source: str = "hand-written"):
+             source: str = "hand-written", edit_styles=None):
     kwargs = dict(TINY[name], num_hidden_layers=layers)
     if "layer_types" in kwargs:
         kwargs["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
@@ -35,7 +35,10 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, varia
     mesh = DeviceMesh("cpu", torch.arange(tp))
     chosen = choose_plan(model, sequence_parallel, variant=variant)
     assert chosen.source == source
-    apply_tp(model, mesh, chosen.build_styles())
+    styles = chosen.build_styles()
+    if edit_styles is not None:
+        edit_styles(styles)
+    apply_tp(model, mesh, styles)
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
     with CollectiveCounter() as forward:
         logits = model(input_ids=ids).logits
@@ -45,9 +48,10 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, varia
     return config, logits, forward, backward
 
 
-def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized", source: str = "hand-written"):
-    _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant, source=source)
-    _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant, source=source)
+def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized", source: str = "hand-written",
+              edit_styles=None):
+    _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant, source=source, edit_styles=edit_styles)
+    _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant, source=source, edit_styles=edit_styles)
     diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
     f2, b2, f4, b4 = (merge_c10d_counts(c.counts()) for c in (f2, b2, f4, b4))
     return diff(f2, f4), diff(b2, b4), f2, b2
@@ -398,6 +402,50 @@ def test_latent_attention_under_sequence_parallel_gathers_once_per_block(fake_pg
     forward, backward, _, _ = per_layer(name, True)
     assert forward == {AG: 2, RS: 2}
     assert backward == {AG: 2, RS: 1, AR: 3 + 1}
+
+
+# --- Youtu: latent attention with its query latent split over TP ----------------------------------
+# q_a_proj column-parallel, q_a_layernorm's statistics summed over TP, the latent all-gathered into
+# q_b_proj (plangen.plans.latent.shards_query_latent); the KV latent and the rope key whole as above.
+
+
+def _sizes_by_kind(counter) -> Counter:
+    return Counter((merge_c10d_counts({op: 1}).popitem()[0], size) for op, size in counter.records)
+
+
+def test_sharded_query_latent_trades_its_all_reduce_for_a_gather_and_a_reduce_scatter(fake_pg):
+    """Forward: o_proj's and the MLP's all-reduces as a dense layer, plus the norm's statistics (B·S)
+    and the query latent gathered (B·S·Lq). Backward: the query latent's all-reduce (B·S·Lq) becomes
+    its gather's reduce-scatter, the norm's statistics add one of B·S, and q_a_proj's partial input
+    gradient makes the attention's input gradient one reduction of B·S·H (beside the MLP's); the KV
+    latent and the rope key as before. 2 layers: every size, exactly."""
+    forward, backward, total_forward, total_backward = per_layer("youtu", False, source="synthesized")
+    assert forward == {AR: 3, AG: 1}
+    assert backward == {AR: 5, RS: 1}
+    assert total_forward == {AR: 3 * 2 + 1, AG: 2} and total_backward == {AR: 5 * 2 + 1, RS: 2}
+    c = TINY["youtu"]
+    bsh, bs = BATCH * SEQ * c["hidden_size"] * 4, BATCH * SEQ * 4
+    lq, lkv, rope = (BATCH * SEQ * c[k] * 4 for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim"))
+    _, _, forward_step, backward_step = run_step("youtu", 2, False, source="synthesized")
+    assert _sizes_by_kind(forward_step) == Counter({(AR, bsh): 5, (AR, bs): 2, (AG, lq): 2})
+    assert _sizes_by_kind(backward_step) == Counter(
+        {(AR, bsh): 5, (AR, lkv): 2, (AR, rope): 2, (AR, bs): 2, (RS, lq // 2): 2})
+
+
+def test_sharded_query_latent_under_sequence_parallel_reduces_the_block_input_once(fake_pg):
+    """Under SP the attention's input gradient (q_a_proj's partial, the KV latent's whole one counted
+    on the first rank) is the reduce-scatter of its gather: one more reduce-scatter and no all-reduce of
+    B·S·H per layer. q_a_proj reducing its own input gradient instead (sharded_query_latent=False,
+    still exact) adds an all-reduce of B·S·H to the gather's free slice."""
+    forward, backward, _, _ = per_layer("youtu", True, source="synthesized")
+    assert forward == {AG: 2 + 1, RS: 2, AR: 1}
+    assert backward == {AG: 2, RS: 3, AR: 3}
+
+    def unflagged(styles):
+        styles["model.layers.*.self_attn"].sharded_query_latent = False
+
+    _, backward, _, _ = per_layer("youtu", True, source="synthesized", edit_styles=unflagged)
+    assert backward == {AG: 2, RS: 2, AR: 4}
 
 
 # --- norms over the whole q/k projection (OLMo-2/3): two small all-reduces per layer each way ----

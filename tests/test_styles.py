@@ -1036,6 +1036,49 @@ def test_mla_attention_reads_the_rope_width_from_the_module(tp_mesh):
         parallelize_module(nn.Linear(4, 4), tp_mesh, build_style("MlaAttentionParallel"))
 
 
+class _QueryLatentAttention(_LatentAttention):
+    """With a query down-projection; forward returns both latents' outputs."""
+
+    def __init__(self) -> None:
+        super().__init__(rope=2, latent=4)
+        self.q_a_proj = nn.Linear(8, 6)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_a_proj(hidden_states), self.kv_a_proj_with_mqa(hidden_states)
+
+
+def test_mla_attention_with_a_sharded_query_latent_reduces_the_input_gradient_once(tp_mesh):
+    """q_a_proj column-parallel: its input gradient is left partial, kv_a_proj_with_mqa's (whole)
+    counted once, and the block input's reduced once, by its gather's backward under SP: a
+    reduce-scatter beside the rope key's all-reduce, where q_a_proj reducing its own adds an
+    all-reduce (and the gather's backward keeps a slice). Refused where q_a_proj is not sharded, or
+    there is none."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    def step(sharded_query_latent: bool) -> dict[str, int]:
+        style = dict(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),),
+                     sharded_query_latent=sharded_query_latent)
+        m = parallelize_module(_QueryLatentAttention(), tp_mesh, build_style("MlaAttentionParallel", style))
+        parallelize_module(m.q_a_proj, tp_mesh, ColwiseParallel(output_layouts=Shard(-1)))
+        x = torch.randn(2, 8, requires_grad=True)  # this rank's rows of 4
+        query, kv = m(x)
+        assert query.shape == (4, 3) and kv.shape == (4, 6)  # every row, this rank's slice of the query latent
+        return merge_c10d_counts(collectives(lambda: sum(t.sum() for t in m(x)).backward()))
+
+    # Forward and backward: the input gathered, then its gradient reduced.
+    assert step(True) == {"all_gather_into_tensor": 1, "all_reduce": 1, "reduce_scatter_tensor": 1}
+    assert step(False) == {"all_gather_into_tensor": 1, "all_reduce": 2}
+    style = dict(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), sharded_query_latent=True)
+    whole = parallelize_module(_QueryLatentAttention(), tp_mesh, build_style("MlaAttentionParallel", style))
+    with pytest.raises(ValueError, match="q_a_proj is not sharded; give it ColwiseParallel"):
+        whole(torch.randn(2, 8))
+    with pytest.raises(ValueError, match="has no nn.Linear q_a_proj"):
+        parallelize_module(_LatentAttention(rope=2, latent=4), tp_mesh, build_style("MlaAttentionParallel", style))
+    with pytest.raises(ValueError, match="read the block input whole and local"):
+        build_style("MlaAttentionParallel", dict(style, use_local_output=False))
+
+
 # --------------------------------------------------------------------------------------------
 # Style facts (plangen.style_facts): the torch-free table agrees with the real styles
 # --------------------------------------------------------------------------------------------

@@ -79,6 +79,10 @@ CLASSES = {
     # parameters outside any module).
     "zaya": ("ZayaForCausalLM", True),
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
+    # Dense MLA whose query latent is split over TP (a large share of the class: plangen.plans.latent):
+    # q_a_proj column-parallel, q_a_layernorm's statistics summed over TP, the latent all-gathered into
+    # q_b_proj; the KV latent and the shared rope key whole. Its full state dict at DP 2 x TP 2.
+    "youtu": ("YoutuForCausalLM", True),
     # The BERT family as causal decoders: q/k/v and the projection back in sibling modules
     # (attention.self, attention.output), the MLP in intermediate/output, post-norms after the
     # residual add, the output bias tied too. RoFormer's attention stays replicated (it reshapes with
@@ -186,11 +190,14 @@ PADDED = {"qwen3_5", "bloom"}
 # under SP where the class has it (the same parameters: one case reads it for both).
 STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "bloom", "falcon-gqa", "gpt_bigcode", "falcon-mqa", "falcon-mqa-5h",
               "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text", "glm4",
-              "prophetnet"}  # ProphetNet's bucket-major relative_pos_embeddings, re-laid out per rank
+              "prophetnet",  # ProphetNet's bucket-major relative_pos_embeddings, re-laid out per rank
+              "youtu"}  # its query latent's down-projection and norm sharded, the KV latent's whole
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
 # gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
-STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba", "recurrent_gemma-stable": "recurrent_gemma"}
+# Youtu's: its query latent's norm all-gathered and normalised whole (GatheredNormParallel), not summed.
+STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba", "recurrent_gemma-stable": "recurrent_gemma",
+          "youtu-stable": "youtu"}
 MESHES = ("tp2", "dp2tp2")
 # Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers); ProphetNet's
 # n-gram self-attention's out_proj, once for the main and once for the predict streams per layer.
@@ -244,6 +251,8 @@ DP2_DEFAULT = {
     "gpt_neox-sp", "bloom-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "falcon-mqa-5h-sp", "diffllama-sp",
     # ProphetNet's bucket-major relative-position projection, with its full state dict
     "prophetnet",
+    # latent attention with its query latent split over TP (Youtu), with its full state dict
+    "youtu-sp",
     # MoE: whole-projection norms (OLMoE), routed and shared 3-D experts (Inkling), a router MLP (Zaya)
     "olmoe-sp", "inkling", "zaya",
     # gated delta nets (left-padded), Mamba1 (and in Jamba beside attention and MoE, its stable

@@ -192,6 +192,13 @@ TINY["deepseek_v2"] = dict(
     qk_nope_head_dim=8, v_head_dim=8, **MOE, **dict(COMMON, head_dim=4, num_key_value_heads=4),
 )
 
+# Youtu: dense MLA whose query latent is sharded over TP (plangen.plans.latent.shards_query_latent); its
+# query and KV latents of distinct widths, so their collectives tell apart by size; tied embeddings.
+TINY["youtu"] = dict(
+    model_type="youtu", q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+    tie_word_embeddings=True, **dict(COMMON, head_dim=4, num_key_value_heads=4),
+)
+
 # Inkling: a router over 8 routed and 2 shared experts (its weight [10, H], a learned global_scale),
 # the shared experts 3-D weights applied by bmm and scaled per token by the router; attention with
 # short convs on k and v and relative logits; layer 0 sliding-window with a dense MLP (its own

@@ -234,7 +234,8 @@ STYLES: dict[str, StyleSpec] = {
                                          StyleParam("refused_in_training", STR_TUPLE, ()))),
         _spec("MlaKvAProjParallel", (StyleParam("rope_dim", INT),)),
         # PrepareModuleInput's arguments; the rope width is read from the module when applied.
-        _spec("MlaAttentionParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, True))),
+        _spec("MlaAttentionParallel", (*_INPUT_PREPARATION, StyleParam("use_local_output", BOOL, True),
+                                       StyleParam("sharded_query_latent", BOOL, False))),
         _spec("ColwiseParallelWithGather", (*_LAYOUTS, StyleParam("gather_output", BOOL, False))),
         _spec(
             "PrepareAttentionInput",

@@ -42,10 +42,11 @@ PROMPT_KEYS = ("prompt_length",)
 # Dimensions whose keys are alternative names of one attribute (the first the config has counts),
 # not companions read from the first and scaled together.
 ALTERNATIVE_KEYS = frozenset({"experts"})
-# Base ranks of latent attention: odd and distinct, so the query and KV latents' gradients (and
-# nothing else) have the sizes they have; and an odd multiple of its head sizes, so the rope key's
+# Base ranks of latent attention: distinct, so the query and KV latents' gradients (and nothing else)
+# have the sizes they have, the query's an odd multiple of the TP size (a plan may split it:
+# plangen.plans.latent.shards_query_latent); and an odd multiple of its head sizes, so the rope key's
 # gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
-BASE_Q_LATENT, BASE_KV_LATENT = 37, 29
+BASE_Q_LATENT_PER_RANK, BASE_KV_LATENT = 37, 29
 LATENT_HEAD_FACTOR = 3
 
 
@@ -114,7 +115,7 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
     if isinstance(getattr(text, "kv_lora_rank", None), int):
         text.kv_lora_rank = BASE_KV_LATENT
         if isinstance(getattr(text, "q_lora_rank", None), int):
-            text.q_lora_rank = BASE_Q_LATENT
+            text.q_lora_rank = BASE_Q_LATENT_PER_RANK * tp_size
         for key in DIMENSION_KEYS["head_dim"]:
             if isinstance(getattr(text, key, None), int):
                 setattr(text, key, getattr(text, key) * LATENT_HEAD_FACTOR)

@@ -330,7 +330,8 @@ def _analyze_layer(
         elif isinstance(recognized, LatentBlock) and call is not None:
             # Its style hands the replicated down-projections a local input: it must be where the layer calls it.
             found.blocks.append(BlockPart(child_path, recognized, call))
-            _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent)
+            _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent,
+                                               shard_query_latent=recognized.shard_query_latent)
             found.kept += kept
         elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock, BucketedAttentionBlock)) and call is not None:
             # Its style splits its own heads and prepares its input: it must be where the layer calls it.

@@ -23,7 +23,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
 from plangen.plans.fused import build_fused_decoder_plan
-from plangen.plans.latent import has_query_latent, latent_attention_entries
+from plangen.plans.latent import has_query_latent, latent_attention_entries, shards_query_latent
 
 # Names transformers gives the parts of a MoE block.
 SHARED_EXPERTS = ("shared_experts", "shared_expert")
@@ -81,8 +81,10 @@ def build_moe_decoder_plan(
     if latent_attention:  # MLA replaces the dense plan's q/k/v/o entries
         attention = f"{layer}.self_attn"
         entries = [e for e in entries if not e.pattern.startswith(attention)]
+        query = has_query_latent(model)
         latent, kept = latent_attention_entries(
-            attention, sequence_parallel=sp, query_latent=has_query_latent(model)
+            attention, sequence_parallel=sp, query_latent=query,
+            shard_query_latent=query and shards_query_latent(text_config(model.config)),
         )
         entries[1:1] = latent  # after the embedding, as the file groups them
         replicated += kept

@@ -1,8 +1,9 @@
 """Multi-head latent attention (DeepSeek-V2/V3's layout and its copies), recognised by its modules.
 
 Sharded by heads as :func:`plangen.plans.latent.latent_attention_entries` says: the small
-down-projections and their norms whole on every rank, the per-head up-projections column-parallel,
-``o_proj`` row-parallel.
+down-projections and their norms whole on every rank (the query latent split too where the class's
+is a large share of it: :func:`plangen.plans.latent.shards_query_latent`), the per-head
+up-projections column-parallel, ``o_proj`` row-parallel.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class LatentBlock:
     sharded by heads as :func:`plangen.plans.latent.latent_attention_entries` says."""
 
     query_latent: bool  # q_a_proj -> q_a_layernorm -> q_b_proj, else q_proj
+    shard_query_latent: bool = False  # plangen.plans.latent.shards_query_latent: the query latent split over TP
     kind: str = "attention"
 
 
@@ -32,6 +34,7 @@ def recognize_latent_attention(block: nn.Module, dims: ModelDims) -> LatentBlock
     """transformers' multi-head latent attention, with nothing else in it (no sparse-attention indexer):
     its rope width readable from its shapes, its up-projections a whole number of heads."""
     from plangen.mla_styles import rope_width
+    from plangen.plans.latent import shards_query_latent
 
     names = {name for name, child in block.named_children() if has_parameters(child)}
     query = next((q for q in _QUERY_PARTS if names == _LATENT_PARTS | q), None)
@@ -47,4 +50,5 @@ def recognize_latent_attention(block: nn.Module, dims: ModelDims) -> LatentBlock
         rope_width(block)
     except ValueError:
         return None
-    return LatentBlock("q_b_proj" in query)
+    query_latent = "q_b_proj" in query
+    return LatentBlock(query_latent, query_latent and shards_query_latent(getattr(block, "config", None)))

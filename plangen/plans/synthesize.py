@@ -183,9 +183,10 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
 def _latent_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     """Multi-head latent attention as the hand-written DeepSeek plans shard it, its input where the layer passes it."""
     assert isinstance(part.block, LatentBlock) and part.call is not None
-    entries, _ = latent_attention_entries(part.path, sequence_parallel=sp, query_latent=part.block.query_latent)
+    entries, _ = latent_attention_entries(part.path, sequence_parallel=sp, query_latent=part.block.query_latent,
+                                         shard_query_latent=part.block.shard_query_latent)
     first = entries[0]
-    prepared = dict(**_input_layouts(part.call, sp), use_local_output=True)
+    prepared = {**first.kwargs, **_input_layouts(part.call, sp)}  # where the layer passes the hidden state
     return [PlanEntry(first.pattern, first.style, prepared, first.group, first.why), *entries[1:]]
 
 
