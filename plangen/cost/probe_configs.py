@@ -27,8 +27,10 @@ DIMENSION_KEYS = {
     "hidden": ("hidden_size",),
     "heads": ("num_attention_heads", "num_key_value_heads"),
     # Latent attention (DeepSeek, Kimi, GLM-MoE-DSA...) has several head sizes, with head_dim the rotary
-    # part's: a probe scales them together, or rotary and projections disagree.
-    "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim"),
+    # part's: a probe scales them together, or rotary and projections disagree. So does the sparse
+    # attention's indexer (DeepSeek-V3.2, GLM-MoE-DSA), whose heads hold a rotary part as wide: left
+    # at the shrunk width, the latent base sizes (x3) made it narrower than its rotary part.
+    "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim", "index_head_dim"),
     "intermediate": ("intermediate_size",),
     "vocab": ("vocab_size",),
     # Latent attention's low ranks: its sharded plan all-reduces gradients of B·S·rank.
@@ -58,8 +60,8 @@ ALTERNATIVE_KEYS = frozenset({"experts", "topk"})
 # nothing else) have the sizes they have; and an odd multiple of its head sizes, so the rope key's
 # gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
 BASE_Q_LATENT, BASE_KV_LATENT = 37, 29
-# The head size's factor where heads x head size is the hidden size: the first that leaves no head
-# size equal to the hidden size (config_with_base_sizes).
+# The head size's factor at the base, where heads x head size is the hidden size or a head size meets
+# the hidden size or a head count: the first that leaves every head size apart (config_with_base_sizes).
 HEAD_DIM_FACTORS = (2, 3, 5, 7)
 LATENT_HEAD_FACTOR = 3
 
@@ -122,18 +124,27 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
         set_config_value(text, "vocab_size", units * tp_size)
     if isinstance(config_value(text, "intermediate_size"), int):
         set_config_value(text, "intermediate_size", BASE_INTERMEDIATE_PER_RANK * tp_size)
-    heads, head_dim, hidden = (config_value(text, k) for k in ("num_attention_heads", "head_dim", "hidden_size"))
+    heads, kv_heads, head_dim, hidden = (
+        config_value(text, k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
+    )
     derived = isinstance(getattr(type(text), "head_dim", None), property)  # Falcon's: hidden // heads, not settable
-    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and heads * head_dim == hidden and not derived:
+    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and not derived:
         # Attention as wide as the hidden state would give a gather of the attention output (B·S·N·D)
         # and one of the hidden state (B·S·H) the same size at the base, which scaling cannot tell
         # apart: the stable plan variant (plangen.plans.variants) has both. Nor may a head be as wide as
         # the hidden state: under sequence parallel a per-head norm's gradient (D) is all-reduced beside
         # the norms' (H), and x2 made them one size for Dots1's 2 shrunk heads and Gemma 4's
-        # full-attention layers (twice the head size of the others, so 4 heads).
+        # full-attention layers (twice the head size of the others, so 4 heads). Nor as many as the
+        # heads: Flint's attention sinks (one per head, 16) could not be told from a head (16 wide),
+        # and the shrunk model's plan left its attention whole (the real model's splits it).
         sizes = {head_dim, *(layer["head_dim"] for layer in layer_values(text) if "head_dim" in layer)}
-        factor = next(f for f in HEAD_DIM_FACTORS if all(size * f != hidden for size in sizes))
-        set_config_value(text, "head_dim", head_dim * factor)
+
+        def meets(factor: int) -> bool:
+            return any(size * factor in (hidden, heads, kv_heads) for size in sizes)
+
+        if heads * head_dim == hidden or meets(1):
+            factor = next(f for f in HEAD_DIM_FACTORS if not meets(f))
+            set_config_value(text, "head_dim", head_dim * factor)
     if isinstance(config_value(text, "kv_lora_rank"), int):
         set_config_value(text, "kv_lora_rank", BASE_KV_LATENT)
         if isinstance(config_value(text, "q_lora_rank"), int):
@@ -289,14 +300,18 @@ def layer_values(text: Any) -> list[dict[str, Any]]:
 
 
 def set_config_value(text: Any, key: str, value: Any) -> None:
-    """Set ``key`` model-wide; where it is a per-layer attribute, each layer's value is multiplied by the
-    same ratio (exactly: a ratio that leaves a fraction is refused)."""
+    """Set ``key`` model-wide; where it is a per-layer attribute, or the config lists it by layer
+    (``<key>_per_layer``: Laguna's ``num_attention_heads_per_layer``, which its attention reads), each
+    layer's value is multiplied by the same ratio (exactly: a ratio that leaves a fraction is refused)."""
     if "." in key:
         parent, leaf = key.rsplit(".", 1)
         setattr(config_value(text, parent), leaf, value)
         return
     old, layers = config_value(text, key), layer_values(text)
     setattr(text, key, value)
+    listed = getattr(text, f"{key}_per_layer", None)
+    if isinstance(listed, list) and all(is_int(v) for v in listed):
+        setattr(text, f"{key}_per_layer", [_in_ratio(key, v, old, value) for v in listed])
     if not layers or key not in layers[0]:
         return
     for values in layers:

@@ -64,6 +64,9 @@ WIDTH_RELATIONS: dict[str, WidthRelations] = {
     # head_dim set alone (the base sizes' doubling, the head-size probe) built attention the
     # config's head_dim disagreed with, and no synthesized plan for it.
     "xlm": WidthRelations(products={"hidden_size": ("num_attention_heads", "head_dim")}),
+    # OLMoE's q and k norms are hidden_size wide, over the whole projection (heads x head size): a
+    # head_dim set alone (the base sizes', the probe's) made them disagree (the cost refused).
+    "olmoe": WidthRelations(products={"hidden_size": ("num_attention_heads", "head_dim")}),
     # Gemma 4's per-layer embedding table is looked up with the input ids: as long as the vocabulary (the
     # real models' are), or a probe's vocabulary x5 indexed past it (IndexError). Its all-reduce is
     # B·S·L·Hp at any table length.
