@@ -850,6 +850,14 @@ SECOND_SIZE = {
                    num_attention_heads=6, dim_head=16, dim_ff=160, num_hidden_layers=3, prompt_types=4,
                    prompt_length=5, segment_types=4, position_bias_num_buckets=32, position_bias_max_distance=64,
                    init_std=0.02, use_cache=False),
+    # Head size hidden // heads in the attention, config.head_dim in the rotary (a width relation).
+    "gpt_neox": dict(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox", vocab_size=384, hidden_size=96,
+                     num_attention_heads=6, intermediate_size=160, num_hidden_layers=3, max_position_embeddings=64,
+                     use_cache=False),
+    # q and k norms over the whole projection, hidden_size wide (a width relation).
+    "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", vocab_size=384, hidden_size=96,
+                  num_attention_heads=6, num_key_value_heads=6, intermediate_size=40, num_hidden_layers=3,
+                  num_experts=6, num_experts_per_tok=3, max_position_embeddings=64, use_cache=False),
 }
 
 
@@ -1048,7 +1056,9 @@ def test_base_head_size_is_never_the_hidden_size_nor_a_head_count(model):
 
 def test_probed_configs_keep_the_widths_their_classes_read_together():
     """The sparse attention's indexer keeps its rotary part (DeepSeek-V3.2: "split_sizes=[48, -16]"),
-    Laguna's heads by layer follow the heads probe, OLMoE's whole-projection q/k norms the hidden size."""
+    Laguna's heads by layer follow the heads probe, OLMoE's whole-projection q/k norms the hidden size,
+    and so does GPT-NeoX's hidden_size // heads (its shrunk model's attention was left whole, half its
+    TP traffic uncounted: 4.22 GiB at TP 2 x DP 2, 8.34 now)."""
     from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
     from plangen.models import resolve_model
     from plangen.shrink import shrink_config
@@ -1060,8 +1070,9 @@ def test_probed_configs_keep_the_widths_their_classes_read_together():
     assert indexer.index_head_dim >= indexer.qk_rope_head_dim
     laguna = scaled_config(base("laguna"), {"heads": 2})
     assert laguna.num_attention_heads_per_layer == [laguna.num_attention_heads] * laguna.num_hidden_layers
-    olmoe = scaled_config(base("olmoe"), {"head_dim": 3})
-    assert olmoe.num_attention_heads * olmoe.head_dim == olmoe.hidden_size
+    for model in ("olmoe", "gpt_neox"):
+        probed = scaled_config(base(model), {"head_dim": 3})
+        assert probed.num_attention_heads * probed.head_dim == probed.hidden_size, model
 
 
 @pytest.mark.slow  # about 5 s each: the config checks above run by default
