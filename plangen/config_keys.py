@@ -50,7 +50,7 @@ INTERMEDIATE_KEYS = (
 EXPERT_COUNT_KEYS = (
     "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "zero_expert_num",
 )
-EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "top_k_experts")
 SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 EXPERT_GROUP_KEYS = ("n_group", "num_expert_group", "topk_group")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")

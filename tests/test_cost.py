@@ -471,6 +471,8 @@ def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, co
         (["no-such-model-type"], "no-such-model-type"),
         (["{hand}", "--model", "llama"], "--model is for plan files"),
         (["{hand}", "--sequence-parallel", "--compare", "stable"], "stable: the stable variant has no sequence parallel"),
+        # Its default config leaves top-k None (its router cannot run): the shrunk model's 2 was reported.
+        (["deepseek_v2"], "deepseek_v2 leaves num_experts_per_tok unset, which sizes the plan's B·S·k"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(configs, tmp_path, args, message):
@@ -762,7 +764,7 @@ def test_a_left_whole_parameter_takes_the_reason_of_the_nearest_entry_that_selec
 DBRX_MID = dict(
     architectures=["DbrxForCausalLM"], model_type="dbrx", vocab_size=384, d_model=96, n_heads=6, n_layers=3,
     max_seq_len=64, attn_config=dict(kv_n_heads=2, rope_theta=500000.0, clip_qkv=8.0), use_cache=False,
-    ffn_config=dict(ffn_hidden_size=80, moe_num_experts=4, moe_top_k=2),
+    ffn_config=dict(ffn_hidden_size=80, moe_num_experts=4, moe_top_k=3),  # top-3: k, in ffn_config, probed there
 )
 
 
@@ -861,6 +863,14 @@ SECOND_SIZE = {
                    num_attention_heads=6, dim_head=16, dim_ff=160, num_hidden_layers=3, prompt_types=4,
                    prompt_length=5, segment_types=4, position_bias_num_buckets=32, position_bias_max_distance=64,
                    init_std=0.02, use_cache=False),
+    # Head size hidden // heads in the attention, config.head_dim in the rotary (a width relation).
+    "gpt_neox": dict(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox", vocab_size=384, hidden_size=96,
+                     num_attention_heads=6, intermediate_size=160, num_hidden_layers=3, max_position_embeddings=64,
+                     use_cache=False),
+    # q and k norms over the whole projection, hidden_size wide (a width relation).
+    "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", vocab_size=384, hidden_size=96,
+                  num_attention_heads=6, num_key_value_heads=6, intermediate_size=40, num_hidden_layers=3,
+                  num_experts=6, num_experts_per_tok=3, max_position_embeddings=64, use_cache=False),
 }
 
 
@@ -963,3 +973,163 @@ def test_tower_kinds_are_left_out_of_the_layers():
         [Sample("forward", "all_reduce", 8, 0), Sample("forward", "all_reduce", 4, None), Sample("forward", "all_reduce", 8, 2)],
         3, ("text",) * 3,
     )
+
+
+# --- Gemma 4: per-layer config values, per-layer inputs; top-k experts ---------------------------
+
+# Gemma 4's default widths in its MoE form (the 26B-A4B layout as docs/moe.md assumes it): 128 experts,
+# top 8, a heterogeneous config (its 5 full-attention layers of 30 have head_dim 512, the others 256).
+GEMMA4_MOE = dict(
+    architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", enable_moe_block=True, num_experts=128,
+    top_k_experts=8, moe_intermediate_size=704,
+)
+
+
+@pytest.fixture(scope="module")
+def gemma4_moe_report(fake_pg, tmp_path_factory):
+    return build_cost_report(write_config(tmp_path_factory.mktemp("gemma4"), "gemma4_moe", GEMMA4_MOE), tp_size=2, dp_size=2)
+
+
+def _per_layer_rows(plan, tensor):
+    return [c for c in plan.collectives if c.source == "TP" and c.tensor == tensor]
+
+
+def test_gemma4_moe_is_costed_at_the_ideal_memory(gemma4_moe_report):
+    """It stopped on transformers' AmbiguousGlobalPerLayerAttributeError (head_dim is per layer)."""
+    plan = gemma4_moe_report.plans[0]
+    assert plan.memory.total <= 1.05 * plan.memory.ideal  # 88.8 / 88.6 GiB
+    layers, seq = 30, 4096
+    # The per-layer input table (vocabulary-parallel) is looked up once: B·S·L·Hp in bf16, at the real depth.
+    assert [(c.phase, c.scope, c.payload_bytes) for c in _per_layer_rows(plan, "B·S·L·Hp")] == [
+        ("forward", "once", seq * layers * 256 * 2)
+    ]
+    # The per-head norms' gradients, kind by kind: 25 sliding layers' heads of 256, 5 full ones' of 512.
+    assert [c.payload_bytes for c in _per_layer_rows(plan, "D")] == [2 * (25 * 256 + 5 * 512) * 2]
+
+
+def test_routing_weights_are_counted_at_the_real_top_k(gemma4_moe_report, fake_pg, tmp_path):
+    """The routing weights' gradient (B·S·k, all-reduced backward per MoE layer) at the model's top-k,
+    not the shrunk model's 2: Gemma 4's router weights in float32, Qwen3-MoE's in bf16."""
+    (gemma4,) = _per_layer_rows(gemma4_moe_report.plans[0], "B·S·k")
+    assert (gemma4.phase, gemma4.kind, gemma4.count, gemma4.payload_bytes) == ("backward", "all-reduce", 30, 30 * 4096 * 8 * 4)
+    qwen3 = dict(
+        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=256, hidden_size=64,
+        intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=16, num_experts_per_tok=8, use_cache=False,
+    )
+    report = build_cost_report(write_config(tmp_path, "qwen3_moe", qwen3), tp_size=2, dp_size=2, seq_len=64)
+    (row,) = _per_layer_rows(report.plans[0], "B·S·k")
+    assert (row.count, row.payload_bytes) == (3, 3 * 64 * 8 * 2)
+
+
+def test_per_layer_config_values_are_scaled_with_the_model_wide_one():
+    """A probe's factor on head_dim reaches Gemma 4's full-attention layers too; more layers repeat them."""
+    from transformers import Gemma4TextConfig
+
+    from plangen.cost.probe_configs import config_value, config_with_more_layers, layer_values, scaled_config
+
+    config = Gemma4TextConfig(
+        num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], head_dim=16, global_head_dim=32
+    )
+    scaled = scaled_config(config, {"head_dim": 3})
+    assert config_value(scaled, "head_dim") == 48 and [v["head_dim"] for v in layer_values(scaled)] == [48, 96]
+    doubled = config_with_more_layers(config)
+    assert [v["head_dim"] for v in layer_values(doubled)] == [16, 32, 16, 32]
+
+
+def test_a_collective_that_grows_with_the_layers_is_scaled_by_them():
+    """B·S·L·Hp (Gemma 4's per-layer input table, once per step): twice the size with twice the layers."""
+    from plangen.cost.scaling import scale_terms
+
+    base = [Sample("forward", "all_reduce", 96), Sample("forward", "all_reduce", 10)]
+    probe = Probe({"batch": 2}, [Sample("forward", "all_reduce", 192), Sample("forward", "all_reduce", 20)])
+    doubled = [Sample("forward", "all_reduce", 192), Sample("forward", "all_reduce", 10), Sample("forward", "all_reduce", 10)]
+    terms = {t.nbytes: t for t in derive_terms(base, [probe], doubled, 1, 2)}
+    assert (terms[96].exponents, terms[96].fixed, terms[96].per_layer) == ((("batch", 1), ("layers", 1)), 1, 0)
+    assert (terms[10].exponents, terms[10].fixed, terms[10].per_layer) == ((("batch", 1),), 0, 1)
+    rows, _ = scale_terms(terms.values(), {"batch": 1, "layers": 1}, {"batch": 3, "layers": 30}, {"k": 30}, 2)
+    assert sorted((r.tensor, r.scope, r.count, r.payload_bytes) for r in rows) == [
+        ("B", "per layer", 30, 30 * 30), ("B·L", "once", 1, 96 * 3 * 30)
+    ]
+
+
+@pytest.mark.parametrize("model", ["dots1", "gemma4_text", "flint"])
+def test_base_head_size_is_never_the_hidden_size_nor_a_head_count(model):
+    """Dots1 shrinks to 2 heads: x2 made D = H, and under SP the per-head norms' gradients (D) and the
+    norms' (H) were two all-reduces of one size that scale apart (the cost refused). Flint's 16 heads
+    of 16: its attention sinks (one per head) were ambiguous and the shrunk model's attention whole."""
+    from plangen.cost.probe_configs import config_value, config_with_base_sizes, layer_values
+    from plangen.models import resolve_model
+    from plangen.shrink import shrink_config
+
+    base = config_with_base_sizes(shrink_config(resolve_model(model).config, 2), 2)
+    sizes = {config_value(base, "head_dim"), *(v["head_dim"] for v in layer_values(base))}
+    assert not sizes & {base.hidden_size, base.num_attention_heads, base.num_key_value_heads}
+
+
+def test_probed_configs_keep_the_widths_their_classes_read_together():
+    """The sparse attention's indexer keeps its rotary part (DeepSeek-V3.2: "split_sizes=[48, -16]"),
+    Laguna's heads by layer follow the heads probe, OLMoE's whole-projection q/k norms the hidden size,
+    and so does GPT-NeoX's hidden_size // heads (its shrunk model's attention was left whole, half its
+    TP traffic uncounted: 4.22 GiB at TP 2 x DP 2, 8.34 now)."""
+    from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
+    from plangen.models import resolve_model
+    from plangen.shrink import shrink_config
+
+    def base(model):
+        return config_with_base_sizes(shrink_config(resolve_model(model).config, 2), 2)
+
+    indexer = base("deepseek_v32")
+    assert indexer.index_head_dim >= indexer.qk_rope_head_dim
+    laguna = scaled_config(base("laguna"), {"heads": 2})
+    assert laguna.num_attention_heads_per_layer == [laguna.num_attention_heads] * laguna.num_hidden_layers
+    for model in ("olmoe", "gpt_neox"):
+        probed = scaled_config(base(model), {"head_dim": 3})
+        assert probed.num_attention_heads * probed.head_dim == probed.hidden_size, model
+
+
+@pytest.mark.slow  # about 5 s each: the config checks above run by default
+@pytest.mark.parametrize(
+    "model, sequence_parallel",
+    [("afmoe", True), ("axk2", False), ("deepseek_v32", False), ("dots1", True), ("exaone_moe", True),
+     ("flint", False), ("glm_moe_dsa", False), ("hunyuan_v1_moe", True), ("hy_v4", False), ("laguna", False),
+     ("olmoe", False)],
+)
+def test_moe_classes_the_cost_refused_are_costed(fake_pg, model, sequence_parallel):
+    """Each refused (issue 10's loop over the MoE classes with a plan, TP 2 x DP 2): now near the ideal."""
+    plan = build_cost_report(model, tp_size=2, dp_size=2, sequence_parallel=sequence_parallel).plans[0]
+    assert plan.memory.total <= 1.05 * plan.memory.ideal
+
+
+def test_top_k_is_probed_with_the_experts_so_every_token_still_has_its_experts():
+    from transformers import Gemma4TextConfig
+
+    from plangen.cost.measure import fits_experts
+    from plangen.cost.probe_configs import scaled_config
+    from plangen.cost.scaling import PROBE_GROUPS
+    from plangen.shrink import shrink_config
+
+    tiny = shrink_config(Gemma4TextConfig(**{k: v for k, v in GEMMA4_MOE.items() if k not in ("architectures", "model_type")}))
+    assert (tiny.num_experts, tiny.top_k_experts) == (4, 2)  # top_k_experts is a top-k key: it was left at 8 of 4
+    group = next(g for g in PROBE_GROUPS if "topk" in g)
+    probed = scaled_config(tiny, {k: v for k, v in group.items() if k in ("experts", "topk")})
+    assert fits_experts(tiny) and probed.top_k_experts <= probed.num_experts
+
+
+# Gemma 4's MoE form at a second size: 3 layers (2 sliding, 1 full of twice the head size), other widths,
+# top-3 of 6 experts, per-layer inputs 24 wide.
+GEMMA4_MID = dict(
+    architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=384, hidden_size=96,
+    intermediate_size=160, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
+    global_head_dim=32, layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=8,
+    hidden_size_per_layer_input=24, vocab_size_per_layer_input=384, enable_moe_block=True, num_experts=6,
+    top_k_experts=3, moe_intermediate_size=40, max_position_embeddings=64, use_cache=False,
+)
+
+
+@pytest.mark.slow  # about 7 s each: test_gemma4_moe_is_costed_at_the_ideal_memory checks its figures by hand
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_gemma4_moe_scaled_collectives_equal_a_direct_measurement(fake_pg, tmp_path, sequence_parallel):
+    path = write_config(tmp_path, "gemma4_mid", GEMMA4_MID)
+    plan = build_cost_report(path, sequence_parallel=sequence_parallel, **MID_SETTINGS).plans[0]
+    assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, sequence_parallel)

@@ -25,8 +25,8 @@ from torch.distributed.tensor import DTensor
 
 from plangen.comm import CollectiveCounter
 from plangen.cost.probe_configs import (
-    DIMENSION_KEYS, config_with_base_sizes, config_with_extra_layer, config_with_more_layers, config_with_tokens,
-    dimension_value, is_int, prompt_tokens, read_dimensions, scaled_config, state_space_heads,
+    DIMENSION_KEYS, config_value, config_with_base_sizes, config_with_extra_layer, config_with_more_layers,
+    config_with_tokens, dimension_value, is_int, prompt_tokens, read_dimensions, scaled_config, state_space_heads,
 )
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
@@ -163,7 +163,21 @@ def layer_kind(layer: nn.Module) -> str:
     attention, DeepSeek's dense and MoE layers) has several, in other proportions when shrunk."""
     # List indices dropped: a kind does not depend on how many experts or heads' modules a list holds.
     modules = sorted({f"{_unindexed(name)}:{type(m).__name__}" for name, m in layer.named_modules()})
-    return ",".join(modules) + "|" + ",".join(sorted({_unindexed(name) for name, _ in layer.named_parameters()}))
+    kind = ",".join(modules) + "|" + ",".join(sorted({_unindexed(name) for name, _ in layer.named_parameters()}))
+    overridden = _overridden_keys(layer)
+    return f"{kind}|{overridden}" if overridden else kind
+
+
+def _overridden_keys(layer: nn.Module) -> str:
+    """The per-layer attributes a heterogeneous config (transformers' ``per_layer_config``) sets apart
+    for this layer: Gemma 4's full-attention layers have the sliding ones' modules, another head_dim,
+    so per-head collectives of other sizes. The keys, not the values: the same whatever the sizes."""
+    config, index = getattr(layer, "config", None), getattr(layer, "layer_idx", None)
+    keys = getattr(config, "per_layer_attributes", None)
+    if not keys or not is_int(index):
+        return ""
+    own = config.per_layer_config[index]
+    return ",".join(sorted(key for key in keys if getattr(own, key) != config_value(config, key)))
 
 
 def _unindexed(name: str) -> str:
@@ -273,8 +287,17 @@ def without_kinds(run: StepRun, kinds: frozenset[str]) -> StepRun:
 
 
 def _replicates_kv_heads(text: Any, tp_size: int) -> bool:
-    kv = getattr(text, "num_key_value_heads", None)
+    kv = config_value(text, "num_key_value_heads")
     return isinstance(kv, int) and kv % tp_size != 0
+
+
+def fits_experts(text: Any) -> bool:
+    """Whether the probe that scales the top-k leaves at least as many experts as a token is routed to."""
+    factors = next(group for group in PROBE_GROUPS if "topk" in group)
+    experts, topk = dimension_value(text, "experts"), dimension_value(text, "topk")
+    if not (is_int(experts) and is_int(topk)):
+        return False
+    return topk * factors["topk"] <= experts * factors.get("experts", 1)
 
 
 def measure_tp_collectives(
@@ -299,7 +322,7 @@ def measure_tp_collectives(
     if isinstance(getattr(type(text), "head_dim", None), property):
         probeable.discard("head_dim")  # Falcon's: hidden // heads, a property; it follows them
     mixer = state_space_heads(text)
-    if mixer is not None and mixer[1] == "head_dim" and not is_int(getattr(text, "num_attention_heads", None)):
+    if mixer is not None and mixer[1] == "head_dim" and not is_int(config_value(text, "num_attention_heads")):
         # Mamba-2's head_dim is its mixer's: scaled, the heads would no longer span expand x hidden.
         probeable.discard("head_dim")
     if _replicates_kv_heads(text, tp_size):
@@ -307,11 +330,16 @@ def measure_tp_collectives(
         # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there
         # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
         probeable.discard("heads")
-    heads = getattr(text, "num_attention_heads", None)
+    heads = config_value(text, "num_attention_heads")
     if is_int(heads) and heads % 2 and heads % tp_size:
         # Falcon-7B's odd query heads, padded with zero heads (plangen.padded_heads): doubled, they would
         # divide by the TP size and leave the padded layout. Measured at the shrunk model's count.
         probeable.discard("heads")
+    if "topk" in probeable and not fits_experts(text):
+        # k x its prime above the expert count x theirs: only where the shrunk model routes each token
+        # to nearly every expert (E < 1.4 k). plangen.shrink caps k at 2 and E at no less than 4, so k is
+        # the real model's there (E = k <= 2, or DBRX's ffn_config.moe_top_k, which it keeps): nothing to scale.
+        probeable.discard("topk")
     base = run(tiny_config)
     probes = []
     for group in PROBE_GROUPS:

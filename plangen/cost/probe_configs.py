@@ -8,8 +8,10 @@ Pure functions of a config (copies, never the caller's); :mod:`plangen.cost.meas
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from typing import Any, Mapping
 
+from plangen.config_keys import EXPERTS_PER_TOKEN_KEYS
 from plangen.cost.settings import CostError
 from plangen.cost.widths import apply_width_relations, width_relations
 from plangen.models import text_config
@@ -25,8 +27,10 @@ DIMENSION_KEYS = {
     "hidden": ("hidden_size",),
     "heads": ("num_attention_heads", "num_key_value_heads"),
     # Latent attention (DeepSeek, Kimi, GLM-MoE-DSA...) has several head sizes, with head_dim the rotary
-    # part's: a probe scales them together, or rotary and projections disagree.
-    "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim"),
+    # part's: a probe scales them together, or rotary and projections disagree. So does the sparse
+    # attention's indexer (DeepSeek-V3.2, GLM-MoE-DSA), whose heads hold a rotary part as wide: left
+    # at the shrunk width, the latent base sizes (x3) made it narrower than its rotary part.
+    "head_dim": ("head_dim", "qk_rope_head_dim", "qk_nope_head_dim", "qk_head_dim", "v_head_dim", "index_head_dim"),
     "intermediate": ("intermediate_size",),
     "vocab": ("vocab_size",),
     # Latent attention's low ranks: its sharded plan all-reduces gradients of B·S·rank.
@@ -34,19 +38,32 @@ DIMENSION_KEYS = {
     "kv_latent": ("kv_lora_rank",),
     # The expert count, under whichever name the class gives it: Llama-4's every-token experts
     # all-reduce the gradient of the router's scores (B·S·E) in backward.
-    "experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
+    # (DBRX keeps both in its ffn_config: a dotted key is a sub-config's.)
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "ffn_config.moe_num_experts"),
+    # The experts each token is routed to: the routing weights' gradient is B·S·k (all-reduced backward).
+    "topk": (*EXPERTS_PER_TOKEN_KEYS, "ffn_config.moe_top_k"),
+    # Gemma 4's per-layer inputs: each token looks up layers x hidden_size_per_layer_input in a
+    # vocabulary-parallel table (all-reduced once per step: B·S·L·Hp, the layer count L read off the run
+    # with more layers, plangen.cost.scaling.layer_exponents), and each layer's gate and projection
+    # are Hp x H (their gradients all-reduced under sequence parallel).
+    "layer_inputs": ("hidden_size_per_layer_input",),
 }
+# Gemma 4's per-layer input width at the base: odd, so that B·S·L·Hp meets no other product.
+BASE_LAYER_INPUTS = 9
 # Tokens a model prepends to every sequence inside its forward (CpmAnt's prompt): its layers see
 # S + P tokens, its head S ("tokens" in plangen.cost.scaling.LETTERS).
 PROMPT_KEYS = ("prompt_length",)
 # Dimensions whose keys are alternative names of one attribute (the first the config has counts),
 # not companions read from the first and scaled together.
-ALTERNATIVE_KEYS = frozenset({"experts"})
+ALTERNATIVE_KEYS = frozenset({"experts", "topk"})
 # Base ranks of latent attention: distinct, so the query and KV latents' gradients (and nothing else)
 # have the sizes they have, the query's an odd multiple of the TP size (a plan may split it:
 # plangen.plans.latent.shards_query_latent); and an odd multiple of its head sizes, so the rope key's
 # gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
 BASE_Q_LATENT_PER_RANK, BASE_KV_LATENT = 37, 29
+# The head size's factor at the base, where heads x head size is the hidden size or a head size meets
+# the hidden size or a head count: the first that leaves every head size apart (config_with_base_sizes).
+HEAD_DIM_FACTORS = (2, 3, 5, 7)
 LATENT_HEAD_FACTOR = 3
 
 
@@ -58,6 +75,9 @@ def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
         value = dimension_value(text, name)
         if isinstance(value, int) and value > 0:
             dims[name] = value
+    layers = config_value(text, "num_hidden_layers")
+    if is_int(layers):
+        dims["layers"] = layers
     if "head_dim" not in dims and "hidden" in dims and "heads" in dims:
         dims["head_dim"] = dims["hidden"] // dims["heads"]
     prompt = prompt_tokens(text)
@@ -68,7 +88,7 @@ def read_dimensions(config: Any, batch: int, seq: int) -> dict[str, int]:
 
 def prompt_tokens(text: Any) -> int | None:
     """How many tokens the model prepends to the sequence itself (:data:`PROMPT_KEYS`), or None."""
-    value = next((getattr(text, k) for k in PROMPT_KEYS if is_int(getattr(text, k, None))), None)
+    value = next((config_value(text, k) for k in PROMPT_KEYS if is_int(config_value(text, k))), None)
     return value if value else None
 
 
@@ -77,7 +97,7 @@ def config_with_tokens(config: Any, seq: int, tokens: int) -> Any:
     made ``tokens - seq`` long, so that a probe multiplies S and S + P each by a prime of its own."""
     config = copy.deepcopy(config)
     text = text_config(config)
-    setattr(text, next(k for k in PROMPT_KEYS if is_int(getattr(text, k, None))), tokens - seq)
+    setattr(text, next(k for k in PROMPT_KEYS if is_int(config_value(text, k))), tokens - seq)
     return config
 
 
@@ -85,8 +105,8 @@ def dimension_value(text: Any, name: str) -> Any:
     """The config's value of dimension ``name`` (None where it has none)."""
     keys = DIMENSION_KEYS[name]
     if name in ALTERNATIVE_KEYS:
-        return next((getattr(text, k) for k in keys if type(getattr(text, k, None)) is int), None)
-    return getattr(text, keys[0], None)
+        return next((config_value(text, k) for k in keys if type(config_value(text, k)) is int), None)
+    return config_value(text, keys[0])
 
 
 def count_layers(config: Any) -> int:
@@ -100,25 +120,42 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
     """A copy of a shrunk config with the odd base widths the measurement starts from."""
     config = copy.deepcopy(config)
     text = text_config(config)
-    if isinstance(getattr(text, "vocab_size", None), int):
+    if isinstance(config_value(text, "vocab_size"), int):
         units = max(BASE_VOCAB_PER_RANK, -(-MIN_BASE_VOCAB // tp_size) | 1)
-        text.vocab_size = units * tp_size
-    if isinstance(getattr(text, "intermediate_size", None), int):
-        text.intermediate_size = BASE_INTERMEDIATE_PER_RANK * tp_size
-    heads, head_dim, hidden = (getattr(text, k, None) for k in ("num_attention_heads", "head_dim", "hidden_size"))
+        set_config_value(text, "vocab_size", units * tp_size)
+    if isinstance(config_value(text, "intermediate_size"), int):
+        set_config_value(text, "intermediate_size", BASE_INTERMEDIATE_PER_RANK * tp_size)
+    heads, kv_heads, head_dim, hidden = (
+        config_value(text, k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size")
+    )
     derived = isinstance(getattr(type(text), "head_dim", None), property)  # Falcon's: hidden // heads, not settable
-    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and heads * head_dim == hidden and not derived:
+    if all(isinstance(v, int) for v in (heads, head_dim, hidden)) and not derived:
         # Attention as wide as the hidden state would give a gather of the attention output (B·S·N·D)
         # and one of the hidden state (B·S·H) the same size at the base, which scaling cannot tell
-        # apart: the stable plan variant (plangen.plans.variants) has both.
-        text.head_dim = head_dim * 2
-    if isinstance(getattr(text, "kv_lora_rank", None), int):
-        text.kv_lora_rank = BASE_KV_LATENT
-        if isinstance(getattr(text, "q_lora_rank", None), int):
-            text.q_lora_rank = BASE_Q_LATENT_PER_RANK * tp_size
+        # apart: the stable plan variant (plangen.plans.variants) has both. Nor may a head be as wide as
+        # the hidden state: under sequence parallel a per-head norm's gradient (D) is all-reduced beside
+        # the norms' (H), and x2 made them one size for Dots1's 2 shrunk heads and Gemma 4's
+        # full-attention layers (twice the head size of the others, so 4 heads). Nor as many as the
+        # heads: Flint's attention sinks (one per head, 16) could not be told from a head (16 wide),
+        # and the shrunk model's plan left its attention whole (the real model's splits it).
+        sizes = {head_dim, *(layer["head_dim"] for layer in layer_values(text) if "head_dim" in layer)}
+
+        def meets(factor: int) -> bool:
+            return any(size * factor in (hidden, heads, kv_heads) for size in sizes)
+
+        if heads * head_dim == hidden or meets(1):
+            factor = next(f for f in HEAD_DIM_FACTORS if not meets(f))
+            set_config_value(text, "head_dim", head_dim * factor)
+    if isinstance(config_value(text, "kv_lora_rank"), int):
+        set_config_value(text, "kv_lora_rank", BASE_KV_LATENT)
+        if isinstance(config_value(text, "q_lora_rank"), int):
+            set_config_value(text, "q_lora_rank", BASE_Q_LATENT_PER_RANK * tp_size)
         for key in DIMENSION_KEYS["head_dim"]:
-            if isinstance(getattr(text, key, None), int):
-                setattr(text, key, getattr(text, key) * LATENT_HEAD_FACTOR)
+            if isinstance(config_value(text, key), int):
+                set_config_value(text, key, config_value(text, key) * LATENT_HEAD_FACTOR)
+    key = DIMENSION_KEYS["layer_inputs"][0]
+    if is_int(config_value(text, key)) and config_value(text, key) > 0:
+        set_config_value(text, key, BASE_LAYER_INPUTS)
     return scaled_config(config, width_relations(config).base_factors)
 
 
@@ -138,14 +175,14 @@ def config_with_real_widths(config: Any, real: Any, tp_size: int) -> Any:
     config = copy.deepcopy(config)
     text, real_text = text_config(config), text_config(real)
     for key in REAL_WIDTH_KEYS:
-        value = getattr(real_text, key, None)
-        if is_int(value) and is_int(getattr(text, key, None)):
-            setattr(text, key, value)
-    heads = next((getattr(text, k) for k in HEAD_KEYS if is_int(getattr(text, k, None))), None)
+        value = config_value(real_text, key)
+        if is_int(value) and is_int(config_value(text, key)):
+            set_config_value(text, key, value)
+    heads = next((config_value(text, k) for k in HEAD_KEYS if is_int(config_value(text, k))), None)
     for key in GROUP_KEYS:
-        groups = getattr(real_text, key, None)
+        groups = config_value(real_text, key)
         if is_int(groups) and groups > 1 and groups % tp_size == 0 and heads and heads % tp_size == 0:
-            setattr(text, key, tp_size)
+            set_config_value(text, key, tp_size)
     return config
 
 
@@ -158,9 +195,9 @@ def state_space_heads(text: Any) -> tuple[str, str, str] | None:
     expansion x hidden, or None (plangen.shrink's table of them)."""
     from plangen.config_keys import STATE_SPACE_HEADS
 
-    hidden = getattr(text, "hidden_size", None)
+    hidden = config_value(text, "hidden_size")
     for keys in STATE_SPACE_HEADS:
-        heads, dim, expand = (getattr(text, k, None) for k in keys)
+        heads, dim, expand = (config_value(text, k) for k in keys)
         if all(is_int(v) for v in (heads, dim, expand, hidden)) and heads * dim == expand * hidden:
             return keys
     return None
@@ -173,17 +210,17 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
     text = text_config(config)
     mixer = state_space_heads(text)
     if mixer is not None and "hidden" in factors:
-        setattr(text, mixer[0], getattr(text, mixer[0]) * factors["hidden"])
+        set_config_value(text, mixer[0], config_value(text, mixer[0]) * factors["hidden"])
     for name, factor in factors.items():
         keys = DIMENSION_KEYS[name]
         if name in ALTERNATIVE_KEYS:
             # One attribute under several names (gpt-oss maps num_experts to num_local_experts):
             # scaling each name would scale it again.
-            keys = tuple(k for k in keys if type(getattr(text, k, None)) is int)[:1]
+            keys = tuple(k for k in keys if type(config_value(text, k)) is int)[:1]
         for key in keys:
-            value = getattr(text, key, None)
+            value = config_value(text, key)
             if isinstance(value, int):
-                setattr(text, key, value * factor)
+                set_config_value(text, key, value * factor)
     return apply_width_relations(config)
 
 
@@ -209,7 +246,7 @@ def config_with_extra_layer(config: Any, index: int) -> Any | None:
     text = text_config(config)
     for key in lists:
         getattr(text, key).append(getattr(text, key)[index])
-    text.num_hidden_layers = layers + 1
+    set_layer_count(text, [*range(layers), index])
     return apply_width_relations(config)
 
 
@@ -231,5 +268,70 @@ def config_with_more_layers(config: Any, factor: int = 2) -> Any:
             setattr(text, key, value * factor)
         elif key in LEADING_LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
             setattr(text, key, value * factor)
-    text.num_hidden_layers = layers * factor
+    set_layer_count(text, [i % layers for i in range(layers * factor)])
     return apply_width_relations(config)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-layer values: transformers' heterogeneous configs (``per_layer_config``), whose per-layer
+# attributes raise when read model-wide (AmbiguousGlobalPerLayerAttributeError). Gemma 4's
+# full-attention layers have their own head_dim (twice the sliding layers'): a probe that scales
+# head_dim must scale theirs too, or its growth is not one prime's and the layers of a kind differ.
+
+
+def config_value(text: Any, key: str, default: Any = None) -> Any:
+    """``text``'s model-wide value of ``key`` (the value of the layers without an override, where it
+    is a per-layer attribute; :func:`set_config_value` keeps the overrides in ratio to it; a dotted
+    key is a sub-config's)."""
+    if "." in key:
+        parent, key = key.rsplit(".", 1)
+        text = config_value(text, parent)
+        return default if text is None else getattr(text, key, default)
+    if key in (getattr(text, "per_layer_attributes", None) or ()):
+        return text._getattr_without_heterogeneous_validation(key, default)
+    return getattr(text, key, default)
+
+
+def layer_values(text: Any) -> list[dict[str, Any]]:
+    """Each layer's values of the config's per-layer attributes ([] where it has none)."""
+    keys = getattr(text, "per_layer_attributes", None)
+    if not keys:
+        return []
+    return [{key: getattr(layer, key) for key in keys} for layer in text.per_layer_config]
+
+
+def set_config_value(text: Any, key: str, value: Any) -> None:
+    """Set ``key`` model-wide; where it is a per-layer attribute, or the config lists it by layer
+    (``<key>_per_layer``: Laguna's ``num_attention_heads_per_layer``, which its attention reads), each
+    layer's value is multiplied by the same ratio (exactly: a ratio that leaves a fraction is refused)."""
+    if "." in key:
+        parent, leaf = key.rsplit(".", 1)
+        setattr(config_value(text, parent), leaf, value)
+        return
+    old, layers = config_value(text, key), layer_values(text)
+    setattr(text, key, value)
+    listed = getattr(text, f"{key}_per_layer", None)
+    if isinstance(listed, list) and all(is_int(v) for v in listed):
+        setattr(text, f"{key}_per_layer", [_in_ratio(key, v, old, value) for v in listed])
+    if not layers or key not in layers[0]:
+        return
+    for values in layers:
+        values[key] = _in_ratio(key, values[key], old, value)
+    text.per_layer_config = dict(enumerate(layers))
+
+
+def _in_ratio(key: str, layer_value: int, old: int, new: int) -> int:
+    scaled = Fraction(layer_value) * Fraction(new, old)
+    if scaled.denominator != 1:
+        raise CostError(
+            f"{key} differs by layer ({layer_value} where the model has {old}): set to {new}, it would not stay whole"
+        )
+    return int(scaled)
+
+
+def set_layer_count(text: Any, like: list[int]) -> None:
+    """Give ``text`` ``len(like)`` layers, layer ``i`` with the per-layer values of layer ``like[i]``."""
+    layers = layer_values(text)
+    text.num_hidden_layers = len(like)
+    if layers:
+        text.per_layer_config = {i: layers[old] for i, old in enumerate(like)}

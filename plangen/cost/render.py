@@ -15,7 +15,8 @@ SENT_NOTE = (
     "sent/rank: bytes each rank sends per step, ring algorithms: all-reduce 2(n-1)/n of the tensor, "
     "all-gather and reduce-scatter (n-1)/n. TP collectives are measured on shrunk models and scaled to "
     "the real sizes (docs/cost.md); B micro-batch, S sequence, H hidden, V vocabulary, D head size, "
-    "Lq and Lkv latent attention's ranks, E routed experts, P the prompt tokens a model prepends itself."
+    "Lq and Lkv latent attention's ranks, E routed experts, k experts per token, P the prompt tokens a model "
+    "prepends itself, L the decoder layers, Hp the per-layer input width (hidden_size_per_layer_input)."
 )
 
 

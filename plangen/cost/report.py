@@ -219,9 +219,23 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
         _TERMS_CACHE[key] = (terms, measured.dimensions, measured.towers)
     terms, shrunk, towers = _TERMS_CACHE[key]
     real = read_dimensions(config, settings.micro_batch, settings.seq_len)
+    missing = sorted({name for term in terms for name, _ in term.exponents} - set(real))
+    if missing:  # DeepSeek-V2's default config leaves top-k unset (its router cannot run): never the shrunk value
+        raise CostError(missing_dimension_problem(resolved.spec, config, missing[0], terms))
     decoder = {kind: n for kind, n in layer_kinds.items() if kind not in towers}
     rows, notes = scale_terms(terms, shrunk, real, decoder, settings.tp_size)
     if towers:
         notes.append(TOWERS_NOTE.format(layers=sum(layer_kinds.values()) - sum(decoder.values())))
     return rows, notes
 
+
+def missing_dimension_problem(spec: str, config: Any, name: str, terms: Sequence[Any]) -> str:
+    """Why the real model's collectives cannot be sized: its config leaves dimension ``name`` unset (one line)."""
+    from plangen.cost.probe_configs import DIMENSION_KEYS, config_value
+    from plangen.cost.scaling import tensor_formula
+    from plangen.models import text_config
+
+    keys, unset = DIMENSION_KEYS.get(name, (name,)), object()
+    stated = [k for k in keys if config_value(text_config(config), k, unset) is not unset] or list(keys[:1])
+    tensor = next(tensor_formula(t.exponents) for t in terms if name in dict(t.exponents))
+    return f"{spec} leaves {' and '.join(stated)} unset, which sizes the plan's {tensor}: pass a config.json that sets it"

@@ -38,15 +38,21 @@ LETTERS = {
     "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
     "q_latent": "Lq", "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)
     "experts": "E",  # routed experts (Llama-4's scores' gradient, B·S·E)
+    "topk": "k",  # experts per token (the routing weights' gradient, B·S·k)
+    # The decoder layers, where a collective's size grows with them (not probed: read off the run with
+    # more layers, layer_exponents): Gemma 4's per-layer input table, B·S·L·Hp, looked up once per step.
+    "layers": "L",
+    "layer_inputs": "Hp",  # Gemma 4's per-layer input width (hidden_size_per_layer_input)
 }
 # One run per group: its dimensions are multiplied by distinct primes so that one ratio gives every
 # exponent. Groups keep the probed models small: hidden and head size together would grow q_proj 6x,
 # and the intermediate width is probed apart from the tokens: batched_mm experts gather one weight
 # matrix per routed token (tokens x k x H x I), so tokens x6 with I x7 took gpt-oss's shrunk model at
-# TP 8 to 15 GiB (the sweep of docs/cost.md was killed for memory).
+# TP 8 to 15 GiB (the sweep of docs/cost.md was killed for memory). Top-k goes with the expert count,
+# so that the probed model still has as many experts as a token is routed to (measure_tp_collectives).
 PROBE_GROUPS: tuple[Mapping[str, int], ...] = (
     {"batch": 2, "seq": 3, "vocab": 5, "tokens": 7},
-    {"hidden": 2, "head_dim": 3, "experts": 5},
+    {"hidden": 2, "head_dim": 3, "experts": 5, "topk": 7, "layer_inputs": 11},
     {"heads": 2, "q_latent": 3, "kv_latent": 5, "intermediate": 7},
 )
 MAX_EXPONENT = 3
@@ -178,6 +184,18 @@ def derive_terms(
                 )
             exponents[i].update(found)
 
+    added_layers = doubled_layers - base_layers
+    if added_layers <= 0:
+        raise CostError("the model with more layers has no more layers: cannot separate per-layer collectives")
+    depth = layer_exponents(base, doubled, Fraction(doubled_layers, base_layers))
+    doubled = at_base_depth(doubled, depth, Fraction(doubled_layers, base_layers))
+    extra = {
+        kind: at_base_depth(run, depth, Fraction(base_layers + 1, base_layers)) for kind, run in (extra or {}).items()
+    }
+    for sample, found in zip(base, exponents):
+        if sample.key in depth:
+            found["layers"] = depth[sample.key]
+
     by_key: dict[tuple[str, str, int], tuple[tuple[str, int], ...]] = {}
     for sample, found in zip(base, exponents):
         key = sample.key
@@ -188,9 +206,6 @@ def derive_terms(
                 "cannot tell them apart"
             )
 
-    added_layers = doubled_layers - base_layers
-    if added_layers <= 0:
-        raise CostError("the model with more layers has no more layers: cannot separate per-layer collectives")
     counts_base = Counter(s.key for s in base)
     counts_doubled = Counter(s.key for s in doubled)
     if set(counts_doubled) - set(counts_base):
@@ -206,8 +221,42 @@ def derive_terms(
             raise CostError("collectives do not split into a fixed part and a per-layer part: cannot scale its layers")
         terms.append(Term(*key, exponents=by_key[key], fixed=int(fixed), per_layer=per_layer))
     in_layers = {t.key: t.per_layer * base_layers for t in terms}
-    by_kind = count_by_kind(base, kinds, extra or {}, in_layers) or split_by_kind(base, kinds, in_layers)
+    by_kind = count_by_kind(base, kinds, extra, in_layers) or split_by_kind(base, kinds, in_layers)
     return [replace(t, per_kind=by_kind.get(t.key, ())) for t in terms]
+
+
+def layer_exponents(base: Sequence[Sample], deeper: Sequence[Sample], ratio: Fraction) -> dict[tuple[str, str, int], int]:
+    """The power of the layer count in the size of each of the base run's collectives whose size grows
+    with the layers (by key; the others are left out): where the run with ``ratio`` times the layers
+    has it at ``ratio ** e`` times the size only (Gemma 4's per-layer input table, B·S·L·Hp)."""
+    base_keys, deeper_keys = {s.key for s in base}, {s.key for s in deeper}
+    found = {}
+    for phase, op, nbytes in base_keys - deeper_keys:
+        for e in range(1, MAX_EXPONENT + 1):
+            size = nbytes * ratio**e
+            if size.denominator == 1 and (phase, op, int(size)) in deeper_keys - base_keys:
+                found[(phase, op, nbytes)] = e
+                break
+    return found
+
+
+def at_base_depth(
+    samples: Sequence[Sample], exponents: Mapping[tuple[str, str, int], int], ratio: Fraction
+) -> list[Sample]:
+    """The samples of a run with ``ratio`` times the base run's layers, the collectives that grow with
+    the layers (``exponents``, :func:`layer_exponents`) at their size in the base run."""
+    if not exponents:
+        return list(samples)
+    back: dict[tuple[str, str, int], int] = {}
+    for (phase, op, nbytes), e in exponents.items():
+        size = nbytes * ratio**e
+        if size.denominator != 1:
+            raise CostError(f"a {kind_of(op)} of {nbytes} bytes grows with the layers to no whole size: cannot scale it")
+        back[(phase, op, int(size))] = nbytes
+    sizes = {(s.phase, s.op, s.nbytes) for s in samples}
+    if any((phase, op, nbytes) in sizes for (phase, op, _), nbytes in back.items()):
+        raise CostError("a collective that grows with the layers meets another's size: cannot tell them apart")
+    return [replace(s, nbytes=back.get(s.key, s.nbytes)) for s in samples]
 
 
 def count_by_kind(

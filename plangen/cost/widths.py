@@ -64,6 +64,16 @@ WIDTH_RELATIONS: dict[str, WidthRelations] = {
     # head_dim set alone (the base sizes' doubling, the head-size probe) built attention the
     # config's head_dim disagreed with, and no synthesized plan for it.
     "xlm": WidthRelations(products={"hidden_size": ("num_attention_heads", "head_dim")}),
+    # GPT-NeoX's attention reads its head size as hidden_size // heads, its rotary config.head_dim: a
+    # head_dim set alone (the base sizes' x3, where x2 would make it the hidden size) made them disagree.
+    "gpt_neox": WidthRelations(products={"hidden_size": ("num_attention_heads", "head_dim")}),
+    # OLMoE's q and k norms are hidden_size wide, over the whole projection (heads x head size): a
+    # head_dim set alone (the base sizes', the probe's) made them disagree (the cost refused).
+    "olmoe": WidthRelations(products={"hidden_size": ("num_attention_heads", "head_dim")}),
+    # Gemma 4's per-layer embedding table is looked up with the input ids: as long as the vocabulary (the
+    # real models' are), or a probe's vocabulary x5 indexed past it (IndexError). Its all-reduce is
+    # B·S·L·Hp at any table length.
+    "gemma4_text": WidthRelations(nested={"vocab_size": "vocab_size_per_layer_input"}),
     # xLSTM's embedding_dim and num_blocks are its hidden size and depth under other names (all fields).
     "xlstm": WidthRelations(nested={"hidden_size": "embedding_dim", "num_hidden_layers": "num_blocks"}),
 }
