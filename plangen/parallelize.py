@@ -14,8 +14,8 @@ Order of work in :func:`parallelize_model`:
      are first translated onto the LoRA layers' base layers and adapters (:mod:`plangen.lora`);
   4. activation checkpointing of the decoder layers;
   5. FSDP2: each decoder layer, then the root without resharding after forward; each parameter
-     sharded on dim 0 over DP, or on another dim where its TP-local dim 0 is smaller than DP
-     (:mod:`plangen.fsdp_shard`).
+     sharded on dim 0 over DP, or on another dim where padding its TP-local dim 0 to a multiple of
+     DP would add more than 1 % (:mod:`plangen.fsdp_shard`).
 """
 
 from __future__ import annotations
@@ -180,8 +180,8 @@ def apply_fsdp(
     layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=wide)
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=wide, output_dtype=wide)
     offload_policy: OffloadPolicy = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
-    # Dim 0, except where a TP-local dim 0 is smaller than DP (one expert per TP rank): padding
-    # would fill whole ranks there (plangen.fsdp_shard).
+    # Dim 0, except where a TP-local dim 0 pads more than 1 % to a multiple of DP (one expert per TP
+    # rank, 7 experts over DP 2): padding would fill ranks there (plangen.fsdp_shard).
     placement = build_shard_placement_fn(dp_shard_size(dp_mesh))
     # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
     for layer in find_separable_units(model, layers):

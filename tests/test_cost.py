@@ -91,15 +91,19 @@ def test_fsdp_pads_dim_zero_to_the_dp_size():
     assert ParameterShard("bias", 5, (5,), False).fsdp_numel(2) == 3
 
 
-def test_fsdp_splits_another_dim_where_dim_zero_is_smaller_than_dp():
+def test_fsdp_splits_another_dim_where_dim_zero_would_pad_more_than_a_percent():
     from plangen.fsdp_shard import fsdp_shard_dim
 
     # One expert per TP rank (Mixtral-8x7B at TP 8): dim 1 over DP 2, not a pad of a whole expert.
     expert = ParameterShard("experts.gate_up_proj", 8 * 28672 * 4096, (1, 28672, 4096), tp_sharded=True)
     assert expert.fsdp_numel(2) == 14336 * 4096 and expert.padded_numel(2) == 28672 * 4096
     assert fsdp_shard_dim((1, 28672, 4096), 2) == 1 and fsdp_shard_dim((1, 3, 4096), 2) == 2
-    # Dim 0 everywhere else: large enough, nothing else divides, no other dim, no DP.
-    assert [fsdp_shard_dim(shape, dp) for shape, dp in (((2, 8), 2), ((3, 8), 2), ((1, 3), 2), ((1,), 2), ((1, 8), 1))] == [0, 0, 0, 0, 0]
+    # FlexOlmo's 7 experts, each split on its intermediate at TP 2: over DP 2 dim 0 would pad one (14 %).
+    assert fsdp_shard_dim((7, 16384, 4096), 2) == 1 and fsdp_shard_dim((3, 8), 2) == 1
+    # Dim 0 everywhere else: even, padded by under 1 % (101 rows over DP 2, a 151,937 vocabulary over
+    # DP 8), nothing else divides, no other dim, no DP.
+    kept = ((2, 8), (101, 8), (151937, 4096), (1, 3), (1,), (1, 8))
+    assert [fsdp_shard_dim(shape, dp) for shape, dp in zip(kept, (2, 2, 8, 2, 2, 1))] == [0] * 6
 
 
 def _local_numel(model) -> int:

@@ -7,6 +7,7 @@ steps after which every parameter still agrees.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -356,16 +357,22 @@ def test_one_expert_per_tp_rank_is_split_over_dp_on_dim_1(results, case_id):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("case_id", params(CASE_IDS))
-def test_only_parameters_with_dim_0_smaller_than_dp_leave_fsdp2s_dim_0(results, case_id):
+def test_only_parameters_whose_dim_0_would_pad_leave_fsdp2s_dim_0(results, case_id):
     # Every case, dense or MoE, TP 2 alone, DP 2 x TP 2, HSDP: what FSDP2 shards off dim 0 has a
-    # local dim 0 of 1 under DP 2 (one expert per rank; Qwen2-MoE's shared_expert_gate [1, H]).
+    # TP-local dim 0 that DP 2 would pad by more than 1 % (one expert per rank; Qwen2-MoE's
+    # shared_expert_gate [1, H]; 3 experts split on their intermediate), the dim the rule names.
+    from plangen.fsdp_shard import fsdp_shard_dim
+
     for per_case in results:
         layouts = per_case[case_id]["off_dim0"]
-        assert all(local[0] < 2 for _, local in layouts.values()), layouts
+        for placements, local in layouts.values():
+            dim = int(re.findall(r"\d+", placements[0])[0])  # FSDP2's Shard or _StridedShard, the DP mesh dim first
+            assert local[0] % 2 and fsdp_shard_dim([n * 2 if d == dim else n for d, n in enumerate(local)], 2) == dim, layouts
         # vision (and audio) towers: not enumerated here
         multimodal = "ForConditionalGeneration" in case_id or "Phi4Multimodal" in case_id
         # HunYuan's one expert (split on its intermediate) and router ([1, H]) have a dim 0 of 1; RWKV's time_mix_* [1, 1, H].
-        if not multimodal and (not any(k in case_id for k in ("2-experts", "qwen2_moe", "hunyuan", "rwkv")) or case_id.startswith("tp2/")):
+        odd = ("2-experts", "3-experts", "qwen2_moe", "hunyuan", "rwkv")
+        if not multimodal and (not any(k in case_id for k in odd) or case_id.startswith("tp2/")):
             assert layouts == {}, layouts
 
 

@@ -2,9 +2,9 @@
 
 After TP each parameter is a DTensor (or a plain tensor the plan left whole); its local shard is
 what one TP rank holds. FSDP2 then shards every parameter over DP on the dim the runtime gives it
-(:func:`plangen.fsdp_shard.fsdp_shard_dim`: dim 0, padded to a multiple of the DP size, unless the
-TP-local dim 0 is smaller than DP, as with one expert per TP rank, where another dim splits
-evenly), so one rank holds ``ceil(size[d] / dp) x rest`` elements of each. Gradients
+(:func:`plangen.fsdp_shard.fsdp_shard_dim`: dim 0, padded to a multiple of the DP size, unless that
+pads more than 1 % of it, as with one expert per TP rank or 7 experts over DP 2, where another dim
+splits evenly), so one rank holds ``ceil(size[d] / dp) x rest`` elements of each. Gradients
 have the parameters' layout; AdamW keeps two states of the same layout (exp_avg, exp_avg_sq). The
 figures are rank 0's, the largest when shards are uneven.
 """
