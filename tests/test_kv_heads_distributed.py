@@ -74,5 +74,5 @@ def test_replicated_kv_heads_match_the_unsharded_model(results, case_id):
 def test_replicated_kv_weights_give_the_hugging_face_state_dict_both_ways(results, case_id):
     for per_case in results:
         sd = per_case[case_id]["state_dict"]
-        assert sd["names"] == [] and sd["shapes"] == [], sd
-        assert sd["read"] == 0 and sd["loaded"] == 0, sd
+        assert sd["names"] == [] and sd["shapes"] == [] and sd["plain_names"] == [], sd
+        assert sd["read"] == 0 and sd["loaded"] == 0 and sd["plain_read"] == 0, sd

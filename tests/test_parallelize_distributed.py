@@ -280,8 +280,8 @@ MOE_IDS = [c for c in CASE_IDS if any(c.split("/")[1].startswith(m) for m in (*M
 def test_full_state_dict_is_the_hugging_face_one_both_ways(results, case_id):
     for per_case in results:
         sd = per_case[case_id]["state_dict"]
-        assert sd["names"] == [] and sd["shapes"] == [], sd
-        assert sd["read"] == 0 and sd["loaded"] == 0, sd
+        assert sd["names"] == [] and sd["shapes"] == [] and sd["plain_names"] == [], sd
+        assert sd["read"] == 0 and sd["loaded"] == 0 and sd["plain_read"] == 0, sd
 
 
 @pytest.mark.distributed

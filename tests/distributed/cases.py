@@ -264,9 +264,10 @@ def read_off_dim0_layouts(sharded: torch.nn.Module, dp_mesh) -> dict[str, list]:
 
 
 def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The parallelized model's full state dict (torch.distributed.checkpoint's API) against the
-    Hugging Face weights: same names, shapes, values; then those weights loaded back in, and read
-    out again, land where they belong (perturbed first, so a no-op load would show)."""
+    """The parallelized model's full state dict (torch.distributed.checkpoint's API, and
+    ``model.state_dict()`` with each DTensor gathered) against the Hugging Face weights: same names,
+    shapes, values; then those weights loaded back in, and read out again, land where they belong
+    (perturbed first, so a no-op load would show)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
     options = StateDictOptions(full_state_dict=True)
@@ -274,6 +275,11 @@ def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, to
     names_differ = sorted(set(full) ^ set(original))
     shapes_differ = sorted(k for k in full if k in original and tuple(full[k].shape) != tuple(original[k].shape))
     read = max((full[k] - original[k]).abs().max().item() for k in full if k in original and k not in shapes_differ)
+    # model.state_dict() gathered by hand, as a user without torch.distributed.checkpoint would.
+    plain = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sharded.state_dict().items()}
+    plain_names = sorted(set(plain) ^ set(original))
+    plain_read = max((plain[k] - original[k]).abs().max().item() if plain[k].shape == original[k].shape else float("inf")
+                     for k in plain if k in original)
     with torch.no_grad():
         for param in sharded.parameters():
             param.add_(1.0)
@@ -281,7 +287,8 @@ def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, to
     set_model_state_dict(sharded, {k: v.clone() for k, v in original.items()}, options=options)
     again = get_model_state_dict(sharded, options=options)
     loaded = max((again[k] - original[k]).abs().max().item() for k in again if k in original and k not in shapes_differ)
-    return {"names": names_differ[:5], "shapes": shapes_differ[:5], "read": read, "loaded": loaded}
+    return {"names": names_differ[:5], "shapes": shapes_differ[:5], "read": read, "loaded": loaded,
+            "plain_names": plain_names[:5], "plain_read": plain_read}
 
 
 def reference_loss(reference, out, ids, dp: int, forward, aux_coef: float = 0.0) -> torch.Tensor:
@@ -391,7 +398,7 @@ def case_problem(result: dict[str, Any]) -> str | None:
     if "error" in result:
         return result["error"]
     sd = result.get("state_dict")
-    if sd is not None and (sd["names"] or sd["shapes"] or sd["read"] > 0 or sd["loaded"] > 0):
+    if sd is not None and (sd["names"] or sd["shapes"] or sd["read"] > 0 or sd["loaded"] > 0 or sd["plain_names"] or sd["plain_read"] > 0):
         return f"full state dict differs from the Hugging Face weights: {sd}"
     if result["missing_grads"] or result["extra_grads"]:
         return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"
