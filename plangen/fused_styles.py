@@ -194,18 +194,17 @@ class MultiQueryColwiseParallel(FusedColwiseParallel):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from copy import copy
 
-        from plangen.padded_heads import apply_padded_packed_rows, install_pad_save_hook
+        from plangen.padded_heads import PADDED_HEADS, apply_padded_packed_rows, install_pad_save_hook
 
         _check_projection(self, module)
         # Query heads padded by the block's PrepareAttentionInput(padded_heads=True): the layout's parts
         # are the padded ones (this rank's query heads, pad included; the shared head whole).
+        padded = getattr(module, PADDED_HEADS, None) is not None
         parts = apply_padded_packed_rows(module, self.part_sizes, self.shared_parts)
-        style = self
-        if parts != self.part_sizes:
-            style = copy(self)
-            style.part_sizes = parts
+        style = copy(self) if padded else self
+        style.part_sizes = parts
         style._partition_linear_fn("", module, device_mesh)
-        if parts != self.part_sizes:
+        if padded:
             install_pad_save_hook(module)  # after the layout hooks: it drops the pad from their rows
         apply_shared_parts(module, device_mesh, parts, self.shared_parts, self.input_layouts[0])
         return module

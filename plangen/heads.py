@@ -13,6 +13,7 @@ from math import gcd
 from typing import Any
 
 from plangen.models import text_config
+from plangen.pad_layout import pads_query_heads
 
 
 def legal_tp_size(num_heads: int, num_kv_heads: int, tp_size: int, *, replicate_kv: bool = False) -> bool:
@@ -105,6 +106,6 @@ def any_layout_tp_size_problem(config: Any, tp_size: int, model_name: str) -> st
     :mod:`plangen.padded_heads`) may be padded. Applying the plan checks it against its own layout."""
     problem = tp_size_problem(config, tp_size, model_name, replicate_kv=True)
     counts = head_counts(config)
-    if problem is None or counts is None or counts[0] % 2 == 0:
+    if problem is None or counts is None or not pads_query_heads(counts[0]):
         return problem
     return tp_size_problem(config, tp_size, model_name, padded_heads=True)

@@ -11,6 +11,12 @@ nothing here imports torch.
 from __future__ import annotations
 
 
+def pads_query_heads(heads: int) -> bool:
+    """Whether a multi-query attention of ``heads`` query heads is padded (an odd count, which no even
+    TP size splits): the one place plans, the shrinker, the TP-size checks and ``cost`` ask."""
+    return heads % 2 == 1
+
+
 def padded_head_count(heads: int, tp_size: int) -> int:
     """The head count rounded up to a multiple of ``tp_size`` (``heads`` itself where it divides)."""
     return -(-heads // tp_size) * tp_size

@@ -18,7 +18,8 @@ from plangen.config_keys import (
     HEAD_KEYS, PAIRED_HEADS_KEYS, HEAD_DIM_KEYS, HIDDEN_KEYS, EMBEDDING_WIDTH_KEYS, SMALL_WIDTH_KEYS,
     INTERMEDIATE_KEYS, EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, SHARED_EXPERT_KEYS, EXPERT_GROUP_KEYS,
     LAYER_COUNT_KEYS, OTHER_LAYER_COUNT_KEYS, LEADING_LAYER_KEYS, TRAILING_LAYER_KEYS, LAYER_PERIOD_KEYS,
-    STATE_SPACE_HEADS, STATE_SIZE_KEYS, POSITION_KEYS, CODEBOOK_KEYS, SLIDING_WINDOW_KEYS,
+    STATE_SPACE_HEADS, STATE_SIZE_KEYS, POSITION_KEYS, CODEBOOK_KEYS, SLIDING_WINDOW_KEYS, STATE_SPACE_GROUP_KEYS,
+    TIME_STEP_RANK_KEYS,
 )
 from plangen.models import ModelSource, resolve_config_and_class
 from plangen.shrink_towers import shrink_tower_sizes
@@ -270,8 +271,8 @@ def _shrink_state_space(values: dict[str, Any], key, hidden: int, head_dim: int)
             values[dim_key] = head_dim
             values[heads_key] = max(1, inner // head_dim)
     _cap_all(values, key, STATE_SIZE_KEYS, 16)
-    _cap_all(values, key, ("n_groups", "mamba_n_groups"), 1)
-    for name in ("time_step_rank", "mamba_dt_rank"):
+    _cap_all(values, key, STATE_SPACE_GROUP_KEYS, 1)
+    for name in TIME_STEP_RANK_KEYS:
         if (k := key(name)) is not None:
             values[k] = math.ceil(hidden / 16)
 
@@ -280,12 +281,14 @@ def _tiny_head_counts(heads: int, kv: int, tp: int) -> tuple[int, int]:
     """Head counts that keep the GQA ratio and the original's divisibility by ``tp``."""
     if kv <= 0 or heads <= 0:
         return heads, kv
-    if heads == kv and heads % 2 and heads % tp:
+    from plangen.pad_layout import legal_padded_tp_size, padded_tp_problem, pads_query_heads
+
+    if heads == kv and pads_query_heads(heads) and heads % tp:
         # An odd count no TP size splits (Falcon-7B's 71, its multi-query attention padded with zero heads:
         # plangen.padded_heads): still odd, and enough that every rank keeps a real head once padded.
-        from plangen.pad_layout import legal_padded_tp_size
-
-        odd = next(h for h in range(5, heads + 1, 2) if h % tp and legal_padded_tp_size(h, tp)) if heads >= 5 else heads
+        odd = next((h for h in range(5, heads + 1, 2) if h % tp and legal_padded_tp_size(h, tp)), None) if heads >= 5 else heads
+        if odd is None:
+            raise ValueError(padded_tp_problem(heads, tp, "this model") or f"{heads} heads: no odd count below splits over TP {tp}")
         return odd, odd
     if kv == 1:
         new_kv = 1  # multi-query attention stays multi-query

@@ -952,6 +952,15 @@ def test_multi_query_attention_with_an_odd_head_count_is_padded():
     assert "padded_heads" not in _entry(plan, "transformer.h.*.self_attention").kwargs
 
 
+def test_shrinking_an_odd_head_count_no_padded_layout_fits_is_a_one_line_error():
+    # Falcon-7B's 71 heads shrink to an odd count that still pads at the TP size (31 at TP 16); at
+    # TP 128 every rank would hold a pad head only: refused with the largest legal size, not StopIteration.
+    resolved = resolve_model("falcon")
+    assert shrink_config(resolved.config, 16).num_attention_heads == 31
+    with pytest.raises(ValueError, match="the largest legal TP size for this model is 71"):
+        shrink_config(resolved.config, 128)
+
+
 def test_a_per_head_bias_stacked_with_the_batch_rows_is_cut_by_the_attentions_input_style():
     # Bloom builds its ALiBi bias for all heads from the attention mask, [batch x heads, 1, seq], and hands
     # it to every layer, which hands it on to its attention as alibi=: no plain slice is one rank's heads.
@@ -1868,3 +1877,7 @@ def test_a_model_of_several_stacks_names_them_as_its_reason():
     assert not analysis.synthesizable
     assert analysis.problem == ("its config states no hidden size of its own, only its stacks' (decoder_config,"
                                 " encoder_config, global_config, patcher_config): a model of several stacks is not recognised")
+    # A module with no config at all: the plain reason, and synthesizing it is a ValueError (choose_plan's NoPlanError).
+    assert analyze_model(nn.Sequential(nn.Linear(2, 2))).problem == "its config states no hidden size"
+    with pytest.raises(ValueError, match="no hidden size"):
+        build_synthesized_plan(nn.Sequential(nn.Linear(2, 2)), False)

@@ -32,6 +32,7 @@ from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
 from plangen.cost.widths import derived_width_keys
 from plangen.models import text_config
+from plangen.pad_layout import pads_query_heads
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
 
@@ -331,7 +332,7 @@ def measure_tp_collectives(
         # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
         probeable.discard("heads")
     heads = config_value(text, "num_attention_heads")
-    if is_int(heads) and heads % 2 and heads % tp_size:
+    if is_int(heads) and pads_query_heads(heads) and heads % tp_size:
         # Falcon-7B's odd query heads, padded with zero heads (plangen.padded_heads): doubled, they would
         # divide by the TP size and leave the padded layout. Measured at the shrunk model's count.
         probeable.discard("heads")

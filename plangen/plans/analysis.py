@@ -450,7 +450,7 @@ def _embedding_sum_problem(
 
 def _no_hidden_size(config: object) -> str:
     # A model of several stacks (BLT's patcher, encoder, global transformer, decoder) sizes each in a sub-config.
-    subs = sorted(k for k, v in vars(config or object()).items() if k.endswith("_config") and hasattr(v, "hidden_size"))
+    subs = sorted(k for k, v in getattr(config, "__dict__", {}).items() if k.endswith("_config") and hasattr(v, "hidden_size"))
     return (f"its config states no hidden size of its own, only its stacks' ({', '.join(subs)}): a model of several"
             " stacks is not recognised") if subs else "its config states no hidden size"
 
