@@ -34,7 +34,8 @@ PlanKind = Literal["hand-written", "synthesized", "hf", "none"]
 FRACTION_TP_SIZE = 2  # the TP size the sharded share is measured at
 # The fake group started for the measurement when none runs (as many ranks as the tests' own).
 WELL_SHARDED = 0.95  # a plan that shards less leaves much of the model on every TP rank
-WHOLE_PARTS_LISTED = 0.0001  # what a row lists as left whole: down to a router's few hundredths of a percent
+# What a row lists as left whole: its largest parts, down to a router's few hundredths of a percent.
+WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED = 3, 0.0001
 
 
 @dataclass(frozen=True)
@@ -248,14 +249,14 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
         return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running", ""
     try:
         fraction, left = measure_sharded_share(lambda: build_full_size_model(arch))
-        return fraction, "" if fraction >= WELL_SHARDED else render_left_whole(left), render_whole_parts(left, most=3, at_least=WHOLE_PARTS_LISTED)
+        return fraction, "" if fraction >= WELL_SHARDED else render_left_whole(left), render_whole_parts(left, WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED)
     except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
         why = one_line(err, part="first")
     try:
         fraction, left = measure_sharded_share(lambda: shrunk)
     except Exception as err:  # noqa: BLE001
         return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}", ""
-    return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})", render_whole_parts(left, most=3, at_least=WHOLE_PARTS_LISTED)
+    return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})", render_whole_parts(left, WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED)
 
 
 def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:

@@ -73,6 +73,9 @@ STATE_SPACE_HEADS = (
     ("mamba_num_heads", "mamba_head_dim", "expand"),
 )
 STATE_SIZE_KEYS = ("state_size", "mamba_d_state", "ssm_state_size")
+# A state-space mixer's B/C groups and the rank of its time-step projection.
+STATE_SPACE_GROUP_KEYS = ("n_groups", "mamba_n_groups")
+TIME_STEP_RANK_KEYS = ("time_step_rank", "mamba_dt_rank")
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
 # Musicgen's input rows are batch x codebooks: two codebooks keep the layout and let a DP rank's
 # two rows of the checks' batch of four be one sample.

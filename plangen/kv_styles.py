@@ -174,8 +174,8 @@ class PrepareAttentionInput(PrepareModuleInput):
             apply_padded_heads(module, device_mesh, self.head_attributes)
         else:
             apply_kv_head_layout(module, device_mesh)
-        if self.head_attributes and not self.padded_heads:
-            LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
+            if self.head_attributes:
+                LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         if self.shared_tables:
             from plangen.replicated_styles import sum_own_grads_over
 

@@ -43,7 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
 
-from plangen.tp_sums import all_reduce_grad, grad_once
+from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook
 
 # transformers' names of MLA's latent projections (every MLA class in transformers 5.x).
 LATENT_KV_PROJ = "kv_a_proj_with_mqa"
@@ -173,9 +173,6 @@ def _leave_query_input_grad_partial(attention: nn.Module, device_mesh: DeviceMes
             return args
         return (DTensor.from_local(x, device_mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),)), *rest)
 
-    def count_once(mod: nn.Module, args: tuple) -> tuple:
-        return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
-
     # Prepended: before the column-parallel style's own input hook, whatever order the plan applies them in.
     query.register_forward_pre_hook(partial_grad_input, prepend=True)
-    getattr(attention, LATENT_KV_PROJ).register_forward_pre_hook(count_once)
+    getattr(attention, LATENT_KV_PROJ).register_forward_pre_hook(grad_once_pre_hook(device_mesh))

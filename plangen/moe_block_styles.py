@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
 
 from plangen.moe_styles import expert_count
-from plangen.tp_sums import all_reduce_grad, grad_once, replicated_local
+from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook, replicated_local
 
 
 class PartialGradInput(PrepareModuleInput):
@@ -73,12 +73,9 @@ def _install_input_once(style: PrepareModuleInputOutput, module: nn.Module, devi
             local = all_reduce_grad(local, device_mesh) if torch.is_grad_enabled() else local
         return (local, *args[1:])
 
-    def count_once(mod: nn.Module, args: tuple) -> tuple:
-        return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args else args
-
     module.register_forward_pre_hook(local_once)
     for reader in whole_readers:
-        reader.register_forward_pre_hook(count_once)
+        reader.register_forward_pre_hook(grad_once_pre_hook(device_mesh))
 
 
 class MoeBlockParallel(PrepareModuleInputOutput):

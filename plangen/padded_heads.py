@@ -132,18 +132,24 @@ def fill_pad(tensor: torch.Tensor, dim: int, rows: list[int], size: int) -> torc
     return padded.index_copy(dim, torch.tensor(rows, device=tensor.device), tensor)
 
 
+def _pad_layout(module: nn.Module, param_name: str) -> tuple[int, list[int], int] | None:
+    return getattr(module, PAD_LAYOUT, {}).get(param_name)
+
+
 def drop_pad(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.Tensor:
     """The whole parameter (or gradient) without its pad, as Hugging Face holds it; unpadded ones unchanged."""
-    layout = getattr(module, PAD_LAYOUT, {}).get(param_name)
+    layout = _pad_layout(module, param_name)
     if layout is None:
         return tensor
     dim, rows, _ = layout
     return tensor.index_select(dim, torch.tensor(rows, device=tensor.device))
 
 
-def hugging_face_shape(module: nn.Module, param_name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape of a whole padded parameter (or gradient) once its pad is dropped; others' unchanged."""
-    layout = getattr(module, PAD_LAYOUT, {}).get(param_name)
+def hugging_face_shape(model: nn.Module, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of ``model``'s whole parameter (or gradient) ``name`` (a dotted name) once its pad is
+    dropped; others' unchanged."""
+    path, _, param_name = name.rpartition(".")
+    layout = _pad_layout(model.get_submodule(path), param_name)
     if layout is None:
         return tuple(shape)
     dim, rows, _ = layout
@@ -152,7 +158,7 @@ def hugging_face_shape(module: nn.Module, param_name: str, shape: tuple[int, ...
 
 def read_pad(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.Tensor | None:
     """The pad entries of a whole padded parameter (or gradient) in its padded layout; None where it has none."""
-    layout = getattr(module, PAD_LAYOUT, {}).get(param_name)
+    layout = _pad_layout(module, param_name)
     if layout is None:
         return None
     dim, rows, size = layout

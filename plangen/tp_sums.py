@@ -75,9 +75,19 @@ def grad_once(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     return GradOnceOverMesh.apply(tensor, mesh.get_group())
 
 
+def grad_once_pre_hook(mesh: DeviceMesh):
+    """A forward pre-hook giving a module's first input :func:`grad_once`: for a replicated reader
+    (a router, a latent down-projection) of an input whose gradient a block sums over TP once."""
+
+    def count_once(module: torch.nn.Module, args: tuple) -> tuple:
+        return (grad_once(args[0], mesh), *args[1:]) if torch.is_grad_enabled() and args else args
+
+    return count_once
+
+
 def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
     # A DTensor here is replicated (the block gathered its input): its local value is the whole tensor.
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-__all__ = ["GradOnceOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "grad_once", "replicated_local"]
+__all__ = ["GradOnceOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "grad_once", "grad_once_pre_hook", "replicated_local"]

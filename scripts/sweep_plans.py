@@ -243,7 +243,7 @@ def write_docs(seconds: float | None) -> None:
     import torch
     import transformers
 
-    from plangen.catalog import FRACTION_TP_SIZE, WELL_SHARDED, build_catalog, render_fraction
+    from plangen.catalog import FRACTION_TP_SIZE, WELL_SHARDED, WHOLE_PARTS_LISTED, WHOLE_PARTS_MOST, build_catalog, render_fraction
     from plangen.plans.proven import load_proven
 
     load_proven.cache_clear()
@@ -291,7 +291,7 @@ def write_docs(seconds: float | None) -> None:
         "",
         "## What each plan leaves whole",
         "",
-        "The largest parts (at least 0.01 % of the model, three at most) each plan keeps whole on every TP rank",
+        f"The largest parts (at least {WHOLE_PARTS_LISTED:.2%} of the model, {WHOLE_PARTS_MOST} at most) each plan keeps whole on every TP rank",
         f"at the class's default size and TP={FRACTION_TP_SIZE}, with the reason the plan gives: routers, norms, what",
         "cannot split. `other`: parameters no entry of the plan names (plain norms, biases). `plangen cost`",
         "gives the same per rank at any size.",

@@ -149,8 +149,7 @@ def _gradient_shapes(reference: "nn.Module", sharded: "nn.Module") -> tuple[list
             missing.append(name)
             continue
         # Zero heads padding the query heads (plangen.padded_heads) are not Hugging Face's: their shape without.
-        path, _, param_name = name.rpartition(".")
-        got = hugging_face_shape(sharded.get_submodule(path), param_name, tuple(grads[name].shape))
+        got = hugging_face_shape(sharded, name, tuple(grads[name].shape))
         if got != tuple(param.grad.shape):
             shapes[name] = (list(got), list(param.grad.shape))
     return missing, shapes

@@ -61,8 +61,7 @@ def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
             local, sharded = tuple(param.shape), False
         # The model's own elements: zero heads padding the query heads (plangen.padded_heads) are held
         # (the local shape) but are not the model's, so the ideal does not count them.
-        path, _, param_name = name.rpartition(".")
-        whole = math.prod(hugging_face_shape(module.get_submodule(path), param_name, tuple(param.shape)))
+        whole = math.prod(hugging_face_shape(module, name, tuple(param.shape)))
         shards.append(ParameterShard(name, whole, local, sharded))
     return shards
 

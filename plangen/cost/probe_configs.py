@@ -11,7 +11,10 @@ import copy
 from fractions import Fraction
 from typing import Any, Mapping
 
-from plangen.config_keys import EXPERTS_PER_TOKEN_KEYS
+from plangen.config_keys import (
+    EXPERTS_PER_TOKEN_KEYS, LAYER_PERIOD_KEYS, LEADING_LAYER_KEYS, STATE_SIZE_KEYS, STATE_SPACE_GROUP_KEYS, STATE_SPACE_HEADS,
+    TIME_STEP_RANK_KEYS, TRAILING_LAYER_KEYS,
+)
 from plangen.cost.settings import CostError
 from plangen.cost.widths import apply_width_relations, width_relations
 from plangen.models import text_config
@@ -162,11 +165,10 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
 # Widths no probe scales that a collective can carry (Mamba1's x_proj output, all-reduced per mixer:
 # B·S·(dt_rank + 2 x state), a sum of sizes where the probes read products): measured at the real
 # model's value, so their bytes are the real ones.
-REAL_WIDTH_KEYS = ("time_step_rank", "mamba_dt_rank", "state_size", "mamba_d_state", "ssm_state_size")
-# Mamba-2's B/C groups: shrunk to one, which plangen.mamba_styles lays out otherwise (one group
-# gathered per forward, its norm's statistics summed) than groups split over TP.
-GROUP_KEYS = ("n_groups", "mamba_n_groups")
-HEAD_KEYS = ("num_heads", "mamba_n_heads", "mamba_num_heads")
+REAL_WIDTH_KEYS = (*TIME_STEP_RANK_KEYS, *STATE_SIZE_KEYS)
+# Mamba-2's B/C groups (STATE_SPACE_GROUP_KEYS): shrunk to one, which plangen.mamba_styles lays out
+# otherwise (one group gathered per forward, its norm's statistics summed) than groups split over TP.
+STATE_SPACE_HEAD_KEYS = tuple(keys[0] for keys in STATE_SPACE_HEADS)
 
 
 def config_with_real_widths(config: Any, real: Any, tp_size: int) -> Any:
@@ -178,8 +180,8 @@ def config_with_real_widths(config: Any, real: Any, tp_size: int) -> Any:
         value = config_value(real_text, key)
         if is_int(value) and is_int(config_value(text, key)):
             set_config_value(text, key, value)
-    heads = next((config_value(text, k) for k in HEAD_KEYS if is_int(config_value(text, k))), None)
-    for key in GROUP_KEYS:
+    heads = next((config_value(text, k) for k in STATE_SPACE_HEAD_KEYS if is_int(config_value(text, k))), None)
+    for key in STATE_SPACE_GROUP_KEYS:
         groups = config_value(real_text, key)
         if is_int(groups) and groups > 1 and groups % tp_size == 0 and heads and heads % tp_size == 0:
             set_config_value(text, key, tp_size)
@@ -192,9 +194,7 @@ def is_int(value: Any) -> bool:
 
 def state_space_heads(text: Any) -> tuple[str, str, str] | None:
     """The (heads, head size, expansion) keys of a Mamba-2-style mixer whose heads x head size is
-    expansion x hidden, or None (plangen.shrink's table of them)."""
-    from plangen.config_keys import STATE_SPACE_HEADS
-
+    expansion x hidden, or None (plangen.config_keys' table of them)."""
     hidden = config_value(text, "hidden_size")
     for keys in STATE_SPACE_HEADS:
         heads, dim, expand = (config_value(text, k) for k in keys)
@@ -227,7 +227,6 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
 def config_with_extra_layer(config: Any, index: int) -> Any | None:
     """A copy with one more layer like layer ``index``, appended; None where the layers' kinds are
     not per-layer lists alone (index lists, leading, trailing or periodic layer counts would move)."""
-    from plangen.config_keys import LAYER_PERIOD_KEYS, LEADING_LAYER_KEYS, TRAILING_LAYER_KEYS
     from plangen.shrink import is_layer_index_list
 
     text = text_config(config)
@@ -255,7 +254,6 @@ def config_with_more_layers(config: Any, factor: int = 2) -> Any:
     lists of layer indices (Llama-4's ``moe_layers``: ``[0, 1]`` becomes ``[0, 1, 2, 3]``, not the
     per-layer repeat ``[0, 1, 0, 1]``, which left the added layers dense and their collectives uncounted),
     and a count of leading layers of another kind (DeepSeek's dense first layers) grows with them."""
-    from plangen.config_keys import LEADING_LAYER_KEYS
     from plangen.shrink import is_layer_index_list
 
     config = copy.deepcopy(config)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import builtins
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
