@@ -18,7 +18,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from plangen.files import WriteOutcome, check_output_path, write_plan_file
 from plangen.plan import Plan
@@ -90,31 +90,15 @@ def load_model(spec: "str | ResolvedModel") -> LoadedModel:
     return LoadedModel(resolved, model)
 
 
-def check_tp_size(
-    config: Any, tp_size: int, model_name: str, *, replicate_kv: bool = True, padded_heads: bool = False
-) -> None:
-    """Refuse a TP size below 1 or one the attention heads cannot be split by (naming the largest legal one).
-
-    ``replicate_kv``: KV heads may be replicated (checked before the plan is known; the seed plan is
-    checked again for it once built). ``padded_heads``: the plan pads the query heads (plangen.padded_heads)."""
-    from plangen.heads import tp_size_problem
-
-    if tp_size < 1:
-        raise InitError(f"--tp-size must be at least 1, got {tp_size}")
-    problem = tp_size_problem(config, tp_size, model_name, replicate_kv=replicate_kv, padded_heads=padded_heads)
-    if problem is not None:
-        raise InitError(f"--tp-size {tp_size}: {problem}")
-
-
 def check_seed_plan_heads(model: "nn.Module", plan: Plan, tp_size: int) -> None:
     """A seed plan that does not replicate KV heads (plangen.kv_styles) needs the TP size to divide them;
     one that pads the query heads (plangen.padded_heads) needs every rank to keep a real head."""
     from plangen.plan import build_parallel_styles
-    from plangen.plan_checks import pads_heads, replicates_kv_heads
+    from plangen.plan_checks import plan_heads_problem
 
-    styles = build_parallel_styles(plan)
-    check_tp_size(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles),
-                  padded_heads=pads_heads(model, styles))
+    problem = plan_heads_problem(model, build_parallel_styles(plan), tp_size)
+    if problem is not None:
+        raise InitError(f"--tp-size {tp_size}: {problem}")
 
 
 def check_seed_plan_splits(model: "nn.Module", plan: Plan, tp_size: int) -> None:

@@ -91,6 +91,15 @@ def pads_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
                for p, s in styles.items())
 
 
+def plan_heads_problem(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> str | None:
+    """Why ``tp_size`` cannot split ``model``'s heads under this plan's attention layout (KV heads
+    replicated, query heads padded: read off the plan), or None when it can."""
+    if not hasattr(model, "config"):
+        return None
+    return tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles),
+                           padded_heads=pads_heads(model, styles))
+
+
 def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
     unmatched = find_unmatched_keys(model, styles)
     if unmatched:
@@ -98,9 +107,8 @@ def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_si
             f"plan key(s) match no module of {type(model).__name__}: {', '.join(unmatched)} "
             "(torch would only warn and leave those modules unsharded)"
         )
-    if shards_attention(model, styles):
-        check_heads_divisible(model, tp_size, replicate_kv=replicates_kv_heads(model, styles),
-                              padded_heads=pads_heads(model, styles))
+    if shards_attention(model, styles) and (problem := plan_heads_problem(model, styles, tp_size)) is not None:
+        raise PlanError(problem)
 
 
 def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelStyle], dp_size: int) -> None:

@@ -159,16 +159,14 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
 
     import torch
 
-    from plangen.heads import tp_size_problem
     from plangen.parallelize import parallelize_model
-    from plangen.plan_checks import pads_heads, replicates_kv_heads
+    from plangen.plan_checks import plan_heads_problem
 
     try:
         model, styles = _build_case(case, tp_size)
     except Exception as error:  # noqa: BLE001 - the plan or the model could not be built
         return {"stage": "load", "error": one_line(error, part="first", with_type=True)}
-    problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles),
-                              padded_heads=pads_heads(model, styles))
+    problem = plan_heads_problem(model, styles, tp_size)
     if problem is not None:
         return {"skipped": problem}
     dtype = torch.float64 if type(model).__name__ in FLOAT64_CHECKS else torch.float32
