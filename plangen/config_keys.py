@@ -83,3 +83,11 @@ CODEBOOK_KEYS = ("num_codebooks",)
 SLIDING_WINDOW_KEYS = (
     "sliding_window", "sliding_window_size", "attention_window", "attention_chunk_size",
 )
+
+
+def sets_layer_kinds(key: str, value: object) -> bool:
+    """Whether config entry ``key`` = ``value`` lays out layers of other kinds by count: leading or
+    trailing layers of another kind, or every n-th layer (a period of 1 is every layer: no other kind)."""
+    if key in LEADING_LAYER_KEYS + TRAILING_LAYER_KEYS:
+        return bool(value)
+    return key in LAYER_PERIOD_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 1

@@ -38,7 +38,7 @@ def layers_alike(layers: list[Any], config: Any) -> str | None:
     """None where every decoder layer has the same modules and parameter shapes and the config states
     no per-layer kinds; else why not (the caller then traces every layer)."""
     from plangen.models import text_config
-    from plangen.config_keys import LAYER_PERIOD_KEYS, LEADING_LAYER_KEYS, TRAILING_LAYER_KEYS
+    from plangen.config_keys import sets_layer_kinds
 
     def signature(layer: Any) -> tuple:
         modules = tuple((name, type(m).__name__) for name, m in layer.named_modules())
@@ -51,9 +51,7 @@ def layers_alike(layers: list[Any], config: Any) -> str | None:
     for key, value in vars(text).items():
         if isinstance(value, (list, tuple)) and len(value) == len(layers) and len({repr(v) for v in value}) > 1:
             return f"its config sets {key} per layer"
-        leading = key in LEADING_LAYER_KEYS + TRAILING_LAYER_KEYS and value
-        periodic = key in LAYER_PERIOD_KEYS and isinstance(value, int) and value > 1  # 1: every layer
-        if leading or periodic:
+        if sets_layer_kinds(key, value):
             return f"its config sets {key}"
     return None
 

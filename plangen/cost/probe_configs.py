@@ -12,8 +12,8 @@ from fractions import Fraction
 from typing import Any, Mapping
 
 from plangen.config_keys import (
-    EXPERTS_PER_TOKEN_KEYS, LAYER_PERIOD_KEYS, LEADING_LAYER_KEYS, STATE_SIZE_KEYS, STATE_SPACE_GROUP_KEYS, STATE_SPACE_HEADS,
-    TIME_STEP_RANK_KEYS, TRAILING_LAYER_KEYS,
+    EXPERTS_PER_TOKEN_KEYS, LEADING_LAYER_KEYS, STATE_SIZE_KEYS, STATE_SPACE_GROUP_KEYS, STATE_SPACE_HEADS,
+    TIME_STEP_RANK_KEYS, sets_layer_kinds,
 )
 from plangen.cost.settings import CostError
 from plangen.cost.widths import apply_width_relations, width_relations
@@ -231,12 +231,7 @@ def config_with_extra_layer(config: Any, index: int) -> Any | None:
 
     text = text_config(config)
     layers = count_layers(config)
-    if any(
-        is_layer_index_list(key, value, layers)
-        or (key in LEADING_LAYER_KEYS + TRAILING_LAYER_KEYS and value)
-        or (key in LAYER_PERIOD_KEYS and is_int(value) and value > 1)
-        for key, value in vars(text).items()
-    ):
+    if any(is_layer_index_list(key, value, layers) or sets_layer_kinds(key, value) for key, value in vars(text).items()):
         return None
     lists = [key for key, value in vars(text).items() if isinstance(value, list) and len(value) == layers]
     if not lists:
