@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 from plangen.errors import one_line
+from plangen.plan import WELL_SHARDED
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -32,8 +33,6 @@ if TYPE_CHECKING:  # pragma: no cover
 PlanKind = Literal["hand-written", "synthesized", "hf", "none"]
 
 FRACTION_TP_SIZE = 2  # the TP size the sharded share is measured at
-# The fake group started for the measurement when none runs (as many ranks as the tests' own).
-WELL_SHARDED = 0.95  # a plan that shards less leaves much of the model on every TP rank
 # What a row lists as left whole: its largest parts, down to a router's few hundredths of a percent.
 WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED = 3, 0.0001
 

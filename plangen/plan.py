@@ -37,6 +37,9 @@ def check_variant(variant: str) -> str:
 
 # Groups in the order the generated file lists them.
 GROUPS = ("embeddings", "attention", "mlp", "norms", "output", "other")
+# The share of a model's parameters a plan should shard over TP at its class's default size: below
+# it, much of the model stays on every TP rank (plangen list flags it; MLA's rule aims at it).
+WELL_SHARDED = 0.95
 
 
 @dataclass(frozen=True)
