@@ -259,13 +259,7 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
 
 
 def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
-    """The share of the parameters the runtime's plan (:func:`~plangen.plans.choice.choose_plan`, no
-    SP) shards at TP=2, applied under the running fake process group to a model ``build_model`` builds
-    on the meta device.
-
-    The plan is chosen for, and applied to, one layer of each kind (:func:`apply_layer_sample`);
-    where that fails (a plan that follows the config's layer pattern), every layer.
-    """
+    """:func:`measure_sharded_share`'s share alone."""
     return measure_sharded_share(build_model)[0]
 
 
@@ -285,8 +279,11 @@ def render_left_whole(left: list[tuple[str, float, str]], most: int = 2) -> str:
 
 
 def measure_sharded_share(build_model: Callable[[], "nn.Module"]) -> tuple[float, list[tuple[str, float, str]]]:
-    """:func:`measure_sharded_fraction`, and what stays whole with the plan's reasons
-    (:func:`plangen.cost.memory.read_left_whole`)."""
+    """The share of the parameters the runtime's plan (no SP) shards at TP=2 on the model
+    ``build_model`` builds on the meta device, under the running fake process group, and what stays
+    whole with the plan's reasons (:func:`plangen.cost.memory.read_left_whole`). The plan is chosen
+    for, and applied to, one layer of each kind (:func:`apply_layer_sample`); where that fails (a
+    plan that follows the config's layer pattern), every layer."""
     from plangen.cost.measure import quiet_partial_matches, tp_mesh
     from plangen.cost.memory import read_left_whole, sharded_fraction
     from plangen.plans.choice import choose_plan
