@@ -18,11 +18,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
+from plangen import compat
 from plangen.attention_styles import PrepareAttentionInputOutput
 
 
@@ -71,8 +71,7 @@ class BucketedAttentionInputOutput(PrepareAttentionInputOutput):
 
         def all_heads_output(local: torch.Tensor, local_heads: int) -> torch.Tensor:
             # [..., buckets * local heads] per rank -> [..., buckets * all heads], bucket major.
-            gathered = funcol.all_gather_tensor_autograd(local.movedim(-1, 0).contiguous(), 0, device_mesh)
-            gathered = funcol.wait_tensor(gathered).movedim(0, -1)
+            gathered = compat.all_gather(local.movedim(-1, 0), 0, device_mesh).movedim(0, -1)
             parts = gathered.reshape(*gathered.shape[:-1], tp, -1, local_heads).transpose(-3, -2)
             return parts.reshape(*gathered.shape[:-1], -1)
 

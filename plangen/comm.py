@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
-from torch.distributed.tensor.debug._comm_mode import NATIVE_TO_PY_MAPPING, c10d_collective_ops
+
+from plangen.compat import comm_tables, op_packet
+
+NATIVE_TO_PY_MAPPING, c10d_collective_ops = comm_tables()
 
 
 class _FlatTracker:
@@ -42,7 +45,7 @@ class CollectiveCounter(CommDebugMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        packet = func._overloadpacket
+        packet = op_packet(func)
         if packet in self.comm_registry or packet in c10d_collective_ops:
             packet = NATIVE_TO_PY_MAPPING.get(packet, packet)
             # A functional collective returns its tensor, a c10d one (its tensors, its work).

@@ -41,12 +41,12 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen import compat
 from plangen.fused_styles import FusedColwiseParallel, gather_shared_rows
 from plangen.norm_styles import _SumOverTP
 
@@ -284,9 +284,7 @@ def _gated_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor
     if mesh is None or local % group == 0:
         h = _normalize_groups(h, group, eps)
     elif gather:
-        whole = funcol.all_gather_single_autograd(h.contiguous(), h.ndim - 1, mesh)
-        if isinstance(whole, funcol.AsyncCollectiveTensor):
-            whole = whole.wait()
+        whole = compat.all_gather(h, h.ndim - 1, mesh)
         h = _normalize_groups(whole, group, eps).narrow(-1, mesh.get_local_rank() * local, local)
     else:
         sums = h.pow(2).sum(-1, keepdim=True)

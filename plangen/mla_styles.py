@@ -43,6 +43,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
 
+from plangen import compat
 from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook
 
 # transformers' names of MLA's latent projections (every MLA class in transformers 5.x).
@@ -171,7 +172,7 @@ def _leave_query_input_grad_partial(attention: nn.Module, device_mesh: DeviceMes
         x, *rest = args
         if isinstance(x, DTensor):
             return args
-        return (DTensor.from_local(x, device_mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),)), *rest)
+        return (compat.from_local(x, device_mesh, (Replicate(),), run_check=False, grad_placements=(Partial(),)), *rest)
 
     # Prepended: before the column-parallel style's own input hook, whatever order the plan applies them in.
     query.register_forward_pre_hook(partial_grad_input, prepend=True)

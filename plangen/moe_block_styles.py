@@ -23,6 +23,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
 
+from plangen import compat
 from plangen.moe_styles import expert_count
 from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook, replicated_local
 
@@ -45,7 +46,7 @@ class PartialGradInput(PrepareModuleInput):
 
     def _prepare_input_arg(self, input: Any, mesh: DeviceMesh, input_layout: Any, desired_layout: Any) -> Any:
         if input_layout is not None and isinstance(input, torch.Tensor) and not isinstance(input, DTensor):
-            input = DTensor.from_local(input, mesh, (input_layout,), run_check=False, grad_placements=(Partial(),))
+            input = compat.from_local(input, mesh, (input_layout,), run_check=False, grad_placements=(Partial(),))
         return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
 
 

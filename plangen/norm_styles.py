@@ -35,12 +35,12 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen import compat
 from plangen.replicated_styles import AllReduceParamGrads
 
 _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
@@ -75,8 +75,7 @@ def sum_over_tp(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
 
 
 def _all_reduce(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    out = funcol.all_reduce(tensor, "sum", mesh)
-    return out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
+    return compat.all_reduce(tensor, mesh)
 
 
 def normalize(
@@ -238,9 +237,7 @@ class GatheredNormParallel(ShardedNormParallel):
                 x = x.to_local()
             else:
                 layout["placements"] = None
-            whole = funcol.all_gather_single_autograd(x.contiguous(), x.ndim - 1, device_mesh)
-            if isinstance(whole, funcol.AsyncCollectiveTensor):
-                whole = whole.wait()
+            whole = compat.all_gather(x, x.ndim - 1, device_mesh)
             if whole.shape[-1] != weight.shape[0]:
                 raise ValueError(
                     f"GatheredNormParallel: the gathered input is {whole.shape[-1]} wide, the norm {weight.shape[0]}:"

@@ -139,7 +139,7 @@ KV_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 
 def apply_activation_checkpointing(layers: list[nn.Module]) -> None:
-    from torch.distributed._composable import checkpoint
+    from plangen.compat import composable_checkpoint as checkpoint
 
     # The composable API keeps parameter names unchanged (a wrapper module would rename them).
     for layer in layers:

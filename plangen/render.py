@@ -78,7 +78,7 @@ def render_value(value: Any, used: set[str] | None = None) -> str:
     Placement class names are added to ``used`` (when given).
     """
     from torch.distributed.tensor import Partial, Replicate, Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
+    from plangen.compat import is_strided_shard
 
     used = set() if used is None else used
     if value is None or isinstance(value, bool):
@@ -87,7 +87,7 @@ def render_value(value: Any, used: set[str] | None = None) -> str:
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, _StridedShard):  # a Shard subclass with no public constructor
+    if is_strided_shard(value):  # a Shard subclass with no public constructor
         raise RenderError(f"cannot write the private placement {value!r} in a plan file")
     if isinstance(value, Shard):
         used.add("Shard")

@@ -46,6 +46,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen import compat
 from plangen.tp_sums import all_reduce_grad
 
 TIME_MIX_LINEARS = ("key", "value", "receptance")  # hidden -> attention_hidden, split by rows
@@ -86,7 +87,7 @@ class _ReduceScatterLast(torch.autograd.Function):
         ctx.group, size = group, dist.get_world_size(group)
         front = tensor.movedim(-1, 0).contiguous()
         out = front.new_empty((front.shape[0] // size, *front.shape[1:]))
-        dist.reduce_scatter_single(out, front, group=group)
+        compat.reduce_scatter(out, front, group=group)
         return out.movedim(0, -1)
 
     @staticmethod
@@ -111,7 +112,7 @@ class _GatherLast(torch.autograd.Function):
 def _gather_last(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     front = tensor.movedim(-1, 0).contiguous()
     out = front.new_empty((front.shape[0] * dist.get_world_size(group), *front.shape[1:]))
-    dist.all_gather_single(out, front, group=group)
+    compat.all_gather_into(out, front, group=group)
     return out.movedim(0, -1)
 
 

@@ -13,6 +13,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen import compat
 from plangen.tp_sums import grad_once
 
 
@@ -85,11 +86,9 @@ def _gather_partial_grad(source: DTensor, device_mesh: DeviceMesh) -> torch.Tens
     reduce-scattered back into ``source``'s shard. A flattened sequence shard (``[B, S, H]`` split on
     S, reshaped to ``[B·S, H]``: a ``_StridedShard`` of the rows) is gathered as ``[B, S, H]``:
     DTensor reduces a ``Partial`` gradient into a strided shard by an all-reduce (2x the bytes)."""
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     (placement,) = source.placements
     shape = source.shape
-    if isinstance(placement, _StridedShard):
+    if compat.is_strided_shard(placement):
         dim, factor = placement.dim, placement.split_factor
         source = source.view(*shape[:dim], factor, shape[dim] // factor, *shape[dim + 1:])  # Shard(dim + 1)
     whole = source.redistribute(device_mesh, [Replicate()]).to_local(grad_placements=(Partial(),))

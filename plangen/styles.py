@@ -34,8 +34,9 @@ from torch.distributed.tensor.parallel import (
     RowwiseParallel,
     SequenceParallel,
 )
-from torch.distributed.tensor.placement_types import Placement, _StridedShard
+from torch.distributed.tensor.placement_types import Placement
 
+from plangen import compat
 from plangen.bucketed_styles import BucketedAttentionInputOutput
 from plangen.attention_styles import (
     AttentionSinksParallel,
@@ -73,8 +74,8 @@ from plangen.replicated_styles import (
 from plangen.tied_styles import EmbeddingRowReadParallel, ScaledEmbeddingParallel, TiedEmbeddingParallel, TiedHeadParallel
 
 
-def _strided_shard(dim: int, split_factor: int) -> _StridedShard:
-    return _StridedShard(dim, split_factor=split_factor)
+def _strided_shard(dim: int, split_factor: int) -> Placement:
+    return compat.strided_shard(dim, split_factor)
 
 
 def _check_packed(param: torch.Tensor, dim: int, split_factor: int, device_mesh: DeviceMesh, what: str) -> None:

@@ -161,7 +161,9 @@ def _quiet_torch_logs():
     emulates: what a fake run does by design, not news for the plan's author."""
     import logging
 
-    loggers = [logging.getLogger(name) for name in ("torch.distributed", "torch._logging", "torch.distributed.tensor")]
+    from plangen.compat import TORCH_LOGGERS
+
+    loggers = [logging.getLogger(name) for name in TORCH_LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)

@@ -92,7 +92,9 @@ def quiet_partial_matches() -> Iterator[None]:
 def quiet_fake_tensor_log() -> Iterator[None]:
     """Keep torch's fake-tensor logger from printing a traceback for an op that fails: the failure
     is the plan's, and it is reported once, on one line (:class:`CostError`)."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    from plangen.compat import FAKE_TENSOR_LOGGER
+
+    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:
@@ -211,7 +213,7 @@ def run_step(
     seq: int,
 ) -> StepRun:
     """Forward, loss and backward of a model built from ``config`` under the plan; its collectives."""
-    from torch.distributed._tools.mod_tracker import ModTracker
+    from plangen.compat import mod_tracker
 
     from plangen.cost.depth import running_layer
     from plangen.plan_checks import PlanError, find_transformer_layers
@@ -226,7 +228,7 @@ def run_step(
     layers, kinds = len(decoder_layers), tuple(layer_kind(layer) for layer in decoder_layers)
     ids_of = {id(layer): i for i, layer in enumerate(decoder_layers)}
     layer_names = {name: ids_of[id(m)] for name, m in model.named_modules() if id(m) in ids_of}
-    tracker = ModTracker()
+    tracker = mod_tracker()
 
     def layer_at() -> int | None:
         return running_layer(tracker.parents, layer_names, tracker.is_bw)

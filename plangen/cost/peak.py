@@ -128,9 +128,9 @@ def parse_memory(text: str, option: str = "--gpu-memory") -> int:
 def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
     """An ``FSDPMemTracker`` that skips DTensor's shape propagation and records the peak of each
     phase in each decoder layer (``layer_names``: their names, as the model names them, by index)."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from plangen.compat import peak_tracker_class
 
-    class StepTracker(FSDPMemTracker):
+    class StepTracker(peak_tracker_class()):
         def __init__(self) -> None:
             super().__init__(model, optimizer)
             self.propagating = 0
@@ -146,19 +146,17 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
                 return func(*args, **(kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-        def _update_peak_stats(self, peak_state) -> None:
-            super()._update_peak_stats(peak_state)
+        def on_peak(self, is_bw: bool, in_opt: bool, parents: set[str], snapshots: list[dict]) -> None:
             # Once backward has begun, what runs before the optimizer (FSDP2's post-backward
             # callbacks) is backward's too, not forward's.
-            in_backward = self._mod_tracker.is_bw or "backward" in self.past_layers
-            phase = "optimizer" if self._in_opt else "backward" if in_backward else "forward"
-            parents = self._mod_tracker.parents
+            in_backward = is_bw or "backward" in self.past_layers
+            phase = "optimizer" if in_opt else "backward" if in_backward else "forward"
             layer = running_layer(parents, layer_names, in_backward)
             if layer is not None:
                 self.past_layers.add(phase)
             elif phase in self.past_layers:
                 layer = AFTER_LAYERS
-            for snapshot in self._curr_mem_snap.values():
+            for snapshot in snapshots:
                 best = self.peaks.get((phase, layer))
                 if best is None or snapshot["Total"] > best[0]["Total"]:
                     self.peaks[(phase, layer)] = (
@@ -183,22 +181,10 @@ def _innermost(parents: set[str], layer: int | None = None, layer_names: dict[st
 
 @contextmanager
 def _skip_shape_propagation(tracker: Any) -> Iterator[None]:
-    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from plangen.compat import counting_shape_propagation
 
-    original = ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def propagate(self, op_schema):
-        tracker.propagating += 1
-        try:
-            return original(self, op_schema)
-        finally:
-            tracker.propagating -= 1
-
-    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
-    try:
+    with counting_shape_propagation(tracker, "propagating"):
         yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = original
 
 
 def _breakdown(snapshot: dict[str, int], optimizer_states: int) -> Breakdown:
@@ -281,7 +267,9 @@ def track_layer_peaks(
 
 def _local(tensor: Any) -> Any:
     # A DTensor's local shard: the same storage, so the tracker files it as the DTensor's.
-    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+    from plangen.compat import local_tensor
+
+    return local_tensor(tensor)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +356,7 @@ def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, act
     """(plan choice, the peak of each phase in each layer) for rank 0 of a model built from
     ``config``, traced with fake tensors."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from plangen.compat import fake_tensor_mode_class
     from torch.distributed.device_mesh import DeviceMesh
 
     from plangen.cost.choices import resolve_plan_choice
@@ -385,7 +373,7 @@ def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, act
         # Outside fake mode: a mesh reads its ranks from a real tensor.
         mesh = DeviceMesh("cpu", torch.arange(world).view(settings.dp_size, settings.tp_size), mesh_dim_names=("dp", "tp"))
         model = _parallelize(meta, choice, settings, activation_checkpointing, mesh["dp"], mesh["tp"])
-        with FakeTensorMode(allow_non_fake_inputs=True), warnings.catch_warnings():
+        with fake_tensor_mode_class()(allow_non_fake_inputs=True), warnings.catch_warnings():
             # FSDP2's warning for a root returning a view (some plans' logits): about in-place ops, none here.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
             model.to_empty(device="cpu")

@@ -231,10 +231,10 @@ def _is_router(module: Any) -> bool:
 
 def _route_counter(routes: list[int], per_rank: int):
     def count(module: Any, args: Any, output: Any) -> None:
-        from torch.utils._python_dispatch import _disable_current_modes
+        from plangen.compat import no_dispatch_modes
 
         # Outside the memory tracker (a dispatch mode): the count allocates, the measured step must not.
-        with _disable_current_modes():
+        with no_dispatch_modes():
             indices = output[-1]
             indices = indices.to_local() if hasattr(indices, "to_local") else indices
             for rank, n in enumerate((indices // per_rank).flatten().bincount(minlength=len(routes)).tolist()):

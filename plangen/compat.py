@@ -1,0 +1,234 @@
+"""torch's differences between releases, and its private names, in one place (torch 2.11 - 2.15).
+
+Every torch name that is private (a ``_`` module or attribute) or that a release of the window
+lacks is reached from ``plangen/`` through this module alone; ``tests/test_compat.py`` scans the
+package and fails where another module names one. What differs, and how each is handled:
+
+- ``DTensor.from_local(grad_placements=)``: 2.13 on. :func:`from_local` passes it where torch takes
+  it; before, an autograd Function around ``from_local`` whose backward redistributes the gradient
+  to ``grad_placements`` as 2.13's ``from_local`` does (``redistribute_local_tensor``: the same
+  collective, none where the gradient is already there).
+- ``funcol.all_gather_single_autograd``: 2.13 on; 2.11-2.12 have ``all_gather_tensor_autograd``
+  (deprecated, with a warning, from 2.13). :func:`all_gather` takes whichever the release has: the
+  same ``all_gather_into_tensor`` forward, reduce-scatter (sum) backward, waited.
+- ``dist.reduce_scatter_single`` and ``dist.all_gather_single``: 2.13 on; before, the same
+  collectives as ``dist.reduce_scatter_tensor`` and ``dist.all_gather_into_tensor`` (deprecated
+  from 2.13): :func:`reduce_scatter`, :func:`all_gather_into`.
+- ``Partial.ALL_REDUCE_OPS``: 2.13 on; :data:`PARTIAL_REDUCE_OPS` is torch's where it has one, else
+  the ops 2.13 lists (the ones 2.11's ``Partial`` reduces by name as well).
+- Private names used as they are, on every release: ``_StridedShard`` (:data:`StridedShard`,
+  :func:`strided_shard`), a DTensor's ``_local_tensor`` (:func:`local_tensor`), funcol's
+  ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
+  tables (:func:`comm_tables`, :func:`op_packet`), the composable ``checkpoint``, the memory
+  tracker's per-step state (:class:`PeakTracker`), DTensor's shape propagation
+  (:func:`counting_shape_propagation`), fake tensors and dispatch modes, torch's logger names.
+
+Not routed here: the ``ParallelStyle`` protocol a custom style overrides (``_apply``,
+``_partition_*_fn``, ``_prepare_*``: :data:`PARALLEL_STYLE_HOOKS`, each checked present on every
+release by the tests) and ``nn.Module``'s ``_parameters``/``_modules``/``_buffers``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
+
+TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
+
+# torch's loggers plangen quiets around fake runs (their names are torch's modules).
+FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+TORCH_LOGGERS = ("torch.distributed", "torch._logging", "torch.distributed.tensor")
+
+# The ParallelStyle methods plangen's styles override or call (torch's protocol for custom styles).
+PARALLEL_STYLE_HOOKS: dict[str, tuple[str, ...]] = {
+    "ParallelStyle": ("_apply",),
+    "ColwiseParallel": ("_partition_linear_fn", "_partition_embedding_fn", "_prepare_input_fn", "_prepare_output_fn"),
+    "RowwiseParallel": ("_partition_linear_fn", "_partition_embedding_fn", "_prepare_input_fn", "_prepare_output_fn"),
+    "SequenceParallel": ("_prepare_input_fn", "_prepare_output_fn"),
+    "PrepareModuleInput": ("_prepare_input_arg",),
+}
+
+StridedShard = _StridedShard
+
+# ---------------------------------------------------------------------------------------------
+# DTensor
+
+
+def strided_shard(dim: int, split_factor: int) -> Placement:
+    """``_StridedShard(dim, split_factor=...)``: a Shard of ``split_factor`` interleaved parts."""
+    return _StridedShard(dim, split_factor=split_factor)
+
+
+def is_strided_shard(placement: Any) -> bool:
+    return isinstance(placement, _StridedShard)
+
+
+def local_tensor(tensor: Any) -> Any:
+    """A DTensor's local shard with no autograd step (the same storage); any other value itself."""
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+
+
+NATIVE_FROM_LOCAL_GRAD_PLACEMENTS = "grad_placements" in inspect.signature(DTensor.from_local).parameters
+
+
+class _FromLocalGradAs(torch.autograd.Function):
+    """``DTensor.from_local``; backward: the gradient redistributed to ``grad_placements``, its local
+    tensor (2.13's ``from_local(grad_placements=)`` for releases without it)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, mesh: Any, placements: tuple, grad_placements: tuple,
+                shape: Any, stride: Any) -> DTensor:  # type: ignore[override]
+        ctx.mesh, ctx.grad_placements = mesh, grad_placements
+        ctx.set_materialize_grads(False)
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple:  # type: ignore[override]
+        if grad is None:
+            return None, None, None, None, None, None
+        if tuple(grad.placements) == ctx.grad_placements:
+            return grad.to_local(), None, None, None, None, None
+        from torch.distributed.tensor._dtensor_spec import DTensorSpec
+        from torch.distributed.tensor._redistribute import redistribute_local_tensor
+
+        target = DTensorSpec(ctx.mesh, ctx.grad_placements, tensor_meta=grad._spec.tensor_meta)
+        return redistribute_local_tensor(grad._local_tensor, grad._spec, target), None, None, None, None, None
+
+
+def from_local(local: torch.Tensor, mesh: Any, placements: Sequence[Placement], *, run_check: bool = False,
+               shape: Any = None, stride: Any = None, grad_placements: Sequence[Placement] | None = None) -> DTensor:
+    """``DTensor.from_local``, with ``grad_placements`` (the layout the local gradient is taken in)
+    on every release."""
+    if grad_placements is None:
+        return DTensor.from_local(local, mesh, placements, run_check=run_check, shape=shape, stride=stride)
+    if NATIVE_FROM_LOCAL_GRAD_PLACEMENTS:
+        return DTensor.from_local(local, mesh, placements, run_check=run_check, shape=shape, stride=stride,
+                                  grad_placements=grad_placements)
+    if run_check:
+        raise ValueError("plangen.compat.from_local: run_check with grad_placements needs torch >= 2.13")
+    return _FromLocalGradAs.apply(local, mesh, tuple(placements), tuple(grad_placements), shape, stride)
+
+
+PARTIAL_REDUCE_OPS: tuple[str, ...] = tuple(getattr(Partial, "ALL_REDUCE_OPS", ("sum", "avg", "min", "max", "product")))
+
+# ---------------------------------------------------------------------------------------------
+# Collectives
+
+
+def wait(tensor: torch.Tensor) -> torch.Tensor:
+    """A functional collective's result, waited for (a plain tensor as it is)."""
+    return tensor.wait() if isinstance(tensor, funcol.AsyncCollectiveTensor) else tensor
+
+
+def all_reduce(tensor: torch.Tensor, mesh: Any, op: str = "sum") -> torch.Tensor:
+    """``tensor`` all-reduced over ``mesh`` (functional, no autograd), waited for."""
+    return wait(funcol.all_reduce(tensor, op, mesh))
+
+
+def all_gather(tensor: torch.Tensor, dim: int, mesh: Any) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated on ``dim``, waited for; backward: the gradient
+    reduce-scattered (sum) back on ``dim``."""
+    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
+    return wait(gather(tensor.contiguous(), dim, mesh))
+
+
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> None:
+    """c10d reduce-scatter (sum) of ``input``'s first dim into ``output``."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter(output, input, group=group)
+
+
+def all_gather_into(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> None:
+    """c10d all-gather of every rank's ``input`` into ``output``'s first dim."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, input, group=group)
+
+
+# ---------------------------------------------------------------------------------------------
+# Debug and tracing tools
+
+
+def comm_tables() -> tuple[dict, Any]:
+    """CommDebugMode's (``NATIVE_TO_PY_MAPPING``, ``c10d_collective_ops``)."""
+    from torch.distributed.tensor.debug._comm_mode import NATIVE_TO_PY_MAPPING, c10d_collective_ops
+
+    return NATIVE_TO_PY_MAPPING, c10d_collective_ops
+
+
+def op_packet(func: Any) -> Any:
+    """An OpOverload's OpOverloadPacket."""
+    return func._overloadpacket
+
+
+def composable_checkpoint(module: Any) -> Any:
+    """``torch.distributed._composable.checkpoint`` (keeps parameter names)."""
+    from torch.distributed._composable import checkpoint
+
+    return checkpoint(module)
+
+
+def mod_tracker() -> Any:
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    return ModTracker()
+
+
+def fake_tensor_mode_class() -> type:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode
+
+
+@contextmanager
+def no_dispatch_modes() -> Iterator[None]:
+    """Outside every active dispatch mode (a memory tracker's, a fake mode's)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+def peak_tracker_class() -> type:
+    """An ``FSDPMemTracker`` subclass that calls ``self.on_peak(in_backward, in_optimizer, parents,
+    snapshots)`` at each new peak (its module tracker's state and the current snapshots)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class PeakTracker(FSDPMemTracker):
+        def on_peak(self, in_backward: bool, in_optimizer: bool, parents: set[str], snapshots: list[dict]) -> None:
+            raise NotImplementedError
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            super()._update_peak_stats(peak_state)
+            self.on_peak(self._mod_tracker.is_bw, self._in_opt, self._mod_tracker.parents,
+                         list(self._curr_mem_snap.values()))
+
+    return PeakTracker
+
+
+@contextmanager
+def counting_shape_propagation(holder: Any, attr: str = "propagating") -> Iterator[None]:
+    """While inside, ``holder.<attr>`` counts the DTensor shape propagations running (their ops
+    run on global-shaped tensors that exist only to give a shape)."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def propagate(self: Any, op_schema: Any) -> Any:
+        setattr(holder, attr, getattr(holder, attr) + 1)
+        try:
+            return original(self, op_schema)
+        finally:
+            setattr(holder, attr, getattr(holder, attr) - 1)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = original
