@@ -16,6 +16,10 @@ package and fails where another module names one. What differs, and how each is 
   from 2.13): :func:`reduce_scatter`, :func:`all_gather_into`.
 - ``Partial.ALL_REDUCE_OPS``: 2.13 on; :data:`PARTIAL_REDUCE_OPS` is torch's where it has one, else
   the ops 2.13 lists (the ones 2.11's ``Partial`` reduces by name as well).
+- Redistribution to ``Partial``: 2.11-2.14 refuse every one ("for internal use only"); 2.15
+  allows ``Shard -> Partial("sum")`` (and refuses the rest). :data:`SHARD_TO_PARTIAL_SUM` says
+  which; PG110 stays an error for the window (a plan that needs it fails on 2.11-2.14), its
+  message says so.
 - Private names used as they are, on every release: ``_StridedShard`` (:data:`StridedShard`,
   :func:`strided_shard`), a DTensor's ``_local_tensor`` (:func:`local_tensor`), funcol's
   ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
@@ -115,6 +119,9 @@ def from_local(local: torch.Tensor, mesh: Any, placements: Sequence[Placement], 
         raise ValueError("plangen.compat.from_local: run_check with grad_placements needs torch >= 2.13")
     return _FromLocalGradAs.apply(local, mesh, tuple(placements), tuple(grad_placements), shape, stride)
 
+
+# torch redistributes a Shard to Partial("sum") (2.15 on; every redistribution to Partial refused before).
+SHARD_TO_PARTIAL_SUM = TORCH_VERSION >= (2, 15)
 
 PARTIAL_REDUCE_OPS: tuple[str, ...] = tuple(getattr(Partial, "ALL_REDUCE_OPS", ("sum", "avg", "min", "max", "product")))
 

@@ -252,7 +252,8 @@ def test_registry_wrong_example_fails_under_torch(code):
 
 
 def test_partial_targets_fail_under_torch_and_partial_inputs_do_not(fake_pg):
-    """PG110's claim, on a fake process group: a redistribution to Partial is refused."""
+    """PG110's claim, on a fake process group: a redistribution to Partial is refused (2.15 allows
+    Shard to Partial("sum") alone: ``plangen.compat.SHARD_TO_PARTIAL_SUM``)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -272,13 +273,18 @@ def test_partial_targets_fail_under_torch_and_partial_inputs_do_not(fake_pg):
         parallelize_module(model, mesh, {"0": style})
         return model(torch.ones(2, local_features))
 
+    from plangen.compat import SHARD_TO_PARTIAL_SUM
+
+    shard_to_sum = (ColwiseParallel(output_layouts=Partial()), 2 * size)
     for refused, features in (
-        (ColwiseParallel(output_layouts=Partial()), 2 * size),
+        *(() if SHARD_TO_PARTIAL_SUM else (shard_to_sum,)),
         (RowwiseParallel(output_layouts=Partial("avg")), 2),
-        (PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Partial()), 2 * size),
+        *(() if SHARD_TO_PARTIAL_SUM else ((PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Partial()), 2 * size),)),
     ):
-        with pytest.raises(RuntimeError, match="redistributing to Partial"):
+        with pytest.raises(RuntimeError, match="redistributing to Partial|redistribute from"):
             forward(refused, features)
+    if SHARD_TO_PARTIAL_SUM:
+        forward(*shard_to_sum)
     forward(ColwiseParallel(input_layouts=Partial()), 2 * size)
     forward(RowwiseParallel(output_layouts=Partial()), 2)
 
@@ -338,7 +344,9 @@ def test_known_placements_match_torch():
         assert importlib.import_module(alias).Shard is importlib.import_module(target).Shard
     for name in known.PRIVATE_PLACEMENTS:
         assert hasattr(placement_types, name)
-    assert known.PARTIAL_REDUCE_OPS == dtensor.Partial.ALL_REDUCE_OPS
+    from plangen.compat import PARTIAL_REDUCE_OPS  # torch's Partial.ALL_REDUCE_OPS where it has one (2.13 on)
+
+    assert known.PARTIAL_REDUCE_OPS == PARTIAL_REDUCE_OPS
     # The constructor facts PG108 relies on.
     for bad in (lambda: dtensor.Shard(), lambda: dtensor.Shard("1"), lambda: dtensor.Replicate(0)):
         with pytest.raises(TypeError):

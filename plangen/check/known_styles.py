@@ -325,7 +325,7 @@ PLACEMENT_MODULES: dict[str, tuple[str, ...]] = {
 PRIVATE_PLACEMENTS = ("_StridedShard", "_MaskPartial", "_Partial")
 # ``torch.distributed._tensor`` is the deprecated alias of ``torch.distributed.tensor``.
 PLACEMENT_MODULE_ALIASES = {"torch.distributed._tensor": "torch.distributed.tensor"}
-# ``Partial.ALL_REDUCE_OPS`` in torch.
+# ``Partial.ALL_REDUCE_OPS`` in torch 2.13 on (``plangen.compat.PARTIAL_REDUCE_OPS``, which a test compares).
 PARTIAL_REDUCE_OPS = ("sum", "avg", "min", "max", "product")
 
 # Modules whose contents are fully known here: a name from one of them that is not in the tables
