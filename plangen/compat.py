@@ -20,6 +20,12 @@ package and fails where another module names one. What differs, and how each is 
   allows ``Shard -> Partial("sum")`` (and refuses the rest). :data:`SHARD_TO_PARTIAL_SUM` says
   which; PG110 stays an error for the window (a plan that needs it fails on 2.11-2.14), its
   message says so.
+- A flatten over a sharded dim (``[B, S, H]`` split on S viewed as ``[B·S, H]``, which every
+  ``nn.Linear`` on a 3-D input does): 2.13 on make it a ``_StridedShard``; 2.11 refuses it
+  (:data:`FLATTENS_SHARDED_DIM`). :func:`linear_on_local_rows` computes such a linear with
+  replicated weights on each rank's rows, the weight gradient left ``Partial`` as DTensor leaves
+  it (no collective either way); a model whose own code flattens a sequence-sharded tensor
+  (Gemma 4 under SP) cannot run on 2.11.
 - Private names used as they are, on every release: ``_StridedShard`` (:data:`StridedShard`,
   :func:`strided_shard`), a DTensor's ``_local_tensor`` (:func:`local_tensor`), funcol's
   ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
@@ -122,6 +128,29 @@ def from_local(local: torch.Tensor, mesh: Any, placements: Sequence[Placement], 
 
 # torch redistributes a Shard to Partial("sum") (2.15 on; every redistribution to Partial refused before).
 SHARD_TO_PARTIAL_SUM = TORCH_VERSION >= (2, 15)
+
+# DTensor flattens a sharded dim into the dims before it (a _StridedShard; refused before 2.13).
+FLATTENS_SHARDED_DIM = TORCH_VERSION >= (2, 13)
+
+
+def is_row_sharded(x: Any) -> bool:
+    """``x`` is a DTensor sharded on a dim other than its last (the rows an ``nn.Linear`` flattens)."""
+    return isinstance(x, DTensor) and x.ndim > 2 and any(
+        p.is_shard() and p.dim % x.ndim != x.ndim - 1 for p in x.placements) and all(
+        p.is_shard() or p.is_replicate() for p in x.placements)
+
+
+def linear_on_local_rows(x: DTensor, weight: DTensor, bias: DTensor | None) -> DTensor:
+    """``F.linear(x, weight, bias)`` for ``x`` sharded on its rows (:func:`is_row_sharded`) and
+    ``Replicate()`` weights: each rank's rows by the local weights, the result in ``x``'s placements;
+    the weight (and bias) gradient ``Partial``, the input's in ``x``'s placements, as DTensor's
+    linear gives them where it can flatten the rows (torch 2.13 on)."""
+    partial = tuple(Partial() for _ in weight.placements)
+    w = weight.to_local(grad_placements=partial)
+    b = None if bias is None else bias.to_local(grad_placements=partial)
+    out = torch.nn.functional.linear(x.to_local(), w, b)
+    return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False)
+
 
 PARTIAL_REDUCE_OPS: tuple[str, ...] = tuple(getattr(Partial, "ALL_REDUCE_OPS", ("sum", "avg", "min", "max", "product")))
 

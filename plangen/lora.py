@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
 
+from plangen import compat
 from plangen.module_tree import LORA_PARTS, ModuleIndex
 from plangen.plan_checks import PlanError
 
@@ -111,6 +112,18 @@ class ReplicatedAdapter(ParallelStyle):
                 )
 
         module.register_forward_pre_hook(check_input)
+        if not compat.FLATTENS_SHARDED_DIM and isinstance(module, nn.Linear):
+            # torch < 2.13 cannot flatten a sequence-sharded input (lora_B after a row-parallel
+            # lora_A under SP): the same product on each rank's tokens.
+            linear = module.forward
+
+            def forward(x):
+                if compat.is_row_sharded(x) and isinstance(module.weight, DTensor) \
+                        and all(p.is_replicate() for p in module.weight.placements):
+                    return compat.linear_on_local_rows(x, module.weight, module.bias)
+                return linear(x)
+
+            module.forward = forward
         if self.use_local_output:
             module.register_forward_hook(lambda mod, args, out: out.to_local())
         return module

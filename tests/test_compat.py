@@ -195,4 +195,33 @@ def gloo_worker(payload: Any) -> dict[str, float]:
     compat.all_gather_into(out, per_rank(rank, 2, 3))
     diff("all_gather_into", out, torch.cat([per_rank(r, 2, 3) for r in range(world)]))
     diff("all_reduce", compat.all_reduce(per_rank(rank, 2, 3), mesh), sum(per_rank(r, 2, 3) for r in range(world)))
+
+    # A linear with replicated weights on a sequence-sharded input: each rank's rows (torch < 2.13
+    # cannot flatten them), against the whole computation and, where it can, DTensor's own linear.
+    seq = torch.arange(2 * 2 * world * 3, dtype=torch.float32).reshape(2, 2 * world, 3) % 5 - 2
+    lin_w, lin_b = torch.arange(15, dtype=torch.float32).reshape(5, 3) % 7 - 3, torch.arange(5, dtype=torch.float32)
+    coef = torch.arange(2 * 2 * world * 5, dtype=torch.float32).reshape(2, 2 * world, 5) % 3 - 1
+    ref_x, ref_w, ref_b = seq.clone().requires_grad_(True), lin_w.clone().requires_grad_(True), lin_b.clone().requires_grad_(True)
+    ref_out = torch.nn.functional.linear(ref_x, ref_w, ref_b)
+    (ref_out * coef).sum().backward()
+    runs = {"rows": compat.linear_on_local_rows}
+    if compat.FLATTENS_SHARDED_DIM:
+        runs["torch"] = lambda x, w, b: torch.nn.functional.linear(x, w, b)
+    got = {}
+    for name, run in runs.items():
+        local_x = seq.chunk(world, 1)[rank].clone().requires_grad_(True)
+        xd = DTensor.from_local(local_x, mesh, (Shard(1),), run_check=False)
+        assert compat.is_row_sharded(xd)
+        wd = distribute_tensor(lin_w, mesh, (Replicate(),)).requires_grad_(True)
+        bd = distribute_tensor(lin_b, mesh, (Replicate(),)).requires_grad_(True)
+        out = run(xd, wd, bd)
+        (out.to_local() * coef.chunk(world, 1)[rank]).sum().backward()
+        diff(f"rows/{name}/out", out.full_tensor(), ref_out.detach())
+        diff(f"rows/{name}/grad_input", local_x.grad, ref_x.grad.chunk(world, 1)[rank])
+        diff(f"rows/{name}/grad_weight", wd.grad.full_tensor(), ref_w.grad)
+        diff(f"rows/{name}/grad_bias", bd.grad.full_tensor(), ref_b.grad)
+        diffs[f"rows/{name}/placements"] = float(out.placements != (Shard(1),) or not wd.grad.placements[0].is_partial())
+        got[name] = (out.to_local(), local_x.grad, wd.grad.to_local())
+    if "torch" in got:
+        diffs["rows/is_torch_bitwise"] = float(not all(torch.equal(a, b) for a, b in zip(got["rows"], got["torch"])))
     return diffs
