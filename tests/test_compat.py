@@ -30,7 +30,15 @@ VERSIONED_NAMES = frozenset({"funcol", "_StridedShard", "_disable_current_modes"
 
 def _private_torch_module(name: str) -> bool:
     parts = name.split(".")
-    return parts[0] == "torch" and any(p.startswith("_") for p in parts[1:])
+    return parts[0] == "torch" and any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def torch_name_uses(source: str) -> list[tuple[int, str]]:
@@ -45,6 +53,8 @@ def torch_name_uses(source: str) -> list[tuple[int, str]]:
             found += [(node.lineno, f"from {node.module} import {a.name}") for a in node.names if a.name.startswith("_")]
         elif isinstance(node, ast.Attribute) and node.attr in VERSIONED_ATTRIBUTES:
             found.append((node.lineno, f".{node.attr}"))
+        elif isinstance(node, ast.Attribute) and _private_torch_module(_dotted(node) or ""):
+            found.append((node.lineno, _dotted(node)))
         elif isinstance(node, ast.Name) and node.id in VERSIONED_NAMES:
             found.append((node.lineno, node.id))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "from_local" \
@@ -63,12 +73,13 @@ def test_the_scan_finds_each_kind_of_use():
         "dist.reduce_scatter_single(a, b)",
         "DTensor.from_local(x, mesh, p, grad_placements=(Partial(),))",
         "ops = Partial.ALL_REDUCE_OPS",
+        "torch.ops._c10d_functional.wait_tensor(t)",
         "y = x.to_local(grad_placements=(Partial(),))",  # public on every release: not a use
         "z = compat.from_local(x, mesh, p, grad_placements=(Partial(),))",  # the shim: not a use
         "from torch.distributed.tensor import DTensor",  # public: not a use
     ])
     lines = sorted({line for line, _ in torch_name_uses(source)})
-    assert lines == [1, 2, 3, 4, 5, 6, 7]
+    assert lines == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_no_module_but_compat_names_torch_private_or_versioned_api():
