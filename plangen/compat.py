@@ -15,7 +15,7 @@ package and fails where another module names one. What differs, and how each is 
   collectives as ``dist.reduce_scatter_tensor`` and ``dist.all_gather_into_tensor`` (deprecated
   from 2.13): :func:`reduce_scatter`, :func:`all_gather_into`.
 - ``Partial.ALL_REDUCE_OPS``: 2.13 on; :data:`PARTIAL_REDUCE_OPS` is torch's where it has one, else
-  the ops 2.13 lists (the ones 2.11's ``Partial`` reduces by name as well).
+  the ops 2.13 lists (2.11's ``Partial`` takes each by name).
 - Redistribution to ``Partial``: 2.11-2.14 refuse every one ("for internal use only"); 2.15
   allows ``Shard -> Partial("sum")`` (and refuses the rest). :data:`SHARD_TO_PARTIAL_SUM` says
   which; PG110 stays an error for the window (a plan that needs it fails on 2.11-2.14), its
@@ -24,13 +24,14 @@ package and fails where another module names one. What differs, and how each is 
   ``nn.Linear`` on a 3-D input does): 2.13 on make it a ``_StridedShard``; 2.11 refuses it
   (:data:`FLATTENS_SHARDED_DIM`). :func:`linear_on_local_rows` computes such a linear with
   replicated weights on each rank's rows, the weight gradient left ``Partial`` as DTensor leaves
-  it (no collective either way); a model whose own code flattens a sequence-sharded tensor
-  (Gemma 4 under SP) cannot run on 2.11.
+  it (no collective either way): LoRA's replicated ``lora_B`` after a row-parallel ``lora_A``
+  under SP. A model whose own code flattens a sequence-sharded tensor (Gemma 4 under SP) cannot
+  run on 2.11: torch's error; its tests skip there.
 - Private names used as they are, on every release: ``_StridedShard`` (:data:`StridedShard`,
   :func:`strided_shard`), a DTensor's ``_local_tensor`` (:func:`local_tensor`), funcol's
   ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
   tables (:func:`comm_tables`, :func:`op_packet`), the composable ``checkpoint``, the memory
-  tracker's per-step state (:class:`PeakTracker`), DTensor's shape propagation
+  tracker's per-step state (:func:`peak_tracker_class`), DTensor's shape propagation
   (:func:`counting_shape_propagation`), fake tensors and dispatch modes, torch's logger names.
 
 Not routed here: the ``ParallelStyle`` protocol a custom style overrides (``_apply``,
