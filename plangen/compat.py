@@ -169,11 +169,26 @@ def all_reduce(tensor: torch.Tensor, mesh: Any, op: str = "sum") -> torch.Tensor
     return wait(funcol.all_reduce(tensor, op, mesh))
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (2.11's functional all-gather
+    reduce-scatters its gradient as it comes and refuses a non-contiguous one; 2.13's makes it so)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad.contiguous()
+
+
 def all_gather(tensor: torch.Tensor, dim: int, mesh: Any) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated on ``dim``, waited for; backward: the gradient
     reduce-scattered (sum) back on ``dim``."""
-    gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
-    return wait(gather(tensor.contiguous(), dim, mesh))
+    native = getattr(funcol, "all_gather_single_autograd", None)
+    if native is not None:
+        return wait(native(tensor.contiguous(), dim, mesh))
+    return _ContiguousGrad.apply(wait(funcol.all_gather_tensor_autograd(tensor.contiguous(), dim, mesh)))
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group: Any = None) -> None:

@@ -188,14 +188,20 @@ def gloo_worker(payload: Any) -> dict[str, float]:
     mine = per_rank(rank, 2, 3).requires_grad_(True)
     whole = compat.all_gather(mine, 1, mesh)
     diff("all_gather/forward", whole, torch.cat([per_rank(r, 2, 3) for r in range(world)], 1))
-    (whole * per_rank(rank, 2, 3 * world)).sum().backward()
-    diff("all_gather/backward", mine.grad, sum(per_rank(r, 2, 3 * world).chunk(world, 1)[rank] for r in range(world)))
+    # A non-contiguous gradient (through a transpose), as ProphetNet's bucketed projection gives it.
+    (whole.t() * per_rank(rank, 3 * world, 2)).sum().backward()
+    diff("all_gather/backward", mine.grad, sum(per_rank(r, 3 * world, 2).t().chunk(world, 1)[rank] for r in range(world)))
+    # On dim 0 with the gradient arriving non-contiguous (ProphetNet's bucketed projection's case).
+    rows = per_rank(rank, 2, 3).requires_grad_(True)
+    stacked = compat.all_gather(rows, 0, mesh)
+    (stacked.t() * per_rank(rank, 3, 2 * world)).sum().backward()
+    diff("all_gather/dim0_noncontiguous_grad", rows.grad, sum(per_rank(r, 3, 2 * world).t().chunk(world, 0)[rank] for r in range(world)))
     native = getattr(funcol, "all_gather_single_autograd", None)
     if native is not None:
         again = per_rank(rank, 2, 3).requires_grad_(True)
         out = native(again, 1, mesh)
         out = out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
-        (out * per_rank(rank, 2, 3 * world)).sum().backward()
+        (out.t() * per_rank(rank, 3 * world, 2)).sum().backward()
         diffs["all_gather/is_torch_bitwise"] = float(not (torch.equal(out, whole) and torch.equal(again.grad, mine.grad)))
 
     # c10d reduce-scatter and all-gather into a tensor; functional all-reduce.
