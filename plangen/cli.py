@@ -130,7 +130,7 @@ def verify(
     timeout: float = typer.Option(
         600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of --run, all files together; also of each file's import (at most 60 s)."
     ),
-    strict: bool = typer.Option(False, "--strict", help="Warnings set the exit status too."),
+    strict: bool = typer.Option(False, "--strict", help="Warnings, and files checked without a model (imported only), set the exit status too."),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
     drift: bool = typer.Option(
         False, "--drift", help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16)."
