@@ -222,3 +222,14 @@ class BackgroundCommand:
 def slow_unless(ids, default) -> list:
     """``ids`` as parameters, those not in ``default`` marked ``slow`` (out of the default run)."""
     return [i if i in default else pytest.param(i, marks=pytest.mark.slow) for i in ids]
+
+
+def set_proofs(monkeypatch, records: dict) -> dict:
+    """Replace the sweep's records by ``{class name: record}``, each holding for whatever model code
+    asks (plangen.plans.proven keys them by code digest): tests of the choice set a class's verdict.
+    Returns ``records``, which the test may change afterwards."""
+    import plangen.plans.proven as P
+
+    monkeypatch.setattr(P, "proof_for", lambda class_name, code: records.get(class_name))
+    monkeypatch.setattr(P, "load_proven", lambda: {name: {"any code": r} for name, r in records.items()})
+    return records

@@ -12,7 +12,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 import plangen.parallelize as P
-from conftest import DATA
+from conftest import DATA, set_proofs
 from plangen.plan_source import PlanLoadError, load_custom_plan
 from tiny_configs import TINY
 
@@ -101,10 +101,9 @@ def test_optimized_plan_wins_over_hf():
 
 def test_hf_plan_without_optimized_plan_refuses_sequence_parallel(monkeypatch):
     # OLMo recorded with only its Hugging Face plan proven (no class of this transformers is).
-    import plangen.plans.proven as proven
     from plangen.catalog import Architecture, build_catalog_model
 
-    monkeypatch.setattr(proven, "load_proven", lambda: {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    set_proofs(monkeypatch, {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
     model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
     with pytest.raises(P.PlanError, match="sequence_parallel=True but OlmoForCausalLM has no hand-written or proven synthesized plan"):
         P.choose_plan(model, True, None)
