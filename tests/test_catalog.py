@@ -131,11 +131,11 @@ def test_text_table_for_some_models():
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "proof", "TP-sharded", "note"]
-    assert lines[1].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
-    assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
-    assert lines[3].split()[:3] == ["XLNetLMHeadModel", "xlnet", "none"]
+    assert lines[1].split()[:8] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "this", "code", "100.0%"]
+    assert lines[2].split()[:7] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed", "this", "code"]
+    assert lines[3].split()[:6] == ["XLNetLMHeadModel", "xlnet", "none", "no", "n/a", "never"]
     assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 0 hf, 1 none; ")
-    assert lines[-1].endswith("shard ≥ 95% of their parameters over TP")
+    assert lines[-1].endswith("shard ≥ 95% of their parameters over TP; proofs: 2 for this code, 0 for other code only, 1 never")
 
 
 def test_sharded_fraction_at_the_default_size(listing):
