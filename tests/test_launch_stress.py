@@ -4,8 +4,9 @@ A heap corruption in a rank shows up rarely (a rank of that launch killed by SIG
 unaligned tcache chunk detected", or SIGSEGV inside gloo's worker thread; about one launch in
 fourteen under load on two cores), so one launch proves nothing: this runs the default run's case
 list (the same payload tests/test_synthesized_distributed.py launches) ``PLANGEN_STRESS_LAUNCHES``
-times (50 by default), one after the other, and fails on the first rank killed by a signal, quoting
-its Python stacks (plangen.launch's fault report). Slow (about 3 minutes a launch here):
+times, one after the other, and fails on the first rank killed by a signal, quoting its Python
+stacks (plangen.launch's fault report). Slow (about 3 minutes a launch here), so it runs only when
+asked for, even with ``-m "slow or not slow"``:
 
     PLANGEN_STRESS_LAUNCHES=50 .venv/bin/pytest -q -n 0 -m slow tests/test_launch_stress.py
 """
@@ -16,7 +17,7 @@ import os
 
 import pytest
 
-LAUNCHES = int(os.environ.get("PLANGEN_STRESS_LAUNCHES", "50"))
+LAUNCHES = int(os.environ.get("PLANGEN_STRESS_LAUNCHES", "0"))
 
 
 def default_payload() -> dict[str, list[dict]]:
@@ -34,6 +35,7 @@ def default_payload() -> dict[str, list[dict]]:
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.skipif(not LAUNCHES, reason="set PLANGEN_STRESS_LAUNCHES=50 (hours: a launch takes minutes)")
 def test_the_synthesized_plans_launch_never_loses_a_rank_to_a_signal():
     from plangen.launch import DistributedRunError, run_distributed
 
