@@ -401,7 +401,7 @@ def test_what_gloo_still_held_is_allowed_exactly_and_nothing_else():
     """Activations above the trace by exactly one or two works' tensors (as the real run recorded them
     in that phase) are timing; one byte more or less is a difference. A peak at another moment (fewer
     temporaries than the trace's) passes only with its total above the trace's by at most a holding,
-    and the sharded parameters and optimizer states exact."""
+    more than one kind off, and the sharded parameters and optimizer states exact."""
     from plangen.cost.validate import differing_kinds
 
     want = {"total": 5_000_000, "parameters": 1_000_000, "gradients": 0, "optimizer": 2_000_000,
@@ -412,6 +412,8 @@ def test_what_gloo_still_held_is_allowed_exactly_and_nothing_else():
         assert differing_kinds(dict(seen, activations=want["activations"] + extra, total=want["total"] + extra), want) == {}
     assert differing_kinds(dict(seen, activations=want["activations"] + 1025), want) == {
         "activations": (want["activations"] + 1025, want["activations"])}
+    # One kind off alone, its total with it, is a wrong prediction, not a peak at another moment.
+    assert differing_kinds(dict(seen, activations=want["activations"] + 1025, total=want["total"] + 1025), want) != {}
     assert differing_kinds(dict(seen, activations=want["activations"] + 1024, held=[]), want) != {}
     elsewhere = dict(seen, temporary=50_000, activations=want["activations"] + 90_000, total=want["total"] + 40_000)
     assert differing_kinds(elsewhere, want) == {}
