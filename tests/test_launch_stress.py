@@ -50,3 +50,18 @@ def test_the_synthesized_plans_launch_never_loses_a_rank_to_a_signal():
             raise
         errors = {key: r["error"] for key, r in results[0].items() if "error" in r}
         assert not errors, f"launch {launch + 1}: {errors}"
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.skipif(not LAUNCHES, reason="set PLANGEN_STRESS_LAUNCHES=20 (minutes each)")
+def test_torch_alone_async_functional_collectives_on_gloo_never_lose_a_rank():
+    """The same corruption without plangen (tests/distributed/funcol_stress.py): whether torch's
+    gloo path alone does it, on this torch, is what this tells apart from plangen's styles."""
+    from plangen.launch import DistributedRunError, run_distributed
+
+    for launch in range(LAUNCHES):
+        try:
+            run_distributed("tests/distributed/funcol_stress.py:main", 4, {"iters": 20_000}, timeout=1200)
+        except DistributedRunError as err:
+            pytest.fail(f"launch {launch + 1} of {LAUNCHES}: {err}")
