@@ -1,0 +1,128 @@
+"""What differs between transformers releases (plangen/transformers_compat.py), each difference
+reproduced on the pinned release by a tiny stand-in of the other release's module shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Partial
+
+from plangen import moe_styles, transformers_compat
+from plangen.moe_styles import ExpertsParallel
+
+
+class _KernelRows(torch.autograd.Function):
+    """A grouped matmul as the grouped_mm kernel runs it: rows past the last group (the sentinel
+    routes, sorted to the tail) are written neither in forward nor in backward; their
+    uninitialised memory stands here as 1e30."""
+
+    @staticmethod
+    def forward(ctx, x, weight, valid):  # type: ignore[override]
+        ctx.save_for_backward(x, weight, valid)
+        out = torch.bmm(x.unsqueeze(1), weight).squeeze(1)
+        return torch.where(valid[:, None], out, torch.full_like(out, 1e30))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        x, weight, valid = ctx.saved_tensors
+        grad_x = torch.bmm(grad.unsqueeze(1), weight.transpose(1, 2)).squeeze(1)
+        grad_w = (x.unsqueeze(2) * grad.unsqueeze(1)) * valid[:, None, None]
+        return torch.where(valid[:, None], grad_x, torch.full_like(grad_x, 1e30)), grad_w, None
+
+
+class GroupedMm58Experts(nn.Module):
+    """gpt-oss's biased experts ([E, H, 2I] transposed, interleaved gate/up) as transformers 5.8.x's
+    grouped_mm runs them: sentinel rows masked before the up projection and after the weighting,
+    none between, so the down projection's input gradient at those rows is garbage and the
+    per-row gathered ``gate_up_proj_bias`` sums it."""
+
+    def __init__(self, experts: int = 4, hidden: int = 6, inter: int = 5) -> None:
+        super().__init__()
+        self.num_experts = experts
+        self.gate_up_proj = nn.Parameter(torch.randn(experts, hidden, 2 * inter) * 0.3)
+        self.gate_up_proj_bias = nn.Parameter(torch.randn(experts, 2 * inter) * 0.3)
+        self.down_proj = nn.Parameter(torch.randn(experts, inter, hidden) * 0.3)
+        self.down_proj_bias = nn.Parameter(torch.randn(experts, hidden) * 0.3)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        k = top_k_index.shape[-1]
+        ids, weights = top_k_index.reshape(-1), top_k_weights.reshape(-1)
+        valid = ids < self.num_experts
+        x = hidden_states.repeat_interleave(k, 0).masked_fill(~valid[:, None], 0.0)  # pre-mask
+        ids = ids.clamp(max=self.num_experts - 1)
+        gate_up = _KernelRows.apply(x, self.gate_up_proj[ids], valid) + self.gate_up_proj_bias[ids]
+        gated = F.silu(gate_up[..., ::2]) * gate_up[..., 1::2]
+        out = _KernelRows.apply(gated, self.down_proj[ids], valid) + self.down_proj_bias[ids]
+        out = (out * weights[:, None]).masked_fill(~valid[:, None], 0.0)  # post-mask
+        return out.view(-1, k, out.shape[-1]).sum(1)
+
+
+def _routes(tokens: int = 12, experts: int = 4, k: int = 2):
+    torch.manual_seed(1)
+    hidden = torch.randn(tokens, 6)
+    index = torch.stack([torch.randperm(experts)[:k] for _ in range(tokens)])
+    weights = torch.rand(tokens, k)
+    return hidden, index, weights
+
+
+def test_experts_on_a_release_that_mishandles_sentinels_run_this_ranks_routes_alone(fake_pg, monkeypatch):
+    """5.8.x: gpt-oss's ``gate_up_proj_bias`` gradient was silently wrong at TP 2 (the sentinel
+    routes' garbage input gradient summed into it). The style now never hands the experts a
+    sentinel there: rank 0's gradients are exactly the unsharded experts' on rank 0's routes."""
+    monkeypatch.setattr(moe_styles, "experts_take_sentinels", lambda: False)
+    torch.manual_seed(0)
+    whole = GroupedMm58Experts()
+    sharded = GroupedMm58Experts()
+    sharded.load_state_dict(whole.state_dict())
+    ExpertsParallel(output_layouts=Partial())._apply(sharded, DeviceMesh("cpu", torch.arange(2)))
+    hidden, index, weights = _routes()
+
+    ours = index < 2  # rank 0 of 2 holds experts 0 and 1
+    expected = whole(hidden, index, weights * ours)
+    expected.square().sum().backward()
+    got = sharded(hidden, index, weights)
+    got.square().sum().backward()
+
+    torch.testing.assert_close(got, expected)
+    for name, param in sharded.named_parameters():
+        torch.testing.assert_close(param.grad.to_local(), getattr(whole, name).grad[:2], msg=name)
+
+
+def test_the_pinned_release_takes_sentinels():
+    """5.24.0 on: the experts interface knows expert parallelism (the sentinel path, unchanged)."""
+    import transformers
+
+    assert transformers_compat.experts_take_sentinels() == ("_is_expert_parallel" in _moe_source()), transformers.__version__
+
+
+def _moe_source() -> str:
+    import inspect
+
+    from transformers.integrations import moe
+
+    return inspect.getsource(moe)
+
+
+@pytest.mark.parametrize("kinds", [["mamba", "attention", "mlp", "moe"], ["linear_attention", "full_attention", "mlp", "moe"]])
+def test_layer_kinds_read_either_releases_spelling(kinds):
+    class Config:
+        layers_block_type = kinds
+
+    assert transformers_compat.layer_kinds(Config()) == ["linear_attention", "full_attention", "mlp", "moe"]
+
+
+def test_installed_layer_kinds_follow_the_config_class_default():
+    class Legacy:  # 5.5.x-5.8.x NemotronHConfig: its default spells the older names
+        def __init__(self):
+            self.layers_block_type = ["mamba", "moe", "attention", "mlp"]
+
+    class Newer:
+        def __init__(self):
+            self.layers_block_type = ["linear_attention", "moe", "full_attention", "mlp"]
+
+    kinds = ["linear_attention", "full_attention", "mlp"]
+    assert transformers_compat.installed_layer_kinds(Legacy, kinds) == ["mamba", "attention", "mlp"]
+    assert transformers_compat.installed_layer_kinds(Newer, kinds) == kinds
