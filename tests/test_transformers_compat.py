@@ -153,3 +153,25 @@ def test_nemotron_h_checkpoints_mamba_blocks_under_the_older_name():
     for kind, checkpointed in (("mamba", True), ("linear_attention", True), ("attention", False), ("mlp", True), ("moe", False)):
         block.block_type = kind
         assert checkpoint_nemotron_h_block(block) is checkpointed, kind
+
+
+def test_a_failure_over_what_the_installed_transformers_lacks_is_a_skip_with_the_reason():
+    """5.5.x/5.8.x lack model types the tests name (zaya, inkling_text, dots3_note, ...) and internals
+    (transformers.distributed.parallel_utils): conftest reports those as skips, checked against the
+    installed transformers, so a real failure over a class it has is never hidden."""
+    from absent import absent_from_transformers
+
+    assert "has no model no_such_model" in absent_from_transformers(ValueError("Unrecognized model identifier: no_such_model."))
+    assert absent_from_transformers(ValueError("Unrecognized model identifier: llama.")) is None  # it has llama
+    missing = ModuleNotFoundError("No module named 'transformers.no_such'", name="transformers.no_such")
+    try:
+        raise RuntimeError("while building the case") from missing
+    except RuntimeError as error:
+        assert "has no module transformers.no_such" in absent_from_transformers(error)
+    import transformers
+
+    try:
+        transformers.no_such_function  # noqa: B018
+    except AttributeError as error:
+        assert absent_from_transformers(error) is not None
+    assert absent_from_transformers(AssertionError("unknown model spec 'llama'")) is None
