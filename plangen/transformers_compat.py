@@ -24,6 +24,12 @@ from a version number alone, and is written down per release as found in each on
   routes alone, gathered into a shorter batch of one route per row and scattered back
   (no sentinel ever reaches transformers' code: right on every release, whatever forward).
 
+* **batched_mm's index clamp.** 5.8.x's ``batched_mm`` experts forward clamps
+  ``top_k_index.reshape(-1)`` in place: a view of the router's ``topk`` indices, which ``topk``'s
+  backward reads, so every backward through it fails (an in-place modification error), sharded or
+  not; 5.5.x and 5.24.0 on clamp a copy. plangen's step measurement runs batched_mm on CPU (the
+  cost model, ``plangen cost``): :func:`guard_routing_index` gives such experts a copy of the index.
+
 * **Hybrid layer kinds.** NemotronH and Zamba2 name each layer's kind in ``layers_block_type``:
   5.5.x and 5.8.x ``"mamba"`` / ``"attention"``, 5.24.0 on ``"linear_attention"`` /
   ``"full_attention"`` (transformers' own ``_LEGACY_LAYER_TYPE_REMAP``, which also reads old
@@ -55,6 +61,36 @@ def experts_take_sentinels() -> bool:
     except (OSError, TypeError):
         return False
     return "_is_expert_parallel" in source
+
+
+@functools.cache
+def batched_mm_clamps_index_in_place() -> bool:
+    """Whether the installed ``batched_mm`` experts forward clamps its caller's index tensor in place."""
+    try:
+        from transformers.integrations.moe import batched_mm_experts_forward
+        source = inspect.getsource(batched_mm_experts_forward)
+    except (ImportError, OSError, TypeError):
+        return False
+    return "expert_ids.clamp_(" in source
+
+
+def guard_routing_index(model: Any) -> None:
+    """Where :func:`batched_mm_clamps_index_in_place`: each experts module of ``model`` that takes
+    transformers' routing gets a copy of its index (a forward pre-hook), so the router's is untouched."""
+    if not batched_mm_clamps_index_in_place():
+        return
+
+    def copy_index(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if len(args) > 1:
+            args = (args[0], args[1].clone(), *args[2:])
+        for name in ("top_k_index", "router_indices"):
+            if name in kwargs:
+                kwargs = {**kwargs, name: kwargs[name].clone()}
+        return args, kwargs
+
+    for module in model.modules():
+        if hasattr(module, "has_gate") and hasattr(module, "is_transposed"):  # use_experts_implementation's
+            module.register_forward_pre_hook(copy_index, with_kwargs=True)
 
 
 def _layer_kind_remap() -> dict[str, str]:
@@ -93,4 +129,4 @@ def installed_layer_kinds(config_class: type, kinds: list[str], attribute: str =
     return [back.get(k, k) for k in kinds]
 
 
-__all__ = ["LEGACY_LAYER_KINDS", "experts_take_sentinels", "installed_layer_kinds", "layer_kind", "layer_kinds"]
+__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "experts_take_sentinels", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]

@@ -175,3 +175,45 @@ def test_a_failure_over_what_the_installed_transformers_lacks_is_a_skip_with_the
     except AttributeError as error:
         assert absent_from_transformers(error) is not None
     assert absent_from_transformers(AssertionError("unknown model spec 'llama'")) is None
+
+
+class _ClampingExperts(nn.Module):
+    """5.8.x's batched_mm in miniature: ``top_k_index.reshape(-1).clamp_(...)``, in place on the caller's."""
+
+    has_gate, is_transposed = True, False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_experts = 4
+        self.gate_up_proj = nn.Parameter(torch.randn(4, 6, 6))
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        ids = top_k_index.reshape(-1)
+        ids.clamp_(0, self.num_experts - 1)
+        k = top_k_index.shape[-1]
+        picked = torch.bmm(self.gate_up_proj[ids], hidden_states.repeat_interleave(k, 0).unsqueeze(-1)).squeeze(-1)
+        return (picked * top_k_weights.reshape(-1, 1)).view(-1, k, 6).sum(1)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(6, 4)
+        self.experts = _ClampingExperts()
+
+    def forward(self, x):
+        weights, index = torch.topk(self.gate(x).softmax(-1), 2)  # topk's backward reads index
+        return self.experts(x, index, weights)
+
+
+def test_the_step_measurement_survives_batched_mm_clamping_the_routers_indices(monkeypatch):
+    """5.8.x: synthesized MoE plans' cost measurement (batched_mm on CPU) failed its backward with an
+    in-place modification error, unsharded too: the experts clamp the router's topk indices in place."""
+    monkeypatch.setattr(transformers_compat, "batched_mm_clamps_index_in_place", lambda: True)
+    torch.manual_seed(0)
+    block, x = _Block(), torch.randn(5, 6)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        block(x).sum().backward()
+    transformers_compat.guard_routing_index(block)
+    block(x).sum().backward()
+    assert block.gate.weight.grad is not None
