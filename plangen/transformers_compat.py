@@ -36,6 +36,16 @@ from a version number alone, and is written down per release as found in each on
   configs). Plans read the kinds through :func:`layer_kinds` (the newer names whatever built
   the config); configs written by plangen or its tests spell them as the installed config
   class does (:func:`installed_layer_kinds`: its own default's spelling).
+
+* **Hugging Face plan styles.** 5.25.0 adds ``unit_colwise``/``unit_rowwise`` (by whole heads over a
+  (heads, replicas) view of the TP mesh): translated in :data:`plangen.styles.HF_STYLE_SPECS`,
+  the table of every release's style names, as colwise/rowwise (exact where the TP size divides
+  the heads).
+
+Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
+shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
+:mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
+padded heads need it).
 """
 
 from __future__ import annotations
