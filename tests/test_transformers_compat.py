@@ -217,3 +217,19 @@ def test_the_step_measurement_survives_batched_mm_clamping_the_routers_indices(m
     transformers_compat.guard_routing_index(block)
     block(x).sum().backward()
     assert block.gate.weight.grad is not None
+
+
+def test_mamba2_mixers_conv1d_states_this_ranks_channels(fake_pg):
+    """NemotronH's mixer before 5.24 calls its ``conv1d`` (5.24 reads its weight): with the whole
+    channel count left in ``groups`` the forward failed (PG215 on 5.8.x, "Given groups=160")."""
+    from plangen.plans.choice import choose_plan
+    from plangen.tensor_parallel import apply_tp
+    from tiny_configs import build_tiny
+
+    model = build_tiny("nemotron_h")
+    apply_tp(model, DeviceMesh("cpu", torch.arange(2)), choose_plan(model, False).build_styles())
+    mixers = [m for m in model.modules() if hasattr(m, "conv1d") and hasattr(m, "in_proj")]
+    assert mixers
+    for mixer in mixers:
+        conv, local = mixer.conv1d, mixer.conv1d.weight.to_local().shape[0]
+        assert conv.groups == conv.in_channels == conv.out_channels == local == mixer.conv_dim
