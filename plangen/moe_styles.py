@@ -42,7 +42,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
-from plangen.transformers_compat import experts_take_sentinels
+from plangen.transformers_compat import experts_take_sentinels, experts_unproven_reason
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -217,6 +217,9 @@ class ExpertsParallel(ParallelStyle):
                 f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
                 f"{type(module).__name__} has none"
             )
+        unproven = experts_unproven_reason()
+        if unproven is not None:
+            raise ValueError(f"ExpertsParallel: {unproven}")
         layout = expert_layout_of(module, tp)
         if layout == "intermediate":
             _shard_intermediate(module, device_mesh, intermediate_split_dims(module, tp))

@@ -24,6 +24,13 @@ from a version number alone, and is written down per release as found in each on
   routes alone, gathered into a shorter batch of one route per row and scattered back
   (no sentinel ever reaches transformers' code: right on every release, whatever forward).
 
+* **5.5.x experts, not yet right.** Even with no sentinel, the hand-written MoE plans' gradients
+  differ from the unsharded model's on 5.5.4 (``embed_tokens.weight``: Qwen3-MoE by 4.6e+01,
+  Mixtral by 7.6e+00 at TP 2; 5.8.1 and 5.24.0 exact), cause not found yet. Rather than train
+  silently wrong, :class:`~plangen.moe_styles.ExpertsParallel` refuses there
+  (:func:`experts_unproven_reason`; 5.5.x is told apart by ``use_experts_implementation`` having
+  no ``is_concatenated``, which 5.8.x added).
+
 * **batched_mm's index clamp.** 5.8.x's ``batched_mm`` experts forward clamps
   ``top_k_index.reshape(-1)`` in place: a view of the router's ``topk`` indices, which ``topk``'s
   backward reads, so every backward through it fails (an in-place modification error), sharded or
@@ -71,6 +78,24 @@ def experts_take_sentinels() -> bool:
     except (OSError, TypeError):
         return False
     return "_is_expert_parallel" in source
+
+
+@functools.cache
+def experts_unproven_reason() -> str | None:
+    """Why :class:`~plangen.moe_styles.ExpertsParallel` refuses the installed release's experts, else None."""
+    try:
+        from transformers.integrations.moe import use_experts_implementation
+    except ImportError:
+        return None
+    if "is_concatenated" in inspect.signature(use_experts_implementation).parameters:
+        return None
+    import transformers
+
+    return (
+        f"on transformers {transformers.__version__} (5.5.x) the experts split over TP give gradients that differ from the "
+        "unsharded model's (Qwen3-MoE, Mixtral at TP 2), so they are refused rather than trained wrong; use "
+        "transformers 5.8 or newer, or keep the experts whole (a custom plan without this entry)"
+    )
 
 
 @functools.cache
@@ -139,4 +164,4 @@ def installed_layer_kinds(config_class: type, kinds: list[str], attribute: str =
     return [back.get(k, k) for k in kinds]
 
 
-__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "experts_take_sentinels", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]
+__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "experts_take_sentinels", "experts_unproven_reason", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]
