@@ -116,3 +116,28 @@ def test_recorded_router_logits_leave_the_layers_eager():
     assert all(layer._compiled_call_impl is None for layer in model.model.layers)
     model.config.output_router_logits = False
     assert find_compile_blocker(model) is None
+
+
+def test_verify_compile_without_run_is_a_one_line_usage_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from plangen.cli import app
+
+    plan = tmp_path / "plan.py"
+    plan.write_text("custom_parallel_plan = {}\n")
+    result = CliRunner().invoke(app, ["verify", "--compile", str(plan)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "plangen: error: --compile runs the plans: add --run"
+
+
+@pytest.mark.slow
+def test_verify_run_compile_passes_a_hand_written_plan():
+    """``plangen verify --run --compile``: the parity stage with the decoder layers compiled (~2.5 min)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    argv = [sys.executable, "-m", "plangen", "verify", "--run", "--compile", "--timeout", "500", "generated/llama_plan.py"]
+    done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "decoder layers compiled" in done.stderr
