@@ -41,10 +41,12 @@ CASES = {
         {"name": "qwen3_5-linear", "model": "qwen3_5-linear", "plan_kind": "synthesized"},  # gated delta net
         {"name": "llama-lora", "model": "llama", "lora": LORA_TARGETS},
         {"name": "llama-stable", "model": "llama", "variant": "stable"},
+        {"name": "llama-ac", "model": "llama", "ac": True},  # checkpointed through torch.utils.checkpoint
     ],
     "dp2tp2": [  # hand-written plans under FSDP2 too
         {"name": "llama", "model": "llama"},
         {"name": "llama-sp", "model": "llama", "sp": True},
+        {"name": "llama-sp-ac", "model": "llama", "sp": True, "ac": True},
         {"name": "phi3", "model": "phi3"},
         {"name": "qwen3_moe", "model": "qwen3_moe", **NO_ROUTER_LOGITS},
     ],
