@@ -14,7 +14,6 @@ its module, outside the compiled regions, with an identity gradient: the same co
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any
 
@@ -83,20 +82,6 @@ def find_compile_blocker(model: nn.Module) -> str | None:
             return (f"{type(module).__name__}'s config sets {', '.join(asked)}: transformers records it with hooks "
                     "that read a ContextVar, which torch.compile cannot trace (docs/compile.md)")
     return None
-
-
-def checkpoint_forward(layer: nn.Module) -> None:
-    """``layer``'s forward recomputed in backward through ``torch.utils.checkpoint`` (non-reentrant),
-    which dynamo traces; parameter names unchanged (no wrapper module)."""
-    from torch.utils.checkpoint import checkpoint
-
-    forward = layer.forward
-
-    @functools.wraps(forward)
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    layer.forward = checkpointed
 
 
 def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:

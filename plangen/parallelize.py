@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.compile import apply_compile, checkpoint_forward
+from plangen.compile import apply_compile
 from plangen.fsdp_inputs import apply_dtensor_input_grads
 from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
@@ -141,20 +141,14 @@ def apply_sequence_length_check(model: nn.Module, tp_size: int) -> None:
 KV_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 
-def apply_activation_checkpointing(layers: list[nn.Module], compiled: bool = False) -> None:
-    """``compiled``: the layers will be compiled, and the composable API's hooks (a context manager
-    entered in one hook and left in another) cannot be: each layer's forward runs under
-    ``torch.utils.checkpoint`` instead, which dynamo compiles (:func:`plangen.compile.checkpoint_forward`)."""
+def apply_activation_checkpointing(layers: list[nn.Module]) -> None:
     from torch.distributed._composable import checkpoint
 
     # The composable API keeps parameter names unchanged (a wrapper module would rename them).
     for layer in layers:
         # Registered before checkpoint's own hook, which keeps the call's arguments for the replay.
         layer.register_forward_pre_hook(_drop_kv_cache, with_kwargs=True, prepend=True)
-        if compiled:
-            checkpoint_forward(layer)
-        else:
-            checkpoint(layer)
+        checkpoint(layer)
 
 
 def _drop_kv_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
@@ -225,7 +219,8 @@ def parallelize_model(
     ``plan_variant``: ``"stable"`` applies the plan without cross-rank sums in the forward
     (:mod:`plangen.plans.variants`, NeMo RL's numerically stable plan); not with a custom plan.
     ``compile``: compile each decoder layer with ``torch.compile(fullgraph=True)`` before FSDP2
-    (:func:`plangen.compile.apply_compile`; the layers it must leave eager are logged)."""
+    (:func:`plangen.compile.apply_compile`; the layers it must leave eager are logged: all of them
+    with activation checkpointing)."""
     check_variant(plan_variant)  # a typo fails at once, at any TP size
     tp_size = tp_mesh.size()
     layers = find_transformer_layers(model)
@@ -241,8 +236,12 @@ def parallelize_model(
         logger.info("plangen: TP size is 1: the custom plan is not applied")
     if activation_checkpointing:
         keep = CHECKPOINT_FILTERS.get(type(base).__name__, lambda layer: True)
-        apply_activation_checkpointing([layer for layer in layers if keep(layer)], compiled=compile)
-    if compile:
+        apply_activation_checkpointing([layer for layer in layers if keep(layer)])
+    if compile and activation_checkpointing:
+        # Composable checkpointing's hooks do not compile; torch.utils.checkpoint inside compiled
+        # layers fails on DTensor parameters at TP > 1 (torch 2.13): docs/compile.md.
+        logger.warning("plangen: compile=True with activation checkpointing: the decoder layers stay eager")
+    elif compile:
         apply_compile(model, layers)
     return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
 
