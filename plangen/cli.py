@@ -138,6 +138,9 @@ def verify(
     drift: bool = typer.Option(
         False, "--drift", help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16)."
     ),
+    compile: bool = typer.Option(
+        False, "--compile", help="With --run: the parity run at TP=2 compiles each decoder layer (torch.compile, fullgraph)."
+    ),
 ) -> None:
     """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
 
@@ -155,12 +158,14 @@ def verify(
         fail("--static and --run exclude each other")
     if drift and not run:
         fail("--drift runs the plans: add --run")
+    if compile and not run:
+        fail("--compile runs the plans: add --run")
     if output_format not in {f.value for f in OutputFormat}:
         fail(f"--format must be one of: {', '.join(f.value for f in OutputFormat)}")
     for plan in plans:
         if not os.path.isfile(plan):
             fail(f"{plan}: {'not a file' if os.path.exists(plan) else 'no such file'}")
-    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout)
+    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout, compile=compile)
 
     def progress(line: str) -> None:
         typer.echo(f"plangen: verify --run: {line}", err=True)

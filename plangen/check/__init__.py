@@ -40,6 +40,7 @@ class VerifyOptions:
     static_only: bool = False
     run: bool = False
     timeout: float = DEFAULT_RUN_TIMEOUT  # level 3, all files together; each file's import (at most 60 s)
+    compile: bool = False  # level 3's parity at TP=2 with each decoder layer compiled (fullgraph)
 
 
 @dataclass
@@ -157,7 +158,7 @@ def _check_model(
             from plangen.check.run import RunTarget
 
             resolved = str(Path(path).resolve())
-            to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel))
+            to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel), options.compile)
     return found
 
 

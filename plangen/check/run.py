@@ -58,6 +58,7 @@ class RunTarget:
     tp_size: int
     sequence_parallel: bool
     dp_size: int = 1  # the parity stage's FSDP2 size (its TP size is PARITY_TP_SIZE)
+    compile: bool = False  # the parity stage compiles each decoder layer (parallelize_model(compile=True))
 
     def parity_mesh(self) -> str:
         """Where the parity stage runs it, as findings and progress name it."""
@@ -181,6 +182,9 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     from plangen.check.blame import RunRecorder, attribute_failure, record_shapes
     from plangen.module_tree import ModuleIndex
 
+    # Compiled at the gloo stage only: the fake group's stage has checked the plan eagerly, with the
+    # recorder's hooks on every module (hooks that would be compiled into the layers).
+    compiled = compare and case.get("compile", False)
     reference = copy.deepcopy(model)
     ids = sample_batch(model, tp_size)
     shapes = record_shapes(reference, ids)
@@ -190,19 +194,21 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
         sharded = parallelize_model(
             model, mesh["dp"], mesh["tp"], dtype,
             sequence_parallel=case["sequence_parallel"], custom_parallel_plan=styles,
+            compile=compiled,
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001
         return {"stage": "apply", "error": one_line(error, part="first", with_type=True), "key": _first_failing_key(case, tp_size, mesh["tp"])}
     index = ModuleIndex(sharded)
     # The entry that caused a failure, not the module that crashed (plangen.check.fake_run).
-    recorder = RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
+    recorder = None if compiled else RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
     try:
         logits = sharded(input_ids=ids).logits
     except Exception as error:  # noqa: BLE001
-        key, module = attribute_failure(recorder, styles)
+        key, module = attribute_failure(recorder, styles) if recorder is not None else (None, None)
         return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module, "key": key}
     finally:
-        recorder.remove()
+        if recorder is not None:
+            recorder.remove()
     if tuple(logits.shape) != tuple(ref_logits.shape):
         return {"stage": "forward", "error": f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}",
                 "key": key_for_module(styles, "lm_head")}  # fmt: skip
@@ -451,7 +457,8 @@ def check_run(targets: list[RunTarget], timeout: float = 600.0, progress: Progre
             outcome.notes += [f"{t.path}: parity at {where} not run: --timeout reached" for t in group]
             continue
         if progress is not None:
-            progress(f"parity: {len(group)} plan(s) at {where} over gloo against the unsharded model")
+            compiled = ", decoder layers compiled" if any(t.compile for t in group) else ""
+            progress(f"parity: {len(group)} plan(s) at {where} over gloo against the unsharded model{compiled}")
         results, errors = _launch(PARITY_TARGET, dp_size * PARITY_TP_SIZE, "parity", group, deadline, progress)
         _collect(outcome, group, results, errors, "parity")
     return outcome
