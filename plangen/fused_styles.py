@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
+from plangen.hf_layout import HuggingFaceLayoutTensor, hugging_face_value, keep_unwrap_last
 from plangen.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
 
 
@@ -334,25 +335,23 @@ def install_layout_hooks(
         return interleave_index(rows, part_sizes, tp_size).to(device)
 
     def to_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+        # A DTensor becomes a view in Hugging Face's layout over this rank's rows, pad left out: nothing
+        # gathered (plangen.hf_layout); a plain tensor is re-ordered.
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
-            dim = _relaid_dim(mod, param_name, dims)
-            if value is None or dim is None:
+            if value is None or _relaid_dim(mod, param_name, dims) is None:
                 continue
-            whole = value.full_tensor() if isinstance(value, DTensor) else value
-            index = index_of(param_name, whole.shape[dim], whole.device)
-            restored = whole.index_select(dim, torch.argsort(index))
-            if isinstance(value, DTensor):  # replicated, so a sharded checkpoint still saves it once
-                ones = [Replicate()] * value.device_mesh.ndim
-                restored = DTensor.from_local(restored, value.device_mesh, ones, run_check=False)
-            state_dict[key] = restored
+            state_dict[key] = hugging_face_value(mod, param_name, value) if isinstance(value, DTensor) else \
+                padded_layout(mod, param_name, value)  # any pad: install_pad_save_hook's, after this one
 
     def from_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
             dim = _relaid_dim(mod, param_name, dims)
+            if isinstance(value, HuggingFaceLayoutTensor):
+                continue  # this model's own entry, the parameter's storage: keep_unwrap_last's hook takes it
             if value is None or dim is None or tuple(value.shape) != tuple(param.shape):
                 continue  # load_state_dict reports the missing key or the wrong shape itself
             whole = value.full_tensor() if isinstance(value, DTensor) else value
@@ -365,6 +364,7 @@ def install_layout_hooks(
 
     module.register_state_dict_post_hook(to_hugging_face)
     module.register_load_state_dict_pre_hook(from_hugging_face)
+    keep_unwrap_last(module)
 
 
 class LocalHeadCounts(ParallelStyle):
