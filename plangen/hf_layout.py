@@ -138,9 +138,10 @@ def gather_whole(value: torch.Tensor, rows: RowMap | None = None, dtype: torch.d
     """The whole tensor of ``value`` (a DTensor, else returned as it is, cast) in Hugging Face's
     layout, on every rank of its mesh; each rank's shard cast to ``dtype`` before it is sent.
 
-    Memory: the output, plus one source rank's shard at a time (a broadcast from each rank holding
-    a distinct box, in turn): at most the whole parameter and one shard of it, never a second
-    whole copy (a ``full_tensor()`` then a re-order would hold two). Needs the mesh to span the
+    Memory: the output, and nothing else where each rank's rows land whole in it (shards on dim 0:
+    each run broadcast straight into its place); else one source rank's shard at a time (a
+    broadcast from each rank holding a distinct box, in turn). Never a second whole copy (a
+    ``full_tensor()`` then a re-order would hold two). Needs the mesh to span the
     default process group; over a smaller mesh, ``full_tensor()`` and a re-order instead."""
     if not isinstance(value, DTensor):
         return value if dtype is None else value.to(dtype)
@@ -159,12 +160,18 @@ def gather_whole(value: torch.Tensor, rows: RowMap | None = None, dtype: torch.d
     me = dist.get_rank()
     for rank, box, offset in rank_boxes(shape, mesh, value.placements):
         chunks = box_chunks(box, offset, rows)
-        if not chunks:
+        regions = [out[tuple(slice(o, o + n) for o, n in zip(hf_offset, sizes))] for _, hf_offset, sizes in chunks]
+        if all(region.is_contiguous() for region in regions):
+            # Each chunk straight into its place in the output (rows of whole trailing dims): no buffer.
+            for (where, _, _), region in zip(chunks, regions):
+                if rank == me:
+                    region.copy_(local[where])
+                dist.broadcast(region, src=rank)
             continue
         buffer = local.contiguous() if rank == me else torch.empty(box, dtype=local.dtype, device=local.device)
         dist.broadcast(buffer, src=rank)
-        for where, hf_offset, sizes in chunks:
-            out[tuple(slice(o, o + n) for o, n in zip(hf_offset, sizes))] = buffer[where]
+        for (where, _, _), region in zip(chunks, regions):
+            region.copy_(buffer[where])
         del buffer
     return out
 
