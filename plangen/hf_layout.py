@@ -35,6 +35,50 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
+from plangen.module_facts import output_dim
+
+
+# The attribute a re-laid-out module carries: (part_sizes, tp_size, dims), what undoes its layout
+# (plangen.fused_styles.install_layout_hooks sets it).
+LAYOUT_ATTRIBUTE = "_plangen_fused_layout"
+# On a module whose parameters hold pad: {parameter: (dim, rows of Hugging Face's values, padded size)}
+# (plangen.padded_heads sets it).
+PAD_LAYOUT = "_plangen_pad_layout"
+
+
+def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torch.Tensor:
+    """The fused rows in their TP order: for each rank ``r``, the ``r``-th slice of every part.
+
+    ``part_sizes`` are the parts' relative sizes (``(heads, kv_heads, kv_heads)``, ``(1, 1)``);
+    ``permuted = fused.index_select(dim, index)``, and ``argsort(index)`` undoes it.
+    """
+    total = sum(part_sizes)
+    if rows % total:
+        raise ValueError(f"{rows} fused features do not split in the proportions {tuple(part_sizes)}")
+    sizes = [rows // total * p for p in part_sizes]
+    bad = [s for s in sizes if s % tp_size]
+    if bad:
+        raise ValueError(
+            f"fused parts of {sizes} features (proportions {tuple(part_sizes)}) must each split evenly over "
+            f"{tp_size} TP ranks; {bad[0]} does not"
+        )
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return torch.cat(
+        [
+            torch.arange(start + rank * (size // tp_size), start + (rank + 1) * (size // tp_size))
+            for rank in range(tp_size)
+            for start, size in zip(starts, sizes)
+        ]
+    )
+
+
+def _relaid_dim(module: nn.Module, param_name: str, dims: dict[str, int] | None) -> int | None:
+    # dims None: every parameter of the module is re-laid out on its output dim (a fused Linear);
+    # else only the named ones, each on its own dim (a packed experts module's gate_up_proj).
+    if dims is None:
+        return output_dim(module, param_name)
+    return dims.get(param_name)
+
 
 @dataclass(frozen=True)
 class RowMap:
@@ -65,9 +109,6 @@ class RowMap:
 def row_map(module: nn.Module, param_name: str, shape: Sequence[int]) -> RowMap | None:
     """How ``module``'s parameter ``param_name`` (of ``shape``, the whole parameter) maps onto Hugging
     Face's tensor: the fused re-layout and the pad heads composed; None where it is Hugging Face's."""
-    from plangen.fused_styles import LAYOUT_ATTRIBUTE, _relaid_dim, interleave_index
-    from plangen.padded_heads import PAD_LAYOUT
-
     layout = getattr(module, LAYOUT_ATTRIBUTE, None)
     pad = getattr(module, PAD_LAYOUT, {}).get(param_name)
     relaid = None
@@ -247,7 +288,7 @@ class HuggingFaceLayoutTensor(DTensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
             source = args[0]
-            out = HuggingFaceLayoutTensor(source._local_tensor, source._spec, requires_grad=False)
+            out = HuggingFaceLayoutTensor(source._local_tensor.detach(), source._spec, requires_grad=False)
             out._row_map, out._parameter_spec = source._row_map, source._parameter_spec
             return out
         raise TypeError(

@@ -32,14 +32,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from plangen.hf_layout import HuggingFaceLayoutTensor, hugging_face_value, keep_unwrap_last
+from plangen.hf_layout import PAD_LAYOUT, HuggingFaceLayoutTensor, hugging_face_value, keep_unwrap_last  # noqa: F401 - PAD_LAYOUT: imported from here too
 from plangen.module_facts import apply_head_counts, attention_head_counts, head_count_owner, output_dim
 from plangen.pad_layout import local_pad_features, padded_head_count, padded_tp_problem, real_rows
 
 # On the packed projection, set by the block's style: (query heads, padded heads, head size).
 PADDED_HEADS = "_plangen_padded_heads"
-# On a module whose parameters hold pad: {parameter: (dim, rows of Hugging Face's values, padded size)}.
-PAD_LAYOUT = "_plangen_pad_layout"
 # On the output projection: the handle of its input mask (a test removes it: the negative control).
 PAD_MASK = "_plangen_pad_mask"
 

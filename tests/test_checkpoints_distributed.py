@@ -44,7 +44,7 @@ REFUSED = {("falcon-mqa-5h", "dp1tp4"),  # 5 query heads padded to 8 leave a TP 
 def LAUNCH(items) -> tuple:
     directory = tempfile.mkdtemp(prefix="plangen-checkpoints-")
     cases = cases_read_by(items, sys.modules[__name__], CASES)
-    return "tests/distributed/checkpoint_cases.py:run_checkpoint_cases", 4, {"directory": directory, "cases": cases}, 900
+    return "tests/distributed/checkpoint_cases.py:run_checkpoint_cases", 4, {"directory": directory, "cases": cases}, 1500
 
 
 @pytest.fixture(scope="module")
