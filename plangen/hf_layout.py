@@ -15,8 +15,9 @@ each of its rows is (at most one contiguous run per fused part, pad rows in none
 - ``full_tensor()`` (and ``redistribute`` to ``Replicate``, which ``get_model_state_dict(...,
   full_state_dict=True)`` calls) gathers this one parameter in Hugging Face's layout:
   :func:`gather_whole`, at most the whole parameter plus one rank's shard of it.
-- ``load_state_dict`` takes it back (the value already is the parameter's storage); any other op on
-  it is refused: its placements are the parameter's, its shape Hugging Face's.
+- ``load_state_dict`` takes it back (the value already is the parameter's storage); a cast, a move
+  to another device and a clone keep the layout over a copy of the shard; any other op on it is
+  refused: its placements are the parameter's, its shape Hugging Face's.
 
 :func:`gather_whole` gathers any DTensor (or plain tensor) this way, one source rank's shard at a
 time into the output: what :mod:`plangen.export` streams.
@@ -286,15 +287,27 @@ class HuggingFaceLayoutTensor(DTensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        if func in (torch.ops.aten.detach.default, torch.ops.aten.alias.default):
+        if func in _LOCAL_OPS and not any(isinstance(v, torch.Tensor) for v in (*args[1:], *(kwargs or {}).values())):
+            # The same layout over a copy (or view) of the local shard: a cast, a move to another device
+            # (what torch's staging for an asynchronous checkpoint does), a clone.
             source = args[0]
-            out = HuggingFaceLayoutTensor(source._local_tensor.detach(), source._spec, requires_grad=False)
-            out._row_map, out._parameter_spec = source._row_map, source._parameter_spec
+            local = func(source._local_tensor, *args[1:], **(kwargs or {}))
+            meta = source._spec.tensor_meta
+            spec = DTensorSpec(source._spec.mesh, source._spec.placements,
+                               tensor_meta=TensorMeta(meta.shape, meta.stride, local.dtype))
+            p = source._parameter_spec
+            out = HuggingFaceLayoutTensor(local, spec, requires_grad=False)
+            out._row_map = source._row_map
+            out._parameter_spec = DTensorSpec(p.mesh, p.placements, tensor_meta=TensorMeta(p.shape, p.stride, local.dtype))
             return out
         raise TypeError(
             f"{func}: a state-dict entry in Hugging Face's layout over a re-laid-out parameter takes no tensor ops; "
             "call .full_tensor() (one parameter gathered), save it with torch.distributed.checkpoint, load it back "
             "with load_state_dict, or stream the weights with plangen.export.iter_hf_weights")
+
+
+_LOCAL_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default, torch.ops.aten._to_copy.default,
+              torch.ops.aten.clone.default)
 
 
 def hugging_face_value(module: nn.Module, param_name: str, value: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 Per case (a tiny model of one plangen layout), at DP 2 x TP 2 on 4 gloo ranks:
 
-- the bytes each rank holds beyond its shard (new storages alive, :class:`LiveBytes`) at their peak
+- the bytes each rank holds beyond its shard (new storages alive, :class:`LiveBytes`: floating-point
+  ones, the weights and their copies; ``*_all`` counts every storage, DCP's pickled plans and index
+  tensors too) at their peak
   during ``model.state_dict()``, ``get_model_state_dict``, ``dcp.save`` and the export
   (``iter_hf_weights``, one parameter and 3-parameter buckets), beside its shard and its largest parameter;
 - the streamed names and values against the unsharded model's state dict (ties once);
@@ -42,11 +44,13 @@ class LiveBytes(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.now = self.peak = 0
+        self.now_float = self.peak_float = 0  # floating-point storages only: weights and their copies
         self._alive: set[int] = set()
 
-    def _free(self, key: int, nbytes: int) -> None:
+    def _free(self, key: int, nbytes: int, floating: bool) -> None:
         self._alive.discard(key)
         self.now -= nbytes
+        self.now_float -= nbytes if floating else 0
 
     @staticmethod
     def _storages(tree):
@@ -57,21 +61,24 @@ class LiveBytes(TorchDispatchMode):
                 continue
             try:
                 storage = tensor.untyped_storage()
-                yield (storage.data_ptr() if storage.nbytes() else id(storage)), storage
+                yield (storage.data_ptr() if storage.nbytes() else id(storage)), storage, tensor.is_floating_point()
             except RuntimeError:  # a wrapper without storage of its own (an async collective's): its inner one is seen
                 continue
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = {key for key, _ in self._storages((args, kwargs))}  # a view or an in-place op: not new
-        for key, storage in self._storages(out):
+        inputs = {key for key, _, _ in self._storages((args, kwargs))}  # a view or an in-place op: not new
+        for key, storage, floating in self._storages(out):
             if key in self._alive or key in inputs:
                 continue
             self._alive.add(key)
             self.now += storage.nbytes()
             self.peak = max(self.peak, self.now)
-            weakref.finalize(storage, self._free, key, storage.nbytes())
+            if floating:
+                self.now_float += storage.nbytes()
+                self.peak_float = max(self.peak_float, self.now_float)
+            weakref.finalize(storage, self._free, key, storage.nbytes(), floating)
         return out
 
 
@@ -123,10 +130,11 @@ def _hf_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _peak(fn) -> tuple[int, Any]:
+def _peak(fn) -> tuple[tuple[int, int], Any]:
+    """((peak bytes of floating-point storages, of all storages) made by ``fn`` and alive, ``fn()``)."""
     with LiveBytes() as tracker:
         result = fn()
-        peak = tracker.peak
+        peak = (tracker.peak_float, tracker.peak)
     return peak, result
 
 
@@ -153,22 +161,21 @@ def run_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     sharded = _parallelized(case, model, "dp2tp2")
     result: dict[str, Any] = {"shard": shard_bytes(sharded), "largest": largest, "piece": largest_piece(sharded)}
 
-    def hold(fn):  # the peak while the result is made and held
-        peak, value = _peak(fn)
+    def hold(key, fn):  # the peaks while the result is made and held
+        (result[key], result[f"{key}_all"]), value = _peak(fn)
         del value
-        return peak
 
-    result["state_dict"] = hold(sharded.state_dict)
-    result["get_model_state_dict"] = hold(lambda: get_model_state_dict(sharded))
+    hold("state_dict", sharded.state_dict)
+    hold("get_model_state_dict", lambda: get_model_state_dict(sharded))
     checkpoint = directory / f"{case['name']}-dcp"
-    result["dcp_save"] = hold(lambda: dcp.save(get_model_state_dict(sharded), checkpoint_id=str(checkpoint)))
+    hold("dcp_save", lambda: dcp.save(get_model_state_dict(sharded), checkpoint_id=str(checkpoint)))
 
     def by_hand():  # what users wrote before plangen.export: each entry gathered in turn, dropped
         for value in sharded.state_dict().values():
             whole = value.full_tensor() if isinstance(value, DTensor) else value
             del whole
 
-    result["by_hand"] = hold(by_hand)
+    hold("by_hand", by_hand)
     if case.get("before"):  # the code before this change (no plangen.export): the memory only
         return result
 
@@ -182,10 +189,10 @@ def run_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
             del tensor
         return names, worst
 
-    result["export"], (names, worst) = _peak(stream)
+    (result["export"], result["export_all"]), (names, worst) = _peak(stream)
     bucket = 3 * largest
     result["bucket"] = bucket
-    result["export_bucketed"], (bucket_names, bucket_worst) = _peak(lambda: stream(bucket))
+    (result["export_bucketed"], result["export_bucketed_all"]), (bucket_names, bucket_worst) = _peak(lambda: stream(bucket))
     result["streamed_names"] = names == list(original) and bucket_names == names
     result["streamed_missing"] = sorted(set(original) - set(names))[:4] + sorted(set(names) - set(original))[:4]
     result["streamed_diff"] = max(worst, bucket_worst)
