@@ -232,6 +232,8 @@ TINY["qwen3_next-shared-as-wide-as-experts"] = dict(
 
 # Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
 TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)
+# The same with 8 heads of 4 and 4 KV heads: its fused layout at TP 4 too (a checkpoint resumed there).
+TINY["phi3-8h"] = {**TINY["phi3"], "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4}
 # GPT-2-style Conv1D projections (weights [in, out]) and a fused c_attn of equal q, k, v; tied head.
 GPT = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64)
 TINY["gpt2"] = dict(model_type="gpt2", n_inner=64, use_cache=False, **GPT)
