@@ -179,11 +179,9 @@ def code_digest(model: "nn.Module") -> str:
     modules.add(type(model).__module__)
     for name in list(modules):
         namespace = vars(sys.modules[name]) if name in sys.modules else {}
-        modules |= {
-            getattr(value, "__module__", "")
-            for value in namespace.values()
-            if getattr(value, "__module__", "").startswith("transformers.integrations")
-        }
+        # A value's __module__ may be None (some C-level and generated objects): not an integration.
+        owners = {getattr(value, "__module__", None) or "" for value in namespace.values()}
+        modules |= {owner for owner in owners if owner.startswith("transformers.integrations")}
     digest = hashlib.sha256()
     for name in sorted(modules):
         digest.update(f"{name}\n{_source_digest(name)}\n".encode())
