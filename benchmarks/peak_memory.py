@@ -80,12 +80,14 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
         f"{compared - len(inexact)} of {compared} phases" + (f"; not: {'; '.join(inexact)}" if inexact else ""),
     ))
     section.notes.append(
-        "temporaries may differ: gloo's work objects hold a collective's tensors until its thread is done, so "
-        "a rank can still hold a reduce-scatter input that the trace has freed (timing; docs/cost.md); for the "
-        "same reason activations count as exact up to two per-token float32 tensors above the trace "
-        "(plangen.cost.validate.timing_slack), and a rank that peaked with FSDP2's next all-gather early (more "
-        "gathered, fewer activations, its total at most that buffer above the trace's) counts as the trace's moment "
-        "(plangen.cost.validate.gathered_early)"
+        "temporaries may differ: gloo's worker thread keeps a collective's work and its tensors a moment after "
+        "the caller's wait returns, so a rank can still hold a reduce-scatter input that the trace has freed "
+        "(timing; docs/cost.md); for the same reason activations count as exact when above the trace by exactly "
+        "one or two works' tensors as the real run recorded them (plangen.cost.validate.held_by_gloo), a rank "
+        "whose peak is another moment because gloo held them then is compared by its total, above the trace's by "
+        "at most them (plangen.cost.validate.peaked_while_held), and a rank that peaked with FSDP2's next "
+        "all-gather early (more gathered, fewer activations, its total at most that buffer above the trace's) "
+        "counts as the trace's moment (plangen.cost.validate.gathered_early)"
     )
     section.notes.append(
         "routing: the prediction has none (fake tensors); 'random' is the model's own router (routes spread over "

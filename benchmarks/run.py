@@ -1,6 +1,6 @@
 """plangen's benchmarks, side by side with the alternatives, each with goals: exits 1 when one is missed.
 
-    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step,loss,peak] [--markdown PATH]
+    .venv/bin/python benchmarks/run.py [--quick] [--only comm,step,cli,moe,moe_step,loss,peak,compile] [--markdown PATH]
 
 1. comm: TP communication per step of plangen's plans vs the Hugging Face and NeMo-RL-style plans
    (Llama-3.1-8B/70B, Qwen3-8B at TP 2, 4, 8), at the Megatron minimum (``comm_bytes.py``);
@@ -17,6 +17,8 @@
 9. peak: ``plangen cost --peak``'s predicted peak per rank (forward, backward, optimizer step) beside the
    peak measured on real tensors, small Llama, Qwen3 and Qwen3-MoE at DP 2 x TP 2, SP and activation
    checkpointing off and on, one gloo launch (``peak_memory.py``).
+10. compile: step time of ``parallelize_model(compile=True)`` against eager, the small Llama and
+   Qwen3-MoE of 2 and 6 at DP 2 x TP 2, paired launches, the compile time apart (``compile_time.py``).
 
 ``--quick`` runs a small subset of each (what the test suite runs); ``--markdown`` writes the
 results with the date and versions (``docs/benchmarks.md`` holds the latest full run).
@@ -37,7 +39,7 @@ if str(HERE) not in sys.path:
 
 from common import Section, render_section_markdown, render_section_text  # noqa: E402
 
-SECTIONS = ("comm", "step", "cli", "moe", "moe_step", "loss", "peak")
+SECTIONS = ("comm", "step", "cli", "moe", "moe_step", "loss", "peak", "compile")
 
 
 def run_sections(names: list[str], quick: bool) -> list[Section]:
@@ -75,6 +77,10 @@ def run_sections(names: list[str], quick: bool) -> list[Section]:
             from peak_memory import run_peak_benchmark
 
             sections.append(run_peak_benchmark(quick))
+        elif name == "compile":
+            from compile_time import run_compile_benchmark
+
+            sections.append(run_compile_benchmark(quick))
     return sections
 
 

@@ -61,10 +61,11 @@ def build_model(variant: str, weights: str, sequence_parallel: bool) -> torch.nn
     if variant == "hf":
         config = DistributedConfig(tp_size=TP, fsdp_size=DP)
         return AutoModelForCausalLM.from_pretrained(weights, distributed_config=config, dtype=torch.float32)
-    if variant == "plangen":
+    if variant in ("plangen", "compiled"):  # compiled: each decoder layer compiled (benchmarks/compile_time.py)
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
         mesh = init_device_mesh("cpu", (DP, TP), mesh_dim_names=("dp", "tp"))
-        return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=sequence_parallel)
+        return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=sequence_parallel,
+                                 compile=variant == "compiled")
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -85,7 +86,7 @@ def run_steps(payload: dict[str, Any]) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1000 + dp_rank)
     ids = torch.randint(0, model.config.vocab_size, (payload["batch"], payload["seq"]), generator=generator)
 
-    times, cpu_times, losses = [], [], []
+    times, cpu_times, losses, first = [], [], [], None
     for step in range(payload["warmup"] + payload["steps"]):
         dist.barrier()
         start, cpu_start = time.perf_counter(), time.process_time()
@@ -97,7 +98,9 @@ def run_steps(payload: dict[str, Any]) -> dict[str, Any]:
         dist.barrier()
         elapsed = time.perf_counter() - start
         losses.append(loss.item())
+        first = elapsed if first is None else first  # the first step's: a compiled variant compiles in it
         if step >= payload["warmup"]:
             times.append(elapsed)
             cpu_times.append(cpu)
-    return {"times": times, "cpu_times": cpu_times, "losses": losses, "peak_bytes": peak_resident_bytes() - baseline}
+    return {"times": times, "cpu_times": cpu_times, "losses": losses, "first_step": first,
+            "peak_bytes": peak_resident_bytes() - baseline}

@@ -21,11 +21,13 @@ from __future__ import annotations
 import io
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal
 
 from plangen.errors import one_line
 from plangen.plan import WELL_SHARDED
+from plangen.plans.proven import NEVER_PROVEN, PROVEN_ELSEWHERE, PROVEN_HERE
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -54,6 +56,8 @@ class CatalogRow:
     # or n/a (no plan to check).
     check: str
     note: str = ""
+    # Whether the class has a proof for the installed model code (plangen.plans.proven.proof_status).
+    proof: str = NEVER_PROVEN
     # Share of the parameters (by elements) the plan shards over TP at the default size; 0: no plan.
     sharded_fraction: float = 0.0
     # What the plan leaves whole at that size: its largest parts, their shares and the plan's reasons.
@@ -158,7 +162,17 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
         plan: PlanKind = "hand-written" if arch.class_name in HAND_WRITTEN else "none"
         return CatalogRow(arch.class_name, arch.model_type, plan, False, "n/a",
                           f"its default config does not build: {one_line(err, part='first')}")
-    row = _plan_row(arch, model, proven.get(arch.class_name))
+    from plangen.plans.choice import UnprovenCodeWarning
+    from plangen.plans.proven import code_digest, proof_status
+
+    # The sweep's record for the installed model code: a record of another transformers' code of
+    # the class proves nothing here (the proof column says which it is).
+    code = code_digest(model)
+    codes = proven.get(arch.class_name, {})
+    status = proof_status(codes, code)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnprovenCodeWarning)  # the row's proof column says it
+        row = replace(_plan_row(arch, model, codes.get(code)), proof=status)
     if row.plan == "none":
         return row
     fraction, why, left = build_sharded_fraction(arch, model)
@@ -372,10 +386,12 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
 
     cells = [
         (row.class_name, row.model_type, row.plan, "yes" if row.sequence_parallel else "no", row.check,
-         render_fraction(row), row.note)
+         row.proof, render_fraction(row), row.note)
         for row in rows
     ]
-    headers = ("class", "model_type", "plan", "SP", "check", "TP-sharded", "note")
+    # proof: whether the check's record is for the installed model code (PROVEN_HERE), only for
+    # other releases' code of the class (PROVEN_ELSEWHERE: plangen prove CLASS), or never.
+    headers = ("class", "model_type", "plan", "SP", "check", "proof", "TP-sharded", "note")
     widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, name in enumerate(headers[:-1])]
     # The note is the only column that gives way to a narrow terminal (cut here: rich would squeeze
     # the other columns instead).
@@ -398,8 +414,10 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
     kinds = [*(s for s in SOURCES if s != "custom"), NO_PLAN]  # a listing has no custom plans
     counts = {kind: sum(1 for r in rows if r.plan == kind) for kind in kinds}
     well = sum(1 for r in rows if r.plan != NO_PLAN and r.sharded_fraction >= WELL_SHARDED)
+    proofs = {status: sum(1 for r in rows if r.proof == status) for status in (PROVEN_HERE, PROVEN_ELSEWHERE, NEVER_PROVEN)}
     console.print(
         f"{len(rows)} architectures: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
         + f"; {well} shard ≥ {WELL_SHARDED:.0%} of their parameters over TP"
+        + "; proofs: " + ", ".join(f"{n} for {status}" if status != NEVER_PROVEN else f"{n} never" for status, n in proofs.items())
     )
     return buffer.getvalue()

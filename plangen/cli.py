@@ -37,7 +37,10 @@ def fail(message: str, code: int = EXIT_USAGE) -> None:
 
 def _version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"plangen {__version__}")
+        from plangen.stack import stack_report
+
+        _, lines = stack_report()
+        typer.echo("\n".join([f"plangen {__version__}", *lines]))
         raise typer.Exit()
 
 
@@ -130,10 +133,13 @@ def verify(
     timeout: float = typer.Option(
         600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of --run, all files together; also of each file's import (at most 60 s)."
     ),
-    strict: bool = typer.Option(False, "--strict", help="Warnings set the exit status too."),
+    strict: bool = typer.Option(False, "--strict", help="Warnings, and files checked without a model (imported only), set the exit status too."),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
     drift: bool = typer.Option(
         False, "--drift", help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16)."
+    ),
+    compile: bool = typer.Option(
+        False, "--compile", help="With --run: the parity run at TP=2 compiles each decoder layer (torch.compile, fullgraph)."
     ),
 ) -> None:
     """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
@@ -152,12 +158,14 @@ def verify(
         fail("--static and --run exclude each other")
     if drift and not run:
         fail("--drift runs the plans: add --run")
+    if compile and not run:
+        fail("--compile runs the plans: add --run")
     if output_format not in {f.value for f in OutputFormat}:
         fail(f"--format must be one of: {', '.join(f.value for f in OutputFormat)}")
     for plan in plans:
         if not os.path.isfile(plan):
             fail(f"{plan}: {'not a file' if os.path.exists(plan) else 'no such file'}")
-    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout)
+    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout, compile=compile)
 
     def progress(line: str) -> None:
         typer.echo(f"plangen: verify --run: {line}", err=True)
@@ -311,6 +319,61 @@ def list_architectures(
         typer.echo(render_catalog_json(rows), nl=False)
     else:
         typer.echo(render_catalog_text(rows, width=max(120, shutil.get_terminal_size((160, 24)).columns)), nl=False)
+
+
+@app.command()
+def doctor() -> None:
+    """Whether the installed torch and transformers are inside the window plangen is tested on.
+
+    Exit status: 0 inside, 1 outside (plangen runs, but its proofs and tests do not cover the pair:
+    `plangen prove CLASS` proves a plan on the installed code), 2 usage error.
+    """
+    from plangen.stack import stack_report
+
+    inside, lines = stack_report()
+    typer.echo("\n".join([f"plangen {__version__}", *lines]))
+    raise typer.Exit(EXIT_OK if inside else EXIT_FINDINGS)
+
+
+@app.command()
+def prove(
+    model: str = typer.Argument(
+        ...,
+        metavar="MODEL",
+        help="A model_type (llama), a class (LlamaForCausalLM), a config.json or its folder, or a cached hub id.",
+        show_default=False,
+    ),
+    timeout: float = typer.Option(600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of the runs."),
+    output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
+) -> None:
+    """Prove the plan plangen picks for MODEL's class on the installed model code, and record it.
+
+    Runs verify --run's check (a tiny random model, logits and every gradient against the unsharded
+    model within 1e-5) at TP=2 and DP=2 x TP=2, sequence parallel off and on, and records the verdict
+    for this code in $PLANGEN_PROOFS (default ~/.cache/plangen/proven.json), which the runtime reads.
+    Exit status: 0 proven, 1 not proven (recorded as failed), 2 usage or internal error.
+    """
+    if output_format not in ("text", "json"):
+        fail("--format must be one of: text, json")
+    from transformers.utils import logging as hf_logging
+
+    from plangen.prove import ProveError, proof_json, prove_class, render_proof
+
+    hf_logging.set_verbosity_error()
+
+    def progress(line: str) -> None:
+        typer.echo(f"plangen: prove: {line}", err=True)
+
+    try:
+        proof = prove_class(model, timeout, progress)
+    except ProveError as error:
+        fail(str(error))
+    except OSError as error:
+        fail(f"cannot record the proof in {error.filename}: {error.strerror}")
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while proving: {type(error).__name__}: {' '.join(str(error).split())}")
+    typer.echo(proof_json(proof) if output_format == "json" else render_proof(proof), nl=False)
+    raise typer.Exit(EXIT_OK if proof.passed else EXIT_FINDINGS)
 
 
 def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,

@@ -32,7 +32,10 @@ package and fails where another module names one. What differs, and how each is 
   ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
   tables (:func:`comm_tables`, :func:`op_packet`), the composable ``checkpoint``, the memory
   tracker's per-step state (:func:`peak_tracker_class`), DTensor's shape propagation
-  (:func:`counting_shape_propagation`), fake tensors and dispatch modes, torch's logger names.
+  (:func:`counting_shape_propagation`), fake tensors and dispatch modes, torch's logger names,
+  DTensor's spec and local-shard arithmetic (:func:`dtensor_spec`, :func:`local_shape_and_offset`,
+  for plangen.hf_layout's DTensor subclass), ``aten._to_copy`` (:data:`TO_COPY`), funcol's
+  ``AsyncCollectiveTensor`` and pytree's ``tree_leaves``.
 
 Not routed here: the ``ParallelStyle`` protocol a custom style overrides (``_apply``,
 ``_partition_*_fn``, ``_prepare_*``: :data:`PARALLEL_STYLE_HOOKS`, each checked present on every
@@ -49,7 +52,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor, Partial
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
+from torch.utils._pytree import tree_leaves
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
 
@@ -84,6 +90,25 @@ def is_strided_shard(placement: Any) -> bool:
 def local_tensor(tensor: Any) -> Any:
     """A DTensor's local shard with no autograd step (the same storage); any other value itself."""
     return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor
+
+
+def dtensor_spec(tensor: DTensor) -> DTensorSpec:
+    """A DTensor's spec (mesh, placements, global shape and stride): what a DTensor subclass needs to
+    stand for another layout of the same local shard (plangen.hf_layout)."""
+    return tensor._spec
+
+
+def local_shape_and_offset(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
+                           placements: Sequence[Placement]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The local shape and global offset of the shard at ``coordinate`` of a mesh of ``mesh_shape``."""
+    local, offset = _compute_local_shape_and_global_offset(tuple(shape), tuple(mesh_shape), list(coordinate), placements)
+    return tuple(local), tuple(offset)
+
+
+# aten's copy-with-conversion op (``.to(dtype)``, ``.to(device)``), by its private name.
+TO_COPY = torch.ops.aten._to_copy.default
+# What funcol's asynchronous collectives return: the result, still in flight until waited.
+AsyncCollectiveTensor = funcol.AsyncCollectiveTensor
 
 
 NATIVE_FROM_LOCAL_GRAD_PLACEMENTS = "grad_placements" in inspect.signature(DTensor.from_local).parameters
@@ -249,12 +274,17 @@ def no_dispatch_modes() -> Iterator[None]:
 
 def peak_tracker_class() -> type:
     """An ``FSDPMemTracker`` subclass that calls ``self.on_peak(in_backward, in_optimizer, parents,
-    snapshots)`` at each new peak (its module tracker's state and the current snapshots)."""
+    snapshots)`` at each new peak (its module tracker's state and the current snapshots); ``where()``
+    is (in backward, in the optimizer step) at any moment."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     class PeakTracker(FSDPMemTracker):
         def on_peak(self, in_backward: bool, in_optimizer: bool, parents: set[str], snapshots: list[dict]) -> None:
             raise NotImplementedError
+
+        def where(self) -> tuple[bool, bool]:
+            """(in backward, in the optimizer step), as the module tracker sees them now."""
+            return self._mod_tracker.is_bw, self._in_opt
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)

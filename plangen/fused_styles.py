@@ -21,7 +21,7 @@ split of the fused output (``chunk(2, -1)``, or slices by head counts that
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,33 +29,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
+from plangen.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_index: imported from here too
+    LAYOUT_ATTRIBUTE, HuggingFaceLayoutTensor, _relaid_dim, hugging_face_value, interleave_index, keep_unwrap_last,
+)
 from plangen.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
-
-
-def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torch.Tensor:
-    """The fused rows in their TP order: for each rank ``r``, the ``r``-th slice of every part.
-
-    ``part_sizes`` are the parts' relative sizes (``(heads, kv_heads, kv_heads)``, ``(1, 1)``);
-    ``permuted = fused.index_select(dim, index)``, and ``argsort(index)`` undoes it.
-    """
-    total = sum(part_sizes)
-    if rows % total:
-        raise ValueError(f"{rows} fused features do not split in the proportions {tuple(part_sizes)}")
-    sizes = [rows // total * p for p in part_sizes]
-    bad = [s for s in sizes if s % tp_size]
-    if bad:
-        raise ValueError(
-            f"fused parts of {sizes} features (proportions {tuple(part_sizes)}) must each split evenly over "
-            f"{tp_size} TP ranks; {bad[0]} does not"
-        )
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return torch.cat(
-        [
-            torch.arange(start + rank * (size // tp_size), start + (rank + 1) * (size // tp_size))
-            for rank in range(tp_size)
-            for start, size in zip(starts, sizes)
-        ]
-    )
 
 
 def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
@@ -280,10 +257,6 @@ def shard_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], device_mes
     install_layout_hooks(module, tuple(part_sizes), device_mesh.size())
 
 
-# The attribute a re-laid-out module carries: (part_sizes, tp_size, dims), what undoes its layout.
-LAYOUT_ATTRIBUTE = "_plangen_fused_layout"
-
-
 def hugging_face_layout(model: nn.Module, name: str, tensor: torch.Tensor) -> torch.Tensor:
     """The whole parameter (or gradient) ``name`` of ``model`` in Hugging Face's layout.
 
@@ -312,14 +285,6 @@ def padded_layout(module: nn.Module, param_name: str, tensor: torch.Tensor) -> t
     return tensor.index_select(dim, torch.argsort(index))
 
 
-def _relaid_dim(module: nn.Module, param_name: str, dims: dict[str, int] | None) -> int | None:
-    # dims None: every parameter of the module is re-laid out on its output dim (a fused Linear);
-    # else only the named ones, each on its own dim (a packed experts module's gate_up_proj).
-    if dims is None:
-        return output_dim(module, param_name)
-    return dims.get(param_name)
-
-
 def install_layout_hooks(
     module: nn.Module, part_sizes: tuple[int, ...], tp_size: int, dims: dict[str, int] | None = None
 ) -> None:
@@ -334,25 +299,23 @@ def install_layout_hooks(
         return interleave_index(rows, part_sizes, tp_size).to(device)
 
     def to_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
+        # A DTensor becomes a view in Hugging Face's layout over this rank's rows, pad left out: nothing
+        # gathered (plangen.hf_layout); a plain tensor is re-ordered.
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
-            dim = _relaid_dim(mod, param_name, dims)
-            if value is None or dim is None:
+            if value is None or _relaid_dim(mod, param_name, dims) is None:
                 continue
-            whole = value.full_tensor() if isinstance(value, DTensor) else value
-            index = index_of(param_name, whole.shape[dim], whole.device)
-            restored = whole.index_select(dim, torch.argsort(index))
-            if isinstance(value, DTensor):  # replicated, so a sharded checkpoint still saves it once
-                ones = [Replicate()] * value.device_mesh.ndim
-                restored = DTensor.from_local(restored, value.device_mesh, ones, run_check=False)
-            state_dict[key] = restored
+            state_dict[key] = hugging_face_value(mod, param_name, value) if isinstance(value, DTensor) else \
+                padded_layout(mod, param_name, value)  # any pad: install_pad_save_hook's, after this one
 
     def from_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
             dim = _relaid_dim(mod, param_name, dims)
+            if isinstance(value, HuggingFaceLayoutTensor):
+                continue  # this model's own entry, the parameter's storage: keep_unwrap_last's hook takes it
             if value is None or dim is None or tuple(value.shape) != tuple(param.shape):
                 continue  # load_state_dict reports the missing key or the wrong shape itself
             whole = value.full_tensor() if isinstance(value, DTensor) else value
@@ -365,6 +328,7 @@ def install_layout_hooks(
 
     module.register_state_dict_post_hook(to_hugging_face)
     module.register_load_state_dict_pre_hook(from_hugging_face)
+    keep_unwrap_last(module)
 
 
 class LocalHeadCounts(ParallelStyle):

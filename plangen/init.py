@@ -233,10 +233,11 @@ def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_paralle
     model = recorded.get("PLANGEN_MODEL")
     if not isinstance(model, str):
         return False
-    if Path(spec).exists():  # a config path: recorded relative to the plan file
-        same_model = Path(resolve_recorded_spec(model, path)).resolve() == Path(spec).resolve()
+    recorded_spec = resolve_recorded_spec(model, path)  # a config path: recorded relative to the plan
+    if Path(spec).exists() and Path(recorded_spec).exists():
+        same_model = Path(recorded_spec).resolve() == Path(spec).resolve()
     else:
-        same_model = model == spec
+        same_model = recorded_spec == spec
     return (
         same_model
         and recorded.get("PLANGEN_TP_SIZE") == tp_size

@@ -101,7 +101,9 @@ class Launch:
         errors = sorted(out.glob("rank*.killed")) + sorted(out.glob("rank*.err"))
         if errors:
             first = errors[0]
-            raise DistributedRunError(f"{target}: {first.stem} failed:\n{first.read_text()}")
+            # A signal's own message (glibc's "malloc(): ..." before its SIGABRT) is in the ranks' log.
+            tail = f"\nthe ranks' output ends:\n{log[-2000:]}" if first.suffix == ".killed" and log else ""
+            raise DistributedRunError(f"{target}: {first.stem} failed:\n{first.read_text()}{tail}")
         if proc.returncode != 0:
             raise DistributedRunError(f"{target}: launcher exited with {proc.returncode}:\n{log[-4000:]}")
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(self.world_size)]
@@ -136,6 +138,12 @@ def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any) 
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
     )
     code = 0
+    # A fatal signal (SIGSEGV, SIGABRT from glibc's heap checks) leaves no traceback to write: the
+    # rank's Python stacks, every thread's, go to its own file, which the run's error then quotes.
+    import faulthandler
+
+    fault = open(out / f"rank{rank}.fault", "w")
+    faulthandler.enable(file=fault, all_threads=True)
     try:
         import torch
         import torch.distributed as dist
@@ -159,7 +167,11 @@ def _note_signal(out: Path, rank: int | None, code: int) -> None:
     if rank is not None and os.WIFSIGNALED(code):  # no traceback to write: say how it ended
         number = os.WTERMSIG(code)
         hint = " (the kernel's out-of-memory killer sends this)" if number == signal.SIGKILL else ""
-        (out / f"rank{rank}.killed").write_text(f"rank {rank} was killed by signal {signal.Signals(number).name}{hint}\n")
+        note = f"rank {rank} was killed by signal {signal.Signals(number).name}{hint}\n"
+        fault = out / f"rank{rank}.fault"
+        if fault.exists() and fault.stat().st_size:  # its threads' Python stacks (faulthandler)
+            note += fault.read_text()[-6000:]
+        (out / f"rank{rank}.killed").write_text(note)
 
 
 def _main(target: str, world_size: int, out: Path, timeout: float) -> int:

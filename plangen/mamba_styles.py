@@ -185,6 +185,9 @@ class Mamba2MixerParallel(ParallelStyle):
         _apply_local_feature_buffers(module, layout, device_mesh)
         for name, value in layout.local(tp).items():
             setattr(module, name, value)
+        # A forward that calls conv1d (NemotronH's before transformers 5.24) reads its channel counts.
+        conv = module.conv1d
+        conv.in_channels = conv.out_channels = conv.groups = layout.local(tp)["conv_dim"]
         _install_local_swap(module, layout, device_mesh, self.input_layouts)
         return module
 

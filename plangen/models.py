@@ -69,21 +69,30 @@ ModelSource = Union[ResolvedModel, "PretrainedConfig"]
 def record_model_spec(resolved: ResolvedModel, plan_path: Path | str) -> str:
     """``resolved``'s spec as the plan file at ``plan_path`` records it: a config path relative to
     the plan file's folder (the pair moves together in a repository, and verify or cost run from
-    any directory find it), any other spec as given."""
+    any directory find it), always written as a path (``./my_model`` beside it, ``./sub/m.json``
+    below it: never the bare ``my_model`` a reader would take for a model_type, nor ``org/name``,
+    a hub id's shape), any other spec as given."""
     if resolved.kind != "config":
         return resolved.spec
     import os
 
-    return Path(os.path.relpath(Path(resolved.spec).resolve(), Path(plan_path).resolve().parent)).as_posix()
+    relative = os.path.relpath(Path(resolved.spec).resolve(), Path(plan_path).resolve().parent)
+    posix = Path(relative).as_posix()
+    return posix if posix.startswith("../") else f"./{posix}"
 
 
 def resolve_recorded_spec(spec: str, plan_path: Path | str) -> str:
-    """The spec to resolve for a ``PLANGEN_MODEL`` read from the plan file at ``plan_path``: a path
-    relative to the plan file's folder when one exists there (see :func:`record_model_spec`), else
-    ``spec`` itself (older files recorded paths relative to where init ran)."""
-    candidate = Path(plan_path).resolve().parent / spec
-    if not Path(spec).is_absolute() and ("/" in spec or spec.endswith(".json")) and candidate.exists():
-        return str(candidate)
+    """The spec to resolve for a ``PLANGEN_MODEL`` read from the plan file at ``plan_path``.
+
+    One rule, the reverse of :func:`record_model_spec`: a relative spec that names a file or folder
+    beside the plan file (``./my_model``, ``../configs/m.json``, or a bare ``my_model`` written by
+    older releases) is that path, whatever the working directory, and wins over a model_type of the
+    same name; anything else is resolved as given (a model_type, a class, an absolute path, a hub
+    id, or a path relative to where init ran, as the oldest files recorded)."""
+    if not Path(spec).is_absolute():
+        candidate = Path(plan_path).resolve().parent / spec
+        if candidate.exists():
+            return str(candidate)
     return spec
 
 

@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.transformers_compat import experts_take_sentinels, experts_unproven_reason
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -216,6 +217,9 @@ class ExpertsParallel(ParallelStyle):
                 f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
                 f"{type(module).__name__} has none"
             )
+        unproven = experts_unproven_reason()
+        if unproven is not None:
+            raise ValueError(f"ExpertsParallel: {unproven}")
         layout = expert_layout_of(module, tp)
         if layout == "intermediate":
             _shard_intermediate(module, device_mesh, intermediate_split_dims(module, tp))
@@ -234,6 +238,10 @@ class ExpertsParallel(ParallelStyle):
         module._plangen_expert_layout = layout
         rank = device_mesh.get_local_rank()
         swapped: dict[str, nn.Parameter] = {}
+        # Where the installed experts forwards mishandle the sentinel id (transformers_compat), the
+        # experts run on this rank's routes alone, one per row, and the rows are scattered back.
+        compact = local is not None and not experts_take_sentinels()
+        routes: dict[str, Any] = {}
 
         def prepare(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             args, kwargs = list(args), dict(kwargs)
@@ -248,8 +256,11 @@ class ExpertsParallel(ParallelStyle):
                 weights = all_reduce_grad(weights, device_mesh)
             if local is not None:
                 off_rank = torch.div(index, local, rounding_mode="floor") != rank
-                index = torch.where(off_rank, torch.full_like(index, local), index % local)
-                weights = weights.masked_fill(off_rank, 0.0)
+                if compact:
+                    hidden, index, weights = _own_routes(hidden, index, weights, off_rank, local, routes)
+                else:
+                    index = torch.where(off_rank, torch.full_like(index, local), index % local)
+                    weights = weights.masked_fill(off_rank, 0.0)
             for name, param in list(mod._parameters.items()):
                 if isinstance(param, DTensor):
                     swapped[name] = param
@@ -265,6 +276,8 @@ class ExpertsParallel(ParallelStyle):
         def finish(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             mod._parameters.update(swapped)  # type: ignore[arg-type]
             swapped.clear()
+            if routes:
+                output = _scatter_routes(output, routes)
             if isinstance(self.output_layouts, Partial):
                 return output if self.use_local_output else DTensor.from_local(output, device_mesh, (Partial(),), run_check=False)
             return SumOverMesh.apply(output, device_mesh.get_group())
@@ -278,6 +291,24 @@ class ExpertsParallel(ParallelStyle):
         local = "" if self.use_local_output else ", use_local_output=False"
         summed = "" if self.sum_input_grad else ", sum_input_grad=False"
         return f"{type(self).__name__}(output_layouts={self.output_layouts}{local}{summed})"
+
+
+def _own_routes(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, off_rank: torch.Tensor,
+                local: int, routes: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's (token, expert) routes as a batch of one route per row: the hidden state of each
+    route's token, its local expert id and its weight (``routes`` keeps where to scatter them back)."""
+    token, slot = (~off_rank).reshape(-1, index.shape[-1]).nonzero(as_tuple=True)
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    routes.update(token=token, shape=hidden.shape)
+    ids = index.reshape(-1, index.shape[-1])[token, slot] % local
+    return flat[token], ids.unsqueeze(-1), weights.reshape(-1, weights.shape[-1])[token, slot].unsqueeze(-1)
+
+
+def _scatter_routes(output: torch.Tensor, routes: dict[str, Any]) -> torch.Tensor:
+    """Each route's output added back onto its token's row (the inverse of :func:`_own_routes`)."""
+    token, shape = routes.pop("token"), routes.pop("shape")
+    whole = output.new_zeros((shape.numel() // shape[-1], output.shape[-1]))
+    return whole.index_add(0, token, output).reshape(*shape[:-1], output.shape[-1])
 
 
 def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[str, int]) -> None:

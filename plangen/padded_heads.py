@@ -30,15 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
+from plangen.hf_layout import PAD_LAYOUT, HuggingFaceLayoutTensor, hugging_face_value, keep_unwrap_last  # noqa: F401 - PAD_LAYOUT: imported from here too
 from plangen.module_facts import apply_head_counts, attention_head_counts, head_count_owner, output_dim
 from plangen.pad_layout import local_pad_features, padded_head_count, padded_tp_problem, real_rows
 
 # On the packed projection, set by the block's style: (query heads, padded heads, head size).
 PADDED_HEADS = "_plangen_padded_heads"
-# On a module whose parameters hold pad: {parameter: (dim, rows of Hugging Face's values, padded size)}.
-PAD_LAYOUT = "_plangen_pad_layout"
 # On the output projection: the handle of its input mask (a test removes it: the negative control).
 PAD_MASK = "_plangen_pad_mask"
 
@@ -167,21 +166,19 @@ def read_pad(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.
 
 
 def install_pad_save_hook(module: nn.Module) -> None:
-    """``state_dict()`` shows the padded parameters without their pad (a ``Replicate()`` DTensor of the
-    whole tensor for a DTensor, gathered once, as :func:`plangen.fused_styles.install_layout_hooks` does).
-    Registered after any hook that re-lays the rows out, so it sees the padded layout in order."""
+    """``state_dict()`` shows the padded parameters without their pad: for a DTensor a view in Hugging
+    Face's layout over this rank's rows, nothing gathered (:mod:`plangen.hf_layout`, which composes
+    the pad with any re-layout of the rows); a plain tensor loses its pad rows. Registered after any
+    hook that re-lays the rows out (which, over a DTensor, already made the view: it is kept)."""
 
     def without_pad(mod: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
         for param_name in getattr(mod, PAD_LAYOUT, {}):
             key = prefix + param_name
             value = state_dict.get(key)
-            if value is None:
+            if value is None or isinstance(value, HuggingFaceLayoutTensor):
                 continue
-            whole = value.full_tensor() if isinstance(value, DTensor) else value
-            kept = drop_pad(mod, param_name, whole)
-            if isinstance(value, DTensor):
-                kept = DTensor.from_local(kept, value.device_mesh, [Replicate()] * value.device_mesh.ndim, run_check=False)
-            state_dict[key] = kept
+            state_dict[key] = hugging_face_value(mod, param_name, value) if isinstance(value, DTensor) else \
+                drop_pad(mod, param_name, value)
 
     module.register_state_dict_post_hook(without_pad)
 
@@ -194,6 +191,8 @@ def install_pad_load_hook(module: nn.Module, *, distribute: bool) -> None:
         for param_name, (dim, rows, size) in getattr(mod, PAD_LAYOUT, {}).items():
             key = prefix + param_name
             value = state_dict.get(key)
+            if isinstance(value, HuggingFaceLayoutTensor):
+                continue  # this model's own entry, the parameter's storage: keep_unwrap_last's hook takes it
             if value is None or value.shape[dim] != len(rows):
                 continue  # load_state_dict reports the missing key or the wrong shape itself
             whole = value.full_tensor() if isinstance(value, DTensor) else value
@@ -205,6 +204,7 @@ def install_pad_load_hook(module: nn.Module, *, distribute: bool) -> None:
             state_dict[key] = padded
 
     module.register_load_state_dict_pre_hook(with_pad)
+    keep_unwrap_last(module)
 
 
 def apply_pad_mask(module: nn.Module, start: int, stop: int) -> Any:

@@ -13,6 +13,8 @@ Order of work in :func:`parallelize_model`:
      ``parallelize_module``, then re-tie what TP split apart; on a peft LoRA model the plan's keys
      are first translated onto the LoRA layers' base layers and adapters (:mod:`plangen.lora`);
   4. activation checkpointing of the decoder layers;
+  4b. with ``compile=True``, ``torch.compile`` of each decoder layer (``fullgraph=True``), torchtitan's
+     order: after TP and checkpointing, before FSDP2 (:mod:`plangen.compile`, ``docs/compile.md``);
   5. FSDP2: each decoder layer, then the root without resharding after forward; each parameter
      sharded on dim 0 over DP, or on another dim where padding its TP-local dim 0 to a multiple of
      DP would add more than 1 % (:mod:`plangen.fsdp_shard`).
@@ -29,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from plangen.compile import apply_compile
 from plangen.fsdp_inputs import apply_dtensor_input_grads
 from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
@@ -208,11 +211,16 @@ def parallelize_model(
     cpu_offload: bool = False,
     custom_parallel_plan: Optional[PlanLike] = None,
     plan_variant: str = "optimized",
+    *,
+    compile: bool = False,
 ) -> FSDPModule:
     """Apply TP with the plan of highest priority, then FSDP2; returns the FSDP2-wrapped model.
 
     ``plan_variant``: ``"stable"`` applies the plan without cross-rank sums in the forward
-    (:mod:`plangen.plans.variants`, NeMo RL's numerically stable plan); not with a custom plan."""
+    (:mod:`plangen.plans.variants`, NeMo RL's numerically stable plan); not with a custom plan.
+    ``compile``: compile each decoder layer with ``torch.compile(fullgraph=True)`` before FSDP2
+    (:func:`plangen.compile.apply_compile`; the layers it must leave eager are logged: all of them
+    with activation checkpointing)."""
     check_variant(plan_variant)  # a typo fails at once, at any TP size
     tp_size = tp_mesh.size()
     layers = find_transformer_layers(model)
@@ -229,6 +237,12 @@ def parallelize_model(
     if activation_checkpointing:
         keep = CHECKPOINT_FILTERS.get(type(base).__name__, lambda layer: True)
         apply_activation_checkpointing([layer for layer in layers if keep(layer)])
+    if compile and activation_checkpointing:
+        # Composable checkpointing's hooks do not compile; torch.utils.checkpoint inside compiled
+        # layers fails on DTensor parameters at TP > 1 (torch 2.13): docs/compile.md.
+        logger.warning("plangen: compile=True with activation checkpointing: the decoder layers stay eager")
+    elif compile:
+        apply_compile(model, layers)
     return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
 
 

@@ -302,12 +302,12 @@ class HfStyleSpec:
 # user plans) with the same input/output layouts, parameter shards and gradient reductions as
 # transformers' own TensorParallelLayer of that name. use_local_output is True everywhere because
 # transformers always returns local tensors.
+_COLWISE = {"input_layouts": Replicate(), "output_layouts": Shard(-1), "use_local_output": True}
+_ROWWISE = {"input_layouts": Shard(-1), "output_layouts": Replicate(), "use_local_output": True}
 HF_STYLE_SPECS: dict[str, HfStyleSpec] = {
     # Linear, weight (and bias) Shard(0); replicated input (its grad all-reduced); output stays
     # sharded on the last dim.
-    "colwise": HfStyleSpec(
-        "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Shard(-1), "use_local_output": True}
-    ),
+    "colwise": HfStyleSpec("ColwiseParallel", _COLWISE),
     # As colwise, then the output is all-gathered (lm_head's full-vocabulary logits).
     "colwise_gather_output": HfStyleSpec(
         "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
@@ -316,11 +316,14 @@ HF_STYLE_SPECS: dict[str, HfStyleSpec] = {
     "colwise_rep": HfStyleSpec(
         "ColwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}
     ),
+    # 5.25.0: colwise by whole heads over a (heads, replicas) view of the TP mesh; where the TP size
+    # divides the heads (all plangen's head checks accept) one replica: exactly colwise.
+    "unit_colwise": HfStyleSpec("ColwiseParallel", _COLWISE),
     # Linear, weight Shard(1), bias replicated (added once, after the sum); input sharded on the
     # last dim; partial output all-reduced.
-    "rowwise": HfStyleSpec(
-        "RowwiseParallel", {"input_layouts": Shard(-1), "output_layouts": Replicate(), "use_local_output": True}
-    ),
+    "rowwise": HfStyleSpec("RowwiseParallel", _ROWWISE),
+    # 5.25.0: unit_colwise's row-parallel twin; exactly rowwise where the TP size divides the heads.
+    "unit_rowwise": HfStyleSpec("RowwiseParallel", _ROWWISE),
     # As rowwise, but the input arrives replicated and each rank takes its slice.
     "rowwise_split_input": HfStyleSpec(
         "RowwiseParallel", {"input_layouts": Replicate(), "output_layouts": Replicate(), "use_local_output": True}

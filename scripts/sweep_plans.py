@@ -12,6 +12,10 @@ then uses.
     .venv/bin/python scripts/sweep_plans.py --only olmo,phi   # some model types or classes; the other records stay
     .venv/bin/python scripts/sweep_plans.py --docs-only       # rewrite docs/plans.md from proven.json
 
+Records are kept per model code (plangen/plans/proven.py's code digest, with the transformers and
+torch releases they ran on): a sweep in another stack (a venv with another transformers) adds that
+code's records and keeps every other's; code that did not change shares one record.
+
 Several classes share one launch (a launch costs seconds, a case a fraction of one); a launch that
 crashes or passes its deadline is retried class by class, so one bad class cannot hide the others.
 """
@@ -20,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import sys
 import time
@@ -51,6 +54,7 @@ class Target:
     # plangen.plans.proven.plan_fingerprint of the plans checked (synthesized: built here, on the
     # catalog's model, as plangen list builds them; the workers build the same on the same config).
     fingerprint: dict[str, str] | None = None
+    code: str = ""  # plangen.plans.proven.code_digest of the installed model code: what the proof holds for
 
 
 def build_fingerprints(model: Any, sequence_parallel: bool) -> dict[str, str]:
@@ -68,6 +72,7 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
     from plangen.models import resolve_model
     from plangen.plans import HAND_WRITTEN
     from plangen.plans.analysis import analyze_model
+    from plangen.plans.proven import code_digest
 
     targets: list[Target] = []
     skipped: dict[str, str] = {}
@@ -86,11 +91,11 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
                 sp = True
             except ValueError:
                 sp = False
-            targets.append(Target(arch.class_name, spec, "hand-written", sp))
+            targets.append(Target(arch.class_name, spec, "hand-written", sp, code=code_digest(model)))
             continue
         analysis = analyze_model(model)
         if analysis.synthesizable:
-            target = Target(arch.class_name, spec, "synthesized", analysis.sequence_parallel)
+            target = Target(arch.class_name, spec, "synthesized", analysis.sequence_parallel, code=code_digest(model))
             target.fingerprint = build_fingerprints(model, analysis.sequence_parallel)
             targets.append(target)
             continue
@@ -99,7 +104,7 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
         except ValueError as err:
             skipped[arch.class_name] = f"no synthesized plan ({analysis.problem}) and no usable Hugging Face plan ({err})"
             continue
-        targets.append(Target(arch.class_name, spec, "hf", False))
+        targets.append(Target(arch.class_name, spec, "hf", False, code=code_digest(model)))
     return targets, skipped
 
 
@@ -201,7 +206,8 @@ def record_of(target: Target, plan: str, verdicts: dict[str, str | None]) -> dic
     return record
 
 
-def sweep(only: set[str] | None, batch: int, timeout: float) -> dict[str, dict[str, Any]]:
+def sweep(only: set[str] | None, batch: int, timeout: float) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Per class: (the code digest it ran on, its record)."""
     targets, skipped = find_targets(only)
     print(f"plangen sweep: {len(targets)} classes to check, {len(skipped)} without a plan to check", flush=True)
     plan_of = {t.class_name: t.plan for t in targets}
@@ -215,7 +221,7 @@ def sweep(only: set[str] | None, batch: int, timeout: float) -> dict[str, dict[s
         for t in fallback:
             hf = record_of(t, "hf", hf_verdicts[t.class_name])
             records[t.class_name]["hf"] = {k: hf[k] for k in ("tp", "error")}
-    return records
+    return {t.class_name: (t.code, records[t.class_name]) for t in targets}
 
 
 def _has_hf_plan(target: Target) -> bool:
@@ -229,10 +235,23 @@ def _has_hf_plan(target: Target) -> bool:
     return True
 
 
-def write_proven(records: dict[str, dict[str, Any]], only: set[str] | None) -> None:
-    merged = json.loads(PROVEN.read_text()) if only is not None and PROVEN.exists() else {}
-    merged.update(records)
-    PROVEN.write_text(json.dumps(dict(sorted(merged.items())), indent=1) + "\n")
+def write_proven(records: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Add this stack's records to proven.json, keeping every other code's (other transformers
+    releases' sweeps): a record for the same code is replaced, and where its verdict is unchanged it
+    keeps the releases it was proven on too (code that did not change shares one record)."""
+    from plangen.plans.proven import read_proofs_file, render_proofs_file
+    from plangen.stack import recorded_stack
+
+    merged = read_proofs_file(PROVEN.read_text()) if PROVEN.exists() else {}
+    stack = recorded_stack()
+    for class_name, (code, record) in records.items():
+        old = merged.setdefault(class_name, {}).get(code) or {}
+        same = all(old.get(k) == record.get(k) for k in ("plan", "tp", "sp", "fingerprint"))
+        for package, version in stack.items():
+            kept = old.get(package, []) if same else []
+            record[package] = sorted(set(kept) | {version}, key=lambda v: [int(x) for x in v.split(".") if x.isdigit()])
+        merged[class_name][code] = record
+    PROVEN.write_text(render_proofs_file(merged))
 
 
 def _cell(text: str) -> str:
@@ -244,9 +263,9 @@ def write_docs(seconds: float | None) -> None:
     import transformers
 
     from plangen.catalog import FRACTION_TP_SIZE, WELL_SHARDED, WHOLE_PARTS_LISTED, WHOLE_PARTS_MOST, build_catalog, render_fraction
-    from plangen.plans.proven import load_proven
+    from plangen.plans.proven import load_shipped_proofs
 
-    load_proven.cache_clear()
+    load_shipped_proofs.cache_clear()
     rows = build_catalog()
     counts: dict[str, int] = {}
     for row in rows:
@@ -321,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         only = set(args.only.split(",")) if args.only else None
         began = time.monotonic()
         records = sweep(only, args.batch, args.timeout)
-        write_proven(records, only)
+        write_proven(records)
         seconds = time.monotonic() - began if only is None else None
-        passed = sum(1 for r in records.values() if r["tp"])
+        passed = sum(1 for _, r in records.values() if r["tp"])
         print(f"plangen sweep: {passed}/{len(records)} classes passed in {time.monotonic() - began:.0f} s; wrote {PROVEN.relative_to(ROOT)}")
     write_docs(seconds)
     print(f"plangen sweep: wrote {DOCS.relative_to(ROOT)}")

@@ -246,3 +246,29 @@ def torch_can_run(params: list) -> list:
         needs = isinstance(value, str) and torch_cannot_run(value)
         out.append(pytest.param(value, marks=[*marks, pytest.mark.skip(reason=FLATTEN_REASON)]) if needs else p)
     return out
+
+
+def set_proofs(monkeypatch, records: dict) -> dict:
+    """Replace the sweep's records by ``{class name: record}``, each holding for whatever model code
+    asks (plangen.plans.proven keys them by code digest): tests of the choice set a class's verdict.
+    Returns ``records``, which the test may change afterwards."""
+    import plangen.plans.proven as P
+
+    monkeypatch.setattr(P, "proof_for", lambda class_name, code: records.get(class_name))
+    monkeypatch.setattr(P, "load_proven", lambda: {name: {"any code": r} for name, r in records.items()})
+    return records
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure that is only the installed transformers lacking a model or internal the test names
+    (tests/absent.py checks it against that transformers) is reported as a skip with the reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None:
+        from absent import absent_from_transformers
+
+        why = absent_from_transformers(call.excinfo.value)
+        if why:
+            report.outcome = "skipped"
+            report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {why}")

@@ -243,3 +243,45 @@ def test_cost_of_a_plan_that_fails_its_step_is_one_line_on_stderr(tmp_path):
     assert result.returncode == EXIT_USAGE and result.stdout == ""
     assert result.stderr.startswith("plangen: error: the plan fails a training step of a shrunk LlamaForCausalLM at TP 2: ")
     assert len(result.stderr.splitlines()) == 1, result.stderr  # no fake-tensor traceback before it
+
+
+def _without_model_constant(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.startswith("PLANGEN_MODEL")) + "\n"
+
+
+@pytest.mark.parametrize("with_model", [False, True], ids=["no-model-known", "model-known"])
+def test_a_file_that_raises_at_import_is_pg201_whether_or_not_its_model_is_known(tmp_path, monkeypatch, with_model):
+    # Issue 31: without PLANGEN_MODEL and --model, verify used to skip the import and exit 0.
+    monkeypatch.chdir(tmp_path)
+    text = GENERATED_LLAMA if with_model else _without_model_constant(GENERATED_LLAMA)
+    assert ("PLANGEN_MODEL" in text) is with_model
+    files = {
+        "missing_module.py": "import plangen_no_such_module\n" + text,
+        "divide.py": "N = 1 // 0\n" + text,
+        "good.py": text,
+    }
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+
+    result = CliRunner().invoke(app, ["verify", *files])
+
+    assert result.exit_code == 1, result.output
+    found = {}
+    for line in result.stdout.strip().splitlines():
+        location, code, message = line.split(" ", 2)
+        name, row, _ = location.rstrip(":").split(":")
+        found[name] = (code, int(row), message)
+    assert found == {
+        "missing_module.py": (
+            "PG201",
+            1,
+            "the plan file cannot be loaded: ModuleNotFoundError: No module named 'plangen_no_such_module'",
+        ),
+        "divide.py": ("PG201", 1, "the plan file cannot be loaded: ZeroDivisionError: integer division or modulo by zero"),
+    }
+    # good.py: clean; without a model, only imported, which the exit status shows under --strict.
+    good = CliRunner().invoke(app, ["verify", "good.py"])
+    strict = CliRunner().invoke(app, ["verify", "--strict", "good.py"])
+    assert (good.exit_code, good.stdout) == (0, "")
+    assert (strict.exit_code, strict.stdout) == ((0, "") if with_model else (1, ""))
+    assert ("not checked against a model" in good.stderr) is not with_model

@@ -48,7 +48,8 @@ def test_every_hand_written_class_is_listed_as_such(listing):
 
 
 def test_rows_follow_the_plan_priority(listing):
-    from plangen.plans.proven import is_proven
+    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.plans.proven import code_digest, is_proven
 
     rows = rows_by_class(listing)
     olmo = rows["OlmoForCausalLM"]
@@ -70,8 +71,12 @@ def test_rows_follow_the_plan_priority(listing):
     for row in rows.values():
         assert row["plan"] in ("hand-written", "synthesized", "hf", "none")
         if row["plan"] == "synthesized":  # the runtime uses a synthesized plan only where it is proven
-            assert is_proven(row["class_name"], False) and row["check"] == "passed"
-            assert row["sequence_parallel"] == is_proven(row["class_name"], True)
+            code = code_digest(build_catalog_model(Architecture(row["class_name"], row["model_type"])))
+            assert is_proven(row["class_name"], False, code) and row["check"] == "passed"
+            assert row["sequence_parallel"] == is_proven(row["class_name"], True, code)
+            assert row["proof"] == "this code"
+    # Every class with a plan has a record for the installed (pinned) transformers' code.
+    assert {row["proof"] for row in rows.values() if row["plan"] != "none"} == {"this code"}
 
 
 def test_no_synthesized_proof_is_stale(listing):
@@ -106,15 +111,18 @@ def test_a_changed_synthesized_plan_is_stale_until_swept_again():
 def test_no_sequence_parallel_proof_is_stale():
     """As plangen list checks the TP plans: the SP plans (twice the synthesis: out of the default run)."""
     from plangen.catalog import build_catalog_model, list_architectures
-    from plangen.plans.proven import SWEEP_COMMAND, load_proven, proof_is_stale
+    from plangen.plans.proven import SWEEP_COMMAND, code_digest, proof_for, proof_is_stale
     from plangen.plans.synthesize import build_synthesized_plan
 
-    records = load_proven()
-    stale = [
-        arch.class_name for arch in list_architectures()
-        if (records.get(arch.class_name) or {}).get("plan") == "synthesized" and records[arch.class_name].get("sp")
-        and proof_is_stale(records[arch.class_name], build_synthesized_plan(build_catalog_model(arch), True))
-    ]
+    stale = []
+    for arch in list_architectures():
+        try:
+            model = build_catalog_model(arch)
+        except Exception:  # noqa: BLE001 - default configs that do not build have no record
+            continue
+        record = proof_for(arch.class_name, code_digest(model)) or {}
+        if record.get("plan") == "synthesized" and record.get("sp") and proof_is_stale(record, build_synthesized_plan(model, True)):
+            stale.append(arch.class_name)
     assert stale == [], f"run {SWEEP_COMMAND} --only {','.join(stale)}"
 
 
@@ -122,12 +130,12 @@ def test_text_table_for_some_models():
     result = CliRunner().invoke(app, ["list", "olmo", "llama", "xlnet"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "TP-sharded", "note"]
-    assert lines[1].split()[:6] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "100.0%"]
-    assert lines[2].split()[:5] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed"]
-    assert lines[3].split()[:3] == ["XLNetLMHeadModel", "xlnet", "none"]
+    assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "proof", "TP-sharded", "note"]
+    assert lines[1].split()[:8] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "this", "code", "100.0%"]
+    assert lines[2].split()[:7] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed", "this", "code"]
+    assert lines[3].split()[:6] == ["XLNetLMHeadModel", "xlnet", "none", "no", "n/a", "never"]
     assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 0 hf, 1 none; ")
-    assert lines[-1].endswith("shard ≥ 95% of their parameters over TP")
+    assert lines[-1].endswith("shard ≥ 95% of their parameters over TP; proofs: 2 for this code, 0 for other code only, 1 never")
 
 
 def test_sharded_fraction_at_the_default_size(listing):

@@ -3,10 +3,13 @@ runtime, ``plangen init``, ``plangen cost`` and ``plangen list`` all give the sa
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch.distributed.tensor.parallel import ColwiseParallel
 
+from conftest import set_proofs
 from plangen.plan import Plan
 from plangen.plans.choice import NO_PLAN, SOURCES, ChosenPlan, NoPlanError, choose_plan
 
@@ -41,9 +44,7 @@ def test_sources_are_in_priority_order_and_match_the_plan_data_vocabulary():
 )
 def test_priority(spec, sp, source, proven, monkeypatch):
     if source == "hf":  # no class of this transformers has only a proven Hugging Face plan: record one
-        import plangen.plans.proven as P
-
-        monkeypatch.setattr(P, "load_proven", lambda: {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+        set_proofs(monkeypatch, {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
     chosen = choose_plan(meta(spec), sp)
     assert (chosen.source, chosen.proven) == (source, proven)
     assert isinstance(chosen.plan, Plan) and chosen.plan.source == source
@@ -71,9 +72,7 @@ def test_no_plan_says_why_each_source_was_passed_over():
 
 def test_an_unproven_synthesized_plan_only_seeds_a_file(monkeypatch):
     # OPT: synthesized, no Hugging Face plan; without a sweep record its plan is unproven.
-    import plangen.plans.proven as P
-
-    monkeypatch.setattr(P, "load_proven", lambda: {})
+    set_proofs(monkeypatch, {})
     with pytest.raises(NoPlanError):
         choose_plan(meta("opt"), False)
     seed = choose_plan(meta("opt"), False, allow_unproven=True)
@@ -143,13 +142,10 @@ def test_chosen_plan_is_plain_data():
     [("gemma3n_text", "logits differs")],
 )
 def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(spec, failing, monkeypatch):
-    from plangen.plans import proven
-
     model = meta(spec)
     record = {"plan": "none", "tp": False, "sp": False, "error": "tp: tp2 rank 0: RuntimeError: shapes",
               "hf": {"tp": False, "error": "tp: tp2 rank 0: logits differs by 1.2e-01"}}
-    records = {**proven.load_proven(), type(model).__name__: record}
-    monkeypatch.setattr(proven, "load_proven", lambda: records)
+    set_proofs(monkeypatch, {type(model).__name__: record})
     with pytest.raises(NoPlanError) as info:
         choose_plan(model, False)
     message = str(info.value)
@@ -167,10 +163,35 @@ def test_apertus_gets_its_proven_synthesized_plan_not_the_wrong_hf_one():
 
 
 def test_hugging_face_plans_are_used_only_where_the_sweep_proved_them(monkeypatch):
-    import plangen.plans.proven as P
-
-    monkeypatch.setattr(P, "load_proven", lambda: {})  # no records: nothing proven
+    records = set_proofs(monkeypatch, {})  # no records: nothing proven
     with pytest.raises(NoPlanError, match="not checked by the sweep"):
         choose_plan(meta("granite"), False)
-    monkeypatch.setattr(P, "load_proven", lambda: {"GraniteForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
+    records["GraniteForCausalLM"] = {"plan": "hf", "tp": True, "sp": None, "error": None}
     assert choose_plan(meta("granite"), False).source == "hf"
+
+
+def test_the_code_digest_follows_the_installed_modeling_source(monkeypatch):
+    import plangen.plans.proven as P
+
+    llama, qwen3 = meta("llama"), meta("qwen3")
+    before = P.code_digest(llama)
+    assert before == P.code_digest(meta("llama")) and before != P.code_digest(qwen3)
+    changed = "transformers.models.llama.modeling_llama"
+    real = P._source_digest
+    monkeypatch.setattr(P, "_source_digest", lambda name: "edited" if name == changed else real(name))
+    assert P.code_digest(llama) != before  # its modeling file changed: another code
+    assert P.code_digest(qwen3) == P.code_digest(meta("qwen3"))  # Qwen3's file did not
+
+
+def test_a_hand_written_plan_on_unproven_code_is_applied_with_a_warning_naming_plangen_prove(monkeypatch):
+    import plangen.plans.proven as P
+    from plangen.plans.choice import UnprovenCodeWarning
+
+    model = meta("llama")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnprovenCodeWarning)
+        assert choose_plan(model, False).proven  # the shipped proof is for the installed code: no warning
+    monkeypatch.setattr(P, "_source_digest", lambda name: "another release")
+    with pytest.warns(UnprovenCodeWarning, match="proven only on other model code .*`plangen prove LlamaForCausalLM`"):
+        chosen = choose_plan(model, False)
+    assert (chosen.source, chosen.proven) == ("hand-written", False)

@@ -28,4 +28,7 @@ def test_help_and_version_answer_in_well_under_a_second_without_torch(flag):
 
 def test_python_dash_m_plangen_prints_the_version():
     proc, _ = run("-m", "plangen", "--version")
-    assert proc.returncode == 0 and proc.stdout.strip() == f"plangen {__version__}"
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and lines[0] == f"plangen {__version__}"
+    # Then the installed torch and transformers against the tested window (plangen.stack).
+    assert [line.split()[0] for line in lines[1:]] == ["torch", "transformers"] and all("tested window" in line for line in lines[1:])

@@ -12,12 +12,13 @@ from collections import Counter
 import pytest
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, Zamba2Config
 
 from plangen.comm import CollectiveCounter, merge_c10d_counts
 from plangen.loss import vocab_parallel_cross_entropy
 from plangen.plans.choice import choose_plan
 from plangen.tensor_parallel import apply_tp
+from plangen.transformers_compat import installed_layer_kinds
 from tiny_configs import TINY
 
 BATCH, SEQ = 2, 8
@@ -678,7 +679,8 @@ def test_stable_variant_keeps_mamba1_mixers_whole_so_a_layer_sums_nothing(fake_p
 
 
 def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool, variant: str = "optimized", kinds=()):
-    kwargs = dict(TINY["nemotron_h"], n_groups=n_groups, layers_block_type=["linear_attention"] * layers + list(kinds))
+    kinds = installed_layer_kinds(NemotronHConfig, ["linear_attention"] * layers + list(kinds))
+    kwargs = dict(TINY["nemotron_h"], n_groups=n_groups, layers_block_type=kinds)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
@@ -817,7 +819,8 @@ def test_mlstm_layer_costs_what_a_dense_attention_block_does(fake_pg):
 
 
 def _zamba2_counts(block_types: list[str], sequence_parallel: bool):
-    kwargs = dict(TINY["zamba2"], num_hidden_layers=len(block_types), layers_block_type=block_types)
+    kinds = installed_layer_kinds(Zamba2Config, block_types)
+    kwargs = dict(TINY["zamba2"], num_hidden_layers=len(block_types), layers_block_type=kinds)
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)

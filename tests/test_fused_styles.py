@@ -206,3 +206,32 @@ def test_falcon_tp_sizes_are_checked_against_the_padded_layout():
         assert any_layout_tp_size_problem(config, tp, "FalconForCausalLM") is None
         assert tp_size_problem(config, tp, "FalconForCausalLM") is not None  # unpadded: 71 splits over none
     assert "largest legal TP size for FalconForCausalLM is 71" in any_layout_tp_size_problem(config, 128, "FalconForCausalLM")
+
+
+def test_fused_state_dict_entry_is_this_ranks_rows_at_hugging_face_offsets_without_a_gather(tp_mesh):
+    """state_dict() of a re-laid-out weight gathers nothing (issue 29): a DTensor of Hugging Face's shape
+    over this rank's rows (the parameter's storage), whose checkpoint chunks are its runs of Hugging Face
+    rows; a cast or a clone keeps that layout, other ops are refused."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    from plangen.hf_layout import HuggingFaceLayoutTensor
+
+    linear = nn.Linear(8, 16)
+    weight = linear.weight.detach().clone()
+    holder = _apply(linear, FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh)
+    with CommDebugMode() as comm:
+        entry = holder.state_dict()["m.weight"]
+    assert comm.get_total_counts() == 0
+    assert isinstance(entry, HuggingFaceLayoutTensor) and tuple(entry.shape) == (16, 8)
+    assert entry._local_tensor.untyped_storage().data_ptr() == holder.m.weight.to_local().untyped_storage().data_ptr()
+    chunks = [(tuple(c.offsets), tuple(c.sizes)) for c in entry.__create_chunk_list__()]
+    assert chunks == [((0, 0), (4, 8)), ((8, 0), (2, 8)), ((12, 0), (2, 8))]  # RANK0's runs of q, k, v
+    for chunk in entry.__create_chunk_list__():
+        rows = slice(chunk.offsets[0], chunk.offsets[0] + chunk.sizes[0])
+        index = type("Index", (), {"offset": chunk.offsets, "fqn": "m.weight", "index": None})()
+        assert torch.equal(entry.__get_tensor_shard__(index), weight[rows])
+    half = entry.to(torch.float16)
+    assert isinstance(half, HuggingFaceLayoutTensor) and half.dtype == torch.float16 and tuple(half.shape) == (16, 8)
+    assert torch.equal(half._local_tensor, weight[RANK0].half())
+    with pytest.raises(TypeError, match="full_tensor"):
+        entry.sum()

@@ -125,9 +125,9 @@ def test_rendered_file_loads_as_the_seed_plan(spec, sequence_parallel, models, t
     from plangen.plan import GROUPS, build_parallel_styles
 
     if spec == "olmo":  # nothing proven: the seed is its Hugging Face plan
-        import plangen.plans.proven as P
+        from conftest import set_proofs
 
-        monkeypatch.setattr(P, "load_proven", lambda: {})
+        set_proofs(monkeypatch, {})
 
     rendered = render_plan_module(spec, tmp_path / "plan.py", sequence_parallel=sequence_parallel, loaded=models(spec))
     write_plan_file(rendered.path, rendered.text)

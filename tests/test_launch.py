@@ -37,6 +37,15 @@ def rank_one_killed(payload):
     return dist.get_rank()
 
 
+def rank_one_aborts(payload):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os.abort()  # as glibc's heap checks end a process ("malloc(): ...", then SIGABRT)
+    dist.barrier()
+    return dist.get_rank()
+
+
 def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_result_in_order():
     launch = start_distributed(f"{__file__}:rank_and_payload", 2, {"x": 1}, timeout=120, nice=5)
     # Nobody reads its output meanwhile (the tests before a launching module run): it still ends.
@@ -56,6 +65,16 @@ def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_r
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal():
     with pytest.raises(DistributedRunError, match=r"rank1 failed:\nrank 1 was killed by signal SIGKILL \(the kernel's out-of-memory"):
         run_distributed(f"{__file__}:rank_one_killed", 2, timeout=120)
+
+
+def test_a_rank_killed_by_a_fatal_signal_says_where_it_was():
+    """SIGABRT or SIGSEGV leave no traceback: the rank's Python stack (faulthandler) and the ranks'
+    last output (glibc's own message before its abort) come with the error."""
+    with pytest.raises(DistributedRunError) as raised:
+        run_distributed(f"{__file__}:rank_one_aborts", 2, timeout=120)
+    message = str(raised.value)
+    assert "rank1 failed:\nrank 1 was killed by signal SIGABRT" in message
+    assert "Fatal Python error: Aborted" in message and "in rank_one_aborts" in message
 
 
 def test_a_background_command_gives_its_exit_code_and_both_streams_and_can_be_killed(tmp_path):

@@ -134,15 +134,16 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
     the fake trace sees the tensors the real step makes. Without skipping DTensor's shape propagation,
     the first case traced came out 17 % high in forward (global-shaped fake tensors counted as memory).
 
-    Temporaries: at least the predicted ones. gloo's work objects hold a collective's tensors until its
-    thread is done, so now and then a rank still holds a reduce-scatter input (a layer's unsharded
-    gradients in backward, the root's in the optimizer step) that the trace has already released:
-    timing, which a trace cannot see (up to 19 % of the step at these sizes, where the root's
-    gradients are a large part of it). Activations: byte for byte, or up to two per-token float32
-    tensors above (plangen.cost.validate.timing_slack: the loss's statistics, held by gloo a moment
-    longer on some rank in some launches); none where a rank peaked with FSDP2's next all-gather early
-    (plangen.cost.validate.gathered_early: the total at most that buffer above the trace's)."""
-    from plangen.cost.validate import differing_kinds, timing_slack
+    What a trace cannot see is timing: gloo's worker thread keeps a collective's work, and the tensors
+    it was handed, a moment after the caller's wait returns, so a real rank can hold them when the trace
+    has freed them. The real run records what each collective's work held in each phase, and the rules
+    allow exactly that (plangen.cost.validate): temporaries at least the predicted ones (a reduce-scatter
+    input, a layer's unsharded gradients); activations byte for byte, or above by exactly one or two
+    works' tensors (held_by_gloo: the loss's per-token statistics, an SP all-gather's input and output);
+    a rank whose peak is another moment than the trace's because gloo held a work's tensors then
+    (peaked_while_held: its total above the trace's by at most them, parameters and optimizer states
+    exact) or because FSDP2's next all-gather came early (gathered_early) is compared by its total."""
+    from plangen.cost.validate import differing_kinds
 
     for rank, per_case in enumerate(measured):
         real = per_case[case]
@@ -150,11 +151,10 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
         for phase in predicted[case].phases:
             want = {"total": phase.breakdown.total, **dict(phase.breakdown.items())}
             got = real["phases"][phase.phase]
-            assert got["temporary"] >= want["temporary"], (rank, phase.phase)
             if phase.phase != "optimizer":
                 assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
-            differing = differing_kinds(got, want, timing_slack(predicted[case]))
-            assert not differing, (rank, phase.phase, differing)
+            differing = differing_kinds(got, want)
+            assert not differing, (rank, phase.phase, differing, got["held"])
 
 
 @pytest.mark.distributed
@@ -163,10 +163,10 @@ def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
     (grouped_mm) sizes every tensor by the top-k slots, not by the tokens an expert gets. The model's own
     router spreads the routes over both TP ranks' experts; a router of zero weights (every logit equal)
     sends them all to one rank's; every rank holds the same bytes either way, the one prediction's."""
-    from plangen.cost.validate import differing_kinds, timing_slack
+    from plangen.cost.validate import differing_kinds
 
     assert predicted["qwen3_moe-one-rank"] is predicted["qwen3_moe"]
-    exact = lambda phases: {p: {k: v for k, v in d.items() if k not in ("total", "temporary")}  # noqa: E731
+    exact = lambda phases: {p: {k: v for k, v in d.items() if k not in ("total", "temporary", "held")}  # noqa: E731
                             for p, d in phases.items()}
     for rank, per_case in enumerate(measured):
         spread, one_rank = per_case["qwen3_moe"], per_case["qwen3_moe-one-rank"]
@@ -176,9 +176,8 @@ def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
         for phase in predicted["qwen3_moe"].phases:  # where timing moved a rank's peak: each as predicted
             want = {"total": phase.breakdown.total, **dict(phase.breakdown.items())}
             if exact(spread["phases"])[phase.phase] != exact(one_rank["phases"])[phase.phase]:
-                slack = timing_slack(predicted["qwen3_moe"])
-                assert not differing_kinds(spread["phases"][phase.phase], want, slack), (rank, phase.phase)
-                assert not differing_kinds(one_rank["phases"][phase.phase], want, slack), (rank, phase.phase)
+                assert not differing_kinds(spread["phases"][phase.phase], want), (rank, phase.phase)
+                assert not differing_kinds(one_rank["phases"][phase.phase], want), (rank, phase.phase)
 
 
 def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
@@ -390,9 +389,34 @@ def test_a_rank_that_peaked_with_the_next_all_gather_early_is_told_apart_from_a_
     activations, the total at most the extra buffer above: accepted; any other split is a difference."""
     from plangen.cost.validate import differing_kinds
 
-    want = {"total": 4_279_072, "parameters": 1, "activations": 4_016_672, "gathered": 262_400, "temporary": 0}
+    want = {"total": 4_279_072, "parameters": 1, "optimizer": 0, "activations": 4_016_672, "gathered": 262_400, "temporary": 0}
     early = dict(want, total=4_318_048, activations=3_807_264, gathered=510_784)
-    assert differing_kinds(early, want, 0) == {}
-    assert differing_kinds(dict(early, total=want["total"] + 300_000), want, 0) != {}  # more than the buffer
-    assert differing_kinds(dict(want, activations=want["activations"] - 1, total=want["total"] - 1), want, 0) == {
+    assert differing_kinds(early, want) == {}
+    assert differing_kinds(dict(early, total=want["total"] + 300_000), want) != {}  # more than the buffer
+    assert differing_kinds(dict(want, activations=want["activations"] - 1, total=want["total"] - 1), want) == {
         "activations": (4_016_671, 4_016_672)}
+
+
+def test_what_gloo_still_held_is_allowed_exactly_and_nothing_else():
+    """Activations above the trace by exactly one or two works' tensors (as the real run recorded them
+    in that phase) are timing; one byte more or less is a difference. A peak at another moment (fewer
+    temporaries than the trace's) passes only with its total above the trace's by at most a holding,
+    more than one kind off, and the sharded parameters and optimizer states exact."""
+    from plangen.cost.validate import differing_kinds
+
+    want = {"total": 5_000_000, "parameters": 1_000_000, "gradients": 0, "optimizer": 2_000_000,
+            "activations": 1_500_000, "gathered": 400_000, "temporary": 100_000}
+    held = [1024, 32_768, 65_536, 98_304]  # the loss's statistics; an all-gather's input, output, both
+    seen = dict(want, held=held)
+    for extra in (1024, 2048, 98_304, 98_304 + 1024):
+        assert differing_kinds(dict(seen, activations=want["activations"] + extra, total=want["total"] + extra), want) == {}
+    assert differing_kinds(dict(seen, activations=want["activations"] + 1025), want) == {
+        "activations": (want["activations"] + 1025, want["activations"])}
+    # One kind off alone, its total with it, is a wrong prediction, not a peak at another moment.
+    assert differing_kinds(dict(seen, activations=want["activations"] + 1025, total=want["total"] + 1025), want) != {}
+    assert differing_kinds(dict(seen, activations=want["activations"] + 1024, held=[]), want) != {}
+    elsewhere = dict(seen, temporary=50_000, activations=want["activations"] + 90_000, total=want["total"] + 40_000)
+    assert differing_kinds(elsewhere, want) == {}
+    assert differing_kinds(dict(elsewhere, total=want["total"] + 2 * 98_304 + 1), want) != {}  # more than two works
+    assert differing_kinds(dict(elsewhere, optimizer=want["optimizer"] + 4), want) != {}
+    assert differing_kinds(dict(seen, temporary=50_000), want) == {"temporary": (50_000, 100_000)}  # the same total

@@ -877,6 +877,10 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     for style in ("colwise_gather_output", "colwise_rep"):
         compare(style, lambda: nn.Linear(8, 6), x8)
     compare("rowwise", lambda: nn.Linear(8, 6), x8, local_in=last)
+    # 5.25.0's whole-head styles (no transformers layer to compare on the pinned release; its own
+    # needs a config's head_dim): at a TP size dividing the heads, colwise and rowwise.
+    compare("unit_colwise", lambda: nn.Linear(8, 6), x8, local_out=last, against_hf=False)
+    compare("unit_rowwise", lambda: nn.Linear(8, 6), x8, local_in=last, against_hf=False)
     for style in ("rowwise_split_input", "rowwise_rep"):
         compare(style, lambda: nn.Linear(8, 6), x8)
     for style in ("embedding_rowwise", "embedding_colwise"):

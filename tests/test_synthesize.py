@@ -675,11 +675,9 @@ def test_nothing_recognised_is_a_one_line_error_with_the_reason():
 @pytest.fixture
 def proven(monkeypatch):
     """Replace the sweep's records: {class: record}."""
-    import plangen.plans.proven as P
+    from conftest import set_proofs
 
-    records: dict = {}
-    monkeypatch.setattr(P, "load_proven", lambda: records)
-    return records
+    return set_proofs(monkeypatch, {})
 
 
 def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
@@ -700,8 +698,34 @@ def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
 def test_no_plan_at_all_points_to_plangen_init(proven):
     import plangen.parallelize as R
 
+    proven["MptForCausalLM"] = {"plan": "synthesized", "tp": False, "sp": None, "error": "tp: differs"}
     with pytest.raises(NoPlanError, match=r"no plan for MptForCausalLM at TP>1: write a custom plan with `plangen init MptForCausalLM`"):
-        choose_plan(meta("mpt"), False)
+        choose_plan(meta("mpt"), False)  # its synthesized plan failed the check on this code
+
+
+def test_a_synthesized_plan_proven_on_other_code_points_to_plangen_prove(monkeypatch, tmp_path):
+    # A proof of the class's plan on another release's code (another digest) proves nothing here:
+    # the runtime refuses the plan and names the command that proves it on this code; once run
+    # (its record in the user's proofs file), the runtime uses it.
+    import plangen.plans.proven as P
+
+    model = meta("mpt")
+    code = P.code_digest(model)
+    shipped = {"MptForCausalLM": {"0" * 16: {"plan": "synthesized", "tp": True, "sp": None, "error": None}}}
+    monkeypatch.setattr(P, "load_shipped_proofs", lambda: shipped)
+    monkeypatch.setenv(P.PROOFS_ENV, str(tmp_path / "proofs.json"))
+    message = (
+        r"no plan for MptForCausalLM proven on the installed model code at TP>1: the synthesized plan of "
+        r"MptForCausalLM is proven only on other model code than transformers [\d.]+'s: prove it on this code with "
+        r"`plangen prove MptForCausalLM`"
+    )
+    with pytest.raises(NoPlanError, match=message):
+        choose_plan(model, False)
+    from plangen.prove import record_user_proof
+
+    record_user_proof("MptForCausalLM", code, {"plan": "synthesized", "tp": True, "sp": None, "error": None})
+    assert choose_plan(model, False).source == "synthesized"
+    assert P.proof_status(P.load_proven()["MptForCausalLM"], code) == P.PROVEN_HERE
 
 
 def build_seed_plan(model, sequence_parallel):
@@ -722,11 +746,17 @@ def test_seed_plan_order(proven):
 
 
 def test_proven_records_ship_with_the_package():
-    records = json.loads(resources.files("plangen.plans").joinpath("proven.json").read_text())
-    olmo = records["OlmoForCausalLM"]
-    assert {k: v for k, v in olmo.items() if k != "fingerprint"} == {"plan": "synthesized", "tp": True, "sp": True, "error": None}
+    from plangen.plans.proven import code_digest
+
+    data = json.loads(resources.files("plangen.plans").joinpath("proven.json").read_text())
+    assert data["format"] == 2
+    records = data["classes"]
+    olmo = records["OlmoForCausalLM"][code_digest(meta("olmo"))]  # the record for the installed code
+    shown = {k: v for k, v in olmo.items() if k not in ("fingerprint", "transformers", "torch")}
+    assert shown == {"plan": "synthesized", "tp": True, "sp": True, "error": None}
     assert set(olmo["fingerprint"]) == {"tp", "sp"}  # the plans it proved (plangen.plans.proven.plan_fingerprint)
-    assert all(set(r) >= {"plan", "tp", "sp", "error"} for r in records.values())
+    assert "5.24.0" in olmo["transformers"] and "2.13.0" in olmo["torch"]
+    assert all(set(r) >= {"plan", "tp", "sp", "error", "transformers", "torch"} for codes in records.values() for r in codes.values())
 
 
 # --- communication: a synthesized plan at the Megatron minimum, counted exactly ------------------

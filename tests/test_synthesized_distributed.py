@@ -359,11 +359,13 @@ def test_packed_state_dict_is_the_hugging_face_one_at_dp2(results, model_type):
 
 @pytest.mark.parametrize("model_type", CLASSES)
 def test_committed_sweep_agrees(model_type):
-    from plangen.plans.proven import is_proven
+    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.plans.proven import code_digest, is_proven
 
     class_name = CLASSES[model_type][0]
-    assert is_proven(class_name, False), f"{class_name}: run scripts/sweep_plans.py"
-    assert is_proven(class_name, True) == (model_type not in TP_ONLY)
+    code = code_digest(build_catalog_model(Architecture(class_name, model_type)))  # the installed code's proof
+    assert is_proven(class_name, False, code), f"{class_name}: run scripts/sweep_plans.py"
+    assert is_proven(class_name, True, code) == (model_type not in TP_ONLY)
 
 
 @pytest.mark.distributed

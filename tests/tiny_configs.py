@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, Zamba2Config
+
+from plangen.transformers_compat import installed_layer_kinds
 
 COMMON = dict(
     vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -109,7 +111,7 @@ TINY["xlstm-4h"] = dict(
 )
 TINY["nemotron_h"] = dict(
     model_type="nemotron_h", vocab_size=128, hidden_size=32, intermediate_size=64,
-    layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+    layers_block_type=installed_layer_kinds(NemotronHConfig, ["linear_attention", "moe", "full_attention", "mlp"]),
     n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=32,
     num_attention_heads=4, num_key_value_heads=2, head_dim=8, mamba_num_heads=4, mamba_head_dim=16,
     ssm_state_size=8, n_groups=2, chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
@@ -121,7 +123,8 @@ TINY["nemotron_h-1g"] = dict(TINY["nemotron_h"], n_groups=1)
 # 1) both hybrid layers reuse, with per-layer adapters on q, k, v and gate|up; one B/C group; rotary.
 TINY["zamba2"] = dict(
     model_type="zamba2", vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-    layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid"], num_mem_blocks=1,
+    layers_block_type=installed_layer_kinds(Zamba2Config, ["linear_attention", "hybrid", "linear_attention", "hybrid"]),
+    num_mem_blocks=1,
     use_shared_attention_adapter=True, adapter_rank=8, num_attention_heads=4, num_key_value_heads=4,
     n_mamba_heads=4, mamba_ngroups=1, mamba_d_state=8, chunk_size=8, use_mem_rope=True,
     max_position_embeddings=64, use_cache=False,
@@ -229,6 +232,8 @@ TINY["qwen3_next-shared-as-wide-as-experts"] = dict(
 
 # Fused projections: qkv_proj packs [q; k; v] with GQA (4 heads, 2 kv heads), gate_up_proj [gate; up].
 TINY["phi3"] = dict(model_type="phi3", pad_token_id=0, bos_token_id=1, eos_token_id=2, **COMMON)
+# The same with 8 heads of 4 and 4 KV heads: its fused layout at TP 4 too (a checkpoint resumed there).
+TINY["phi3-8h"] = {**TINY["phi3"], "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 4}
 # GPT-2-style Conv1D projections (weights [in, out]) and a fused c_attn of equal q, k, v; tied head.
 GPT = dict(vocab_size=128, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, max_position_embeddings=64)
 TINY["gpt2"] = dict(model_type="gpt2", n_inner=64, use_cache=False, **GPT)

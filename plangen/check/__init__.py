@@ -40,15 +40,20 @@ class VerifyOptions:
     static_only: bool = False
     run: bool = False
     timeout: float = DEFAULT_RUN_TIMEOUT  # level 3, all files together; each file's import (at most 60 s)
+    compile: bool = False  # level 3's parity at TP=2 with each decoder layer compiled (fullgraph)
 
 
 @dataclass
 class VerifyReport:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+    # Files only imported (no model known): their model-dependent checks were skipped.
+    without_model: list[str] = field(default_factory=list)
 
     def failed(self, strict: bool = False) -> bool:
-        """Errors fail a check; warnings only when ``strict``."""
+        """Errors fail a check; warnings, and checks skipped for want of a model, only when ``strict``."""
+        if strict and self.without_model:
+            return True
         return any(strict or d.severity == "error" for d in self.diagnostics)
 
 
@@ -124,20 +129,22 @@ def _check_model(
 ) -> list[Diagnostic]:
     """Level 2 for one file; queues it for level 3 when asked and clean."""
     from plangen.check.import_probe import IMPORT_TIMEOUT, check_import
-    from plangen.check.model import check_model
+    from plangen.check.model import check_import_only, check_model
     from plangen.models import ModelSpecError
 
     settings = plan_settings(path, options)
+    probe = partial(check_import, timeout=min(options.timeout, IMPORT_TIMEOUT))
     if settings.model is None:
+        # The import needs no model: a file that cannot be imported is never clean.
+        report.without_model.append(path)
         report.notes.append(
-            f"{path}: not checked against a model: pass --model (generated files record PLANGEN_MODEL)"
+            f"{path}: only imported, not checked against a model: pass --model (generated files record"
+            " PLANGEN_MODEL); --strict fails such a file"
         )
-        return []
+        return check_import_only(path, probe)
     if not settings.tp_size_given:
         report.notes.append(f"{path}: no --tp-size and no PLANGEN_TP_SIZE: checked at TP size {settings.tp_size}")
     try:
-        timeout = min(options.timeout, IMPORT_TIMEOUT)
-        probe = partial(check_import, timeout=timeout)
         found = check_model(path, settings.model, settings.tp_size, settings.sequence_parallel, probe)
     except ModelSpecError as error:
         if options.model:
@@ -151,7 +158,7 @@ def _check_model(
             from plangen.check.run import RunTarget
 
             resolved = str(Path(path).resolve())
-            to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel))
+            to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel), compile=options.compile)
     return found
 
 

@@ -348,6 +348,8 @@ HF_STYLE_EQUIVALENTS: dict[str, str] = {
     "colwise": "ColwiseParallel()",
     "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
     "colwise_rep": "ColwiseParallel(output_layouts=Replicate())",
+    "unit_colwise": "ColwiseParallel()",
+    "unit_rowwise": "RowwiseParallel()",
     "rowwise": "RowwiseParallel()",
     "rowwise_split_input": "RowwiseParallel(input_layouts=Replicate())",
     "rowwise_rep": "RowwiseParallel(input_layouts=Replicate())",

@@ -43,6 +43,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from plangen.models import ResolvedModel
 
+# A plan file's import in a child process first: None, or why it failed and where in the file.
+Probe = Callable[[str], "tuple[str, tuple[int, int] | None] | None"]
+
 
 # --- positions from the parse -------------------------------------------------------------------
 
@@ -166,7 +169,9 @@ class PlanLoadFailureRule(ModelRule):
         " top level raises, or `custom_parallel_plan()` does. The finding sits on the line that raised."
         " verify first imports each file in a child process, within `--timeout` (at most 60 s): a file"
         " whose import hangs, ends its process (`os._exit`, a signal) or raises `KeyboardInterrupt` is"
-        " this finding on the plan's line, and the other files are still checked."
+        " this finding on the plan's line, and the other files are still checked. A file whose model is"
+        " not known (no `--model`, no `PLANGEN_MODEL`) is imported all the same: only the checks against"
+        " the model are skipped (a note says so, and `--strict` fails it)."
     )
     wrong = (
         f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\nfrom my_plans import EXTRA\n\n"
@@ -213,7 +218,7 @@ def check_model(
     model_spec: str,
     tp_size: int,
     sequence_parallel: bool | None = None,
-    probe: Callable[[str], tuple[str, tuple[int, int] | None] | None] | None = None,
+    probe: Probe | None = None,
 ) -> list[Diagnostic]:
     """Level-2 findings for the plan file at ``path`` against ``model_spec`` at ``tp_size``, sorted.
 
@@ -226,17 +231,36 @@ def check_model(
     positions = read_plan_positions(source)
     resolved, model = load_meta_model(model_spec)
     try:
-        failed = probe(str(path)) if probe is not None else None
-        if failed is not None:
-            raise PlanLoadFailure(*failed)
-        written = load_plan_styles(path)
+        written = import_plan(path, probe)
     except PlanLoadFailure as failure:
-        line, col = failure.position or positions.plan
-        message = f"the plan file cannot be loaded: {failure}"
-        rule = PlanLoadFailureRule
-        return drop_ignored([Diagnostic(str(path), line, col, rule.code, message, rule.severity)], positions.ignores)
+        return load_failure_findings(path, failure, positions)
     plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose, resolved)
     return diagnostics_for(str(path), check_rules(plan), positions)
+
+
+def check_import_only(path: str | Path, probe: Probe | None = None) -> list[Diagnostic]:
+    """The part of level 2 that needs no model: the plan file imports and its plan reads (PG201
+    otherwise), for a file checked without knowing its model."""
+    try:
+        import_plan(path, probe)
+    except PlanLoadFailure as failure:
+        return load_failure_findings(path, failure, read_plan_positions(decode_source(Path(path).read_bytes())))
+    return []
+
+
+def import_plan(path: str | Path, probe: Probe | None = None) -> dict[str, "ParallelStyle"]:
+    """The plan's styles, imported in a probe first where one is given; raises :class:`PlanLoadFailure`."""
+    failed = probe(str(path)) if probe is not None else None
+    if failed is not None:
+        raise PlanLoadFailure(*failed)
+    return load_plan_styles(path)
+
+
+def load_failure_findings(path: str | Path, failure: PlanLoadFailure, positions: PlanPositions) -> list[Diagnostic]:
+    line, col = failure.position or positions.plan
+    message = f"the plan file cannot be loaded: {failure}"
+    rule = PlanLoadFailureRule
+    return drop_ignored([Diagnostic(str(path), line, col, rule.code, message, rule.severity)], positions.ignores)
 
 
 def build_model_plan(

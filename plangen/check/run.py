@@ -4,8 +4,9 @@
    the numbers are meaningless, but every shape of the forward and the backward is the real one: a
    plan that breaks a matmul, loses a gradient or returns logits of the wrong size fails here, at
    any TP size, in a fraction of a second.
-2. Parity: gloo, TP=2, two processes. Logits and every parameter gradient against the unsharded
-   model, within :data:`TOLERANCE`; the first parameter (in the model's order) that differs is named.
+2. Parity: gloo, TP=2, two processes (``plangen prove`` adds DP=2 x TP=2 with FSDP2, four). Logits
+   and every parameter gradient against the unsharded model, within :data:`TOLERANCE`; the first
+   parameter (in the model's order) that differs is named.
 
 Both stages run a shrunk model of the same architecture (:func:`plangen.shrink.build_tiny_model`)
 through the runtime itself (:func:`plangen.parallelize.parallelize_model`), each in one launch of
@@ -56,6 +57,13 @@ class RunTarget:
     model: str
     tp_size: int
     sequence_parallel: bool
+    dp_size: int = 1  # the parity stage's FSDP2 size (its TP size is PARITY_TP_SIZE)
+    compile: bool = False  # the parity stage compiles each decoder layer (parallelize_model(compile=True))
+
+    def parity_mesh(self) -> str:
+        """Where the parity stage runs it, as findings and progress name it."""
+        tp = f"TP={PARITY_TP_SIZE}"
+        return f"DP={self.dp_size} x {tp}" if self.dp_size > 1 else tp
 
 
 # --- the harness core -----------------------------------------------------------------------------
@@ -174,6 +182,9 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     from plangen.check.blame import RunRecorder, attribute_failure, record_shapes
     from plangen.module_tree import ModuleIndex
 
+    # Compiled at the gloo stage only: the fake group's stage has checked the plan eagerly, with the
+    # recorder's hooks on every module (hooks that would be compiled into the layers).
+    compiled = compare and case.get("compile", False)
     reference = copy.deepcopy(model)
     ids = sample_batch(model, tp_size)
     shapes = record_shapes(reference, ids)
@@ -183,19 +194,21 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
         sharded = parallelize_model(
             model, mesh["dp"], mesh["tp"], dtype,
             sequence_parallel=case["sequence_parallel"], custom_parallel_plan=styles,
+            compile=compiled,
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001
         return {"stage": "apply", "error": one_line(error, part="first", with_type=True), "key": _first_failing_key(case, tp_size, mesh["tp"])}
     index = ModuleIndex(sharded)
     # The entry that caused a failure, not the module that crashed (plangen.check.fake_run).
-    recorder = RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
+    recorder = None if compiled else RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
     try:
         logits = sharded(input_ids=ids).logits
     except Exception as error:  # noqa: BLE001
-        key, module = attribute_failure(recorder, styles)
+        key, module = attribute_failure(recorder, styles) if recorder is not None else (None, None)
         return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module, "key": key}
     finally:
-        recorder.remove()
+        if recorder is not None:
+            recorder.remove()
     if tuple(logits.shape) != tuple(ref_logits.shape):
         return {"stage": "forward", "error": f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}",
                 "key": key_for_module(styles, "lm_head")}  # fmt: skip
@@ -263,11 +276,14 @@ def check_shapes_worker(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_parity_worker(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Stage 2: each case at TP=2 over gloo, against the unsharded model on every rank."""
+    """Stage 2: each case at TP=2 over gloo (DP x TP=2 in a launch of DP x 2 ranks), against the
+    unsharded model on every rank (every DP rank runs the same batch: their mean is its gradient)."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (1, PARITY_TP_SIZE), mesh_dim_names=("dp", "tp"))
+    dp_size = dist.get_world_size() // PARITY_TP_SIZE
+    mesh = init_device_mesh("cpu", (dp_size, PARITY_TP_SIZE), mesh_dim_names=("dp", "tp"))
     results = []
     for index, case in enumerate(payload["cases"]):
         _report(payload.get("progress"), {"stage": "parity", "case": index, "event": "start"})
@@ -323,7 +339,7 @@ class _ProgressReader(threading.Thread):
             self.running[rank] = index
             if self.progress is not None and rank == 0:
                 target = self.targets[index]
-                where = f"TP={target.tp_size}, fake process group" if self.stage == "shapes" else "TP=2, gloo"
+                where = f"TP={target.tp_size}, fake process group" if self.stage == "shapes" else f"{target.parity_mesh()}, gloo"
                 self.progress(f"[{self.stage} {index + 1}/{len(self.targets)}] {target.path} ({where})")
         else:
             self.done.setdefault(rank, {})[index] = record["result"]
@@ -433,13 +449,18 @@ def check_run(targets: list[RunTarget], timeout: float = 600.0, progress: Progre
     passed = _collect(outcome, targets, results, errors, "shapes")
     if not passed:
         return outcome
-    if time.monotonic() >= deadline:
-        outcome.notes += [f"{t.path}: parity at TP=2 not run: --timeout reached" for t in passed]
-        return outcome
-    if progress is not None:
-        progress(f"parity: {len(passed)} plan(s) at TP=2 over gloo against the unsharded model")
-    results, errors = _launch(PARITY_TARGET, PARITY_TP_SIZE, "parity", passed, deadline, progress)
-    _collect(outcome, passed, results, errors, "parity")
+    # One launch per mesh size: DP x TP=2 ranks each.
+    for dp_size in sorted({t.dp_size for t in passed}):
+        group = [t for t in passed if t.dp_size == dp_size]
+        where = group[0].parity_mesh()
+        if time.monotonic() >= deadline:
+            outcome.notes += [f"{t.path}: parity at {where} not run: --timeout reached" for t in group]
+            continue
+        if progress is not None:
+            compiled = ", decoder layers compiled" if any(t.compile for t in group) else ""
+            progress(f"parity: {len(group)} plan(s) at {where} over gloo against the unsharded model{compiled}")
+        results, errors = _launch(PARITY_TARGET, dp_size * PARITY_TP_SIZE, "parity", group, deadline, progress)
+        _collect(outcome, group, results, errors, "parity")
     return outcome
 
 
@@ -455,7 +476,7 @@ def _collect(
     for index, target in enumerate(targets):
         result = results.get(index)
         if index in errors:
-            where = f"TP={target.tp_size}, fake process group" if stage == "shapes" else "TP=2, gloo"
+            where = f"TP={target.tp_size}, fake process group" if stage == "shapes" else f"{target.parity_mesh()}, gloo"
             outcome.findings[target.path].append(RunFailedRule.finding(f"the run ({stage}, {where}) ended: {errors[index]}"))
             continue
         if result is None:
@@ -473,18 +494,18 @@ def _collect(
 
 
 def _finding(stage: str, target: RunTarget, result: dict[str, Any]) -> ModelFinding | None:
-    tp = target.tp_size if stage == "shapes" else PARITY_TP_SIZE
+    mesh = f"TP={target.tp_size}" if stage == "shapes" else target.parity_mesh()
     key = result.get("key")
     if "error" in result:
         where = f" in `{result['module']}`" if result.get("module") else ""
         what = {"load": "loading the plan", "apply": "applying the plan"}.get(result["stage"], result["stage"])
         rule = FailsAtTpSizeRule if stage == "shapes" else RunFailedRule
-        return rule.finding(f"at TP={tp}, {what} fails{where}: {result['error']}", key)
+        return rule.finding(f"at {mesh}, {what} fails{where}: {result['error']}", key)
     if result["missing"]:
-        return FailsAtTpSizeRule.finding(f"at TP={tp}, `{result['missing'][0]}` gets no gradient", key)
+        return FailsAtTpSizeRule.finding(f"at {mesh}, `{result['missing'][0]}` gets no gradient", key)
     if result["shapes"]:
         name, (got, want) = next(iter(result["shapes"].items()))
-        return FailsAtTpSizeRule.finding(f"at TP={tp}, the gradient of `{name}` has shape {got}, not {want}", key)
+        return FailsAtTpSizeRule.finding(f"at {mesh}, the gradient of `{name}` has shape {got}, not {want}", key)
     if stage == "shapes":
         return None
     logits, first = result["logits"], result["first_differing"]
@@ -494,5 +515,5 @@ def _finding(stage: str, target: RunTarget, result: dict[str, Any]) -> ModelFind
     if first is not None:
         parts.append(f"the first gradient that differs is `{first}`'s, by {result['difference']:.1e}")
     return DiffersFromUnshardedRule.finding(
-        f"at TP=2 against the unsharded model (tolerance {TOLERANCE:g}): {'; '.join(parts)}", key
+        f"at {mesh} against the unsharded model (tolerance {TOLERANCE:g}): {'; '.join(parts)}", key
     )

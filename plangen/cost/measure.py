@@ -33,6 +33,7 @@ from plangen.cost.settings import CostError
 from plangen.cost.widths import derived_width_keys
 from plangen.models import text_config
 from plangen.pad_layout import pads_query_heads
+from plangen.transformers_compat import guard_routing_index
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
 
@@ -222,6 +223,7 @@ def run_step(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = model_class._from_config(copy.deepcopy(config), dtype=TORCH_DTYPES[dtype], **measurement_kernels(model_class))
+        guard_routing_index(model)  # 5.8.x's batched_mm clamps the router's indices in place
         vocab = text_config(config).vocab_size
         ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (batch, seq))
     decoder_layers = find_transformer_layers(model)

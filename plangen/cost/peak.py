@@ -125,9 +125,33 @@ def parse_memory(text: str, option: str = "--gpu-memory") -> int:
 # The tracker
 
 
+def _collective_holds(func: Any, args: Any, out: Any) -> tuple[int, ...]:
+    """Bytes a collective's work object holds (its distinct input tensors, its output tensors, and
+    both), for a c10d or functional collective op; () for any other op (``wait_tensor`` included).
+
+    gloo's worker thread keeps a work (and its tensors) until the end of its loop iteration, a moment
+    after the caller's wait returns: on a busy machine a real rank can still hold them when the trace
+    has freed them (plangen.cost.validate.held_by_gloo)."""
+    import torch
+    from plangen.compat import tree_leaves
+
+    if getattr(func, "namespace", None) not in ("c10d", "_c10d_functional") or "wait" in func.__name__:
+        return ()
+
+    def distinct(values: Any) -> dict[int, int]:
+        # By storage (fake tensors have no data pointer): a view and its base are held once.
+        return {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+                for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
+
+    ins, outs = distinct((args,)), distinct((out,))
+    both = {**ins, **outs}
+    return tuple(sorted({sum(ins.values()), sum(outs.values()), sum(both.values())} - {0}))
+
+
 def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
     """An ``FSDPMemTracker`` that skips DTensor's shape propagation and records the peak of each
-    phase in each decoder layer (``layer_names``: their names, as the model names them, by index)."""
+    phase in each decoder layer (``layer_names``: their names, as the model names them, by index),
+    and the bytes each collective's work held, by phase (``held``: :func:`_collective_holds`)."""
     from plangen.compat import peak_tracker_class
 
     class StepTracker(peak_tracker_class()):
@@ -140,17 +164,27 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
             # moment grows alike with the depth and the layer's index; the places apart do not.
             self.peaks: dict[tuple[str, int | None], tuple[dict[str, int], str]] = {}
             self.past_layers: set[str] = set()
+            self.held: dict[str, set[int]] = {}
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if self.propagating:  # global-shaped fake tensors that exist only to give a shape
                 return func(*args, **(kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if holds := _collective_holds(func, (args, kwargs), out):
+                self.held.setdefault(self._phase(*self.where()), set()).update(holds)
+            return out
 
-        def on_peak(self, is_bw: bool, in_opt: bool, parents: set[str], snapshots: list[dict]) -> None:
+        def _in_backward(self, is_bw: bool) -> bool:
             # Once backward has begun, what runs before the optimizer (FSDP2's post-backward
             # callbacks) is backward's too, not forward's.
-            in_backward = is_bw or "backward" in self.past_layers
-            phase = "optimizer" if in_opt else "backward" if in_backward else "forward"
+            return is_bw or "backward" in self.past_layers
+
+        def _phase(self, is_bw: bool, in_opt: bool) -> str:
+            return "optimizer" if in_opt else "backward" if self._in_backward(is_bw) else "forward"
+
+        def on_peak(self, is_bw: bool, in_opt: bool, parents: set[str], snapshots: list[dict]) -> None:
+            in_backward = self._in_backward(is_bw)
+            phase = self._phase(is_bw, in_opt)
             layer = running_layer(parents, layer_names, in_backward)
             if layer is not None:
                 self.past_layers.add(phase)
@@ -200,10 +234,11 @@ def _breakdown(snapshot: dict[str, int], optimizer_states: int) -> Breakdown:
     )
 
 
-def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = True) -> dict[str, PhasePeak]:
+def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = True,
+               held: dict[str, set[int]] | None = None) -> dict[str, PhasePeak]:
     """Each phase's peak of the second AdamW step of ``model``: :func:`track_layer_peaks`'s, the
-    highest of each phase."""
-    return peaks_by_phase(track_layer_peaks(model, batch, seq, vocab, foreach))
+    highest of each phase (``held``, when given, gets the bytes each collective's work held, by phase)."""
+    return peaks_by_phase(track_layer_peaks(model, batch, seq, vocab, foreach, held))
 
 
 def peaks_by_phase(peaks: dict[tuple, PhasePeak]) -> dict[str, PhasePeak]:
@@ -215,7 +250,7 @@ def peaks_by_phase(peaks: dict[tuple, PhasePeak]) -> dict[str, PhasePeak]:
 
 
 def track_layer_peaks(
-    model: Any, batch: int, seq: int, vocab: int, foreach: bool = True
+    model: Any, batch: int, seq: int, vocab: int, foreach: bool = True, held: dict[str, set[int]] | None = None
 ) -> dict[tuple[str, int | None], PhasePeak]:
     """The peak of each phase in each decoder layer (index), before the phase's first layer (None)
     and after its layers (``AFTER_LAYERS``) of the second AdamW step of ``model`` (an FSDP2 module),
@@ -257,6 +292,8 @@ def track_layer_peaks(
     with quiet_fake_tensor_log(), _skip_shape_propagation(tracker), tracker:
         step_loss(model(input_ids=ids, position_ids=positions).logits, ids).backward()
         optimizer_step()
+    if held is not None:
+        held.update(tracker.held)
     states = sum(
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
         for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0

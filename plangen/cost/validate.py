@@ -112,17 +112,27 @@ class PhaseComparison:
         return max(abs(m - self.predicted) / m for m in self.measured)
 
 
-def timing_slack(report: Any) -> int:
-    """Bytes of activations a real rank may hold above the trace: gloo's work objects keep a
-    collective's tensors until its thread is done, and now and then a rank still holds the loss's
-    per-token statistics (two float32 ``[batch, seq]`` tensors, all-reduced over TP) that the trace
-    has freed (measured: 1 or 2 KiB, one launch in a few). Timing, which a trace cannot see."""
-    return 2 * report.settings.micro_batch * report.settings.seq_len * 4
+def held_by_gloo(got: dict[str, Any]) -> set[int]:
+    """Bytes a real rank may hold at a moment beyond what the trace holds then: the tensors of a
+    collective's work that gloo had not yet released. gloo's worker thread keeps a work, and with it
+    the tensors the collective was handed, until the end of its loop iteration, a moment after the
+    caller's wait has returned; on a busy machine the thread is descheduled in between and the rank's
+    tracker still counts them when the trace (fake tensors, no threads) has freed them. The real run
+    records what each collective's work holds in each phase (``held``: its inputs, its outputs, both;
+    plangen.cost.peak._collective_holds): one work, or two at once (each process group has two worker
+    threads). Measured: the loss's per-token statistics (1 or 2 KiB), an SP all-gather's input and
+    output (+96 KiB activations, forward of the small Qwen3-MoE with SP). Timing, which a trace cannot see."""
+    one = set(got.get("held", ()))
+    return one | {a + b for a in one for b in one}
 
 
-def kind_matches(kind: str, got: int, want: int, slack: int) -> bool:
-    """A kind of memory as the prediction says: byte for byte, activations up to ``slack`` above."""
-    return got == want or (kind == "activations" and 0 <= got - want <= slack)
+def kind_matches(kind: str, got: int, want: int, held: set[int]) -> bool:
+    """A kind of memory as the prediction says: byte for byte; activations may be above it by exactly
+    what gloo still held (:func:`held_by_gloo`); temporaries at least the predicted ones (gloo can hold
+    a reduce-scatter input, a layer's unsharded gradients, of any size the step has)."""
+    if kind == "temporary":
+        return got >= want
+    return got == want or (kind == "activations" and got - want in held)
 
 
 def gathered_early(got: dict[str, int], want: dict[str, int]) -> bool:
@@ -135,14 +145,28 @@ def gathered_early(got: dict[str, int], want: dict[str, int]) -> bool:
     return extra > 0 and 0 <= got["total"] - want["total"] <= extra
 
 
-def differing_kinds(got: dict[str, int], want: dict[str, int], slack: int) -> dict[str, tuple[int, int]]:
-    """The kinds of one rank's phase (``got``) that are not the prediction's (``want``, with its
-    ``total``): byte for byte, activations up to ``slack`` above, the temporaries apart (at least the
-    predicted ones, checked by the caller), nothing where the rank peaked with the next all-gather early."""
-    if gathered_early(got, want):
+def peaked_while_held(got: dict[str, Any], want: dict[str, int]) -> bool:
+    """A rank whose highest moment is another than the trace's because gloo still held a work's
+    tensors then: that moment's total is the trace's total at it (at most the trace's peak) plus
+    what gloo held, so the rank's peak is above the trace's by more than 0 and at most that holding
+    (:func:`held_by_gloo`), and its kinds are another moment's (the CI run of a fresh clone: backward
+    of the small Qwen3 with SP and checkpointing, fewer temporaries and other activations than the
+    trace's moment). Any total outside that bound is a difference."""
+    excess = got["total"] - want["total"]
+    # What no moment of a phase changes stays exact: the sharded parameters and the optimizer states;
+    # another moment differs in more than one kind (one kind off alone is a wrong prediction).
+    steady = all(got[k] == want[k] for k in ("parameters", "optimizer"))
+    moved = sum(got[k] != want[k] for k in want if k != "total") >= 2
+    return steady and moved and excess > 0 and any(excess <= h for h in held_by_gloo(got))
+
+
+def differing_kinds(got: dict[str, Any], want: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The kinds of one rank's phase (``got``, with what gloo held in it) that are not the prediction's
+    (``want``, with its ``total``), by :func:`kind_matches`; nothing where the rank's peak is another
+    moment than the trace's for a reason of timing (:func:`gathered_early`, :func:`peaked_while_held`)."""
+    if gathered_early(got, want) or peaked_while_held(got, want):
         return {}
-    return {k: (got[k], v) for k, v in want.items()
-            if k not in ("total", "temporary") and not kind_matches(k, got[k], v, slack)}
+    return {k: (got[k], v) for k, v in want.items() if k != "total" and not kind_matches(k, got[k], v, held_by_gloo(got))}
 
 
 def compare_phase(report: Any, per_rank: list[dict[str, Any]], phase: str) -> PhaseComparison:
@@ -151,8 +175,7 @@ def compare_phase(report: Any, per_rank: list[dict[str, Any]], phase: str) -> Ph
     peak = next(p for p in report.phases if p.phase == phase)
     want = {"total": peak.breakdown.total, **dict(peak.breakdown.items())}
     got = [r["phases"][phase] for r in per_rank]
-    slack = timing_slack(report)
-    wrong = set().union(*(differing_kinds(g, want, slack) for g in got))
+    wrong = set().union(*(differing_kinds(g, want) for g in got))
     differing = tuple(k for k in want if k in wrong)
     return PhaseComparison(phase, peak.breakdown.total, tuple(g["total"] for g in got), differing)
 
@@ -211,9 +234,11 @@ def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     choice = resolve_plan_choice("default", model, settings.sequence_parallel)
     model = _parallelize(model, choice, settings, case["ac"], dp_mesh, tp_mesh)
     model.train()
-    peaks = track_step(model, settings.micro_batch, settings.seq_len, config.vocab_size)
+    held: dict[str, set[int]] = {}
+    peaks = track_step(model, settings.micro_batch, settings.seq_len, config.vocab_size, held=held)
     result = {
-        "phases": {p: {"total": v.breakdown.total, **dict(v.breakdown.items())} for p, v in peaks.items()},
+        "phases": {p: {"total": v.breakdown.total, **dict(v.breakdown.items()), "held": sorted(held.get(p, ()))}
+                   for p, v in peaks.items()},
         "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
     if routers:

@@ -12,6 +12,7 @@ Pure: nothing is applied to the model; plans stay data until :meth:`ChosenPlan.b
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -28,6 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
 # Every plan source, in the order of priority; "none" is what a class without any plan shows.
 SOURCES: tuple[str, ...] = ("custom", "hand-written", "synthesized", "hf")
 NO_PLAN = "none"
+
+
+class UnprovenCodeWarning(UserWarning):
+    """A hand-written plan applied to model code it was never proven on (another transformers)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def _choose_plan(
     allow_unproven: bool,
 ) -> ChosenPlan:
     from plangen.plans import HAND_WRITTEN
-    from plangen.plans.proven import hf_check, is_proven
+    from plangen.plans.proven import code_digest, hf_check, is_proven, load_proven, proof_for, unproven_code_message
 
     cls = type(model).__name__
     if custom_parallel_plan is not None:
@@ -137,18 +142,26 @@ def _choose_plan(
         return _chosen(cls, "custom", f"custom_parallel_plan given ({what})", [], custom_styles=styles)
     passed: list[PassedOver] = [PassedOver("custom", "no custom_parallel_plan given")]
 
+    code = code_digest(model)  # proofs hold for the installed model code, not for the class name
     builder = HAND_WRITTEN.get(cls)
     if builder is not None:
         plan = builder(model, sequence_parallel)
-        return _chosen(cls, "hand-written", f"hand-written plan registered for {cls}", passed, plan=plan, proven=True)
+        # Hand-written plans know their class's code: applied on other code, with a warning.
+        proven = proof_for(cls, code) is not None
+        if not proven and not allow_unproven:
+            warnings.warn(f"the hand-written plan for {cls} is {unproven_code_message(cls)}", UnprovenCodeWarning, stacklevel=3)
+        return _chosen(cls, "hand-written", f"hand-written plan registered for {cls}", passed, plan=plan, proven=proven)
     passed.append(PassedOver("hand-written", f"no hand-written plan for {cls}"))
 
     # Synthesis reads the forward source of every module: only where it can be used.
-    proven = is_proven(cls, sequence_parallel)
+    proven = is_proven(cls, sequence_parallel, code)
     synthesized, synthesis_error = _synthesize(model, sequence_parallel) if proven or allow_unproven else (None, "")
     if synthesized is not None and proven:
         reason = f"plan synthesized from the module tree of {cls} (numerically proven for the class)"
         return _chosen(cls, "synthesized", reason, passed, plan=synthesized, proven=True)
+    if not synthesis_error and proof_for(cls, code) is None and load_proven().get(cls):
+        # Proven on another release's code of the class: what to run to prove it on this one.
+        synthesis_error = f"the synthesized plan of {cls} is {unproven_code_message(cls)}"
     passed.append(PassedOver("synthesized", synthesis_error or f"the synthesized plan of {cls} is not numerically proven"))
 
     hf: Optional[Plan] = None
@@ -162,7 +175,7 @@ def _choose_plan(
         except ValueError as err:
             hf_error = str(err)
         else:
-            hf_proven, hf_error = hf_check(cls)
+            hf_proven, hf_error = hf_check(cls, code)
             if hf_proven:
                 reason = f"no custom, hand-written or proven synthesized plan for {cls}: using its Hugging Face plan"
                 return _chosen(cls, "hf", reason, passed, plan=hf, proven=True)
@@ -191,6 +204,13 @@ def _no_plan_message(cls: str, sequence_parallel: bool, seeding: bool, hf_error:
     hf_error = hf_error.rstrip(".")
     if seeding:  # plangen init: the user is already writing a custom plan
         return f"no plan for {cls}: {hf_error}; {synthesis_error}"
+    from plangen.plans.proven import PROVE_COMMAND
+
+    if PROVE_COMMAND in synthesis_error:  # a synthesized plan, proven on other code or never
+        return (
+            f"no plan for {cls} proven on the installed model code at TP>1: {synthesis_error}; or pass a "
+            f"custom_parallel_plan (plangen init {cls}), or use TP=1"
+        )
     if sequence_parallel:
         return (
             f"sequence_parallel=True but {cls} has no hand-written or proven synthesized plan "

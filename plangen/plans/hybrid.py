@@ -19,11 +19,12 @@ from plangen.moe_styles import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
+from plangen.transformers_compat import layer_kind, layer_kinds
 
 
 def checkpoint_nemotron_h_block(block: nn.Module) -> bool:
     """Recompute MLP and Mamba blocks in backward; attention blocks keep their activations."""
-    return getattr(block, "block_type", None) in ("mlp", "linear_attention")
+    return layer_kind(getattr(block, "block_type", "")) in ("mlp", "linear_attention")
 
 
 CHECKPOINT_FILTERS["NemotronHForCausalLM"] = checkpoint_nemotron_h_block
@@ -38,7 +39,8 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
     colwise = dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
     rowwise = dict(input_layouts=Shard(-1), output_layouts=residual, use_local_output=not sp)
     row_why = "row-parallel: " + ("reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce")
-    kinds = set(model.config.layers_block_type)
+    block_types = layer_kinds(model.config)  # the newer names ("mamba"/"attention" before 5.24)
+    kinds = set(block_types)
     entries = [
         PlanEntry("model.embeddings", "RowwiseParallel",
                   dict(input_layouts=Replicate(), output_layouts=residual, use_local_output=not sp),
@@ -46,11 +48,11 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
     ]
     moe = "moe" in kinds and _moe_splits(model)
     if moe:
-        entries += _moe_entries(model, sp, colwise)
+        entries += _moe_entries(model, block_types, sp, colwise)
     if sp:
         # Mixer kinds differ per block and so do their call conventions (attention takes
         # hidden_states= by keyword, the others positionally): one entry per block index.
-        entries += [_sp_block_entry(i, kind) for i, kind in enumerate(model.config.layers_block_type)
+        entries += [_sp_block_entry(i, kind) for i, kind in enumerate(block_types)
                     if not (moe and kind == "moe") and kind != "linear_attention"]
         entries += [
             PlanEntry(norm, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
@@ -60,7 +62,7 @@ def plan_nemotron_h(model: nn.Module, sequence_parallel: bool) -> Plan:
     if "linear_attention" in kinds:
         # One entry per Mamba block (the mixers' kinds differ per block), before its children's.
         entries += [mamba2_mixer_entry(f"model.layers.{i}.mixer", sp)
-                    for i, kind in enumerate(model.config.layers_block_type) if kind == "linear_attention"]
+                    for i, kind in enumerate(block_types) if kind == "linear_attention"]
         entries += mamba2_children_entries(layer, sp)
     if "full_attention" in kinds:
         entries += [PlanEntry(f"{layer}.{p}", "ColwiseParallel", colwise, "attention", "column-parallel: own heads")
@@ -94,7 +96,7 @@ def _whole_experts_reason(model: nn.Module) -> str:
             "partial sum adds its bias once per rank; kept whole")
 
 
-def _moe_entries(model: nn.Module, sp: bool, colwise: dict) -> list[PlanEntry]:
+def _moe_entries(model: nn.Module, block_types: list[str], sp: bool, colwise: dict) -> list[PlanEntry]:
     """A MoE mixer per MoE block: experts split on the expert dim, the shared expert's up/down
     column/row-parallel, both leaving partial sums that the mixer reduces once (all-reduce, or
     all-gather in and reduce-scatter out under SP), and their partial input gradients, summed
@@ -107,7 +109,7 @@ def _moe_entries(model: nn.Module, sp: bool, colwise: dict) -> list[PlanEntry]:
             use_local_output=not sp,
         ), "mlp", ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
             + ": the experts and the shared expert leave partial sums, reduced once here, and their input gradients")
-        for i, kind in enumerate(model.config.layers_block_type) if kind == "moe"
+        for i, kind in enumerate(block_types) if kind == "moe"
     ]
     layer = "model.layers.*.mixer"
     return entries + [

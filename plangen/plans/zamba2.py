@@ -31,6 +31,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import register_plan
 from plangen.plans.layouts import SEQ
+from plangen.transformers_compat import layer_kinds
 
 SHARED = "model.layers.*.shared_transformer"
 MIXERS = ("model.layers.*.mamba", "model.layers.*.mamba_decoder.mamba")
@@ -90,7 +91,7 @@ def plan_zamba2(model: nn.Module, sequence_parallel: bool) -> Plan:
                   dict(input_layouts=Replicate(), output_layouts=residual, use_local_output=not sp), "embeddings",
                   "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")),
     ]
-    kinds = set(model.config.layers_block_type)  # "linear_attention" (Mamba2 layers), "hybrid"
+    kinds = set(layer_kinds(model.config))  # "linear_attention" (Mamba2 layers; "mamba" before 5.24), "hybrid"
     hybrid = "hybrid" in kinds
     mixers = [m for m, kind in zip(MIXERS, ("linear_attention", "hybrid")) if kind in kinds]
     for mixer in mixers:

@@ -1,0 +1,99 @@
+"""torch.compile, block by block: each decoder layer compiled with ``fullgraph=True`` after TP and
+activation checkpointing, before FSDP2 (torchtitan's order; ``docs/compile.md``).
+
+What the compiled blocks must not be handed: an ``AsyncCollectiveTensor``. A style whose output
+leaves through an asynchronous redistribution and ``to_local()`` (torch's ``RowwiseParallel`` on the
+embedding without sequence parallel: the vocabulary-parallel lookup's all-reduce, ``async_op=True``)
+returns the local tensor still wrapped, waiting for its collective. Eager, the first op waits; as a
+compiled region's input, torch 2.13's AOTAutograd gives it no gradient (``None``, the graph's
+backward never reaches it), and the embedding's ``Redistribute`` backward then fails on the zeros the
+engine fills in: ``AttributeError: 'Tensor' object has no attribute '_local_tensor'``
+(``NestedRedistribute.forward``). :func:`apply_async_waits` waits every such output where it leaves
+its module, outside the compiled regions, with an identity gradient: the same collectives, no more.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from plangen.compat import AsyncCollectiveTensor
+
+logger = logging.getLogger("plangen")
+
+# transformers records these outputs with forward hooks on the layers' modules (installed at the first
+# forward that asks for one), which read a ``contextvars.ContextVar`` that dynamo cannot trace
+# (``Unsupported: ... method `get` of class `ContextVar```): a layer holding them cannot compile whole.
+RECORDED_OUTPUTS = ("output_router_logits", "output_attentions", "output_hidden_states")
+
+
+class _WaitAsync(torch.autograd.Function):
+    """The collective's result as a plain tensor, its gradient passed through unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def wait_async(value: Any) -> Any:
+    """``value`` with every ``AsyncCollectiveTensor`` in it (itself, or in a tuple, list or dict)
+    waited for, differentiably; anything else as it is."""
+    if isinstance(value, AsyncCollectiveTensor):
+        return _WaitAsync.apply(value) if value.requires_grad else value.wait()
+    if isinstance(value, (tuple, list)) and any(isinstance(v, AsyncCollectiveTensor) for v in value):
+        waited = [wait_async(v) for v in value]
+        return type(value)(waited) if type(value) in (tuple, list) else value  # named tuples left alone
+    if type(value) is dict and any(isinstance(v, AsyncCollectiveTensor) for v in value.values()):
+        return {k: wait_async(v) for k, v in value.items()}
+    return value
+
+
+def _wait_outputs(module: nn.Module, args: tuple, output: Any) -> Any:
+    waited = wait_async(output)
+    return None if waited is output else waited
+
+
+def outside_modules(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
+    """The modules of ``model`` that are neither one of ``layers`` nor inside one: they run eagerly."""
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    return [m for m in model.modules() if id(m) not in inside]
+
+
+def apply_async_waits(model: nn.Module, layers: list[nn.Module]) -> None:
+    """Every module that runs eagerly hands on its outputs waited for (``AsyncCollectiveTensor``s
+    become plain tensors): what enters a compiled block is never still in flight."""
+    for module in outside_modules(model, layers):
+        module.register_forward_hook(_wait_outputs)
+
+
+def find_compile_blocker(model: nn.Module) -> str | None:
+    """Why ``model``'s layers cannot compile whole, or None: its config asks transformers to record an
+    output through hooks in the layers (MoE training's ``output_router_logits=True``)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        asked = [key for key in RECORDED_OUTPUTS if getattr(config, key, False) is True]
+        if asked:
+            return (f"{type(module).__name__}'s config sets {', '.join(asked)}: transformers records it with hooks "
+                    "that read a ContextVar, which torch.compile cannot trace (docs/compile.md)")
+    return None
+
+
+def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
+    """Compile each of ``layers`` in place (``fullgraph=True``: a graph break fails the first step
+    instead of costing silently); returns those compiled: none, logged, where
+    :func:`find_compile_blocker` names a reason."""
+    blocker = find_compile_blocker(model)
+    if blocker is not None:
+        logger.warning("plangen: the decoder layers stay eager: %s", blocker)
+        return []
+    apply_async_waits(model, layers)
+    for layer in layers:
+        layer.compile(fullgraph=True)
+    return layers

@@ -1,0 +1,167 @@
+"""What differs between the transformers releases plangen runs on, in one place.
+
+Every fact here is read from the installed transformers (its source, its config classes), never
+from a version number alone, and is written down per release as found in each one's modeling code:
+
+* **Experts' sentinel routes.** :class:`plangen.moe_styles.ExpertsParallel` (whole experts per
+  rank) hands another rank's routes to the experts as the sentinel id ``E / tp`` with weight 0.
+  From the release whose experts interface knows expert parallelism (``_is_expert_parallel``,
+  set by ``use_experts_implementation``; 5.24.0 and 5.25.0 have it) every experts forward
+  (``grouped_mm``, ``batched_mm``, eager) computes those routes as zero exactly. Before it:
+
+  - 5.5.x ``grouped_mm`` (the default): no sentinel handling at all. The sorted sentinel rows lie
+    past the last group, where the kernel writes nothing: forward rows of uninitialised memory
+    (times weight 0: NaN or garbage), their input gradient uninitialised and scattered into the
+    hidden states' (Qwen3-MoE's ``embed_tokens.weight`` gradient off by 1e+30), and a biased
+    expert's per-row bias gathered at id ``E / tp``, out of range (gpt-oss: ``IndexError``).
+  - 5.8.x ``grouped_mm``: a mask before the up projection and after the weighting, none between:
+    the down projection's input gradient at the sentinel rows is uninitialised, and a biased
+    expert's ``gate_up_proj_bias``, gathered per row, sums it (gpt-oss: its gradient silently
+    wrong, 8.2e-2 to 1e+36). ``batched_mm`` clamps the caller's index tensor in place.
+  - eager forwards (``one_hot(top_k_index, num_classes=self.num_experts)``) reject the sentinel.
+
+  There :func:`experts_take_sentinels` is False and the style runs the experts on this rank's
+  routes alone, gathered into a shorter batch of one route per row and scattered back
+  (no sentinel ever reaches transformers' code: right on every release, whatever forward).
+
+* **5.5.x experts, not yet right.** Even with no sentinel, the hand-written MoE plans' gradients
+  differ from the unsharded model's on 5.5.4 (``embed_tokens.weight``: Qwen3-MoE by 4.6e+01,
+  Mixtral by 7.6e+00 at TP 2; 5.8.1 and 5.24.0 exact), cause not found yet. Rather than train
+  silently wrong, :class:`~plangen.moe_styles.ExpertsParallel` refuses there
+  (:func:`experts_unproven_reason`; 5.5.x is told apart by ``use_experts_implementation`` having
+  no ``is_concatenated``, which 5.8.x added).
+
+* **batched_mm's index clamp.** 5.8.x's ``batched_mm`` experts forward clamps
+  ``top_k_index.reshape(-1)`` in place: a view of the router's ``topk`` indices, which ``topk``'s
+  backward reads, so every backward through it fails (an in-place modification error), sharded or
+  not; 5.5.x and 5.24.0 on clamp a copy. plangen's step measurement runs batched_mm on CPU (the
+  cost model, ``plangen cost``): :func:`guard_routing_index` gives such experts a copy of the index.
+
+* **Hybrid layer kinds.** NemotronH and Zamba2 name each layer's kind in ``layers_block_type``:
+  5.5.x and 5.8.x ``"mamba"`` / ``"attention"``, 5.24.0 on ``"linear_attention"`` /
+  ``"full_attention"`` (transformers' own ``_LEGACY_LAYER_TYPE_REMAP``, which also reads old
+  configs). Plans read the kinds through :func:`layer_kinds` (the newer names whatever built
+  the config); configs written by plangen or its tests spell them as the installed config
+  class does (:func:`installed_layer_kinds`: its own default's spelling).
+
+* **Hugging Face plan styles.** 5.25.0 adds ``unit_colwise``/``unit_rowwise`` (by whole heads over a
+  (heads, replicas) view of the TP mesh): translated in :data:`plangen.styles.HF_STYLE_SPECS`,
+  the table of every release's style names, as colwise/rowwise (exact where the TP size divides
+  the heads).
+
+Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
+shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
+:mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
+padded heads need it).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+# The Mamba/attention kinds' older names (5.5.x-5.8.x), as transformers' remap (5.24.0 on) maps them.
+LEGACY_LAYER_KINDS = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+@functools.cache
+def experts_take_sentinels() -> bool:
+    """Whether the installed transformers' experts forwards compute the sentinel route id
+    (``num_experts``, weight 0) exactly: its experts interface knows expert parallelism."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:  # no experts interface at all
+        return False
+    try:
+        source = inspect.getsource(moe)
+    except (OSError, TypeError):
+        return False
+    return "_is_expert_parallel" in source
+
+
+@functools.cache
+def experts_unproven_reason() -> str | None:
+    """Why :class:`~plangen.moe_styles.ExpertsParallel` refuses the installed release's experts, else None."""
+    try:
+        from transformers.integrations.moe import use_experts_implementation
+    except ImportError:
+        return None
+    if "is_concatenated" in inspect.signature(use_experts_implementation).parameters:
+        return None
+    import transformers
+
+    return (
+        f"on transformers {transformers.__version__} (5.5.x) the experts split over TP give gradients that differ from the "
+        "unsharded model's (Qwen3-MoE, Mixtral at TP 2), so they are refused rather than trained wrong; use "
+        "transformers 5.8 or newer, or keep the experts whole (a custom plan without this entry)"
+    )
+
+
+@functools.cache
+def batched_mm_clamps_index_in_place() -> bool:
+    """Whether the installed ``batched_mm`` experts forward clamps its caller's index tensor in place."""
+    try:
+        from transformers.integrations.moe import batched_mm_experts_forward
+        source = inspect.getsource(batched_mm_experts_forward)
+    except (ImportError, OSError, TypeError):
+        return False
+    return "expert_ids.clamp_(" in source
+
+
+def guard_routing_index(model: Any) -> None:
+    """Where :func:`batched_mm_clamps_index_in_place`: each experts module of ``model`` that takes
+    transformers' routing gets a copy of its index (a forward pre-hook), so the router's is untouched."""
+    if not batched_mm_clamps_index_in_place():
+        return
+
+    def copy_index(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if len(args) > 1:
+            args = (args[0], args[1].clone(), *args[2:])
+        for name in ("top_k_index", "router_indices"):
+            if name in kwargs:
+                kwargs = {**kwargs, name: kwargs[name].clone()}
+        return args, kwargs
+
+    for module in model.modules():
+        if hasattr(module, "has_gate") and hasattr(module, "is_transposed"):  # use_experts_implementation's
+            module.register_forward_pre_hook(copy_index, with_kwargs=True)
+
+
+def _layer_kind_remap() -> dict[str, str]:
+    try:
+        from transformers.configuration_utils import _LEGACY_LAYER_TYPE_REMAP
+    except ImportError:  # 5.5.x-5.8.x: no remap, the older names are the names
+        return dict(LEGACY_LAYER_KINDS)
+    return {**LEGACY_LAYER_KINDS, **_LEGACY_LAYER_TYPE_REMAP}
+
+
+def layer_kind(kind: str) -> str:
+    """``kind`` in the newer name (``"mamba"`` -> ``"linear_attention"``), others unchanged."""
+    return _layer_kind_remap().get(kind, kind)
+
+
+def layer_kinds(config: Any, attribute: str = "layers_block_type") -> list[str]:
+    """The config's per-layer kinds in the newer names, whichever release built it."""
+    return [layer_kind(k) for k in getattr(config, attribute)]
+
+
+@functools.cache
+def _spells_legacy(config_class: type, attribute: str) -> bool:
+    try:
+        default = getattr(config_class(), attribute, None) or []
+    except Exception:  # noqa: BLE001 - a config class that needs arguments: assume the newer names
+        return False
+    return any(kind in LEGACY_LAYER_KINDS for kind in default)
+
+
+def installed_layer_kinds(config_class: type, kinds: list[str], attribute: str = "layers_block_type") -> list[str]:
+    """``kinds`` (newer names) as the installed ``config_class`` spells them: the older names where
+    its own default uses them (5.5.x-5.8.x, whose validation rejects the newer ones)."""
+    if not _spells_legacy(config_class, attribute):
+        return list(kinds)
+    back = {new: old for old, new in LEGACY_LAYER_KINDS.items()}
+    return [back.get(k, k) for k in kinds]
+
+
+__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "experts_take_sentinels", "experts_unproven_reason", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]

@@ -1,0 +1,58 @@
+"""Why a test's failure is only the installed transformers lacking what the test names (a model
+type or class added after it, an internal module or function it has not): such a test is skipped
+with that reason, never failed. Each reason is checked against the installed transformers itself
+(the model type absent from its config mapping, the module not importable), so on the release the
+tests were written for nothing is ever skipped this way."""
+
+from __future__ import annotations
+
+import re
+
+_NAMED = (
+    re.compile(r"unknown model spec '([^']+)'"),
+    re.compile(r"Unrecognized model identifier: ([\w-]+)"),
+)
+# What a test's own check raises, or a launch's failure that embeds a child's traceback: never a reason.
+_NEVER = (AssertionError,)
+
+
+def _has_model(name: str) -> bool:
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return name in CONFIG_MAPPING_NAMES or hasattr(transformers, name)
+
+
+def _one(exc: BaseException) -> str | None:
+    import transformers
+
+    version = f"transformers {transformers.__version__}"
+    if isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("transformers"):
+        return f"{version} has no module {exc.name}"
+    if isinstance(exc, ImportError) and (exc.name or "").startswith("transformers"):
+        return f"{version}: {exc}"
+    if isinstance(exc, AttributeError):
+        owner = getattr(exc, "obj", None)
+        module = getattr(owner, "__name__", "") if owner is not None else ""
+        if isinstance(module, str) and module.startswith("transformers") and not hasattr(owner, exc.name or ""):
+            return f"{version} has no {module}.{exc.name}"
+    for pattern in _NAMED:
+        found = pattern.search(str(exc))
+        if found and not _has_model(found.group(1)):
+            return f"{version} has no model {found.group(1)}"
+    return None
+
+
+def absent_from_transformers(exc: BaseException) -> str | None:
+    """The reason ``exc`` (or what it was raised from) is something the installed transformers
+    lacks, else None."""
+    if isinstance(exc, _NEVER) or type(exc).__name__ in ("DistributedRunError", "Failed", "Skipped"):
+        return None
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        why = _one(exc)
+        if why:
+            return why
+        exc = exc.__cause__ or exc.__context__
+    return None
