@@ -418,6 +418,7 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
     console.print(
         f"{len(rows)} architectures: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
         + f"; {well} shard ≥ {WELL_SHARDED:.0%} of their parameters over TP"
-        + "; proofs: " + ", ".join(f"{n} for {status}" if status != NEVER_PROVEN else f"{n} never" for status, n in proofs.items())
+        + "; proofs: " + ", ".join(f"{n} for {status}" if status != NEVER_PROVEN else f"{n} never" for status, n in proofs.items()),
+        soft_wrap=True,  # one line, whatever the width: scripts read the summary as the last line
     )
     return buffer.getvalue()

@@ -126,7 +126,8 @@ def test_no_sequence_parallel_proof_is_stale():
     assert stale == [], f"run {SWEEP_COMMAND} --only {','.join(stale)}"
 
 
-def test_text_table_for_some_models():
+def test_text_table_for_some_models(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal: the table takes its least width, the summary stays one line
     result = CliRunner().invoke(app, ["list", "olmo", "llama", "xlnet"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()

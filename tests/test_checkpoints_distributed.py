@@ -65,9 +65,12 @@ def test_checkpoint_and_export_at_sharded_memory(results, case_id):
         assert r["state_dict"] <= one and r["get_model_state_dict"] <= one, (rank, r)
         assert r["dcp_save"] <= one + piece, (rank, r)
         # The export: the parameter being gathered, the shard buffers of a gather (at most two of one
-        # parameter's), and the bucket's other tensors.
-        assert r["export"] <= one + 2 * piece, (rank, r)
-        assert r["export_bucketed"] <= r["bucket"] + one + 2 * piece, (rank, r)
+        # parameter's), and the bucket's other tensors. Plus what gloo still holds: its worker threads
+        # (two per group) keep a finished broadcast's tensor, at most one piece, until the end of their
+        # loop iteration, a moment after wait() returns (measured in a full run: +2 KiB on one rank).
+        gloo = 2 * piece
+        assert r["export"] <= one + 2 * piece + gloo, (rank, r)
+        assert r["export_bucketed"] <= r["bucket"] + one + 2 * piece + gloo, (rank, r)
         assert r["streamed_names"], r["streamed_missing"]
         assert r["streamed_diff"] == 0.0
         for layout, diff in r["resumed"].items():
