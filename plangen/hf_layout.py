@@ -26,6 +26,7 @@ time into the output: what :mod:`plangen.export` streams.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -179,9 +180,8 @@ def gather_whole(value: torch.Tensor, rows: RowMap | None = None, dtype: torch.d
     """The whole tensor of ``value`` (a DTensor, else returned as it is, cast) in Hugging Face's
     layout, on every rank of its mesh; each rank's shard cast to ``dtype`` before it is sent.
 
-    Memory: the output, and nothing else where each rank's rows land whole in it (shards on dim 0:
-    each run broadcast straight into its place); else one source rank's shard at a time (a
-    broadcast from each rank holding a distinct box, in turn). Never a second whole copy (a
+    Memory: the output and one buffer of a rank's box (a broadcast from each rank holding a
+    distinct box, in turn, through that buffer). Never a second whole copy (a
     ``full_tensor()`` then a re-order would hold two). Needs the mesh to span the
     default process group; over a smaller mesh, ``full_tensor()`` and a re-order instead."""
     if not isinstance(value, DTensor):
@@ -199,21 +199,19 @@ def gather_whole(value: torch.Tensor, rows: RowMap | None = None, dtype: torch.d
         return whole.index_select(rows.dim, torch.tensor(order, device=whole.device))
     out = torch.empty(rows.hf_shape(shape) if rows else shape, dtype=local.dtype, device=local.device)
     me = dist.get_rank()
-    for rank, box, offset in rank_boxes(shape, mesh, value.placements):
-        chunks = box_chunks(box, offset, rows)
-        regions = [out[tuple(slice(o, o + n) for o, n in zip(hf_offset, sizes))] for _, hf_offset, sizes in chunks]
-        if all(region.is_contiguous() for region in regions):
-            # Each chunk straight into its place in the output (rows of whole trailing dims): no buffer.
-            for (where, _, _), region in zip(chunks, regions):
-                if rank == me:
-                    region.copy_(local[where])
-                dist.broadcast(region, src=rank)
-            continue
-        buffer = local.contiguous() if rank == me else torch.empty(box, dtype=local.dtype, device=local.device)
+    boxes = rank_boxes(shape, mesh, value.placements)
+    # Every broadcast goes through one buffer of the largest box, never through views of ``out``:
+    # a collective's backend may keep its tensor a moment after wait() returns (gloo's worker thread
+    # until the end of its loop iteration; NCCL's watchdog until it cleans the work up), and a view
+    # would keep this whole output alive after the caller has dropped it, beside the next one.
+    scratch = torch.empty(max((math.prod(box) for _, box, _ in boxes), default=0), dtype=local.dtype, device=local.device)
+    for rank, box, offset in boxes:
+        buffer = scratch[: math.prod(box)].view(box)
+        if rank == me:
+            buffer.copy_(local)
         dist.broadcast(buffer, src=rank)
-        for (where, _, _), region in zip(chunks, regions):
-            region.copy_(buffer[where])
-        del buffer
+        for where, hf_offset, sizes in box_chunks(box, offset, rows):
+            out[tuple(slice(o, o + n) for o, n in zip(hf_offset, sizes))].copy_(buffer[where])
     return out
 
 

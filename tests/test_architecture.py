@@ -10,10 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "plangen"
-MAX_LINES = 550
 # What runs plans on processes: the runtime itself, the commands around it, `plangen verify --run`
 # and `plangen cost --peak` (plangen.cost.peak), which run a plan through the runtime's FSDP2 and
 # activation checkpointing on purpose. Everything else (plans, their checks,
@@ -152,9 +150,3 @@ def test_lower_modules_never_import_the_runtime():
         m for m, targets in _graph().items() if "plangen.parallelize" in targets and m not in MAY_IMPORT_RUNTIME
     )
     assert not importers, f"below the runtime, these import plangen.parallelize: {importers}"
-
-
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_no_module_is_over_the_size_limit(module):
-    lines = len(MODULES[module].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{MODULES[module].relative_to(PACKAGE.parent)} has {lines} lines (limit {MAX_LINES})"
