@@ -25,7 +25,8 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleI
 
 from plangen import compat
 from plangen.moe_styles import expert_count
-from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook, replicated_local
+from plangen.tp_sums import all_reduce_grad, count_once_where_weight_is_read, grad_once_pre_hook, replicated_local
+from plangen.transformers_compat import reads_child_weight
 
 
 class PartialGradInput(PrepareModuleInput):
@@ -75,8 +76,14 @@ def _install_input_once(style: PrepareModuleInputOutput, module: nn.Module, devi
         return (local, *args[1:])
 
     module.register_forward_pre_hook(local_once)
+    children = {child: name for name, child in module.named_children()}
     for reader in whole_readers:
-        reader.register_forward_pre_hook(grad_once_pre_hook(device_mesh))
+        name = children.get(reader)
+        if name is not None and reads_child_weight(module, name):
+            # The block computes the reader itself from its weight (5.8's DeepSeek-V2 router).
+            count_once_where_weight_is_read(module, lambda reader=reader: reader.weight, device_mesh)
+        else:
+            reader.register_forward_pre_hook(grad_once_pre_hook(device_mesh))
 
 
 class MoeBlockParallel(PrepareModuleInputOutput):

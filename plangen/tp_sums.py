@@ -4,12 +4,13 @@ attention, the embedding row read) build their forward and backward from."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
 
 
 class SumGradOverMesh(torch.autograd.Function):
@@ -85,9 +86,51 @@ def grad_once_pre_hook(mesh: DeviceMesh):
     return count_once
 
 
+class _CountOnceWhereRead(TorchFunctionMode):
+    """While active: the input of every ``F.linear`` whose weight is ``weight()`` (or a dtype
+    conversion of it: ``.float()``, ``.type(...)``, ``.to(...)``) gets :func:`grad_once`."""
+
+    CONVERSIONS = (torch.Tensor.float, torch.Tensor.type, torch.Tensor.to)
+
+    def __init__(self, weight: Callable[[], torch.Tensor], mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.weight, self.mesh, self.converted = weight, mesh, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reads = lambda t: t is self.weight() or any(t is c for c in self.converted)  # noqa: E731
+        if func is torch.nn.functional.linear and len(args) >= 2 and reads(args[1]) and torch.is_grad_enabled():
+            return func(grad_once(args[0], self.mesh), *args[1:], **kwargs)
+        out = func(*args, **kwargs)
+        if func in self.CONVERSIONS and args and reads(args[0]):
+            self.converted.append(out)  # held for the forward: identity, not an id a freed tensor could reuse
+        return out
+
+
+def count_once_where_weight_is_read(module: torch.nn.Module, weight: Callable[[], torch.Tensor], mesh: DeviceMesh) -> None:
+    """During ``module``'s forward, the input of each ``F.linear`` on ``weight()`` counts its gradient
+    once over ``mesh`` (:func:`grad_once`): a replicated reader the forward computes itself, by its
+    weight, instead of calling it (where :func:`grad_once_pre_hook` on the reader would never run)."""
+    active: list[_CountOnceWhereRead] = []
+
+    def enter(mod: torch.nn.Module, args: tuple) -> None:
+        mode = _CountOnceWhereRead(weight, mesh)
+        mode.__enter__()
+        active.append(mode)
+
+    def leave(mod: torch.nn.Module, args: tuple, output: Any) -> None:
+        if active:
+            active.pop().__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    # always_call: an exception inside forward must not leave the mode active.
+    module.register_forward_hook(leave, always_call=True)
+
+
 def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
     # A DTensor here is replicated (the block gathered its input): its local value is the whole tensor.
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-__all__ = ["GradOnceOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "grad_once", "grad_once_pre_hook", "replicated_local"]
+__all__ = ["GradOnceOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "count_once_where_weight_is_read",
+           "grad_once", "grad_once_pre_hook", "replicated_local"]

@@ -49,6 +49,15 @@ from a version number alone, and is written down per release as found in each on
   the table of every release's style names, as colwise/rowwise (exact where the TP size divides
   the heads).
 
+* **A router read by its weight.** 5.8.x's DeepSeek-V2 MoE block computes its router logits as
+  ``F.linear(hidden_states.float(), self.gate.weight.float())``, never calling ``self.gate``
+  (5.24.0 on call it, a ``DeepseekV2TopkRouter``): hooks on the router never run, and
+  :class:`~plangen.moe_block_styles.MoeBlockParallel`'s count-once of the router's whole input
+  gradient was lost (``embed_tokens.weight``'s gradient off by 9.3e-5 at TP 2, 2.8e-4 at TP 4:
+  the router's share counted TP times). :func:`reads_child_weight` says where a block's forward
+  reads a child's weight itself; the style then counts the input of each ``F.linear`` on that
+  weight once (:func:`plangen.tp_sums.count_once_where_weight_is_read`).
+
 Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
 shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
 :mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
@@ -165,3 +174,13 @@ def installed_layer_kinds(config_class: type, kinds: list[str], attribute: str =
 
 
 __all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "experts_take_sentinels", "experts_unproven_reason", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]
+
+
+def reads_child_weight(module: Any, child: str) -> bool:
+    """Whether ``module``'s forward (its class's, as installed) reads ``self.<child>.weight`` itself
+    instead of calling the child (5.8.x's DeepSeek-V2 MoE block and its router)."""
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return False
+    return f"self.{child}.weight" in source

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import cases_read_by, launched, slow_unless, torch_can_run, torch_cannot_run
+from conftest import cases_read_by, launched, slow_unless, stack_can_run, stack_cannot_run
 
 
 TOL = 1e-5
@@ -214,12 +214,12 @@ def test_every_default_case_is_a_case():
 
 
 def params(ids) -> list:
-    return torch_can_run(slow_unless(ids, DEFAULT_IDS))
+    return stack_can_run(slow_unless(ids, DEFAULT_IDS))
 
 
 def _needs(test: str, params: dict) -> list[str]:
     if test == "test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle":
-        return [c for c in MOE_IDS if c in DEFAULT_IDS and not torch_cannot_run(c)]
+        return [c for c in MOE_IDS if c in DEFAULT_IDS and not stack_cannot_run(c)]
     if "model" in params:  # the bitwise test: both variants of one model at TP 2
         return [f"tp2/{params['model']}-4kv-{v}" for v in VARIANTS]
     return []
@@ -291,7 +291,7 @@ def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(result
     in its 32-expert case, where 8 experts rarely leave one idle)."""
     idle: dict[str, int] = {}
     ran = [c for c in MOE_IDS if c in results[0]]  # the slow ones too, where selected
-    assert len(ran) >= len([c for c in MOE_IDS if c in DEFAULT_IDS and not torch_cannot_run(c)])
+    assert len(ran) >= len([c for c in MOE_IDS if c in DEFAULT_IDS and not stack_cannot_run(c)])
     for case_id in ran:
         model = next(m for m in (*MOE_MODELS, "gemma4-moe", "dbrx") if case_id.split("/")[1].startswith(m))
         for per_case in results:

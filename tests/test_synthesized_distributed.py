@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import cases_read_by, launched, slow_unless, torch_can_run
+from conftest import cases_read_by, launched, slow_unless, stack_can_run
 
 
 CLASSES = {
@@ -313,7 +313,7 @@ def results(request) -> list[dict]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", torch_can_run(slow_unless(CASE_IDS, DEFAULT_IDS)))
+@pytest.mark.parametrize("case_id", stack_can_run(slow_unless(CASE_IDS, DEFAULT_IDS)))
 def test_synthesized_plan_matches_unsharded_model(results, case_id):
     from distributed.cases import case_problem
 
@@ -323,7 +323,7 @@ def test_synthesized_plan_matches_unsharded_model(results, case_id):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", torch_can_run(slow_unless(CASE_IDS, DEFAULT_IDS)))
+@pytest.mark.parametrize("case_id", stack_can_run(slow_unless(CASE_IDS, DEFAULT_IDS)))
 def test_synthesized_plan_is_what_it_claims(results, case_id):
     r = results[0][case_id]
     model_type = case_id.split("/")[1].removesuffix("-sp")

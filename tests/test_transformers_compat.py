@@ -242,3 +242,40 @@ def test_experts_on_a_release_whose_sharded_gradients_are_wrong_are_refused(fake
     monkeypatch.setattr(moe_styles, "experts_unproven_reason", lambda: "on transformers 5.5.4 (5.5.x) ...")
     with pytest.raises(ValueError, match="ExpertsParallel: on transformers 5.5.4"):
         ExpertsParallel(output_layouts=Partial())._apply(GroupedMm58Experts(), DeviceMesh("cpu", torch.arange(2)))
+
+
+def test_a_router_read_by_its_weight_has_its_input_counted_once(monkeypatch):
+    """5.8's DeepSeek-V2 MoE block computes ``F.linear(x.float(), self.gate.weight.float())`` and
+    never calls its router: the count-once goes on every F.linear on that weight (or a conversion of
+    it) inside the block's forward, and on nothing else (the experts' own linears)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    import plangen.tp_sums as tp_sums
+    from plangen.transformers_compat import reads_child_weight
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.expert = nn.Linear(4, 3, bias=False), nn.Linear(4, 4)
+
+        def forward(self, x):
+            logits = F.linear(x.type(torch.float32), self.gate.weight.type(torch.float32))
+            return self.expert(x) * logits.sum(-1, keepdim=True)
+
+    class Calling(Block):
+        def forward(self, x):
+            return self.expert(x) * self.gate(x).sum(-1, keepdim=True)
+
+    assert reads_child_weight(Block(), "gate") and not reads_child_weight(Calling(), "gate")
+    counted = []
+    monkeypatch.setattr(tp_sums, "grad_once", lambda t, mesh: counted.append(tuple(t.shape)) or t * 1)
+    block = Block()
+    tp_sums.count_once_where_weight_is_read(block, lambda: block.gate.weight, mesh=None)
+    x = torch.randn(2, 4, requires_grad=True)
+    block(x).sum().backward()
+    assert counted == [(2, 4)]  # the router's input, once; not the expert's
+    block(x)
+    assert counted == [(2, 4), (2, 4)]  # the mode ended with the forward, and came back with the next
+    assert torch.nn.functional.linear(x, block.gate.weight) is not None and len(counted) == 2  # outside: nothing
