@@ -81,6 +81,11 @@ def init(
         help="optimized, or stable: no cross-rank sums in the forward (o_proj/down_proj column-parallel on "
         "their gathered input, NeMo RL's numerically stable plan; default output <name>_stable_plan.py).",
     ),
+    target: str = typer.Option(
+        "plangen", "--target", metavar="RUNTIME",
+        help="The runtime the plan is for: plangen, nemo-rl-v2, nemo-rl-v1 or torchtitan; the plan is one it "
+        "accepts, and the file records it (PLANGEN_TARGET).",
+    ),
 ) -> None:
     """Write an editable custom-plan module for MODEL, seeded with its hand-written, synthesized or Hugging Face plan.
 
@@ -91,7 +96,7 @@ def init(
     try:
         result = init_plan(
             model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template,
-            variant=variant,
+            variant=variant, target=target,
         )
     except InitError as error:
         fail(str(error))
@@ -141,6 +146,11 @@ def verify(
     compile: bool = typer.Option(
         False, "--compile", help="With --run: the parity run at TP=2 compiles each decoder layer (torch.compile, fullgraph)."
     ),
+    target: str | None = typer.Option(
+        None, "--target", metavar="RUNTIME",
+        help="The runtime the plan is handed to: plangen, nemo-rl-v2, nemo-rl-v1 or torchtitan; its rules are "
+        "checked too (default: the PLANGEN_TARGET a file records, else plangen).",
+    ),
 ) -> None:
     """Check plan files; print findings as PATH:LINE:COL: CODE message (codes: docs/diagnostics.md).
 
@@ -156,6 +166,13 @@ def verify(
 
     if static and run:
         fail("--static and --run exclude each other")
+    if target is not None:
+        from plangen.targets import TargetError, check_target
+
+        try:
+            check_target(target)
+        except TargetError as error:
+            fail(f"--target: {error}")
     if drift and not run:
         fail("--drift runs the plans: add --run")
     if compile and not run:
@@ -165,7 +182,8 @@ def verify(
     for plan in plans:
         if not os.path.isfile(plan):
             fail(f"{plan}: {'not a file' if os.path.exists(plan) else 'no such file'}")
-    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout, compile=compile)
+    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout, compile=compile,
+                            target=target)
 
     def progress(line: str) -> None:
         typer.echo(f"plangen: verify --run: {line}", err=True)

@@ -142,19 +142,31 @@ def check_variant_option(variant: str) -> str:
         raise InitError(f"--variant: {err}") from None
 
 
+def check_target_option(target: str) -> None:
+    """``--target`` as a one-line :class:`InitError` when it names no runtime."""
+    from plangen.targets import TargetError, check_target
+
+    try:
+        check_target(target)
+    except TargetError as err:
+        raise InitError(f"--target: {err}") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # Render and write
 
 
 def regenerate_command(
     spec: str, output: Path, tp_size: int, sequence_parallel: bool, template_dir: Path | str | None = None,
-    variant: str = "optimized",
+    variant: str = "optimized", target: str = "plangen",
 ) -> str:
     args = ["plangen", "init", spec, "-o", str(output), "--tp-size", str(tp_size)]
     if sequence_parallel:
         args.append("--sequence-parallel")
     if variant != "optimized":
         args += ["--variant", variant]
+    if target != "plangen":
+        args += ["--target", target]
     if template_dir is not None:
         args += ["--template", str(template_dir)]
     args.append("--force")
@@ -182,11 +194,13 @@ def render_plan_module(
     versions: Mapping[str, str] | None = None,
     loaded: LoadedModel | None = None,
     variant: str = "optimized",
+    target: str = "plangen",
 ) -> RenderedPlan:
     """Render the plan module for ``spec`` (nothing written). ``loaded`` reuses a model already built."""
     if tp_size < 1:
         raise InitError(f"--tp-size must be at least 1, got {tp_size}")
     check_variant_option(variant)
+    check_target_option(target)
     resolved = resolve(spec) if loaded is None else loaded.resolved
     # Before building anything; the built model's text config has the same heads. Any layout a plan may
     # take (replicated KV heads, padded query heads): the seed plan is checked for its own once built.
@@ -195,6 +209,12 @@ def render_plan_module(
     problem = any_layout_tp_size_problem(resolved.config, tp_size, resolved.model_class.__name__)
     if problem is not None:
         raise InitError(f"--tp-size {tp_size}: {problem}")
+    from plangen.targets import TARGETS, refused_heads
+
+    refused = refused_heads(TARGETS[target], resolved.config, tp_size)
+    if refused is not None:
+        raise InitError(f"--tp-size {tp_size}: {target} refuses this model there: {refused.describe(tp_size)};"
+                        f" plangen's runtime takes TP {tp_size} (--target plangen)")
     if loaded is None:
         loaded = load_model(resolved)
     path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel, variant)
@@ -209,15 +229,17 @@ def render_plan_module(
         output=path,
         tp_size=tp_size,
         sequence_parallel=sequence_parallel,
-        command=regenerate_command(spec, path, tp_size, sequence_parallel, template_dir, variant),
+        command=regenerate_command(spec, path, tp_size, sequence_parallel, template_dir, variant, target),
         versions=versions,
         template_dir=template_dir,
         variant=variant,
+        target=target,
     )
     return RenderedPlan(path, text, seed, plan, type(loaded.model).__name__)
 
 
-def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool, variant: str) -> bool:
+def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool, variant: str,
+                           target: str = "plangen") -> bool:
     """Whether the file at ``path`` is a plan generated for ``spec`` with these settings: rendering
     may then give its very text (left alone), which only the write can tell."""
     try:
@@ -243,6 +265,7 @@ def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_paralle
         and recorded.get("PLANGEN_TP_SIZE") == tp_size
         and recorded.get("PLANGEN_SEQUENCE_PARALLEL") is bool(sequence_parallel)
         and recorded.get("PLANGEN_PLAN_VARIANT", "optimized") == variant
+        and recorded.get("PLANGEN_TARGET", "plangen") == target
     )
 
 
@@ -256,6 +279,7 @@ def init_plan(
     template_dir: Path | str | None = None,
     loaded: LoadedModel | None = None,
     variant: str = "optimized",
+    target: str = "plangen",
 ) -> InitResult:
     """``plangen init``: render the plan module for ``spec`` and write it. Raises :class:`InitError`."""
     if tp_size < 1:
@@ -265,12 +289,13 @@ def init_plan(
     if template_dir is not None and not Path(template_dir).is_dir():
         raise InitError(f"--template {template_dir}: no such directory")
     check_variant_option(variant)
+    check_target_option(target)
     # The output path is checked before anything is imported or built (seconds for a large model).
     if output is not None:
         path = Path(output)
     else:
         path = default_output((resolve(spec) if loaded is None else loaded.resolved).name, sequence_parallel, variant)
-    same = _records_same_settings(path, spec, tp_size, sequence_parallel, variant)
+    same = _records_same_settings(path, spec, tp_size, sequence_parallel, variant, target)
     check_output_path(path, force=force, same_plan=same)
     rendered = render_plan_module(
         spec,
@@ -280,6 +305,7 @@ def init_plan(
         template_dir=template_dir,
         loaded=loaded,
         variant=variant,
+        target=target,
     )
     outcome = write_plan_file(rendered.path, rendered.text, force=force)
     return InitResult(

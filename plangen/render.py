@@ -364,6 +364,7 @@ def build_plan_context(
     command: str,
     versions: Mapping[str, str],
     variant: str = "optimized",
+    target: str = "plangen",
 ) -> dict[str, Any]:
     """Plain data for the plan template: header facts, what the file relies on, imports, constants,
     grouped entries."""
@@ -415,6 +416,7 @@ def build_plan_context(
         "plan_path": _python_path(output),
         "verify_command": shlex.join(["plangen", "verify", str(output)]),
         "relies_on": _wrap_paragraph(reliance(model, plan), DOC_WIDTH),
+        "target_lines": _wrap_paragraph(target_note(target), DOC_WIDTH) if target != "plangen" else [],
         "imports": import_blocks,
         "constants": [
             {"name": "PLANGEN_MODEL", "value": render_value(record_model_spec(resolved, output))},
@@ -422,6 +424,7 @@ def build_plan_context(
             {"name": "PLANGEN_SEQUENCE_PARALLEL", "value": repr(bool(sequence_parallel))},
             # Only where not the default: files of the optimized plans stay as they were.
             *([{"name": "PLANGEN_PLAN_VARIANT", "value": render_value(variant)}] if variant != "optimized" else []),
+            *([{"name": "PLANGEN_TARGET", "value": render_value(target)}] if target != "plangen" else []),
         ],
         "groups": [
             {"key": g, "title": GROUP_TITLES[g], **grouped[g]}
@@ -429,6 +432,19 @@ def build_plan_context(
             if grouped[g]["entries"] or grouped[g]["replicated"]
         ],
     }
+
+
+def target_note(name: str) -> str:
+    """The header's paragraph on the runtime the file is for (``plangen init --target``)."""
+    from plangen.targets import TARGETS
+
+    target = TARGETS[name]
+    return (
+        f"Target: {target.name}, {target.runtime}. It takes {target.plan_forms}"
+        + ("; it never re-ties a tied embedding and head (this file's styles keep them one parameter)" if not target.reties else "")
+        + ("; it refuses attention or key/value heads the TP size does not divide" if target.heads_divide_tp else "")
+        + ". `plangen verify` checks its rules (PLANGEN_TARGET)."
+    )
 
 
 def reliance(model: "nn.Module", plan: Plan) -> str:
@@ -532,6 +548,7 @@ def render_plan_text(
     versions: Mapping[str, str] | None = None,
     template_dir: Path | str | None = None,
     variant: str = "optimized",
+    target: str = "plangen",
 ) -> str:
     """The plan module's text for ``plan`` on ``model`` (``versions``: those installed when None)."""
     context = build_plan_context(
@@ -545,5 +562,6 @@ def render_plan_text(
         command=command,
         versions=versions if versions is not None else installed_versions(),
         variant=variant,
+        target=target,
     )
     return render_template(context, template_dir)

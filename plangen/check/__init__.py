@@ -41,6 +41,7 @@ class VerifyOptions:
     run: bool = False
     timeout: float = DEFAULT_RUN_TIMEOUT  # level 3, all files together; each file's import (at most 60 s)
     compile: bool = False  # level 3's parity at TP=2 with each decoder layer compiled (fullgraph)
+    target: str | None = None  # None: as the file records it (PLANGEN_TARGET), else plangen's runtime
 
 
 @dataclass
@@ -65,6 +66,7 @@ class PlanSettings:
     tp_size: int
     sequence_parallel: bool | None
     tp_size_given: bool
+    target: str = "plangen"
 
 
 def plan_settings(path: str | Path, options: VerifyOptions) -> PlanSettings:
@@ -81,7 +83,11 @@ def plan_settings(path: str | Path, options: VerifyOptions) -> PlanSettings:
     sequence_parallel = options.sequence_parallel
     if sequence_parallel is None:
         sequence_parallel = _typed(metadata.get("PLANGEN_SEQUENCE_PARALLEL"), bool)
-    return PlanSettings(model, tp_size or DEFAULT_TP_SIZE, sequence_parallel, tp_size is not None)
+    from plangen.targets import DEFAULT_TARGET, TARGETS
+
+    recorded_target = _typed(metadata.get("PLANGEN_TARGET"), str)
+    target = options.target or (recorded_target if recorded_target in TARGETS else DEFAULT_TARGET)
+    return PlanSettings(model, tp_size or DEFAULT_TP_SIZE, sequence_parallel, tp_size is not None, target)
 
 
 def _typed(value: object, kind: type) -> object:
@@ -145,7 +151,7 @@ def _check_model(
     if not settings.tp_size_given:
         report.notes.append(f"{path}: no --tp-size and no PLANGEN_TP_SIZE: checked at TP size {settings.tp_size}")
     try:
-        found = check_model(path, settings.model, settings.tp_size, settings.sequence_parallel, probe)
+        found = check_model(path, settings.model, settings.tp_size, settings.sequence_parallel, probe, settings.target)
     except ModelSpecError as error:
         if options.model:
             raise VerifyUsageError(f"--model: {error}") from None

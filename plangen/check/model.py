@@ -34,6 +34,7 @@ from plangen.check.rules_model import SHAPE_RULES
 from plangen.check.rules_model_flow import FakeRunRule, LayoutFlowRule
 from plangen.check.rules_model_norms import ProjectionNormsRule
 from plangen.check.rules_model_regions import REGION_RULES
+from plangen.check.rules_target import TARGET_RULES
 from plangen.check.static import decode_source
 from plangen.errors import one_line
 
@@ -119,7 +120,8 @@ def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
 # --- the rules ---------------------------------------------------------------------------------
 
 MODEL_RULES: dict[str, ModelRule] = {
-    rule.code: rule for rule in (*SHAPE_RULES, *REGION_RULES, ProjectionNormsRule(), LayoutFlowRule(), FakeRunRule())
+    rule.code: rule
+    for rule in (*SHAPE_RULES, *REGION_RULES, *TARGET_RULES, ProjectionNormsRule(), LayoutFlowRule(), FakeRunRule())
 }
 
 
@@ -219,6 +221,7 @@ def check_model(
     tp_size: int,
     sequence_parallel: bool | None = None,
     probe: Probe | None = None,
+    target: str = "plangen",
 ) -> list[Diagnostic]:
     """Level-2 findings for the plan file at ``path`` against ``model_spec`` at ``tp_size``, sorted.
 
@@ -234,7 +237,7 @@ def check_model(
         written = import_plan(path, probe)
     except PlanLoadFailure as failure:
         return load_failure_findings(path, failure, positions)
-    plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose, resolved)
+    plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose, resolved, target)
     return diagnostics_for(str(path), check_rules(plan), positions)
 
 
@@ -270,11 +273,12 @@ def build_model_plan(
     sequence_parallel: bool | None = None,
     replicated_on_purpose: list[str] | None = None,
     source: "ResolvedModel | None" = None,
+    target: str = "plangen",
 ) -> ModelPlan:
     from plangen.plan_checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, written)  # what the runtime will apply
-    return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()), source)
+    return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()), source, target)
 
 
 def diagnostics_for(path: str, findings: Iterator[ModelFinding], positions: PlanPositions) -> list[Diagnostic]:

@@ -66,6 +66,7 @@ class ModelPlan:
     styles: Mapping[str, "ParallelStyle"]
     replicated_on_purpose: list[str] = field(default_factory=list)
     source: Any = None  # the resolved model spec (plangen.models.ResolvedModel); None: no shrunk model
+    target: str = "plangen"  # the runtime the plan is handed to (plangen.targets)
 
     @cached_property
     def shrunk(self) -> "ShrunkModel | None":

@@ -22,6 +22,7 @@ from plangen.check.plan_file import (
 )
 from plangen.check.rule import TP_IMPORT
 from plangen.module_tree import LORA_PARTS
+from plangen.targets import DEFAULT_TARGET, TARGETS  # torch-free
 
 _NOT_A_DICT_NODES = (
     cst.Integer,
@@ -266,6 +267,7 @@ PLAN_CONSTANTS: dict[str, str] = {
     "PLANGEN_TP_SIZE": "a positive integer",
     "PLANGEN_SEQUENCE_PARALLEL": "True or False",
     "PLANGEN_PLAN_VARIANT": "'optimized' or 'stable' (written only for 'stable')",
+    "PLANGEN_TARGET": f"the runtime the plan is for, one of {', '.join(map(repr, TARGETS))} (written only for another than {DEFAULT_TARGET!r})",
 }
 
 
@@ -281,6 +283,8 @@ def constant_problem(name: str, value: object) -> str | None:
         from plangen.plan import VARIANTS  # torch-free: level 1 never imports torch
 
         good = value in VARIANTS
+    elif name == "PLANGEN_TARGET":
+        good = value in TARGETS
     else:
         return None
     return None if good else f"{name} must be {PLAN_CONSTANTS[name]}, got {value!r}"

@@ -1,0 +1,125 @@
+"""Level-2 rules of the runtime a plan is handed to (``--target``, ``PLANGEN_TARGET``): PG216-PG218.
+
+plangen's own runtime takes what the other rules pass; other runtimes have rules of their own
+(:mod:`plangen.targets` says which, read from each runtime's code). Each rule here finds, at the
+entry it concerns, what that runtime would refuse or do wrong, with the way out. Under the default
+target (``plangen``) none of them finds anything.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
+from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
+from plangen.targets import TARGETS, refused_heads
+
+_TIED_IMPORT = "from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel"
+
+
+def _attention_key(plan: ModelPlan, kv: bool) -> str | None:
+    """The written key covering the first key/value projection (``kv``) or query projection."""
+    ends = ("k_proj", "v_proj", "key", "value", "kv_proj", "qkv_proj", "query_key_value", "c_attn") if kv else (
+        "q_proj", "query", "qkv_proj", "query_key_value", "c_attn")
+    for name in plan.modules:
+        if name.rpartition(".")[2] in ends:
+            key = plan.covering.get(name)
+            if key in plan.written:
+                return key
+    return None
+
+
+# --- PG216: the target's head-count rule ------------------------------------------------------
+
+
+class TargetHeadsRule(ModelRule):
+    code = "PG216"
+    title = "the target runtime refuses these head counts at this TP size"
+    explanation = (
+        "NeMo RL's workers refuse a model whose attention heads or key/value heads the TP size does"
+        " not divide, before the first step (v2: NeMo Automodel's `validate_tp_mesh`; v1: the same"
+        " asserts in `_parallelize_model`), whatever the plan does about it: plangen's runtime"
+        " replicates key/value heads and pads query heads where its plan says so, theirs do not run it."
+        " Checked where `--target` or `PLANGEN_TARGET` names such a runtime; the finding names the"
+        " TP sizes it accepts."
+    )
+    wrong = (
+        f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\nPLANGEN_TP_SIZE = 8\nPLANGEN_TARGET = "nemo-rl-v2"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.mlp.gate_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.up_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(),\n}'
+    )
+    right = (
+        f"{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\nPLANGEN_TP_SIZE = 4\nPLANGEN_TARGET = "nemo-rl-v2"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.mlp.gate_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.up_proj": ColwiseParallel(),\n'
+        '    "model.layers.*.mlp.down_proj": RowwiseParallel(),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        target = TARGETS[plan.target]
+        refused = refused_heads(target, plan.model.config, plan.tp_size)
+        if refused is None:
+            return
+        yield self.finding(
+            f"{target.name} refuses this model at TP {plan.tp_size} ({target.source}): {refused.describe(plan.tp_size)};"
+            " plangen's runtime takes this plan as it is (--target plangen)",
+            _attention_key(plan, kv=refused.counts[0][0] == "num_key_value_heads"),
+        )
+
+
+# --- PG218: a tied pair under a runtime that never re-ties -------------------------------------
+
+
+class TargetRetiesNothingRule(ModelRule):
+    code = "PG218"
+    title = "the target runtime never re-ties a tied embedding and head"
+    explanation = (
+        "A tied embedding and head share one weight. With torch's `RowwiseParallel`/`ColwiseParallel`"
+        " at the two ends, `parallelize_module` distributes it twice and the model comes out with two"
+        " parameters: plangen's runtime re-ties them; NeMo RL's workers and torchtitan-style loops do"
+        " not, and train two copies. Under such a target the two ends take plangen's pair,"
+        " `TiedEmbeddingParallel` and `TiedHeadParallel`, which share the one sharded weight under any"
+        " runtime (`plangen init` writes them)."
+    )
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel, RowwiseParallel\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\nPLANGEN_TARGET = "nemo-rl-v1"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate\n{_TIED_IMPORT}\n\n"
+        'PLANGEN_MODEL = "gemma3_text"\nPLANGEN_TARGET = "nemo-rl-v1"\ncustom_parallel_plan = {\n'
+        '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
+        '    "lm_head": TiedHeadParallel(output_layouts=Replicate()),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        from plangen.module_tree import tied_embeddings
+        from plangen.tied_styles import TiedEmbeddingParallel, TiedHeadParallel
+
+        target = TARGETS[plan.target]
+        tied = None if target.reties else tied_embeddings(plan.model)
+        if tied is None:
+            return
+        (emb_path, head_path), written = tied, {}
+        for path in tied:
+            key = plan.covering.get(path)
+            written[path] = (key, plan.written.get(key) if key is not None else None)
+        (emb_key, emb), (head_key, head) = written[emb_path], written[head_path]
+        if emb is None or head is None:  # one end only: PG211; neither: one replicated weight
+            return
+        if isinstance(emb, TiedEmbeddingParallel) and isinstance(head, TiedHeadParallel):
+            return
+        yield self.finding(
+            f"`{emb_path}` and `{head_path}` share one weight, and {target.name} never re-ties it: these styles"
+            " make two parameters there, trained apart; use TiedEmbeddingParallel and TiedHeadParallel"
+            " (plangen.styles) at the two ends",
+            head_key,
+        )
+
+
+TARGET_RULES: tuple[ModelRule, ...] = (TargetHeadsRule(), TargetRetiesNothingRule())
