@@ -195,3 +195,23 @@ def test_a_hand_written_plan_on_unproven_code_is_applied_with_a_warning_naming_p
     with pytest.warns(UnprovenCodeWarning, match="proven only on other model code .*`plangen prove LlamaForCausalLM`"):
         chosen = choose_plan(model, False)
     assert (chosen.source, chosen.proven) == ("hand-written", False)
+
+
+def test_a_hand_written_plan_that_failed_on_the_installed_code_is_refused(monkeypatch):
+    """transformers 5.25's LongCat-Flash: the hand-written plan's logits off by 1.3e-2 in the sweep on
+    that code. A record of a failure on the installed code refuses the plan (with SP only, where only
+    SP failed), naming the failure; no record still applies it with a warning (the test above)."""
+    from plangen.plans.choice import NoPlanError, UnprovenCodeWarning
+
+    model = meta("llama")
+    failed = {"plan": "hand-written", "tp": False, "sp": False, "error": "tp: tp2 rank 0: logits differs by 1.3e-02"}
+    set_proofs(monkeypatch, {"LlamaForCausalLM": failed})
+    with pytest.raises(NoPlanError, match=r"failed its numerical check on the installed model code: tp: tp2 rank 0: logits"
+                                          r" differs by 1.3e-02 \(transformers .*plangen init LlamaForCausalLM"):
+        choose_plan(model, False)
+    set_proofs(monkeypatch, {"LlamaForCausalLM": {**failed, "tp": True, "error": "sp: flatten refused"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnprovenCodeWarning)
+        assert choose_plan(model, False).proven
+    with pytest.raises(NoPlanError, match="sp: flatten refused .* or sequence_parallel=False, or use TP=1"):
+        choose_plan(model, True)

@@ -146,9 +146,20 @@ def _choose_plan(
     builder = HAND_WRITTEN.get(cls)
     if builder is not None:
         plan = builder(model, sequence_parallel)
-        # Hand-written plans know their class's code: applied on other code, with a warning.
-        proven = proof_for(cls, code) is not None
-        if not proven and not allow_unproven:
+        # Hand-written plans know their class's code: applied on other code, with a warning; never
+        # where the check ran on this very code and failed (another release's model code it does not fit).
+        record = proof_for(cls, code)
+        failure = hand_written_failure(record, sequence_parallel)
+        if failure is not None and not allow_unproven:
+            raise NoPlanError(
+                f"the hand-written plan for {cls} failed its numerical check on the installed model code: {failure};"
+                f" pass a custom_parallel_plan of your own (plangen init {cls}, then plangen verify --run)"
+                + (" or sequence_parallel=False" if sequence_parallel and record.get("tp") is True else "")
+                + ", or use TP=1",
+                (*passed, PassedOver("hand-written", failure)),
+            )
+        proven = record is not None and failure is None
+        if record is None and not allow_unproven:
             warnings.warn(f"the hand-written plan for {cls} is {unproven_code_message(cls)}", UnprovenCodeWarning, stacklevel=3)
         return _chosen(cls, "hand-written", f"hand-written plan registered for {cls}", passed, plan=plan, proven=proven)
     passed.append(PassedOver("hand-written", f"no hand-written plan for {cls}"))
@@ -189,6 +200,19 @@ def _choose_plan(
         reason = f"plan synthesized from the module tree of {cls} (not numerically proven)"
         return _chosen(cls, "synthesized", reason, passed, plan=synthesized, proven=False)
     raise NoPlanError(_no_plan_message(cls, sequence_parallel, allow_unproven, hf_error, synthesis_error), tuple(passed))
+
+
+def hand_written_failure(record: dict | None, sequence_parallel: bool) -> str | None:
+    """Why a hand-written plan's record for the installed code says it fails (with SP, where
+    ``sequence_parallel``), else None (no record: never checked on this code)."""
+    if not isinstance(record, dict) or record.get("plan") != "hand-written":
+        return None
+    failed = record.get("tp") is not True or (sequence_parallel and record.get("sp") is False)
+    if not failed:
+        return None
+    import transformers
+
+    return f"{record.get('error') or 'differs from the unsharded model'} (transformers {transformers.__version__})"
 
 
 def _synthesize(model: "nn.Module", sequence_parallel: bool) -> tuple[Optional[Plan], str]:
