@@ -416,7 +416,7 @@ def build_plan_context(
         "plan_path": _python_path(output),
         "verify_command": shlex.join(["plangen", "verify", str(output)]),
         "relies_on": _wrap_paragraph(reliance(model, plan), DOC_WIDTH),
-        "target_lines": _wrap_paragraph(target_note(target), DOC_WIDTH) if target != "plangen" else [],
+        "target_lines": _wrap_paragraph(target_note(target, type(model).__name__), DOC_WIDTH) if target != "plangen" else [],
         "imports": import_blocks,
         "constants": [
             {"name": "PLANGEN_MODEL", "value": render_value(record_model_spec(resolved, output))},
@@ -434,15 +434,18 @@ def build_plan_context(
     }
 
 
-def target_note(name: str) -> str:
+def target_note(name: str, class_name: str) -> str:
     """The header's paragraph on the runtime the file is for (``plangen init --target``)."""
     from plangen.targets import TARGETS
 
     target = TARGETS[name]
+    own = class_name in target.own_moe_classes
     return (
         f"Target: {target.name}, {target.runtime}. It takes {target.plan_forms}"
         + ("; it never re-ties a tied embedding and head (this file's styles keep them one parameter)" if not target.reties else "")
         + ("; it refuses attention or key/value heads the TP size does not divide" if target.heads_divide_tp else "")
+        + (f". It swaps in MoE code of its own for {class_name}, which refuses tensor parallelism and this"
+           f" plan's keys on experts and routers: set {target.own_code_setting}, which takes this plan" if own else "")
         + ". `plangen verify` checks its rules (PLANGEN_TARGET)."
     )
 

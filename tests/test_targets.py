@@ -17,10 +17,13 @@ CONFIGS = Path(__file__).parent / "data" / "model-configs"
 # The issue's models: dense, tied (Gemma-3-1B: one key/value head), fused, MoE both ways, MLA.
 MODELS = {"llama": "llama", "qwen3": "qwen3", "gemma-3-1b": str(CONFIGS / "gemma-3-1b.json"),
           "qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "deepseek_v3": "deepseek_v3", "phi3": "phi3"}
-# What each runtime refuses of the plans `plangen init` (target plangen) writes for them at TP 2:
-# Gemma-3-1B's one key/value head, under NeMo RL's head checks. Tied embeddings never: the files
-# keep the tie with plangen's pair of styles.
-REFUSED_AT_TP2 = {"nemo-rl-v2": {"gemma-3-1b": "PG216"}, "nemo-rl-v1": {"gemma-3-1b": "PG216"}}
+# What each runtime refuses of the plans `plangen init` (target plangen) writes for them at TP 2, as
+# measured with NeMo Automodel 0.7.0 itself (DP2 x TP2, gloo; docs/nemo-rl.md): Gemma-3-1B's one
+# key/value head under NeMo RL's head checks; under Automodel, Qwen3-MoE and DeepSeek-V3, for which it
+# swaps in its own MoE code (a warning: with force_hf=True it takes the plans). Tied embeddings
+# never: the files keep the tie with plangen's pair of styles.
+REFUSED_AT_TP2 = {"nemo-rl-v2": {"gemma-3-1b": "PG216", "qwen3_moe": "PG217", "deepseek_v3": "PG217"},
+                  "nemo-rl-v1": {"gemma-3-1b": "PG216"}}
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,20 @@ def test_a_split_tie_is_an_error_for_runtimes_that_never_re_tie(tmp_path):
         '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}\n'
     )
     found = {t: [(d.code, d.line, d.col) for d in verify_plan_files([plan], VerifyOptions(target=t)).diagnostics] for t in TARGETS}
-    assert found == {"plangen": [], "nemo-rl-v2": [("PG218", 7, 5)], "nemo-rl-v1": [("PG218", 7, 5)], "torchtitan": [("PG218", 7, 5)]}
+    # NeMo Automodel re-ties after TP (the embedding's weight set on the head), as plangen's runtime does.
+    assert found == {"plangen": [], "nemo-rl-v2": [], "nemo-rl-v1": [("PG218", 7, 5)], "torchtitan": [("PG218", 7, 5)]}
+
+
+def test_init_for_nemo_automodel_says_which_setting_makes_its_moe_plan_apply(tmp_path):
+    result = CliRunner().invoke(app, ["init", "qwen3_moe", "-o", str(tmp_path / "m.py"), "--target", "nemo-rl-v2"])
+    assert result.exit_code == 0, result.output
+    header = " ".join((tmp_path / "m.py").read_text().split('"""')[1].split())
+    assert "It swaps in MoE code of its own for Qwen3MoeForCausalLM" in header and "set force_hf=True" in header
+    report = verify_plan_files([tmp_path / "m.py"])
+    assert {d.code for d in report.diagnostics} == {"PG217"} and not report.failed()  # warnings: --strict fails them
+    assert report.failed(strict=True)
+    keys = sorted(d.message.split()[0] for d in report.diagnostics)
+    assert len(report.diagnostics) == 2, report.diagnostics  # the block's key and the experts' key
 
 
 def test_bad_target_values_are_one_line_usage_errors_or_pg007(tmp_path):
@@ -94,3 +110,12 @@ def test_bad_target_values_are_one_line_usage_errors_or_pg007(tmp_path):
     plan.write_text(plan.read_text().replace("PLANGEN_TP_SIZE = 2", 'PLANGEN_TP_SIZE = 2\nPLANGEN_TARGET = "nemo"'))
     result = runner.invoke(app, ["verify", str(plan)])
     assert result.exit_code == 1 and "PG007" in result.stdout and "PLANGEN_TARGET must be the runtime" in result.stdout
+
+
+def test_the_docs_table_of_targets_is_the_table_of_the_code():
+    from plangen.targets import render_targets_table
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "nemo-rl.md").read_text()
+    start = doc.index("<!-- targets table: plangen.targets.render_targets_table() -->\n")
+    end = doc.index("<!-- end of targets table -->")
+    assert doc[start:end].split("\n", 1)[1] == render_targets_table()

@@ -12,7 +12,7 @@ from typing import Iterator
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.targets import TARGETS, refused_heads
+from plangen.targets import TARGETS, refused_heads, refuses_moe_key
 
 _TIED_IMPORT = "from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel"
 
@@ -70,6 +70,48 @@ class TargetHeadsRule(ModelRule):
         )
 
 
+# --- PG217: keys on routed experts and routers, where the runtime swaps in MoE code of its own ----
+
+
+class TargetOwnMoeCodeRule(ModelRule):
+    code = "PG217"
+    title = "the target runtime swaps in MoE code of its own for this class"
+    explanation = (
+        "NeMo Automodel (NeMo RL's v2 worker) replaces some Hugging Face MoE classes by its own model"
+        " code (0.7.0: Qwen3-MoE and DeepSeek-V3), whose experts are expert-parallel: it refuses TP > 1"
+        " for them outright, and any plan key on their experts or routers (`experts`, `router`, `gate`,"
+        " a block named `mlp` or `moe`). With `force_hf=True` it loads the Hugging Face class, which takes"
+        " this plan as verified. verify cannot see that setting, so this is a warning on each key the"
+        " rule refuses (`--strict` fails it); the file `plangen init --target nemo-rl-v2` writes says so"
+        " in its header."
+    )
+    severity = "warning"
+    wrong = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n"
+        "from plangen.styles import ExpertsParallel\n\n"
+        'PLANGEN_MODEL = "qwen3_moe"\nPLANGEN_TARGET = "nemo-rl-v2"\ncustom_parallel_plan = {\n'
+        '    "model.layers.*.mlp.experts": ExpertsParallel(output_layouts=Replicate()),\n'
+        '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
+    )
+    right = (
+        f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\n"
+        'PLANGEN_MODEL = "qwen3_moe"\nPLANGEN_TARGET = "nemo-rl-v2"\ncustom_parallel_plan = {\n'
+        '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
+    )
+
+    def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
+        target = TARGETS[plan.target]
+        if plan.model_name not in target.own_moe_classes:
+            return
+        for key in plan.written:
+            if refuses_moe_key(key) or any(refuses_moe_key(name) for name in plan.matches.get(key, ())):
+                yield self.finding(
+                    f"{target.name} swaps in its own {plan.model_name} (expert-parallel), which refuses TP and this"
+                    f" key; with {target.own_code_setting} this plan applies as verified",
+                    key,
+                )
+
+
 # --- PG218: a tied pair under a runtime that never re-ties -------------------------------------
 
 
@@ -79,8 +121,8 @@ class TargetRetiesNothingRule(ModelRule):
     explanation = (
         "A tied embedding and head share one weight. With torch's `RowwiseParallel`/`ColwiseParallel`"
         " at the two ends, `parallelize_module` distributes it twice and the model comes out with two"
-        " parameters: plangen's runtime re-ties them; NeMo RL's workers and torchtitan-style loops do"
-        " not, and train two copies. Under such a target the two ends take plangen's pair,"
+        " parameters: plangen's runtime and NeMo Automodel (NeMo RL's v2 worker) re-tie them; NeMo RL's"
+        " v1 worker and torchtitan-style loops do not, and train two copies. Under such a target the two ends take plangen's pair,"
         " `TiedEmbeddingParallel` and `TiedHeadParallel`, which share the one sharded weight under any"
         " runtime (`plangen init` writes them)."
     )
@@ -122,4 +164,4 @@ class TargetRetiesNothingRule(ModelRule):
         )
 
 
-TARGET_RULES: tuple[ModelRule, ...] = (TargetHeadsRule(), TargetRetiesNothingRule())
+TARGET_RULES: tuple[ModelRule, ...] = (TargetHeadsRule(), TargetOwnMoeCodeRule(), TargetRetiesNothingRule())
