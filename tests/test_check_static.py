@@ -171,7 +171,7 @@ RULE_MODULES = {
     "PG0": {"plangen.check.rules_structure"},
     "PG1": {"plangen.check.rules_styles", "plangen.check.rules_placements"},
     "PG2": {"plangen.check.model", "plangen.check.rules_model", "plangen.check.rules_model_regions", "plangen.check.rules_model_norms",
-            "plangen.check.rules_model_flow"},
+            "plangen.check.rules_model_flow", "plangen.check.rules_target"},
     "PG3": {"plangen.check.rules_run"},
 }
 
