@@ -186,6 +186,10 @@ def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | N
     try:
         chosen = choose_plan(model, sequence_parallel=False)
     except NoPlanError as err:
+        from plangen.plans import HAND_WRITTEN
+
+        if arch.class_name in HAND_WRITTEN:  # refused: it failed its check on this code (the row says so)
+            return _hand_written_row(arch, model, record)
         hf_error = next(p.why for p in err.passed_over if p.source == "hf")
         why = _synthesis_note(model, record)
         return CatalogRow(arch.class_name, arch.model_type, "none", False, "n/a",

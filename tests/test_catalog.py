@@ -321,3 +321,18 @@ def test_bloom_shards_its_attention_at_bloom_7b1_size(fake_pg):
     fraction, left = measure_sharded_share(lambda: build_meta_model(config, BloomForCausalLM))
     assert fraction >= 0.999
     assert not [pattern for pattern, _, _ in left if "self_attention" in pattern]
+
+
+def test_a_hand_written_plan_that_failed_on_this_code_is_listed_failed(monkeypatch):
+    """The runtime refuses it (plangen.plans.choice); the listing still shows the class's hand-written
+    plan, its check failed (transformers 5.25.0's LongCat-Flash), not an internal error."""
+    from conftest import set_proofs
+
+    import plangen.plans.proven as P
+
+    set_proofs(monkeypatch, {"LlamaForCausalLM": {"plan": "hand-written", "tp": False, "sp": False, "error": "logits differ"}})
+    monkeypatch.setattr(P, "code_digest", lambda model: "any code")  # set_proofs' records are for "any code"
+    result = CliRunner().invoke(app, ["list", "--format", "json", "LlamaForCausalLM"])
+    assert result.exit_code == 0, result.output
+    (row,) = [r for r in json.loads(result.stdout)["architectures"] if r["class_name"] == "LlamaForCausalLM"]
+    assert (row["plan"], row["check"]) == ("hand-written", "failed"), row
