@@ -125,7 +125,7 @@ def _run_on_fake_group(
         except Exception as error:  # noqa: BLE001
             return FakeRunFailure("backward", one_line(error, part="first", with_type=True), batch_split(recorder))
         missing, shapes = _gradient_shapes(reference, sharded)
-    missing = [name for name in missing if not _routed_by_values(styles, name)]
+    missing = [name for name in missing if not _routed_by_values(reference, name)]
     if missing:
         return FakeRunFailure("backward", f"`{missing[0]}` gets no gradient", key_for_module(styles, missing[0].rpartition(".")[0]))
     if shapes:
@@ -136,17 +136,15 @@ def _run_on_fake_group(
     return None
 
 
-def _routed_by_values(styles: Mapping[str, "ParallelStyle"], name: str) -> bool:
-    """Whether parameter ``name`` belongs to routed experts (a style that splits them over TP): on a
-    fake group a collective's output holds no values, the router picks from whatever it holds, and
-    which experts run (any, where a router also has zero-compute experts: LongCat-Flash, on torch
-    2.11, whose fake group leaves outputs uninitialised) follows those values. Whether they get a
-    gradient is level 3's to check, with real values."""
-    from plangen.flat_expert_styles import FlatExpertsParallel
-    from plangen.moe_styles import ExpertsParallel
+def _routed_by_values(model: "nn.Module", name: str) -> bool:
+    """Whether parameter ``name`` belongs to routed experts (packed or flat, however split): on a fake
+    group a collective's output holds no values, the router picks from whatever it holds, and which
+    experts run (any, where a router also has zero-compute experts: LongCat-Flash, on torch 2.11,
+    whose fake group leaves outputs uninitialised) follows those values. Whether they get a gradient
+    is level 3's to check, with real values."""
+    from plangen.style_facts import EXPERTS, FLAT_EXPERTS, module_kind
 
-    key = key_for_module(styles, name.rpartition(".")[0])
-    return key is not None and isinstance(styles.get(key), (ExpertsParallel, FlatExpertsParallel))
+    return module_kind(model.get_submodule(name.rpartition(".")[0])) in (EXPERTS, FLAT_EXPERTS)
 
 
 def _gradient_shapes(reference: "nn.Module", sharded: "nn.Module") -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
