@@ -132,11 +132,12 @@ def _collective_holds(func: Any, args: Any, out: Any) -> tuple[int, ...]:
     gloo's worker thread keeps a work (and its tensors) until the end of its loop iteration, a moment
     after the caller's wait returns: on a busy machine a real rank can still hold them when the trace
     has freed them (plangen.cost.validate.held_by_gloo)."""
-    import torch
-    from plangen.compat import tree_leaves
-
+    # On every op the tracker sees: the cheap test first.
     if getattr(func, "namespace", None) not in ("c10d", "_c10d_functional") or "wait" in func.__name__:
         return ()
+    import torch
+
+    from plangen.compat import tree_leaves
 
     def distinct(values: Any) -> dict[int, int]:
         # By storage (fake tensors have no data pointer): a view and its base are held once.

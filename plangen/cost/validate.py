@@ -254,8 +254,9 @@ def _may_hold(held: dict[str, set[int]], phase: str) -> set[int]:
     +2 KiB activations at backward's peak, the loss's two 1 KiB statistics)."""
     from plangen.cost.peak import PHASES
 
-    before = PHASES[: PHASES.index(phase)][-1:]
-    return held.get(phase, set()).union(*(held.get(p, set()) for p in before))
+    index = PHASES.index(phase)
+    previous = held.get(PHASES[index - 1], set()) if index else set()
+    return held.get(phase, set()) | previous
 
 
 def _is_router(module: Any) -> bool:
