@@ -18,14 +18,20 @@ _TIED_IMPORT = "from plangen.styles import TiedEmbeddingParallel, TiedHeadParall
 
 
 def _attention_key(plan: ModelPlan, kv: bool) -> str | None:
-    """The written key covering the first key/value projection (``kv``) or query projection."""
-    ends = ("k_proj", "v_proj", "key", "value", "kv_proj", "qkv_proj", "query_key_value", "c_attn") if kv else (
-        "q_proj", "query", "qkv_proj", "query_key_value", "c_attn")
-    for name in plan.modules:
-        if name.rpartition(".")[2] in ends:
-            key = plan.covering.get(name)
-            if key in plan.written:
-                return key
+    """The written key of the first attention's key/value projection (``kv``) or query projection:
+    the first of its children whose output is that many heads wide, else its first child with a
+    written key (a packed projection), else None (the finding goes on the plan)."""
+    from plangen.module_facts import attention_head_counts
+
+    for name, module in plan.modules.items():
+        counts = attention_head_counts(module)
+        if counts is None:
+            continue
+        heads, kv_heads, head_dim = counts
+        keyed = [(n, m) for n, m in plan.modules.items() if n.startswith(name + ".") and plan.covering.get(n) in plan.written]
+        exact = [n for n, m in keyed if getattr(m, "out_features", None) == (kv_heads if kv else heads) * head_dim]
+        chosen = exact or [n for n, _ in keyed]
+        return plan.covering[chosen[0]] if chosen else None
     return None
 
 
