@@ -44,6 +44,10 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+# What MODEL may be, for every command that takes one (plangen.models.resolve_model reads them).
+MODEL_HELP = "A model_type (llama), a class (LlamaForCausalLM), a config.json or its folder, or a cached hub id."
+
+
 @app.callback()
 def _root(
     version: bool = typer.Option(
@@ -58,7 +62,7 @@ def init(
     model: str = typer.Argument(
         ...,
         metavar="MODEL",
-        help="A model_type (llama), a class (LlamaForCausalLM), a config.json or its folder, or a cached hub id.",
+        help=MODEL_HELP,
         show_default=False,
     ),
     output: str | None = typer.Option(
@@ -358,7 +362,7 @@ def prove(
     model: str = typer.Argument(
         ...,
         metavar="MODEL",
-        help="A model_type (llama), a class (LlamaForCausalLM), a config.json or its folder, or a cached hub id.",
+        help=MODEL_HELP,
         show_default=False,
     ),
     timeout: float = typer.Option(600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of the runs."),
