@@ -96,13 +96,15 @@ class _CountOnceWhereRead(TorchFunctionMode):
         super().__init__()
         self.weight, self.mesh, self.converted = weight, mesh, []
 
+    def _is_weight(self, value: Any) -> bool:
+        return value is self.weight() or any(value is c for c in self.converted)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        reads = lambda t: t is self.weight() or any(t is c for c in self.converted)  # noqa: E731
-        if func is torch.nn.functional.linear and len(args) >= 2 and reads(args[1]) and torch.is_grad_enabled():
+        if func is torch.nn.functional.linear and len(args) >= 2 and self._is_weight(args[1]) and torch.is_grad_enabled():
             return func(grad_once(args[0], self.mesh), *args[1:], **kwargs)
         out = func(*args, **kwargs)
-        if func in self.CONVERSIONS and args and reads(args[0]):
+        if func in self.CONVERSIONS and args and self._is_weight(args[0]):
             self.converted.append(out)  # held for the forward: identity, not an id a freed tensor could reuse
         return out
 
