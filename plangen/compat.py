@@ -26,7 +26,9 @@ package and fails where another module names one. What differs, and how each is 
   replicated weights on each rank's rows, the weight gradient left ``Partial`` as DTensor leaves
   it (no collective either way): LoRA's replicated ``lora_B`` after a row-parallel ``lora_A``
   under SP. A model whose own code flattens a sequence-sharded tensor (Gemma 4 under SP) cannot
-  run on 2.11: torch's error; its tests skip there.
+  run on 2.11: torch's error; its tests skip there. Nor does 2.11 compute on a ``_StridedShard``
+  operand (:data:`COMPUTES_ON_STRIDED_SHARD`): the packed styles of Hugging Face plans
+  (``packed_colwise``/``packed_rowwise``) refuse there, naming plangen's fused styles.
 - Private names used as they are, on every release: ``_StridedShard`` (:data:`StridedShard`,
   :func:`strided_shard`), a DTensor's ``_local_tensor`` (:func:`local_tensor`), funcol's
   ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
@@ -157,6 +159,10 @@ SHARD_TO_PARTIAL_SUM = TORCH_VERSION >= (2, 15)
 
 # DTensor flattens a sharded dim into the dims before it (a _StridedShard; refused before 2.13).
 FLATTENS_SHARDED_DIM = TORCH_VERSION >= (2, 13)
+
+# DTensor computes on a _StridedShard operand (a linear with a packed [gate; up] weight sharded part
+# by part). 2.11 cannot order its shards ("unable to be interpreted into a corresponding shard_order").
+COMPUTES_ON_STRIDED_SHARD = TORCH_VERSION >= (2, 13)
 
 
 def is_row_sharded(x: Any) -> bool:

@@ -1,10 +1,11 @@
 """A model's own Hugging Face tensor-parallel plan, as transformers composes it, as plangen data.
 
-transformers (5.x) composes a model's plan in ``post_init`` (``DistributedMixin.init_parallel_plans``):
+transformers (5.x) composes a model's plan in ``post_init`` (5.24.0 on: ``DistributedMixin.init_parallel_plans``):
 the class ``_tp_plan`` (``{"lm_head": "colwise_gather_output"}``), then, on the base model, the
 config's ``base_model_tp_plan`` preceded by ``embed_tokens: embedding_rowwise`` when the model has
 an ``nn.Embedding`` of that name and no rule for it, then every child's composed plan under the
-child's attribute name. The result is the instance's ``tp_plan``, keyed by module paths with ``*``
+child's attribute name. 5.5.x and 5.8.x compose the config's plan and the children's only
+(:func:`plangen.transformers_compat.plan_composes_head_and_embedding`). The result is the instance's ``tp_plan``, keyed by module paths with ``*``
 for layer numbers: ``model.layers.*.self_attn.q_proj`` for ``LlamaForCausalLM``,
 ``model.language_model.layers.*...`` for Gemma3 / Qwen2-VL / Llava / Mistral3 conditional models.
 
@@ -25,6 +26,7 @@ from plangen.models import text_config
 from plangen.module_tree import generalize
 from plangen.plan import Plan, PlanEntry, build_parallel_styles
 from plangen.styles import UnsupportedStyleError, resolve_hf_style
+from plangen.transformers_compat import plan_composes_head_and_embedding
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -47,10 +49,11 @@ def _stored_or_composed_plan(module: nn.Module) -> dict[str, str] | None:
 
 def compose_hf_tp_plan(model: nn.Module) -> dict[str, str]:
     """The TP plan transformers' ``post_init`` composes for ``model``, from its class, config and children."""
-    plan = dict(getattr(type(model), "_tp_plan", None) or {})
+    with_head_and_embedding = plan_composes_head_and_embedding()
+    plan = dict(getattr(type(model), "_tp_plan", None) or {}) if with_head_and_embedding else {}
     if _is_pretrained_model(model) and model.base_model is model:
         plan.update(getattr(model.config, "base_model_tp_plan", None) or {})
-        if plan and isinstance(getattr(model, "embed_tokens", None), nn.Embedding):
+        if with_head_and_embedding and plan and isinstance(getattr(model, "embed_tokens", None), nn.Embedding):
             plan = {"embed_tokens": "embedding_rowwise", **plan}
     for name, child in model.named_children():
         child_plan = _stored_or_composed_plan(child)

@@ -79,6 +79,12 @@ def _strided_shard(dim: int, split_factor: int) -> Placement:
 
 
 def _check_packed(param: torch.Tensor, dim: int, split_factor: int, device_mesh: DeviceMesh, what: str) -> None:
+    if not compat.COMPUTES_ON_STRIDED_SHARD:
+        raise ValueError(
+            f"{what}: torch {torch.__version__}'s DTensor cannot compute on a packed (_StridedShard) layout "
+            "(torch 2.13 on can): use plangen's FusedColwiseParallel(part_sizes=(1, 1)) and RowwiseParallel, "
+            "whose weights are plain shards"
+        )
     # Uneven strided shards would mix the packed parts on the last rank: refuse instead.
     parts = split_factor * device_mesh.size()
     if param.shape[dim] % parts:

@@ -58,6 +58,14 @@ from a version number alone, and is written down per release as found in each on
   reads a child's weight itself; the style then counts the input of each ``F.linear`` on that
   weight once (:func:`plangen.tp_sums.count_once_where_weight_is_read`).
 
+* **The Hugging Face plan's composition.** From the release with ``transformers.distributed``'s
+  ``DistributedMixin`` (5.24.0 on), ``post_init`` starts a model's plan from its class ``_tp_plan``
+  (``{"lm_head": "colwise_gather_output"}``) and puts ``embed_tokens: embedding_rowwise`` before the
+  base model's config plan. 5.5.x and 5.8.x compose the config's plan and the children's only: their
+  own TP leaves the head and the embedding whole. :func:`plan_composes_head_and_embedding` says which;
+  :func:`plangen.hf_plan.compose_hf_tp_plan` mirrors the installed one, so the "hf" tier is the plan
+  the installed transformers would apply. The plan utilities moved too (:func:`hf_parallel_utils`).
+
 Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
 shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
 :mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
@@ -72,6 +80,28 @@ from typing import Any
 
 # The Mamba/attention kinds' older names (5.5.x-5.8.x), as transformers' remap (5.24.0 on) maps them.
 LEGACY_LAYER_KINDS = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+@functools.cache
+def plan_composes_head_and_embedding() -> bool:
+    """Whether the installed transformers' ``post_init`` adds the class ``_tp_plan`` (the head) and
+    ``embed_tokens: embedding_rowwise`` to a model's TP plan (its ``DistributedMixin``)."""
+    try:
+        from transformers.distributed.mixin import DistributedMixin
+    except ImportError:
+        return False
+    return hasattr(DistributedMixin, "init_parallel_plans")
+
+
+def hf_parallel_utils() -> Any:
+    """The installed transformers' module of TP plan utilities (``ALL_PARALLEL_STYLES``,
+    ``replace_layer_number_by_wildcard``): ``transformers.distributed.parallel_utils`` from 5.24.0,
+    ``transformers.integrations.tensor_parallel`` before."""
+    try:
+        from transformers.distributed import parallel_utils
+    except ImportError:
+        from transformers.integrations import tensor_parallel as parallel_utils
+    return parallel_utils
 
 
 @functools.cache

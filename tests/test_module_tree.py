@@ -111,7 +111,9 @@ def test_generalize_turns_every_index_segment_into_a_star(path, expected):
 
 
 def test_generalize_agrees_with_transformers_wildcards_on_the_paths_models_have():
-    from transformers.distributed.parallel_utils import replace_layer_number_by_wildcard
+    from plangen.transformers_compat import hf_parallel_utils
+
+    replace_layer_number_by_wildcard = hf_parallel_utils().replace_layer_number_by_wildcard
 
     names = [name for name, _ in Tiny().named_modules()] + [name for name, _ in Tiny().named_parameters()]
     names += ["model.language_model.layers.5.self_attn.q_proj", "model.layers.2.mlp.experts.7.down_proj"]
