@@ -27,16 +27,19 @@ class DistributedRunError(RuntimeError):
     """A worker failed or the run exceeded its deadline."""
 
 
-def run_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0) -> list[Any]:
+def run_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *,
+                    python: str | None = None) -> list[Any]:
     """Run ``target(payload)`` on ``world_size`` gloo ranks; return each rank's result."""
-    return start_distributed(target, world_size, payload, timeout).result()
+    return start_distributed(target, world_size, payload, timeout, python=python).result()
 
 
-def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *, nice: int = 0) -> "Launch":
+def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *, nice: int = 0,
+                      python: str | None = None) -> "Launch":
     """Start ``target(payload)`` on ``world_size`` gloo ranks in the background; ``result()`` waits.
 
-    ``nice`` lowers the ranks' priority: work in the foreground keeps its core, the ranks take the rest."""
-    return Launch(target, world_size, payload, timeout, nice=nice)
+    ``nice`` lowers the ranks' priority: work in the foreground keeps its core, the ranks take the rest.
+    ``python``: the interpreter the ranks run in (default: this one); plangen must import there."""
+    return Launch(target, world_size, payload, timeout, nice=nice, python=python)
 
 
 def lower_priority(nice: int) -> None:
@@ -57,12 +60,13 @@ def lower_priority(nice: int) -> None:
 class Launch:
     """A run on gloo ranks, started at construction; ``result()`` is each rank's result, in order."""
 
-    def __init__(self, target: str, world_size: int, payload: Any, timeout: float, *, nice: int = 0) -> None:
+    def __init__(self, target: str, world_size: int, payload: Any, timeout: float, *, nice: int = 0,
+                 python: str | None = None) -> None:
         self.target, self.world_size, self.timeout = target, world_size, timeout
         self._tmp = tempfile.TemporaryDirectory(prefix="plangen-run-")
         self._out = Path(self._tmp.name)
         (self._out / "payload.json").write_text(json.dumps(payload))
-        cmd = [sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout)]
+        cmd = [python or sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout)]
         self._deadline = time.monotonic() + timeout + 30  # the launcher's own deadline comes first
         # The ranks' output goes to a file: a pipe nobody reads until result() would fill and block them.
         self._log = open(self._out / "launch.log", "w+")
