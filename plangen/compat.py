@@ -269,6 +269,13 @@ def fake_tensor_mode_class() -> type:
     return FakeTensorMode
 
 
+def is_fake(tensor: Any) -> bool:
+    """``tensor`` is a fake tensor (a shape-only trace: ``plangen cost``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
 @contextmanager
 def no_dispatch_modes() -> Iterator[None]:
     """Outside every active dispatch mode (a memory tracker's, a fake mode's)."""

@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen import compat
 from plangen.transformers_compat import experts_take_sentinels, experts_unproven_reason
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
@@ -257,7 +258,7 @@ class ExpertsParallel(ParallelStyle):
             if local is not None:
                 off_rank = torch.div(index, local, rounding_mode="floor") != rank
                 if compact:
-                    hidden, index, weights = _own_routes(hidden, index, weights, off_rank, local, routes)
+                    hidden, index, weights = _own_routes(hidden, index, weights, off_rank, local, device_mesh.size(), routes)
                 else:
                     index = torch.where(off_rank, torch.full_like(index, local), index % local)
                     weights = weights.masked_fill(off_rank, 0.0)
@@ -294,10 +295,16 @@ class ExpertsParallel(ParallelStyle):
 
 
 def _own_routes(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, off_rank: torch.Tensor,
-                local: int, routes: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                local: int, ranks: int, routes: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's (token, expert) routes as a batch of one route per row: the hidden state of each
     route's token, its local expert id and its weight (``routes`` keeps where to scatter them back)."""
-    token, slot = (~off_rank).reshape(-1, index.shape[-1]).nonzero(as_tuple=True)
+    own = (~off_rank).reshape(-1, index.shape[-1])
+    if compat.is_fake(own):
+        # A shape-only trace (plangen cost) has no routing: this rank's experts take their even share
+        # of the routes, the number a fixed-size nonzero gives (how many routes they take is data).
+        token, slot = torch.nonzero_static(own, size=-(-own.numel() // ranks)).unbind(-1)
+    else:
+        token, slot = own.nonzero(as_tuple=True)
     flat = hidden.reshape(-1, hidden.shape[-1])
     routes.update(token=token, shape=hidden.shape)
     ids = index.reshape(-1, index.shape[-1])[token, slot] % local
