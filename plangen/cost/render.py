@@ -9,6 +9,7 @@ from typing import Any
 
 from plangen.cost.data import CostReport, PlanCost
 from plangen.cost.memory import ADAMW_STATES
+from plangen.cost.units import format_bytes
 
 SCHEMA = "plangen.cost/1"
 SENT_NOTE = (
@@ -18,15 +19,6 @@ SENT_NOTE = (
     "Lq and Lkv latent attention's ranks, E routed experts, k experts per token, P the prompt tokens a model "
     "prepends itself, L the decoder layers, Hp the per-layer input width (hidden_size_per_layer_input)."
 )
-
-
-def format_bytes(n: float) -> str:
-    """Binary units, three significant figures: ``1.50 GiB``, ``812 MiB``, ``0 B``."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
-    return f"{n:.0f} B"
 
 
 def ratio(value: float, first: float) -> float | None:
@@ -223,6 +215,13 @@ def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
                 "phases": {p.phase: p.breakdown.total for p in r.phases},
                 "fits": None if gpu_bytes is None else r.margin(gpu_bytes) >= 0,
                 "margin_bytes": None if gpu_bytes is None else r.margin(gpu_bytes),
+                # Depths traced where the step was extrapolated to "layers"; null where every layer was.
+                "extrapolated_from": list(r.extrapolated_from) or None,
+                "timeline": [
+                    {"phase": p.phase, "place": p.place, "layer": p.layer, "module": p.module,
+                     "bytes": p.breakdown.total, **dict(p.breakdown.items())}
+                    for p in r.timeline
+                ],
             }
             for r in reports
         ],
@@ -244,3 +243,13 @@ def render_fit_text(search) -> str:
         lines.append("no layout fits")
     lines += [f"skipped {reason}" for reason in search.skipped]
     return "\n".join(lines) + "\n"
+
+
+def build_fit_json(search) -> dict[str, Any]:
+    """``--fit --format json``: every layout traced, in the table's order."""
+    return {
+        "schema": "plangen.cost.fit/1",
+        "model": search.model, "world_size": search.world_size, "gpu_memory_bytes": search.gpu_bytes,
+        "layouts": [{**asdict(layout), "fits": layout.fits} for layout in search.layouts],
+        "skipped": list(search.skipped),
+    }
