@@ -87,6 +87,24 @@ def place_of(layer: int | None) -> str:
     return "before" if layer is None else "after" if layer == AFTER_LAYERS else "layer"
 
 
+# A moment outside every module of the model, by phase and place.
+_OUTSIDE_MODULES = {
+    ("forward", "before"): "before the model's modules",
+    ("forward", "layer"): "between the decoder layers",
+    ("forward", "after"): "after the model's modules (the loss)",
+    ("backward", "before"): "before the output head's backward (the loss's)",
+    ("backward", "layer"): "between the decoder layers' backward",
+    ("backward", "after"): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
+}
+
+
+def where_in_step(phase: str, module: str, place: str) -> str:
+    """Where a peak is, in words: the innermost module running, else the moment of the step."""
+    if phase == "optimizer":
+        return "optimizer.step()"
+    return module or _OUTSIDE_MODULES.get((phase, place), "outside the model's modules")
+
+
 def phase_peak(phase: str, layer: int | None, module: str, breakdown: Breakdown, tracked_total: int) -> PhasePeak:
     """The peak of ``phase`` recorded at ``layer`` (an index, None before the layers, AFTER_LAYERS after)."""
     place = place_of(layer)

@@ -9,7 +9,7 @@ from typing import Any
 
 from plangen.cost.data import CostReport, PlanCost
 from plangen.cost.memory import ADAMW_STATES
-from plangen.cost.units import format_bytes
+from plangen.cost.units import format_bytes, format_margin
 
 SCHEMA = "plangen.cost/1"
 SENT_NOTE = (
@@ -163,19 +163,10 @@ def render_cost_json(report: CostReport) -> str:
 # --peak
 
 
-# A moment outside every module of the model, by phase and place (plangen.cost.peak.PhasePeak.place).
-_OUTSIDE_MODULES = {
-    ("forward", "before"): "before the model's modules",
-    ("forward", "layer"): "between the decoder layers",
-    ("forward", "after"): "after the model's modules (the loss)",
-    ("backward", "before"): "before the output head's backward (the loss's)",
-    ("backward", "layer"): "between the decoder layers' backward",
-    ("backward", "after"): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
-}
-
-
 def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     """Each plan's peak per rank, split by kind, each phase's peak, and the verdict for ``gpu_bytes``."""
+    from plangen.cost.peak import where_in_step
+
     first = reports[0]
     s = first.settings
     lines = [
@@ -186,7 +177,7 @@ def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     ]
     for report in reports:
         peak = report.peak
-        where = "optimizer.step()" if peak.phase == "optimizer" else peak.module or _OUTSIDE_MODULES.get((peak.phase, peak.place), "outside the model's modules")
+        where = where_in_step(peak.phase, peak.module, peak.place)
         lines += ["", f"plan {report.plan}: peak {format_bytes(peak.breakdown.total)} in {peak.phase}, {where} "
                       f"(traced in {report.seconds:.1f} s)"]
         lines += [f"  {name:<12} {format_bytes(value):>11}" for name, value in peak.breakdown.items()]
@@ -194,8 +185,7 @@ def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
         if gpu_bytes is not None:
             margin = report.margin(gpu_bytes)
             verdict = "fits" if margin >= 0 else "does not fit"
-            lines.append(f"  {verdict} in {format_bytes(gpu_bytes)}: {'margin' if margin >= 0 else 'short by'} "
-                         f"{format_bytes(abs(margin))}")
+            lines.append(f"  {verdict} in {format_bytes(gpu_bytes)}: {format_margin(margin)}")
     lines += [f"note: {note}" for note in first.notes]
     return "\n".join(lines) + "\n"
 
@@ -211,7 +201,7 @@ def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
             {
                 "name": r.plan, "seconds": round(r.seconds, 2),
                 "peak": {"bytes": r.peak.breakdown.total, "phase": r.peak.phase, "module": r.peak.module,
-                         **dict(r.peak.breakdown.items())},
+                         "place": r.peak.place, **dict(r.peak.breakdown.items())},
                 "phases": {p.phase: p.breakdown.total for p in r.phases},
                 "fits": None if gpu_bytes is None else r.margin(gpu_bytes) >= 0,
                 "margin_bytes": None if gpu_bytes is None else r.margin(gpu_bytes),

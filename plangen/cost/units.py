@@ -10,3 +10,8 @@ def format_bytes(n: float) -> str:
             value = n / size
             return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
     return f"{n:.0f} B"
+
+
+def format_margin(margin: int) -> str:
+    """What a GPU has left at the peak: ``margin 5.85 GiB``, or ``short by 1.2 GiB`` where it does not fit."""
+    return f"margin {format_bytes(margin)}" if margin >= 0 else f"short by {format_bytes(-margin)}"
