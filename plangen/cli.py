@@ -265,6 +265,11 @@ def cost(
         False, "--fit", help="Trace every TP x DP layout of --world-size (SP, checkpointing): those that fit --gpu-memory."
     ),
     world_size: int | None = typer.Option(None, "--world-size", metavar="N", help="With --fit: the ranks to lay out."),
+    plot: str | None = typer.Option(
+        None, "--plot", metavar="FILE",
+        help="With --peak: the step's memory over time, per plan; with --fit: each layout's peak and TP traffic. "
+        "FILE.png, .svg or .html (one self-contained page); needs the plot extra: pip install 'plangen[plot]'.",
+    ),
 ) -> None:
     """What a plan costs per rank (weights, gradients, AdamW) and per step (every collective, TP and FSDP2).
 
@@ -274,8 +279,18 @@ def cost(
     """
     if output_format not in ("text", "json"):
         fail("--format must be one of: text, json")
+    if plot is not None and not (peak or fit):
+        fail("--plot needs --peak or --fit")
+    if plot is not None:
+        from plangen.cost.plot import check_plot_path
+        from plangen.cost.settings import CostError
+
+        try:  # before anything is traced: a trace takes minutes
+            check_plot_path(plot)
+        except CostError as error:
+            fail(str(error))
     if fit:
-        _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype)
+        _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype, output_format, plot)
         return
     if world_size is not None:
         fail("--world-size needs --fit")
@@ -283,7 +298,7 @@ def cost(
         fail("--gpu-memory, --activation-checkpointing and --every-layer need --peak")
     if peak:
         _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
-                   sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer)
+                   sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer, plot)
         return
     # Heavy imports only here: torch, transformers and a fake process group for the measurements.
     import shutil
@@ -399,7 +414,7 @@ def prove(
 
 
 def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
-               sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer) -> None:
+               sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer, plot) -> None:
     """``plangen cost --peak``: the subject plan and each --compare alternative, traced with fake tensors."""
     import json
 
@@ -434,9 +449,28 @@ def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, d
         typer.echo(json.dumps(build_peak_json(reports, gpu_bytes), indent=2))
     else:
         typer.echo(render_peak_text(reports, gpu_bytes), nl=False)
+    if plot is not None:
+        from plangen.cost.plot import write_peak_plot
+
+        _write_plot(write_peak_plot, plot, [build_peak_json(reports, gpu_bytes)])
 
 
-def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype) -> None:
+def _write_plot(write: Callable, path: str, documents) -> None:
+    """``write(path, documents)``, the --plot of what was just printed; its line on stderr (stdout
+    keeps the JSON alone)."""
+    from plangen.cost.settings import CostError
+
+    try:
+        write(path, documents)
+    except CostError as error:
+        fail(str(error))
+    except Exception as error:  # one line for the user, as for every error of this CLI
+        fail(f"internal error while plotting: {type(error).__name__}: {error}")
+    typer.echo(f"plangen: wrote {path}", err=True)
+
+
+def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype, output_format,
+              plot) -> None:
     """``plangen cost --fit``: the TP x DP layouts of --world-size that fit --gpu-memory."""
     from plangen.cost.peak import parse_memory
     from plangen.cost.settings import CostError
@@ -448,7 +482,7 @@ def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype
     except CostError as error:
         fail(str(error))
     from plangen.cost.fit import search_layouts
-    from plangen.cost.render import render_fit_text
+    from plangen.cost.render import build_fit_json, render_fit_text
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -459,7 +493,16 @@ def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype
         fail(str(error))
     except Exception as error:  # one line for the user, as for every error of this CLI
         fail(f"internal error while searching layouts: {type(error).__name__}: {error}")
-    typer.echo(render_fit_text(search), nl=False)
+    if output_format == "json":
+        import json
+
+        typer.echo(json.dumps(build_fit_json(search), indent=2))
+    else:
+        typer.echo(render_fit_text(search), nl=False)
+    if plot is not None:
+        from plangen.cost.plot import write_fit_plot
+
+        _write_plot(write_fit_plot, plot, build_fit_json(search))
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ the target's name (``os.replace`` over an old file, ``os.link`` for a new one, s
 appears meanwhile is not overwritten). A replaced file's content is kept beside it as
 ``<name>.bak``; a new file gets the permissions the umask allows, a replaced one keeps its own.
 Every failure is a one-line :class:`plangen.render.InitError`, and leaves no temporary file and no
-directory this call created.
+directory this call created. :func:`replace_file` writes other outputs (plots) the same way,
+replacing what is there.
 """
 
 from __future__ import annotations
@@ -83,11 +84,7 @@ def write_plan_file(path: Path | str, text: str, *, force: bool = False) -> Writ
     created = _make_parents(path.parent)
     tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp = _synced_temporary(path, data)
         backup = None
         if exists:
             os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
@@ -114,6 +111,36 @@ def write_plan_file(path: Path | str, text: str, *, force: bool = False) -> Writ
                     directory.rmdir()
                 except OSError:
                     break
+
+
+def replace_file(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, replacing a file there: for outputs made whole each
+    time (plots), where the previous one is not kept. A new file gets the permissions the umask
+    allows, a replaced one keeps its own. Raises :class:`OSError`; leaves no temporary file."""
+    path = Path(path)
+    tmp: str | None = _synced_temporary(path, data)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() else 0o666 & ~_umask()
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _synced_temporary(path: Path, data: bytes) -> str:
+    """A temporary file beside ``path`` holding ``data``, synced: it can take the name at once."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
 
 
 def backup_path(path: Path) -> Path:

@@ -270,6 +270,8 @@ def test_extrapolation_fits_each_place_exactly_and_refuses_what_is_not_linear():
     assert fitted[("backward", 1)] == {"x": 4000 + 100 * 80 - 10}
     assert fitted[("backward", 78)] == {"x": 4000 + 100 * 80 - 780}
     assert fitted[("backward", 79)] == {"x": 4000 + 100 * 80 - 790}
+    # Every layer, for the timeline of the step (plangen.cost.plot), each on the same line.
+    assert [fitted[("backward", k)]["x"] for k in range(1, 79)] == [4000 + 100 * 80 - 10 * k for k in range(1, 79)]
     bent = _linear_samples()
     bent[5][("backward", 2)]["x"] += 1  # one byte off the line, on a point the fit does not use
     assert extrapolate(bent, 80) is None
@@ -360,6 +362,10 @@ def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg
     assert [(p.phase, p.breakdown, p.tracked_total) for p in fast.phases] == [
         (p.phase, p.breakdown, p.tracked_total) for p in full.phases
     ]
+    # The timeline too: every stretch of the step at the full depth, in step order, labelled alike.
+    assert (fast.extrapolated_from, full.extrapolated_from) == ((3, 4, 5), ())
+    assert fast.timeline == full.timeline and len(full.timeline) == 2 * 6 + 5
+    assert [p.layer for p in full.timeline if p.place == "layer"] == [*range(6), *reversed(range(6))]
     # The CLI's --every-layer is the same full trace.
     from typer.testing import CliRunner
 

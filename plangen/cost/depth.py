@@ -14,8 +14,10 @@ depths 3, 4 and 5, exactly (in bytes), and checked on the points the fit does no
 layer every moment grows alike (what differs between them is the layer's own work); the places
 apart from the layers hold moments that grow alike too once FSDP2's post-backward callbacks are
 filed under backward (they hold every gradient, as the embedding's backward does), not forward
-(which, after the head, holds every activation: the two would cross as the model deepens); the peak at the model's depth is the highest of the first layer, the
-last, the interior at both ends (linear in ``K``: its maximum is at an end) and the outside.
+(which, after the head, holds every activation: the two would cross as the model deepens). Every
+place is evaluated at the model's depth, each interior layer too (a timeline draws them); the peak
+is the highest of the first layer, the last, the interior at both ends (linear in ``K``: its maximum
+is at an end) and the outside.
 
 A single peak per phase cannot be extrapolated: which moment is highest changes with the depth
 (Llama-3.2-1B: with few layers backward peaks in the head, with many in layer 0, gradients
@@ -86,7 +88,7 @@ def place(layer: int | None, depth: int) -> str | int:
 def extrapolate(
     samples: Mapping[int, Mapping[tuple[str, int | None], Mapping[str, int]]], depth: int
 ) -> dict[tuple[str, int | None], dict[str, int]] | None:
-    """Each phase's values at the candidate places of a model of ``depth`` layers, from ``samples``
+    """Each phase's values at every place of a model of ``depth`` layers (each of its layers), from ``samples``
     (traced depth -> (phase, layer index, None before the layers, -1 after them) -> named byte
     counts); None where the samples are not exactly linear as the module docstring says, or a
     place is missing at some depth."""
@@ -109,32 +111,33 @@ def extrapolate(
             continue
         if any(v is None for v in interior.values()):
             return None
-        for k in (1, depth - 2):
-            fitted = _fit_depth_and_layer(interior, depth, k)
-            if fitted is None:
-                return None
-            result[(phase, k)] = fitted
+        at = _fit_depth_and_layer(interior)
+        if at is None:
+            return None
+        # Every interior layer, not only the ends where the peak must be: a timeline of the step
+        # draws each one (plangen.cost.plot).
+        for k in range(1, depth - 1):
+            result[(phase, k)] = at(depth, k)
     return result
 
 
 def traced_layer(layer: int | None, layers: int, traced: int) -> int | None:
-    """The layer of a ``traced``-layer model that stands where ``layer`` of a ``layers``-layer one does."""
+    """The layer of a ``traced``-layer model that stands where ``layer`` of a ``layers``-layer one
+    does: the first and the last two apart, any other interior layer as one of the traced interior."""
     if layer is None or layer in (0, AFTER_LAYERS):
         return layer
-    return traced - 1 if layer == layers - 1 else traced - 2 if layer == layers - 2 else layer
+    if layer >= layers - 2:
+        return traced - (layers - layer)
+    return min(layer, traced - 3)
 
 
-def renumber_module(module: str, traced: int, layers: int) -> str:
-    """``model.layers.4.mlp`` of the 5-layer trace as the ``layers``-layer model names it (the last
-    layers counted from the end). Only a label: under checkpointing torch's module tracker may name
-    another layer than the one whose backward runs."""
+def renumber_module(module: str, traced: int, layer: int) -> str:
+    """``model.layers.2.mlp``, traced in layer ``traced``, as layer ``layer`` of the real model names
+    it. Only a label: under checkpointing torch's module tracker may name another layer than the one
+    whose backward runs."""
     import re
 
-    def renumber(match: "re.Match[str]") -> str:
-        i = int(match.group(1))
-        return f".{layers - (traced - i)}" if i >= traced - 2 else match.group(0)
-
-    return re.sub(r"\.(\d+)(?=\.|$)", renumber, module, count=1)
+    return re.sub(rf"\.{traced}(?=\.|$)", f".{layer}", module, count=1)
 
 
 def _fit_depth(points: list[Mapping[str, int]], depth: int) -> dict[str, int] | None:
@@ -151,21 +154,23 @@ def _fit_depth(points: list[Mapping[str, int]], depth: int) -> dict[str, int] | 
     return out
 
 
-def _fit_depth_and_layer(points: Mapping[tuple[int, int], Mapping[str, int]], depth: int, layer: int) -> dict[str, int] | None:
-    # v(n, K) = a + b n + c K from (n1, 1), (n2, 1), (n2, 2), checked on every other point.
+def _fit_depth_and_layer(points: Mapping[tuple[int, int], Mapping[str, int]]):
+    """``at(n, K)``: the values in layer ``K`` of a model of ``n`` layers, ``a + b n + c K`` fitted
+    from (n1, 1), (n2, 1), (n2, 2) and checked on every other point; None where one is off."""
     n1, n2 = DEPTHS[:2]
     base, deeper, later = points[(n1, 1)], points[(n2, 1)], points[(n2, 2)]
     names = set(base)
     if any(set(v) != names for v in points.values()):
         return None
-    out = {}
-    for name in names:
-        per_depth, per_layer = deeper[name] - base[name], later[name] - deeper[name]
-        value = lambda n, k: base[name] + per_depth * (n - n1) + per_layer * (k - 1)  # noqa: E731
-        if any(v[name] != value(n, k) for (n, k), v in points.items()):
-            return None
-        out[name] = value(depth, layer)
-    return out
+    slopes = {name: (deeper[name] - base[name], later[name] - deeper[name]) for name in names}
+
+    def at(n: int, k: int) -> dict[str, int]:
+        return {name: base[name] + per_depth * (n - n1) + per_layer * (k - 1)
+                for name, (per_depth, per_layer) in slopes.items()}
+
+    if any(v != at(n, k) for (n, k), v in points.items()):
+        return None
+    return at
 
 
 def running_layer(parents: Iterable[str], layer_names: dict[str, int], in_backward: bool) -> int | None:

@@ -79,11 +79,49 @@ class PhasePeak:
     # Where in the phase: "before" its first decoder layer, in a "layer", or "after" its layers
     # (what a moment outside every module means: forward's loss, backward's last reduce-scatters).
     place: str = ""
+    layer: int | None = None  # the decoder layer's index where place is "layer"
 
 
 def place_of(layer: int | None) -> str:
     """The :attr:`PhasePeak.place` of a peak recorded at ``layer`` (an index, None or AFTER_LAYERS)."""
     return "before" if layer is None else "after" if layer == AFTER_LAYERS else "layer"
+
+
+# A moment outside every module of the model, by phase and place.
+_OUTSIDE_MODULES = {
+    ("forward", "before"): "before the model's modules",
+    ("forward", "layer"): "between the decoder layers",
+    ("forward", "after"): "after the model's modules (the loss)",
+    ("backward", "before"): "before the output head's backward (the loss's)",
+    ("backward", "layer"): "between the decoder layers' backward",
+    ("backward", "after"): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
+}
+
+
+def where_in_step(phase: str, module: str, place: str) -> str:
+    """Where a peak is, in words: the innermost module running, else the moment of the step."""
+    if phase == "optimizer":
+        return "optimizer.step()"
+    return module or _OUTSIDE_MODULES.get((phase, place), "outside the model's modules")
+
+
+def phase_peak(phase: str, layer: int | None, module: str, breakdown: Breakdown, tracked_total: int) -> PhasePeak:
+    """The peak of ``phase`` recorded at ``layer`` (an index, None before the layers, AFTER_LAYERS after)."""
+    place = place_of(layer)
+    return PhasePeak(phase, module, breakdown, tracked_total, place, layer if place == "layer" else None)
+
+
+def in_step_order(peaks: Iterable[PhasePeak]) -> tuple[PhasePeak, ...]:
+    """``peaks`` (one per phase and place) as the step runs them: forward from before its first
+    layer through layers 0, 1, ... to after them, backward from the loss's through the layers in
+    reverse to the embedding's, then the optimizer step."""
+
+    def when(peak: PhasePeak) -> tuple[int, int, int]:
+        through = {"before": 0, "layer": 1, "after": 2}[peak.place]
+        layer = peak.layer or 0
+        return PHASES.index(peak.phase), through, -layer if peak.phase == "backward" else layer
+
+    return tuple(sorted(peaks, key=when))
 
 
 @dataclass(frozen=True)
@@ -97,6 +135,13 @@ class PeakReport:
     phases: tuple[PhasePeak, ...]  # each phase's own peak
     seconds: float
     notes: tuple[str, ...] = field(default=())
+    # The peak of each stretch of the step (each phase before, in each decoder layer, after), in step
+    # order (in_step_order): what the tracker keeps, not every allocation. phases holds the highest
+    # of each phase.
+    timeline: tuple[PhasePeak, ...] = field(default=())
+    # The depths traced where the step was extrapolated to ``layers`` (plangen.cost.depth); () where
+    # every layer was traced.
+    extrapolated_from: tuple[int, ...] = field(default=())
 
     @property
     def peak(self) -> PhasePeak:
@@ -299,7 +344,7 @@ def track_layer_peaks(
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
         for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
     )
-    return {key: PhasePeak(key[0], module, _breakdown(snapshot, states), snapshot["Total"], place_of(key[1]))
+    return {key: phase_peak(key[0], key[1], module, _breakdown(snapshot, states), snapshot["Total"])
             for key, (snapshot, module) in tracker.peaks.items()}
 
 
@@ -339,9 +384,10 @@ def _parallelize(model: Any, choice: Any, settings: CostSettings, activation_che
 def trace_peak(
     resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool, extrapolate: bool = True
 ):
-    """(plan choice, each phase's peak for rank 0 of a model built from ``config``, how the depth was
-    traced): at depths 3, 4 and 5 and extrapolated where every layer is alike and the fit is exact
-    (:mod:`plangen.cost.depth`), else every layer."""
+    """(plan choice, the peak of each phase in each place for rank 0 of a model built from ``config``,
+    how the depth was traced, the depths traced where it was extrapolated, else ()): at depths 3, 4
+    and 5 and extrapolated where every layer is alike and the fit is exact (:mod:`plangen.cost.depth`),
+    else every layer."""
     from plangen.cost import depth as deep
     from plangen.cost.measure import TORCH_DTYPES
     from plangen.cost.probe_configs import count_layers
@@ -365,14 +411,14 @@ def trace_peak(
             if peaks is not None:
                 how = (f"depth: traced at {', '.join(map(str, deep.DEPTHS))} layers and extrapolated to {layers}"
                        " (every layer alike; each figure exactly linear in the depth, checked)")
-                return traced[deep.DEPTHS[0]][0], peaks, how
+                return traced[deep.DEPTHS[0]][0], peaks, how, deep.DEPTHS
             why = "its memory is not exactly linear in the depth"
     choice, peaks = _trace_at(resolved, config, plan, settings, activation_checkpointing)
     how = f"depth: every layer traced ({why})" if why else "depth: every layer traced"
-    return choice, peaks_by_phase(peaks), how
+    return choice, peaks, how, ()
 
 
-def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int) -> dict[str, PhasePeak] | None:
+def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int) -> dict[tuple, PhasePeak] | None:
     from plangen.cost import depth as deep
 
     values = {n: {key: {**dict(p.breakdown.items()), "tracked_total": p.tracked_total} for key, p in peaks.items()}
@@ -383,11 +429,13 @@ def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int)
     deepest = deep.DEPTHS[-1]
     peaks = {}
     for (phase, layer), v in fitted.items():
-        source = samples[deepest].get((phase, deep.traced_layer(layer, layers, deepest)))
+        traced = deep.traced_layer(layer, layers, deepest)
+        source = samples[deepest].get((phase, traced))
         total = v.pop("tracked_total")
-        module = deep.renumber_module(source.module, deepest, layers) if source else ""
-        peaks[(phase, layer)] = PhasePeak(phase, module, Breakdown(**v), total, place_of(layer))
-    return peaks_by_phase(peaks)
+        module = "" if source is None else source.module if layer in (None, AFTER_LAYERS) else deep.renumber_module(
+            source.module, traced, layer)
+        peaks[(phase, layer)] = phase_peak(phase, layer, module, Breakdown(**v), total)
+    return peaks
 
 
 def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool):
@@ -462,8 +510,10 @@ def measure_peak(
     )
     resolved = resolve_cost_model(spec, settings)
     config = config_for_class(resolved.config, resolved.model_class)
-    choice, peaks, how = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing, extrapolate)
+    choice, peaks, how, traced = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing, extrapolate)
+    phases = peaks_by_phase(peaks)
     return PeakReport(
         spec, resolved.model_class.__name__, choice.name, settings, activation_checkpointing, count_layers(config),
-        tuple(peaks[p] for p in PHASES if p in peaks), time.perf_counter() - started, (how, *NOTES),
+        tuple(phases[p] for p in PHASES if p in phases), time.perf_counter() - started, (how, *NOTES),
+        in_step_order(peaks.values()), tuple(traced),
     )

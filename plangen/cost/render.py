@@ -9,6 +9,7 @@ from typing import Any
 
 from plangen.cost.data import CostReport, PlanCost
 from plangen.cost.memory import ADAMW_STATES
+from plangen.cost.units import format_bytes, format_margin
 
 SCHEMA = "plangen.cost/1"
 SENT_NOTE = (
@@ -18,15 +19,6 @@ SENT_NOTE = (
     "Lq and Lkv latent attention's ranks, E routed experts, k experts per token, P the prompt tokens a model "
     "prepends itself, L the decoder layers, Hp the per-layer input width (hidden_size_per_layer_input)."
 )
-
-
-def format_bytes(n: float) -> str:
-    """Binary units, three significant figures: ``1.50 GiB``, ``812 MiB``, ``0 B``."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            value = n / size
-            return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
-    return f"{n:.0f} B"
 
 
 def ratio(value: float, first: float) -> float | None:
@@ -171,19 +163,10 @@ def render_cost_json(report: CostReport) -> str:
 # --peak
 
 
-# A moment outside every module of the model, by phase and place (plangen.cost.peak.PhasePeak.place).
-_OUTSIDE_MODULES = {
-    ("forward", "before"): "before the model's modules",
-    ("forward", "layer"): "between the decoder layers",
-    ("forward", "after"): "after the model's modules (the loss)",
-    ("backward", "before"): "before the output head's backward (the loss's)",
-    ("backward", "layer"): "between the decoder layers' backward",
-    ("backward", "after"): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
-}
-
-
 def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     """Each plan's peak per rank, split by kind, each phase's peak, and the verdict for ``gpu_bytes``."""
+    from plangen.cost.peak import where_in_step
+
     first = reports[0]
     s = first.settings
     lines = [
@@ -194,7 +177,7 @@ def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     ]
     for report in reports:
         peak = report.peak
-        where = "optimizer.step()" if peak.phase == "optimizer" else peak.module or _OUTSIDE_MODULES.get((peak.phase, peak.place), "outside the model's modules")
+        where = where_in_step(peak.phase, peak.module, peak.place)
         lines += ["", f"plan {report.plan}: peak {format_bytes(peak.breakdown.total)} in {peak.phase}, {where} "
                       f"(traced in {report.seconds:.1f} s)"]
         lines += [f"  {name:<12} {format_bytes(value):>11}" for name, value in peak.breakdown.items()]
@@ -202,8 +185,7 @@ def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
         if gpu_bytes is not None:
             margin = report.margin(gpu_bytes)
             verdict = "fits" if margin >= 0 else "does not fit"
-            lines.append(f"  {verdict} in {format_bytes(gpu_bytes)}: {'margin' if margin >= 0 else 'short by'} "
-                         f"{format_bytes(abs(margin))}")
+            lines.append(f"  {verdict} in {format_bytes(gpu_bytes)}: {format_margin(margin)}")
     lines += [f"note: {note}" for note in first.notes]
     return "\n".join(lines) + "\n"
 
@@ -219,10 +201,17 @@ def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
             {
                 "name": r.plan, "seconds": round(r.seconds, 2),
                 "peak": {"bytes": r.peak.breakdown.total, "phase": r.peak.phase, "module": r.peak.module,
-                         **dict(r.peak.breakdown.items())},
+                         "place": r.peak.place, **dict(r.peak.breakdown.items())},
                 "phases": {p.phase: p.breakdown.total for p in r.phases},
                 "fits": None if gpu_bytes is None else r.margin(gpu_bytes) >= 0,
                 "margin_bytes": None if gpu_bytes is None else r.margin(gpu_bytes),
+                # Depths traced where the step was extrapolated to "layers"; null where every layer was.
+                "extrapolated_from": list(r.extrapolated_from) or None,
+                "timeline": [
+                    {"phase": p.phase, "place": p.place, "layer": p.layer, "module": p.module,
+                     "bytes": p.breakdown.total, **dict(p.breakdown.items())}
+                    for p in r.timeline
+                ],
             }
             for r in reports
         ],
@@ -244,3 +233,13 @@ def render_fit_text(search) -> str:
         lines.append("no layout fits")
     lines += [f"skipped {reason}" for reason in search.skipped]
     return "\n".join(lines) + "\n"
+
+
+def build_fit_json(search) -> dict[str, Any]:
+    """``--fit --format json``: every layout traced, in the table's order."""
+    return {
+        "schema": "plangen.cost.fit/1",
+        "model": search.model, "world_size": search.world_size, "gpu_memory_bytes": search.gpu_bytes,
+        "layouts": [{**asdict(layout), "fits": layout.fits} for layout in search.layouts],
+        "skipped": list(search.skipped),
+    }
