@@ -329,8 +329,10 @@ def track_layer_peaks(
     for param in params:
         param.grad = torch.zeros_like(param)
     optimizer_step()
-    ids = torch.randint(0, vocab, (batch, seq))
-    positions = torch.arange(seq).expand(batch, seq)
+    # The batch on the parameters' device: CPU for the trace, the accelerator's for a real run there.
+    device = shards[0].device
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    positions = torch.arange(seq, device=device).expand(batch, seq)
     index = {id(layer): i for i, layer in enumerate(find_transformer_layers(model))}
     layer_names = {name: index[id(m)] for name, m in model.named_modules() if id(m) in index}
     tracker = _make_tracker(model, optimizer, layer_names)

@@ -22,7 +22,7 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 TP_SIZE, DP_SIZE = 2, 2
 BATCH, SEQ = 2, 128  # per DP rank
@@ -200,29 +200,30 @@ def run_peak_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
     return results
 
 
-def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
-    """One case: the model built from its config (real fp32 weights, the same on every rank),
-    parallelized as ``plangen cost --peak`` does it, :func:`plangen.cost.peak.track_step`'s peaks; for
-    a mixture of experts, the experts kernel and the share of routes each TP rank's experts got."""
+def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh, before_step: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One case: the model built from its config (real fp32 weights, the same on every rank) on the
+    case's ``device`` (default CPU), parallelized as ``plangen cost --peak`` does it,
+    :func:`plangen.cost.peak.track_step`'s peaks; for a mixture of experts, the experts kernel and the
+    share of routes each TP rank's experts got. ``before_step`` runs once the model is parallelized,
+    before the step (``benchmarks/gpu_check.py`` resets CUDA's peak statistics there: building the
+    whole model first is not the step's memory)."""
     import resource
 
     import torch
-    from transformers import AutoConfig
 
     from plangen.cost.choices import resolve_plan_choice
     from plangen.cost.peak import _parallelize, track_step
     from plangen.cost.settings import build_cost_settings
     from plangen.models import resolve_model_class
 
-    values = copy.deepcopy(case["config"])
-    values.pop("architectures", None)
-    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    config = build_config(case["config"])
     settings = build_cost_settings(
         tp_size=tp_mesh.size(), dp_size=dp_mesh.size(), seq_len=case["seq_len"], micro_batch=case["batch"],
         sequence_parallel=case["sp"],
     )
     torch.manual_seed(0)
-    model = resolve_model_class(config)._from_config(config, dtype=torch.float32)
+    with torch.device(case.get("device", "cpu")):
+        model = resolve_model_class(config)._from_config(config, dtype=torch.float32)
     routers = [m for m in model.modules() if _is_router(m)]
     if case.get("routing", "random") == "one-rank":
         with torch.no_grad():
@@ -234,6 +235,8 @@ def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     choice = resolve_plan_choice("default", model, settings.sequence_parallel)
     model = _parallelize(model, choice, settings, case["ac"], dp_mesh, tp_mesh)
     model.train()
+    if before_step is not None:
+        before_step()
     held: dict[str, set[int]] = {}
     peaks = track_step(model, settings.micro_batch, settings.seq_len, config.vocab_size, held=held)
     result = {
@@ -245,6 +248,15 @@ def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         result["experts_implementation"] = config._experts_implementation
         result["route_share"] = [n / sum(routes) for n in routes]  # by TP rank whose experts took them
     return result
+
+
+def build_config(values: dict[str, Any]) -> Any:
+    """The transformers config of a config.json's values (``model_type`` names its class)."""
+    from transformers import AutoConfig
+
+    values = copy.deepcopy(values)
+    values.pop("architectures", None)
+    return AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 def _may_hold(held: dict[str, set[int]], phase: str) -> set[int]:
