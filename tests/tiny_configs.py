@@ -253,6 +253,10 @@ TINY["qwen3_5-linear"] = dict(
     model_type="qwen3_5_text", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
     linear_value_head_dim=8, layer_types=["linear_attention"] * 2, **COMMON,
 )
+# The same at TP 4 (benchmarks/gpu_check.py): 4 key heads, 8 value heads, 4 KV heads.
+TINY["qwen3_5-linear-4h"] = {
+    **TINY["qwen3_5-linear"], "linear_num_key_heads": 4, "linear_num_value_heads": 8, "num_key_value_heads": 4,
+}
 # DBRX: a norm-attention-norm wrapper around a fused Wqkv (one KV head, the default config's
 # layout, and 2 KV heads split with the queries) and experts as flat [E * ffn, H] weights; top-2 of
 # 4 experts so every TP-2 rank's experts get routes.
