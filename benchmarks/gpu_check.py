@@ -783,8 +783,9 @@ def measure_drift_case(
     model = copy.deepcopy(setup["model"]).to(getattr(torch, dtype))
     with torch.no_grad():
         reference = model(input_ids=ids).logits
+    # The mesh made outside the simulation, as torch's own LocalTensor tests make theirs.
+    mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("rep", "tp"))
     with LocalTensorMode(frozenset(range(world))):
-        mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("rep", "tp"))
         apply_tp(model, mesh["tp"], load_custom_plan(setup["plans"][variant]))
         with torch.no_grad():
             logits = full_tensor(model(input_ids=ids).logits)
