@@ -56,6 +56,10 @@ def _interpreter_facts(python: str) -> dict:
     """The versions ``python`` imports (and where its plangen is), or raises with stderr's last line."""
     code = (
         "import json, torch, transformers, plangen, nemo_automodel; import importlib.metadata as m; "
+        # What the cases call: Automodel 0.7.0 imports transformers internals of its own pin's age
+        # (transformers 5.8.1 lacks utils.hub.resolve_revision): such a pair cannot run it at all.
+        "from nemo_automodel import NeMoAutoModelForCausalLM; "
+        "from nemo_automodel.components.distributed.model_parallelizer import parallelize_model; "
         "print(json.dumps({'torch': torch.__version__, 'transformers': transformers.__version__, "
         "'plangen': plangen.__file__, 'nemo_automodel': m.version('nemo-automodel')}))"
     )
