@@ -137,6 +137,24 @@ def experts_unproven_reason() -> str | None:
     )
 
 
+def uses_experts_interface(module: Any) -> bool:
+    """``module`` is packed experts whose forward is transformers' experts interface
+    (``use_experts_implementation``: its ``has_gate``/``is_transposed``; 5.24.0 on also its
+    ``_is_expert_parallel``)."""
+    return hasattr(module, "_is_expert_parallel") or (hasattr(module, "has_gate") and hasattr(module, "is_transposed"))
+
+
+def experts_split_over_ranks(module: Any) -> bool:
+    """Whether :class:`~plangen.moe_styles.ExpertsParallel` splits these experts right on the installed
+    release: through the experts interface, with the sentinel route where the release computes it
+    (``_is_expert_parallel``), else on this rank's routes alone; never where it refuses (5.5.x)."""
+    if experts_unproven_reason():
+        return False
+    if hasattr(module, "_is_expert_parallel"):
+        return True
+    return not experts_take_sentinels() and uses_experts_interface(module)
+
+
 @functools.cache
 def batched_mm_clamps_index_in_place() -> bool:
     """Whether the installed ``batched_mm`` experts forward clamps its caller's index tensor in place."""
@@ -163,7 +181,7 @@ def guard_routing_index(model: Any) -> None:
         return args, kwargs
 
     for module in model.modules():
-        if hasattr(module, "has_gate") and hasattr(module, "is_transposed"):  # use_experts_implementation's
+        if uses_experts_interface(module):
             module.register_forward_pre_hook(copy_index, with_kwargs=True)
 
 

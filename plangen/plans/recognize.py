@@ -42,6 +42,7 @@ from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attenti
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
+from plangen.transformers_compat import experts_split_over_ranks
 from plangen.attention_styles import short_conv_only
 from plangen.plans.recognize_moe_parts import is_router, packed_shared_children, router_rows, takes_routing
 from plangen.plans.recognize_recurrent import recognize_recurrent_block
@@ -426,7 +427,7 @@ def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> Lay
     count = expert_count(experts)
     if not count:
         return None
-    if not hasattr(experts, "_is_expert_parallel") or not takes_routing(experts):
+    if not experts_split_over_ranks(experts) or not takes_routing(experts):
         return KeptBlock(
             "moe",
             f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
@@ -452,7 +453,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
     if len(packed) > 1:
         return KeptBlock("moe", f"several experts modules ({', '.join(n for n, _ in packed)}) in one block")
     name, experts = packed[0]
-    if not hasattr(experts, "_is_expert_parallel") or not takes_routing(experts):
+    if not experts_split_over_ranks(experts) or not takes_routing(experts):
         return KeptBlock(
             "moe",
             f"experts {type(experts).__name__} do not take (hidden, top-k ids, top-k weights) with transformers' "
