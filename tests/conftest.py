@@ -306,6 +306,31 @@ def stack_can_run(params: list) -> list:
     return out
 
 
+def differs_from_pinned_model_code(model: "object") -> str | None:
+    """Why ``model``'s class code is not the pinned transformers' (plangen.stack.PINNED), else None:
+    a test reading what the synthesizer recognises in one class's code (and how) reads that code.
+    Another release's code is checked by its own proof (plangen/plans/proven.json, the sweep per pair)
+    and how much of it the synthesizer shards is ``plangen list``'s there."""
+    from plangen.plans.proven import code_digest, load_shipped_proofs
+    from plangen.stack import PINNED
+
+    name = type(model).__name__
+    pinned = {code for code, r in load_shipped_proofs().get(name, {}).items() if PINNED["transformers"] in r["transformers"]}
+    if not pinned or code_digest(model) in pinned:
+        return None
+    import transformers
+
+    return (f"reads transformers {PINNED['transformers']}'s {name} code; {transformers.__version__}'s differs "
+            "(its own proof is in plangen/plans/proven.json)")
+
+
+def skip_unless_pinned_model_code(model: "object") -> None:
+    """Skip the test where ``model``'s class code is not the pinned transformers' (above)."""
+    why = differs_from_pinned_model_code(model)
+    if why:
+        pytest.skip(why)
+
+
 def set_proofs(monkeypatch, records: dict) -> dict:
     """Replace the sweep's records by ``{class name: record}``, each holding for whatever model code
     asks (plangen.plans.proven keys them by code digest): tests of the choice set a class's verdict.

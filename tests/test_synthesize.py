@@ -12,9 +12,11 @@ from importlib import resources
 
 import pytest
 import torch
+import transformers
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
+from conftest import differs_from_pinned_model_code, skip_unless_pinned_model_code
 from plangen.models import build_meta_model, resolve_model
 from plangen.shrink import shrink_config
 from plangen.plan import build_parallel_styles
@@ -330,8 +332,11 @@ def test_a_shared_expert_as_wide_as_the_expert_count_is_a_shared_expert_not_a_ro
     # qwen3_next-shared-as-wide-as-experts: logits off by 5.7e-3 at TP 2).
     from plangen.catalog import build_full_size_model, list_architectures
 
-    arch = next(a for a in list_architectures() if a.class_name == class_name)
+    arch = next((a for a in list_architectures() if a.class_name == class_name), None)
+    if arch is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {class_name}")
     model = build_full_size_model(arch)
+    skip_unless_pinned_model_code(model)
     mlp = model.model.layers[0].mlp
     assert mlp.shared_expert.gate_proj.out_features == mlp.experts.num_experts == 512
     plan = build_synthesized_plan(model, False)
@@ -464,6 +469,7 @@ def test_differential_attention_is_split_by_whole_head_pairs(sequence_parallel):
     # ([head_dim] each) to one scalar in sums: q/k/v laid out in two halves, the lambdas replicated
     # with their gradient summed by the block's own style, o_proj a plain row-parallel.
     model = meta("diffllama")
+    skip_unless_pinned_model_code(model)
     plan = build_synthesized_plan(model, sequence_parallel)
     entries = {e.pattern: e for e in plan.entries}
     attention = "model.layers.*.self_attn"
@@ -507,6 +513,7 @@ def test_projections_that_wrap_one_linear_are_sharded_through_it(sequence_parall
     # MoshiForCausalLM's q/k/v/o are MoshiLinear(use_flexible_linear=False): one nn.Linear child,
     # nothing else of their own. The inner linear is the projection; names stay Hugging Face's.
     model = meta("moshi")
+    skip_unless_pinned_model_code(model)
     styles = styles_of(build_synthesized_plan(model, sequence_parallel))
     attention = "model.layers.*.self_attn"
     assert styles[attention] == "PrepareModuleInput"
@@ -591,6 +598,7 @@ def test_recurrent_gemma_recurrent_blocks_are_split_by_their_rg_lru_heads(sequen
     from plangen.plans.recognize import KeptBlock, read_dims, recognize_mlp
 
     model = meta("recurrent_gemma")
+    skip_unless_pinned_model_code(model)
     block = model.model.layers[0].temporal_block
     assert isinstance(recognize_mlp(block, read_dims(model)), KeptBlock)  # why it must be recognised first
     plan = build_synthesized_plan(model, sequence_parallel)
@@ -755,7 +763,7 @@ def test_proven_records_ship_with_the_package():
     shown = {k: v for k, v in olmo.items() if k not in ("fingerprint", "transformers", "torch")}
     assert shown == {"plan": "synthesized", "tp": True, "sp": True, "error": None}
     assert set(olmo["fingerprint"]) == {"tp", "sp"}  # the plans it proved (plangen.plans.proven.plan_fingerprint)
-    assert "5.24.0" in olmo["transformers"] and "2.13.0" in olmo["torch"]
+    assert transformers.__version__ in olmo["transformers"]  # swept on the installed release
     assert all(set(r) >= {"plan", "tp", "sp", "error", "transformers", "torch"} for codes in records.values() for r in codes.values())
 
 
@@ -866,13 +874,17 @@ def test_the_query_latent_is_split_where_the_down_projections_miss_the_goal_alon
     and every MoE MLA class keep theirs whole."""
     from plangen.plans.latent import LEFT_WHOLE_ALLOWANCE, latent_down_share, shards_query_latent
 
+    from absent import has_model
+
     for model_type, share in LATENT_DOWN_SHARES.items():
+        if not has_model(model_type) or differs_from_pinned_model_code(meta(model_type)):
+            continue  # a class the installed transformers lacks, or other code (its defaults with it)
         assert latent_down_share(model_type) == pytest.approx(share, abs=5e-5), model_type
     assert {t for t, share in LATENT_DOWN_SHARES.items() if share > LEFT_WHOLE_ALLOWANCE} == {"youtu"}
     # Decided for the class at its default size, whatever size the model at hand has (the sweep's shrunk one).
     tiny = meta("youtu")
     assert tiny.config.q_lora_rank < 64 and shards_query_latent(tiny.config)
-    assert not shards_query_latent(meta("minicpm3").config)
+    assert not has_model("minicpm3") or not shards_query_latent(meta("minicpm3").config)
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -912,13 +924,16 @@ def _entry(plan, pattern: str):
 def test_packed_qkv_viewed_per_head_is_plain_column_parallel():
     # GPT-NeoX views query_key_value as [..., -1 heads, 3 x head_size] and chunks inside each head:
     # a plain Shard(0) gives each rank whole heads, nothing to re-lay out or to make local.
-    plan = build_synthesized_plan(meta("gpt_neox"), False)
+    neox, codegen_model = meta("gpt_neox"), meta("codegen")
+    skip_unless_pinned_model_code(neox)
+    skip_unless_pinned_model_code(codegen_model)
+    plan = build_synthesized_plan(neox, False)
     attention = "gpt_neox.layers.*.attention"
     assert _entry(plan, f"{attention}.query_key_value").style == "ColwiseParallel"
     assert _entry(plan, f"{attention}.dense").style == "RowwiseParallel"
     assert _entry(plan, attention).style == "PrepareModuleInput"
     # CodeGen: mp_num blocks of [q; v; k], viewed as [..., -1 blocks, 3 x embed_dim // mp_num].
-    codegen = build_synthesized_plan(meta("codegen"), True)
+    codegen = build_synthesized_plan(codegen_model, True)
     assert _entry(codegen, "transformer.h.*.attn.qkv_proj").style == "ColwiseParallel"
     assert _entry(codegen, "transformer.h.*.attn").style == "PrepareModuleInput"
 
@@ -1505,7 +1520,9 @@ def test_shared_parameters_stay_one_after_tp_and_in_one_fsdp_unit(fake_pg):
 def test_ctrl_attention_called_with_one_variable_thrice_and_its_sequential_mlp_are_sharded():
     # CTRL: self.multi_head_attention(normed, normed, normed, ...) into forward(v, k, q, ...); the MLP
     # is nn.Sequential(Linear, ReLU, Linear), whose children run in order.
-    styles = styles_of(build_synthesized_plan(meta("ctrl"), False))
+    ctrl = meta("ctrl")
+    skip_unless_pinned_model_code(ctrl)
+    styles = styles_of(build_synthesized_plan(ctrl, False))
     layer = "transformer.h.*"
     assert all(styles[f"{layer}.multi_head_attention.{p}"] == "ColwiseParallel" for p in ("Wq", "Wk", "Wv"))
     assert styles[f"{layer}.multi_head_attention.dense"] == "RowwiseParallel"
@@ -1570,6 +1587,7 @@ def test_gemma4_attention_is_sharded_in_every_layer_kind_and_its_per_layer_table
     from plangen.plans.recognize import layer_dims, read_dims
 
     model = meta("gemma4_text")
+    skip_unless_pinned_model_code(model)
     sliding, full = model.model.layers
     dims = read_dims(model)
     assert (layer_dims(model, dims, sliding).head_dim, layer_dims(model, dims, full).head_dim) == (16, 32)
@@ -1589,6 +1607,7 @@ def test_gemma4_per_layer_inputs_stay_whole_under_tp_and_on_the_sequence_shard_u
     table is reduce-scattered into sequence shards, and the projection, its norm and each layer's
     gate and projection run on the shard (SequenceParallel): no all-gather for them."""
     model = meta("gemma4_text")
+    skip_unless_pinned_model_code(model)
     found = analyze_model(model).per_layer_inputs
     assert found is not None and (found.table, found.projection, found.norm) == (
         "model.embed_tokens_per_layer", "model.per_layer_model_projection", "model.per_layer_projection_norm")
@@ -1713,6 +1732,7 @@ def test_gated_delta_nets_are_sharded_by_heads(model_type, colwise, packed, sequ
     from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
 
     model = meta(model_type)
+    skip_unless_pinned_model_code(model)
     mixers = [b for b in analyze_model(model).blocks if b.path.endswith("linear_attn")]
     assert mixers and all(isinstance(b.block, GatedDeltaNetBlock) for b in mixers)
     block = mixers[0].block
