@@ -331,6 +331,15 @@ def skip_unless_pinned_model_code(model: "object") -> None:
         pytest.skip(why)
 
 
+def skip_unless_pinned_model_type(model_type: str) -> None:
+    """:func:`skip_unless_pinned_model_code` for the class ``plangen.models`` builds for ``model_type``
+    (on the meta device: no memory), where the test builds its model from a config of its own."""
+    from plangen.models import build_meta_model, resolve_model
+
+    resolved = resolve_model(model_type)
+    skip_unless_pinned_model_code(build_meta_model(resolved.config, resolved.model_class))
+
+
 def set_proofs(monkeypatch, records: dict) -> dict:
     """Replace the sweep's records by ``{class name: record}``, each holding for whatever model code
     asks (plangen.plans.proven keys them by code digest): tests of the choice set a class's verdict.
