@@ -42,7 +42,7 @@ def _one(exc: BaseException) -> str | None:
         if found and not has_model(found.group(1)):
             return f"{version} has no model {found.group(1)}"
     found = _OWN_DEFAULT.search(str(exc))
-    if found and not _builds_default_config(found.group(1)):
+    if found and not builds_default_config(found.group(1)):
         return f"{version} cannot build its own default {found.group(1)} config"
     return None
 
@@ -52,7 +52,7 @@ def _one(exc: BaseException) -> str | None:
 _OWN_DEFAULT = re.compile(r"transformers cannot build the default (\w+) config")
 
 
-def _builds_default_config(model_type: str) -> bool:
+def builds_default_config(model_type: str) -> bool:
     from transformers import AutoConfig
 
     try:

@@ -340,6 +340,23 @@ def skip_unless_pinned_model_type(model_type: str) -> None:
     skip_unless_pinned_model_code(build_meta_model(resolved.config, resolved.model_class))
 
 
+def _pinned_release_only():
+    import transformers
+
+    from plangen.stack import PINNED
+
+    return pytest.mark.skipif(
+        transformers.__version__ != PINNED["transformers"],
+        reason=f"a goal of the catalog measured on the pinned transformers {PINNED['transformers']} (its classes, their "
+        "code, the files generated from it); other releases' coverage: docs/compat.md, the sweep per pair",
+    )
+
+
+# For tests of what the whole catalog reaches on the pinned release (every class at the sharding goal,
+# the generated files, the sweep's lists): the classes and their code are that release's.
+pinned_release_only = _pinned_release_only()
+
+
 def set_proofs(monkeypatch, records: dict) -> dict:
     """Replace the sweep's records by ``{class name: record}``, each holding for whatever model code
     asks (plangen.plans.proven keys them by code digest): tests of the choice set a class's verdict.

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conftest import pinned_release_only
 from typer.testing import CliRunner
 
 from plangen.cli import app
@@ -47,6 +49,7 @@ def test_every_hand_written_class_is_listed_as_such(listing):
     assert rows["NemotronHForCausalLM"]["sequence_parallel"] is True  # Mamba mixers gather, compute whole, keep their shard
 
 
+@pinned_release_only
 def test_rows_follow_the_plan_priority(listing):
     from plangen.catalog import Architecture, build_catalog_model
     from plangen.plans.proven import code_digest, is_proven
@@ -139,6 +142,7 @@ def test_text_table_for_some_models(monkeypatch):
     assert lines[-1].endswith("shard ≥ 95% of their parameters over TP; proofs: 2 for this code, 0 for other code only, 1 never")
 
 
+@pinned_release_only
 def test_sharded_fraction_at_the_default_size(listing):
     rows = rows_by_class(listing)
     for row in rows.values():
@@ -162,6 +166,7 @@ BART_FAMILY = (
 )
 
 
+@pinned_release_only
 def test_bart_family_decoders_are_synthesized_and_well_sharded(listing):
     rows = rows_by_class(listing)
     for name in BART_FAMILY:
@@ -169,6 +174,7 @@ def test_bart_family_decoders_are_synthesized_and_well_sharded(listing):
         assert rows[name]["sharded_fraction"] >= 0.95 and rows[name]["sequence_parallel"], name
 
 
+@pinned_release_only
 def test_every_class_with_a_plan_meets_issue_11s_goal(listing):
     # At least 95 % TP-sharded at TP 2 at the default size. Youtu was the last below (92.9 %: its latent
     # attention's query latent, 5.1 %, kept whole): now split over TP, 98.0 %, with no note.

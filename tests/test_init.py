@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import DATA
+from conftest import DATA, pinned_release_only
 from plangen.cli import app
 from plangen.files import write_plan_file
 from plangen.init import InitError, init_plan, load_model, render_plan_module
@@ -69,6 +69,7 @@ def error_line(result) -> str:
 # --- generated/ -------------------------------------------------------------------------------
 
 
+@pinned_release_only
 def test_generated_files_are_up_to_date(regenerate):
     """Fails when any file of generated/ is stale: fix with `python scripts/regenerate.py`."""
     cache: dict = {}

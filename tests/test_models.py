@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from conftest import pinned_release_only
 import torch
 import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -234,6 +236,10 @@ def test_text_config_of_a_text_only_config_or_a_plain_object_is_itself():
 
 def test_text_config_with_a_text_encoder_too_is_the_decoder():
     # MusicGen holds a text encoder and a decoder: the plain get_text_config() cannot choose.
+    from absent import builds_default_config
+
+    if not builds_default_config("musicgen"):
+        pytest.skip(f"transformers {transformers.__version__} cannot build its own default musicgen config")
     config = transformers.AutoConfig.for_model("musicgen")
     with pytest.raises(ValueError, match="Multiple valid text configs"):
         config.get_text_config()
@@ -472,6 +478,7 @@ if importlib.util.find_spec("timm") is None:
 SWEEP_TYPES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+@pinned_release_only
 def test_sweep_lists_are_about_registered_types():
     assert set(DEFAULT_CONFIG_BROKEN) | set(SKIPPED) <= set(SWEEP_TYPES)
 

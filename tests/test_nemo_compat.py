@@ -103,7 +103,9 @@ def test_nm5_h_runs_plangens_runtime_with_nemotron_hs_hand_written_plan(fake_pg,
     assert isinstance(result, FSDPModule)
     assert "using the hand-written plan" in caplog.text
     # After FSDP2 over DP, TP-sharded weights span the (dp, tp) mesh, the Mamba2 mixer's (split by heads) too.
-    mixers = {layer.block_type: layer.mixer for layer in model.model.layers}
+    from plangen.transformers_compat import layer_kind
+
+    mixers = {layer_kind(layer.block_type): layer.mixer for layer in model.model.layers}  # 5.5/5.8: "mamba"
     assert isinstance(mixers["mlp"].up_proj.weight, DTensor) and mixers["mlp"].up_proj.weight.device_mesh.ndim == 2
     assert mixers["linear_attention"].in_proj.weight.device_mesh.ndim == 2
 

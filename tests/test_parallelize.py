@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import json
 import re
 
@@ -330,10 +332,12 @@ def test_checkpointed_layers_leave_the_kv_cache_alone_in_training():
     ids = torch.randint(0, 100, (2, 8))
     plain(input_ids=ids, use_cache=False).logits.sum().backward()
     cache = DynamicCache(config=checkpointed.config)
-    checkpointed(input_ids=ids, cache=cache, use_cache=True).logits.sum().backward()
+    # The cache's keyword: ``cache`` from transformers 5.24.0, ``past_key_values`` before.
+    keyword = "cache" if "cache" in inspect.signature(type(checkpointed).forward).parameters else "past_key_values"
+    checkpointed(input_ids=ids, use_cache=True, **{keyword: cache}).logits.sum().backward()
     assert cache.get_seq_length() == 0
     for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters()):
         torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0, msg=name)
     with torch.no_grad():
-        checkpointed(input_ids=ids, cache=cache, use_cache=True)
+        checkpointed(input_ids=ids, use_cache=True, **{keyword: cache})
     assert cache.get_seq_length() == 8

@@ -10,6 +10,8 @@ dicts at DP 2 x TP 2, are in tests/test_synthesized_distributed.py.
 from __future__ import annotations
 
 import pytest
+
+from conftest import pinned_release_only, skip_unless_pinned_model_code
 import torch
 from torch import nn
 
@@ -141,6 +143,7 @@ def test_a_conv_mixer_of_other_parts_is_not_a_short_conv():
     from plangen.plans.recognize_short_conv import recognize_short_conv
 
     model = meta("lfm2_moe")
+    skip_unless_pinned_model_code(model)
     conv = next(m for n, m in model.named_modules() if type(m).__name__ == "Lfm2MoeShortConv")
     dims = read_dims(model)
     assert recognize_short_conv(conv, dims) is not None
@@ -149,6 +152,7 @@ def test_a_conv_mixer_of_other_parts_is_not_a_short_conv():
     assert isinstance(recognize_block("conv", conv, dims), KeptBlock)
 
 
+@pinned_release_only
 @pytest.mark.parametrize("class_name", ["Qwen3_5ForCausalLM", "Lfm3ForCausalLM"])  # 94.7 % and 80.6 % before
 def test_the_default_size_shards_at_least_95_percent(fake_pg, class_name):
     from plangen.catalog import WELL_SHARDED, build_full_size_model, list_architectures, measure_sharded_fraction
