@@ -440,12 +440,14 @@ def target_note(name: str, class_name: str) -> str:
 
     target = TARGETS[name]
     own = class_name in target.own_moe_classes
+    wrong = dict(target.own_classes_measured_wrong).get(class_name)
     return (
         f"Target: {target.name}, {target.runtime}. It takes {target.plan_forms}"
         + ("; it never re-ties a tied embedding and head (this file's styles keep them one parameter)" if not target.reties else "")
         + ("; it refuses attention or key/value heads the TP size does not divide" if target.heads_divide_tp else "")
         + (f". It swaps in MoE code of its own for {class_name}, which refuses tensor parallelism and this"
            f" plan's keys on experts and routers: set {target.own_code_setting}, which takes this plan" if own else "")
+        + (f". By default {wrong}: set {target.own_code_setting}, under which this plan trains exact" if wrong else "")
         + ". `plangen verify` checks its rules (PLANGEN_TARGET)."
     )
 

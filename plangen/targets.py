@@ -31,6 +31,9 @@ class Target:
     # code that refuses TP and any plan key on routed experts and routers (:func:`refuses_moe_key`).
     own_moe_classes: tuple[str, ...] = ()
     own_code_setting: str = ""
+    # Classes whose own replacement trains wrong whatever the plan, as measured against the
+    # unsharded Hugging Face model (tests/test_automodel.py): the setting above avoids it.
+    own_classes_measured_wrong: tuple[tuple[str, str], ...] = ()
 
 
 TARGETS: dict[str, Target] = {
@@ -58,6 +61,10 @@ TARGETS: dict[str, Target] = {
             # moe/tp_plan_validation.py any plan key on their experts and routers.
             own_moe_classes=("Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"),
             own_code_setting="force_hf=True (NeMo RL: the policy's automodel force_hf), which loads the Hugging Face class",
+            own_classes_measured_wrong=(
+                ("LlamaForCausalLM", "its own LlamaForCausalLM trains model.embed_tokens.weight with a wrong gradient "
+                 "(0.16 off at DP 2 x TP 2 under any plan, its own too: nemo-automodel 0.7.0, tests/test_automodel.py)"),
+            ),
         ),
         Target(
             "nemo-rl-v1",

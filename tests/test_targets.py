@@ -128,3 +128,18 @@ def test_the_docs_table_of_targets_is_the_table_of_the_code():
     start = doc.index("<!-- targets table: plangen.targets.render_targets_table() -->\n")
     end = doc.index("<!-- end of targets table -->")
     assert doc[start:end].split("\n", 1)[1] == render_targets_table()
+
+
+def test_init_for_nemo_automodel_names_the_setting_that_avoids_its_own_llamas_wrong_gradient(tmp_path):
+    """Automodel's own LlamaForCausalLM (its default for Llama) trains the embedding's gradient wrong
+    under any plan (tests/test_automodel.py measures it): the file says so and names force_hf; other
+    classes' files, and other targets', say nothing of it."""
+    headers = {}
+    for model, target in (("llama", "nemo-rl-v2"), ("llama", "plangen"), ("qwen3", "nemo-rl-v2")):
+        path = tmp_path / f"{model}-{target}.py"
+        result = CliRunner().invoke(app, ["init", model, "-o", str(path), "--target", target])
+        assert result.exit_code == 0, result.output
+        headers[model, target] = " ".join(path.read_text().split('"""')[1].split())
+    assert "its own LlamaForCausalLM trains model.embed_tokens.weight with a wrong gradient" in headers["llama", "nemo-rl-v2"]
+    assert "set force_hf=True" in headers["llama", "nemo-rl-v2"]
+    assert not any("wrong gradient" in headers[k] for k in (("llama", "plangen"), ("qwen3", "nemo-rl-v2")))
