@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pinned_release_only
+from conftest import pinned_release_only, stack_cannot_run
 import torch
 import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -495,6 +495,8 @@ def test_every_causal_lm_type_builds_tiny_and_runs(model_type):
         pytest.skip(f"{model_type}: transformers default: {DEFAULT_CONFIG_BROKEN[model_type]}")
     if model_type in SKIPPED:
         pytest.skip(f"{model_type}: {SKIPPED[model_type]}")
+    if why := stack_cannot_run(model_type):
+        pytest.skip(why)
     resolved = resolve_model(model_type)
     model = build_tiny_model(resolved)
     assert type(model) is resolved.model_class
