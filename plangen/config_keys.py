@@ -28,6 +28,10 @@ HEAD_KEYS: tuple[tuple[str, str | None], ...] = (
 )
 # Differential attention (DiffLlama's lambda initialisation): head i is paired with head i + H/2.
 PAIRED_HEADS_KEYS = ("lambda_std_dev",)
+# Models whose own code views the attention heads in a fixed number of blocks: a head count that
+# many blocks do not divide leaves a block without heads. CodeGen's mp_num is 4 in every release
+# (5.5.x-5.8.x view n_head // 4 heads per block: 2 heads give 0).
+HEAD_BLOCKS = {"codegen": 4}
 HEAD_DIM_KEYS = (
     "head_dim", "attention_head_dim", "d_kv", "kv_channels", "swa_head_dim", "v_head_dim",
     "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim", "index_head_dim",

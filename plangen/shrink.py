@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from plangen.config_keys import (
-    HEAD_KEYS, PAIRED_HEADS_KEYS, HEAD_DIM_KEYS, HIDDEN_KEYS, EMBEDDING_WIDTH_KEYS, SMALL_WIDTH_KEYS,
+    HEAD_BLOCKS, HEAD_KEYS, PAIRED_HEADS_KEYS, HEAD_DIM_KEYS, HIDDEN_KEYS, EMBEDDING_WIDTH_KEYS, SMALL_WIDTH_KEYS,
     INTERMEDIATE_KEYS, EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, SHARED_EXPERT_KEYS, EXPERT_GROUP_KEYS,
     LAYER_COUNT_KEYS, OTHER_LAYER_COUNT_KEYS, LEADING_LAYER_KEYS, TRAILING_LAYER_KEYS, LAYER_PERIOD_KEYS,
     STATE_SPACE_HEADS, STATE_SIZE_KEYS, POSITION_KEYS, CODEBOOK_KEYS, SLIDING_WINDOW_KEYS, STATE_SPACE_GROUP_KEYS,
@@ -178,6 +178,9 @@ def _shrink_values(values: dict[str, Any], aliases: dict[str, str], tp: int) -> 
         if any(name in values for name in PAIRED_HEADS_KEYS) and heads % (2 * tp) == 0 and kv % (2 * tp) == 0:
             # Heads paired i, i + H/2: each half's heads split over TP, as the original's do.
             factor = math.lcm(new_kv, 2 * tp) // new_kv
+            new_heads, new_kv = new_heads * factor, new_kv * factor
+        if (blocks := HEAD_BLOCKS.get(values.get("model_type"))) and new_heads % blocks and heads % blocks == 0:
+            factor = math.lcm(new_heads, blocks) // new_heads
             new_heads, new_kv = new_heads * factor, new_kv * factor
         values[heads_key] = new_heads
         done.add(heads_key)
