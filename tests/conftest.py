@@ -255,10 +255,10 @@ def slow_unless(ids, default) -> list:
 # Cases the installed stack cannot run, whatever the plan, each with its reason (checked against the
 # installed torch or transformers itself, so the pinned pair skips none of them):
 # - model code that flattens a sequence-sharded DTensor ([B, S, H] viewed as [B·S, H]: Gemma 4 and
-#   Llama 4 under SP), which torch before 2.13 refuses (plangen.compat.FLATTENS_SHARDED_DIM);
+#   Llama 4 and OPT under SP), which torch before 2.13 refuses (plangen.compat.FLATTENS_SHARDED_DIM);
 # - DBRX where transformers' own DBRX does not run (5.8: its config cannot be rebuilt from its own
 #   to_dict, "Found unknown kwargs", and its router takes ffn_hidden_size inputs).
-FLATTEN_NEEDED = re.compile(r"(gemma4|llama4).*(-sp|_sp)", re.IGNORECASE)
+FLATTEN_NEEDED = re.compile(r"(gemma4|llama4|^opt|/opt).*(-sp|_sp)", re.IGNORECASE)
 FLATTEN_REASON = ("torch < 2.13 refuses to flatten a sequence-sharded DTensor, which this model's own code does "
                   "under SP (plangen.compat.FLATTENS_SHARDED_DIM)")
 
