@@ -325,7 +325,7 @@ def test_bloom_shards_its_attention_at_bloom_7b1_size(fake_pg):
 
 def test_a_hand_written_plan_that_failed_on_this_code_is_listed_failed(monkeypatch):
     """The runtime refuses it (plangen.plans.choice); the listing still shows the class's hand-written
-    plan, its check failed (transformers 5.25.0's LongCat-Flash), not an internal error."""
+    plan, its check failed (as transformers 5.25.0's LongCat-Flash's did before its fix), not an internal error."""
     from conftest import set_proofs
 
     import plangen.plans.proven as P
