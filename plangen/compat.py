@@ -29,6 +29,11 @@ package and fails where another module names one. What differs, and how each is 
   run on 2.11: torch's error; its tests skip there. Nor does 2.11 compute on a ``_StridedShard``
   operand (:data:`COMPUTES_ON_STRIDED_SHARD`): the packed styles of Hugging Face plans
   (``packed_colwise``/``packed_rowwise``) refuse there, naming plangen's fused styles.
+- torch's module tracker (``ModTracker``, and the memory tracker's own) warns "The module hierarchy
+  tracking maybe be messed up" on stderr when a tracked module is entered again before it left: with
+  torch 2.15 and transformers 5.25, inside every attention, on every ``plangen cost`` run (2.13 with
+  5.24: never). :func:`mod_tracker` and :func:`peak_tracker_class` do not show it while entered
+  (:data:`MOD_TRACKER_REENTRY_WARNING`): plangen reads only its decoder layers' names.
 - Private names used as they are, on every release: ``_StridedShard`` (:data:`StridedShard`,
   :func:`strided_shard`), a DTensor's ``_local_tensor`` (:func:`local_tensor`), funcol's
   ``all_reduce``/``wait_tensor`` (:func:`all_reduce`, :func:`wait`), CommDebugMode's collective
@@ -47,6 +52,8 @@ release by the tests) and ``nn.Module``'s ``_parameters``/``_modules``/``_buffer
 from __future__ import annotations
 
 import inspect
+import re
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -257,10 +264,38 @@ def composable_checkpoint(module: Any) -> Any:
     return checkpoint(module)
 
 
+# What torch's module tracker warns when a module it tracks is entered again before it has left. With
+# torch 2.15 and transformers 5.25 it does inside every attention (a nested module it names "Func", not
+# one of the model's), on every ``plangen cost`` run, the warning printed on stderr beside plangen's one
+# line; torch 2.13 with transformers 5.24 never warns. plangen reads only the decoder layers' names.
+MOD_TRACKER_REENTRY_WARNING = "The module hierarchy tracking maybe be messed up"
+
+
+@contextmanager
+def quiet_mod_tracker_reentry() -> Iterator[None]:
+    """Inside, the module tracker's re-entry warning (:data:`MOD_TRACKER_REENTRY_WARNING`) is not shown."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape(MOD_TRACKER_REENTRY_WARNING))
+        yield
+
+
 def mod_tracker() -> Any:
+    """torch's ``ModTracker``; while entered, its re-entry warning is not shown (torch 2.15)."""
     from torch.distributed._tools.mod_tracker import ModTracker
 
-    return ModTracker()
+    class QuietModTracker(ModTracker):
+        def __enter__(self) -> Any:
+            self._quiet = quiet_mod_tracker_reentry()
+            self._quiet.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> Any:
+            try:
+                return super().__exit__(*args)
+            finally:
+                self._quiet.__exit__(None, None, None)
+
+    return QuietModTracker()
 
 
 def fake_tensor_mode_class() -> type:
@@ -294,6 +329,17 @@ def peak_tracker_class() -> type:
     class PeakTracker(FSDPMemTracker):
         def on_peak(self, in_backward: bool, in_optimizer: bool, parents: set[str], snapshots: list[dict]) -> None:
             raise NotImplementedError
+
+        def __enter__(self) -> Any:
+            self._quiet = quiet_mod_tracker_reentry()
+            self._quiet.__enter__()
+            return super().__enter__()
+
+        def __exit__(self, *args: Any) -> Any:
+            try:
+                return super().__exit__(*args)
+            finally:
+                self._quiet.__exit__(None, None, None)
 
         def where(self) -> tuple[bool, bool]:
             """(in backward, in the optimizer step), as the module tracker sees them now."""

@@ -25,8 +25,9 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleI
 
 from plangen import compat
 from plangen.moe_styles import expert_count
-from plangen.tp_sums import all_reduce_grad, count_once_where_weight_is_read, grad_once_pre_hook, replicated_local
-from plangen.transformers_compat import reads_child_weight
+from plangen.tp_sums import (ShareOverMesh, all_reduce_grad, count_once_where_weight_is_read, grad_once_pre_hook,
+                              replicated_local)
+from plangen.transformers_compat import block_identity_experts, reads_child_weight
 
 
 class PartialGradInput(PrepareModuleInput):
@@ -122,10 +123,38 @@ class MoeBlockParallel(PrepareModuleInputOutput):
         module = super()._apply(module, device_mesh)
         if routed:
             _install_input_once(self, module, device_mesh, list(found.values()))
+            if block_identity_experts(module):
+                _share_identity_routes(module, found[self.router], device_mesh.size())
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(router={self.router!r}, gates={self.gates})"
+
+
+def _share_identity_routes(block: nn.Module, router: nn.Module, tp: int) -> None:
+    """A block that computes its zero-compute experts itself (5.25.0's LongCat-Flash:
+    ``transformers_compat.block_identity_experts``) adds their output, whole on every rank, to the
+    experts' partial sum, which this style reduces over TP: the router's weights of those routes are
+    handed on as each rank's 1/tp share (:class:`~plangen.tp_sums.ShareOverMesh`), so the reduced sum
+    holds the identity output once. Their gradient is whole on every rank, as the replicated router's
+    must be; the hidden state's from those routes is this rank's share, summed with the branches'."""
+    routed = block.num_routed_experts
+
+    def share(mod: nn.Module, args: tuple, output: Any) -> Any:
+        if not isinstance(output, tuple):
+            return output
+        values = [replicated_local(v) if isinstance(v, torch.Tensor) else v for v in output]
+        index = next((v for v in values if isinstance(v, torch.Tensor) and not v.is_floating_point()), None)
+        at = next((i for i, v in enumerate(values) if index is not None and isinstance(v, torch.Tensor)
+                   and v.is_floating_point() and v.shape == index.shape), None)
+        if at is None:
+            raise ValueError(f"MoeBlockParallel: {type(mod).__name__} returns no routing weights beside its expert "
+                             "index, which the block's zero-compute experts need shared over TP")
+        weights = values[at]
+        values[at] = torch.where(index >= routed, ShareOverMesh.apply(weights, tp), weights)
+        return tuple(values)
+
+    router.register_forward_hook(share)
 
 
 def _child(module: nn.Module, name: str) -> nn.Module | None:

@@ -93,8 +93,10 @@ def pads_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
 
 def plan_heads_problem(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> str | None:
     """Why ``tp_size`` cannot split ``model``'s heads under this plan's attention layout (KV heads
-    replicated, query heads padded: read off the plan), or None when it can."""
-    if not hasattr(model, "config"):
+    replicated, query heads padded: read off the plan), or None when it can, or when the plan keeps the
+    attention whole (any TP size: 5.25.0's Falcon, whose 71 heads its synthesized plan leaves whole,
+    was refused every TP size above 1 by ``plangen init``)."""
+    if not hasattr(model, "config") or not shards_attention(model, styles):
         return None
     return tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles),
                            padded_heads=pads_heads(model, styles))

@@ -66,6 +66,24 @@ class GradOnceOverMesh(torch.autograd.Function):
         return (grad if ctx.first else torch.zeros_like(grad)), None
 
 
+class ShareOverMesh(torch.autograd.Function):
+    """Forward, this rank's ``1/size`` share of a whole value (the shares are summed over the mesh
+    later, with partial sums); backward, the gradient passed on whole.
+
+    For a term every rank computes whole inside a block whose output is a partial sum (LongCat-Flash's
+    zero-compute experts on transformers 5.25): the sum over ranks is the term once, and the gradient
+    of the sum, whole and the same on every rank, is each rank's gradient of the shared value (a
+    replicated router's, exact with no collective). Exact for a power-of-two size."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, size: int) -> torch.Tensor:  # type: ignore[override]
+        return tensor / size
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
 def all_reduce_grad(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     # Identity forward; the gradient is summed over the mesh in backward.
     return SumGradOverMesh.apply(tensor, mesh.get_group())
@@ -134,5 +152,5 @@ def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-__all__ = ["GradOnceOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "count_once_where_weight_is_read",
+__all__ = ["GradOnceOverMesh", "ShareOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "count_once_where_weight_is_read",
            "grad_once", "grad_once_pre_hook", "replicated_local"]

@@ -66,6 +66,17 @@ from a version number alone, and is written down per release as found in each on
   :func:`plangen.hf_plan.compose_hf_tp_plan` mirrors the installed one, so the "hf" tier is the plan
   the installed transformers would apply. The plan utilities moved too (:func:`hf_parallel_utils`).
 
+* **Zero-compute experts computed by the block.** LongCat-Flash's router also picks
+  ``zero_expert_num`` identity experts (a route's output is its input, weighted). 5.24.0 computes them
+  inside the experts module (an ``identity_expert`` child beside ``gate_up_proj`` rows for them), which
+  :class:`~plangen.moe_styles.ExpertsParallel` shares 1/tp per rank. 5.25.0's experts module holds the
+  real experts only (``use_experts_implementation``) and the MoE block computes
+  ``identity_output = hidden_states * identity_weights`` itself and adds it to the experts' output:
+  under :class:`~plangen.moe_block_styles.MoeBlockParallel`, whose output is a partial sum reduced
+  over TP, every rank's whole identity output was summed TP times (the plan's logits off by 1.3e-2 at
+  TP 2). :func:`block_identity_experts` says where a block computes them itself; the style then hands
+  the block each rank's 1/tp share of the identity routes' weights (their gradient whole).
+
 Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
 shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
 :mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
@@ -221,7 +232,7 @@ def installed_layer_kinds(config_class: type, kinds: list[str], attribute: str =
     return [back.get(k, k) for k in kinds]
 
 
-__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "experts_take_sentinels", "experts_unproven_reason", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]
+__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "block_identity_experts", "experts_take_sentinels", "experts_unproven_reason", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]
 
 
 def reads_child_weight(module: Any, child: str) -> bool:
@@ -232,3 +243,18 @@ def reads_child_weight(module: Any, child: str) -> bool:
     except (OSError, TypeError):
         return False
     return f"self.{child}.weight" in source
+
+
+def block_identity_experts(block: Any) -> int:
+    """How many zero-compute (identity) experts a MoE ``block`` routes to and computes itself, in its
+    own forward (5.25.0's LongCat-Flash: routes with an index of ``num_routed_experts`` or more, their
+    output ``hidden_states`` times their summed weights, added to the experts'), else 0 (5.24.0
+    computes them inside its experts module)."""
+    count, routed = getattr(block, "zero_expert_num", 0), getattr(block, "num_routed_experts", None)
+    if not isinstance(count, int) or count <= 0 or not isinstance(routed, int):
+        return 0
+    try:
+        source = inspect.getsource(type(block).forward)
+    except (OSError, TypeError):
+        return 0
+    return count if "self.zero_expert_num" in source and ">= self.num_routed_experts" in source else 0

@@ -42,6 +42,15 @@ REFUSED = {("falcon-mqa-5h", "dp1tp4"),  # 5 query heads padded to 8 leave a TP 
            ("qwen3_5", "dp1tp4")}  # 2 key heads
 
 
+def _heads_left_whole(name: str) -> bool:
+    """The 5-head Falcon's attention kept whole by the installed synthesizer (transformers 5.25.0's form is
+    not read: tests/conftest.py): nothing padded, so TP 4 takes it too."""
+    from conftest import falcon_attention_left_whole
+    from tiny_configs import build_tiny
+
+    return name == "falcon-mqa-5h" and falcon_attention_left_whole(build_tiny(name)) is not None
+
+
 def LAUNCH(items) -> tuple:
     directory = tempfile.mkdtemp(prefix="plangen-checkpoints-")
     cases = cases_read_by(items, sys.modules[__name__], CASES)
@@ -74,7 +83,7 @@ def test_checkpoint_and_export_at_sharded_memory(results, case_id):
         assert r["streamed_names"], r["streamed_missing"]
         assert r["streamed_diff"] == 0.0
         for layout, diff in r["resumed"].items():
-            if (name, layout) in REFUSED:
+            if (name, layout) in REFUSED and not _heads_left_whole(name):
                 assert isinstance(diff, str) and diff.split(":")[0] in ("PlanError", "ValueError"), diff
             else:
                 assert diff == 0.0, f"rank {rank}: resumed at {layout}: {diff}"

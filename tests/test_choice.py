@@ -198,8 +198,8 @@ def test_a_hand_written_plan_on_unproven_code_is_applied_with_a_warning_naming_p
 
 
 def test_a_hand_written_plan_that_failed_on_the_installed_code_is_refused(monkeypatch):
-    """transformers 5.25's LongCat-Flash: the hand-written plan's logits off by 1.3e-2 in the sweep on
-    that code. A record of a failure on the installed code refuses the plan (with SP only, where only
+    """As transformers 5.25's LongCat-Flash's was before its fix: the hand-written plan's logits off
+    by 1.3e-2 in the sweep on that code. A record of a failure on the installed code refuses the plan (with SP only, where only
     SP failed), naming the failure; no record still applies it with a warning (the test above)."""
     from plangen.plans.choice import NoPlanError, UnprovenCodeWarning
 

@@ -185,12 +185,14 @@ DP2_DEFAULT = {
     "llama-cpu-offload", "llama-custom-dotted", "qwen3-custom-file", "llama-hf-plan",
     # MoE: the four with SP off and on, shared experts, latent attention, eager experts, NeMo RL's bare
     # runtime, one expert per TP rank, experts split by their intermediate, flat and per-block experts,
-    # Gemma 4's layer-level experts
+    # Gemma 4's layer-level experts, identity experts
     *(m + sp for m in ISSUE_MOE for sp in ("", "-sp")),
     "qwen2_moe", "deepseek_v2", "llama4", "qwen3_moe-eager-experts", "gpt_oss-bare-sp", "qwen3_moe-aux-sp", "gpt_oss-aux",
     *(f"{m}-32e-sp" for m in ISSUE_MOE),
     "mixtral-2-experts-state-dict", "mixtral-3-experts-state-dict", "dbrx-2kv-sp-state-dict",
     "jetmoe-sp-state-dict", "gemma4-moe-sp-state-dict",
+    # LongCat-Flash's zero-compute experts (5.24: inside its experts; 5.25: computed by the block)
+    "longcat_flash-sp",
     # hybrid and recurrent: Mamba2 with one B/C group (state dict), Zamba2's shared block under SP,
     # CpmAnt, RWKV in float64
     "nemotron_h-1g", "zamba2-sp-state-dict", "cpmant-state-dict", "rwkv-state-dict",

@@ -418,7 +418,12 @@ def test_pad_heads_without_the_mask_get_gradients_and_drift(results, mesh):
     """The negative control of the padded heads (plangen.padded_heads): without the output projection's
     input mask the forward is still exact, but its pad columns get the pad heads' outputs' gradients and
     the AdamW steps make them non-zero: the check fails on the pad."""
+    from conftest import falcon_attention_left_whole
     from distributed.cases import case_problem
+    from tiny_configs import build_tiny
+
+    if (why := falcon_attention_left_whole(build_tiny("falcon-mqa-5h"))) is not None:
+        pytest.skip(f"{why}: no pad heads to leave unmasked")
 
     for per_case in results:
         result = per_case[f"{mesh}/{UNMASKED_PAD['name']}"]

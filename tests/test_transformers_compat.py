@@ -280,3 +280,68 @@ def test_a_router_read_by_its_weight_has_its_input_counted_once(monkeypatch):
     assert counted == [(2, 4), (2, 4)]  # the mode ended with the forward, and came back with the next
     torch.nn.functional.linear(x, block.gate.weight)
     assert len(counted) == 2  # outside the block's forward: nothing
+
+
+class _TopK(nn.Module):
+    """A router returning (logits, weights, index), as LongCat-Flash's does."""
+
+    def __init__(self, hidden: int, experts: int, k: int) -> None:
+        super().__init__()
+        self.classifier, self.k = nn.Linear(hidden, experts, bias=False), k
+
+    def forward(self, x):
+        logits = self.classifier(x)
+        weights, index = logits.softmax(-1).topk(self.k, dim=-1)
+        return logits, weights, index
+
+
+class IdentityRoutes525(nn.Module):
+    """LongCat-Flash's MoE block as transformers 5.25.0 writes it, its identity part (the experts'
+    share is ExpertsParallel's, tested apart): the router picks real and zero-compute experts, and the
+    block computes the identity routes' output itself (5.24.0: its experts module does)."""
+
+    def __init__(self, hidden: int = 6, routed: int = 4, zero: int = 2, k: int = 2) -> None:
+        super().__init__()
+        self.num_routed_experts, self.zero_expert_num = routed, zero
+        self.router = _TopK(hidden, routed + zero, k)
+
+    def forward(self, hidden_states):
+        _, topk_weights, topk_indices = self.router(hidden_states)
+        if self.zero_expert_num:
+            identity_mask = topk_indices >= self.num_routed_experts
+            identity_weights = topk_weights.masked_fill(~identity_mask, 0.0).sum(dim=-1, keepdim=True)
+            identity_output = hidden_states * identity_weights
+        return identity_output
+
+
+def test_a_block_that_computes_its_identity_experts_gets_their_share_per_rank():
+    """5.25.0's LongCat-Flash computes its zero-compute experts in the MoE block, beside its experts
+    (5.24.0: inside them): the block's output is a partial sum over TP, so each rank hands on 1/tp of
+    the identity routes' weights (the plan's logits were off by 1.3e-2 at TP 2 summing them TP times),
+    their gradient whole (the replicated router's, exact with no collective)."""
+    from plangen.moe_block_styles import _share_identity_routes
+
+    torch.manual_seed(0)
+    whole, shared = IdentityRoutes525(), IdentityRoutes525()
+    shared.load_state_dict(whole.state_dict())
+    assert transformers_compat.block_identity_experts(shared) == 2
+    _share_identity_routes(shared, shared.router, 2)
+    x = torch.randn(16, 6)
+    expected = whole(x)
+    assert expected.abs().sum() > 0  # some routes went to the identity experts
+    got = shared(x)
+    torch.testing.assert_close(got * 2, expected)  # rank 0's share; rank 1's is the same: their sum, the whole
+    c = torch.randn_like(expected)
+    (expected * c).sum().backward()
+    (got * c).sum().backward()  # each rank's share takes the whole sum's output gradient
+    torch.testing.assert_close(shared.router.classifier.weight.grad, whole.router.classifier.weight.grad)
+
+def test_the_installed_longcat_block_says_where_it_computes_its_identity_experts():
+    """Read from the installed model code: 5.25.0's block computes them (its experts hold the real
+    ones only), 5.24.0's experts module does (an ``identity_expert`` child, ExpertsParallel's share)."""
+    from tiny_configs import build_tiny
+
+    block = build_tiny("longcat_flash").model.layers[0].mlp
+    inside = isinstance(getattr(block.experts, "identity_expert", None), nn.Module)
+    assert transformers_compat.block_identity_experts(block) == (0 if inside else 2)
+    assert moe_styles.identity_expert_count(block.experts) == (2 if inside else 0)
