@@ -85,15 +85,52 @@ def find_compile_blocker(model: nn.Module) -> str | None:
     return None
 
 
+def mixed_children(layers: list[nn.Module]) -> dict[type, list[str]]:
+    """Layer classes whose instances hold submodules of different classes under one name (NemotronH's
+    ``NemotronHBlock.mixer``: a Mamba2 mixer, attention, an MLP or MoE), with those names.
+
+    Dynamo keeps one code object's compiled graphs and automatic-dynamic state together: compiled
+    whole, such a layer's code reads ``self.mixer.head_dim`` as 16 in a Mamba2 layer and 8 in an
+    attention layer, so the recompile for the attention layer makes ``head_dim`` a symbolic int (the
+    layer is the compiled frame's local, whose ints dynamo does not hold static). Under TP, DTensor's
+    shape propagation then hands AOTAutograd a size ``32*s*(16//s)``, a three-factor sympy ``Mul``
+    that torch 2.13's ``_build_proxy_for_sym_expr`` rebuilds with the binary ``operator.mul``:
+    ``BackendCompilerFailed: TypeError: mul expected 2 arguments, got 3`` (docs/compile.md)."""
+    kinds: dict[type, dict[str, set[type]]] = {}
+    for layer in layers:
+        by_name = kinds.setdefault(type(layer), {})
+        for name, child in layer.named_children():
+            by_name.setdefault(name, set()).add(type(child))
+    mixed = {cls: [name for name, types in by_name.items() if len(types) > 1] for cls, by_name in kinds.items()}
+    return {cls: names for cls, names in mixed.items() if names}
+
+
+def compile_units(layers: list[nn.Module]) -> list[nn.Module]:
+    """What :func:`apply_compile` compiles: each layer whole, except a layer of a class in
+    :func:`mixed_children`, whose direct children compile one by one (each child class's code sees
+    one value of each int, so none turns symbolic); the layer's own code between them (NemotronH's
+    residual add) runs eagerly."""
+    mixed = mixed_children(layers)
+    return [unit for layer in layers for unit in (list(layer.children()) if type(layer) in mixed else [layer])]
+
+
 def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
     """Compile each of ``layers`` in place (``fullgraph=True``: a graph break fails the first step
-    instead of costing silently); returns those compiled: none, logged, where
-    :func:`find_compile_blocker` names a reason."""
+    instead of costing silently), or their children where :func:`compile_units` says so (logged);
+    returns the modules compiled: none, logged, where :func:`find_compile_blocker` names a reason."""
     blocker = find_compile_blocker(model)
     if blocker is not None:
         logger.warning("plangen: the decoder layers stay eager: %s", blocker)
         return []
-    apply_async_waits(model, layers)
-    for layer in layers:
-        layer.compile(fullgraph=True)
-    return layers
+    for cls, names in mixed_children(layers).items():
+        logger.warning(
+            "plangen: %s holds different classes under %s: its children compile one by one, its own code "
+            "between them (NemotronH's residual add) stays eager (docs/compile.md)",
+            cls.__name__,
+            ", ".join(names),
+        )
+    units = compile_units(layers)
+    apply_async_waits(model, units)
+    for unit in units:
+        unit.compile(fullgraph=True)
+    return units

@@ -36,7 +36,7 @@ CASES = {
         {"name": "mixtral-3-experts", "model": "mixtral-3-experts", **NO_ROUTER_LOGITS},  # each expert split
         {"name": "qwen2_moe", "model": "qwen2_moe", **NO_ROUTER_LOGITS},  # shared expert
         {"name": "deepseek_v3", "model": "deepseek_v3", **NO_ROUTER_LOGITS},  # MLA
-        {"name": "nemotron_h", "model": "nemotron_h"},  # Mamba2 mixers by heads: fails (XFAIL)
+        {"name": "nemotron_h", "model": "nemotron_h"},  # Mamba2 mixers by heads; one block class, four mixers
         {"name": "mamba", "model": "mamba", "plan_kind": "synthesized", "attn": "eager"},  # Mamba1 mixers by channels
         {"name": "qwen3_5-linear", "model": "qwen3_5-linear", "plan_kind": "synthesized"},  # gated delta net
         {"name": "llama-lora", "model": "llama", "lora": LORA_TARGETS},
@@ -50,8 +50,6 @@ CASES = {
     ],
 }
 DEFAULT = {"tp2/llama"}
-# inductor fails on NemotronH's compiled layer (BackendCompilerFailed; not yet investigated: docs/compile.md)
-XFAIL = {"tp2/nemotron_h"}
 IDS = [f"{mesh}/{case['name']}" for mesh, cases in CASES.items() for case in cases]
 
 
@@ -66,8 +64,6 @@ def results(request):
 
 @pytest.mark.parametrize("case_id", slow_unless(IDS, DEFAULT))
 def test_compiled_blocks_match_eager_with_the_same_collectives(results, case_id):
-    if case_id in XFAIL:
-        pytest.xfail("known failure: docs/compile.md")
     result = results[case_id]
     assert "error" not in result, result.get("trace", result)
     assert result["graph_breaks"] == 0
@@ -120,6 +116,32 @@ def test_recorded_router_logits_leave_the_layers_eager():
     assert all(layer._compiled_call_impl is None for layer in model.model.layers)
     model.config.output_router_logits = False
     assert find_compile_blocker(model) is None
+
+
+def test_a_block_class_holding_different_mixers_compiles_its_children():
+    """NemotronH's one block class holds a Mamba2 mixer, MoE, attention or an MLP under ``mixer``:
+    compiled whole, the attention layer's recompile makes ``head_dim`` symbolic and inductor fails
+    (docs/compile.md); its children compile instead. Llama's layers compile whole."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plangen.compile import apply_compile, compile_units, mixed_children
+    from tiny_configs import TINY
+
+    def build(name):
+        kwargs = dict(TINY[name])
+        return AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **kwargs))
+
+    nemotron = build("nemotron_h")
+    blocks = list(nemotron.model.layers)
+    assert len({type(block.mixer) for block in blocks}) > 1
+    assert mixed_children(blocks) == {type(blocks[0]): ["mixer"]}
+    units = apply_compile(nemotron, blocks)
+    assert units == [child for block in blocks for child in block.children()]
+    assert all(block._compiled_call_impl is None for block in blocks)
+    assert all(unit._compiled_call_impl is not None for unit in units)
+    llama = build("llama")
+    assert mixed_children(list(llama.model.layers)) == {}
+    assert compile_units(list(llama.model.layers)) == list(llama.model.layers)
 
 
 def test_verify_compile_without_run_is_a_one_line_usage_error(tmp_path):
