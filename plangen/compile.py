@@ -86,8 +86,11 @@ def find_compile_blocker(model: nn.Module) -> str | None:
 
 
 def mixed_children(layers: list[nn.Module]) -> dict[type, list[str]]:
-    """Layer classes whose instances hold submodules of different classes under one name (NemotronH's
-    ``NemotronHBlock.mixer``: a Mamba2 mixer, attention, an MLP or MoE), with those names.
+    """Layer classes whose instances hold submodules of different classes under one name, whose int
+    attributes (theirs or their submodules', by path) differ from layer to layer, with those names:
+    NemotronH's ``NemotronHBlock.mixer``, a Mamba2 mixer (``head_dim`` 16 in the tiny model) or
+    attention (``head_dim`` 8), MoE or an MLP. Qwen3-MoE's ``mlp`` (MoE or dense) differs in class
+    only: its layers compile whole.
 
     Dynamo keeps one code object's compiled graphs and automatic-dynamic state together: compiled
     whole, such a layer's code reads ``self.mixer.head_dim`` as 16 in a Mamba2 layer and 8 in an
@@ -96,13 +99,27 @@ def mixed_children(layers: list[nn.Module]) -> dict[type, list[str]]:
     shape propagation then hands AOTAutograd a size ``32*s*(16//s)``, a three-factor sympy ``Mul``
     that torch 2.13's ``_build_proxy_for_sym_expr`` rebuilds with the binary ``operator.mul``:
     ``BackendCompilerFailed: TypeError: mul expected 2 arguments, got 3`` (docs/compile.md)."""
-    kinds: dict[type, dict[str, set[type]]] = {}
+    children: dict[type, dict[str, list[nn.Module]]] = {}
     for layer in layers:
-        by_name = kinds.setdefault(type(layer), {})
+        by_name = children.setdefault(type(layer), {})
         for name, child in layer.named_children():
-            by_name.setdefault(name, set()).add(type(child))
-    mixed = {cls: [name for name, types in by_name.items() if len(types) > 1] for cls, by_name in kinds.items()}
+            by_name.setdefault(name, []).append(child)
+    mixed = {
+        cls: [name for name, held in by_name.items() if len({type(c) for c in held}) > 1 and _ints_differ(held)]
+        for cls, by_name in children.items()
+    }
     return {cls: names for cls, names in mixed.items() if names}
+
+
+def _ints_differ(modules: list[nn.Module]) -> bool:
+    """Whether an int attribute at one path (``head_dim``, ``conv1d.groups``) differs among ``modules``."""
+    seen: dict[str, set[int]] = {}
+    for module in modules:
+        for path, sub in module.named_modules():
+            for key, value in vars(sub).items():
+                if type(value) is int:
+                    seen.setdefault(f"{path}.{key}", set()).add(value)
+    return any(len(values) > 1 for values in seen.values())
 
 
 def compile_units(layers: list[nn.Module]) -> list[nn.Module]:

@@ -119,9 +119,9 @@ def test_recorded_router_logits_leave_the_layers_eager():
 
 
 def test_a_block_class_holding_different_mixers_compiles_its_children():
-    """NemotronH's one block class holds a Mamba2 mixer, MoE, attention or an MLP under ``mixer``:
-    compiled whole, the attention layer's recompile makes ``head_dim`` symbolic and inductor fails
-    (docs/compile.md); its children compile instead. Llama's layers compile whole."""
+    """NemotronH's one block class holds a Mamba2 mixer, MoE, attention or an MLP under ``mixer``, with
+    ``head_dim`` 16 or 8: compiled whole, the attention layer's recompile makes ``head_dim`` symbolic
+    and inductor fails (docs/compile.md); its children compile instead. Other layers compile whole."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from plangen.compile import apply_compile, compile_units, mixed_children
@@ -142,6 +142,10 @@ def test_a_block_class_holding_different_mixers_compiles_its_children():
     llama = build("llama")
     assert mixed_children(list(llama.model.layers)) == {}
     assert compile_units(list(llama.model.layers)) == list(llama.model.layers)
+    # Qwen3-MoE's mlp is MoE or dense, with no int that differs: its layers compile whole, as measured.
+    moe_layers = list(build("qwen3_moe").model.layers)
+    assert len({type(layer.mlp) for layer in moe_layers}) > 1
+    assert compile_units(moe_layers) == moe_layers
 
 
 def test_verify_compile_without_run_is_a_one_line_usage_error(tmp_path):
