@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plangen.compat import AsyncCollectiveTensor
+from plangen.compat import AsyncCollectiveTensor, is_composable_checkpointed
 
 logger = logging.getLogger("plangen")
 
@@ -95,9 +95,10 @@ def mixed_children(layers: list[nn.Module]) -> dict[type, list[str]]:
     Dynamo keeps one code object's compiled graphs and automatic-dynamic state together: compiled
     whole, such a layer's code reads ``self.mixer.head_dim`` as 16 in a Mamba2 layer and 8 in an
     attention layer, so the recompile for the attention layer makes ``head_dim`` a symbolic int (the
-    layer is the compiled frame's local, whose ints dynamo does not hold static). Under TP, DTensor's
-    shape propagation then hands AOTAutograd a size ``32*s*(16//s)``, a three-factor sympy ``Mul``
-    that torch 2.13's ``_build_proxy_for_sym_expr`` rebuilds with the binary ``operator.mul``:
+    layer is an FSDP2 module, whose ints dynamo does not hold static as it does a plain module's).
+    Under TP, DTensor's shape propagation then hands AOTAutograd a size ``32*s*(16//s)``, a
+    three-factor sympy ``Mul`` that torch 2.13's ``_build_proxy_for_sym_expr`` rebuilds with the
+    binary ``operator.mul``:
     ``BackendCompilerFailed: TypeError: mul expected 2 arguments, got 3`` (docs/compile.md)."""
     children: dict[type, dict[str, list[nn.Module]]] = {}
     for layer in layers:
@@ -149,5 +150,12 @@ def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
     units = compile_units(layers)
     apply_async_waits(model, units)
     for unit in units:
-        unit.compile(fullgraph=True)
+        if is_composable_checkpointed(unit):
+            # Composable checkpointing enters a context in its pre-hook and leaves it in its post-hook,
+            # which dynamo cannot compile (a hook is a frame of its own): the hooks stay eager around
+            # the compiled forward, and backward's recomputation, which calls the module again, reruns
+            # the compiled forward.
+            unit.forward = torch.compile(unit.forward, fullgraph=True)
+        else:
+            unit.compile(fullgraph=True)
     return units
