@@ -257,6 +257,13 @@ def composable_checkpoint(module: Any) -> Any:
     return checkpoint(module)
 
 
+def is_composable_checkpointed(module: Any) -> bool:
+    """Whether :func:`composable_checkpoint` was applied to ``module`` (its composable registry)."""
+    from torch.distributed._composable.contract import _get_registry
+
+    return "checkpoint" in (_get_registry(module) or {})
+
+
 def mod_tracker() -> Any:
     from torch.distributed._tools.mod_tracker import ModTracker
 

@@ -237,11 +237,7 @@ def parallelize_model(
     if activation_checkpointing:
         keep = CHECKPOINT_FILTERS.get(type(base).__name__, lambda layer: True)
         apply_activation_checkpointing([layer for layer in layers if keep(layer)])
-    if compile and activation_checkpointing:
-        # Composable checkpointing's hooks do not compile; torch.utils.checkpoint inside compiled
-        # layers fails on DTensor parameters at TP > 1 (torch 2.13): docs/compile.md.
-        logger.warning("plangen: compile=True with activation checkpointing: the decoder layers stay eager")
-    elif compile:
+    if compile:
         apply_compile(model, layers)
     return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
 

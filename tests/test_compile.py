@@ -41,12 +41,18 @@ CASES = {
         {"name": "qwen3_5-linear", "model": "qwen3_5-linear", "plan_kind": "synthesized"},  # gated delta net
         {"name": "llama-lora", "model": "llama", "lora": LORA_TARGETS},
         {"name": "llama-stable", "model": "llama", "variant": "stable"},
+        {"name": "llama-ac", "model": "llama", "ac": True},  # activation checkpointing: compiled forwards
+        {"name": "llama-sp-ac", "model": "llama", "sp": True, "ac": True},
+        {"name": "qwen3_moe-ac", "model": "qwen3_moe", "ac": True, **NO_ROUTER_LOGITS},
     ],
     "dp2tp2": [  # hand-written plans under FSDP2 too
         {"name": "llama", "model": "llama"},
         {"name": "llama-sp", "model": "llama", "sp": True},
         {"name": "phi3", "model": "phi3"},
         {"name": "qwen3_moe", "model": "qwen3_moe", **NO_ROUTER_LOGITS},
+        {"name": "llama-ac", "model": "llama", "ac": True},
+        {"name": "llama-sp-ac", "model": "llama", "sp": True, "ac": True},
+        {"name": "qwen3_moe-ac", "model": "qwen3_moe", "ac": True, **NO_ROUTER_LOGITS},
     ],
 }
 DEFAULT = {"tp2/llama"}
@@ -71,7 +77,10 @@ def test_compiled_blocks_match_eager_with_the_same_collectives(results, case_id)
     assert result["missing_grads"] == [] and result["grads"] > 0
     assert result["logits"] <= 1e-5 and result["loss"] <= 1e-5
     assert result["grad"] <= 1e-5, result["worst_grad"]
-    assert result["collectives"]["compiled"] == result["collectives"]["eager"]
+    collectives = result["collectives"]
+    # With activation checkpointing, against eager recomputing whole layers, as compiled layers must
+    # (tests/distributed/compile_cases.py); eager's early stop saves each layer's last collective.
+    assert collectives["compiled"] == collectives.get("eager-whole", collectives["eager"])
 
 
 # --- without a launch ---------------------------------------------------------------------------
