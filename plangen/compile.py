@@ -134,8 +134,9 @@ def compile_units(layers: list[nn.Module]) -> list[nn.Module]:
 
 def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
     """Compile each of ``layers`` in place (``fullgraph=True``: a graph break fails the first step
-    instead of costing silently), or their children where :func:`compile_units` says so (logged);
-    returns the modules compiled: none, logged, where :func:`find_compile_blocker` names a reason."""
+    instead of costing silently), or their children where :func:`compile_units` says so (logged), or a
+    checkpointed layer's forward (logged); returns the modules compiled: none, logged, where
+    :func:`find_compile_blocker` names a reason."""
     blocker = find_compile_blocker(model)
     if blocker is not None:
         logger.warning("plangen: the decoder layers stay eager: %s", blocker)
@@ -148,6 +149,12 @@ def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
             ", ".join(names),
         )
     units = compile_units(layers)
+    if any(is_composable_checkpointed(unit) for unit in units):
+        logger.warning(
+            "plangen: the checkpointed layers compile their forward, the checkpoint's hooks eager around it; "
+            "backward recomputes each compiled forward whole: one collective per layer more than eager's "
+            "early stop (docs/compile.md)"
+        )
     apply_async_waits(model, units)
     for unit in units:
         if is_composable_checkpointed(unit):

@@ -2,7 +2,8 @@
 
 Every case runs the same plan eagerly and compiled (tests/distributed/compile_cases.py): logits, loss
 and every gradient within 1e-5 in float32, no graph break, at least one compiled graph, and the same
-collectives, by name and count, forward and backward. Compiling costs seconds of CPU per case: the
+collectives, by name and count, forward and backward (with activation checkpointing, eager's
+recomputing whole layers, as a compiled forward is recomputed: docs/compile.md). Compiling costs seconds of CPU per case: the
 default run compiles the one case that broke (Llama without sequence parallel: the embedding's
 all-reduce entered the first block still in flight), the sweep of every plan kind is ``slow``:
 
@@ -155,6 +156,39 @@ def test_a_block_class_holding_different_mixers_compiles_its_children():
     moe_layers = list(build("qwen3_moe").model.layers)
     assert len({type(layer.mlp) for layer in moe_layers}) > 1
     assert compile_units(moe_layers) == moe_layers
+
+
+def test_a_checkpointed_layer_compiles_its_forward_and_recomputes_it():
+    """Composable checkpointing's hooks stay eager around the compiled forward (compiled with the
+    layer, they fail: docs/compile.md); backward's recomputation reruns the compiled forward: the
+    same gradients as eager, and no layer's ``__call__`` compiled."""
+    import copy
+
+    from torch import nn
+
+    from plangen.compat import composable_checkpoint
+    from plangen.compile import apply_compile
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return x + torch.tanh(self.proj(x))
+
+    torch.manual_seed(0)
+    eager = nn.Sequential(Layer(), Layer())
+    compiled = copy.deepcopy(eager)
+    for layer in compiled:
+        composable_checkpoint(layer)
+    assert apply_compile(compiled, list(compiled)) == list(compiled)
+    assert all(layer._compiled_call_impl is None and "forward" in vars(layer) for layer in compiled)
+    x = torch.randn(3, 8)
+    eager(x).pow(2).sum().backward()
+    compiled(x).pow(2).sum().backward()
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), name
 
 
 def test_verify_compile_without_run_is_a_one_line_usage_error(tmp_path):
