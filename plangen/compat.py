@@ -257,6 +257,13 @@ def op_packet(func: Any) -> Any:
     return func._overloadpacket
 
 
+def is_composable_checkpointed(module: Any) -> bool:
+    """Whether :func:`composable_checkpoint` was applied to ``module`` (its composable registry)."""
+    from torch.distributed._composable.contract import _get_registry
+
+    return "checkpoint" in (_get_registry(module) or {})
+
+
 def composable_checkpoint(module: Any) -> Any:
     """``torch.distributed._composable.checkpoint`` (keeps parameter names)."""
     from torch.distributed._composable import checkpoint

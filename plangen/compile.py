@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from plangen.compat import AsyncCollectiveTensor
+from plangen.compat import AsyncCollectiveTensor, is_composable_checkpointed
 
 logger = logging.getLogger("plangen")
 
@@ -85,15 +85,84 @@ def find_compile_blocker(model: nn.Module) -> str | None:
     return None
 
 
+def mixed_children(layers: list[nn.Module]) -> dict[type, list[str]]:
+    """Layer classes whose instances hold submodules of different classes under one name, whose int
+    attributes (theirs or their submodules', by path) differ from layer to layer, with those names:
+    NemotronH's ``NemotronHBlock.mixer``, a Mamba2 mixer (``head_dim`` 16 in the tiny model) or
+    attention (``head_dim`` 8), MoE or an MLP. Qwen3-MoE's ``mlp`` (MoE or dense) differs in class
+    only: its layers compile whole.
+
+    Dynamo keeps one code object's compiled graphs and automatic-dynamic state together: compiled
+    whole, such a layer's code reads ``self.mixer.head_dim`` as 16 in a Mamba2 layer and 8 in an
+    attention layer, so the recompile for the attention layer makes ``head_dim`` a symbolic int (the
+    layer is an FSDP2 module, whose ints dynamo does not hold static as it does a plain module's).
+    Under TP, DTensor's shape propagation then hands AOTAutograd a size ``32*s*(16//s)``, a
+    three-factor sympy ``Mul`` that torch 2.13's ``_build_proxy_for_sym_expr`` rebuilds with the
+    binary ``operator.mul``:
+    ``BackendCompilerFailed: TypeError: mul expected 2 arguments, got 3`` (docs/compile.md)."""
+    children: dict[type, dict[str, list[nn.Module]]] = {}
+    for layer in layers:
+        by_name = children.setdefault(type(layer), {})
+        for name, child in layer.named_children():
+            by_name.setdefault(name, []).append(child)
+    mixed = {
+        cls: [name for name, held in by_name.items() if len({type(c) for c in held}) > 1 and _ints_differ(held)]
+        for cls, by_name in children.items()
+    }
+    return {cls: names for cls, names in mixed.items() if names}
+
+
+def _ints_differ(modules: list[nn.Module]) -> bool:
+    """Whether an int attribute at one path (``head_dim``, ``conv1d.groups``) differs among ``modules``."""
+    seen: dict[str, set[int]] = {}
+    for module in modules:
+        for path, sub in module.named_modules():
+            for key, value in vars(sub).items():
+                if type(value) is int:
+                    seen.setdefault(f"{path}.{key}", set()).add(value)
+    return any(len(values) > 1 for values in seen.values())
+
+
+def compile_units(layers: list[nn.Module]) -> list[nn.Module]:
+    """What :func:`apply_compile` compiles: each layer whole, except a layer of a class in
+    :func:`mixed_children`, whose direct children compile one by one (each child class's code sees
+    one value of each int, so none turns symbolic); the layer's own code between them (NemotronH's
+    residual add) runs eagerly."""
+    mixed = mixed_children(layers)
+    return [unit for layer in layers for unit in (list(layer.children()) if type(layer) in mixed else [layer])]
+
+
 def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
     """Compile each of ``layers`` in place (``fullgraph=True``: a graph break fails the first step
-    instead of costing silently); returns those compiled: none, logged, where
+    instead of costing silently), or their children where :func:`compile_units` says so (logged), or a
+    checkpointed layer's forward (logged); returns the modules compiled: none, logged, where
     :func:`find_compile_blocker` names a reason."""
     blocker = find_compile_blocker(model)
     if blocker is not None:
         logger.warning("plangen: the decoder layers stay eager: %s", blocker)
         return []
-    apply_async_waits(model, layers)
-    for layer in layers:
-        layer.compile(fullgraph=True)
-    return layers
+    for cls, names in mixed_children(layers).items():
+        logger.warning(
+            "plangen: %s holds different classes under %s: its children compile one by one, its own code "
+            "between them (NemotronH's residual add) stays eager (docs/compile.md)",
+            cls.__name__,
+            ", ".join(names),
+        )
+    units = compile_units(layers)
+    if any(is_composable_checkpointed(unit) for unit in units):
+        logger.warning(
+            "plangen: the checkpointed layers compile their forward, the checkpoint's hooks eager around it; "
+            "backward recomputes each compiled forward whole: one collective per layer more than eager's "
+            "early stop (docs/compile.md)"
+        )
+    apply_async_waits(model, units)
+    for unit in units:
+        if is_composable_checkpointed(unit):
+            # Composable checkpointing enters a context in its pre-hook and leaves it in its post-hook,
+            # which dynamo cannot compile (a hook is a frame of its own): the hooks stay eager around
+            # the compiled forward, and backward's recomputation, which calls the module again, reruns
+            # the compiled forward.
+            unit.forward = torch.compile(unit.forward, fullgraph=True)
+        else:
+            unit.compile(fullgraph=True)
+    return units

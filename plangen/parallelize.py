@@ -219,8 +219,8 @@ def parallelize_model(
     ``plan_variant``: ``"stable"`` applies the plan without cross-rank sums in the forward
     (:mod:`plangen.plans.variants`, NeMo RL's numerically stable plan); not with a custom plan.
     ``compile``: compile each decoder layer with ``torch.compile(fullgraph=True)`` before FSDP2
-    (:func:`plangen.compile.apply_compile`; the layers it must leave eager are logged: all of them
-    with activation checkpointing)."""
+    (:func:`plangen.compile.apply_compile`; what it leaves eager is logged; with activation
+    checkpointing each checkpointed layer's forward compiles, the checkpoint's hooks eager around it)."""
     check_variant(plan_variant)  # a typo fails at once, at any TP size
     tp_size = tp_mesh.size()
     layers = find_transformer_layers(model)
@@ -237,11 +237,7 @@ def parallelize_model(
     if activation_checkpointing:
         keep = CHECKPOINT_FILTERS.get(type(base).__name__, lambda layer: True)
         apply_activation_checkpointing([layer for layer in layers if keep(layer)])
-    if compile and activation_checkpointing:
-        # Composable checkpointing's hooks do not compile; torch.utils.checkpoint inside compiled
-        # layers fails on DTensor parameters at TP > 1 (torch 2.13): docs/compile.md.
-        logger.warning("plangen: compile=True with activation checkpointing: the decoder layers stay eager")
-    elif compile:
+    if compile:
         apply_compile(model, layers)
     return apply_fsdp(model, layers, dp_mesh, param_dtype, cpu_offload)
 

@@ -12,12 +12,14 @@ import copy
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import set_checkpoint_early_stop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,7 +50,9 @@ def count_collectives():
         name = _collective(event.name)
         parent = event.cpu_parent
         while parent is not None and name is not None:  # one collective, counted once: not c10d's under a functional one
-            name = None if _collective(parent.name) else name
+            # nor one traced while compiling (a recompile in the counted step: AOTAutograd traces the
+            # backward on fake tensors, which the profiler records as collectives that never ran)
+            name = None if _collective(parent.name) or parent.name.endswith("(dynamo_timed)") else name
             parent = parent.cpu_parent
         if name is not None:
             counts[name] += 1
@@ -83,7 +87,12 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     dp = dp_mesh.size()
     rows = slice(dist.get_rank(dp_group) * BATCH // dp, (dist.get_rank(dp_group) + 1) * BATCH // dp)
     runs: dict[str, Any] = {}
-    for mode in ("eager", "compiled"):
+    # With activation checkpointing, a compiled layer's forward is one autograd node: backward's
+    # recomputation reruns all of it, where eager's stops after the last tensor backward needs
+    # (non-reentrant checkpoint's early stop), before the layer's last collective. "eager-whole"
+    # recomputes whole layers eagerly: the collectives the compiled run must match.
+    modes = ("eager", "compiled", "eager-whole") if case.get("ac") else ("eager", "compiled")
+    for mode in modes:
         counters.clear()
         copy_ = copy.deepcopy(model)
         sharded = parallelize_model(
@@ -91,12 +100,16 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
             activation_checkpointing=case.get("ac", False), custom_parallel_plan=build_case_plan(case, copy_),
             plan_variant=case.get("variant", "optimized"), compile=mode == "compiled",
         )
+        early_stop = partial(set_checkpoint_early_stop, False) if mode == "eager-whole" else nullcontext
         started = time.process_time()
-        next_token_loss(sharded(input_ids=ids[rows]).logits, ids[rows]).backward()  # compiles; counted: the second step
+        with early_stop():
+            logits = sharded(input_ids=ids[rows]).logits
+        next_token_loss(logits, ids[rows]).backward()  # compiles; counted: the second step
         compile_cpu = time.process_time() - started
+        first_graphs = counters["stats"].get("unique_graphs", 0)
         sharded.zero_grad(set_to_none=True)
         started = time.process_time()
-        with count_collectives() as forward:
+        with count_collectives() as forward, early_stop():
             logits = sharded(input_ids=ids[rows]).logits
         loss = next_token_loss(logits, ids[rows])
         with count_collectives() as backward:
@@ -107,6 +120,7 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
             forward=dict(forward), backward=dict(backward),
             graph_breaks=sum(counters["graph_break"].values()),
             graphs=counters["stats"].get("unique_graphs", 0),
+            recompiled=counters["stats"].get("unique_graphs", 0) - first_graphs,  # graphs the counted step added
         )
     eager, compiled = runs["eager"], runs["compiled"]
     grad_diffs = {
@@ -122,6 +136,7 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "missing_grads": sorted(set(eager["grads"]) ^ set(compiled["grads"])),
         "graph_breaks": compiled["graph_breaks"],
         "graphs": compiled["graphs"],
+        "recompiled": compiled["recompiled"],
         "collectives": {mode: [run["forward"], run["backward"]] for mode, run in runs.items()},
         "cpu_seconds": {mode: [round(run["first"], 2), round(run["cpu"], 2)] for mode, run in runs.items()},
     }
