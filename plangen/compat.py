@@ -286,21 +286,27 @@ def quiet_mod_tracker_reentry() -> Iterator[None]:
         yield
 
 
+class _QuietModTrackerReentry:
+    """Mixin for torch's trackers: while entered, the module tracker's re-entry warning is not shown."""
+
+    def __enter__(self) -> Any:
+        self._quiet = quiet_mod_tracker_reentry()
+        self._quiet.__enter__()
+        return super().__enter__()  # type: ignore[misc]
+
+    def __exit__(self, *args: Any) -> Any:
+        try:
+            return super().__exit__(*args)  # type: ignore[misc]
+        finally:
+            self._quiet.__exit__(None, None, None)
+
+
 def mod_tracker() -> Any:
     """torch's ``ModTracker``; while entered, its re-entry warning is not shown (torch 2.15)."""
     from torch.distributed._tools.mod_tracker import ModTracker
 
-    class QuietModTracker(ModTracker):
-        def __enter__(self) -> Any:
-            self._quiet = quiet_mod_tracker_reentry()
-            self._quiet.__enter__()
-            return super().__enter__()
-
-        def __exit__(self, *args: Any) -> Any:
-            try:
-                return super().__exit__(*args)
-            finally:
-                self._quiet.__exit__(None, None, None)
+    class QuietModTracker(_QuietModTrackerReentry, ModTracker):
+        pass
 
     return QuietModTracker()
 
@@ -333,20 +339,9 @@ def peak_tracker_class() -> type:
     is (in backward, in the optimizer step) at any moment."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    class PeakTracker(FSDPMemTracker):
+    class PeakTracker(_QuietModTrackerReentry, FSDPMemTracker):
         def on_peak(self, in_backward: bool, in_optimizer: bool, parents: set[str], snapshots: list[dict]) -> None:
             raise NotImplementedError
-
-        def __enter__(self) -> Any:
-            self._quiet = quiet_mod_tracker_reentry()
-            self._quiet.__enter__()
-            return super().__enter__()
-
-        def __exit__(self, *args: Any) -> Any:
-            try:
-                return super().__exit__(*args)
-            finally:
-                self._quiet.__exit__(None, None, None)
 
         def where(self) -> tuple[bool, bool]:
             """(in backward, in the optimizer step), as the module tracker sees them now."""
