@@ -198,7 +198,11 @@ def attribute_failure(recorder: RunRecorder, styles: Mapping[str, "ParallelStyle
     if not recorder.stack:
         return None, None
     module, inside = recorder.stack[-1]
-    candidates = inside or recorder.producers(recorder.inputs.get(module, ()))
+    # What met in the failing call; else what its inputs came from; else, where no autograd history
+    # leads back (torch 2.11's functional collectives on the fake group leave none), what ran before
+    # it in the nearest enclosing call (q, k and v before the attention's o_proj).
+    candidates = inside or recorder.producers(recorder.inputs.get(module, ())) or next(
+        (ran for _, ran in reversed(recorder.stack[:-1]) if ran), [])
     culprit = _odd_one(candidates, styles)
     if culprit is None:
         culprit = recorder.covering.get(module) or key_for_module(styles, module)
