@@ -1116,74 +1116,53 @@ def render_peak(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def table_of_cases(columns: list[str], rows: list[dict[str, Any]], cells) -> list[str]:
+    """One table row per case: ``cells(row)``, or the case's recorded error across the columns."""
+    return table(columns, [errored(row, len(columns)) if "error" in row else cells(row) for row in rows])
+
+
 def render_kernels(rows: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for row in rows:
-        if "error" in row:
-            out.append(errored(row, 5))
-            continue
+    def cells(row: dict[str, Any]) -> list[str]:
         finite_all = row["finite_logits"] and row["finite_loss"] and row["finite_grads"]
-        out.append(
-            [
-                row["case"],
-                row["model"] + (" (SP)" if row["sp"] else ""),
-                "yes" if finite_all else "**no**",
-                ", ".join(row["sdpa"]) or "none (math path, or no SDPA)",
-                f"{row['seconds']:.2f}",
-            ]
-        )
-    return table(["case", "model", "finite", "fused SDPA kernels", "seconds"], out)
+        return [
+            row["case"],
+            row["model"] + (" (SP)" if row["sp"] else ""),
+            "yes" if finite_all else "**no**",
+            ", ".join(row["sdpa"]) or "none (math path, or no SDPA)",
+            f"{row['seconds']:.2f}",
+        ]
+
+    return table_of_cases(["case", "model", "finite", "fused SDPA kernels", "seconds"], rows, cells)
 
 
 def render_drift(rows: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for row in rows:
-        if "error" in row:
-            out.append(errored(row, 6))
-            continue
-        out.append(
-            [
-                row["case"],
-                f"{row['logits_max']:.3g}",
-                f"{row['logits_mean']:.3g}",
-                f"{row['logprobs_max']:.3g}",
-                "yes" if row["bitwise"] else "no",
-                "yes" if row["ranks_agree"] else "**no**",
-            ]
-        )
-    return table(
-        ["case", "logits max", "logits mean", "logprobs max", "bitwise", "ranks agree"],
-        out,
-    )
+    def cells(row: dict[str, Any]) -> list[str]:
+        return [
+            row["case"],
+            f"{row['logits_max']:.3g}",
+            f"{row['logits_mean']:.3g}",
+            f"{row['logprobs_max']:.3g}",
+            "yes" if row["bitwise"] else "no",
+            "yes" if row["ranks_agree"] else "**no**",
+        ]
+
+    columns = ["case", "logits max", "logits mean", "logprobs max", "bitwise", "ranks agree"]
+    return table_of_cases(columns, rows, cells)
 
 
 def render_compile(rows: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for row in rows:
-        if "error" in row:
-            out.append(errored(row, 6))
-            continue
-        out.append(
-            [
-                row["case"],
-                f"{row['compile_s']:.1f} s",
-                f"{row['eager_step_ms']:.2f} ms",
-                f"{row['compiled_step_ms']:.2f} ms",
-                f"{row['compiled_over_eager']:.2f}x",
-                f"{row['first_loss_gap']:.1e}",
-            ]
-        )
-    return table(
-        [
-            "model",
-            "compile time",
-            "eager step",
-            "compiled step",
-            "compiled / eager",
-            "first loss gap",
-        ],
-        out,
-    )
+    def cells(row: dict[str, Any]) -> list[str]:
+        return [
+            row["case"],
+            f"{row['compile_s']:.1f} s",
+            f"{row['eager_step_ms']:.2f} ms",
+            f"{row['compiled_step_ms']:.2f} ms",
+            f"{row['compiled_over_eager']:.2f}x",
+            f"{row['first_loss_gap']:.1e}",
+        ]
+
+    columns = ["model", "compile time", "eager step", "compiled step", "compiled / eager", "first loss gap"]
+    return table_of_cases(columns, rows, cells)
 
 
 RENDERERS = {

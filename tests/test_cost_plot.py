@@ -45,63 +45,30 @@ def configs(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(scope="module")
-def peak_run(configs, tmp_path_factory):
-    """``--peak --format json --plot step.html`` on the 6-layer Llama, 10 MiB GPU (it does not fit):
-    (the JSON printed, the HTML written)."""
+def _plot_run(args: list[str], out) -> tuple[dict, object]:
+    """``plangen cost ARGS --format json --plot OUT``: (the JSON printed, OUT), skipped without the extra."""
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("the plot extra is not installed: pip install 'plangen[plot]'")
-    out = tmp_path_factory.mktemp("peak") / "step.html"
-    result = CliRunner().invoke(
-        app,
-        [
-            "cost",
-            str(configs[6]),
-            "--peak",
-            "--tp-size",
-            "2",
-            "--dp-size",
-            "2",
-            *STEP,
-            "--gpu-memory",
-            "10MiB",
-            "--format",
-            "json",
-            "--plot",
-            str(out),
-        ],
-    )
+    result = CliRunner().invoke(app, ["cost", *args, "--format", "json", "--plot", str(out)])
     assert result.exit_code == 0, result.output
     assert result.stderr.strip() == f"plangen: wrote {out}"
     return json.loads(result.stdout), out
 
 
 @pytest.fixture(scope="module")
+def peak_run(configs, tmp_path_factory):
+    """``--peak --format json --plot step.html`` on the 6-layer Llama, 10 MiB GPU (it does not fit):
+    (the JSON printed, the HTML written)."""
+    out = tmp_path_factory.mktemp("peak") / "step.html"
+    return _plot_run([str(configs[6]), "--peak", "--tp-size", "2", "--dp-size", "2", *STEP, "--gpu-memory", "10MiB"], out)
+
+
+@pytest.fixture(scope="module")
 def fit_run(configs, tmp_path_factory):
     """``--fit --world-size 2 --format json --plot layouts.svg`` on the 2-layer Llama, 9 MiB GPU (some
     layouts fit, some do not): (the JSON printed, the SVG written)."""
-    if importlib.util.find_spec("matplotlib") is None:
-        pytest.skip("the plot extra is not installed: pip install 'plangen[plot]'")
     out = tmp_path_factory.mktemp("fit") / "layouts.svg"
-    result = CliRunner().invoke(
-        app,
-        [
-            "cost",
-            str(configs[2]),
-            "--fit",
-            "--world-size",
-            "2",
-            *STEP,
-            "--gpu-memory",
-            "9MiB",
-            "--format",
-            "json",
-            "--plot",
-            str(out),
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout), out
+    return _plot_run([str(configs[2]), "--fit", "--world-size", "2", *STEP, "--gpu-memory", "9MiB"], out)
 
 
 # --- reading the files back, without plangen -------------------------------------------------
