@@ -281,30 +281,52 @@ class HuggingFaceLayoutTensor(DTensor):
             raise NotImplementedError("a Hugging Face layout state-dict entry redistributes to Replicate() on its own mesh only")
         return DTensor.from_local(self.full_tensor(), mesh, [Replicate()] * mesh.ndim, run_check=False)
 
+    def _over(self, local: torch.Tensor) -> "HuggingFaceLayoutTensor":
+        """The same layout over ``local`` (a copy or view of this entry's local shard, maybe cast)."""
+        spec, p = dtensor_spec(self), self._parameter_spec
+        meta = spec.tensor_meta
+        out = HuggingFaceLayoutTensor(local, DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(
+            meta.shape, meta.stride, local.dtype)), requires_grad=False)
+        out._row_map = self._row_map
+        out._parameter_spec = DTensorSpec(p.mesh, p.placements, tensor_meta=TensorMeta(p.shape, p.stride, local.dtype))
+        return out
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        # A cast, a move to another device (what torch's staging for an asynchronous checkpoint and
+        # cpu_offload do) and a clone keep the layout over a copy of the local shard. Handled here, at
+        # the Python API: torch 2.11 dispatches a DTensor subclass's aten ops in C++ without calling its
+        # __torch_dispatch__, which then gave a plain DTensor over the parameter's rows (wrong offsets).
+        kwargs = kwargs or {}
+        if func in _LOCAL_METHODS and args and isinstance(args[0], HuggingFaceLayoutTensor) and not any(
+                isinstance(v, torch.Tensor) for v in (*args[1:], *kwargs.values())):
+            return args[0]._over(func(local_tensor(args[0]), *args[1:], **kwargs))
+        result = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+        if isinstance(result, DTensor) and not isinstance(result, HuggingFaceLayoutTensor):
+            _refuse(func)  # torch 2.11 computed it on the parameter's rows as if they were Hugging Face's
+        return result
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func in _LOCAL_OPS and not any(isinstance(v, torch.Tensor) for v in (*args[1:], *(kwargs or {}).values())):
-            # The same layout over a copy (or view) of the local shard: a cast, a move to another device
-            # (what torch's staging for an asynchronous checkpoint does), a clone.
-            source = args[0]
-            local = func(local_tensor(source), *args[1:], **(kwargs or {}))
-            source_spec = dtensor_spec(source)
-            meta = source_spec.tensor_meta
-            spec = DTensorSpec(source_spec.mesh, source_spec.placements,
-                               tensor_meta=TensorMeta(meta.shape, meta.stride, local.dtype))
-            p = source._parameter_spec
-            out = HuggingFaceLayoutTensor(local, spec, requires_grad=False)
-            out._row_map = source._row_map
-            out._parameter_spec = DTensorSpec(p.mesh, p.placements, tensor_meta=TensorMeta(p.shape, p.stride, local.dtype))
-            return out
-        raise TypeError(
-            f"{func}: a state-dict entry in Hugging Face's layout over a re-laid-out parameter takes no tensor ops; "
-            "call .full_tensor() (one parameter gathered), save it with torch.distributed.checkpoint, load it back "
-            "with load_state_dict, or stream the weights with plangen.export.iter_hf_weights")
+            # The same layout over a copy (or view) of the local shard (see __torch_function__; this is
+            # the path of ops reached below the Python API, on torch >= 2.13).
+            return args[0]._over(func(local_tensor(args[0]), *args[1:], **(kwargs or {})))
+        _refuse(func)
+
+
+def _refuse(func) -> None:
+    raise TypeError(
+        f"{func}: a state-dict entry in Hugging Face's layout over a re-laid-out parameter takes no tensor ops; "
+        "call .full_tensor() (one parameter gathered), save it with torch.distributed.checkpoint, load it back "
+        "with load_state_dict, or stream the weights with plangen.export.iter_hf_weights")
 
 
 _LOCAL_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default, TO_COPY,
               torch.ops.aten.clone.default)
+_LOCAL_METHODS = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.Tensor.clone, torch.clone,
+                  torch.Tensor.detach, torch.detach, torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16,
+                  torch.Tensor.double)
 
 
 def hugging_face_value(module: nn.Module, param_name: str, value: torch.Tensor) -> torch.Tensor:

@@ -235,3 +235,43 @@ def test_fused_state_dict_entry_is_this_ranks_rows_at_hugging_face_offsets_witho
     assert torch.equal(half._local_tensor, weight[RANK0].half())
     with pytest.raises(TypeError, match="full_tensor"):
         entry.sum()
+
+
+def test_optimizer_state_entry_is_the_live_state_in_hugging_face_layout(tp_mesh):
+    """plangen.state_dict: a re-laid-out parameter's per-element optimizer state is shown like its weight
+    (a view of the live state at Hugging Face's offsets, the optimizer's own dicts untouched) and goes
+    back as the state's own storage; a state of another shape cannot follow the rows and is refused."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.tensor import DTensor
+
+    from plangen.hf_layout import HuggingFaceLayoutTensor
+    from plangen.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    holder = _apply(nn.Linear(8, 16), FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh)
+    optimizer = torch.optim.SGD(holder.parameters(), lr=0.1, momentum=0.9)
+    holder.m(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    live = optimizer.state[holder.m.weight]["momentum_buffer"]
+    state = get_optimizer_state_dict(holder, optimizer)
+    entry = state["state"]["m.weight"]["momentum_buffer"]
+    assert isinstance(entry, HuggingFaceLayoutTensor) and tuple(entry.shape) == (16, 8)
+    assert entry._local_tensor.data_ptr() == live.to_local().data_ptr()
+    assert [(tuple(c.offsets), tuple(c.sizes)) for c in entry.__create_chunk_list__()] == [
+        ((0, 0), (4, 8)), ((8, 0), (2, 8)), ((12, 0), (2, 8))]  # RANK0's runs, as the weight's
+    assert type(optimizer.state[holder.m.weight]["momentum_buffer"]) is DTensor  # the optimizer's own, unwrapped
+    flat = get_optimizer_state_dict(holder, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    assert isinstance(flat["state.m.weight.momentum_buffer"], HuggingFaceLayoutTensor)
+
+    set_optimizer_state_dict(holder, optimizer, state)
+    assert optimizer.state[holder.m.weight]["momentum_buffer"].to_local().data_ptr() == live.to_local().data_ptr()
+
+    class RowFactor(torch.optim.SGD):  # keeps a per-row statistic, as Adafactor does
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    self.state[p]["row_factor"] = torch.zeros_like(p).sum(dim=-1)
+
+    factored = RowFactor(holder.parameters(), lr=0.1)
+    factored.step()
+    with pytest.raises(NotImplementedError, match=r"^m\.weight: the optimizer's state 'row_factor' has shape \(16,\)"):
+        get_optimizer_state_dict(holder, factored)

@@ -32,7 +32,9 @@ from torch.utils._pytree import tree_leaves
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from distributed.cases import build_case_model, build_case_plan, result_or_error  # noqa: E402
+from distributed.cases import BATCH, SEQ, build_case_model, build_case_plan, result_or_error  # noqa: E402
+
+from plangen.check.run import full_parameter, next_token_loss  # noqa: E402
 
 from plangen.parallelize import parallelize_model  # noqa: E402
 
@@ -228,6 +230,125 @@ def run_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     return result
 
 
+# Adam's lr and eps as tests/distributed/cases.py's train_steps has them: a moment on another row than
+# its weight moves that weight by ~lr, ten times the tolerance.
+LR, EPS = 1e-4, 1e-6
+
+
+def _train_step(model: torch.nn.Module, optimizer, ids: torch.Tensor, rows: slice) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    next_token_loss(model(input_ids=ids[rows]).logits, ids[rows]).backward()
+    optimizer.step()
+
+
+def _dp_rows(dp_mesh) -> slice:
+    rank, dp = dp_mesh.get_local_rank(), dp_mesh.size()
+    return slice(rank * BATCH // dp, (rank + 1) * BATCH // dp)
+
+
+def _moments(model, optimizer, get) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    state = get(model, optimizer, options=StateDictOptions(full_state_dict=True))["state"]
+    return {f"{fqn}.{k}": v for fqn, s in state.items() for k, v in s.items() if v.dim() > 0}
+
+
+def _differs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    if got.keys() != want.keys():
+        return float("inf")
+    return max((g.float() - want[k].float()).abs().max().item() if tuple(g.shape) == tuple(want[k].shape)
+               else float("inf") for k, g in got.items())
+
+
+def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """AdamW's state saved at DP 2 x TP 2 after two steps (``plangen.state_dict``), resumed at DP 1 x TP 4,
+    DP 4 x TP 1 and in the plain model, then one step more: the resumed moments against the saved ones
+    (read back whole in Hugging Face's layout: exact), the saved ones against the unsharded model's
+    optimizer, and the weights after the third step against the unsharded model trained three steps.
+    Resumed from a DCP checkpoint of the state dict in torch's flattened form (``flatten_optimizer_state_dict``,
+    as torchtitan saves it), and (``*_full``) from the whole state dict (``full_state_dict=True``; torch
+    2.13 fails to load a whole flattened one by itself). ``torch_*``: the same DCP resume through
+    torch's own optimizer functions, nested (the rows in the order plangen holds them)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import state_dict as torch_functions
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    from plangen import state_dict as plangen_functions
+
+    ids = torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
+    model = build_case_model(case)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR, eps=EPS, foreach=False)
+    for _ in range(2):
+        _train_step(reference, reference_optimizer, ids, slice(None))
+    unsharded_moments = {f"{n}.{k}": v.clone() for n, p in reference.named_parameters()
+                         for k, v in reference_optimizer.state[p].items() if v.dim() > 0}
+    _train_step(reference, reference_optimizer, ids, slice(None))
+    trained = dict(reference.named_parameters())
+
+    dp_mesh, _ = _meshes("dp2tp2")
+    sharded = _parallelized(case, model, "dp2tp2")
+    optimizer = torch.optim.AdamW(sharded.parameters(), lr=LR, eps=EPS, fused=True)
+    for _ in range(2):
+        _train_step(sharded, optimizer, ids, _dp_rows(dp_mesh))
+    whole_options = StateDictOptions(full_state_dict=True)
+    flat = {"options": StateDictOptions(flatten_optimizer_state_dict=True)}
+    whole = plangen_functions.get_optimizer_state_dict(sharded, optimizer, options=whole_options)
+
+    def resume(kind: str, functions, load) -> dict[str, float] | str:
+        """The model at layout ``kind`` given the trained weights, a fresh AdamW given its state by
+        ``load(model, optimizer)``, then the third step."""
+        try:
+            fresh = build_case_model(case)
+            target, rows = fresh, slice(None)
+            if kind != "plain":
+                target, rows = _parallelized(case, fresh, kind), _dp_rows(_meshes(kind)[0])
+            resumed = torch.optim.AdamW(target.parameters(), lr=LR, eps=EPS, fused=kind != "plain", foreach=False)
+            load(target, resumed)
+            moments = _differs(_moments(target, resumed, functions.get_optimizer_state_dict), saved)
+            _train_step(target, resumed, ids, rows)
+            weights = max((full_parameter(target, n, p.detach()) - trained[n].detach()).abs().max().item()
+                          for n, p in target.named_parameters())
+            return {"moments": moments, "weights": weights}
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported, judged by the test
+            return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    saved = _moments(sharded, optimizer, plangen_functions.get_optimizer_state_dict)
+    result: dict[str, Any] = {"saved_vs_unsharded": _differs(saved, unsharded_moments), "piece": largest_piece(sharded),
+                              "largest": max(t.numel() * t.element_size() for t in reference.state_dict().values())}
+    # The sharded state dict and its save at sharded memory: floating-point bytes allocated and alive.
+    (result["get_bytes"], _), views = _peak(lambda: plangen_functions.get_optimizer_state_dict(sharded, optimizer))
+    (result["save_bytes"], _), _ = _peak(lambda: dcp.save({"optim": views}, checkpoint_id=str(directory / f"{case['name']}-m")))
+    for functions in (plangen_functions, torch_functions):
+        prefix = "" if functions is plangen_functions else "torch_"
+        checkpoint = directory / f"{case['name']}-{prefix}optimizer"
+        form = flat if functions is plangen_functions else {}
+        dcp.save({"model": get_model_state_dict(sharded), "optim": functions.get_optimizer_state_dict(sharded, optimizer, **form)},
+                 checkpoint_id=str(checkpoint))
+        saved = _moments(sharded, optimizer, functions.get_optimizer_state_dict)
+
+        def from_checkpoint(target, resumed, functions=functions, checkpoint=checkpoint, form=form):
+            state = {"model": get_model_state_dict(target), "optim": functions.get_optimizer_state_dict(target, resumed, **form)}
+            dcp.load(state, checkpoint_id=str(checkpoint))
+            set_model_state_dict(target, state["model"])
+            functions.set_optimizer_state_dict(target, resumed, state["optim"], **form)
+
+        for kind in ("dp1tp4", "dp4tp1", "plain"):
+            result[f"{prefix}{kind}"] = resume(kind, functions, from_checkpoint)
+    saved = _moments(sharded, optimizer, plangen_functions.get_optimizer_state_dict)
+
+    def from_whole(target, resumed):
+        set_model_state_dict(target, get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True)),
+                             options=StateDictOptions(full_state_dict=True))
+        # A copy each time: torch's loading of a whole state dict takes its step counts in as they are.
+        plangen_functions.set_optimizer_state_dict(target, resumed, copy.deepcopy(whole), options=whole_options)
+
+    for kind in ("dp1tp4", "dp4tp1"):
+        result[f"{kind}_full"] = resume(kind, plangen_functions, from_whole)
+    return result
+
+
 def run_checkpoint_cases(payload: dict[str, Any]) -> dict[str, Any]:
     """``payload``: ``{"directory": a directory every rank sees, "cases": {"dp2tp2": [case, ...]}}``;
     each case's result by name, on every rank."""
@@ -239,4 +360,6 @@ def run_checkpoint_cases(payload: dict[str, Any]) -> dict[str, Any]:
         if isinstance(result, dict):
             result["seconds"] = round(time.perf_counter() - started, 3)
         results[case["name"]] = result
+    for case in payload["cases"].get("optimizer", []):
+        results[f"optimizer/{case['name']}"] = result_or_error(run_optimizer_case, case, directory)
     return results
