@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from plangen.compat import AsyncCollectiveTensor, is_composable_checkpointed
+from plangen.transformers_compat import experts_compile_blocker
 
 logger = logging.getLogger("plangen")
 
@@ -123,13 +124,52 @@ def _ints_differ(modules: list[nn.Module]) -> bool:
     return any(len(values) > 1 for values in seen.values())
 
 
+def eager_modules(layers: list[nn.Module]) -> dict[nn.Module, str]:
+    """The modules inside ``layers`` that cannot be compiled, each with why: packed experts whose
+    transformers release traces its grouped_mm fallback's backward
+    (:func:`plangen.transformers_compat.experts_compile_blocker`; 5.5.x, 5.8.x)."""
+    found = {}
+    for layer in layers:
+        for module in layer.modules():
+            why = experts_compile_blocker(module)
+            if why is not None:
+                found[module] = why
+    return found
+
+
+def _around(module: nn.Module, eager: dict[nn.Module, str]) -> list[nn.Module]:
+    """The largest submodules of ``module`` that hold none of ``eager``: ``module`` itself where it holds
+    none, else its children's (an eager module itself: nothing)."""
+    if module in eager:
+        return []
+    if not any(m in eager for m in module.modules()):
+        return [module]
+    return [unit for child in module.children() for unit in _around(child, eager)]
+
+
 def compile_units(layers: list[nn.Module]) -> list[nn.Module]:
-    """What :func:`apply_compile` compiles: each layer whole, except a layer of a class in
-    :func:`mixed_children`, whose direct children compile one by one (each child class's code sees
-    one value of each int, so none turns symbolic); the layer's own code between them (NemotronH's
-    residual add) runs eagerly."""
+    """What :func:`apply_compile` compiles: each layer whole, except
+    - a layer of a class in :func:`mixed_children`, whose direct children compile one by one (each
+      child class's code sees one value of each int, so none turns symbolic); the layer's own code
+      between them (NemotronH's residual add) runs eagerly;
+    - a layer holding one of :func:`eager_modules`: the largest submodules around it compile (Qwen3-MoE
+      on 5.8: attention, norms, the router), it and the code between them run eagerly."""
+    eager = eager_modules(layers)
+    return [piece for unit in _whole_units(layers) for piece in _around(unit, eager)]
+
+
+def _whole_units(layers: list[nn.Module]) -> list[nn.Module]:
     mixed = mixed_children(layers)
     return [unit for layer in layers for unit in (list(layer.children()) if type(layer) in mixed else [layer])]
+
+
+def _waiting_inputs(compiled):
+    """``compiled`` called with its inputs waited for (no ``AsyncCollectiveTensor`` enters it)."""
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return compiled(*wait_async(args), **wait_async(kwargs))
+
+    return forward
 
 
 def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
@@ -148,6 +188,9 @@ def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
             cls.__name__,
             ", ".join(names),
         )
+    for why in sorted(set(eager_modules(layers).values())):
+        logger.warning("plangen: experts stay eager, the rest of each layer compiles around them: %s "
+                       "(docs/compile.md)", why)
     units = compile_units(layers)
     if any(is_composable_checkpointed(unit) for unit in units):
         logger.warning(
@@ -156,8 +199,16 @@ def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
             "early stop (docs/compile.md)"
         )
     apply_async_waits(model, units)
+    whole = {id(unit) for unit in _whole_units(layers)}
     for unit in units:
-        if is_composable_checkpointed(unit):
+        if id(unit) not in whole:
+            # A piece of a layer around eager experts (a shared expert, the router, attention): its forward
+            # compiles, its hooks (TP's input and output layouts) stay eager around it, as the layer's
+            # code around it does. torch 2.11's dynamo cannot start a compiled region in such a hook
+            # (PrepareModuleInput: "SourcelessBuilder.create does not know how to wrap DTensorSpec"),
+            # and a hook's asynchronous all-gather must be waited before the region (module docstring).
+            unit.forward = _waiting_inputs(torch.compile(unit.forward, fullgraph=True))
+        elif is_composable_checkpointed(unit):
             # Composable checkpointing enters a context in its pre-hook and leaves it in its post-hook,
             # which dynamo cannot compile (a hook is a frame of its own): the hooks stay eager around
             # the compiled forward, and backward's recomputation, which calls the module again, reruns

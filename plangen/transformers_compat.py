@@ -77,6 +77,16 @@ from a version number alone, and is written down per release as found in each on
   TP 2). :func:`block_identity_experts` says where a block computes them itself; the style then hands
   the block each rank's 1/tp share of the identity routes' weights (their gradient whole).
 
+* **grouped_mm's fallback under torch.compile.** Where ``torch._grouped_mm`` cannot run (on CPU, or
+  weights other than bfloat16), the ``grouped_mm`` experts call transformers' custom op
+  ``transformers::grouped_mm_fallback``. 5.5.x and 5.8.x register its backward as Python
+  (``offs.tolist()``, a loop over the groups), which AOTAutograd traces into the compiled backward:
+  ``GuardOnDataDependentSymNode: Could not guard on data-dependent expression`` (any MoE layer compiled
+  with its experts, sharded or not). 5.24.0 on make the backward an opaque custom op too
+  (``transformers::grouped_mm_fallback_backward``). :func:`experts_compile_blocker` says where;
+  :func:`plangen.compile.compile_units` then leaves those experts eager and compiles the rest of the
+  layer around them.
+
 Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
 shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
 :mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
@@ -153,6 +163,31 @@ def uses_experts_interface(module: Any) -> bool:
     (``use_experts_implementation``: its ``has_gate``/``is_transposed``; 5.24.0 on also its
     ``_is_expert_parallel``)."""
     return hasattr(module, "_is_expert_parallel") or (hasattr(module, "has_gate") and hasattr(module, "is_transposed"))
+
+
+@functools.cache
+def grouped_mm_backward_is_opaque() -> bool:
+    """Whether transformers' grouped_mm fallback has its backward as a custom op (5.24.0 on), which
+    torch.compile keeps opaque, rather than Python it traces (5.5.x, 5.8.x)."""
+    import torch
+
+    try:
+        import transformers.integrations.moe  # noqa: F401 - registers transformers' custom ops
+    except ImportError:
+        return True  # no experts interface at all
+    return hasattr(torch.ops.transformers, "grouped_mm_fallback_backward")
+
+
+def experts_compile_blocker(module: Any) -> str | None:
+    """Why ``module`` (transformers' packed experts) cannot be compiled with a backward, or None."""
+    if not uses_experts_interface(module) or grouped_mm_backward_is_opaque():
+        return None
+    if getattr(getattr(module, "config", None), "_experts_implementation", None) != "grouped_mm":
+        return None
+    import transformers
+
+    return (f"transformers {transformers.__version__}'s grouped_mm fallback has a Python backward "
+            "(offs.tolist()) that torch.compile cannot trace")
 
 
 def experts_split_over_ranks(module: Any) -> bool:

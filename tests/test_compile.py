@@ -81,7 +81,16 @@ def test_compiled_blocks_match_eager_with_the_same_collectives(results, case_id)
     collectives = result["collectives"]
     # With activation checkpointing, against eager recomputing whole layers, as compiled layers must
     # (tests/distributed/compile_cases.py); eager's early stop saves each layer's last collective.
-    assert collectives["compiled"] == collectives.get("eager-whole", collectives["eager"])
+    if not result["layers_in_pieces"]:
+        assert collectives["compiled"] == collectives.get("eager-whole", collectives["eager"])
+        return
+    # Layers compiled around eager experts (transformers 5.5/5.8, docs/compile.md): the same as eager,
+    # and with checkpointing between eager's early stop and whole recomputation (the eager MoE block
+    # ends the layer, so its early stop still saves the layer's last collective).
+    assert collectives["compiled"][0] == collectives["eager"][0]
+    low, high = collectives["eager"][1], collectives.get("eager-whole", collectives["eager"])[1]
+    for kind in set(low) | set(high) | set(collectives["compiled"][1]):
+        assert low.get(kind, 0) <= collectives["compiled"][1].get(kind, 0) <= high.get(kind, 0), (kind, collectives)
 
 
 # --- without a launch ---------------------------------------------------------------------------

@@ -345,3 +345,43 @@ def test_the_installed_longcat_block_says_where_it_computes_its_identity_experts
     inside = isinstance(getattr(block.experts, "identity_expert", None), nn.Module)
     assert transformers_compat.block_identity_experts(block) == (0 if inside else 2)
     assert moe_styles.identity_expert_count(block.experts) == (2 if inside else 0)
+
+
+@pytest.mark.window  # compiling costs ~15 CPU-s: the compatibility run's, where the releases differ
+def test_moe_layers_compile_on_the_installed_release(monkeypatch):
+    """A Qwen3-MoE compiled by apply_compile, against eager: logits and every gradient. Where the installed
+    transformers traces its grouped_mm fallback's Python backward (5.5.x, 5.8.x: GuardOnDataDependentSymNode,
+    docs/compile.md), the experts stay eager and the rest of each layer compiles around them; on the pinned
+    release the layers compile whole. The other release's case is reproduced here by saying its backward
+    is not opaque: the units then leave the experts out, and the compiled model still matches."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from plangen.compile import apply_compile, compile_units
+    from tiny_configs import TINY
+
+    kwargs = dict(TINY["qwen3_moe"], output_router_logits=False)  # a dense layer and a MoE layer
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **kwargs))
+    layers = list(model.model.layers)
+    experts = [m for m in model.modules() if transformers_compat.uses_experts_interface(m)]
+    assert experts and all(m.config._experts_implementation == "grouped_mm" for m in experts)
+    opaque = transformers_compat.grouped_mm_backward_is_opaque()
+    assert compile_units(layers) == layers if opaque else all(
+        e not in list(u.modules()) for u in compile_units(layers) for e in experts)
+    monkeypatch.setattr(transformers_compat, "grouped_mm_backward_is_opaque", lambda: False)
+    units = compile_units(layers)
+    moe = next(layer for layer in layers if any(e in list(layer.modules()) for e in experts))
+    assert moe not in units and moe.self_attn in units and moe.mlp.gate in units
+    assert not any(e in list(u.modules()) for u in units for e in experts)
+    eager = copy.deepcopy(model)
+    assert apply_compile(model, layers) == units
+    assert all(e._compiled_call_impl is None for e in experts)
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    outputs = [m(input_ids=ids).logits for m in (model, eager)]
+    for out in outputs:
+        out.float().pow(2).mean().backward()
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=1e-5)
+    grads = dict(eager.named_parameters())
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, grads[name].grad, rtol=0, atol=1e-5, msg=name)
