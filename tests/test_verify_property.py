@@ -74,4 +74,10 @@ def test_verify_is_clean_exactly_when_the_run_is_right_over_the_recorded_cases(r
     cases = vp.judge_prepared(_prepared(), vp.truth_from(_PREPARED["launches"], results))
     _check(cases)
     assert len(cases) >= 200
-    assert vp.build_record(cases) == _recorded(), f"re-run {vp.COMMAND} and regenerate docs/diagnostics.md"
+    import transformers
+
+    from plangen.stack import PINNED
+
+    if transformers.__version__ == PINNED["transformers"]:
+        # The recorded matrix is the pinned release's model code's; elsewhere the property above is the check.
+        assert vp.build_record(cases) == _recorded(), f"re-run {vp.COMMAND} and regenerate docs/diagnostics.md"

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from plangen.check.autograd_graph import nearest_tags
 from plangen.check.model_plan import parent_path
 from plangen.module_tree import generalize
 
@@ -85,19 +86,10 @@ class RunRecorder:
         """The planned outputs nearest above ``values`` in the autograd graph."""
         import torch
 
+        roots = [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn is not None]
         found: dict[str, Observed] = {}
-        seen: set[int] = set()
-        stack = [v.grad_fn for v in values if isinstance(v, torch.Tensor) and v.grad_fn is not None]
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            observed = self.tags.get(id(node))
-            if observed is not None:
-                found.setdefault(observed.path, observed)
-                continue
-            stack.extend(n for n, _ in node.next_functions)
+        for observed in nearest_tags(roots, self.tags):
+            found.setdefault(observed.path, observed)
         return list(found.values())
 
     def remove(self) -> None:

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
+from plangen.check.autograd_graph import nearest_tags
 from plangen.module_tree import ModuleIndex, generalize
 from plangen.style_facts import (
     MODULE_HOOKS,
@@ -175,20 +176,7 @@ class LayoutTracer:
 
         if not isinstance(tensor, torch.Tensor) or tensor.grad_fn is None:
             return ()
-        found: dict[Layout, None] = {}
-        seen: set[int] = set()
-        stack = [tensor.grad_fn]
-        while stack:
-            node = stack.pop()
-            if node is None or id(node) in seen:
-                continue
-            seen.add(id(node))
-            layout = self.tags.get(id(node))
-            if layout is not None:
-                found[layout] = None
-                continue
-            stack.extend(next_node for next_node, _ in node.next_functions)
-        return tuple(found)
+        return tuple(dict.fromkeys(nearest_tags([tensor.grad_fn], self.tags)))
 
     def _read(self, path: str, key: str | None, style: str, tensor: Any, takes: Any) -> None:
         producers = tuple(dict.fromkeys(_seen_on(p, tuple(tensor.shape)) for p in self.producers(tensor)))
