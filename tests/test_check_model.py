@@ -695,7 +695,10 @@ def test_experts_styles_fit_packed_experts_modules_only(tmp_path):
 def test_recurrent_gemma_plan_is_clean_and_its_rg_lru_style_fits_rg_lrus_with_heads_tp_divides(tmp_path):
     """The file init writes for RecurrentGemma is clean at TP 2; at TP 4 its 10 RG-LRU heads do not
     divide (PG204 on the RG-LRU's entry, naming TP 2); on the conv it does not fit (PG203)."""
+    from conftest import skip_unless_pinned_model_type
     from plangen.init import init_plan
+
+    skip_unless_pinned_model_type("recurrent_gemma")  # the lines and widths of the plan for this code
 
     source = init_plan("recurrent_gemma", tmp_path / "recurrent_gemma_plan.py").path.read_text()
     line = _line_of(source, '"model.layers.*.temporal_block.rg_lru"')
@@ -737,10 +740,12 @@ def test_norm_handed_the_sequence_whole_by_its_layer_is_not_on_the_residual_stre
     the whole sequence: no key of its own, and no PG206 for it; without that style it is one."""
     from transformers import AutoConfig
 
+    from conftest import skip_unless_pinned_model_type
     from plangen.init import init_plan
     from tiny_configs import TINY
 
     kwargs = dict(TINY["gemma4-moe"])
+    skip_unless_pinned_model_type(kwargs["model_type"])  # the plan the synthesizer writes for this code
     config = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
     config.architectures = ["Gemma4ForCausalLM"]
     config.save_pretrained(tmp_path / "gemma4-moe")
