@@ -1,4 +1,7 @@
-"""DTensor inputs an FSDP2 unit does not use get a DTensor gradient, not FSDP2's plain zeros.
+"""What FSDP2 does to a unit's inputs, mended: DTensor inputs it does not use get a DTensor gradient,
+and a container the model hands its layers to fill keeps its identity.
+
+**Unused DTensor inputs.**
 
 FSDP2 (torch 2.13) passes every input of a ``fully_shard`` unit that requires grad through one
 autograd function (``RegisterPostBackwardFunction``). When the unit never uses one of them, autograd
@@ -8,6 +11,13 @@ are summed, and DTensor refuses the sum of a plain tensor and a DTensor. Zamba2 
 parallel hands the token embeddings (a sequence-sharded DTensor) to every layer; only its hybrid
 layers read them. :func:`apply_dtensor_input_grads` puts an identity in front of FSDP2's function
 that hands back a DTensor of zeros in that case (no communication, a no-op otherwise).
+
+**Containers a layer fills.** FSDP2's pre-forward casts a unit's inputs to its ``param_dtype``
+(``cast_forward_inputs``) by rebuilding every dict and list in them. transformers 5.8.x's Gemma 3n hands
+each decoder layer one dict, ``shared_kv_states``, which a layer fills with its keys and values and a
+later layer reads: under FSDP2 each layer filled a copy, and the first KV-sharing layer failed
+(``KeyError: 2``), with or without TP. :func:`keep_filled_inputs` hands the unit the caller's own dicts
+and lists back after FSDP2's cast (their tensors are the model's own, left as it made them).
 """
 
 from __future__ import annotations
@@ -56,4 +66,26 @@ def apply_dtensor_input_grads(unit: nn.Module) -> None:
     unit.register_forward_pre_hook(_guard_inputs, prepend=True, with_kwargs=True)
 
 
-__all__ = ["apply_dtensor_input_grads"]
+_HANDED = "_plangen_handed_containers"
+
+
+def _note_containers(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    module.__dict__[_HANDED] = {k: v for k, v in kwargs.items() if type(v) in (dict, list)}
+
+
+def _hand_containers_back(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    handed = module.__dict__.pop(_HANDED, None)
+    if not handed or all(kwargs.get(k) is v for k, v in handed.items()):
+        return None
+    return args, {k: handed.get(k, v) for k, v in kwargs.items()}
+
+
+def keep_filled_inputs(unit: nn.Module) -> None:
+    """Keyword inputs of ``unit`` that are dicts or lists reach its forward as the caller's objects,
+    not FSDP2's copies (call after ``fully_shard(unit)``: the note is taken before FSDP2's hook, the
+    objects handed back after it)."""
+    unit.register_forward_pre_hook(_hand_containers_back, with_kwargs=True)
+    unit.register_forward_pre_hook(_note_containers, prepend=True, with_kwargs=True)
+
+
+__all__ = ["apply_dtensor_input_grads", "keep_filled_inputs"]

@@ -32,7 +32,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.compile import apply_compile
-from plangen.fsdp_inputs import apply_dtensor_input_grads
+from plangen.fsdp_inputs import apply_dtensor_input_grads, keep_filled_inputs
 from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
 from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
 from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
@@ -190,6 +190,7 @@ def apply_fsdp(
     for layer in find_separable_units(model, layers):
         fully_shard(layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy, shard_placement_fn=placement)
         apply_dtensor_input_grads(layer)  # an input the layer ignores (Zamba2's embeddings under SP)
+        keep_filled_inputs(layer)  # a dict the layers fill for each other (Gemma 3n's shared KV on 5.8)
     # The root's parameters (embeddings, head) are used again at once in backward: keep them.
     return fully_shard(
         model, mesh=dp_mesh, mp_policy=root_policy, offload_policy=offload_policy, reshard_after_forward=False,

@@ -341,3 +341,39 @@ def test_checkpointed_layers_leave_the_kv_cache_alone_in_training():
     with torch.no_grad():
         checkpointed(input_ids=ids, use_cache=True, **{keyword: cache})
     assert cache.get_seq_length() == 8
+
+
+def test_a_dict_the_layers_fill_for_each_other_reaches_them_whole_under_fsdp2(fake_pg):
+    """FSDP2's input cast rebuilds every dict it is handed: transformers 5.8.1's Gemma 3n hands each layer
+    one dict (shared_kv_states) that a layer fills and a later one reads, so each filled a copy and the
+    first KV-sharing layer failed (KeyError: 2). parallelize_model's layers get the caller's dict."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from plangen.fsdp_inputs import keep_filled_inputs
+
+    class Filler(torch.nn.Module):
+        def __init__(self, index):
+            super().__init__()
+            self.index, self.linear = index, torch.nn.Linear(4, 4)
+
+        def forward(self, hidden, shared):
+            shared[self.index] = hidden.detach()
+            return self.linear(hidden) + (shared[self.index - 1].sum() if self.index else 0)
+
+    mesh = DeviceMesh("cpu", list(range(dist.get_world_size())))
+    for mend in (False, True):
+        layers = [Filler(i) for i in range(2)]
+        for layer in layers:
+            fully_shard(layer, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32))  # as plangen's
+            if mend:
+                keep_filled_inputs(layer)
+        shared: dict = {}
+        hidden = torch.randn(2, 4)
+        if not mend:  # FSDP2 alone: the first layer filled a copy
+            with pytest.raises(KeyError):
+                layers[1](layers[0](hidden, shared=shared), shared=shared)
+            continue
+        layers[1](layers[0](hidden, shared=shared), shared=shared)
+        assert sorted(shared) == [0, 1]
