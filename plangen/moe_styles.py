@@ -43,7 +43,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 from plangen import compat
-from plangen.transformers_compat import experts_take_sentinels, experts_unproven_reason
+from plangen.transformers_compat import experts_take_sentinels
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -218,9 +218,6 @@ class ExpertsParallel(ParallelStyle):
                 f"ExpertsParallel applies to an experts module with num_experts and per-expert packed weights; "
                 f"{type(module).__name__} has none"
             )
-        unproven = experts_unproven_reason()
-        if unproven is not None:
-            raise ValueError(f"ExpertsParallel: {unproven}")
         layout = expert_layout_of(module, tp)
         if layout == "intermediate":
             _shard_intermediate(module, device_mesh, intermediate_split_dims(module, tp))

@@ -287,15 +287,6 @@ def stack_cannot_run(case_id: str) -> str | None:
     return None
 
 
-def stack_refuses(code: str, message: str) -> bool:
-    """Whether a finding is the installed stack's own refusal of what a plan does, as plangen reports it
-    where the plan would be applied (5.5.x's experts: plangen.transformers_compat.experts_unproven_reason)."""
-    from plangen.transformers_compat import experts_unproven_reason
-
-    refused = experts_unproven_reason()
-    return bool(refused) and code == "PG215" and refused[:60] in message
-
-
 def stack_can_run(params: list) -> list:
     """``params`` (ids or ``pytest.param``s of case ids), those the installed stack cannot run skipped."""
     out = []

@@ -41,12 +41,8 @@ def plangen_plans(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_verify_target_flags_exactly_what_the_runtime_refuses(plangen_plans, target):
-    from conftest import stack_refuses
-
     report = verify_plan_files(list(plangen_plans.values()), VerifyOptions(target=target))
-    # 5.5.x's experts are refused by plangen itself (PG215, whatever the target): not a target's rule.
-    found = {Path(d.path).name.removesuffix("_plan.py"): d.code for d in report.diagnostics
-             if not stack_refuses(d.code, d.message)}
+    found = {Path(d.path).name.removesuffix("_plan.py"): d.code for d in report.diagnostics}
     assert found == REFUSED_AT_TP2.get(target, {}), report.diagnostics
 
 
@@ -98,11 +94,8 @@ def test_init_for_nemo_automodel_says_which_setting_makes_its_moe_plan_apply(tmp
     assert result.exit_code == 0, result.output
     header = " ".join((tmp_path / "m.py").read_text().split('"""')[1].split())
     assert "It swaps in MoE code of its own for Qwen3MoeForCausalLM" in header and "set force_hf=True" in header
-    from conftest import stack_refuses
-
     report = verify_plan_files([tmp_path / "m.py"])
-    diagnostics = [d for d in report.diagnostics if not stack_refuses(d.code, d.message)]  # 5.5.x: PG215 too
-    assert {d.code for d in diagnostics} == {"PG217"} and report.failed() == (diagnostics != report.diagnostics)
+    assert {d.code for d in report.diagnostics} == {"PG217"} and not report.failed()
     assert report.failed(strict=True)  # warnings: --strict fails them
     text = (tmp_path / "m.py").read_text().splitlines()
     found = sorted(text[d.line - 1][d.col - 1:].split(":")[0] for d in diagnostics)

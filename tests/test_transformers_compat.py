@@ -235,15 +235,6 @@ def test_mamba2_mixers_conv1d_states_this_ranks_channels(fake_pg):
         assert conv.groups == conv.in_channels == conv.out_channels == local == mixer.conv_dim
 
 
-def test_experts_on_a_release_whose_sharded_gradients_are_wrong_are_refused(fake_pg, monkeypatch):
-    """5.5.x: the MoE plans' gradients differ from the unsharded model's (cause not found yet):
-    ExpertsParallel refuses, loudly, rather than train wrong; 5.8.x and newer are not refused."""
-    assert transformers_compat.experts_unproven_reason() is None  # the pinned release
-    monkeypatch.setattr(moe_styles, "experts_unproven_reason", lambda: "on transformers 5.5.4 (5.5.x) ...")
-    with pytest.raises(ValueError, match="ExpertsParallel: on transformers 5.5.4"):
-        ExpertsParallel(output_layouts=Partial())._apply(GroupedMm58Experts(), DeviceMesh("cpu", torch.arange(2)))
-
-
 def test_a_router_read_by_its_weight_has_its_input_counted_once(monkeypatch):
     """5.8's DeepSeek-V2 MoE block computes ``F.linear(x.float(), self.gate.weight.float())`` and
     never calls its router: the count-once goes on every F.linear on that weight (or a conversion of
