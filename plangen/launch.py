@@ -64,7 +64,8 @@ def gloo_worker_threads(threads: int) -> None:
     9 bytes, into a freed 20-byte chunk, as AddressSanitizer reports it), and glibc aborts later on
     "malloc(): unaligned tcache chunk detected", or a thread segfaults (issue 35). With one worker
     thread nothing races there; the group's collectives then run one at a time, in issue order
-    (what a gloo group can overlap on a few cores is little).
+    (the synthesized-plans launch took 45 s against 44 s on a quiet 2-core machine; a loop of many
+    tiny async collectives in flight at once takes about twice as long).
 
     torch takes no thread count for gloo groups it creates (``init_process_group``, ``new_group``,
     a device mesh's): this replaces the class ``torch.distributed.distributed_c10d`` builds them from
