@@ -7,6 +7,10 @@ the run with its rank and traceback; a run past its deadline is killed whole, ne
 
 Target: ``"package.module:function"`` or ``"path/to/file.py:function"``; the function takes the
 JSON payload and returns a JSON-serialisable result. Results come back in rank order.
+
+Every gloo process group a rank creates (the world's, a device mesh's) runs its collectives on one
+worker thread (``gloo_threads``; torch's default is two): torch's ProcessGroupGloo corrupts the heap
+when two of one group's workers finish collectives at once (issue 35, :func:`gloo_worker_threads`).
 """
 
 from __future__ import annotations
@@ -27,19 +31,70 @@ class DistributedRunError(RuntimeError):
     """A worker failed or the run exceeded its deadline."""
 
 
+GLOO_THREADS = 1
+"""Worker threads of each gloo process group in a launched rank (torch's own default: 2; issue 35)."""
+
+
 def run_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *,
-                    python: str | None = None) -> list[Any]:
+                    python: str | None = None, gloo_threads: int = GLOO_THREADS) -> list[Any]:
     """Run ``target(payload)`` on ``world_size`` gloo ranks; return each rank's result."""
-    return start_distributed(target, world_size, payload, timeout, python=python).result()
+    return start_distributed(target, world_size, payload, timeout, python=python, gloo_threads=gloo_threads).result()
 
 
 def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *, nice: int = 0,
-                      python: str | None = None) -> "Launch":
+                      python: str | None = None, gloo_threads: int = GLOO_THREADS) -> "Launch":
     """Start ``target(payload)`` on ``world_size`` gloo ranks in the background; ``result()`` waits.
 
     ``nice`` lowers the ranks' priority: work in the foreground keeps its core, the ranks take the rest.
-    ``python``: the interpreter the ranks run in (default: this one); plangen must import there."""
-    return Launch(target, world_size, payload, timeout, nice=nice, python=python)
+    ``python``: the interpreter the ranks run in (default: this one); plangen must import there.
+    ``gloo_threads``: worker threads of each gloo process group in the ranks (:func:`gloo_worker_threads`;
+    2 is torch's own default, which issue 35's heap corruption needs)."""
+    return Launch(target, world_size, payload, timeout, nice=nice, python=python, gloo_threads=gloo_threads)
+
+
+def gloo_worker_threads(threads: int) -> None:
+    """Make every gloo process group this process creates from now on run on ``threads`` worker threads.
+
+    torch's ProcessGroupGloo (2.11 to 2.15 at least) runs a group's collectives on two worker threads,
+    and each, after a collective, writes the group's status (``pgStatus_->lastCompletedWorkName =
+    opTypeToString(...)``, a std::string) in ``ProcessGroupGloo::runLoop`` outside any lock. A name
+    longer than 15 characters (``ALLGATHER_COALESCED``: every ``funcol.all_gather_tensor``, DTensor's
+    all-gathers; ``ALLREDUCE_COALESCED``) lives on the heap: when the other worker finishes a
+    collective at the same moment, one thread frees the buffer the other is writing ("ALLREDUCE",
+    9 bytes, into a freed 20-byte chunk, as AddressSanitizer reports it), and glibc aborts later on
+    "malloc(): unaligned tcache chunk detected", or a thread segfaults (issue 35). With one worker
+    thread nothing races there; the group's collectives then run one at a time, in issue order
+    (the synthesized-plans launch took 45 s against 44 s on a quiet 2-core machine; a loop of many
+    tiny async collectives in flight at once takes about twice as long).
+
+    torch takes no thread count for gloo groups it creates (``init_process_group``, ``new_group``,
+    a device mesh's): this replaces the class ``torch.distributed.distributed_c10d`` builds them from
+    by a subclass that passes ``threads`` in the options torch would build (the same device, timeout
+    and, on 2.15, ``enable_reconfigure``). Called again, the last count wins."""
+    import torch.distributed.distributed_c10d as c10d
+
+    gloo = getattr(c10d.ProcessGroupGloo, "_plangen_torch_class", c10d.ProcessGroupGloo)
+
+    class ProcessGroupGloo(gloo):
+        _plangen_torch_class = gloo
+
+        def __init__(self, store, rank, size, timeout=None, **kwargs):
+            options = gloo._Options()
+            if any(not hasattr(options, key) for key in kwargs):  # an argument this torch's options lack
+                super().__init__(store, rank, size, **({} if timeout is None else {"timeout": timeout}), **kwargs)
+                return
+            interfaces = os.environ.get("GLOO_SOCKET_IFNAME")  # what torch's own constructor reads
+            options._devices = ([gloo.create_device(interface=name) for name in interfaces.split(",")] if interfaces
+                                else [gloo.create_default_device()])
+            options._threads = threads
+            if timeout is not None:
+                options._timeout = timeout
+            for key, value in kwargs.items():
+                setattr(options, key, value)
+            super().__init__(store, rank, size, options)
+
+    ProcessGroupGloo.__module__ = gloo.__module__
+    c10d.ProcessGroupGloo = ProcessGroupGloo
 
 
 def lower_priority(nice: int) -> None:
@@ -61,12 +116,13 @@ class Launch:
     """A run on gloo ranks, started at construction; ``result()`` is each rank's result, in order."""
 
     def __init__(self, target: str, world_size: int, payload: Any, timeout: float, *, nice: int = 0,
-                 python: str | None = None) -> None:
+                 python: str | None = None, gloo_threads: int = GLOO_THREADS) -> None:
         self.target, self.world_size, self.timeout = target, world_size, timeout
         self._tmp = tempfile.TemporaryDirectory(prefix="plangen-run-")
         self._out = Path(self._tmp.name)
         (self._out / "payload.json").write_text(json.dumps(payload))
-        cmd = [python or sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout)]
+        cmd = [python or sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout),
+               str(gloo_threads)]
         self._deadline = time.monotonic() + timeout + 30  # the launcher's own deadline comes first
         # The ranks' output goes to a file: a pipe nobody reads until result() would fill and block them.
         self._log = open(self._out / "launch.log", "w+")
@@ -134,7 +190,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any) -> None:
+def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any, gloo_threads: int) -> None:
     import traceback
 
     os.environ.update(
@@ -154,6 +210,7 @@ def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any) 
 
         # Several ranks share few cores: one thread each avoids oversubscription.
         torch.set_num_threads(1)
+        gloo_worker_threads(gloo_threads)  # before any group is made (issue 35)
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(payload)
         (out / f"rank{rank}.json").write_text(json.dumps(result))
@@ -178,7 +235,7 @@ def _note_signal(out: Path, rank: int | None, code: int) -> None:
         (out / f"rank{rank}.killed").write_text(note)
 
 
-def _main(target: str, world_size: int, out: Path, timeout: float) -> int:
+def _main(target: str, world_size: int, out: Path, timeout: float, gloo_threads: int = GLOO_THREADS) -> int:
     import torch  # noqa: F401 - imported once here, shared by every forked worker
     import transformers  # noqa: F401
     import transformers.modeling_utils  # noqa: F401 - what building any model imports first (~1 s a rank)
@@ -190,7 +247,7 @@ def _main(target: str, world_size: int, out: Path, timeout: float) -> int:
     for rank in range(world_size):
         pid = os.fork()
         if pid == 0:
-            _worker(fn, rank, world_size, port, out, payload)
+            _worker(fn, rank, world_size, port, out, payload, gloo_threads)
         pids[pid] = rank
     deadline = time.monotonic() + timeout
     status = 0
@@ -223,4 +280,5 @@ def _main(target: str, world_size: int, out: Path, timeout: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4])))
+    sys.exit(_main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]),
+                   *(int(n) for n in sys.argv[5:6])))

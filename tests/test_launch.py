@@ -46,6 +46,32 @@ def rank_one_aborts(payload):
     return dist.get_rank()
 
 
+def gloo_worker_threads_of_each_group(payload):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    groups = {"world": dist.group.WORLD, "new_group": dist.new_group([0, 1]), "dp": mesh.get_group("dp"),
+              "tp": mesh.get_group("tp")}
+    threads = {name: group._get_backend(torch.device("cpu")).options._threads for name, group in groups.items()}
+    gathered = torch.ones(2) * dist.get_rank()
+    dist.all_reduce(gathered, group=mesh.get_group("tp"))  # a collective runs on the replaced class
+    return [threads, gathered.tolist()]
+
+
+def test_every_gloo_group_of_a_launched_rank_runs_on_one_worker_thread_unless_asked_for_torchs_two():
+    """Issue 35: torch's ProcessGroupGloo corrupts the heap when two worker threads of one group end
+    collectives at once (plangen.launch.gloo_worker_threads): a launch's groups, the world's and
+    those made later (a device mesh's, new_group's), get one worker thread; gloo_threads=2 is
+    torch's own count (what the stress test showing torch's bug launches with)."""
+    for asked, threads in ((None, 1), (2, 2)):
+        kwargs = {} if asked is None else {"gloo_threads": asked}
+        result = run_distributed(f"{__file__}:gloo_worker_threads_of_each_group", 2, timeout=120, **kwargs)
+        names = ("world", "new_group", "dp", "tp")
+        assert result == [[dict.fromkeys(names, threads), [1.0, 1.0]]] * 2
+
+
 def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_result_in_order():
     launch = start_distributed(f"{__file__}:rank_and_payload", 2, {"x": 1}, timeout=120, nice=5)
     # Nobody reads its output meanwhile (the tests before a launching module run): it still ends.
