@@ -50,7 +50,10 @@ def measure(config_path: str, tp_size: int) -> dict[str, float]:
             local = param.to_local() if isinstance(param, DTensor) else param
             local_bytes = local.numel() * local.element_size()
             shard += local_bytes
-            if isinstance(param, DTensor) and row_map(model.get_submodule(path), param_name, tuple(param.shape)) is not None:
+            if (
+                isinstance(param, DTensor)
+                and row_map(model.get_submodule(path), param_name, tuple(param.shape)) is not None
+            ):
                 relaid += whole - local_bytes
             largest = max(largest, whole)
             # A shard on another dim than 0 does not land whole in the output: one shard buffered.
@@ -58,9 +61,13 @@ def measure(config_path: str, tp_size: int) -> dict[str, float]:
             gathered = max(gathered, whole + (local_bytes if off_dim0 else 0))
     before_sd = shard + relaid
     return {
-        "plan": chosen.source, "shard": shard / GIB, "largest": largest / GIB,
-        "state_dict_before": before_sd / GIB, "state_dict_after": shard / GIB,
-        "export_before": (before_sd + largest) / GIB, "export_after": (shard + gathered) / GIB,
+        "plan": chosen.source,
+        "shard": shard / GIB,
+        "largest": largest / GIB,
+        "state_dict_before": before_sd / GIB,
+        "state_dict_after": shard / GIB,
+        "export_before": (before_sd + largest) / GIB,
+        "export_after": (shard + gathered) / GIB,
     }
 
 
@@ -78,8 +85,10 @@ def main() -> None:
     print("\n| model | TP | shard | `state_dict()` / `dcp.save`: before → after | export: before → after |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['model']} | {r['tp']} | {r['shard']:.2f} GiB | {r['state_dict_before']:.2f} → {r['state_dict_after']:.2f} GiB "
-              f"| {r['export_before']:.2f} → {r['export_after']:.2f} GiB |")
+        print(
+            f"| {r['model']} | {r['tp']} | {r['shard']:.2f} GiB | {r['state_dict_before']:.2f} → {r['state_dict_after']:.2f} GiB "
+            f"| {r['export_before']:.2f} → {r['export_after']:.2f} GiB |"
+        )
 
 
 if __name__ == "__main__":

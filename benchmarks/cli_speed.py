@@ -58,13 +58,24 @@ def run_cli_benchmark(quick: bool = False, timed: Callable[[list[str]], tuple[fl
     )
     rows = (
         (f"plangen init {config.name}", init, init_floor),
-        (f"plangen verify {Path(verify_speed.PLAN).name} --tp-size {verify_speed.TP_SIZE} (levels 1-2)", verify, verify_floor),
+        (
+            f"plangen verify {Path(verify_speed.PLAN).name} --tp-size {verify_speed.TP_SIZE} (levels 1-2)",
+            verify,
+            verify_floor,
+        ),
     )
     for name, (cpu, wall), (floor_cpu, floor_wall) in rows:
-        section.rows.append([
-            name, f"{cpu:.2f} s", f"{floor_cpu:.2f} s", format_ratio(cpu / floor_cpu),
-            f"{wall:.2f} s", f"{floor_wall:.2f} s", format_ratio(wall / floor_wall),
-        ])
+        section.rows.append(
+            [
+                name,
+                f"{cpu:.2f} s",
+                f"{floor_cpu:.2f} s",
+                format_ratio(cpu / floor_cpu),
+                f"{wall:.2f} s",
+                f"{floor_wall:.2f} s",
+                format_ratio(wall / floor_wall),
+            ]
+        )
     section.goals = [
         Goal(f"{name.split()[1]} within {GOAL}x of the floor (CPU)", cpu / floor_cpu <= GOAL, f"{cpu / floor_cpu:.2f}x")
         for name, (cpu, _), (floor_cpu, _) in rows

@@ -32,7 +32,14 @@ def megatron_minimum_per_layer(hidden: int, tp: int, dtype_bytes: int = 2) -> fl
 
 
 def activation_bytes_per_layer(plan, layers: int) -> float:
-    return sum(c.sent_bytes for c in plan.collectives if c.source == "TP" and c.scope == "per layer" and c.tensor == "B·S·H") / layers
+    return (
+        sum(
+            c.sent_bytes
+            for c in plan.collectives
+            if c.source == "TP" and c.scope == "per layer" and c.tensor == "B·S·H"
+        )
+        / layers
+    )
 
 
 def activation_counts_per_layer(plan, layers: int) -> dict[str, float]:
@@ -49,14 +56,28 @@ def run_comm_benchmark(quick: bool = False) -> Section:
     cases = QUICK if quick else tuple((m, tp) for m in MODELS for tp in TP_SIZES)
     section = Section(
         "1. TP communication per rank per step (bf16, 1 x 4096 tokens): plangen vs Hugging Face and NeMo-RL-style plans",
-        ["model", "TP", "mode", "plangen", "HF / plangen", "NeMo / plangen", "plangen / Megatron min.", "collectives plangen / HF / NeMo"],
+        [
+            "model",
+            "TP",
+            "mode",
+            "plangen",
+            "HF / plangen",
+            "NeMo / plangen",
+            "plangen / Megatron min.",
+            "collectives plangen / HF / NeMo",
+        ],
     )
     worst_hf, worst_nemo, off_minimum = float("inf"), float("inf"), []
     for model, tp in cases:
         for sp in (False, True):
             report = build_cost_report(
-                str(CONFIGS / MODELS[model]), ["hf", "nemo"], tp_size=tp, seq_len=SEQ_LEN, micro_batch=MICRO_BATCH,
-                dtype=DTYPE, sequence_parallel=sp,
+                str(CONFIGS / MODELS[model]),
+                ["hf", "nemo"],
+                tp_size=tp,
+                seq_len=SEQ_LEN,
+                micro_batch=MICRO_BATCH,
+                dtype=DTYPE,
+                sequence_parallel=sp,
             )
             plangen, hf, nemo = report.plans
             mine = plangen.sent_bytes("TP")
@@ -69,13 +90,29 @@ def run_comm_benchmark(quick: bool = False) -> Section:
             if abs(at_minimum - 1) > 1e-9 or counts != expected:
                 off_minimum.append(f"{model} TP {tp} {'SP' if sp else 'TP'}: {at_minimum:.3f}x, {counts}")
             worst_hf, worst_nemo = min(worst_hf, hf_ratio), min(worst_nemo, nemo_ratio)
-            section.rows.append([
-                model, str(tp), "SP" if sp else "TP", format_gib(mine), format_ratio(hf_ratio), format_ratio(nemo_ratio),
-                format_ratio(at_minimum), f"{plangen.count('TP')} / {hf.count('TP')} / {nemo.count('TP')}",
-            ])
+            section.rows.append(
+                [
+                    model,
+                    str(tp),
+                    "SP" if sp else "TP",
+                    format_gib(mine),
+                    format_ratio(hf_ratio),
+                    format_ratio(nemo_ratio),
+                    format_ratio(at_minimum),
+                    f"{plangen.count('TP')} / {hf.count('TP')} / {nemo.count('TP')}",
+                ]
+            )
     section.goals = [
-        Goal("plangen never sends more than the Hugging Face plan", worst_hf >= 1, f"smallest HF / plangen {worst_hf:.2f}x"),
-        Goal("plangen never sends more than the NeMo-RL-style plan", worst_nemo >= 1, f"smallest NeMo / plangen {worst_nemo:.2f}x"),
+        Goal(
+            "plangen never sends more than the Hugging Face plan",
+            worst_hf >= 1,
+            f"smallest HF / plangen {worst_hf:.2f}x",
+        ),
+        Goal(
+            "plangen never sends more than the NeMo-RL-style plan",
+            worst_nemo >= 1,
+            f"smallest NeMo / plangen {worst_nemo:.2f}x",
+        ),
         Goal(
             "plangen's per-layer activation traffic is the Megatron minimum (4 all-reduces, or 4 all-gathers + 4 reduce-scatters, of B·S·H)",
             not off_minimum,

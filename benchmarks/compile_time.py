@@ -27,7 +27,14 @@ def run_compile_benchmark(quick: bool = False) -> Section:
     section = Section(
         f"10. Step time on CPU (gloo), DP 2 x TP 2, eager vs compiled decoder layers (parallelize_model(compile=True)), "
         f"batch {options['batch']} x {options['seq']}",
-        ["model", "eager median step", "compiled median step", "compiled / eager (median of pairs)", "compile time (first step)", "first loss gap"],
+        [
+            "model",
+            "eager median step",
+            "compiled median step",
+            "compiled / eager (median of pairs)",
+            "compile time (first step)",
+            "first loss gap",
+        ],
     )
     for kind in KINDS:
         times: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -38,13 +45,26 @@ def run_compile_benchmark(quick: bool = False) -> Section:
                 ranks = {v: run_variant(v, weights, options) for v in VARIANTS}
                 for v in VARIANTS:
                     times[v] += ranks[v][0]["times"]
-                pairs.append(statistics.median(ranks["compiled"][0]["times"]) / statistics.median(ranks["plangen"][0]["times"]))
+                pairs.append(
+                    statistics.median(ranks["compiled"][0]["times"]) / statistics.median(ranks["plangen"][0]["times"])
+                )
                 compile_seconds.append(ranks["compiled"][0]["first_step"] - ranks["plangen"][0]["first_step"])
                 gaps.append(abs(ranks["compiled"][0]["losses"][0] - ranks["plangen"][0]["losses"][0]))
-        section.rows.append([
-            describe_model(kind), f"{statistics.median(times['plangen']) * 1e3:.1f} ms",
-            f"{statistics.median(times['compiled']) * 1e3:.1f} ms", f"{statistics.median(pairs):.2f}x",
-            f"{statistics.median(compile_seconds):.1f} s", f"{max(gaps):.1e}",
-        ])
-        section.goals.append(Goal(f"{kind}: compiled and eager start from the same loss", max(gaps) <= LOSS_TOLERANCE, f"gap {max(gaps):.1e}"))
+        section.rows.append(
+            [
+                describe_model(kind),
+                f"{statistics.median(times['plangen']) * 1e3:.1f} ms",
+                f"{statistics.median(times['compiled']) * 1e3:.1f} ms",
+                f"{statistics.median(pairs):.2f}x",
+                f"{statistics.median(compile_seconds):.1f} s",
+                f"{max(gaps):.1e}",
+            ]
+        )
+        section.goals.append(
+            Goal(
+                f"{kind}: compiled and eager start from the same loss",
+                max(gaps) <= LOSS_TOLERANCE,
+                f"gap {max(gaps):.1e}",
+            )
+        )
     return section

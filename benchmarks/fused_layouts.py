@@ -110,7 +110,9 @@ def main() -> None:
     from plangen.launch import run_distributed
 
     per_rank = run_distributed(f"{Path(__file__).resolve()}:worker", 4, None, timeout=300)
-    print("| layout / case | rank | own parts | forward | full state dict max error | load, read back | forward after load | local / whole params | forward collectives | state_dict() collectives |")
+    print(
+        "| layout / case | rank | own parts | forward | full state dict max error | load, read back | forward after load | local / whole params | forward collectives | state_dict() collectives |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for key in per_rank[0]:
         for rank, results in enumerate(per_rank):

@@ -212,12 +212,8 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     deadline = started + args.budget_s
     report = {
         "schema": 1,
-        "command": " ".join([COMMAND, *sys.argv[1:]])
-        if __name__ == "__main__"
-        else COMMAND,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec="seconds"
-        ),
+        "command": " ".join([COMMAND, *sys.argv[1:]]) if __name__ == "__main__" else COMMAND,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": args.device,
         "tiny": args.tiny,
         "budget_s": args.budget_s,
@@ -242,9 +238,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
                 "rows": [],
             }
             write_report(report, args.markdown, args.json)
-            report["sections"][name] = run_section_child(
-                name, args, time.time() + share
-            )
+            report["sections"][name] = run_section_child(name, args, time.time() + share)
         report["elapsed_s"] = time.time() - started
         write_report(report, args.markdown, args.json)
     report["finished"] = True
@@ -252,9 +246,7 @@ def run_check(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def run_section_child(
-    name: str, args: argparse.Namespace, deadline: float
-) -> dict[str, Any]:
+def run_section_child(name: str, args: argparse.Namespace, deadline: float) -> dict[str, Any]:
     """One section in a process of its own, stopped at ``deadline``: its result, whatever it reached."""
     started = time.time()
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as folder:
@@ -273,16 +265,10 @@ def run_section_child(
             *(["--tiny"] if args.tiny else []),
         ]
         status, error = run_until(argv, deadline)
-        result = (
-            json.loads(result_file.read_text())
-            if result_file.exists()
-            else {"rows": []}
-        )
+        result = json.loads(result_file.read_text()) if result_file.exists() else {"rows": []}
     if result.pop("finished", False) and status != "done":
         # Killed or crashed while exiting (a CUDA teardown), every case done: the figures stand.
-        result.setdefault("notes", []).append(
-            f"its process, every case done, then ended: {error or status}"
-        )
+        result.setdefault("notes", []).append(f"its process, every case done, then ended: {error or status}")
         status, error = "done", None
     if status.startswith("stopped") and result.get("running"):
         status += f" (in case {result['running']})"
@@ -316,9 +302,7 @@ def run_until(argv: list[str], deadline: float) -> tuple[str, str | None]:
         lines = [line.strip() for line in stderr.splitlines() if line.strip()]
         return (
             "crashed",
-            f"exit status {process.returncode}: {lines[-1] if lines else 'no output'}"[
-                :300
-            ],
+            f"exit status {process.returncode}: {lines[-1] if lines else 'no output'}"[:300],
         )
     return "done", None
 
@@ -334,17 +318,13 @@ def describe_environment(device: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
-        "cpu_cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "cuda": torch.version.cuda,
         "device_name": platform.processor() or platform.machine(),
     }
     if device == "cuda":
         environment["device_name"] = torch.cuda.get_device_name(0)
-        environment["device_memory_gib"] = round(
-            torch.cuda.get_device_properties(0).total_memory / 2**30, 1
-        )
+        environment["device_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
         environment["cudnn"] = torch.backends.cudnn.version()
     return environment
 
@@ -372,9 +352,7 @@ class Section:
         """Each case's name in turn while the budget lasts (the case in progress recorded)."""
         for name in names:
             if time.time() > self.deadline:
-                self.data["stopped"] = (
-                    f"stopped at its share of the budget, before case {name}"
-                )
+                self.data["stopped"] = f"stopped at its share of the budget, before case {name}"
                 break
             self.data["running"] = name
             self.save()
@@ -382,15 +360,11 @@ class Section:
         self.data["running"] = None
         self.save()
 
-    def run_case(
-        self, name: str, measure: Callable[..., dict[str, Any]], *args: Any
-    ) -> None:
+    def run_case(self, name: str, measure: Callable[..., dict[str, Any]], *args: Any) -> None:
         """One case's row: ``measure(*args)``'s figures, or its error (type and first line) and no figures."""
         try:
             row = {"case": name, **measure(*args)}
-        except (
-            Exception
-        ) as error:  # per case: one failing case must not hide the others
+        except Exception as error:  # per case: one failing case must not hide the others
             # The first line for the report; the trace's end in the JSON, for a run no one watched.
             row = {
                 "case": name,
@@ -410,9 +384,7 @@ def run_section_process(args: argparse.Namespace) -> int:
     section = Section(args.result, args.deadline)
     try:
         RUNNERS[args.section](section, args.device, args.tiny)
-    except (
-        Exception
-    ) as error:  # the section's own setup: recorded, the orchestrator goes on
+    except Exception as error:  # the section's own setup: recorded, the orchestrator goes on
         section.data["error"] = one_line(error)
     section.data["running"] = None
     # Done: a kill at the deadline while the process exits stops nothing.
@@ -502,9 +474,7 @@ def measure_peak_case(
         "device": device,
     }
     with fake_process_group(tp * dp):
-        mesh = DeviceMesh(
-            device, torch.arange(tp * dp).view(dp, tp), mesh_dim_names=("dp", "tp")
-        )
+        mesh = DeviceMesh(device, torch.arange(tp * dp).view(dp, tp), mesh_dim_names=("dp", "tp"))
         measured = run_peak_case(
             case,
             mesh["dp"],
@@ -513,10 +483,7 @@ def measure_peak_case(
         )
     row = {
         "phases": {
-            p.phase: compare_kinds(
-                dict(p.breakdown.items()), measured["phases"][p.phase]
-            )
-            for p in predicted.phases
+            p.phase: compare_kinds(dict(p.breakdown.items()), measured["phases"][p.phase]) for p in predicted.phases
         }
     }
     row["predicted_peak"] = predicted.peak.breakdown.total
@@ -530,9 +497,7 @@ def measure_peak_case(
     return row
 
 
-def compare_kinds(
-    predicted: dict[str, int], measured: dict[str, Any]
-) -> dict[str, Any]:
+def compare_kinds(predicted: dict[str, int], measured: dict[str, Any]) -> dict[str, Any]:
     """One phase: each kind's predicted and tracked bytes; ``differing``: the kinds not byte for byte."""
     return {
         "predicted": predicted,
@@ -563,9 +528,7 @@ def free_cuda_memory() -> None:
 def run_kernels(section: Section, device: str, tiny: bool) -> None:
     options = TINY if tiny else FULL
     if device != "cuda":
-        section.data["skipped"] = {
-            "SDPA backend selection": f"{NEEDS_CUDA} (the CPU kernel that ran is shown)"
-        }
+        section.data["skipped"] = {"SDPA backend selection": f"{NEEDS_CUDA} (the CPU kernel that ran is shown)"}
     section.data["notes"].append(
         "tests/tiny_configs.py models in bf16 through parallelize_model (DP 1) on a fake process group: one forward, "
         "plangen.loss and backward; finite: the logits, the loss and every gradient of the rank"
@@ -585,9 +548,7 @@ def run_kernels(section: Section, device: str, tiny: bool) -> None:
         section.run_case(name, run_kernel_case, *cases[name], device)
 
 
-def run_kernel_case(
-    kind: str, tiny: str, sp: bool, plan: str, tp: int, device: str
-) -> dict[str, Any]:
+def run_kernel_case(kind: str, tiny: str, sp: bool, plan: str, tp: int, device: str) -> dict[str, Any]:
     import torch
 
     from plangen.cost.measure import fake_process_group, step_loss
@@ -621,9 +582,7 @@ def run_kernel_case(
         "plan": plan,
         "finite_logits": finite(logits),
         "finite_loss": finite(loss),
-        "finite_grads": all(
-            finite(p.grad) for p in model.parameters() if p.grad is not None
-        ),
+        "finite_grads": all(finite(p.grad) for p in model.parameters() if p.grad is not None),
         "sdpa": sorted(kernels.seen),
         "seconds": round(seconds, 3),
     }
@@ -653,9 +612,7 @@ def meshes(device: str, dp: int, tp: int):
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    mesh = DeviceMesh(
-        device, torch.arange(dp * tp).view(dp, tp), mesh_dim_names=("dp", "tp")
-    )
+    mesh = DeviceMesh(device, torch.arange(dp * tp).view(dp, tp), mesh_dim_names=("dp", "tp"))
     return mesh["dp"], mesh["tp"]
 
 
@@ -665,9 +622,7 @@ def batch(model: Any, rows: int, seq: int, device: str):
     from plangen.models import text_config
 
     torch.manual_seed(0)
-    ids = torch.randint(
-        0, text_config(model.config).vocab_size, (rows, seq), device=device
-    )
+    ids = torch.randint(0, text_config(model.config).vocab_size, (rows, seq), device=device)
     return ids, torch.arange(seq, device=device).expand(rows, seq)
 
 
@@ -753,10 +708,7 @@ def drift_setup(device: str, folder: Path) -> Iterator[dict[str, Any]]:
 
     dist.init_process_group("fake", rank=0, world_size=WORLD_SIZE)
     base = build_tiny_model(resolve_model("llama"), tp_size=WORLD_SIZE, seed=0)
-    plans = {
-        v: str(init_plan("llama", folder / f"llama_{v}.py", variant=v).path)
-        for v in ("optimized", "stable")
-    }
+    plans = {v: str(init_plan("llama", folder / f"llama_{v}.py", variant=v).path) for v in ("optimized", "stable")}
     yield {
         "model": base.to(device),
         "ids": sample_batch(base, WORLD_SIZE).to(device),
@@ -765,9 +717,7 @@ def drift_setup(device: str, folder: Path) -> Iterator[dict[str, Any]]:
     }
 
 
-def measure_drift_case(
-    variant: str, tp: int, dtype: str, setup: dict[str, Any], device: str
-) -> dict[str, Any]:
+def measure_drift_case(variant: str, tp: int, dtype: str, setup: dict[str, Any], device: str) -> dict[str, Any]:
     import copy
 
     import torch
@@ -789,11 +739,7 @@ def measure_drift_case(
         apply_tp(model, mesh["tp"], load_custom_plan(setup["plans"][variant]))
         with torch.no_grad():
             logits = full_tensor(model(input_ids=ids).logits)
-    ranks = (
-        list(logits._local_tensors.values())
-        if isinstance(logits, LocalTensor)
-        else [logits]
-    )
+    ranks = list(logits._local_tensors.values()) if isinstance(logits, LocalTensor) else [logits]
     return {
         "variant": variant,
         "tp": tp,
@@ -809,9 +755,7 @@ def measure_drift_case(
 def run_compile(section: Section, device: str, tiny: bool) -> None:
     options = TINY if tiny else FULL
     if device != "cuda":
-        section.data["skipped"] = {
-            "CUDA events": f"{NEEDS_CUDA} (wall clock, time.perf_counter, instead)"
-        }
+        section.data["skipped"] = {"CUDA events": f"{NEEDS_CUDA} (wall clock, time.perf_counter, instead)"}
     section.data["notes"].append(
         f"one rank of TP {options['tp']} x DP {options['dp']} on a fake process group, "
         f"{'tests/tiny_configs.py models' if tiny else f'{PEAK_LAYERS} layers'}, {options['batch']} x {options['seq']} tokens, "
@@ -826,9 +770,7 @@ def run_compile(section: Section, device: str, tiny: bool) -> None:
         section.run_case(name, measure_compile_case, *models[name], options, device)
 
 
-def measure_compile_case(
-    source: str, model_name: str, options: dict[str, Any], device: str
-) -> dict[str, Any]:
+def measure_compile_case(source: str, model_name: str, options: dict[str, Any], device: str) -> dict[str, Any]:
     from plangen.cost.measure import fake_process_group
 
     with (
@@ -853,8 +795,7 @@ def measure_compile_case(
         "eager_step_ms": round(1e3 * statistics.median(eager["steps_s"]), 3),
         "compiled_step_ms": round(1e3 * statistics.median(compiled["steps_s"]), 3),
         "compiled_over_eager": round(
-            statistics.median(compiled["steps_s"])
-            / statistics.median(eager["steps_s"]),
+            statistics.median(compiled["steps_s"]) / statistics.median(eager["steps_s"]),
             3,
         ),
         "first_loss_gap": abs(compiled["first_loss"] - eager["first_loss"]),
@@ -894,16 +835,12 @@ def build_compile_model(source: str, name: str, device: str) -> Any:
         config = build_config({**read_config(name), "num_hidden_layers": PEAK_LAYERS})
         torch.manual_seed(0)
         with torch.device(device):
-            model = resolve_model_class(config)._from_config(
-                config, dtype=torch.float32
-            )
+            model = resolve_model_class(config)._from_config(config, dtype=torch.float32)
     model.config.output_router_logits = False
     return model
 
 
-def time_steps(
-    model: Any, options: dict[str, Any], device: str, compile: bool
-) -> dict[str, Any]:
+def time_steps(model: Any, options: dict[str, Any], device: str, compile: bool) -> dict[str, Any]:
     import torch
 
     from plangen.cost.measure import step_loss
@@ -964,9 +901,7 @@ RUNNERS: dict[str, Callable[[Section, str, bool], None]] = {
 def write_atomically(path: Path, text: str) -> None:
     """A reader (or a kill) sees the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=f".{path.name}.", delete=False
-    ) as out:
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as out:
         out.write(text)
     os.replace(out.name, path)
 
@@ -1000,8 +935,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             "",
         ]
     lines += [
-        f"- device: {env['device_name']}"
-        + (f" ({env.get('device_memory_gib')} GiB)" if on_gpu else " (CPU)"),
+        f"- device: {env['device_name']}" + (f" ({env.get('device_memory_gib')} GiB)" if on_gpu else " (CPU)"),
         f"- torch {env['torch']}, CUDA {env['cuda'] or 'none'}"
         + (f", cuDNN {env.get('cudnn')}" if on_gpu else "")
         + f", transformers {env['transformers']}, plangen {env['plangen']}, Python {env['python']}, {env['cpu_cores']} CPU cores",
@@ -1012,9 +946,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "| --- | --- | ---: | ---: | ---: |",
     ]
     for name, section in report["sections"].items():
-        errors = sum("error" in row for row in section.get("rows", ())) + bool(
-            section.get("error")
-        )
+        errors = sum("error" in row for row in section.get("rows", ())) + bool(section.get("error"))
         lines.append(
             f"| {TITLES[name]} | {section.get('status', '')} | {section.get('seconds', 0):.0f} | "
             f"{len(section.get('rows', ()))} | {errors} |"
@@ -1023,10 +955,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"## {TITLES[name]}", ""]
         if section.get("error"):
             lines += [f"Section error: `{section['error']}`", ""]
-        lines += [
-            f"- {figure}: {reason}"
-            for figure, reason in section.get("skipped", {}).items()
-        ]
+        lines += [f"- {figure}: {reason}" for figure, reason in section.get("skipped", {}).items()]
         lines += [f"- note: {note}" for note in section.get("notes", ())]
         lines += [""] + RENDERERS[name](section.get("rows", []))
     return "\n".join(lines).rstrip() + "\n"
@@ -1074,13 +1003,7 @@ def render_peak(rows: list[dict[str, Any]]) -> list[str]:
             ]
         )
         for phase, c in row["phases"].items():
-            off = (
-                ", ".join(
-                    f"{k} {ratio(c['tracked'][k], c['predicted'][k])}"
-                    for k in c["differing"]
-                )
-                or "none"
-            )
+            off = ", ".join(f"{k} {ratio(c['tracked'][k], c['predicted'][k])}" for k in c["differing"]) or "none"
             kinds.append(
                 [
                     row["case"],
@@ -1174,7 +1097,5 @@ RENDERERS = {
 
 
 if __name__ == "__main__":
-    sys.path.insert(
-        0, str(ROOT)
-    )  # the repository's plangen, whatever else is installed
+    sys.path.insert(0, str(ROOT))  # the repository's plangen, whatever else is installed
     sys.exit(main())

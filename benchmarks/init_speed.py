@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--goal", type=float, default=1.2)
-    parser.add_argument("--max-repeat", type=int, default=None, help="rounds allowed while over the goal (default 2x --repeat)")
+    parser.add_argument(
+        "--max-repeat", type=int, default=None, help="rounds allowed while over the goal (default 2x --repeat)"
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="plangen-bench-") as tmp:
@@ -55,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"best of {rounds} interleaved rounds")
     ratio = init / floor
-    print(f"floor (import torch, transformers + {args.config.name} on meta): {floor:.2f} s CPU, {floor_wall:.2f} s wall")
+    print(
+        f"floor (import torch, transformers + {args.config.name} on meta): {floor:.2f} s CPU, {floor_wall:.2f} s wall"
+    )
     print(f"plangen init {args.config.name}: {init:.2f} s CPU, {init_wall:.2f} s wall")
     print(f"ratio: {ratio:.2f} (CPU time; wall {init_wall / floor_wall:.2f}; goal <= {args.goal})")
     return 0 if ratio <= args.goal else 1

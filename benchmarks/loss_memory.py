@@ -42,8 +42,11 @@ VOCAB, TOKENS, TP = 151_936, 8192, 2
 REPEATS = 3
 MEMORY_GOAL, TIME_GOAL, LOSS_TOLERANCE = 0.25, 1.2, 1e-5
 SAFETY = 3 * 2**30  # left free for the rest of the machine when deciding to run a variant for real
-VARIANTS = {"naive": "naive: gather the vocabulary, log_softmax", "today": "today's cross-entropy",
-            "chunked": "chunked cross-entropy (plangen.loss)"}
+VARIANTS = {
+    "naive": "naive: gather the vocabulary, log_softmax",
+    "today": "today's cross-entropy",
+    "chunked": "chunked cross-entropy (plangen.loss)",
+}
 
 
 class LiveBytes(TorchDispatchMode):
@@ -192,8 +195,15 @@ def _run(quick: bool) -> Section:
     section = Section(
         f"8. Loss on vocabulary-parallel logits, forward + backward: bf16, {TOKENS} tokens, vocabulary {VOCAB:,}, "
         f"TP {TP} (one rank's {format_gib(input_bytes)} of logits)",
-        ["loss", "peak memory", "vs today's", "largest float32 tensor", "time, best (runs)",
-         "vs today's", "loss value"],
+        [
+            "loss",
+            "peak memory",
+            "vs today's",
+            "largest float32 tensor",
+            "time, best (runs)",
+            "vs today's",
+            "loss value",
+        ],
     )
     predicted = {v: measure(v, TOKENS, fake=True) for v in VARIANTS}
     runs: dict[str, list[tuple[int, int, float, float]]] = {}
@@ -206,7 +216,9 @@ def _run(quick: bool) -> Section:
                     continue  # the naive loss runs once: it only sets the scale
                 need = predicted[variant][0] + SAFETY
                 if available_bytes() < need:
-                    skipped[variant] = f"not run: needs {format_gib(need)} free, {format_gib(available_bytes())} available"
+                    skipped[variant] = (
+                        f"not run: needs {format_gib(need)} free, {format_gib(available_bytes())} available"
+                    )
                     continue
                 runs.setdefault(variant, []).append(measure(variant, TOKENS, False, inputs))
         del inputs
@@ -219,20 +231,28 @@ def _run(quick: bool) -> Section:
     for variant, label in VARIANTS.items():
         peak_bytes, largest, value, _ = measured.get(variant) or predicted[variant]
         timed = variant in best
-        section.rows.append([
-            label, format_gib(peak_bytes) + ("" if variant in measured else " (fake tensors)"),
-            format_ratio(peak_bytes / peak["today"]), format_gib(largest),
-            f"{best[variant]:.2f} s ({len(runs[variant])})" if timed else skipped.get(variant, "not run (--quick)"),
-            format_ratio(best[variant] / best["today"]) if timed and "today" in best else "-",
-            f"{value:.6f}" if variant in measured and variant != "naive" else "-",
-        ])
+        section.rows.append(
+            [
+                label,
+                format_gib(peak_bytes) + ("" if variant in measured else " (fake tensors)"),
+                format_ratio(peak_bytes / peak["today"]),
+                format_gib(largest),
+                f"{best[variant]:.2f} s ({len(runs[variant])})" if timed else skipped.get(variant, "not run (--quick)"),
+                format_ratio(best[variant] / best["today"]) if timed and "today" in best else "-",
+                f"{value:.6f}" if variant in measured and variant != "naive" else "-",
+            ]
+        )
     ratio = peak["chunked"] / peak["today"]
-    section.goals.append(Goal(f"the chunked loss's peak is at most {MEMORY_GOAL:g} of today's", ratio <= MEMORY_GOAL,
-                              format_ratio(ratio)))
+    section.goals.append(
+        Goal(
+            f"the chunked loss's peak is at most {MEMORY_GOAL:g} of today's", ratio <= MEMORY_GOAL, format_ratio(ratio)
+        )
+    )
     if "chunked" in best and "today" in best:
         slower = best["chunked"] / best["today"]
-        section.goals.append(Goal(f"the chunked loss takes at most {TIME_GOAL}x today's time", slower <= TIME_GOAL,
-                                  format_ratio(slower)))
+        section.goals.append(
+            Goal(f"the chunked loss takes at most {TIME_GOAL}x today's time", slower <= TIME_GOAL, format_ratio(slower))
+        )
         gap = abs(measured["chunked"][2] - measured["today"][2])
         section.goals.append(Goal("the chunked loss equals today's", gap <= LOSS_TOLERANCE, f"gap {gap:.2e}"))
     section.notes.append(

@@ -42,8 +42,17 @@ def run_moe_benchmark(quick: bool = False) -> Section:
     section = Section(
         f"5. Mixture of experts: memory per rank and TP traffic per step, DP {DP_SIZE} (fp32 state + AdamW; "
         "bf16, 1 x 4096 tokens): plangen vs the Hugging Face plan",
-        ["model", "TP", "plan", "memory / rank", "whole on every TP rank", "plangen / ideal", "HF / ideal",
-         "TP sent plangen", "HF / plangen"],
+        [
+            "model",
+            "TP",
+            "plan",
+            "memory / rank",
+            "whole on every TP rank",
+            "plangen / ideal",
+            "HF / ideal",
+            "TP sent plangen",
+            "HF / plangen",
+        ],
     )
     settings = dict(dp_size=DP_SIZE, seq_len=SEQ_LEN, micro_batch=MICRO_BATCH, dtype=DTYPE, sequence_parallel=False)
     off_goal, hf_more, hf_reasons, notes = [], [], {}, []
@@ -77,10 +86,19 @@ def run_moe_benchmark(quick: bool = False) -> Section:
             # only where the Hugging Face plan holds the memory goal too.
             if hf_ratio < 1 and hf_memory <= MEMORY_GOAL:
                 hf_more.append(f"{model} TP {tp}: {hf_ratio:.2f}x")
-        section.rows.append([
-            model, str(tp), mine.name, format_gib(mine.memory.total), format_gib(mine.memory.replicated),
-            format_ratio(ratio), hf_ideal, format_gib(mine.sent_bytes("TP")), hf_traffic,
-        ])
+        section.rows.append(
+            [
+                model,
+                str(tp),
+                mine.name,
+                format_gib(mine.memory.total),
+                format_gib(mine.memory.replicated),
+                format_ratio(ratio),
+                hf_ideal,
+                format_gib(mine.sent_bytes("TP")),
+                hf_traffic,
+            ]
+        )
     section.goals = [
         Goal(
             f"plangen's memory per rank is within {MEMORY_GOAL - 1:.0%} of the ideal (experts sharded)",

@@ -35,7 +35,9 @@ def run_peak_benchmark(quick: bool = False) -> Section:
     return build_peak_section(cases, predicted, measure_cases(cases))
 
 
-def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], measured: list[dict[str, Any]]) -> Section:
+def build_peak_section(
+    cases: list[dict[str, Any]], predicted: dict[str, Any], measured: list[dict[str, Any]]
+) -> Section:
     """The table and goals from the predictions (by case name) and each rank's measurements."""
     from plangen.cost.validate import compare_phase
 
@@ -59,26 +61,38 @@ def build_peak_section(cases: list[dict[str, Any]], predicted: dict[str, Any], m
             compared += 1
             low, high = min(c.measured), max(c.measured)
             shown = _mib(low) if low == high else f"{_mib(low)} - {_mib(high)}"
-            section.rows.append([
-                case["model"], "on" if case["sp"] else "off", "on" if case["ac"] else "off", case["routing"], phase,
-                _mib(c.predicted), shown, f"{100 * c.error:.1f} %", ", ".join(c.differing) or "-",
-            ])
+            section.rows.append(
+                [
+                    case["model"],
+                    "on" if case["sp"] else "off",
+                    "on" if case["ac"] else "off",
+                    case["routing"],
+                    phase,
+                    _mib(c.predicted),
+                    shown,
+                    f"{100 * c.error:.1f} %",
+                    ", ".join(c.differing) or "-",
+                ]
+            )
             if c.error > worst[0]:
                 worst = (c.error, f"{case['name']} {phase}")
             if set(c.differing) - {"temporary"}:
                 inexact.append(f"{case['name']} {phase}: {', '.join(c.differing)}")
-    section.goals.append(Goal(
-        f"every phase's predicted peak within {100 * GOAL:.0f} % of the measured one, every rank",
-        not failed and worst[0] <= GOAL,
-        f"largest error {100 * max(worst[0], 0):.1f} % ({worst[1] if worst[0] > 0 else 'every total equal'}), "
-        f"{compared} phases"
-        + (f"; failed: {'; '.join(failed)}" if failed else ""),
-    ))
-    section.goals.append(Goal(
-        "parameters, gradients, optimizer states, activations, gathered parameters byte for byte, every rank",
-        not failed and not inexact,
-        f"{compared - len(inexact)} of {compared} phases" + (f"; not: {'; '.join(inexact)}" if inexact else ""),
-    ))
+    section.goals.append(
+        Goal(
+            f"every phase's predicted peak within {100 * GOAL:.0f} % of the measured one, every rank",
+            not failed and worst[0] <= GOAL,
+            f"largest error {100 * max(worst[0], 0):.1f} % ({worst[1] if worst[0] > 0 else 'every total equal'}), "
+            f"{compared} phases" + (f"; failed: {'; '.join(failed)}" if failed else ""),
+        )
+    )
+    section.goals.append(
+        Goal(
+            "parameters, gradients, optimizer states, activations, gathered parameters byte for byte, every rank",
+            not failed and not inexact,
+            f"{compared - len(inexact)} of {compared} phases" + (f"; not: {'; '.join(inexact)}" if inexact else ""),
+        )
+    )
     section.notes.append(
         "temporaries may differ: gloo's worker thread keeps a collective's work and its tensors a moment after "
         "the caller's wait returns, so a rank can still hold a reduce-scatter input that the trace has freed "

@@ -40,14 +40,33 @@ QUICK_TIME_TOLERANCE = 0.25
 MEMORY_TOLERANCE = 0.05
 LOSS_TOLERANCE = 1e-4
 MODEL = dict(
-    vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
-    num_key_value_heads=4, max_position_embeddings=256, tie_word_embeddings=False, use_cache=False,
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=704,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    use_cache=False,
 )
 MOE_MODEL = dict(
-    vocab_size=4096, hidden_size=256, intermediate_size=704, moe_intermediate_size=256, num_experts=8,
-    num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=4,
-    num_attention_heads=8, num_key_value_heads=4, head_dim=32, max_position_embeddings=256,
-    tie_word_embeddings=False, use_cache=False,
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=704,
+    moe_intermediate_size=256,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    use_cache=False,
 )
 # kind -> (config class, model class, its config, how the tables name it, numbers of the time and memory sections)
 MODELS = {
@@ -103,7 +122,10 @@ def run_step_benchmark(quick: bool = False, kind: str = "llama") -> list[Section
 
 
 def build_time_section(
-    times: dict[str, list[float]], first_loss: dict[str, float], options: dict, kind: str = "llama",
+    times: dict[str, list[float]],
+    first_loss: dict[str, float],
+    options: dict,
+    kind: str = "llama",
     cpu: dict[str, list[float]] | None = None,
 ) -> Section:
     median = {v: statistics.median(t) for v, t in times.items()}
@@ -121,20 +143,39 @@ def build_time_section(
     for v in VARIANTS:
         spread = f"{min(times[v]) * 1e3:.1f}-{max(times[v]) * 1e3:.1f} ms"
         fastest = f"{min(times[v]) * 1e3:.1f} ms, {format_ratio(min(times[v]) / min(times['hf']))}"
-        section.rows.append([
-            _label(v), f"{median[v] * 1e3:.1f} ms", format_ratio(median[v] / median["hf"]), spread, fastest, f"{first_loss[v]:.5f}",
-        ] + ([f"{cpu_median[v] * 1e3:.1f} ms, {format_ratio(cpu_median[v] / cpu_median['hf'])}"] if cpu else []))
+        section.rows.append(
+            [
+                _label(v),
+                f"{median[v] * 1e3:.1f} ms",
+                format_ratio(median[v] / median["hf"]),
+                spread,
+                fastest,
+                f"{first_loss[v]:.5f}",
+            ]
+            + ([f"{cpu_median[v] * 1e3:.1f} ms, {format_ratio(cpu_median[v] / cpu_median['hf'])}"] if cpu else [])
+        )
     loss_gap = abs(first_loss["plangen"] - first_loss["hf"])
     section.goals = [
-        Goal("same weights and batch: the first step's loss agrees", loss_gap <= LOSS_TOLERANCE * abs(first_loss["hf"]), f"gap {loss_gap:.2e}"),
-        Goal(f"plangen is not slower ({statistic} step within {tolerance:.0%})", ratio <= 1 + tolerance, f"plangen / HF {ratio:.2f}x"),
+        Goal(
+            "same weights and batch: the first step's loss agrees",
+            loss_gap <= LOSS_TOLERANCE * abs(first_loss["hf"]),
+            f"gap {loss_gap:.2e}",
+        ),
+        Goal(
+            f"plangen is not slower ({statistic} step within {tolerance:.0%})",
+            ratio <= 1 + tolerance,
+            f"plangen / HF {ratio:.2f}x",
+        ),
     ]
     if cpu:
         cpu_ratio = cpu_median["plangen"] / cpu_median["hf"]
-        section.goals.append(Goal(
-            f"plangen does no more work (median CPU time per rank and step within {tolerance:.0%})",
-            cpu_ratio <= 1 + tolerance, f"plangen / HF {cpu_ratio:.2f}x",
-        ))
+        section.goals.append(
+            Goal(
+                f"plangen does no more work (median CPU time per rank and step within {tolerance:.0%})",
+                cpu_ratio <= 1 + tolerance,
+                f"plangen / HF {cpu_ratio:.2f}x",
+            )
+        )
     return section
 
 
@@ -149,10 +190,16 @@ def build_memory_section(peaks: dict[str, list[int]], kind: str = "llama") -> Se
     for v in VARIANTS:
         section.rows.append([_label(v), format_mib(peak[v]), format_ratio(peak[v] / peak["hf"])])
     section.goals = [
-        Goal(f"plangen's peak memory per rank is not larger (within {MEMORY_TOLERANCE:.0%})", ratio <= 1 + MEMORY_TOLERANCE, f"plangen / HF {ratio:.2f}x"),
+        Goal(
+            f"plangen's peak memory per rank is not larger (within {MEMORY_TOLERANCE:.0%})",
+            ratio <= 1 + MEMORY_TOLERANCE,
+            f"plangen / HF {ratio:.2f}x",
+        ),
     ]
     return section
 
 
 def _label(variant: str) -> str:
-    return {"plangen": "plangen parallelize_model", "hf": "transformers DistributedConfig(tp_size=2, fsdp_size=2)"}[variant]
+    return {"plangen": "plangen parallelize_model", "hf": "transformers DistributedConfig(tp_size=2, fsdp_size=2)"}[
+        variant
+    ]

@@ -64,8 +64,14 @@ def build_model(variant: str, weights: str, sequence_parallel: bool) -> torch.nn
     if variant in ("plangen", "compiled"):  # compiled: each decoder layer compiled (benchmarks/compile_time.py)
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32)
         mesh = init_device_mesh("cpu", (DP, TP), mesh_dim_names=("dp", "tp"))
-        return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=sequence_parallel,
-                                 compile=variant == "compiled")
+        return parallelize_model(
+            model,
+            mesh["dp"],
+            mesh["tp"],
+            torch.float32,
+            sequence_parallel=sequence_parallel,
+            compile=variant == "compiled",
+        )
     raise ValueError(f"unknown variant {variant!r}")
 
 
@@ -102,5 +108,10 @@ def run_steps(payload: dict[str, Any]) -> dict[str, Any]:
         if step >= payload["warmup"]:
             times.append(elapsed)
             cpu_times.append(cpu)
-    return {"times": times, "cpu_times": cpu_times, "losses": losses, "first_step": first,
-            "peak_bytes": peak_resident_bytes() - baseline}
+    return {
+        "times": times,
+        "cpu_times": cpu_times,
+        "losses": losses,
+        "first_step": first,
+        "peak_bytes": peak_resident_bytes() - baseline,
+    }

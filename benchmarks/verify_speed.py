@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of each (default 5)")
     parser.add_argument("--budget", type=float, default=1.2, help="allowed verify / floor ratio (default 1.2)")
-    parser.add_argument("--max-repeat", type=int, default=None, help="rounds allowed while over budget (default 2x --repeat)")
+    parser.add_argument(
+        "--max-repeat", type=int, default=None, help="rounds allowed while over budget (default 2x --repeat)"
+    )
     args = parser.parse_args(argv)
     max_repeat = args.max_repeat or 2 * args.repeat
     (floor, floor_wall), (verify, verify_wall), rounds = floor_timing.ratio_to_floor(
@@ -50,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ratio = verify / floor
     print(f"best of {rounds} interleaved rounds")
-    print(f"floor:  import torch, transformers; build {Path(CONFIG).stem} on meta:  {floor:.2f} s CPU ({floor_wall:.2f} s wall)")
+    print(
+        f"floor:  import torch, transformers; build {Path(CONFIG).stem} on meta:  {floor:.2f} s CPU ({floor_wall:.2f} s wall)"
+    )
     print(f"verify: levels 1 and 2 of {PLAN} at TP={TP_SIZE}:   {verify:.2f} s CPU ({verify_wall:.2f} s wall)")
     print(f"ratio {ratio:.3f} CPU ({verify_wall / floor_wall:.3f} wall), budget {args.budget}")
     if ratio > args.budget:

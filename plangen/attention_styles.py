@@ -46,7 +46,9 @@ class AttentionSinksParallel(PrepareModuleInput):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         own = head_parameters(module)
         if not own:
-            raise ValueError(f"AttentionSinksParallel: {type(module).__name__} has no parameters of its own to shard by heads")
+            raise ValueError(
+                f"AttentionSinksParallel: {type(module).__name__} has no parameters of its own to shard by heads"
+            )
         shard_by_heads(module, own, device_mesh, type(self).__name__)
         local_during_forward(module, [(module, name) for name in own])
         return super()._apply(module, device_mesh)
@@ -145,8 +147,9 @@ class RebuiltChildHeadCounts(ParallelStyle):
     constant, the same for every head, so each rank's heads are exact).
     """
 
-    def __init__(self, *, child: str = "self", attributes: tuple[str, ...] = (),
-                 refused_in_training: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, *, child: str = "self", attributes: tuple[str, ...] = (), refused_in_training: tuple[str, ...] = ()
+    ) -> None:
         super().__init__()
         self.child = child
         self.attributes = tuple(attributes)
@@ -165,7 +168,9 @@ class RebuiltChildHeadCounts(ParallelStyle):
                 if value is None:
                     continue
                 if not isinstance(value, int) or value % tp:
-                    raise ValueError(f"{style}: {type(child).__name__}.{attribute}={value!r} does not divide by the TP size {tp}")
+                    raise ValueError(
+                        f"{style}: {type(child).__name__}.{attribute}={value!r} does not divide by the TP size {tp}"
+                    )
                 setattr(child, attribute, value // tp)
             child.__dict__[_LOCAL_MARK] = True
 
@@ -184,8 +189,10 @@ class RebuiltChildHeadCounts(ParallelStyle):
         return module
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(child={self.child!r}, attributes={self.attributes}, "
-                f"refused_in_training={self.refused_in_training})")
+        return (
+            f"{type(self).__name__}(child={self.child!r}, attributes={self.attributes}, "
+            f"refused_in_training={self.refused_in_training})"
+        )
 
 
 class PrepareAttentionInputOutput(PrepareModuleInputOutput):
@@ -219,10 +226,14 @@ class PrepareAttentionInputOutput(PrepareModuleInputOutput):
         head_inputs: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
-            input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
-            input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
-            use_local_input=use_local_input, output_layouts=output_layouts,
-            desired_output_layouts=desired_output_layouts, use_local_output=use_local_output,
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_input=use_local_input,
+            output_layouts=output_layouts,
+            desired_output_layouts=desired_output_layouts,
+            use_local_output=use_local_output,
         )
         self.head_attributes = tuple(head_attributes)
         self.head_inputs = tuple(head_inputs)
@@ -232,12 +243,15 @@ class PrepareAttentionInputOutput(PrepareModuleInputOutput):
 
         LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         if self.head_inputs:
-            module.register_forward_pre_hook(partial(_slice_head_inputs, self.head_inputs, device_mesh), with_kwargs=True)
+            module.register_forward_pre_hook(
+                partial(_slice_head_inputs, self.head_inputs, device_mesh), with_kwargs=True
+            )
         return super()._apply(module, device_mesh)
 
 
-def _slice_head_inputs(names: tuple[str, ...], device_mesh: DeviceMesh, module: nn.Module, args: Any,
-                       kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def _slice_head_inputs(
+    names: tuple[str, ...], device_mesh: DeviceMesh, module: nn.Module, args: Any, kwargs: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
     """This rank's heads' slice (dimension 1) of each tensor argument in ``names`` that has one per head,
     passed by keyword or by position (Phi-4-multimodal's conformer: ``self_attn(hidden_states, attention_mask)``)."""
     tp, rank = device_mesh.size(), device_mesh.get_local_rank()
@@ -246,15 +260,18 @@ def _slice_head_inputs(names: tuple[str, ...], device_mesh: DeviceMesh, module: 
         if value.dim() < 2 or value.shape[1] == 1:
             return value
         if value.shape[1] % tp:
-            raise ValueError(f"PrepareAttentionInputOutput: {name} has {value.shape[1]} heads, which TP size {tp} does not divide")
+            raise ValueError(
+                f"PrepareAttentionInputOutput: {name} has {value.shape[1]} heads, which TP size {tp} does not divide"
+            )
         local = value.shape[1] // tp
         return value.narrow(1, rank * local, local)
 
     return replace_arguments(module, names, args, kwargs, cut)
 
 
-def slice_batch_head_rows(names: tuple[str, ...], heads: int, device_mesh: DeviceMesh, module: nn.Module, args: Any,
-                          kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+def slice_batch_head_rows(
+    names: tuple[str, ...], heads: int, device_mesh: DeviceMesh, module: nn.Module, args: Any, kwargs: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
     """This rank's heads' rows of each tensor argument in ``names`` that stacks every batch row's
     ``heads`` heads on dimension 0, batch row by batch row (Bloom's ALiBi, ``[B x H, 1, S]``):
     ``[B x H/tp, 1, S]``, the rows of heads ``rank x H/tp`` to ``(rank + 1) x H/tp - 1`` of every batch row."""
@@ -263,15 +280,18 @@ def slice_batch_head_rows(names: tuple[str, ...], heads: int, device_mesh: Devic
 
     def cut(name: str, value: torch.Tensor) -> torch.Tensor:
         if value.dim() < 1 or value.shape[0] % heads:
-            raise ValueError(f"PrepareAttentionInput: {name} has {value.shape[0]} rows, not a batch of {heads} heads each")
+            raise ValueError(
+                f"PrepareAttentionInput: {name} has {value.shape[0]} rows, not a batch of {heads} heads each"
+            )
         rows = value.unflatten(0, (-1, heads)).narrow(1, rank * local, local)
         return rows.flatten(0, 1)
 
     return replace_arguments(module, names, args, kwargs, cut)
 
 
-def replace_arguments(module: nn.Module, names: tuple[str, ...], args: Any, kwargs: dict[str, Any],
-                      cut: Any) -> tuple[Any, dict[str, Any]]:
+def replace_arguments(
+    module: nn.Module, names: tuple[str, ...], args: Any, kwargs: dict[str, Any], cut: Any
+) -> tuple[Any, dict[str, Any]]:
     """``cut(name, value)`` in place of each tensor argument of ``module``'s forward named in ``names``,
     passed by keyword or by position."""
     import inspect
@@ -321,11 +341,15 @@ class ConvChannelsParallel(ParallelStyle):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         conv, tp = depthwise_conv(module), device_mesh.size()
         if conv is None:
-            raise ValueError(f"{type(self).__name__} applies to a module around one depthwise nn.Conv1d; "
-                             f"{type(module).__name__} has none")
+            raise ValueError(
+                f"{type(self).__name__} applies to a module around one depthwise nn.Conv1d; "
+                f"{type(module).__name__} has none"
+            )
         if conv.in_channels % tp:
-            raise ValueError(f"{type(self).__name__}: {type(module).__name__}'s {conv.in_channels} conv channels do not "
-                             f"divide by the TP size {tp}")
+            raise ValueError(
+                f"{type(self).__name__}: {type(module).__name__}'s {conv.in_channels} conv channels do not "
+                f"divide by the TP size {tp}"
+            )
         for name, param in list(conv.named_parameters(recurse=False)):
             sharded = distribute_tensor(param.data, device_mesh, [Shard(0)], src_data_rank=None)
             conv.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
@@ -356,8 +380,10 @@ class HeadTableParallel(ParallelStyle):
         tp = device_mesh.size()
         if param is None or param.dim() != 2 or param.shape[1] % tp:
             shape = None if param is None else tuple(param.shape)
-            raise ValueError(f"HeadTableParallel: {type(module).__name__}.{self.parameter} is {shape}, not a "
-                             f"[buckets, heads] table whose heads TP size {tp} divides")
+            raise ValueError(
+                f"HeadTableParallel: {type(module).__name__}.{self.parameter} is {shape}, not a "
+                f"[buckets, heads] table whose heads TP size {tp} divides"
+            )
         sharded = distribute_tensor(param.data, device_mesh, [Shard(1)], src_data_rank=None)
         module.register_parameter(self.parameter, nn.Parameter(sharded, requires_grad=param.requires_grad))
         local_during_forward(module, [(module, self.parameter)])

@@ -52,17 +52,25 @@ class BucketedAttentionInputOutput(PrepareAttentionInputOutput):
         all_heads_dim: int = 2,
     ) -> None:
         super().__init__(
-            input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
-            input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
-            use_local_input=use_local_input, output_layouts=output_layouts, desired_output_layouts=desired_output_layouts,
-            use_local_output=use_local_output, head_attributes=head_attributes, head_inputs=head_inputs,
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_input=use_local_input,
+            output_layouts=output_layouts,
+            desired_output_layouts=desired_output_layouts,
+            use_local_output=use_local_output,
+            head_attributes=head_attributes,
+            head_inputs=head_inputs,
         )
         self.bucketed, self.all_heads_helper, self.all_heads_dim = bucketed, all_heads_helper, all_heads_dim
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         style = type(self).__name__
         if not self.head_attributes or not callable(getattr(module, self.all_heads_helper, None)):
-            raise ValueError(f"{style}: {type(module).__name__} needs a head count attribute and a method {self.all_heads_helper}")
+            raise ValueError(
+                f"{style}: {type(module).__name__} needs a head count attribute and a method {self.all_heads_helper}"
+            )
         getattr(module, self.bucketed)  # a missing projection fails when the plan is applied
         super()._apply(module, device_mesh)
         helper = getattr(module, self.all_heads_helper)
@@ -77,7 +85,9 @@ class BucketedAttentionInputOutput(PrepareAttentionInputOutput):
 
         def for_all_heads(*args: Any, **kwargs: Any) -> torch.Tensor:
             projection, local_heads = getattr(module, bucketed), getattr(module, heads)
-            module.__dict__[bucketed] = lambda x: all_heads_output(projection(x), local_heads)  # shadows the child for the call
+            module.__dict__[bucketed] = lambda x: all_heads_output(
+                projection(x), local_heads
+            )  # shadows the child for the call
             setattr(module, heads, local_heads * tp)
             try:
                 result = helper(*args, **kwargs)

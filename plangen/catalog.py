@@ -134,7 +134,6 @@ def _verdict(record: dict[str, Any] | None, with_sp: bool) -> str:
     return "passed"
 
 
-
 def _hand_written_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | None) -> CatalogRow:
     from plangen.plans import HAND_WRITTEN
 
@@ -142,7 +141,7 @@ def _hand_written_row(arch: Architecture, model: "nn.Module", record: dict[str, 
         HAND_WRITTEN[arch.class_name](model, True)
         sp, note = True, ""
     except ValueError as err:
-        sp, note = False, one_line(err, part='first')
+        sp, note = False, one_line(err, part="first")
     record = record if record and record.get("plan") == "hand-written" else None
     return CatalogRow(arch.class_name, arch.model_type, "hand-written", sp, _verdict(record, sp), note)
 
@@ -160,8 +159,14 @@ def build_row(arch: Architecture, proven: dict[str, dict[str, Any]]) -> CatalogR
         model = build_catalog_model(arch)
     except Exception as err:  # noqa: BLE001 - transformers' default configs fail in many ways
         plan: PlanKind = "hand-written" if arch.class_name in HAND_WRITTEN else "none"
-        return CatalogRow(arch.class_name, arch.model_type, plan, False, "n/a",
-                          f"its default config does not build: {one_line(err, part='first')}")
+        return CatalogRow(
+            arch.class_name,
+            arch.model_type,
+            plan,
+            False,
+            "n/a",
+            f"its default config does not build: {one_line(err, part='first')}",
+        )
     from plangen.plans.choice import UnprovenCodeWarning
     from plangen.plans.proven import code_digest, proof_status
 
@@ -192,8 +197,14 @@ def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | N
             return _hand_written_row(arch, model, record)
         hf_error = next(p.why for p in err.passed_over if p.source == "hf")
         why = _synthesis_note(model, record)
-        return CatalogRow(arch.class_name, arch.model_type, "none", False, "n/a",
-                          f"{why}; no usable Hugging Face plan: {one_line(hf_error, part='first')}")
+        return CatalogRow(
+            arch.class_name,
+            arch.model_type,
+            "none",
+            False,
+            "n/a",
+            f"{why}; no usable Hugging Face plan: {one_line(hf_error, part='first')}",
+        )
     if chosen.source == "hand-written":
         return _hand_written_row(arch, model, record)
     if chosen.source == "synthesized":
@@ -206,12 +217,18 @@ def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | N
         note = "" if sp else (sp_problems[0] if sp_problems else (record.get("error") or ""))
         if proof_is_stale(record, chosen.plan):
             # The synthesizer builds another plan than the sweep proved (the catalog's model is the sweep's).
-            stale = f"the synthesizer changed this plan since it was proven: run {SWEEP_COMMAND} --only {arch.class_name}"
-            return CatalogRow(arch.class_name, arch.model_type, "synthesized", sp, "stale", "; ".join(n for n in (stale, note) if n))
+            stale = (
+                f"the synthesizer changed this plan since it was proven: run {SWEEP_COMMAND} --only {arch.class_name}"
+            )
+            return CatalogRow(
+                arch.class_name, arch.model_type, "synthesized", sp, "stale", "; ".join(n for n in (stale, note) if n)
+            )
         return CatalogRow(arch.class_name, arch.model_type, "synthesized", sp, _verdict(record, False), note)
     synthesized = record if record and record.get("plan") == "synthesized" else None
     hf_record = (record or {}).get("hf") if synthesized else (record if record and record.get("plan") == "hf" else None)
-    return CatalogRow(arch.class_name, arch.model_type, "hf", False, _verdict(hf_record, False), _synthesis_note(model, record))
+    return CatalogRow(
+        arch.class_name, arch.model_type, "hf", False, _verdict(hf_record, False), _synthesis_note(model, record)
+    )
 
 
 def _synthesis_note(model: "nn.Module", record: dict[str, Any] | None) -> str:
@@ -266,14 +283,22 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
         return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running", ""
     try:
         fraction, left = measure_sharded_share(lambda: build_full_size_model(arch))
-        return fraction, "" if fraction >= WELL_SHARDED else render_left_whole(left), render_whole_parts(left, WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED)
+        return (
+            fraction,
+            "" if fraction >= WELL_SHARDED else render_left_whole(left),
+            render_whole_parts(left, WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED),
+        )
     except Exception as err:  # noqa: BLE001 - a default config or its plan, at the real size
         why = one_line(err, part="first")
     try:
         fraction, left = measure_sharded_share(lambda: shrunk)
     except Exception as err:  # noqa: BLE001
         return 0.0, f"TP-sharded share not measured: {why}; shrunk: {one_line(err, part='first')}", ""
-    return fraction, f"TP-sharded share of the shrunk model (at the default size: {why})", render_whole_parts(left, WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED)
+    return (
+        fraction,
+        f"TP-sharded share of the shrunk model (at the default size: {why})",
+        render_whole_parts(left, WHOLE_PARTS_MOST, WHOLE_PARTS_LISTED),
+    )
 
 
 def measure_sharded_fraction(build_model: Callable[[], "nn.Module"]) -> float:
@@ -286,7 +311,8 @@ def render_whole_parts(left: list[tuple[str, float, str]], most: int = 2, at_lea
     ``at_least`` of the model, each with its share and the plan's reason."""
     return "; ".join(
         f"{pattern} {share:.{1 if share >= 0.001 else 2}%}" + (f" ({why})" if why else "")
-        for pattern, share, why in left[:most] if share >= at_least
+        for pattern, share, why in left[:most]
+        if share >= at_least
     )
 
 
@@ -389,8 +415,16 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
     from rich.table import Table
 
     cells = [
-        (row.class_name, row.model_type, row.plan, "yes" if row.sequence_parallel else "no", row.check,
-         row.proof, render_fraction(row), row.note)
+        (
+            row.class_name,
+            row.model_type,
+            row.plan,
+            "yes" if row.sequence_parallel else "no",
+            row.check,
+            row.proof,
+            render_fraction(row),
+            row.note,
+        )
         for row in rows
     ]
     # proof: whether the check's record is for the installed model code (PROVEN_HERE), only for
@@ -418,11 +452,15 @@ def render_catalog_text(rows: list[CatalogRow], width: int = 160) -> str:
     kinds = [*(s for s in SOURCES if s != "custom"), NO_PLAN]  # a listing has no custom plans
     counts = {kind: sum(1 for r in rows if r.plan == kind) for kind in kinds}
     well = sum(1 for r in rows if r.plan != NO_PLAN and r.sharded_fraction >= WELL_SHARDED)
-    proofs = {status: sum(1 for r in rows if r.proof == status) for status in (PROVEN_HERE, PROVEN_ELSEWHERE, NEVER_PROVEN)}
+    proofs = {
+        status: sum(1 for r in rows if r.proof == status) for status in (PROVEN_HERE, PROVEN_ELSEWHERE, NEVER_PROVEN)
+    }
     console.print(
-        f"{len(rows)} architectures: " + ", ".join(f"{n} {kind}" for kind, n in counts.items())
+        f"{len(rows)} architectures: "
+        + ", ".join(f"{n} {kind}" for kind, n in counts.items())
         + f"; {well} shard ≥ {WELL_SHARDED:.0%} of their parameters over TP"
-        + "; proofs: " + ", ".join(f"{n} for {status}" if status != NEVER_PROVEN else f"{n} never" for status, n in proofs.items()),
+        + "; proofs: "
+        + ", ".join(f"{n} for {status}" if status != NEVER_PROVEN else f"{n} never" for status, n in proofs.items()),
         soft_wrap=True,  # one line, whatever the width: scripts read the summary as the last line
     )
     return buffer.getvalue()

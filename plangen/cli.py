@@ -86,7 +86,9 @@ def init(
         "their gathered input, NeMo RL's numerically stable plan; default output <name>_stable_plan.py).",
     ),
     target: str = typer.Option(
-        "plangen", "--target", metavar="RUNTIME",
+        "plangen",
+        "--target",
+        metavar="RUNTIME",
         help="The runtime the plan is for: plangen, nemo-rl-v2, nemo-rl-v1 or torchtitan; the plan is one it "
         "accepts, and the file records it (PLANGEN_TARGET).",
     ),
@@ -99,8 +101,14 @@ def init(
 
     try:
         result = init_plan(
-            model, output, tp_size=tp_size, sequence_parallel=sequence_parallel, force=force, template_dir=template,
-            variant=variant, target=target,
+            model,
+            output,
+            tp_size=tp_size,
+            sequence_parallel=sequence_parallel,
+            force=force,
+            template_dir=template,
+            variant=variant,
+            target=target,
         )
     except InitError as error:
         fail(str(error))
@@ -140,18 +148,30 @@ def verify(
         False, "--run", help="Also level 3: apply each plan on CPU (fake process group at N, then gloo at TP=2)."
     ),
     timeout: float = typer.Option(
-        600.0, "--timeout", min=1.0, metavar="SECONDS", help="Time limit of --run, all files together; also of each file's import (at most 60 s)."
+        600.0,
+        "--timeout",
+        min=1.0,
+        metavar="SECONDS",
+        help="Time limit of --run, all files together; also of each file's import (at most 60 s).",
     ),
-    strict: bool = typer.Option(False, "--strict", help="Warnings, and files checked without a model (imported only), set the exit status too."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Warnings, and files checked without a model (imported only), set the exit status too."
+    ),
     output_format: str = typer.Option("text", "--format", metavar="[text|json|github]", help="Output format."),
     drift: bool = typer.Option(
-        False, "--drift", help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16)."
+        False,
+        "--drift",
+        help="With --run: report how far logits and log-probs move from TP=1 at TP 2 and 4 (fp32, bf16).",
     ),
     compile: bool = typer.Option(
-        False, "--compile", help="With --run: the parity run at TP=2 compiles each decoder layer (torch.compile, fullgraph)."
+        False,
+        "--compile",
+        help="With --run: the parity run at TP=2 compiles each decoder layer (torch.compile, fullgraph).",
     ),
     target: str | None = typer.Option(
-        None, "--target", metavar="RUNTIME",
+        None,
+        "--target",
+        metavar="RUNTIME",
         help="The runtime the plan is handed to: plangen, nemo-rl-v2, nemo-rl-v1 or torchtitan; its rules are "
         "checked too (default: the PLANGEN_TARGET a file records, else plangen).",
     ),
@@ -186,8 +206,9 @@ def verify(
     for plan in plans:
         if not os.path.isfile(plan):
             fail(f"{plan}: {'not a file' if os.path.exists(plan) else 'no such file'}")
-    options = VerifyOptions(model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout, compile=compile,
-                            target=target)
+    options = VerifyOptions(
+        model, tp_size, sequence_parallel, static_only=static, run=run, timeout=timeout, compile=compile, target=target
+    )
 
     def progress(line: str) -> None:
         typer.echo(f"plangen: verify --run: {line}", err=True)
@@ -209,7 +230,9 @@ def verify(
 
         from plangen.check.drift import render_drift_json
 
-        rendered = json.dumps({"diagnostics": json.loads(rendered), "drift": render_drift_json(drift_rows)}, indent=2) + "\n"
+        rendered = (
+            json.dumps({"diagnostics": json.loads(rendered), "drift": render_drift_json(drift_rows)}, indent=2) + "\n"
+        )
     elif drift_rows is not None:
         from plangen.check.drift import render_drift_text
 
@@ -243,10 +266,16 @@ def cost(
     dtype: str = typer.Option("bf16", "--dtype", help="Compute and communication dtype (FSDP2 param_dtype)."),
     master_dtype: str = typer.Option("fp32", "--master-dtype", help="Dtype of stored weights, gradients and AdamW."),
     sequence_parallel: bool | None = typer.Option(
-        None, "--sequence-parallel/--no-sequence-parallel", help="[default: the plan file's, else off]", show_default=False
+        None,
+        "--sequence-parallel/--no-sequence-parallel",
+        help="[default: the plan file's, else off]",
+        show_default=False,
     ),
     compare: str | None = typer.Option(
-        None, "--compare", metavar="hf,hand-written,stable,nemo,PLAN.py...", help="Alternatives, each with ratios to the first."
+        None,
+        "--compare",
+        metavar="hf,hand-written,stable,nemo,PLAN.py...",
+        help="Alternatives, each with ratios to the first.",
     ),
     output_format: str = typer.Option("text", "--format", metavar="[text|json]", help="Output format."),
     peak: bool = typer.Option(
@@ -262,11 +291,15 @@ def cost(
         False, "--every-layer", help="With --peak: trace every layer, never extrapolate from 3, 4 and 5 (docs/cost.md)."
     ),
     fit: bool = typer.Option(
-        False, "--fit", help="Trace every TP x DP layout of --world-size (SP, checkpointing): those that fit --gpu-memory."
+        False,
+        "--fit",
+        help="Trace every TP x DP layout of --world-size (SP, checkpointing): those that fit --gpu-memory.",
     ),
     world_size: int | None = typer.Option(None, "--world-size", metavar="N", help="With --fit: the ranks to lay out."),
     plot: str | None = typer.Option(
-        None, "--plot", metavar="FILE",
+        None,
+        "--plot",
+        metavar="FILE",
         help="With --peak: the step's memory over time, per plan; with --fit: each layout's peak and TP traffic. "
         "FILE.png, .svg or .html (one self-contained page); needs the plot extra: pip install 'plangen[plot]'.",
     ),
@@ -297,8 +330,23 @@ def cost(
     if not peak and (gpu_memory is not None or activation_checkpointing or every_layer):
         fail("--gpu-memory, --activation-checkpointing and --every-layer need --peak")
     if peak:
-        _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
-                   sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer, plot)
+        _cost_peak(
+            target,
+            compare,
+            model,
+            tp_size,
+            dp_size,
+            seq_len,
+            micro_batch,
+            dtype,
+            master_dtype,
+            sequence_parallel,
+            activation_checkpointing,
+            gpu_memory,
+            output_format,
+            every_layer,
+            plot,
+        )
         return
     # Heavy imports only here: torch, transformers and a fake process group for the measurements.
     import shutil
@@ -311,8 +359,16 @@ def cost(
     alternatives = [name.strip() for name in (compare or "").split(",") if name.strip()]
     try:
         report = build_cost_report(
-            target, alternatives, model=model, tp_size=tp_size, dp_size=dp_size, seq_len=seq_len,
-            micro_batch=micro_batch, dtype=dtype, master_dtype=master_dtype, sequence_parallel=sequence_parallel,
+            target,
+            alternatives,
+            model=model,
+            tp_size=tp_size,
+            dp_size=dp_size,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            dtype=dtype,
+            master_dtype=master_dtype,
+            sequence_parallel=sequence_parallel,
         )
     except CostError as error:
         fail(str(error))
@@ -413,8 +469,23 @@ def prove(
     raise typer.Exit(EXIT_OK if proof.passed else EXIT_FINDINGS)
 
 
-def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, dtype, master_dtype,
-               sequence_parallel, activation_checkpointing, gpu_memory, output_format, every_layer, plot) -> None:
+def _cost_peak(
+    target,
+    compare,
+    model,
+    tp_size,
+    dp_size,
+    seq_len,
+    micro_batch,
+    dtype,
+    master_dtype,
+    sequence_parallel,
+    activation_checkpointing,
+    gpu_memory,
+    output_format,
+    every_layer,
+    plot,
+) -> None:
     """``plangen cost --peak``: the subject plan and each --compare alternative, traced with fake tensors."""
     import json
 
@@ -435,9 +506,18 @@ def _cost_peak(target, compare, model, tp_size, dp_size, seq_len, micro_batch, d
         plans = [None, *(check_plan_name(n.strip()) for n in (compare or "").split(",") if n.strip())]
         reports = [
             measure_peak(
-                target, plan, model=model, tp_size=tp_size, dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch,
-                dtype=dtype, master_dtype=master_dtype, sequence_parallel=sequence_parallel,
-                activation_checkpointing=activation_checkpointing, extrapolate=not every_layer,
+                target,
+                plan,
+                model=model,
+                tp_size=tp_size,
+                dp_size=dp_size,
+                seq_len=seq_len,
+                micro_batch=micro_batch,
+                dtype=dtype,
+                master_dtype=master_dtype,
+                sequence_parallel=sequence_parallel,
+                activation_checkpointing=activation_checkpointing,
+                extrapolate=not every_layer,
             )
             for plan in plans
         ]
@@ -469,8 +549,9 @@ def _write_plot(write: Callable, path: str, documents) -> None:
     typer.echo(f"plangen: wrote {path}", err=True)
 
 
-def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype, output_format,
-              plot) -> None:
+def _cost_fit(
+    target, model, world_size, gpu_memory, seq_len, micro_batch, dtype, master_dtype, output_format, plot
+) -> None:
     """``plangen cost --fit``: the TP x DP layouts of --world-size that fit --gpu-memory."""
     from plangen.cost.peak import parse_memory
     from plangen.cost.settings import CostError
@@ -487,8 +568,16 @@ def _cost_fit(target, model, world_size, gpu_memory, seq_len, micro_batch, dtype
 
     hf_logging.set_verbosity_error()
     try:
-        search = search_layouts(target, world_size, gpu_bytes, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
-                                master_dtype=master_dtype, model=model)
+        search = search_layouts(
+            target,
+            world_size,
+            gpu_bytes,
+            seq_len=seq_len,
+            micro_batch=micro_batch,
+            dtype=dtype,
+            master_dtype=master_dtype,
+            model=model,
+        )
     except CostError as error:
         fail(str(error))
     except Exception as error:  # one line for the user, as for every error of this CLI
@@ -511,4 +600,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -63,8 +63,11 @@ class CollectiveCounter(CommDebugMode):
 
 # c10d collectives by the functional collective they are (plangen's MoE styles sum gradients with
 # c10d's all-reduce, the vocabulary-parallel loss too; DTensor issues functional ones).
-C10D_AS_FUNCTIONAL = {"allreduce_": "all_reduce", "_allgather_base_": "all_gather_into_tensor",
-                      "_reduce_scatter_base_": "reduce_scatter_tensor"}
+C10D_AS_FUNCTIONAL = {
+    "allreduce_": "all_reduce",
+    "_allgather_base_": "all_gather_into_tensor",
+    "_reduce_scatter_base_": "reduce_scatter_tensor",
+}
 
 
 def tensor_bytes(value: Any) -> int:

@@ -61,10 +61,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.tensor import DTensor, Partial
-from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta  # noqa: F401 - re-exported
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves  # noqa: F401 - re-exported (plangen.cost.peak)
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
 
@@ -107,15 +107,21 @@ def dtensor_spec(tensor: DTensor) -> DTensorSpec:
     return tensor._spec
 
 
-def local_shape_and_offset(shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int],
-                           placements: Sequence[Placement]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def local_shape_and_offset(
+    shape: Sequence[int], mesh_shape: Sequence[int], coordinate: Sequence[int], placements: Sequence[Placement]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The local shape and global offset of the shard at ``coordinate`` of a mesh of ``mesh_shape``."""
-    local, offset = _compute_local_shape_and_global_offset(tuple(shape), tuple(mesh_shape), list(coordinate), placements)
+    local, offset = _compute_local_shape_and_global_offset(
+        tuple(shape), tuple(mesh_shape), list(coordinate), placements
+    )
     return tuple(local), tuple(offset)
 
 
 # aten's copy-with-conversion op (``.to(dtype)``, ``.to(device)``), by its private name.
 TO_COPY = torch.ops.aten._to_copy.default
+# What a Tensor subclass's __torch_function__ calls to run a function as torch would without it
+# (DTensor's own __torch_function__ is this: plangen.hf_layout's subclass defines one of its own).
+DISABLED_TORCH_FUNCTION = torch._C._disabled_torch_function_impl
 # What funcol's asynchronous collectives return: the result, still in flight until waited.
 AsyncCollectiveTensor = funcol.AsyncCollectiveTensor
 
@@ -128,8 +134,9 @@ class _FromLocalGradAs(torch.autograd.Function):
     tensor (2.13's ``from_local(grad_placements=)`` for releases without it)."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, mesh: Any, placements: tuple, grad_placements: tuple,
-                shape: Any, stride: Any) -> DTensor:  # type: ignore[override]
+    def forward(
+        ctx: Any, local: torch.Tensor, mesh: Any, placements: tuple, grad_placements: tuple, shape: Any, stride: Any
+    ) -> DTensor:  # type: ignore[override]
         ctx.mesh, ctx.grad_placements = mesh, grad_placements
         ctx.set_materialize_grads(False)
         return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
@@ -147,15 +154,24 @@ class _FromLocalGradAs(torch.autograd.Function):
         return redistribute_local_tensor(grad._local_tensor, grad._spec, target), None, None, None, None, None
 
 
-def from_local(local: torch.Tensor, mesh: Any, placements: Sequence[Placement], *, run_check: bool = False,
-               shape: Any = None, stride: Any = None, grad_placements: Sequence[Placement] | None = None) -> DTensor:
+def from_local(
+    local: torch.Tensor,
+    mesh: Any,
+    placements: Sequence[Placement],
+    *,
+    run_check: bool = False,
+    shape: Any = None,
+    stride: Any = None,
+    grad_placements: Sequence[Placement] | None = None,
+) -> DTensor:
     """``DTensor.from_local``, with ``grad_placements`` (the layout the local gradient is taken in)
     on every release."""
     if grad_placements is None:
         return DTensor.from_local(local, mesh, placements, run_check=run_check, shape=shape, stride=stride)
     if NATIVE_FROM_LOCAL_GRAD_PLACEMENTS:
-        return DTensor.from_local(local, mesh, placements, run_check=run_check, shape=shape, stride=stride,
-                                  grad_placements=grad_placements)
+        return DTensor.from_local(
+            local, mesh, placements, run_check=run_check, shape=shape, stride=stride, grad_placements=grad_placements
+        )
     if run_check:
         raise ValueError("plangen.compat.from_local: run_check with grad_placements needs torch >= 2.13")
     return _FromLocalGradAs.apply(local, mesh, tuple(placements), tuple(grad_placements), shape, stride)
@@ -174,9 +190,12 @@ COMPUTES_ON_STRIDED_SHARD = TORCH_VERSION >= (2, 13)
 
 def is_row_sharded(x: Any) -> bool:
     """``x`` is a DTensor sharded on a dim other than its last (the rows an ``nn.Linear`` flattens)."""
-    return isinstance(x, DTensor) and x.ndim > 2 and any(
-        p.is_shard() and p.dim % x.ndim != x.ndim - 1 for p in x.placements) and all(
-        p.is_shard() or p.is_replicate() for p in x.placements)
+    return (
+        isinstance(x, DTensor)
+        and x.ndim > 2
+        and any(p.is_shard() and p.dim % x.ndim != x.ndim - 1 for p in x.placements)
+        and all(p.is_shard() or p.is_replicate() for p in x.placements)
+    )
 
 
 def linear_on_local_rows(x: DTensor, weight: DTensor, bias: DTensor | None) -> DTensor:
@@ -349,8 +368,9 @@ def peak_tracker_class() -> type:
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
-            self.on_peak(self._mod_tracker.is_bw, self._in_opt, self._mod_tracker.parents,
-                         list(self._curr_mem_snap.values()))
+            self.on_peak(
+                self._mod_tracker.is_bw, self._in_opt, self._mod_tracker.parents, list(self._curr_mem_snap.values())
+            )
 
     return PeakTracker
 

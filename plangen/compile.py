@@ -81,8 +81,10 @@ def find_compile_blocker(model: nn.Module) -> str | None:
         config = getattr(module, "config", None)
         asked = [key for key in RECORDED_OUTPUTS if getattr(config, key, False) is True]
         if asked:
-            return (f"{type(module).__name__}'s config sets {', '.join(asked)}: transformers records it with hooks "
-                    "that read a ContextVar, which torch.compile cannot trace (docs/compile.md)")
+            return (
+                f"{type(module).__name__}'s config sets {', '.join(asked)}: transformers records it with hooks "
+                "that read a ContextVar, which torch.compile cannot trace (docs/compile.md)"
+            )
     return None
 
 
@@ -189,8 +191,9 @@ def apply_compile(model: nn.Module, layers: list[nn.Module]) -> list[nn.Module]:
             ", ".join(names),
         )
     for why in sorted(set(eager_modules(layers).values())):
-        logger.warning("plangen: experts stay eager, the rest of each layer compiles around them: %s "
-                       "(docs/compile.md)", why)
+        logger.warning(
+            "plangen: experts stay eager, the rest of each layer compiles around them: %s (docs/compile.md)", why
+        )
     units = compile_units(layers)
     if any(is_composable_checkpointed(unit) for unit in units):
         logger.warning(

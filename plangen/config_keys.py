@@ -33,12 +33,28 @@ PAIRED_HEADS_KEYS = ("lambda_std_dev",)
 # (5.5.x-5.8.x view n_head // 4 heads per block: 2 heads give 0).
 HEAD_BLOCKS = {"codegen": 4}
 HEAD_DIM_KEYS = (
-    "head_dim", "attention_head_dim", "d_kv", "kv_channels", "swa_head_dim", "v_head_dim",
-    "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim", "index_head_dim",
-    "qk_head_dim", "d_head", "dim_head",
+    "head_dim",
+    "attention_head_dim",
+    "d_kv",
+    "kv_channels",
+    "swa_head_dim",
+    "v_head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_head_dim",
+    "index_head_dim",
+    "qk_head_dim",
+    "d_head",
+    "dim_head",
 )
 HIDDEN_KEYS = (
-    "hidden_size", "d_model", "n_embd", "embed_dim", "dim", "embedding_size", "embedding_dim",
+    "hidden_size",
+    "d_model",
+    "n_embd",
+    "embed_dim",
+    "dim",
+    "embedding_size",
+    "embedding_dim",
     "lru_width",
 )
 # The token embedding's own width, where a model may project it to the hidden size (OPT-350m's
@@ -48,27 +64,47 @@ EMBEDDING_WIDTH_KEYS = ("word_embed_proj_dim",)
 # Widths of side inputs that only need to stay small (Gemma-3n per-layer embeddings).
 SMALL_WIDTH_KEYS = ("hidden_size_per_layer_input",)
 INTERMEDIATE_KEYS = (
-    "intermediate_size", "n_inner", "ffn_dim", "decoder_ffn_dim", "encoder_ffn_dim", "d_ff",
-    "ffn_hidden_size", "dim_ff",
+    "intermediate_size",
+    "n_inner",
+    "ffn_dim",
+    "decoder_ffn_dim",
+    "encoder_ffn_dim",
+    "d_ff",
+    "ffn_hidden_size",
+    "dim_ff",
 )
 EXPERT_COUNT_KEYS = (
-    "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "zero_expert_num",
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "zero_expert_num",
 )
 EXPERTS_PER_TOKEN_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "top_k_experts")
 SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
 EXPERT_GROUP_KEYS = ("n_group", "num_expert_group", "topk_group")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 OTHER_LAYER_COUNT_KEYS = (
-    "decoder_layers", "encoder_layers", "num_decoder_layers", "depth", "num_blocks",
+    "decoder_layers",
+    "encoder_layers",
+    "num_decoder_layers",
+    "depth",
+    "num_blocks",
 )
 # Scalars counting leading layers of one kind (dense before MoE, and so on) or trailing ones.
 LEADING_LAYER_KEYS = ("first_k_dense_replace", "num_dense_layers")
 TRAILING_LAYER_KEYS = ("num_kv_shared_layers",)
 # Every n-th layer is of another kind; 2 keeps both kinds inside the tiny layer count.
 LAYER_PERIOD_KEYS = (
-    "sliding_window_pattern", "no_rope_layer_interval", "global_attn_every_n_layers",
-    "attn_layer_period", "expert_layer_period", "full_attention_interval", "layer_group_size",
-    "decoder_sparse_step", "interleave_moe_layer_step",
+    "sliding_window_pattern",
+    "no_rope_layer_interval",
+    "global_attn_every_n_layers",
+    "attn_layer_period",
+    "expert_layer_period",
+    "full_attention_interval",
+    "layer_group_size",
+    "decoder_sparse_step",
+    "interleave_moe_layer_step",
 )
 # (heads, head size, expansion) of state-space mixers, whose inner width is expansion x hidden.
 STATE_SPACE_HEADS = (
@@ -85,7 +121,10 @@ POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len
 # two rows of the checks' batch of four be one sample.
 CODEBOOK_KEYS = ("num_codebooks",)
 SLIDING_WINDOW_KEYS = (
-    "sliding_window", "sliding_window_size", "attention_window", "attention_chunk_size",
+    "sliding_window",
+    "sliding_window_size",
+    "attention_window",
+    "attention_chunk_size",
 )
 
 

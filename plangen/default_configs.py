@@ -54,8 +54,14 @@ def _qwen4_exp_indexer(config: Any) -> dict[str, Any]:
     # quarter of each 256-wide head (partial_rotary_factor 0.25), which is what lets the 64 rotary
     # dims fit the 128-wide index head (validated once the indexer is set; the default rotates all).
     rope = {**(config.rope_parameters or {}), "partial_rotary_factor": 0.25}
-    return {"indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 128, "indexer_budget": 2048,
-            "indexer_compress_ratio": 4, "rope_parameters": rope}
+    return {
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 128,
+        "indexer_budget": 2048,
+        "indexer_compress_ratio": 4,
+        "rope_parameters": rope,
+    }
 
 
 # model_type -> (the field that is None or missing, dotted below the config; what to set).

@@ -107,8 +107,17 @@ def parse_size(size: int | str) -> int:
     if not match:
         raise ValueError(f"not a size: {size!r} (say 5GB, 500MiB or a number of bytes)")
     number, unit = float(match.group(1)), (match.group(2) or "B").upper()
-    scale = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}[unit]
+    scale = {
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }[unit]
     return int(number * scale)
 
 
@@ -124,7 +133,9 @@ def _plan_files(entries: list[tuple[str, int]], max_bytes: int) -> dict[str, str
         size += nbytes
     if len(groups) <= 1:
         return {name: SINGLE_NAME for name, _ in entries}
-    return {name: f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i, group in enumerate(groups) for name in group}
+    return {
+        name: f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i, group in enumerate(groups) for name in group
+    }
 
 
 def _rank() -> int:
@@ -132,7 +143,11 @@ def _rank() -> int:
 
 
 def save_hf_checkpoint(
-    model: nn.Module, directory: str | os.PathLike, *, max_shard_size: int | str = "5GB", dtype: torch.dtype | None = None
+    model: nn.Module,
+    directory: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write ``model``'s weights (parallelized by plangen or not) as a Hugging Face checkpoint in
     ``directory``: safetensors files of at most ``max_shard_size`` each (one tensor alone where larger)
@@ -189,8 +204,9 @@ def _write_file(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def _write_metadata(model: nn.Module, partial: Path, files: dict[str, str], sizes: dict[str, int],
-                    dtype: torch.dtype | None) -> None:
+def _write_metadata(
+    model: nn.Module, partial: Path, files: dict[str, str], sizes: dict[str, int], dtype: torch.dtype | None
+) -> None:
     if set(files.values()) != {SINGLE_NAME}:
         index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": files}
         (partial / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")

@@ -46,7 +46,9 @@ def check_output_path(path: Path | str, *, force: bool = False, same_plan: bool 
     if is_dir:
         raise InitError(f"{path} is a directory; pass a .py file path with -o")
     if exists and not force and not same_plan:
-        raise InitError(f"{path} already exists; pass --force to replace it (the old file is kept as {backup_path(path)})")
+        raise InitError(
+            f"{path} already exists; pass --force to replace it (the old file is kept as {backup_path(path)})"
+        )
 
 
 def _name_max(folder: Path) -> int:
@@ -79,7 +81,9 @@ def write_plan_file(path: Path | str, text: str, *, force: bool = False) -> Writ
         except OSError as err:
             raise InitError(f"cannot read the existing {path}: {err.strerror or err}") from None
         if not force:
-            raise InitError(f"{path} already exists; pass --force to replace it (the old file is kept as {backup_path(path)})")
+            raise InitError(
+                f"{path} already exists; pass --force to replace it (the old file is kept as {backup_path(path)})"
+            )
 
     created = _make_parents(path.parent)
     tmp: str | None = None

@@ -112,7 +112,9 @@ class FlatExpertsParallel(ParallelStyle):
         self.output_layouts = output_layouts if output_layouts is not None else Replicate()
         self.sum_input_grad = sum_input_grad
         if not isinstance(self.output_layouts, (Replicate, Partial)):
-            raise ValueError(f"FlatExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}")
+            raise ValueError(
+                f"FlatExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}"
+            )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         shape = flat_expert_shape(module)
@@ -145,8 +147,12 @@ class FlatExpertsParallel(ParallelStyle):
             install_layout_hooks(child, (1,) * experts, tp, {name: 0 for name in FLAT_WEIGHTS})
         reduce_here = not isinstance(self.output_layouts, Partial)
 
-        def forward(hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-            hidden_states, top_k_index, top_k_weights = (replicated_local(t) for t in (hidden_states, top_k_index, top_k_weights))
+        def forward(
+            hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+        ) -> torch.Tensor:
+            hidden_states, top_k_index, top_k_weights = (
+                replicated_local(t) for t in (hidden_states, top_k_index, top_k_weights)
+            )
             if torch.is_grad_enabled():  # each rank's gradient covers its own experts' routes (or rows) only
                 if self.sum_input_grad:
                     hidden_states = all_reduce_grad(hidden_states, device_mesh)
@@ -173,8 +179,15 @@ def _expert_rows_by_rank(experts: int, ffn: int, tp: int) -> torch.Tensor:
 
 
 def _local_experts_forward(
-    child: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor, experts: int, ffn: int, hidden: int, first: int, local: int,
+    child: nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    experts: int,
+    ffn: int,
+    hidden: int,
+    first: int,
+    local: int,
 ) -> torch.Tensor:
     """``DbrxExperts.forward`` over experts ``first`` to ``first + local - 1`` only, ``ffn`` rows of
     each (this rank's): this rank's share of the output (the other ranks' routes and rows contribute
@@ -183,7 +196,7 @@ def _local_experts_forward(
     hidden_states = hidden_states.reshape(-1, hidden)
     output = torch.zeros_like(hidden_states)
     with torch.no_grad():
-        mask = torch.nn.functional.one_hot(top_k_index, num_classes=experts).permute(2, 1, 0)[first:first + local]
+        mask = torch.nn.functional.one_hot(top_k_index, num_classes=experts).permute(2, 1, 0)[first : first + local]
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist()
         routes = [(expert, *torch.where(mask[expert])) for expert in hit]  # (local id, top-k slots, tokens)
     weights = [_param_local(child._parameters[n]).view(local, ffn, hidden) for n in FLAT_WEIGHTS]

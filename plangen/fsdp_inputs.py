@@ -43,8 +43,10 @@ class _DTensorGrad(torch.autograd.Function):
             return grad
         mesh, placements, shape, stride, local_shape = ctx.layout
         if grad.shape != shape or grad.any():
-            raise RuntimeError(f"a plain, non-zero gradient of shape {tuple(grad.shape)} for a DTensor input "
-                               f"of shape {tuple(shape)}: only FSDP2's zeros for an unused input are mended")
+            raise RuntimeError(
+                f"a plain, non-zero gradient of shape {tuple(grad.shape)} for a DTensor input "
+                f"of shape {tuple(shape)}: only FSDP2's zeros for an unused input are mended"
+            )
         zeros = grad.new_zeros(local_shape)
         return DTensor.from_local(zeros, mesh, placements, run_check=False, shape=shape, stride=stride)
 

@@ -30,14 +30,21 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from plangen.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_index: imported from here too
-    LAYOUT_ATTRIBUTE, HuggingFaceLayoutTensor, _relaid_dim, hugging_face_value, interleave_index, keep_unwrap_last,
+    LAYOUT_ATTRIBUTE,
+    HuggingFaceLayoutTensor,
+    _relaid_dim,
+    hugging_face_value,
+    interleave_index,
+    keep_unwrap_last,
 )
 from plangen.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
 
 
 def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
     if not (isinstance(module, nn.Linear) or is_conv1d(module)):
-        raise NotImplementedError(f"{type(style).__name__} shards nn.Linear and Conv1D only, not {type(module).__name__}")
+        raise NotImplementedError(
+            f"{type(style).__name__} shards nn.Linear and Conv1D only, not {type(module).__name__}"
+        )
 
 
 class Conv1DColwiseParallel(ColwiseParallel):
@@ -48,8 +55,12 @@ class Conv1DColwiseParallel(ColwiseParallel):
         for param_name, param in list(module.named_parameters(recurse=False)):
             dim = output_dim(module, param_name)
             dist_param = nn.Parameter(
-                distribute_tensor(self._relayout(param.detach(), dim, device_mesh), device_mesh, [Shard(dim)],
-                                  src_data_rank=self.src_data_rank),
+                distribute_tensor(
+                    self._relayout(param.detach(), dim, device_mesh),
+                    device_mesh,
+                    [Shard(dim)],
+                    src_data_rank=self.src_data_rank,
+                ),
                 requires_grad=param.requires_grad,
             )
             module.register_parameter(param_name, dist_param)
@@ -234,7 +245,8 @@ def apply_shared_parts(
                 continue
             swapped[name] = param
             mod._parameters[name] = gather_shared_rows(  # type: ignore[assignment]
-                param, output_dim(mod, name), part_sizes, shared, device_mesh)
+                param, output_dim(mod, name), part_sizes, shared, device_mesh
+            )
         return (x, *rest)
 
     def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
@@ -306,8 +318,11 @@ def install_layout_hooks(
             value = state_dict.get(key)
             if value is None or _relaid_dim(mod, param_name, dims) is None:
                 continue
-            state_dict[key] = hugging_face_value(mod, param_name, value) if isinstance(value, DTensor) else \
-                padded_layout(mod, param_name, value)  # any pad: install_pad_save_hook's, after this one
+            state_dict[key] = (
+                hugging_face_value(mod, param_name, value)
+                if isinstance(value, DTensor)
+                else padded_layout(mod, param_name, value)
+            )  # any pad: install_pad_save_hook's, after this one
 
     def from_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
         for param_name, param in mod.named_parameters(recurse=False):
@@ -351,10 +366,11 @@ class LocalHeadCounts(ParallelStyle):
         counts = {attribute: getattr(*head_count_owner(module, attribute)) for attribute in self.attributes}
         for attribute, value in counts.items():
             if not isinstance(value, int) or value % tp:
-                raise ValueError(f"{type(self).__name__}: {type(module).__name__}.{attribute}={value!r} does not divide by the TP size {tp}")
+                raise ValueError(
+                    f"{type(self).__name__}: {type(module).__name__}.{attribute}={value!r} does not divide by the TP size {tp}"
+                )
         apply_head_counts(module, {attribute: value // tp for attribute, value in counts.items()})
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(attributes={self.attributes})"
-

@@ -67,7 +67,9 @@ class GroupedColwiseParallel(ParallelStyle):
         if self.part_sizes:
             data = data.index_select(1, interleave_index(data.shape[1], self.part_sizes, tp).to(data.device))
         elif data.shape[1] % tp:
-            raise ValueError(f"{type(self).__name__}: {data.shape[1]} output features do not divide by the TP size {tp}")
+            raise ValueError(
+                f"{type(self).__name__}: {data.shape[1]} output features do not divide by the TP size {tp}"
+            )
         sharded = distribute_tensor(data, device_mesh, [Shard(1)], src_data_rank=None)
         module.register_parameter("weight", nn.Parameter(sharded, requires_grad=weight.requires_grad))
         if self.part_sizes:
@@ -114,7 +116,9 @@ class GroupedRowwiseParallel(ParallelStyle):
         weight = _grouped_weight(self, module)
         tp = device_mesh.size()
         if weight.shape[2] % tp:
-            raise ValueError(f"{type(self).__name__}: {weight.shape[2]} input features do not divide by the TP size {tp}")
+            raise ValueError(
+                f"{type(self).__name__}: {weight.shape[2]} input features do not divide by the TP size {tp}"
+            )
         sharded = distribute_tensor(weight.data, device_mesh, [Shard(2)], src_data_rank=None)
         module.register_parameter("weight", nn.Parameter(sharded, requires_grad=weight.requires_grad))
         swapped: dict[str, nn.Parameter] = {}
@@ -164,8 +168,9 @@ class RoutedBlockParallel(ParallelStyle):
 
     GATES = 2  # JetMoeTopKGating returns (sorted ids, token ids, gates, expert sizes, logits)
 
-    def __init__(self, *, input_kwarg: str = "", bias: str = "bias", router: str = "router",
-                 reads_gathered: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, *, input_kwarg: str = "", bias: str = "bias", router: str = "router", reads_gathered: tuple[str, ...] = ()
+    ) -> None:
         super().__init__()
         self.input_kwarg, self.bias, self.router = input_kwarg, bias, router
         self.reads_gathered = tuple(reads_gathered)
@@ -175,7 +180,11 @@ class RoutedBlockParallel(ParallelStyle):
         return None
 
     def _whole_input(self, hidden: torch.Tensor, device_mesh: DeviceMesh) -> DTensor:
-        return hidden if isinstance(hidden, DTensor) else DTensor.from_local(hidden, device_mesh, [Replicate()], run_check=False)
+        return (
+            hidden
+            if isinstance(hidden, DTensor)
+            else DTensor.from_local(hidden, device_mesh, [Replicate()], run_check=False)
+        )
 
     def _reduce(self, partial: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
         return SumOverMesh.apply(partial, device_mesh.get_group())
@@ -227,7 +236,7 @@ class RoutedBlockParallel(ParallelStyle):
             if not torch.is_grad_enabled():
                 return output
             gates = all_reduce_grad(output[self.GATES], device_mesh)
-            return (*output[:self.GATES], gates, *output[self.GATES + 1:])
+            return (*output[: self.GATES], gates, *output[self.GATES + 1 :])
 
         module.register_forward_pre_hook(gather, with_kwargs=True)
         # always_call: an exception inside forward must not leave the zero in place of the bias.
@@ -241,8 +250,10 @@ class RoutedBlockParallel(ParallelStyle):
         return module
 
     def _arguments(self) -> str:
-        return (f"input_kwarg={self.input_kwarg!r}, bias={self.bias!r}, router={self.router!r}, "
-                f"reads_gathered={self.reads_gathered}")
+        return (
+            f"input_kwarg={self.input_kwarg!r}, bias={self.bias!r}, router={self.router!r}, "
+            f"reads_gathered={self.reads_gathered}"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._arguments()})"
@@ -259,8 +270,15 @@ class RoutedBlockSequenceParallel(RoutedBlockParallel):
     takes it).
     """
 
-    def __init__(self, *, input_kwarg: str = "", bias: str = "bias", router: str = "router",
-                 reads_gathered: tuple[str, ...] = (), sequence_dim: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        input_kwarg: str = "",
+        bias: str = "bias",
+        router: str = "router",
+        reads_gathered: tuple[str, ...] = (),
+        sequence_dim: int = 1,
+    ) -> None:
         super().__init__(input_kwarg=input_kwarg, bias=bias, router=router, reads_gathered=reads_gathered)
         self.sequence_dim = sequence_dim
 
@@ -275,7 +293,8 @@ class RoutedBlockSequenceParallel(RoutedBlockParallel):
 
     def _reduce(self, partial: torch.Tensor, device_mesh: DeviceMesh) -> torch.Tensor:
         return DTensor.from_local(partial, device_mesh, [Partial()], run_check=False).redistribute(
-            device_mesh, [Shard(self.sequence_dim)])
+            device_mesh, [Shard(self.sequence_dim)]
+        )
 
     def _arguments(self) -> str:
         return f"{super()._arguments()}, sequence_dim={self.sequence_dim}"

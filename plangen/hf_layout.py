@@ -34,7 +34,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
-from plangen.compat import TO_COPY, DTensorSpec, TensorMeta, dtensor_spec, local_shape_and_offset, local_tensor
+from plangen.compat import (
+    DISABLED_TORCH_FUNCTION,
+    TO_COPY,
+    DTensorSpec,
+    TensorMeta,
+    dtensor_spec,
+    local_shape_and_offset,
+    local_tensor,
+)
 
 from plangen.module_facts import output_dim
 
@@ -97,7 +105,7 @@ class RowMap:
         """The rows ``start:start+length`` of the parameter as runs ``(local row, HF row, rows)``:
         consecutive in both, pad rows left out."""
         runs: list[list[int]] = []
-        for local, hf in enumerate(self.to_hf[start:start + length]):
+        for local, hf in enumerate(self.to_hf[start : start + length]):
             if hf < 0:
                 continue
             if runs and runs[-1][0] + runs[-1][2] == local and runs[-1][1] + runs[-1][2] == hf:
@@ -120,7 +128,9 @@ def row_map(module: nn.Module, param_name: str, shape: Sequence[int]) -> RowMap 
         return None
     dim = relaid if relaid is not None else pad[0]
     if pad is not None and pad[0] != dim:
-        raise NotImplementedError(f"{type(module).__name__}.{param_name}: re-laid out on dim {dim}, padded on dim {pad[0]}")
+        raise NotImplementedError(
+            f"{type(module).__name__}.{param_name}: re-laid out on dim {dim}, padded on dim {pad[0]}"
+        )
     rows = shape[dim]
     # The parameter's row p holds padded row index[p] (Hugging Face's order, pad heads in place).
     index = interleave_index(rows, part_sizes, tp_size).tolist() if relaid is not None else list(range(rows))
@@ -138,7 +148,9 @@ def row_map(module: nn.Module, param_name: str, shape: Sequence[int]) -> RowMap 
 # --- where every rank's shard lies ---------------------------------------------------------------
 
 
-def rank_boxes(shape: Sequence[int], mesh, placements: Sequence[Any]) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+def rank_boxes(
+    shape: Sequence[int], mesh, placements: Sequence[Any]
+) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
     """Every rank of ``mesh`` with the box it holds of a DTensor of ``shape``: ``(global rank, local
     shape, global offset)``, one rank per distinct box (replicas are left out), mesh order."""
     key = (tuple(shape), tuple(mesh.mesh.shape), tuple(mesh.mesh.flatten().tolist()), tuple(placements))
@@ -171,8 +183,13 @@ def box_chunks(local_shape: Sequence[int], offset: Sequence[int], rows: RowMap |
     d = rows.dim
     for local, hf, length in rows.runs(offset[d], local_shape[d]):
         where = tuple(slice(local, local + length) if i == d else slice(None) for i in range(len(local_shape)))
-        chunks.append((where, tuple(hf if i == d else o for i, o in enumerate(offset)),
-                       tuple(length if i == d else n for i, n in enumerate(local_shape))))
+        chunks.append(
+            (
+                where,
+                tuple(hf if i == d else o for i, o in enumerate(offset)),
+                tuple(length if i == d else n for i, n in enumerate(local_shape)),
+            )
+        )
     return chunks
 
 
@@ -190,8 +207,9 @@ def gather_whole(value: torch.Tensor, rows: RowMap | None = None, dtype: torch.d
     mesh = value.device_mesh
     shape = tuple(dtensor_spec(value).shape)
     if mesh.mesh.numel() != dist.get_world_size():
-        whole = DTensor.from_local(local, mesh, value.placements, run_check=False, shape=value.shape,
-                                   stride=value.stride()).full_tensor()
+        whole = DTensor.from_local(
+            local, mesh, value.placements, run_check=False, shape=value.shape, stride=value.stride()
+        ).full_tensor()
         if rows is None:
             return whole
         keep = [p for p, h in enumerate(rows.to_hf) if h >= 0]
@@ -204,7 +222,9 @@ def gather_whole(value: torch.Tensor, rows: RowMap | None = None, dtype: torch.d
     # a collective's backend may keep its tensor a moment after wait() returns (gloo's worker thread
     # until the end of its loop iteration; NCCL's watchdog until it cleans the work up), and a view
     # would keep this whole output alive after the caller has dropped it, beside the next one.
-    scratch = torch.empty(max((math.prod(box) for _, box, _ in boxes), default=0), dtype=local.dtype, device=local.device)
+    scratch = torch.empty(
+        max((math.prod(box) for _, box, _ in boxes), default=0), dtype=local.dtype, device=local.device
+    )
     for rank, box, offset in boxes:
         buffer = scratch[: math.prod(box)].view(box)
         if rank == me:
@@ -229,7 +249,9 @@ class HuggingFaceLayoutTensor(DTensor):
     def wrap(value: DTensor, rows: RowMap) -> "HuggingFaceLayoutTensor":
         shape = torch.Size(rows.hf_shape(value.shape))
         stride = torch.empty(shape, device="meta").stride()
-        spec = DTensorSpec(value.device_mesh, tuple(value.placements), tensor_meta=TensorMeta(shape, stride, value.dtype))
+        spec = DTensorSpec(
+            value.device_mesh, tuple(value.placements), tensor_meta=TensorMeta(shape, stride, value.dtype)
+        )
         out = HuggingFaceLayoutTensor(local_tensor(value), spec, requires_grad=False)
         out._row_map = rows
         out._parameter_spec = dtensor_spec(value)
@@ -240,12 +262,16 @@ class HuggingFaceLayoutTensor(DTensor):
         return DTensor(local_tensor(self), self._parameter_spec, requires_grad=False)
 
     def __repr__(self) -> str:  # type: ignore[override]
-        return (f"HuggingFaceLayoutTensor(shape={tuple(self.shape)}, local rows of the parameter's "
-                f"{tuple(self._parameter_spec.placements)} over {self.device_mesh}, re-mapped on dim {self._row_map.dim})")
+        return (
+            f"HuggingFaceLayoutTensor(shape={tuple(self.shape)}, local rows of the parameter's "
+            f"{tuple(self._parameter_spec.placements)} over {self.device_mesh}, re-mapped on dim {self._row_map.dim})"
+        )
 
     def _chunks(self):
         spec = self._parameter_spec
-        local, offset = local_shape_and_offset(spec.shape, spec.mesh.mesh.shape, spec.mesh.get_coordinate(), spec.placements)
+        local, offset = local_shape_and_offset(
+            spec.shape, spec.mesh.mesh.shape, spec.mesh.get_coordinate(), spec.placements
+        )
         return box_chunks(local, offset, self._row_map)
 
     # torch.distributed.checkpoint: one chunk per run of rows, at Hugging Face's offsets.
@@ -255,9 +281,15 @@ class HuggingFaceLayoutTensor(DTensor):
 
         properties = TensorProperties.create_from_tensor(local_tensor(self))
         return [
-            WriteItem(index=MetadataIndex(fqn, torch.Size(offset)), type=WriteItemType.SHARD,
-                      tensor_data=TensorWriteData(chunk=ChunkStorageMetadata(torch.Size(offset), torch.Size(sizes)),
-                                                  properties=properties, size=self.size()))
+            WriteItem(
+                index=MetadataIndex(fqn, torch.Size(offset)),
+                type=WriteItemType.SHARD,
+                tensor_data=TensorWriteData(
+                    chunk=ChunkStorageMetadata(torch.Size(offset), torch.Size(sizes)),
+                    properties=properties,
+                    size=self.size(),
+                ),
+            )
             for _, offset, sizes in self._chunks()
         ]
 
@@ -278,15 +310,20 @@ class HuggingFaceLayoutTensor(DTensor):
     def redistribute(self, device_mesh: Any = None, placements: Any = None, **kwargs: Any) -> DTensor:  # type: ignore[override]
         mesh = device_mesh or self.device_mesh
         if mesh is not self.device_mesh or any(not p.is_replicate() for p in placements or ()):
-            raise NotImplementedError("a Hugging Face layout state-dict entry redistributes to Replicate() on its own mesh only")
+            raise NotImplementedError(
+                "a Hugging Face layout state-dict entry redistributes to Replicate() on its own mesh only"
+            )
         return DTensor.from_local(self.full_tensor(), mesh, [Replicate()] * mesh.ndim, run_check=False)
 
     def _over(self, local: torch.Tensor) -> "HuggingFaceLayoutTensor":
         """The same layout over ``local`` (a copy or view of this entry's local shard, maybe cast)."""
         spec, p = dtensor_spec(self), self._parameter_spec
         meta = spec.tensor_meta
-        out = HuggingFaceLayoutTensor(local, DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(
-            meta.shape, meta.stride, local.dtype)), requires_grad=False)
+        out = HuggingFaceLayoutTensor(
+            local,
+            DTensorSpec(spec.mesh, spec.placements, tensor_meta=TensorMeta(meta.shape, meta.stride, local.dtype)),
+            requires_grad=False,
+        )
         out._row_map = self._row_map
         out._parameter_spec = DTensorSpec(p.mesh, p.placements, tensor_meta=TensorMeta(p.shape, p.stride, local.dtype))
         return out
@@ -298,10 +335,14 @@ class HuggingFaceLayoutTensor(DTensor):
         # the Python API: torch 2.11 dispatches a DTensor subclass's aten ops in C++ without calling its
         # __torch_dispatch__, which then gave a plain DTensor over the parameter's rows (wrong offsets).
         kwargs = kwargs or {}
-        if func in _LOCAL_METHODS and args and isinstance(args[0], HuggingFaceLayoutTensor) and not any(
-                isinstance(v, torch.Tensor) for v in (*args[1:], *kwargs.values())):
+        if (
+            func in _LOCAL_METHODS
+            and args
+            and isinstance(args[0], HuggingFaceLayoutTensor)
+            and not any(isinstance(v, torch.Tensor) for v in (*args[1:], *kwargs.values()))
+        ):
             return args[0]._over(func(local_tensor(args[0]), *args[1:], **kwargs))
-        result = torch._C._disabled_torch_function_impl(func, types, args, kwargs)
+        result = DISABLED_TORCH_FUNCTION(func, types, args, kwargs)
         if isinstance(result, DTensor) and not isinstance(result, HuggingFaceLayoutTensor):
             _refuse(func)  # torch 2.11 computed it on the parameter's rows as if they were Hugging Face's
         return result
@@ -319,14 +360,24 @@ def _refuse(func) -> None:
     raise TypeError(
         f"{func}: a state-dict entry in Hugging Face's layout over a re-laid-out parameter takes no tensor ops; "
         "call .full_tensor() (one parameter gathered), save it with torch.distributed.checkpoint, load it back "
-        "with load_state_dict, or stream the weights with plangen.export.iter_hf_weights")
+        "with load_state_dict, or stream the weights with plangen.export.iter_hf_weights"
+    )
 
 
-_LOCAL_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default, TO_COPY,
-              torch.ops.aten.clone.default)
-_LOCAL_METHODS = (torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.cuda, torch.Tensor.clone, torch.clone,
-                  torch.Tensor.detach, torch.detach, torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16,
-                  torch.Tensor.double)
+_LOCAL_OPS = (torch.ops.aten.detach.default, torch.ops.aten.alias.default, TO_COPY, torch.ops.aten.clone.default)
+_LOCAL_METHODS = (
+    torch.Tensor.to,
+    torch.Tensor.cpu,
+    torch.Tensor.cuda,
+    torch.Tensor.clone,
+    torch.clone,
+    torch.Tensor.detach,
+    torch.detach,
+    torch.Tensor.float,
+    torch.Tensor.half,
+    torch.Tensor.bfloat16,
+    torch.Tensor.double,
+)
 
 
 def hugging_face_value(module: nn.Module, param_name: str, value: torch.Tensor) -> torch.Tensor:

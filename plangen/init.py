@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from plangen.files import WriteOutcome, check_output_path, write_plan_file
+from plangen.files import check_output_path, write_plan_file
 from plangen.plan import Plan
 from plangen.render import InitError, render_plan_text
 
@@ -157,8 +157,13 @@ def check_target_option(target: str) -> None:
 
 
 def regenerate_command(
-    spec: str, output: Path, tp_size: int, sequence_parallel: bool, template_dir: Path | str | None = None,
-    variant: str = "optimized", target: str = "plangen",
+    spec: str,
+    output: Path,
+    tp_size: int,
+    sequence_parallel: bool,
+    template_dir: Path | str | None = None,
+    variant: str = "optimized",
+    target: str = "plangen",
 ) -> str:
     args = ["plangen", "init", spec, "-o", str(output), "--tp-size", str(tp_size)]
     if sequence_parallel:
@@ -213,8 +218,10 @@ def render_plan_module(
 
     refused = refused_heads(TARGETS[target], resolved.config, tp_size)
     if refused is not None:
-        raise InitError(f"--tp-size {tp_size}: {target} refuses this model there: {refused.describe(tp_size)};"
-                        f" plangen's runtime takes TP {tp_size} (--target plangen)")
+        raise InitError(
+            f"--tp-size {tp_size}: {target} refuses this model there: {refused.describe(tp_size)};"
+            f" plangen's runtime takes TP {tp_size} (--target plangen)"
+        )
     if loaded is None:
         loaded = load_model(resolved)
     path = Path(output) if output is not None else default_output(loaded.resolved.name, sequence_parallel, variant)
@@ -238,8 +245,9 @@ def render_plan_module(
     return RenderedPlan(path, text, seed, plan, type(loaded.model).__name__)
 
 
-def _records_same_settings(path: Path, spec: str, tp_size: int, sequence_parallel: bool, variant: str,
-                           target: str = "plangen") -> bool:
+def _records_same_settings(
+    path: Path, spec: str, tp_size: int, sequence_parallel: bool, variant: str, target: str = "plangen"
+) -> bool:
     """Whether the file at ``path`` is a plan generated for ``spec`` with these settings: rendering
     may then give its very text (left alone), which only the write can tell."""
     try:

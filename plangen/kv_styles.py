@@ -67,7 +67,8 @@ def kv_projections(attention: nn.Module, kv_heads: int, head_dim: int) -> list[t
     return [
         (name, child)
         for name, child in attention.named_children()
-        if isinstance(child, nn.Linear) and child.out_features == kv_heads * head_dim
+        if isinstance(child, nn.Linear)
+        and child.out_features == kv_heads * head_dim
         and (not isinstance(hidden, int) or child.in_features == hidden)
     ]
 
@@ -180,8 +181,10 @@ class PrepareAttentionInput(PrepareModuleInput):
             from plangen.replicated_styles import sum_own_grads_over
 
             if set(self.shared_tables) != set(module._parameters):
-                raise ValueError(f"PrepareAttentionInput: shared_tables {self.shared_tables} are not all of "
-                                 f"{type(module).__name__}'s own parameters ({', '.join(module._parameters)})")
+                raise ValueError(
+                    f"PrepareAttentionInput: shared_tables {self.shared_tables} are not all of "
+                    f"{type(module).__name__}'s own parameters ({', '.join(module._parameters)})"
+                )
             sum_own_grads_over(module, device_mesh)
         return super()._apply(module, device_mesh)
 
@@ -193,12 +196,16 @@ def _slice_batch_head_rows(style: PrepareAttentionInput, module: nn.Module, devi
     from plangen.module_facts import head_count_owner
 
     if not style.head_attributes or style.padded_heads:
-        raise ValueError("PrepareAttentionInput: batch_head_inputs need the block's head count, the first of head_attributes "
-                         "(and no padded_heads)")
+        raise ValueError(
+            "PrepareAttentionInput: batch_head_inputs need the block's head count, the first of head_attributes "
+            "(and no padded_heads)"
+        )
     heads = getattr(*head_count_owner(module, style.head_attributes[0]))
     if not isinstance(heads, int) or heads % device_mesh.size():
-        raise ValueError(f"PrepareAttentionInput: {type(module).__name__}.{style.head_attributes[0]}={heads!r} does not "
-                         f"divide by the TP size {device_mesh.size()}")
+        raise ValueError(
+            f"PrepareAttentionInput: {type(module).__name__}.{style.head_attributes[0]}={heads!r} does not "
+            f"divide by the TP size {device_mesh.size()}"
+        )
     hook = partial(slice_batch_head_rows, style.batch_head_inputs, heads, device_mesh)
     module.register_forward_pre_hook(hook, with_kwargs=True)
 

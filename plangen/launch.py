@@ -35,14 +35,29 @@ GLOO_THREADS = 1
 """Worker threads of each gloo process group in a launched rank (torch's own default: 2; issue 35)."""
 
 
-def run_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *,
-                    python: str | None = None, gloo_threads: int = GLOO_THREADS) -> list[Any]:
+def run_distributed(
+    target: str,
+    world_size: int,
+    payload: Any = None,
+    timeout: float = 300.0,
+    *,
+    python: str | None = None,
+    gloo_threads: int = GLOO_THREADS,
+) -> list[Any]:
     """Run ``target(payload)`` on ``world_size`` gloo ranks; return each rank's result."""
     return start_distributed(target, world_size, payload, timeout, python=python, gloo_threads=gloo_threads).result()
 
 
-def start_distributed(target: str, world_size: int, payload: Any = None, timeout: float = 300.0, *, nice: int = 0,
-                      python: str | None = None, gloo_threads: int = GLOO_THREADS) -> "Launch":
+def start_distributed(
+    target: str,
+    world_size: int,
+    payload: Any = None,
+    timeout: float = 300.0,
+    *,
+    nice: int = 0,
+    python: str | None = None,
+    gloo_threads: int = GLOO_THREADS,
+) -> "Launch":
     """Start ``target(payload)`` on ``world_size`` gloo ranks in the background; ``result()`` waits.
 
     ``nice`` lowers the ranks' priority: work in the foreground keeps its core, the ranks take the rest.
@@ -84,8 +99,11 @@ def gloo_worker_threads(threads: int) -> None:
                 super().__init__(store, rank, size, **({} if timeout is None else {"timeout": timeout}), **kwargs)
                 return
             interfaces = os.environ.get("GLOO_SOCKET_IFNAME")  # what torch's own constructor reads
-            options._devices = ([gloo.create_device(interface=name) for name in interfaces.split(",")] if interfaces
-                                else [gloo.create_default_device()])
+            options._devices = (
+                [gloo.create_device(interface=name) for name in interfaces.split(",")]
+                if interfaces
+                else [gloo.create_default_device()]
+            )
             options._threads = threads
             if timeout is not None:
                 options._timeout = timeout
@@ -115,19 +133,42 @@ def lower_priority(nice: int) -> None:
 class Launch:
     """A run on gloo ranks, started at construction; ``result()`` is each rank's result, in order."""
 
-    def __init__(self, target: str, world_size: int, payload: Any, timeout: float, *, nice: int = 0,
-                 python: str | None = None, gloo_threads: int = GLOO_THREADS) -> None:
+    def __init__(
+        self,
+        target: str,
+        world_size: int,
+        payload: Any,
+        timeout: float,
+        *,
+        nice: int = 0,
+        python: str | None = None,
+        gloo_threads: int = GLOO_THREADS,
+    ) -> None:
         self.target, self.world_size, self.timeout = target, world_size, timeout
         self._tmp = tempfile.TemporaryDirectory(prefix="plangen-run-")
         self._out = Path(self._tmp.name)
         (self._out / "payload.json").write_text(json.dumps(payload))
-        cmd = [python or sys.executable, "-m", "plangen.launch", target, str(world_size), str(self._out), str(timeout),
-               str(gloo_threads)]
+        cmd = [
+            python or sys.executable,
+            "-m",
+            "plangen.launch",
+            target,
+            str(world_size),
+            str(self._out),
+            str(timeout),
+            str(gloo_threads),
+        ]
         self._deadline = time.monotonic() + timeout + 30  # the launcher's own deadline comes first
         # The ranks' output goes to a file: a pipe nobody reads until result() would fill and block them.
         self._log = open(self._out / "launch.log", "w+")
-        self._proc = subprocess.Popen(cmd, start_new_session=True, stdout=self._log, stderr=subprocess.STDOUT, text=True,
-                                      preexec_fn=(lambda: lower_priority(nice)) if nice else None)
+        self._proc = subprocess.Popen(
+            cmd,
+            start_new_session=True,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=(lambda: lower_priority(nice)) if nice else None,
+        )
 
     def finished(self) -> bool:
         return self._proc.poll() is not None
@@ -194,8 +235,12 @@ def _worker(fn, rank: int, world_size: int, port: int, out: Path, payload: Any, 
     import traceback
 
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     code = 0
     # A fatal signal (SIGSEGV, SIGABRT from glibc's heap checks) leaves no traceback to write: the
@@ -280,5 +325,6 @@ def _main(target: str, world_size: int, out: Path, timeout: float, gloo_threads:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]),
-                   *(int(n) for n in sys.argv[5:6])))
+    sys.exit(
+        _main(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), float(sys.argv[4]), *(int(n) for n in sys.argv[5:6]))
+    )

@@ -118,8 +118,11 @@ class ReplicatedAdapter(ParallelStyle):
             linear = module.forward
 
             def forward(x):
-                if compat.is_row_sharded(x) and isinstance(module.weight, DTensor) \
-                        and all(p.is_replicate() for p in module.weight.placements):
+                if (
+                    compat.is_row_sharded(x)
+                    and isinstance(module.weight, DTensor)
+                    and all(p.is_replicate() for p in module.weight.placements)
+                ):
                     return compat.linear_on_local_rows(x, module.weight, module.bias)
                 return linear(x)
 
@@ -160,7 +163,7 @@ class FeatureShardedDropout(ParallelStyle):
             # As ATen's CPU dropout: a bernoulli(1 - p) noise of the input's dtype, divided by 1 - p.
             width = x.shape[-1]
             noise = torch.empty((*x.shape[:-1], width * tp), dtype=x.dtype, device=x.device).bernoulli_(1 - mod.p)
-            noise = noise[..., rank * width:(rank + 1) * width].div_(1 - mod.p)
+            noise = noise[..., rank * width : (rank + 1) * width].div_(1 - mod.p)
             return x * noise
 
         module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
@@ -295,4 +298,3 @@ def _inside_lora_layer(path: str, modules: Mapping[str, nn.Module]) -> bool:
         if parts[i] in LORA_PARTS and owner is not None and is_lora_layer(owner):
             return True
     return False
-

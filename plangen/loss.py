@@ -141,7 +141,9 @@ class _VocabParallelStats(torch.autograd.Function):
             log_p = x - logsumexp[rows, cols].unsqueeze(-1)  # upcast and subtract in one pass
             del x
             if spec.logprobs:  # -coef * (p - one_hot(target))
-                out = log_p.exp_().scatter_add_(-1, column[rows, cols].unsqueeze(-1), minus_one[rows, cols].to(log_p.dtype))
+                out = log_p.exp_().scatter_add_(
+                    -1, column[rows, cols].unsqueeze(-1), minus_one[rows, cols].to(log_p.dtype)
+                )
             else:  # -coef * p * (log p + H)
                 out = log_p.exp().mul_(log_p.add_(entropy[rows, cols].unsqueeze(-1)))
             torch.mul(out, neg_coef[rows, cols].unsqueeze(-1), out=grad[rows, cols])  # scale and cast in one pass
@@ -177,8 +179,12 @@ def _as_3d(local: torch.Tensor) -> torch.Tensor:
 
 
 def _vocab_stats(
-    logits: torch.Tensor, targets: torch.Tensor | None, temperature: float, ignore_index: int,
-    chunk_size: int | None, entropy: bool,
+    logits: torch.Tensor,
+    targets: torch.Tensor | None,
+    temperature: float,
+    ignore_index: int,
+    chunk_size: int | None,
+    entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log-probs, entropy, valid), each shaped like the logits without their last dimension."""
     if not temperature > 0:

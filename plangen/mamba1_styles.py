@@ -66,18 +66,24 @@ def mamba1_parts_problem(mixer: nn.Module) -> str | None:
     parts = {n: getattr(mixer, n, None) for n in (IN_PROJ, CONV, X_PROJ, DT_PROJ, OUT_PROJ)}
     missing = [n for n, m in parts.items() if not isinstance(m, nn.Conv1d if n == CONV else nn.Linear)]
     if missing:
-        return f"no nn.Linear/nn.Conv1d {', '.join(missing)} (a Mamba1 mixer's in_proj, conv1d, x_proj, dt_proj, out_proj)"
+        return (
+            f"no nn.Linear/nn.Conv1d {', '.join(missing)} (a Mamba1 mixer's in_proj, conv1d, x_proj, dt_proj, out_proj)"
+        )
     own = dict(mixer.named_parameters(recurse=False))
     if set(own) != set(CHANNEL_PARAMETERS):
         return f"own parameters {sorted(own)}, not a Mamba1 mixer's A_log and D"
     conv, x_proj, dt_proj = parts[CONV], parts[X_PROJ], parts[DT_PROJ]
     width = conv.in_channels
     shapes_ok = (
-        conv.out_channels == width and conv.groups == width
+        conv.out_channels == width
+        and conv.groups == width
         and parts[IN_PROJ].out_features == 2 * width
-        and x_proj.in_features == width and dt_proj.out_features == width
+        and x_proj.in_features == width
+        and dt_proj.out_features == width
         and parts[OUT_PROJ].in_features == width
-        and own["A_log"].dim() == 2 and own["A_log"].shape[0] == width and tuple(own["D"].shape) == (width,)
+        and own["A_log"].dim() == 2
+        and own["A_log"].shape[0] == width
+        and tuple(own["D"].shape) == (width,)
     )
     if not shapes_ok:
         return f"its parts are not all {width} channels wide (a depthwise conv1d, in_proj 2x, x_proj in, dt_proj out, A_log, D)"
@@ -119,7 +125,9 @@ class Mamba1MixerParallel(ParallelStyle):
         _localise_attributes(module, width, tp)
         _install_local_forward(module, device_mesh, self.input_layouts)
         # The forward all-reduce of x_proj's partial output first, then the gradient sums.
-        getattr(module, X_PROJ).register_forward_hook(lambda mod, args, out: SumOverMesh.apply(out, device_mesh.get_group()))
+        getattr(module, X_PROJ).register_forward_hook(
+            lambda mod, args, out: SumOverMesh.apply(out, device_mesh.get_group())
+        )
         for name in self.grad_reduced:
             getattr(module, name).register_forward_hook(lambda mod, args, out: all_reduce_grad(out, device_mesh))
         return module

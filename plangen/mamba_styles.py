@@ -104,8 +104,12 @@ class Mamba2Layout:
         """The mixer's attributes that count all heads, as this rank's."""
         groups = 1 if self.shared else self.groups // tp
         intermediate = self.intermediate // tp
-        return {"num_heads": self.heads // tp, "intermediate_size": intermediate, "n_groups": groups,
-                "conv_dim": intermediate + 2 * groups * self.state}
+        return {
+            "num_heads": self.heads // tp,
+            "intermediate_size": intermediate,
+            "n_groups": groups,
+            "conv_dim": intermediate + 2 * groups * self.state,
+        }
 
 
 def _int_attribute(module: nn.Module, name: str) -> int:
@@ -226,8 +230,10 @@ def _install_local_swap(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMes
     """During each forward: the input whole and local, and the parameters the forward reads this
     rank's local tensors (the one B/C group's rows gathered whole); put back after."""
     swapped: list[tuple[nn.Module, str, Any]] = []
-    shared = {"in_proj": (layout.in_proj_parts, Mamba2Layout.IN_PROJ_SHARED),
-              "conv1d": (layout.conv_parts, Mamba2Layout.CONV_SHARED)}
+    shared = {
+        "in_proj": (layout.in_proj_parts, Mamba2Layout.IN_PROJ_SHARED),
+        "conv1d": (layout.conv_parts, Mamba2Layout.CONV_SHARED),
+    }
 
     def local_of(owner: nn.Module, child: str, param: torch.Tensor) -> torch.Tensor:
         if child in shared and layout.shared:
@@ -241,8 +247,11 @@ def _install_local_swap(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMes
             args = (_local_input(args[0], mesh, input_layout), *args[1:])
         else:
             kwargs = {**kwargs, "hidden_states": _local_input(kwargs["hidden_states"], mesh, input_layout)}
-        owners = [(mod, "", HEAD_PARAMETERS), (mod.in_proj, "in_proj", ("weight", "bias")),
-                  (mod.conv1d, "conv1d", ("weight", "bias"))]
+        owners = [
+            (mod, "", HEAD_PARAMETERS),
+            (mod.in_proj, "in_proj", ("weight", "bias")),
+            (mod.conv1d, "conv1d", ("weight", "bias")),
+        ]
         for owner, child, names in owners:
             for name in names:
                 param = owner._parameters.get(name)
@@ -273,8 +282,17 @@ def _normalize_groups(h: torch.Tensor, group: int, eps: float) -> torch.Tensor:
     return grouped.view(*prefix, width)
 
 
-def _gated_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor, group: int, eps: float,
-                mesh: DeviceMesh | None, groups: int = 1, rank_group: int = 0, gather: bool = False) -> torch.Tensor:
+def _gated_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    group: int,
+    eps: float,
+    mesh: DeviceMesh | None,
+    groups: int = 1,
+    rank_group: int = 0,
+    gather: bool = False,
+) -> torch.Tensor:
     """Mamba2's gated RMSNorm of this rank's features: ``x · silu(gate)`` normalised over groups of
     ``group`` features. Where a group spans ranks (``group`` wider than the local slice), the slice's
     sum of squares is summed over ``mesh`` for its group ``rank_group`` of ``groups``; with ``gather``
@@ -319,8 +337,14 @@ def resolve_gated_norm(module: nn.Module) -> tuple[int, int, float]:
         x, gate = (torch.randn(2, 3, width, generator=generator) * 1e-3 + 2e-3 for _ in range(2))
         got = probe(x, gate)
         expected = _gated_norm(x, gate, probe.weight, group, float(eps), None)
-    if not isinstance(got, torch.Tensor) or got.shape != x.shape or not torch.allclose(got, expected, rtol=1e-4, atol=1e-6):
-        raise ValueError(f"{name} does not compute Mamba2's gated RMSNorm over groups of {group} (x · silu(gate), then RMS)")
+    if (
+        not isinstance(got, torch.Tensor)
+        or got.shape != x.shape
+        or not torch.allclose(got, expected, rtol=1e-4, atol=1e-6)
+    ):
+        raise ValueError(
+            f"{name} does not compute Mamba2's gated RMSNorm over groups of {group} (x · silu(gate), then RMS)"
+        )
     return width, group, float(eps)
 
 
@@ -353,15 +377,25 @@ class GatedRMSNormParallel(ParallelStyle):
         rank_group = device_mesh.get_local_rank() * local // group
         # An instance attribute: nn.Module.__call__ (and FSDP2's hooks around it) runs it as the forward.
         module.forward = partial(  # type: ignore[method-assign]
-            _gated_forward, module, group, eps, device_mesh, width // group, rank_group, self.gather)
+            _gated_forward, module, group, eps, device_mesh, width // group, rank_group, self.gather
+        )
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def _gated_forward(module: nn.Module, group: int, eps: float, mesh: DeviceMesh, groups: int, rank_group: int,
-                   gather: bool, hidden_states: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+def _gated_forward(
+    module: nn.Module,
+    group: int,
+    eps: float,
+    mesh: DeviceMesh,
+    groups: int,
+    rank_group: int,
+    gather: bool,
+    hidden_states: torch.Tensor,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
     weight = module.weight.to_local() if isinstance(module.weight, DTensor) else module.weight
     if hidden_states.shape[-1] != weight.shape[0]:
         raise ValueError(

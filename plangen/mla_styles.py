@@ -136,8 +136,10 @@ class MlaAttentionParallel(PrepareModuleInput):
         if sharded_query_latent:
             desired = [*(self.desired_input_layouts or ()), *(self.desired_input_kwarg_layouts or {}).values()]
             if not use_local_output or not all(layout is None or isinstance(layout, Replicate) for layout in desired):
-                raise ValueError("MlaAttentionParallel(sharded_query_latent=True): the down-projections read the block "
-                                 "input whole and local (desired layouts Replicate(), use_local_output=True)")
+                raise ValueError(
+                    "MlaAttentionParallel(sharded_query_latent=True): the down-projections read the block "
+                    "input whole and local (desired layouts Replicate(), use_local_output=True)"
+                )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         MlaKvAProjParallel(rope_dim=rope_width(module))._apply(getattr(module, LATENT_KV_PROJ), device_mesh)
@@ -150,7 +152,9 @@ class MlaAttentionParallel(PrepareModuleInput):
             return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
         # PrepareModuleInput's, the local gradient taken as a partial sum: reduced to the input's
         # layout by the backward of this redistribution (all-reduce; reduce-scatter from Replicate to SP).
-        whole = input if isinstance(input, DTensor) else DTensor.from_local(input, mesh, (input_layout,), run_check=False)
+        whole = (
+            input if isinstance(input, DTensor) else DTensor.from_local(input, mesh, (input_layout,), run_check=False)
+        )
         if desired_layout is not None and input_layout != desired_layout:
             whole = whole.redistribute(placements=(desired_layout,))
         return whole.to_local(grad_placements=(Partial(),))
@@ -162,13 +166,17 @@ def _leave_query_input_grad_partial(attention: nn.Module, device_mesh: DeviceMes
     input gradient counted on the first rank only."""
     query = getattr(attention, QUERY_DOWN_PROJ, None)
     if not isinstance(query, nn.Linear):
-        raise ValueError(f"MlaAttentionParallel(sharded_query_latent=True): {type(attention).__name__} has no nn.Linear "
-                         f"{QUERY_DOWN_PROJ} (a query latent)")
+        raise ValueError(
+            f"MlaAttentionParallel(sharded_query_latent=True): {type(attention).__name__} has no nn.Linear "
+            f"{QUERY_DOWN_PROJ} (a query latent)"
+        )
 
     def partial_grad_input(mod: nn.Module, args: tuple) -> tuple:
         if not isinstance(mod.weight, DTensor):
-            raise ValueError(f"MlaAttentionParallel(sharded_query_latent=True): {QUERY_DOWN_PROJ} is not sharded; give it "
-                             "ColwiseParallel (its input gradient is left partial for the block to reduce once)")
+            raise ValueError(
+                f"MlaAttentionParallel(sharded_query_latent=True): {QUERY_DOWN_PROJ} is not sharded; give it "
+                "ColwiseParallel (its input gradient is left partial for the block to reduce once)"
+            )
         x, *rest = args
         if isinstance(x, DTensor):
             return args

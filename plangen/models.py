@@ -131,9 +131,7 @@ def resolve_model_class(config: "PretrainedConfig") -> type["PreTrainedModel"]:
     return _class_for_model_type(config.model_type)
 
 
-def config_for_class(
-    config: "PretrainedConfig", model_class: type["PreTrainedModel"]
-) -> "PretrainedConfig":
+def config_for_class(config: "PretrainedConfig", model_class: type["PreTrainedModel"]) -> "PretrainedConfig":
     """The part of ``config`` that ``model_class`` is built from.
 
     Some types map to a text-only class (``llama4`` -> ``Llama4ForCausalLM``) whose config is a
@@ -218,7 +216,9 @@ def _load_config_file(config_file: Path) -> "PretrainedConfig":
         raise ModelSpecError(f"{config_file} holds a JSON {type(raw).__name__}; a config.json is an object")
     model_type = raw.get("model_type")
     if model_type is None:
-        raise ModelSpecError(f'{config_file} has no "model_type": a config.json names its model type, e.g. "model_type": "llama"')
+        raise ModelSpecError(
+            f'{config_file} has no "model_type": a config.json names its model type, e.g. "model_type": "llama"'
+        )
     if model_type not in _config_mapping():
         raise ModelSpecError(
             f"{config_file} has model_type {model_type!r}, which this transformers does not know"
@@ -367,8 +367,20 @@ def _torch_initializers_skipped() -> Iterator[None]:
 
 
 _TORCH_INITIALIZERS = (
-    "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_",
+    "uniform_",
+    "normal_",
+    "trunc_normal_",
+    "constant_",
+    "ones_",
+    "zeros_",
+    "eye_",
+    "dirac_",
+    "xavier_uniform_",
+    "xavier_normal_",
+    "kaiming_uniform_",
+    "kaiming_normal_",
+    "orthogonal_",
+    "sparse_",
 )
 
 
@@ -396,4 +408,3 @@ def text_config(config: Any) -> Any:
     """
     get = getattr(config, "get_text_config", None)
     return get(decoder=True) if callable(get) else config
-

@@ -22,7 +22,7 @@ def attention_head_counts(attention: Any) -> tuple[int, int, int] | None:
 
 def head_count_owner(module: Any, attribute: str) -> tuple[Any, str]:
     """Where a head-count attribute lives: ``"config.X"`` on the module's config, else on the module."""
-    return (module.config, attribute[len("config."):]) if attribute.startswith("config.") else (module, attribute)
+    return (module.config, attribute[len("config.") :]) if attribute.startswith("config.") else (module, attribute)
 
 
 def apply_head_counts(module: Any, counts: dict[str, int]) -> None:

@@ -25,8 +25,13 @@ from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleI
 
 from plangen import compat
 from plangen.moe_styles import expert_count
-from plangen.tp_sums import (ShareOverMesh, all_reduce_grad, count_once_where_weight_is_read, grad_once_pre_hook,
-                              replicated_local)
+from plangen.tp_sums import (
+    ShareOverMesh,
+    all_reduce_grad,
+    count_once_where_weight_is_read,
+    grad_once_pre_hook,
+    replicated_local,
+)
 from plangen.transformers_compat import block_identity_experts, reads_child_weight
 
 
@@ -36,15 +41,27 @@ class PartialGradInput(PrepareModuleInput):
     branches' input gradients once (:class:`MoeBlockParallel`). The column-parallel projections that
     read the Replicate DTensor add their partial gradients on it, and nothing is reduced here."""
 
-    def __init__(self, *, input_layouts: Any = None, desired_input_layouts: Any = None,
-                 input_kwarg_layouts: Any = None, desired_input_kwarg_layouts: Any = None,
-                 use_local_output: bool = False) -> None:
-        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
-                         input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
-                         use_local_output=use_local_output)
+    def __init__(
+        self,
+        *,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_output: bool = False,
+    ) -> None:
+        super().__init__(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_output=use_local_output,
+        )
         layouts = [*(self.input_layouts or ()), *(self.input_kwarg_layouts or {}).values()]
         if not all(layout is None or isinstance(layout, Replicate) for layout in layouts):
-            raise ValueError("PartialGradInput: its inputs must be whole (Replicate()): a partial gradient of a shard is no layout")
+            raise ValueError(
+                "PartialGradInput: its inputs must be whole (Replicate()): a partial gradient of a shard is no layout"
+            )
 
     def _prepare_input_arg(self, input: Any, mesh: DeviceMesh, input_layout: Any, desired_layout: Any) -> Any:
         if input_layout is not None and isinstance(input, torch.Tensor) and not isinstance(input, DTensor):
@@ -57,8 +74,9 @@ def _is_sequence_parallel(style: PrepareModuleInputOutput) -> bool:
     return not all(layout is None or isinstance(layout, Replicate) for layout in layouts)
 
 
-def _install_input_once(style: PrepareModuleInputOutput, module: nn.Module, device_mesh: DeviceMesh,
-                        whole_readers: list[nn.Module]) -> None:
+def _install_input_once(
+    style: PrepareModuleInputOutput, module: nn.Module, device_mesh: DeviceMesh, whole_readers: list[nn.Module]
+) -> None:
     """On a block whose input preparation hands its forward a Replicate DTensor (``use_local_input``
     off): the local whole input, its gradient summed over TP once (an all-reduce by c10d, cheaper
     on the CPU than DTensor's; under SP left ``Partial`` for the gather's backward to reduce-scatter);
@@ -99,25 +117,48 @@ class MoeBlockParallel(PrepareModuleInputOutput):
     gradients on it and the one reduction is the input preparation's backward.
     """
 
-    def __init__(self, *, router: str = "gate", gates: tuple[str, ...] = (), input_layouts: Any = None,
-                 desired_input_layouts: Any = None, input_kwarg_layouts: Any = None,
-                 desired_input_kwarg_layouts: Any = None, use_local_input: bool = True, output_layouts: Any,
-                 desired_output_layouts: Any, use_local_output: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        router: str = "gate",
+        gates: tuple[str, ...] = (),
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_input: bool = True,
+        output_layouts: Any,
+        desired_output_layouts: Any,
+        use_local_output: bool = True,
+    ) -> None:
         # The block's hook makes the input local itself (with the gradient's placement it needs).
-        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
-                         input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
-                         use_local_input=False, output_layouts=output_layouts,
-                         desired_output_layouts=desired_output_layouts, use_local_output=use_local_output)
+        super().__init__(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_input=False,
+            output_layouts=output_layouts,
+            desired_output_layouts=desired_output_layouts,
+            use_local_output=use_local_output,
+        )
         self.router, self.gates = router, tuple(gates)
         desired = self.prepare_module_input.desired_input_layouts or ()
         if not all(layout is None or isinstance(layout, Replicate) for layout in desired):
-            raise ValueError("MoeBlockParallel: the block's branches read its input whole (desired_input_layouts Replicate())")
+            raise ValueError(
+                "MoeBlockParallel: the block's branches read its input whole (desired_input_layouts Replicate())"
+            )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         names = (self.router, *self.gates)
         found = {name: _child(module, name) for name in names}
         routed = any(m is not None for m in found.values())
-        if routed and not all(m is not None for m in found.values()) or not routed and any(map(expert_count, module.modules())):
+        if (
+            routed
+            and not all(m is not None for m in found.values())
+            or not routed
+            and any(map(expert_count, module.modules()))
+        ):
             missing = [name for name, m in found.items() if m is None]
             raise ValueError(f"MoeBlockParallel: {type(module).__name__} has experts but no {', '.join(missing)}")
         module = super()._apply(module, device_mesh)
@@ -145,11 +186,22 @@ def _share_identity_routes(block: nn.Module, router: nn.Module, tp: int) -> None
             return output
         values = [replicated_local(v) if isinstance(v, torch.Tensor) else v for v in output]
         index = next((v for v in values if isinstance(v, torch.Tensor) and not v.is_floating_point()), None)
-        at = next((i for i, v in enumerate(values) if index is not None and isinstance(v, torch.Tensor)
-                   and v.is_floating_point() and v.shape == index.shape), None)
+        at = next(
+            (
+                i
+                for i, v in enumerate(values)
+                if index is not None
+                and isinstance(v, torch.Tensor)
+                and v.is_floating_point()
+                and v.shape == index.shape
+            ),
+            None,
+        )
         if at is None:
-            raise ValueError(f"MoeBlockParallel: {type(mod).__name__} returns no routing weights beside its expert "
-                             "index, which the block's zero-compute experts need shared over TP")
+            raise ValueError(
+                f"MoeBlockParallel: {type(mod).__name__} returns no routing weights beside its expert "
+                "index, which the block's zero-compute experts need shared over TP"
+            )
         weights = values[at]
         values[at] = torch.where(index >= routed, ShareOverMesh.apply(weights, tp), weights)
         return tuple(values)
@@ -193,14 +245,30 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
 
     experts_name, router_name = "experts", "router"
 
-    def __init__(self, *, input_grad_once: bool = False, input_layouts: Any = None, desired_input_layouts: Any = None,
-                 input_kwarg_layouts: Any = None, desired_input_kwarg_layouts: Any = None, use_local_input: bool = False,
-                 output_layouts: Any, desired_output_layouts: Any, use_local_output: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        input_grad_once: bool = False,
+        input_layouts: Any = None,
+        desired_input_layouts: Any = None,
+        input_kwarg_layouts: Any = None,
+        desired_input_kwarg_layouts: Any = None,
+        use_local_input: bool = False,
+        output_layouts: Any,
+        desired_output_layouts: Any,
+        use_local_output: bool = True,
+    ) -> None:
         # Once: the block's hook makes the input local itself (with the gradient's placement it needs).
-        super().__init__(input_layouts=input_layouts, desired_input_layouts=desired_input_layouts,
-                         input_kwarg_layouts=input_kwarg_layouts, desired_input_kwarg_layouts=desired_input_kwarg_layouts,
-                         use_local_input=use_local_input and not input_grad_once, output_layouts=output_layouts,
-                         desired_output_layouts=desired_output_layouts, use_local_output=use_local_output)
+        super().__init__(
+            input_layouts=input_layouts,
+            desired_input_layouts=desired_input_layouts,
+            input_kwarg_layouts=input_kwarg_layouts,
+            desired_input_kwarg_layouts=desired_input_kwarg_layouts,
+            use_local_input=use_local_input and not input_grad_once,
+            output_layouts=output_layouts,
+            desired_output_layouts=desired_output_layouts,
+            use_local_output=use_local_output,
+        )
         self.input_grad_once = input_grad_once
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -231,7 +299,7 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
             scores = replicated_local(scores)
             if torch.is_grad_enabled():
                 scores = all_reduce_grad(scores, device_mesh)
-            routed["scores"] = scores[:, first:first + local]
+            routed["scores"] = scores[:, first : first + local]
             return (routed["scores"], *rest)
 
         def local_experts(mod: nn.Module, args: tuple) -> tuple:

@@ -147,8 +147,7 @@ def _intermediate_problem(module: nn.Module, tp_size: int) -> str | None:
     bad = [n for n, p in params.items() if p.dim() != 3 or n not in (_GATE_UP, _UP, _DOWN)]
     if bad or _DOWN not in params or (_GATE_UP in params) == (_UP in params):
         return (
-            f"it takes {_GATE_UP} (or {_UP}) and {_DOWN}, 3-D and without biases; {name} has"
-            f" {', '.join(bad or params)}"
+            f"it takes {_GATE_UP} (or {_UP}) and {_DOWN}, 3-D and without biases; {name} has {', '.join(bad or params)}"
         )
     if getattr(module, "has_post_expert_norm", False):
         return f"{name} normalises each expert's output, which a partial sum cannot follow"
@@ -199,14 +198,17 @@ class ExpertsParallel(ParallelStyle):
     routing weights' is summed here.
     """
 
-    def __init__(self, *, output_layouts: Placement | None = None, use_local_output: bool = True,
-                 sum_input_grad: bool = True) -> None:
+    def __init__(
+        self, *, output_layouts: Placement | None = None, use_local_output: bool = True, sum_input_grad: bool = True
+    ) -> None:
         super().__init__()
         self.output_layouts = output_layouts if output_layouts is not None else Replicate()
         self.use_local_output = use_local_output
         self.sum_input_grad = sum_input_grad
         if not isinstance(self.output_layouts, (Replicate, Partial)):
-            raise ValueError(f"ExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}")
+            raise ValueError(
+                f"ExpertsParallel: output_layouts must be Replicate() or Partial(), got {self.output_layouts}"
+            )
         if not use_local_output and not isinstance(self.output_layouts, Partial):
             raise ValueError("ExpertsParallel: use_local_output=False needs output_layouts=Partial()")
 
@@ -255,7 +257,9 @@ class ExpertsParallel(ParallelStyle):
             if local is not None:
                 off_rank = torch.div(index, local, rounding_mode="floor") != rank
                 if compact:
-                    hidden, index, weights = _own_routes(hidden, index, weights, off_rank, local, device_mesh.size(), routes)
+                    hidden, index, weights = _own_routes(
+                        hidden, index, weights, off_rank, local, device_mesh.size(), routes
+                    )
                 else:
                     index = torch.where(off_rank, torch.full_like(index, local), index % local)
                     weights = weights.masked_fill(off_rank, 0.0)
@@ -277,7 +281,11 @@ class ExpertsParallel(ParallelStyle):
             if routes:
                 output = _scatter_routes(output, routes)
             if isinstance(self.output_layouts, Partial):
-                return output if self.use_local_output else DTensor.from_local(output, device_mesh, (Partial(),), run_check=False)
+                return (
+                    output
+                    if self.use_local_output
+                    else DTensor.from_local(output, device_mesh, (Partial(),), run_check=False)
+                )
             return SumOverMesh.apply(output, device_mesh.get_group())
 
         module.register_forward_pre_hook(prepare, with_kwargs=True)
@@ -291,8 +299,15 @@ class ExpertsParallel(ParallelStyle):
         return f"{type(self).__name__}(output_layouts={self.output_layouts}{local}{summed})"
 
 
-def _own_routes(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, off_rank: torch.Tensor,
-                local: int, ranks: int, routes: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _own_routes(
+    hidden: torch.Tensor,
+    index: torch.Tensor,
+    weights: torch.Tensor,
+    off_rank: torch.Tensor,
+    local: int,
+    ranks: int,
+    routes: dict[str, Any],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's (token, expert) routes as a batch of one route per row: the hidden state of each
     route's token, its local expert id and its weight (``routes`` keeps where to scatter them back)."""
     own = (~off_rank).reshape(-1, index.shape[-1])

@@ -100,7 +100,9 @@ def get_logprobs_from_vocab_parallel_logits(
     logits work too. Context-parallel logits (``seq_index``) are not supported.
     """
     if seq_index is not None:
-        raise NotImplementedError("get_logprobs_from_vocab_parallel_logits: context parallel (seq_index) is not supported")
+        raise NotImplementedError(
+            "get_logprobs_from_vocab_parallel_logits: context parallel (seq_index) is not supported"
+        )
     if isinstance(input_ids, DTensor):
         input_ids = input_ids.full_tensor()
     targets = input_ids[:, 1:]

@@ -112,7 +112,9 @@ def _norm_parameters(module: nn.Module) -> tuple[nn.Parameter, nn.Parameter | No
     params = dict(module.named_parameters(recurse=False))
     weight = params.get("weight")
     if weight is None or weight.dim() != 1 or set(params) - {"weight", "bias"}:
-        raise ValueError(f"{type(module).__name__} has no 1-D weight of its own (parameters: {', '.join(params) or 'none'})")
+        raise ValueError(
+            f"{type(module).__name__} has no 1-D weight of its own (parameters: {', '.join(params) or 'none'})"
+        )
     if any(True for child in module.children() for _ in child.parameters()):
         raise ValueError(f"{type(module).__name__} has submodules with parameters")
     bias = params.get("bias")
@@ -231,8 +233,12 @@ class GatheredNormParallel(ShardedNormParallel):
         def gather(mod: nn.Module, args: tuple) -> tuple:
             x, *rest = args
             if isinstance(x, DTensor):
-                if not (len(x.placements) == 1 and x.placements[0].is_shard() and x.placements[0].dim in (-1, x.ndim - 1)):
-                    raise ValueError(f"GatheredNormParallel takes its input sharded on the last dim, not {x.placements}")
+                if not (
+                    len(x.placements) == 1 and x.placements[0].is_shard() and x.placements[0].dim in (-1, x.ndim - 1)
+                ):
+                    raise ValueError(
+                        f"GatheredNormParallel takes its input sharded on the last dim, not {x.placements}"
+                    )
                 layout["placements"] = x.placements
                 x = x.to_local()
             else:

@@ -41,9 +41,11 @@ def padded_tp_problem(heads: int, tp_size: int, model_name: str) -> str | None:
     if legal_padded_tp_size(heads, tp_size):
         return None
     local = padded_head_count(heads, tp_size) // tp_size
-    return (f"num_attention_heads={heads} padded to {padded_head_count(heads, tp_size)} leaves ranks of the TP size "
-            f"{tp_size} with only pad heads ({local} per rank): the largest legal TP size for {model_name} is "
-            f"{largest_padded_tp_size(heads, tp_size)}")
+    return (
+        f"num_attention_heads={heads} padded to {padded_head_count(heads, tp_size)} leaves ranks of the TP size "
+        f"{tp_size} with only pad heads ({local} per rank): the largest legal TP size for {model_name} is "
+        f"{largest_padded_tp_size(heads, tp_size)}"
+    )
 
 
 def real_rows(heads: int, padded: int, head_dim: int, trailing: int = 0) -> list[int]:

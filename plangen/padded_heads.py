@@ -46,7 +46,9 @@ def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attri
     """Pad ``attention``'s query heads to a multiple of the TP size; its head counts this rank's share."""
     counts = attention_head_counts(attention)
     if counts is None:
-        raise ValueError(f"padded heads: {type(attention).__name__} states no head counts (config.num_attention_heads, head_dim)")
+        raise ValueError(
+            f"padded heads: {type(attention).__name__} states no head counts (config.num_attention_heads, head_dim)"
+        )
     heads, _, head_dim = counts
     tp = device_mesh.size()
     problem = padded_tp_problem(heads, tp, type(attention).__name__)
@@ -56,8 +58,9 @@ def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attri
     packed, output = _packed_and_output(attention, heads, head_dim)
     for attribute in head_attributes:
         if (value := getattr(*head_count_owner(attention, attribute))) != heads:
-            raise ValueError(f"padded heads: {type(attention).__name__}.{attribute}={value!r} is not "
-                             f"the query head count {heads}")
+            raise ValueError(
+                f"padded heads: {type(attention).__name__}.{attribute}={value!r} is not the query head count {heads}"
+            )
     apply_head_counts(attention, {attribute: padded // tp for attribute in head_attributes})
     if padded == heads:
         return  # the TP size divides the heads: nothing to pad
@@ -81,14 +84,19 @@ def _packed_and_output(attention: nn.Module, heads: int, head_dim: int) -> tuple
         raise ValueError(
             f"padded heads: {type(attention).__name__} needs one nn.Linear of (heads + 2) x head_dim = "
             f"{(heads + 2) * head_dim} outputs (multi-query [q; k; v]) and one of heads x head_dim = "
-            f"{heads * head_dim} inputs; it has {len(packed)} and {len(output)}")
+            f"{heads * head_dim} inputs; it has {len(packed)} and {len(output)}"
+        )
     if any(isinstance(p, DTensor) for c in (*packed, *output) for p in c.parameters(recurse=False)):
-        raise ValueError("padded heads: the block's projections were sharded before it: put PrepareAttentionInput's "
-                         "key before theirs in the plan")
+        raise ValueError(
+            "padded heads: the block's projections were sharded before it: put PrepareAttentionInput's "
+            "key before theirs in the plan"
+        )
     return packed[0], output[0]
 
 
-def apply_padded_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], shared: tuple[int, ...]) -> tuple[int, ...]:
+def apply_padded_packed_rows(
+    module: nn.Module, part_sizes: tuple[int, ...], shared: tuple[int, ...]
+) -> tuple[int, ...]:
     """Where the block marked ``module`` (:data:`PADDED_HEADS`): its query rows padded with zero heads
     (the load hook installed; the save hook is the caller's, after its own layout hooks), and the
     parts' proportions of the padded layout returned, in heads (``(padded, 1, 1)``). The mark's head
@@ -103,8 +111,10 @@ def apply_padded_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], sha
     rows = next(p.shape[dims[n]] for n, p in module.named_parameters(recurse=False))
     trailing = rows - heads * head_dim
     if shared != tuple(range(1, len(part_sizes))) or trailing != len(shared) * head_dim:
-        raise ValueError(f"padded heads: {rows} rows (parts {part_sizes}, shared {shared}) are not [q of {heads} heads "
-                         f"of {head_dim}; one head per shared part]")
+        raise ValueError(
+            f"padded heads: {rows} rows (parts {part_sizes}, shared {shared}) are not [q of {heads} heads "
+            f"of {head_dim}; one head per shared part]"
+        )
     pad_parameters(module, dims, real_rows(heads, padded, head_dim, trailing), padded * head_dim + trailing)
     install_pad_load_hook(module, distribute=False)
     return (padded, *(1,) * len(shared))
@@ -118,7 +128,9 @@ def pad_parameters(module: nn.Module, dims: dict[str, int], rows: list[int], siz
         param = getattr(module, name, None)
         if not isinstance(param, nn.Parameter):
             continue
-        module.register_parameter(name, nn.Parameter(fill_pad(param.detach(), dim, rows, size), requires_grad=param.requires_grad))
+        module.register_parameter(
+            name, nn.Parameter(fill_pad(param.detach(), dim, rows, size), requires_grad=param.requires_grad)
+        )
         layout[name] = (dim, rows, size)
     setattr(module, PAD_LAYOUT, layout)
 
@@ -177,8 +189,11 @@ def install_pad_save_hook(module: nn.Module) -> None:
             value = state_dict.get(key)
             if value is None or isinstance(value, HuggingFaceLayoutTensor):
                 continue
-            state_dict[key] = hugging_face_value(mod, param_name, value) if isinstance(value, DTensor) else \
-                drop_pad(mod, param_name, value)
+            state_dict[key] = (
+                hugging_face_value(mod, param_name, value)
+                if isinstance(value, DTensor)
+                else drop_pad(mod, param_name, value)
+            )
 
     module.register_state_dict_post_hook(without_pad)
 
@@ -199,8 +214,9 @@ def install_pad_load_hook(module: nn.Module, *, distribute: bool) -> None:
             padded = fill_pad(whole, dim, rows, size)
             param = getattr(mod, param_name)
             if distribute and isinstance(param, DTensor):  # keep this rank's shard: a local slice
-                padded = distribute_tensor(padded.to(param.device_mesh.device_type), param.device_mesh, param.placements,
-                                           src_data_rank=None)
+                padded = distribute_tensor(
+                    padded.to(param.device_mesh.device_type), param.device_mesh, param.placements, src_data_rank=None
+                )
             state_dict[key] = padded
 
     module.register_load_state_dict_pre_hook(with_pad)
@@ -214,7 +230,9 @@ def apply_pad_mask(module: nn.Module, start: int, stop: int) -> Any:
     def mask(mod: nn.Module, args: tuple) -> tuple:
         x, *rest = args
         if isinstance(x, DTensor):
-            raise TypeError(f"padded heads: {type(mod).__name__} takes this rank's heads as a local tensor, not a DTensor")
+            raise TypeError(
+                f"padded heads: {type(mod).__name__} takes this rank's heads as a local tensor, not a DTensor"
+            )
         pad = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
         pad[start:stop] = True
         return (x.masked_fill(pad, 0), *rest)

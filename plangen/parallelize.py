@@ -188,12 +188,18 @@ def apply_fsdp(
     placement = build_shard_placement_fn(dp_shard_size(dp_mesh))
     # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
     for layer in find_separable_units(model, layers):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy, shard_placement_fn=placement)
+        fully_shard(
+            layer, mesh=dp_mesh, mp_policy=layer_policy, offload_policy=offload_policy, shard_placement_fn=placement
+        )
         apply_dtensor_input_grads(layer)  # an input the layer ignores (Zamba2's embeddings under SP)
         keep_filled_inputs(layer)  # a dict the layers fill for each other (Gemma 3n's shared KV on 5.8)
     # The root's parameters (embeddings, head) are used again at once in backward: keep them.
     return fully_shard(
-        model, mesh=dp_mesh, mp_policy=root_policy, offload_policy=offload_policy, reshard_after_forward=False,
+        model,
+        mesh=dp_mesh,
+        mp_policy=root_policy,
+        offload_policy=offload_policy,
+        reshard_after_forward=False,
         shard_placement_fn=placement,
     )
 
@@ -261,12 +267,22 @@ def _parallelize_nm5_h(
     custom plan allowed (NeMo RL's asserts both off). Here, not in plangen.nemo_compat: it runs the
     runtime, which lower modules never import."""
     if type(model).__name__ != "NemotronHForCausalLM":
-        raise TypeError(f"_parallelize_nm5_h takes a NemotronHForCausalLM, not {type(model).__name__}: use parallelize_model")
+        raise TypeError(
+            f"_parallelize_nm5_h takes a NemotronHForCausalLM, not {type(model).__name__}: use parallelize_model"
+        )
     return parallelize_model(
-        model, dp_mesh, tp_mesh, param_dtype, sequence_parallel, activation_checkpointing, cpu_offload, custom_parallel_plan
+        model,
+        dp_mesh,
+        tp_mesh,
+        param_dtype,
+        sequence_parallel,
+        activation_checkpointing,
+        cpu_offload,
+        custom_parallel_plan,
     )
 
-__all__ = [
+
+__all__ = [  # noqa: F822 - the two tables are the module's __getattr__'s
     "PARALLELIZE_FUNCTIONS",
     "PARALLIZE_FUNCTIONS",
     "ChosenPlan",
@@ -292,4 +308,3 @@ __all__ = [
     "to_local_if_dtensor",
     "translate_parallel_style",
 ]
-

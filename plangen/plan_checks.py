@@ -31,11 +31,14 @@ class PlanError(ValueError):
     """The plan cannot be applied to this model at this TP size."""
 
 
-def check_heads_divisible(model: nn.Module, tp_size: int, *, replicate_kv: bool = False, padded_heads: bool = False) -> None:
+def check_heads_divisible(
+    model: nn.Module, tp_size: int, *, replicate_kv: bool = False, padded_heads: bool = False
+) -> None:
     if not hasattr(model, "config"):
         return
-    problem = tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicate_kv,
-                              padded_heads=padded_heads)
+    problem = tp_size_problem(
+        model.config, tp_size, type(model).__name__, replicate_kv=replicate_kv, padded_heads=padded_heads
+    )
     if problem is not None:
         raise PlanError(problem)
 
@@ -87,8 +90,10 @@ def pads_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
     (``PrepareAttentionInput(padded_heads=True)`` on a module of the model: :mod:`plangen.padded_heads`)."""
     from plangen.kv_styles import PrepareAttentionInput
 
-    return any(isinstance(s, PrepareAttentionInput) and s.padded_heads and find_matching_modules(model, p)
-               for p, s in styles.items())
+    return any(
+        isinstance(s, PrepareAttentionInput) and s.padded_heads and find_matching_modules(model, p)
+        for p, s in styles.items()
+    )
 
 
 def plan_heads_problem(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> str | None:
@@ -98,8 +103,13 @@ def plan_heads_problem(model: nn.Module, styles: Mapping[str, ParallelStyle], tp
     was refused every TP size above 1 by ``plangen init``)."""
     if not hasattr(model, "config") or not shards_attention(model, styles):
         return None
-    return tp_size_problem(model.config, tp_size, type(model).__name__, replicate_kv=replicates_kv_heads(model, styles),
-                           padded_heads=pads_heads(model, styles))
+    return tp_size_problem(
+        model.config,
+        tp_size,
+        type(model).__name__,
+        replicate_kv=replicates_kv_heads(model, styles),
+        padded_heads=pads_heads(model, styles),
+    )
 
 
 def check_plan_fits(model: nn.Module, styles: Mapping[str, ParallelStyle], tp_size: int) -> None:
@@ -128,7 +138,6 @@ def check_packed_without_fsdp(model: nn.Module, styles: Mapping[str, ParallelSty
         )
 
 
-
 def covering_style(model: nn.Module, styles: Mapping[str, ParallelStyle], path: str) -> ParallelStyle | None:
     found = [s for p, s in styles.items() if key_matches(p, path)]
     return found[-1] if found else None
@@ -153,4 +162,3 @@ def resolve_tied_styles(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
         logger.info("plangen: %s is tied to %s: sharding it on the vocabulary too", head_path, emb_path)
         styles[head_path] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     return styles
-

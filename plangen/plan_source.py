@@ -46,7 +46,9 @@ def load_custom_plan(spec: PlanLike) -> dict[str, ParallelStyle]:
             if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
         if required:
-            raise PlanLoadError(f"{where}: a plan function must take no arguments, this one needs {', '.join(required)}")
+            raise PlanLoadError(
+                f"{where}: a plan function must take no arguments, this one needs {', '.join(required)}"
+            )
         obj = obj()
     return validate_plan_dict(obj, where)
 
@@ -58,7 +60,11 @@ def validate_plan_dict(obj: Any, where: str = "custom_parallel_plan") -> dict[st
         if not isinstance(key, str):
             raise PlanLoadError(f"{where}: plan key {key!r} is not a string")
         if not isinstance(style, ParallelStyle):
-            hint = " (a Hugging Face style name: use plangen.styles.translate_parallel_style)" if isinstance(style, str) else ""
+            hint = (
+                " (a Hugging Face style name: use plangen.styles.translate_parallel_style)"
+                if isinstance(style, str)
+                else ""
+            )
             raise PlanLoadError(f"{where}: plan[{key!r}] is a {type(style).__name__}, not a ParallelStyle{hint}")
     return dict(obj)
 

@@ -86,8 +86,15 @@ def prove_class(spec: str, timeout: float = 600.0, progress: Callable[[str], Non
                 targets.append(RunTarget(str(path), spec, 2, sp, dp_size=dp))
         outcome = check_run(targets, timeout, progress)
         for target in targets:
-            found = [f"{target.parity_mesh()}{', SP' if target.sequence_parallel else ''}: {f.message}" for f in outcome.findings[target.path]]
-            found += [note.replace(target.path, target.parity_mesh()) for note in outcome.notes if note.startswith(target.path)]
+            found = [
+                f"{target.parity_mesh()}{', SP' if target.sequence_parallel else ''}: {f.message}"
+                for f in outcome.findings[target.path]
+            ]
+            found += [
+                note.replace(target.path, target.parity_mesh())
+                for note in outcome.notes
+                if note.startswith(target.path)
+            ]
             findings.setdefault(target.sequence_parallel, []).extend(found)
 
     record: dict[str, Any] = {
@@ -100,7 +107,9 @@ def prove_class(spec: str, timeout: float = 600.0, progress: Callable[[str], Non
         from plangen.plans.synthesize import build_synthesized_plan
 
         sps = (False, True) if with_sp else (False,)
-        record["fingerprint"] = {"sp" if sp else "tp": plan_fingerprint(build_synthesized_plan(catalog_model, sp)) for sp in sps}
+        record["fingerprint"] = {
+            "sp" if sp else "tp": plan_fingerprint(build_synthesized_plan(catalog_model, sp)) for sp in sps
+        }
     record.update({key: [value] for key, value in recorded_stack().items()})
     path = record_user_proof(class_name, code, record)
     return Proof(class_name, code, record, path, tuple(findings[False] + findings.get(True, [])))
@@ -144,4 +153,9 @@ def render_proof(proof: Proof) -> str:
 
 
 def proof_json(proof: Proof) -> str:
-    return json.dumps({"class": proof.class_name, "code": proof.code, "record": proof.record, "file": str(proof.path)}, indent=2) + "\n"
+    return (
+        json.dumps(
+            {"class": proof.class_name, "code": proof.code, "record": proof.record, "file": str(proof.path)}, indent=2
+        )
+        + "\n"
+    )

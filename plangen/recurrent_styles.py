@@ -58,8 +58,11 @@ def rg_lru_misfit(module: nn.Module, head_attribute: str = HEAD_COUNT) -> str | 
         return f"has no integer attribute {head_attribute}"
     weight = own[GATE_WEIGHTS[0]]
     block = weight.shape[-1]
-    expected = {**dict.fromkeys(GATE_WEIGHTS, (heads, block, block)), **dict.fromkeys(GATE_BIASES, (heads, block)),
-                CHANNEL_PARAMETER: (heads * block,)}
+    expected = {
+        **dict.fromkeys(GATE_WEIGHTS, (heads, block, block)),
+        **dict.fromkeys(GATE_BIASES, (heads, block)),
+        CHANNEL_PARAMETER: (heads * block,),
+    }
     wrong = [n for n, shape in expected.items() if tuple(own[n].shape) != shape]
     if wrong:
         return f"has {wrong[0]} {tuple(own[wrong[0]].shape)}, not {expected[wrong[0]]} ({head_attribute}={heads} heads of {block})"

@@ -32,7 +32,18 @@ from plangen.errors import one_line
 from plangen.models import record_model_spec
 from plangen.module_tree import ModuleIndex
 from plangen.plan import GROUPS, Plan, PlanEntry
-from plangen.style_facts import EXPERTS, FLAT_EXPERTS, HEAD_TABLE, HEADS, MIXER, SHARED_EXPERTS, SHORT_CONV, STYLE_FACTS, layout_defaults, module_kind
+from plangen.style_facts import (
+    EXPERTS,
+    FLAT_EXPERTS,
+    HEAD_TABLE,
+    HEADS,
+    MIXER,
+    SHARED_EXPERTS,
+    SHORT_CONV,
+    STYLE_FACTS,
+    layout_defaults,
+    module_kind,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -258,7 +269,11 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
     elif kind == HEADS:  # the block's own per-head parameter
         weight = next(iter(head_parameters(module).values()))
     elif kind in (MIXER, HEAD_TABLE):  # a Mamba1 mixer's own A_log [channels, state]; CpmAnt's [buckets, heads] table
-        weight = getattr(module, "A_log", None) if kind == MIXER else next(p for p in module.parameters(recurse=False) if p.dim() == 2)
+        weight = (
+            getattr(module, "A_log", None)
+            if kind == MIXER
+            else next(p for p in module.parameters(recurse=False) if p.dim() == 2)
+        )
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 
@@ -289,7 +304,12 @@ def describe_modules(modules: list["nn.Module"], style: str | None, tp_size: int
 
 
 def _describe_kind(
-    count: int, name: str, shape: tuple[int, ...] | None, kind: str | None, module: "nn.Module", style: str | None,
+    count: int,
+    name: str,
+    shape: tuple[int, ...] | None,
+    kind: str | None,
+    module: "nn.Module",
+    style: str | None,
     tp_size: int,
 ) -> str:
     facts = STYLE_FACTS.get(style) if style is not None else None
@@ -309,8 +329,11 @@ def _describe_kind(
         if expert_layout_of(module, tp_size) == "intermediate":
             local = list(shape)
             local[1] = math.ceil(shape[1] / tp_size)  # [E, 2I, H]: a slice of gate and of up per rank
-            why = (f"beside {identity_expert_count(module)} identity experts" if identity_expert_count(module)
-                   else f"{expert_count(module)} experts do not divide by the TP size")
+            why = (
+                f"beside {identity_expert_count(module)} identity experts"
+                if identity_expert_count(module)
+                else f"{expert_count(module)} experts do not divide by the TP size"
+            )
             return f"{what} → local {_shape(tuple(local))} at TP={tp_size}: each expert's intermediate split ({why})"
     if dim is not None and dim < len(shape):
         local = list(shape)
@@ -385,13 +408,18 @@ def build_plan_context(
         grouped[_group(entry)]["entries"].append(context)
     for kept in plan.replicated:
         group = grouped[kept.group if kept.group in grouped else "other"]["replicated"]
-        item = {"pattern": render_value(kept.pattern), "description": describe_modules(index.matching(kept.pattern), None, tp_size)}
+        item = {
+            "pattern": render_value(kept.pattern),
+            "description": describe_modules(index.matching(kept.pattern), None, tp_size),
+        }
         for reason in group:
             if reason["why"] == kept.why:
                 reason["modules"].append(item)
                 break
         else:
-            lines = _comment_lines(f"Left replicated on purpose: {kept.why}" if kept.why else "Left replicated on purpose")
+            lines = _comment_lines(
+                f"Left replicated on purpose: {kept.why}" if kept.why else "Left replicated on purpose"
+            )
             group.append({"why": kept.why, "why_lines": lines, "modules": [item]})
 
     if placements:
@@ -416,7 +444,9 @@ def build_plan_context(
         "plan_path": _python_path(output),
         "verify_command": shlex.join(["plangen", "verify", str(output)]),
         "relies_on": _wrap_paragraph(reliance(model, plan), DOC_WIDTH),
-        "target_lines": _wrap_paragraph(target_note(target, type(model).__name__), DOC_WIDTH) if target != "plangen" else [],
+        "target_lines": _wrap_paragraph(target_note(target, type(model).__name__), DOC_WIDTH)
+        if target != "plangen"
+        else [],
         "imports": import_blocks,
         "constants": [
             {"name": "PLANGEN_MODEL", "value": render_value(record_model_spec(resolved, output))},
@@ -443,10 +473,18 @@ def target_note(name: str, class_name: str) -> str:
     wrong = dict(target.own_classes_measured_wrong).get(class_name)
     return (
         f"Target: {target.name}, {target.runtime}. It takes {target.plan_forms}"
-        + ("; it never re-ties a tied embedding and head (this file's styles keep them one parameter)" if not target.reties else "")
+        + (
+            "; it never re-ties a tied embedding and head (this file's styles keep them one parameter)"
+            if not target.reties
+            else ""
+        )
         + ("; it refuses attention or key/value heads the TP size does not divide" if target.heads_divide_tp else "")
-        + (f". It swaps in MoE code of its own for {class_name}, which refuses tensor parallelism and this"
-           f" plan's keys on experts and routers: set {target.own_code_setting}, which takes this plan" if own else "")
+        + (
+            f". It swaps in MoE code of its own for {class_name}, which refuses tensor parallelism and this"
+            f" plan's keys on experts and routers: set {target.own_code_setting}, which takes this plan"
+            if own
+            else ""
+        )
         + (f". By default {wrong}: set {target.own_code_setting}, under which this plan trains exact" if wrong else "")
         + ". `plangen verify` checks its rules (PLANGEN_TARGET)."
     )
@@ -467,8 +505,10 @@ def reliance(model: "nn.Module", plan: Plan) -> str:
     )
     shared = shared_parameters_beyond_tie(model)
     if shared:
-        text += (f" Except: {len(shared)} parameters are held by several modules (as {shared[0][0]} and {shared[0][1]}):"
-                 " only a runtime that makes them one again after parallelize_module (plangen's) trains each as one.")
+        text += (
+            f" Except: {len(shared)} parameters are held by several modules (as {shared[0][0]} and {shared[0][1]}):"
+            " only a runtime that makes them one again after parallelize_module (plangen's) trains each as one."
+        )
     if any(STYLE_FACTS[s].role == "grad_reduce" for s in styles):
         text += " Per-head norms see only their rank's heads: their style sums their weight gradient over TP."
     if tied is not None and {"TiedEmbeddingParallel", "TiedHeadParallel"} <= styles:
@@ -482,8 +522,13 @@ def reliance(model: "nn.Module", plan: Plan) -> str:
             f" {tied[0]} and {tied[1]} share one weight, which this plan does not keep together by itself:"
             " only a runtime that re-ties them (plangen's) trains it as one parameter."
         )
-    if any(e.style in ("ColwiseParallel", "TiedHeadParallel") and e.kwargs.get("use_local_output") is False
-           and str(e.kwargs.get("output_layouts")) == str(_vocab_shard()) for e in plan.entries if e.group == "output"):
+    if any(
+        e.style in ("ColwiseParallel", "TiedHeadParallel")
+        and e.kwargs.get("use_local_output") is False
+        and str(e.kwargs.get("output_layouts")) == str(_vocab_shard())
+        for e in plan.entries
+        if e.group == "output"
+    ):
         text += (
             " The logits leave as a DTensor sharded on the vocabulary: the loss must take it"
             " (plangen.loss.vocab_parallel_cross_entropy, or torch's loss_parallel())."

@@ -95,8 +95,11 @@ def sum_own_grads_over(module: nn.Module, device_mesh: DeviceMesh, as_dtensor: b
                 continue
             swapped[name] = param
             local = param.to_local() if isinstance(param, DTensor) else param
-            view = DTensor.from_local(local, device_mesh, (Replicate(),), run_check=False) if as_dtensor \
+            view = (
+                DTensor.from_local(local, device_mesh, (Replicate(),), run_check=False)
+                if as_dtensor
                 else _all_reduce_grad(local, device_mesh)
+            )
             mod._parameters[name] = view  # type: ignore[assignment]
 
     def swap_back(mod: nn.Module, args: Any, output: Any) -> None:

@@ -168,8 +168,9 @@ class RwkvChannelMixParallel(_RwkvMixerParallel):
     kind = "channel"
 
 
-def _install_local_forward(module: nn.Module, mesh: DeviceMesh, owners: list[nn.Module], mixes: tuple[str, ...],
-                           kind: str) -> None:
+def _install_local_forward(
+    module: nn.Module, mesh: DeviceMesh, owners: list[nn.Module], mixes: tuple[str, ...], kind: str
+) -> None:
     swapped: list[tuple[nn.Module, str, Any]] = []
     states: list[Any] = []
     group = mesh.get_group()

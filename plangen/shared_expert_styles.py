@@ -48,7 +48,11 @@ def packed_shared_shape(module: nn.Module) -> tuple[int, int, int] | None:
     if any(True for c in module.children() for _ in c.parameters()):
         return None
     count, width, hidden = params["gate_proj"].shape
-    if tuple(params["up_proj"].shape) != (count, width, hidden) or tuple(params["down_proj"].shape) != (count, hidden, width):
+    if tuple(params["up_proj"].shape) != (count, width, hidden) or tuple(params["down_proj"].shape) != (
+        count,
+        hidden,
+        width,
+    ):
         return None
     return count, width, hidden
 

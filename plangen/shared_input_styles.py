@@ -43,7 +43,9 @@ class SharedInputGather(ParallelStyle):
         self.readers = tuple(readers)
         self.partial_readers = tuple(partial_readers)
         if not set(self.partial_readers) <= set(self.readers):
-            raise ValueError(f"SharedInputGather: partial_readers {self.partial_readers} must be among readers {self.readers}")
+            raise ValueError(
+                f"SharedInputGather: partial_readers {self.partial_readers} must be among readers {self.readers}"
+            )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         shared: dict[str, Any] = {}
@@ -54,13 +56,21 @@ class SharedInputGather(ParallelStyle):
             if not isinstance(source, DTensor):
                 return args
             if shared.get("source") is not source:
-                shared.update(source=source, whole=_gather_partial_grad(source, device_mesh) if partial
-                              else source.redistribute(device_mesh, [Replicate()]).to_local())
+                shared.update(
+                    source=source,
+                    whole=_gather_partial_grad(source, device_mesh)
+                    if partial
+                    else source.redistribute(device_mesh, [Replicate()]).to_local(),
+                )
             return (shared["whole"], *args[1:])
 
         def count_once(mod: nn.Module, args: tuple) -> tuple:
             # After gather_once (registered first): a whole gradient, added once to the partial sum.
-            return (grad_once(args[0], device_mesh), *args[1:]) if torch.is_grad_enabled() and args and "whole" in shared else args
+            return (
+                (grad_once(args[0], device_mesh), *args[1:])
+                if torch.is_grad_enabled() and args and "whole" in shared
+                else args
+            )
 
         def forget(mod: nn.Module, args: tuple, output: Any) -> None:
             shared.clear()
@@ -90,7 +100,7 @@ def _gather_partial_grad(source: DTensor, device_mesh: DeviceMesh) -> torch.Tens
     shape = source.shape
     if compat.is_strided_shard(placement):
         dim, factor = placement.dim, placement.split_factor
-        source = source.view(*shape[:dim], factor, shape[dim] // factor, *shape[dim + 1:])  # Shard(dim + 1)
+        source = source.view(*shape[:dim], factor, shape[dim] // factor, *shape[dim + 1 :])  # Shard(dim + 1)
     whole = source.redistribute(device_mesh, [Replicate()]).to_local(grad_placements=(Partial(),))
     return whole.reshape(shape)
 

@@ -15,10 +15,29 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from plangen.config_keys import (
-    HEAD_BLOCKS, HEAD_KEYS, PAIRED_HEADS_KEYS, HEAD_DIM_KEYS, HIDDEN_KEYS, EMBEDDING_WIDTH_KEYS, SMALL_WIDTH_KEYS,
-    INTERMEDIATE_KEYS, EXPERT_COUNT_KEYS, EXPERTS_PER_TOKEN_KEYS, SHARED_EXPERT_KEYS, EXPERT_GROUP_KEYS,
-    LAYER_COUNT_KEYS, OTHER_LAYER_COUNT_KEYS, LEADING_LAYER_KEYS, TRAILING_LAYER_KEYS, LAYER_PERIOD_KEYS,
-    STATE_SPACE_HEADS, STATE_SIZE_KEYS, POSITION_KEYS, CODEBOOK_KEYS, SLIDING_WINDOW_KEYS, STATE_SPACE_GROUP_KEYS,
+    HEAD_BLOCKS,
+    HEAD_KEYS,
+    PAIRED_HEADS_KEYS,
+    HEAD_DIM_KEYS,
+    HIDDEN_KEYS,
+    EMBEDDING_WIDTH_KEYS,
+    SMALL_WIDTH_KEYS,
+    INTERMEDIATE_KEYS,
+    EXPERT_COUNT_KEYS,
+    EXPERTS_PER_TOKEN_KEYS,
+    SHARED_EXPERT_KEYS,
+    EXPERT_GROUP_KEYS,
+    LAYER_COUNT_KEYS,
+    OTHER_LAYER_COUNT_KEYS,
+    LEADING_LAYER_KEYS,
+    TRAILING_LAYER_KEYS,
+    LAYER_PERIOD_KEYS,
+    STATE_SPACE_HEADS,
+    STATE_SIZE_KEYS,
+    POSITION_KEYS,
+    CODEBOOK_KEYS,
+    SLIDING_WINDOW_KEYS,
+    STATE_SPACE_GROUP_KEYS,
     TIME_STEP_RANK_KEYS,
 )
 from plangen.models import ModelSource, resolve_config_and_class
@@ -44,7 +63,11 @@ TINY_LORA_RANK = 32
 SPECIAL_TOKEN_SPAN = 32
 # Handled by PretrainedConfig itself rather than declared as fields.
 _ALWAYS_PASSED_KEYS = {
-    "transformers_version", "_name_or_path", "model_type", "output_attentions", "per_layer_config",
+    "transformers_version",
+    "_name_or_path",
+    "model_type",
+    "output_attentions",
+    "per_layer_config",
 }
 _MIN_HEAD_DIM = 8
 _TARGET_HIDDEN = 64
@@ -289,9 +312,15 @@ def _tiny_head_counts(heads: int, kv: int, tp: int) -> tuple[int, int]:
     if heads == kv and pads_query_heads(heads) and heads % tp:
         # An odd count no TP size splits (Falcon-7B's 71, its multi-query attention padded with zero heads:
         # plangen.padded_heads): still odd, and enough that every rank keeps a real head once padded.
-        odd = next((h for h in range(5, heads + 1, 2) if h % tp and legal_padded_tp_size(h, tp)), None) if heads >= 5 else heads
+        odd = (
+            next((h for h in range(5, heads + 1, 2) if h % tp and legal_padded_tp_size(h, tp)), None)
+            if heads >= 5
+            else heads
+        )
         if odd is None:
-            raise ValueError(padded_tp_problem(heads, tp, "this model") or f"{heads} heads: no odd count below splits over TP {tp}")
+            raise ValueError(
+                padded_tp_problem(heads, tp, "this model") or f"{heads} heads: no odd count below splits over TP {tp}"
+            )
         return odd, odd
     if kv == 1:
         new_kv = 1  # multi-query attention stays multi-query
@@ -379,9 +408,12 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any], tp: in
     # Index lists name layers (strictly increasing); per-layer lists hold one entry per layer.
     index_lists = [name for name, value in values.items() if is_layer_index_list(name, value, count)]
     per_layer = [
-        name for name, value in values.items()
+        name
+        for name, value in values.items()
         if (isinstance(value, list) or (isinstance(value, str) and "pattern" in name))
-        and len(value) == count and count > 2 and name not in index_lists
+        and len(value) == count
+        and count > 2
+        and name not in index_lists
     ]
     overrides = values.get("per_layer_config")
     overrides = overrides if isinstance(overrides, dict) and overrides else {}
@@ -428,7 +460,8 @@ def _shrink_layers(values: dict[str, Any], key, original: dict[str, Any], tp: in
         width = len(next(iter(overrides)))
         values["per_layer_config"] = {
             str(new).zfill(width): _scaled_override(override_at[old], values, original, tp)
-            for new, old in enumerate(kept) if old in override_at
+            for new, old in enumerate(kept)
+            if old in override_at
         }
 
 

@@ -32,7 +32,9 @@ class ActivationSparsityParallel(PrepareModuleInput):
         sparsity = getattr(module, "activation_sparsity", 0.0)
         if sparsity > 0.0:
             if not callable(getattr(module, "_gaussian_topk", None)):
-                raise ValueError(f"ActivationSparsityParallel: {type(module).__name__} has no _gaussian_topk to distribute")
+                raise ValueError(
+                    f"ActivationSparsityParallel: {type(module).__name__} has no _gaussian_topk to distribute"
+                )
             width = module.gate_proj.out_features
             module._gaussian_topk = partial(gaussian_topk_over_tp, sparsity, width, device_mesh)
         return super()._apply(module, device_mesh)

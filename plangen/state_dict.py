@@ -78,7 +78,7 @@ def _per_parameter_states(state_dict: dict[str, Any], relaid: dict[str, _Relaid]
         return
     for key in list(state_dict):
         if key.startswith(_STATE + "."):
-            fqn, _, name = key[len(_STATE) + 1:].rpartition(".")
+            fqn, _, name = key[len(_STATE) + 1 :].rpartition(".")
             if fqn in relaid:
                 yield state_dict, key, fqn, name
 
@@ -92,7 +92,8 @@ def _is_per_element(value: Any, parameter: torch.Tensor, fqn: str, name: str) ->
         f"{fqn}: the optimizer's state {name!r} has shape {tuple(value.shape)}, not its parameter's "
         f"{tuple(parameter.shape)}, and the parameter is held in a row order of plangen's own: it cannot "
         "follow Hugging Face's layout; torch.distributed.checkpoint.state_dict's optimizer functions resume it "
-        "at the same layout only")
+        "at the same layout only"
+    )
 
 
 def get_optimizer_state_dict(
@@ -157,7 +158,8 @@ def _in_parameter_layout(whole: torch.Tensor, entry: _Relaid, fqn: str, name: st
     if tuple(whole.shape) != rows.hf_shape(entry.parameter.shape):
         raise ValueError(
             f"{fqn}: the optimizer's state {name!r} has shape {tuple(whole.shape)}; in Hugging Face's layout "
-            f"it is {rows.hf_shape(entry.parameter.shape)}")
+            f"it is {rows.hf_shape(entry.parameter.shape)}"
+        )
     real = [p for p, hf in enumerate(rows.to_hf) if hf >= 0]
     out = whole.new_zeros(tuple(entry.parameter.shape))
     index = torch.tensor(real, device=whole.device)

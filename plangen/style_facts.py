@@ -36,10 +36,14 @@ CONV1D = "conv1d"  # GPT-2's Conv1D: an nn.Linear whose weight is stored transpo
 EXPERTS = "experts"  # transformers' packed experts: [experts, ...] weights in one module
 HEADS = "heads"  # an attention block's own per-head parameters (gpt-oss's sinks: [heads])
 NORM = "norm"  # one weight value per feature (a norm), the module's only kind of parameter
-FLAT_EXPERTS = "flat_experts"  # DBRX's experts: flat [experts * ffn, hidden] weights in a child (plangen.flat_expert_styles)
+FLAT_EXPERTS = (
+    "flat_experts"  # DBRX's experts: flat [experts * ffn, hidden] weights in a child (plangen.flat_expert_styles)
+)
 SHARED_EXPERTS = "shared_experts"  # Inkling's shared experts: 3-D [S, I, H] / [S, H, I] weights applied by bmm (plangen.shared_expert_styles)
 SHORT_CONV = "short_conv"  # a module around one depthwise nn.Conv1d and nothing else (Inkling's k/v short convs)
-HEAD_TABLE = "head_table"  # a [buckets, heads] table its module looks up itself (CpmAnt's position bias), split by head columns
+HEAD_TABLE = (
+    "head_table"  # a [buckets, heads] table its module looks up itself (CpmAnt's position bias), split by head columns
+)
 MIXER = "mamba1_mixer"  # a Mamba1 mixer, split by its channels (its own A_log [channels, state] and D [channels])
 
 
@@ -126,14 +130,20 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             produces=_SUM,
             hooks=MODULE_HOOKS,
         ),
-        StyleFacts("SequenceParallel", TORCH_STYLES, "sequence", replicates=True, replicate_dtensor=True, hooks=SEQUENCE_HOOKS),
+        StyleFacts(
+            "SequenceParallel", TORCH_STYLES, "sequence", replicates=True, replicate_dtensor=True, hooks=SEQUENCE_HOOKS
+        ),
         StyleFacts("PrepareModuleInput", TORCH_STYLES, "prepare_input", hooks=PREPARE_INPUT),
         StyleFacts("PrepareModuleOutput", TORCH_STYLES, "gather_output", hooks=PREPARE_OUTPUT),
         StyleFacts("PrepareModuleInputOutput", TORCH_STYLES, "gather_output", hooks=PREPARE_INPUT_OUTPUT),
         StyleFacts("RotaryEmbedParallel", PLANGEN_STYLES, "sequence", replicates=True, replicate_dtensor=True),
         # A SequenceParallel with the heads dim as its "sequence": reads and leaves this rank's heads.
         StyleFacts(
-            "ReplicatedWithGradAllReduce", PLANGEN_STYLES, "grad_reduce", replicates=True, replicate_dtensor=True,
+            "ReplicatedWithGradAllReduce",
+            PLANGEN_STYLES,
+            "grad_reduce",
+            replicates=True,
+            replicate_dtensor=True,
             hooks=SEQUENCE_HOOKS,
         ),
         StyleFacts("AllReduceParamGrads", PLANGEN_STYLES, "grad_reduce", replicates=True),
@@ -227,15 +237,26 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("AllReduceOutputGrad", PLANGEN_STYLES, "grad_reduce", replicates=True),
         # A Mamba1 mixer split by channels: its own A_log/D, in_proj, conv1d, x_proj (row), dt_proj.
         StyleFacts(
-            "Mamba1MixerParallel", PLANGEN_STYLES, "other", shard_dim={MIXER: 0},
+            "Mamba1MixerParallel",
+            PLANGEN_STYLES,
+            "other",
+            shard_dim={MIXER: 0},
             lays_out_children={"in_proj": "colwise", "conv1d": "colwise", "dt_proj": "colwise", "x_proj": "rowwise"},
         ),
         # An RWKV-4 mixer split by channels (plangen.rwkv_styles): time mixing's key/value/receptance
         # and time_decay/time_first, or channel mixing's key/receptance by rows and value by columns.
-        StyleFacts("RwkvTimeMixParallel", PLANGEN_STYLES, "other",
-                   lays_out_children={"key": "colwise", "value": "colwise", "receptance": "colwise"}),
-        StyleFacts("RwkvChannelMixParallel", PLANGEN_STYLES, "other",
-                   lays_out_children={"key": "colwise", "receptance": "colwise", "value": "rowwise"}),
+        StyleFacts(
+            "RwkvTimeMixParallel",
+            PLANGEN_STYLES,
+            "other",
+            lays_out_children={"key": "colwise", "value": "colwise", "receptance": "colwise"},
+        ),
+        StyleFacts(
+            "RwkvChannelMixParallel",
+            PLANGEN_STYLES,
+            "other",
+            lays_out_children={"key": "colwise", "receptance": "colwise", "value": "rowwise"},
+        ),
         # A [buckets, heads] table its module looks up itself, split by its head columns (CpmAnt's position bias).
         StyleFacts("HeadTableParallel", PLANGEN_STYLES, "other", shard_dim={HEAD_TABLE: 1}),
         # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
@@ -253,8 +274,12 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("ConvChannelsParallel", PLANGEN_STYLES, "other", shard_dim={SHORT_CONV: 0}),
         # Inkling's shared experts of 3-D weights: each expert's intermediate (gate/up dim 1, down dim 2).
         StyleFacts(
-            "SharedExpertsParallel", PLANGEN_STYLES, "other", shard_dim={SHARED_EXPERTS: 1},
-            layout_defaults={"output_layouts": _REPLICATE}, produces=_SUM,
+            "SharedExpertsParallel",
+            PLANGEN_STYLES,
+            "other",
+            shard_dim={SHARED_EXPERTS: 1},
+            layout_defaults={"output_layouts": _REPLICATE},
+            produces=_SUM,
         ),
         # JetMoE's experts of one [E, out, in] weight: each expert's output features, or its input
         # features (the outputs all-reduced), split over TP.
@@ -321,7 +346,9 @@ STYLE_FACTS: dict[str, StyleFacts] = {
             hooks=MODULE_HOOKS,
         ),
         # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
-        StyleFacts("AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT),
+        StyleFacts(
+            "AttentionSinksParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT
+        ),
         # PrepareModuleInput of differential attention (heads paired i, i + H/2): its own parameters,
         # shared by every head, replicated with their gradient summed over TP.
         StyleFacts("PairedHeadsAttentionInput", PLANGEN_STYLES, "prepare_input", replicates=True, hooks=PREPARE_INPUT),
@@ -339,9 +366,14 @@ STYLE_FACTS: dict[str, StyleFacts] = {
         StyleFacts("GatheredNormParallel", PLANGEN_STYLES, "sharded_norm", replicates=True),
         # A Mamba2 mixer split by heads (plangen.mamba_styles): its own [heads] parameters, in_proj and
         # conv1d re-laid out by heads; it takes its input itself (gathered, gradient reduced once).
-        StyleFacts("Mamba2MixerParallel", PLANGEN_STYLES, "prepare_input", shard_dim={HEADS: 0},
-                   layout_defaults={"input_layouts": _REPLICATE},
-                   lays_out_children={"in_proj": "colwise", "conv1d": "colwise"}),
+        StyleFacts(
+            "Mamba2MixerParallel",
+            PLANGEN_STYLES,
+            "prepare_input",
+            shard_dim={HEADS: 0},
+            layout_defaults={"input_layouts": _REPLICATE},
+            lays_out_children={"in_proj": "colwise", "conv1d": "colwise"},
+        ),
         # Its gated RMSNorm on this rank's heads: weight Shard(0), a group spread over ranks all-reduced.
         StyleFacts("GatedRMSNormParallel", PLANGEN_STYLES, "sharded_norm", shard_dim={NORM: 0}),
         # Its stable-variant twin: a group spread over ranks all-gathered and normalised whole instead.

@@ -47,7 +47,11 @@ from plangen.attention_styles import (
     RebuiltChildHeadCounts,
 )
 from plangen.fused_styles import (
-    Conv1DColwiseParallel, Conv1DRowwiseParallel, FusedColwiseParallel, LocalHeadCounts, MultiQueryColwiseParallel,
+    Conv1DColwiseParallel,
+    Conv1DRowwiseParallel,
+    FusedColwiseParallel,
+    LocalHeadCounts,
+    MultiQueryColwiseParallel,
 )
 from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput
 from plangen.sparsity_styles import ActivationSparsityParallel
@@ -57,7 +61,12 @@ from plangen.rwkv_styles import RwkvChannelMixParallel, RwkvTimeMixParallel
 from plangen.recurrent_styles import MultiHeadNormParallel, RGLRUParallel
 from plangen.mamba_styles import GatedRMSNormParallel, GatheredGatedRMSNormParallel, Mamba2MixerParallel
 from plangen.mla_styles import MlaAttentionParallel, MlaKvAProjParallel
-from plangen.grouped_styles import GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel
+from plangen.grouped_styles import (
+    GroupedColwiseParallel,
+    GroupedRowwiseParallel,
+    RoutedBlockParallel,
+    RoutedBlockSequenceParallel,
+)
 from plangen.flat_expert_styles import FlatExpertsParallel
 from plangen.moe_block_styles import EveryTokenMoeParallel, MoeBlockParallel, PartialGradInput
 from plangen.moe_styles import AllReduceOutputGrad, ExpertsParallel
@@ -65,13 +74,18 @@ from plangen.shared_input_styles import SharedInputGather
 from plangen.shared_expert_styles import SharedExpertsParallel
 from plangen.norm_styles import GatheredNormParallel, ShardedNormParallel
 from plangen.replicated_styles import (
-    AllReduceParamGrads, LeaveUnsharded,
+    AllReduceParamGrads,
+    LeaveUnsharded,
     SequenceParallelOwnParameters,
     ReplicatedWithGradAllReduce,
     RotaryEmbedParallel,
-    _all_reduce_grad,
 )
-from plangen.tied_styles import EmbeddingRowReadParallel, ScaledEmbeddingParallel, TiedEmbeddingParallel, TiedHeadParallel
+from plangen.tied_styles import (
+    EmbeddingRowReadParallel,
+    ScaledEmbeddingParallel,
+    TiedEmbeddingParallel,
+    TiedHeadParallel,
+)
 
 
 def _strided_shard(dim: int, split_factor: int) -> Placement:
@@ -233,10 +247,23 @@ STYLE_CLASSES: dict[str, type[ParallelStyle]] = {
         LeaveUnsharded,
         PackedColwiseParallel,
         PackedRowwiseParallel,
-        *(FusedColwiseParallel, MultiQueryColwiseParallel, LocalHeadCounts, Conv1DColwiseParallel, Conv1DRowwiseParallel),
+        *(
+            FusedColwiseParallel,
+            MultiQueryColwiseParallel,
+            LocalHeadCounts,
+            Conv1DColwiseParallel,
+            Conv1DRowwiseParallel,
+        ),
         MlaKvAProjParallel,
         MlaAttentionParallel,
-        *(ExpertsParallel, FlatExpertsParallel, SharedExpertsParallel, EveryTokenMoeParallel, MoeBlockParallel, PartialGradInput),
+        *(
+            ExpertsParallel,
+            FlatExpertsParallel,
+            SharedExpertsParallel,
+            EveryTokenMoeParallel,
+            MoeBlockParallel,
+            PartialGradInput,
+        ),
         *(GroupedColwiseParallel, GroupedRowwiseParallel, RoutedBlockParallel, RoutedBlockSequenceParallel),
         *(AllReduceOutputGrad, SharedInputGather),
         TiedEmbeddingParallel,
@@ -407,9 +434,7 @@ def known_hf_styles() -> list[str]:
     return sorted({*HF_STYLE_SPECS, *HF_UNSUPPORTED_STYLES})
 
 
-def resolve_hf_style(
-    style: str, module_name: str | None = None, *, config: Any = None
-) -> tuple[str, dict[str, Any]]:
+def resolve_hf_style(style: str, module_name: str | None = None, *, config: Any = None) -> tuple[str, dict[str, Any]]:
     """The plangen style name and keyword arguments for transformers' ``style`` on ``module_name``.
 
     ``config`` (the model's text config) supplies the arguments transformers reads from it
@@ -514,19 +539,25 @@ __all__ = [
     "GatedDeltaNetParallel",
     "ExpertsParallel",
     "FlatExpertsParallel",
-    "MoeBlockParallel", "PartialGradInput", "SharedExpertsParallel", "SharedInputGather",
+    "MoeBlockParallel",
+    "PartialGradInput",
+    "SharedExpertsParallel",
+    "SharedInputGather",
     "FusedColwiseParallel",
     "GatedRMSNormParallel",
     "GatheredGatedRMSNormParallel",
     "GatheredNormParallel",
     "GroupedColwiseParallel",
     "GroupedRowwiseParallel",
-    "RoutedBlockParallel", "RoutedBlockSequenceParallel",
+    "RoutedBlockParallel",
+    "RoutedBlockSequenceParallel",
     "HfStyleSpec",
     "KVHeadsColwiseParallel",
     "LeaveUnsharded",
     "Mamba1MixerParallel",
-    "RwkvTimeMixParallel", "RwkvChannelMixParallel", "HeadTableParallel",
+    "RwkvTimeMixParallel",
+    "RwkvChannelMixParallel",
+    "HeadTableParallel",
     "Mamba2MixerParallel",
     "RGLRUParallel",
     "MultiHeadNormParallel",

@@ -62,8 +62,11 @@ TARGETS: dict[str, Target] = {
             own_moe_classes=("Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"),
             own_code_setting="force_hf=True (NeMo RL: the policy's automodel force_hf), which loads the Hugging Face class",
             own_classes_measured_wrong=(
-                ("LlamaForCausalLM", "its own LlamaForCausalLM trains model.embed_tokens.weight with a wrong gradient "
-                 "(0.16 off at DP 2 x TP 2 under any plan, its own too: nemo-automodel 0.7.0, tests/test_automodel.py)"),
+                (
+                    "LlamaForCausalLM",
+                    "its own LlamaForCausalLM trains model.embed_tokens.weight with a wrong gradient "
+                    "(0.16 off at DP 2 x TP 2 under any plan, its own too: nemo-automodel 0.7.0, tests/test_automodel.py)",
+                ),
             ),
         ),
         Target(
@@ -105,7 +108,9 @@ class RefusedHeads:
 
     def describe(self, tp_size: int) -> str:
         counts = " and ".join(f"{name} ({n})" for name, n in self.counts)
-        return f"{counts} must be divisible by the TP size ({tp_size}); it accepts TP {', '.join(map(str, self.accepted))}"
+        return (
+            f"{counts} must be divisible by the TP size ({tp_size}); it accepts TP {', '.join(map(str, self.accepted))}"
+        )
 
 
 def refused_heads(target: Target, config: Any, tp_size: int) -> RefusedHeads | None:
@@ -145,5 +150,7 @@ def render_targets_table() -> str:
     ]
     for t in TARGETS.values():
         own = f"{', '.join(t.own_moe_classes)}, unless {t.own_code_setting}" if t.own_moe_classes else "no class"
-        rows.append(f"| `{t.name}` | {t.runtime} | {yes(t.reties)} | {yes(t.heads_divide_tp)} | {own} | {t.plan_forms} | {t.source} |")
+        rows.append(
+            f"| `{t.name}` | {t.runtime} | {yes(t.reties)} | {yes(t.heads_divide_tp)} | {own} | {t.plan_forms} | {t.source} |"
+        )
     return "\n".join(rows) + "\n"

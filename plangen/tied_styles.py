@@ -43,6 +43,7 @@ def vocab_shard_start(rows: int, mesh: DeviceMesh) -> int:
     torch.chunk does, ceil(rows / tp) rows per rank, fewer on the last."""
     return mesh.get_local_rank() * -(-rows // mesh.size())
 
+
 # id(original parameter) -> (the original, its sharded replacement), both weak: what the first end
 # of a pair left for the second.
 _HANDED_OVER: dict[int, tuple[weakref.ref, weakref.ref]] = {}
@@ -117,7 +118,11 @@ class ScaledEmbeddingParallel(RowwiseParallel):
     embedding is tied to the head)."""
 
     def __init__(
-        self, *, input_layouts: Placement | None = None, output_layouts: Placement | None = None, use_local_output: bool = True
+        self,
+        *,
+        input_layouts: Placement | None = None,
+        output_layouts: Placement | None = None,
+        use_local_output: bool = True,
     ) -> None:
         super().__init__(
             input_layouts=input_layouts or Replicate(), output_layouts=output_layouts, use_local_output=use_local_output
@@ -131,7 +136,9 @@ class ScaledEmbeddingParallel(RowwiseParallel):
         return module
 
 
-def apply_local_lookup(module: nn.Embedding, device_mesh: DeviceMesh, output_layout: Placement, use_local_output: bool) -> None:
+def apply_local_lookup(
+    module: nn.Embedding, device_mesh: DeviceMesh, output_layout: Placement, use_local_output: bool
+) -> None:
     """During each forward, ``module`` looks up this rank's vocabulary rows in plain tensors (ids
     outside them read row 0 and are zeroed after the forward); its output, a partial sum over TP,
     is reduced to ``output_layout``."""

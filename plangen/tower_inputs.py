@@ -45,19 +45,21 @@ def _got_ocr2(model: Any, ids: torch.Tensor, gen: torch.Generator) -> tuple[torc
     with torch.no_grad():  # how many tokens one image makes: the towers' own arithmetic, not a copy of it
         tokens = model.model.get_image_features(pixel_values=pixels[:1]).pooler_output.shape[1]
     ids = ids.clone()
-    ids[:, 1:1 + tokens] = model.config.image_token_id
+    ids[:, 1 : 1 + tokens] = model.config.image_token_id
     return ids, {"pixel_values": pixels}
 
 
-def _phi4_multimodal(model: Any, ids: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _phi4_multimodal(
+    model: Any, ids: torch.Tensor, gen: torch.Generator
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     # One image (one crop of the image's own size, with the global view: two crops) and one audio
     # chunk per row. The image's tokens are the crop's and the global view's pooled patches, each row
     # of them closed by a separator, and one more between the two; the audio's two tokens are the
     # conformer's frames after its time reduction (two, so that its attention and its per-head
     # relative bias get a gradient: over one key the softmax is constant).
-    config, vision, audio = model.config, model.config.vision_config, model.config.audio_config
+    vision, audio = model.config.vision_config, model.config.audio_config
     rows, crop = ids.shape[0], vision.crop_size
-    side = int(model.model.embed_tokens_extend.image_embed.num_img_tokens ** 0.5)  # pooled patches per side
+    side = int(model.model.embed_tokens_extend.image_embed.num_img_tokens**0.5)  # pooled patches per side
     image_tokens = 2 * side * (side + 1) + 1
     patches = crop // vision.patch_size
     audio_tokens = 2
@@ -66,8 +68,8 @@ def _phi4_multimodal(model: Any, ids: torch.Tensor, gen: torch.Generator) -> tup
     # Drawn ids may hit a placeholder (the hand-written parity cases draw from the whole vocabulary),
     # which would ask for features no input gives: made plain text.
     ids[(ids == vision.image_token_id) | (ids == audio.audio_token_id)] = 0
-    ids[:, 1:1 + image_tokens] = vision.image_token_id
-    ids[:, 1 + image_tokens:1 + image_tokens + audio_tokens] = audio.audio_token_id
+    ids[:, 1 : 1 + image_tokens] = vision.image_token_id
+    ids[:, 1 + image_tokens : 1 + image_tokens + audio_tokens] = audio.audio_token_id
     return ids, {
         "image_pixel_values": torch.randn(rows, 2, vision.num_channels, crop, crop, generator=gen),
         "image_sizes": torch.tensor([[crop, crop]] * rows),
@@ -95,4 +97,4 @@ def build_tower_inputs(model: Any, ids: torch.Tensor) -> tuple[torch.Tensor, dic
 def text_logits(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The logits at the text positions: the last ``ids.shape[1]`` (Git puts its patches first); the
     logits themselves where they are the text's only."""
-    return logits if logits.shape[1] == ids.shape[1] else logits[:, -ids.shape[1]:]
+    return logits if logits.shape[1] == ids.shape[1] else logits[:, -ids.shape[1] :]

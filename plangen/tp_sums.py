@@ -119,7 +119,12 @@ class _CountOnceWhereRead(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.nn.functional.linear and len(args) >= 2 and self._is_weight(args[1]) and torch.is_grad_enabled():
+        if (
+            func is torch.nn.functional.linear
+            and len(args) >= 2
+            and self._is_weight(args[1])
+            and torch.is_grad_enabled()
+        ):
             return func(grad_once(args[0], self.mesh), *args[1:], **kwargs)
         out = func(*args, **kwargs)
         if func in self.CONVERSIONS and args and self._is_weight(args[0]):
@@ -127,7 +132,9 @@ class _CountOnceWhereRead(TorchFunctionMode):
         return out
 
 
-def count_once_where_weight_is_read(module: torch.nn.Module, weight: Callable[[], torch.Tensor], mesh: DeviceMesh) -> None:
+def count_once_where_weight_is_read(
+    module: torch.nn.Module, weight: Callable[[], torch.Tensor], mesh: DeviceMesh
+) -> None:
     """During ``module``'s forward, the input of each ``F.linear`` on ``weight()`` counts its gradient
     once over ``mesh`` (:func:`grad_once`): a replicated reader the forward computes itself, by its
     weight, instead of calling it (where :func:`grad_once_pre_hook` on the reader would never run)."""
@@ -152,5 +159,14 @@ def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-__all__ = ["GradOnceOverMesh", "ShareOverMesh", "SumGradOverMesh", "SumOverMesh", "all_reduce_grad", "count_once_where_weight_is_read",
-           "grad_once", "grad_once_pre_hook", "replicated_local"]
+__all__ = [
+    "GradOnceOverMesh",
+    "ShareOverMesh",
+    "SumGradOverMesh",
+    "SumOverMesh",
+    "all_reduce_grad",
+    "count_once_where_weight_is_read",
+    "grad_once",
+    "grad_once_pre_hook",
+    "replicated_local",
+]

@@ -169,8 +169,10 @@ def experts_compile_blocker(module: Any) -> str | None:
         return None
     import transformers
 
-    return (f"transformers {transformers.__version__}'s grouped_mm fallback has a Python backward "
-            "(offs.tolist()) that torch.compile cannot trace")
+    return (
+        f"transformers {transformers.__version__}'s grouped_mm fallback has a Python backward "
+        "(offs.tolist()) that torch.compile cannot trace"
+    )
 
 
 def experts_split_over_ranks(module: Any) -> bool:
@@ -187,6 +189,7 @@ def batched_mm_clamps_index_in_place() -> bool:
     """Whether the installed ``batched_mm`` experts forward clamps its caller's index tensor in place."""
     try:
         from transformers.integrations.moe import batched_mm_experts_forward
+
         source = inspect.getsource(batched_mm_experts_forward)
     except (ImportError, OSError, TypeError):
         return False
@@ -248,7 +251,16 @@ def installed_layer_kinds(config_class: type, kinds: list[str], attribute: str =
     return [back.get(k, k) for k in kinds]
 
 
-__all__ = ["LEGACY_LAYER_KINDS", "batched_mm_clamps_index_in_place", "block_identity_experts", "experts_take_sentinels", "guard_routing_index", "installed_layer_kinds", "layer_kind", "layer_kinds"]
+__all__ = [
+    "LEGACY_LAYER_KINDS",
+    "batched_mm_clamps_index_in_place",
+    "block_identity_experts",
+    "experts_take_sentinels",
+    "guard_routing_index",
+    "installed_layer_kinds",
+    "layer_kind",
+    "layer_kinds",
+]
 
 
 def reads_child_weight(module: Any, child: str) -> bool:

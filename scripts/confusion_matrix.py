@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     import verify_property as vp
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=None, help=f"cases (default {vp.FULL_COUNT}, the slow test's; another count writes nothing)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        help=f"cases (default {vp.FULL_COUNT}, the slow test's; another count writes nothing)",
+    )
     args = parser.parse_args(argv)
     count = args.count or vp.FULL_COUNT
     start = time.monotonic()
@@ -43,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(record["matrix"]["all"]), f"{time.monotonic() - start:.0f} s", file=sys.stderr)
     if count == vp.FULL_COUNT:
         OUTPUT.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {OUTPUT.relative_to(ROOT)}; now: .venv/bin/python -m plangen.check.codes > docs/diagnostics.md", file=sys.stderr)
+        print(
+            f"wrote {OUTPUT.relative_to(ROOT)}; now: .venv/bin/python -m plangen.check.codes > docs/diagnostics.md",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -17,8 +17,10 @@ from pathlib import Path
 CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "data" / "model-configs"
 MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen3-30b-a3b")
 GIB = 2**30
-HEADER = ("| model | TP | SP | peak | when | params | AdamW | activations | gathered | temporary | fw act | time | depth |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| model | TP | SP | peak | when | params | AdamW | activations | gathered | temporary | fw act | time | depth |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def render_row(model: str, tp: int, sp: bool) -> str:
@@ -33,10 +35,19 @@ def render_row(model: str, tp: int, sp: bool) -> str:
     b = peak.breakdown
     forward = next((p for p in report.phases if p.phase == "forward"), None)
     depth = "3, 4, 5" if report.notes[0].startswith("depth: traced at") else "every layer"
-    cells = (b.total / GIB, b.parameters / GIB, b.optimizer / GIB, b.activations / GIB, b.gathered / GIB, b.temporary / GIB)
+    cells = (
+        b.total / GIB,
+        b.parameters / GIB,
+        b.optimizer / GIB,
+        b.activations / GIB,
+        b.gathered / GIB,
+        b.temporary / GIB,
+    )
     fw = f"{forward.breakdown.activations / GIB:.1f}" if forward else "-"
-    return (f"| {model} | {tp} | {'on' if sp else 'off'} | {cells[0]:.1f} | {peak.phase} | {cells[1]:.2f} | {cells[2]:.2f} | "
-            f"{cells[3]:.1f} | {cells[4]:.2f} | {cells[5]:.2f} | {fw} | {report.seconds:.0f} s | {depth} |")
+    return (
+        f"| {model} | {tp} | {'on' if sp else 'off'} | {cells[0]:.1f} | {peak.phase} | {cells[1]:.2f} | {cells[2]:.2f} | "
+        f"{cells[3]:.1f} | {cells[4]:.2f} | {cells[5]:.2f} | {fw} | {report.seconds:.0f} s | {depth} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,9 +54,13 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 line = f"internal error: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
                 case = SweepCase(config.stem, tp, False, None, None, None, line, None, time.perf_counter() - start)
-            print(f"{case.config} TP {case.tp_size}: {case.seconds:.1f} s: "
-                  f"{case.refusal or f'{case.memory_bytes} / {case.ideal_bytes} B, TP-sharded {case.tp_sharded_fraction:.4f}, SP {case.sequence_parallel}'}"
-                  f"{'; no SP: ' + case.no_sp if case.no_sp else ''}", file=sys.stderr, flush=True)
+            print(
+                f"{case.config} TP {case.tp_size}: {case.seconds:.1f} s: "
+                f"{case.refusal or f'{case.memory_bytes} / {case.ideal_bytes} B, TP-sharded {case.tp_sharded_fraction:.4f}, SP {case.sequence_parallel}'}"
+                f"{'; no SP: ' + case.no_sp if case.no_sp else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
             cases.append(case)
     table = render_sweep_table(cases) + "\n" + render_sweep_summary(cases) + ".\n"
     if args.no_write:

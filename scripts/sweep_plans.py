@@ -81,9 +81,15 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
             continue
         try:
             model = build_catalog_model(arch)
-            spec = arch.model_type if resolve_model(arch.model_type).model_class.__name__ == arch.class_name else arch.class_name
+            spec = (
+                arch.model_type
+                if resolve_model(arch.model_type).model_class.__name__ == arch.class_name
+                else arch.class_name
+            )
         except Exception as err:  # noqa: BLE001 - default configs fail in many ways
-            skipped[arch.class_name] = f"default config does not build: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            skipped[arch.class_name] = (
+                f"default config does not build: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            )
             continue
         if arch.class_name in HAND_WRITTEN:
             try:
@@ -102,7 +108,9 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
         try:
             build_hf_plan(model)
         except ValueError as err:
-            skipped[arch.class_name] = f"no synthesized plan ({analysis.problem}) and no usable Hugging Face plan ({err})"
+            skipped[arch.class_name] = (
+                f"no synthesized plan ({analysis.problem}) and no usable Hugging Face plan ({err})"
+            )
             continue
         targets.append(Target(arch.class_name, spec, "hf", False, code=code_digest(model)))
     return targets, skipped
@@ -111,7 +119,12 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
 def build_cases(target: Target, plan: str) -> list[dict[str, Any]]:
     cases = []
     for sp in (False, True) if target.sequence_parallel and plan != "hf" else (False,):
-        case = {"name": f"{target.class_name}/{plan}{'/sp' if sp else ''}", "model_type": target.spec, "sp": sp, "adam_eps": ADAM_EPS}
+        case = {
+            "name": f"{target.class_name}/{plan}{'/sp' if sp else ''}",
+            "model_type": target.spec,
+            "sp": sp,
+            "adam_eps": ADAM_EPS,
+        }
         if target.class_name in FLOAT64_CHECKS:
             case["dtype"] = "float64"
         if plan != "hand-written":
@@ -161,7 +174,9 @@ def run_alone(cases: list[dict[str, Any]], timeout: float) -> dict[str, str | No
     return verdicts
 
 
-def run_targets(targets: list[Target], plan_of: dict[str, str], batch: int, timeout: float) -> dict[str, dict[str, str | None]]:
+def run_targets(
+    targets: list[Target], plan_of: dict[str, str], batch: int, timeout: float
+) -> dict[str, dict[str, str | None]]:
     """Per class: case name -> verdict. A launch that crashes or passes its deadline is retried one
     class at a time, and a class that does so again one case at a time.
 
@@ -172,7 +187,7 @@ def run_targets(targets: list[Target], plan_of: dict[str, str], batch: int, time
 
     verdicts: dict[str, dict[str, str | None]] = {}
     for start in range(0, len(targets), batch):
-        group = targets[start:start + batch]
+        group = targets[start : start + batch]
         began = time.monotonic()
         try:
             found = run_batch([c for t in group for c in build_cases(t, plan_of[t.class_name])], timeout)
@@ -262,7 +277,14 @@ def write_docs(seconds: float | None) -> None:
     import torch
     import transformers
 
-    from plangen.catalog import FRACTION_TP_SIZE, WELL_SHARDED, WHOLE_PARTS_LISTED, WHOLE_PARTS_MOST, build_catalog, render_fraction
+    from plangen.catalog import (
+        FRACTION_TP_SIZE,
+        WELL_SHARDED,
+        WHOLE_PARTS_LISTED,
+        WHOLE_PARTS_MOST,
+        build_catalog,
+        render_fraction,
+    )
     from plangen.plans.proven import load_shipped_proofs
 
     load_shipped_proofs.cache_clear()
@@ -295,7 +317,8 @@ def write_docs(seconds: float | None) -> None:
         f"torch {torch.__version__}.{took} Refresh with `{COMMAND}`",
         "(it rewrites plangen/plans/proven.json, which the runtime reads, and this file).",
         "",
-        "Summary: " + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("hand-written", "synthesized", "hf", "none"))
+        "Summary: "
+        + ", ".join(f"{counts.get(k, 0)} {k}" for k in ("hand-written", "synthesized", "hf", "none"))
         + f"; {well} shard at least {WELL_SHARDED:.0%} of their parameters over TP.",
         "",
         "| class | model_type | plan | SP | check | TP-sharded | note |",
@@ -343,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         write_proven(records)
         seconds = time.monotonic() - began if only is None else None
         passed = sum(1 for _, r in records.values() if r["tp"])
-        print(f"plangen sweep: {passed}/{len(records)} classes passed in {time.monotonic() - began:.0f} s; wrote {PROVEN.relative_to(ROOT)}")
+        print(
+            f"plangen sweep: {passed}/{len(records)} classes passed in {time.monotonic() - began:.0f} s; wrote {PROVEN.relative_to(ROOT)}"
+        )
     write_docs(seconds)
     print(f"plangen sweep: wrote {DOCS.relative_to(ROOT)}")
     return 0

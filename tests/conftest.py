@@ -219,8 +219,15 @@ class BackgroundCommand:
 
         self.argv, self._deadline = argv, time.monotonic() + timeout
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self._proc = subprocess.Popen(argv, cwd=cwd, stdout=self._out, stderr=self._err, text=True,
-                                      start_new_session=True, preexec_fn=(lambda: lower_priority(nice)) if nice else None)
+        self._proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdout=self._out,
+            stderr=self._err,
+            text=True,
+            start_new_session=True,
+            preexec_fn=(lambda: lower_priority(nice)) if nice else None,
+        )
 
     def result(self) -> tuple[int, str, str]:
         import subprocess
@@ -259,8 +266,10 @@ def slow_unless(ids, default) -> list:
 # - DBRX where transformers' own DBRX does not run (5.8: its config cannot be rebuilt from its own
 #   to_dict, "Found unknown kwargs", and its router takes ffn_hidden_size inputs).
 FLATTEN_NEEDED = re.compile(r"(gemma4|llama4|^opt|/opt).*(-sp|_sp)", re.IGNORECASE)
-FLATTEN_REASON = ("torch < 2.13 refuses to flatten a sequence-sharded DTensor, which this model's own code does "
-                  "under SP (plangen.compat.FLATTENS_SHARDED_DIM)")
+FLATTEN_REASON = (
+    "torch < 2.13 refuses to flatten a sequence-sharded DTensor, which this model's own code does "
+    "under SP (plangen.compat.FLATTENS_SHARDED_DIM)"
+)
 
 
 def _dbrx_runs() -> bool:
@@ -282,8 +291,10 @@ def stack_cannot_run(case_id: str) -> str | None:
     if "dbrx" in case_id.lower() and not _dbrx_runs():
         import transformers
 
-        return (f"transformers {transformers.__version__}'s DBRX does not run: DbrxConfig cannot be rebuilt from its "
-                "own to_dict (unknown kwargs) and DbrxRouter takes ffn_hidden_size inputs")
+        return (
+            f"transformers {transformers.__version__}'s DBRX does not run: DbrxConfig cannot be rebuilt from its "
+            "own to_dict (unknown kwargs) and DbrxRouter takes ffn_hidden_size inputs"
+        )
     return None
 
 
@@ -306,13 +317,17 @@ def differs_from_pinned_model_code(model: "object") -> str | None:
     from plangen.stack import PINNED
 
     name = type(model).__name__
-    pinned = {code for code, r in load_shipped_proofs().get(name, {}).items() if PINNED["transformers"] in r["transformers"]}
+    pinned = {
+        code for code, r in load_shipped_proofs().get(name, {}).items() if PINNED["transformers"] in r["transformers"]
+    }
     if not pinned or code_digest(model) in pinned:
         return None
     import transformers
 
-    return (f"reads transformers {PINNED['transformers']}'s {name} code; {transformers.__version__}'s differs "
-            "(its own proof is in plangen/plans/proven.json)")
+    return (
+        f"reads transformers {PINNED['transformers']}'s {name} code; {transformers.__version__}'s differs "
+        "(its own proof is in plangen/plans/proven.json)"
+    )
 
 
 def skip_unless_pinned_model_code(model: "object") -> None:
@@ -390,6 +405,8 @@ def falcon_attention_left_whole(model=None) -> str | None:
         return None
     import transformers
 
-    return (f"transformers {transformers.__version__}'s Falcon attention (its packed query_key_value split by a view of "
-            "a shape held in a local) is not read by plangen's synthesizer: its plan keeps that attention whole "
-            "(plangen/transformers_compat.py)")
+    return (
+        f"transformers {transformers.__version__}'s Falcon attention (its packed query_key_value split by a view of "
+        "a shape held in a local) is not read by plangen's synthesizer: its plan keeps that attention whole "
+        "(plangen/transformers_compat.py)"
+    )

@@ -55,7 +55,8 @@ def opt_plan_with_global_head_counts():
     plan = build_synthesized_plan(model, False)
     entries = tuple(
         replace(e, style="PrepareModuleInput", kwargs={k: v for k, v in e.kwargs.items() if k != "head_attributes"})
-        if e.style == "PrepareAttentionInput" else e
+        if e.style == "PrepareAttentionInput"
+        else e
         for e in plan.entries
     )
     assert any("head_attributes" in e.kwargs for e in plan.entries), "OPT's plan no longer makes its head counts local"

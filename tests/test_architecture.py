@@ -17,7 +17,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "plangen"
 # activation checkpointing on purpose. Everything else (plans, their checks,
 # styles, the module tree, models, rendering, cost's measurements) sits below and never imports it.
 MAY_IMPORT_RUNTIME = {
-    "plangen.parallelize", "plangen.cli", "plangen.__main__", "plangen.check.run", "plangen.check.fake_run", "plangen.cost.peak",
+    "plangen.parallelize",
+    "plangen.cli",
+    "plangen.__main__",
+    "plangen.check.run",
+    "plangen.check.fake_run",
+    "plangen.cost.peak",
 }
 # `python -m plangen` is the CLI's other entry point.
 MAY_IMPORT_CLI = {"plangen.cli", "plangen.__main__"}

@@ -12,14 +12,26 @@ from plangen.cli import EXIT_USAGE, app
 from plangen.plan_source import PlanLoadError, load_custom_plan
 
 CONFIGS = {
-    "hidden_not_int": ({"model_type": "llama", "hidden_size": "big"}, "hidden_size must be a positive integer, got 'big'"),
-    "zero_heads": ({"model_type": "llama", "num_attention_heads": 0}, "num_attention_heads must be a positive integer, got 0"),
+    "hidden_not_int": (
+        {"model_type": "llama", "hidden_size": "big"},
+        "hidden_size must be a positive integer, got 'big'",
+    ),
+    "zero_heads": (
+        {"model_type": "llama", "num_attention_heads": 0},
+        "num_attention_heads must be a positive integer, got 0",
+    ),
     "negative_text_vocab": (
         {"model_type": "gemma3", "text_config": {"vocab_size": -1}},
         "text_config.vocab_size must be a positive integer, got -1",
     ),
-    "bool_layers": ({"model_type": "llama", "num_hidden_layers": True}, "num_hidden_layers must be a positive integer, got True"),
-    "zero_layers": ({"model_type": "llama", "num_hidden_layers": 0}, "num_hidden_layers must be a positive integer, got 0"),
+    "bool_layers": (
+        {"model_type": "llama", "num_hidden_layers": True},
+        "num_hidden_layers must be a positive integer, got True",
+    ),
+    "zero_layers": (
+        {"model_type": "llama", "num_hidden_layers": 0},
+        "num_hidden_layers must be a positive integer, got 0",
+    ),
     "a_list": ([1, 2], "holds a JSON list; a config.json is an object"),
     "no_model_type": ({}, 'has no "model_type": a config.json names its model type'),
     # transformers' own validation: the field and the reason, not only the first line.
@@ -73,8 +85,16 @@ def test_a_malformed_plan_path_says_what_is_accepted(spec):
 
 BROKEN_PLANS = {
     "syntax.py": ("import torch\ncustom_parallel_plan = {\n", 2, "SyntaxError: '{' was never closed"),
-    "raises.py": ("x = 1\nraise RuntimeError('no GPU here')\ncustom_parallel_plan = {}\n", 2, "RuntimeError: no GPU here"),
-    "missing_import.py": ("import torch\nfrom no_such_module_xyz import PLAN\n", 2, "No module named 'no_such_module_xyz'"),
+    "raises.py": (
+        "x = 1\nraise RuntimeError('no GPU here')\ncustom_parallel_plan = {}\n",
+        2,
+        "RuntimeError: no GPU here",
+    ),
+    "missing_import.py": (
+        "import torch\nfrom no_such_module_xyz import PLAN\n",
+        2,
+        "No module named 'no_such_module_xyz'",
+    ),
 }
 
 
@@ -170,7 +190,10 @@ def test_an_overlong_output_name_is_a_usage_error_and_nothing_is_written(tmp_pat
     out = tmp_path / ("p" * 300 + ".py")
     result = CliRunner().invoke(app, ["init", "llama", "-o", str(out)])
     assert result.exit_code == EXIT_USAGE
-    assert result.output.strip() == f"plangen: error: -o {out}: the file name is longer than this file system allows (255 bytes)"
+    assert (
+        result.output.strip()
+        == f"plangen: error: -o {out}: the file name is longer than this file system allows (255 bytes)"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -190,7 +213,10 @@ def test_init_refuses_an_existing_file_before_importing_transformers(tmp_path):
         "assert 'transformers' not in sys.modules and 'torch' not in sys.modules, 'built before refusing'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == f"{existing} already exists; pass --force to replace it (the old file is kept as {existing}.bak)"
+    assert (
+        result.stdout.strip()
+        == f"{existing} already exists; pass --force to replace it (the old file is kept as {existing}.bak)"
+    )
     assert existing.read_text() == GENERATED_LLAMA
 
 
@@ -241,7 +267,9 @@ def test_cost_of_a_plan_that_fails_its_step_is_one_line_on_stderr(tmp_path):
     plan.write_text(GENERATED_LLAMA.replace(entry, '"model.layers.*.self_attn.q_proj": RowwiseParallel()'))
     result = subprocess.run([sys.executable, "-m", "plangen", "cost", str(plan)], capture_output=True, text=True)
     assert result.returncode == EXIT_USAGE and result.stdout == ""
-    assert result.stderr.startswith("plangen: error: the plan fails a training step of a shrunk LlamaForCausalLM at TP 2: ")
+    assert result.stderr.startswith(
+        "plangen: error: the plan fails a training step of a shrunk LlamaForCausalLM at TP 2: "
+    )
     assert len(result.stderr.splitlines()) == 1, result.stderr  # no fake-tensor traceback before it
 
 
@@ -277,7 +305,11 @@ def test_a_file_that_raises_at_import_is_pg201_whether_or_not_its_model_is_known
             1,
             "the plan file cannot be loaded: ModuleNotFoundError: No module named 'plangen_no_such_module'",
         ),
-        "divide.py": ("PG201", 1, "the plan file cannot be loaded: ZeroDivisionError: integer division or modulo by zero"),
+        "divide.py": (
+            "PG201",
+            1,
+            "the plan file cannot be loaded: ZeroDivisionError: integer division or modulo by zero",
+        ),
     }
     # good.py: clean; without a model, only imported, which the exit status shows under --strict.
     good = CliRunner().invoke(app, ["verify", "good.py"])

@@ -130,8 +130,10 @@ def test_cli_speed_benchmark_compares_each_command_with_its_floor(bench):
 
     def fake_timed(command: list[str]) -> tuple[float, float]:
         text = " ".join(command)
-        key = ("verify" if "verify" in text else "init") if "-m plangen" in text else (
-            "verify_floor" if "plangen.models" in text else "init_floor"
+        key = (
+            ("verify" if "verify" in text else "init")
+            if "-m plangen" in text
+            else ("verify_floor" if "plangen.models" in text else "init_floor")
         )
         return seconds[key], seconds[key] + 0.5
 

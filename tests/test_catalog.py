@@ -46,7 +46,9 @@ def test_every_hand_written_class_is_listed_as_such(listing):
     for class_name in HAND_WRITTEN:
         assert rows[class_name]["plan"] == "hand-written", class_name
     assert rows["LlamaForCausalLM"]["sequence_parallel"] is True
-    assert rows["NemotronHForCausalLM"]["sequence_parallel"] is True  # Mamba mixers gather, compute whole, keep their shard
+    assert (
+        rows["NemotronHForCausalLM"]["sequence_parallel"] is True
+    )  # Mamba mixers gather, compute whole, keep their shard
 
 
 @pinned_release_only
@@ -87,7 +89,9 @@ def test_no_synthesized_proof_is_stale(listing):
     from plangen.plans.proven import SWEEP_COMMAND
 
     stale = [row["class_name"] for row in rows_by_class(listing).values() if row["check"] == "stale"]
-    assert stale == [], f"proofs of plans the synthesizer no longer builds: run {SWEEP_COMMAND} --only {','.join(stale)}"
+    assert stale == [], (
+        f"proofs of plans the synthesizer no longer builds: run {SWEEP_COMMAND} --only {','.join(stale)}"
+    )
 
 
 def test_a_changed_synthesized_plan_is_stale_until_swept_again():
@@ -99,13 +103,21 @@ def test_a_changed_synthesized_plan_is_stale_until_swept_again():
 
     model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
     tp, sp = build_synthesized_plan(model, False), build_synthesized_plan(model, True)
-    record = {"plan": "synthesized", "tp": True, "sp": True, "fingerprint": {"tp": plan_fingerprint(tp), "sp": plan_fingerprint(sp)}}
+    record = {
+        "plan": "synthesized",
+        "tp": True,
+        "sp": True,
+        "fingerprint": {"tp": plan_fingerprint(tp), "sp": plan_fingerprint(sp)},
+    }
     assert not proof_is_stale(record, tp) and not proof_is_stale(record, sp)
     first = tp.entries[0]
     swapped = "ColwiseParallel" if first.style != "ColwiseParallel" else "RowwiseParallel"
     assert proof_is_stale(record, replace(tp, entries=(replace(first, style=swapped), *tp.entries[1:])))
     assert proof_is_stale(record, replace(tp, entries=tp.entries[1:]))  # an entry left out
-    assert proof_is_stale(record, replace(tp, entries=(replace(first, kwargs={**first.kwargs, "use_local_output": False}), *tp.entries[1:])))
+    assert proof_is_stale(
+        record,
+        replace(tp, entries=(replace(first, kwargs={**first.kwargs, "use_local_output": False}), *tp.entries[1:])),
+    )
     assert proof_is_stale({k: v for k, v in record.items() if k != "fingerprint"}, tp)  # nothing says which plan
     assert not proof_is_stale({"plan": "hand-written", "tp": True}, tp)  # hand-written plans: proven by the tests
 
@@ -124,22 +136,39 @@ def test_no_sequence_parallel_proof_is_stale():
         except Exception:  # noqa: BLE001 - default configs that do not build have no record
             continue
         record = proof_for(arch.class_name, code_digest(model)) or {}
-        if record.get("plan") == "synthesized" and record.get("sp") and proof_is_stale(record, build_synthesized_plan(model, True)):
+        if (
+            record.get("plan") == "synthesized"
+            and record.get("sp")
+            and proof_is_stale(record, build_synthesized_plan(model, True))
+        ):
             stale.append(arch.class_name)
     assert stale == [], f"run {SWEEP_COMMAND} --only {','.join(stale)}"
 
 
 def test_text_table_for_some_models(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal: the table takes its least width, the summary stays one line
+    monkeypatch.setenv(
+        "COLUMNS", "80"
+    )  # a narrow terminal: the table takes its least width, the summary stays one line
     result = CliRunner().invoke(app, ["list", "olmo", "llama", "xlnet"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["class", "model_type", "plan", "SP", "check", "proof", "TP-sharded", "note"]
-    assert lines[1].split()[:8] == ["LlamaForCausalLM", "llama", "hand-written", "yes", "passed", "this", "code", "100.0%"]
+    assert lines[1].split()[:8] == [
+        "LlamaForCausalLM",
+        "llama",
+        "hand-written",
+        "yes",
+        "passed",
+        "this",
+        "code",
+        "100.0%",
+    ]
     assert lines[2].split()[:7] == ["OlmoForCausalLM", "olmo", "synthesized", "yes", "passed", "this", "code"]
     assert lines[3].split()[:6] == ["XLNetLMHeadModel", "xlnet", "none", "no", "n/a", "never"]
     assert lines[-1].startswith("3 architectures: 1 hand-written, 1 synthesized, 0 hf, 1 none; ")
-    assert lines[-1].endswith("shard ≥ 95% of their parameters over TP; proofs: 2 for this code, 0 for other code only, 1 never")
+    assert lines[-1].endswith(
+        "shard ≥ 95% of their parameters over TP; proofs: 2 for this code, 0 for other code only, 1 never"
+    )
 
 
 @pinned_release_only
@@ -159,10 +188,21 @@ def test_sharded_fraction_at_the_default_size(listing):
 
 
 BART_FAMILY = (
-    "BartForCausalLM", "BigBirdPegasusForCausalLM", "BioGptForCausalLM", "BlenderbotForCausalLM",
-    "BlenderbotSmallForCausalLM", "MarianForCausalLM", "MBartForCausalLM", "MusicgenForCausalLM",
-    "MusicgenMelodyForCausalLM", "MvpForCausalLM", "PegasusForCausalLM", "PLBartForCausalLM",
-    "WhisperForCausalLM", "XGLMForCausalLM", "OPTForCausalLM",
+    "BartForCausalLM",
+    "BigBirdPegasusForCausalLM",
+    "BioGptForCausalLM",
+    "BlenderbotForCausalLM",
+    "BlenderbotSmallForCausalLM",
+    "MarianForCausalLM",
+    "MBartForCausalLM",
+    "MusicgenForCausalLM",
+    "MusicgenMelodyForCausalLM",
+    "MvpForCausalLM",
+    "PegasusForCausalLM",
+    "PLBartForCausalLM",
+    "WhisperForCausalLM",
+    "XGLMForCausalLM",
+    "OPTForCausalLM",
 )
 
 
@@ -201,7 +241,9 @@ def classes_newer_than_the_table(rows) -> list[str]:
     records = json.loads((ROOT / "plangen" / "plans" / "proven.json").read_text())["classes"]
     missing = [name for name in rows if f"| {name} |" not in table]
     had = [name for name in missing if any(swept in r["transformers"] for r in records.get(name, {}).values())]
-    assert had == [], f"docs/plans.md lacks {had}, swept on transformers {swept}: run scripts/sweep_plans.py --docs-only"
+    assert had == [], (
+        f"docs/plans.md lacks {had}, swept on transformers {swept}: run scripts/sweep_plans.py --docs-only"
+    )
     return missing
 
 
@@ -213,8 +255,10 @@ def test_a_class_below_the_target_says_what_stays_whole(fake_pg, monkeypatch):
     arch = catalog.Architecture("MiniCPM3ForCausalLM", "minicpm3")
     fraction, note, _ = catalog.build_sharded_fraction(arch, catalog.build_catalog_model(arch))
     assert 0.95 < fraction < 0.99
-    assert note.startswith("left whole at TP 2: model.layers.*.self_attn.q_a_proj 3.0% (low-rank down-projection (or its"
-                           " norm), shared by every head")
+    assert note.startswith(
+        "left whole at TP 2: model.layers.*.self_attn.q_a_proj 3.0% (low-rank down-projection (or its"
+        " norm), shared by every head"
+    )
 
 
 def test_every_row_says_what_its_plan_leaves_whole_and_why(listing):
@@ -222,9 +266,12 @@ def test_every_row_says_what_its_plan_leaves_whole_and_why(listing):
     plan's router, with the plan's reason; nothing for a plan that shards everything."""
     rows = rows_by_class(listing)
     assert rows["Qwen3MoeForCausalLM"]["left_whole"] == (
-        "model.layers.*.mlp.gate 0.04% (the router sees every token on every rank: routing stays exact)")
+        "model.layers.*.mlp.gate 0.04% (the router sees every token on every rank: routing stays exact)"
+    )
     assert rows["MixtralForCausalLM"]["left_whole"] == ""  # its router: 0.003 %, below what a row lists
-    assert rows["YoutuForCausalLM"]["left_whole"].startswith("model.layers.*.self_attn.kv_a_proj_with_mqa 1.9% (the KV latent")
+    assert rows["YoutuForCausalLM"]["left_whole"].startswith(
+        "model.layers.*.self_attn.kv_a_proj_with_mqa 1.9% (the KV latent"
+    )
     assert all(row["left_whole"] == "" for row in rows.values() if row["plan"] == "none")
 
 
@@ -282,7 +329,9 @@ def test_one_layer_of_each_kind_gives_the_fraction_of_every_layer(fake_pg):
     every = build_full_size_model(arch)
     with quiet_partial_matches():  # dense layers have no shared_experts
         apply_tp(every, tp_mesh(2), choose_plan(every, False).build_styles())
-    assert measure_sharded_fraction(lambda: build_full_size_model(arch)) == pytest.approx(sharded_fraction(every), abs=1e-12)
+    assert measure_sharded_fraction(lambda: build_full_size_model(arch)) == pytest.approx(
+        sharded_fraction(every), abs=1e-12
+    )
 
 
 @pytest.mark.parametrize(
@@ -317,11 +366,15 @@ def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     query latent, once named here, are sharded)."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
 
-    fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("MiniCPM3ForCausalLM", "minicpm3")))
+    fraction, left = measure_sharded_share(
+        lambda: build_full_size_model(Architecture("MiniCPM3ForCausalLM", "minicpm3"))
+    )
     pattern, share, why = left[0]
     assert pattern == "model.layers.*.self_attn.q_a_proj" and "shared by every head" in why
     assert fraction + sum(s for _, s, _ in left) == pytest.approx(1.0)
-    assert render_left_whole(left).startswith(f"left whole at TP 2: model.layers.*.self_attn.q_a_proj {share:.1%} (low-rank")
+    assert render_left_whole(left).startswith(
+        f"left whole at TP 2: model.layers.*.self_attn.q_a_proj {share:.1%} (low-rank"
+    )
 
 
 def test_recurrent_gemma_shards_its_recurrent_blocks_at_full_size(fake_pg):
@@ -368,7 +421,9 @@ def test_a_hand_written_plan_that_failed_on_this_code_is_listed_failed(monkeypat
 
     import plangen.plans.proven as P
 
-    set_proofs(monkeypatch, {"LlamaForCausalLM": {"plan": "hand-written", "tp": False, "sp": False, "error": "logits differ"}})
+    set_proofs(
+        monkeypatch, {"LlamaForCausalLM": {"plan": "hand-written", "tp": False, "sp": False, "error": "logits differ"}}
+    )
     monkeypatch.setattr(P, "code_digest", lambda model: "any code")  # set_proofs' records are for "any code"
     result = CliRunner().invoke(app, ["list", "--format", "json", "LlamaForCausalLM"])
     assert result.exit_code == 0, result.output

@@ -23,17 +23,18 @@ import pytest
 from conftest import cases_read_by, launched, slow_unless
 
 TESTS = Path(__file__).resolve().parent
-CASES = {"dp2tp2": [
-    {"name": "phi3-8h", "model": "phi3-8h"},  # fused qkv (GQA) and gate_up re-laid out per rank
-    {"name": "falcon-mqa-5h", "model": "falcon-mqa-5h", "plan_kind": "synthesized"},  # padded heads, multi-query
-    {"name": "gpt2", "model": "gpt2"},  # Conv1D, fused c_attn re-laid out on the weight's dim 1, tied head
-    {"name": "qwen3-1kv", "model": "qwen3-1kv"},  # one KV head replicated over TP
-    {"name": "mixtral-3-experts", "model": "mixtral-3-experts"},  # experts split on their intermediate
-    {"name": "qwen3_moe", "model": "qwen3_moe"},  # packed experts' gate_up re-laid out
-    {"name": "nemotron_h", "model": "nemotron_h"},  # Mamba2 mixers' in_proj and conv re-laid out by heads
-    {"name": "qwen3_5", "model_type": "qwen3_5", "plan_kind": "synthesized"},  # gated delta nets
-    {"name": "llama-tied", "model": "llama-tied"},  # dense, tied
-],
+CASES = {
+    "dp2tp2": [
+        {"name": "phi3-8h", "model": "phi3-8h"},  # fused qkv (GQA) and gate_up re-laid out per rank
+        {"name": "falcon-mqa-5h", "model": "falcon-mqa-5h", "plan_kind": "synthesized"},  # padded heads, multi-query
+        {"name": "gpt2", "model": "gpt2"},  # Conv1D, fused c_attn re-laid out on the weight's dim 1, tied head
+        {"name": "qwen3-1kv", "model": "qwen3-1kv"},  # one KV head replicated over TP
+        {"name": "mixtral-3-experts", "model": "mixtral-3-experts"},  # experts split on their intermediate
+        {"name": "qwen3_moe", "model": "qwen3_moe"},  # packed experts' gate_up re-laid out
+        {"name": "nemotron_h", "model": "nemotron_h"},  # Mamba2 mixers' in_proj and conv re-laid out by heads
+        {"name": "qwen3_5", "model_type": "qwen3_5", "plan_kind": "synthesized"},  # gated delta nets
+        {"name": "llama-tied", "model": "llama-tied"},  # dense, tied
+    ],
     # The optimizer's state saved at DP 2 x TP 2 (plangen.state_dict), resumed at other layouts.
     "optimizer": [
         {"name": "phi3-8h", "model": "phi3-8h"},  # fused rows re-laid out per rank: the order differs per TP size
@@ -42,16 +43,19 @@ CASES = {"dp2tp2": [
         {"name": "mixtral-3-experts", "model": "mixtral-3-experts"},  # packed experts' gate_up
         {"name": "nemotron_h", "model": "nemotron_h"},  # Mamba2 mixers' in_proj and conv
         {"name": "llama-tied", "model": "llama-tied"},  # nothing re-laid out: torch's functions are right too
-    ]}
+    ],
+}
 CASE_IDS = [f"dp2tp2/{c['name']}" for c in CASES["dp2tp2"]]
 DEFAULT_IDS = {"dp2tp2/phi3-8h", "dp2tp2/falcon-mqa-5h", "dp2tp2/gpt2"}
 OPTIMIZER_IDS = [f"optimizer/{c['name']}" for c in CASES["optimizer"]]
 OPTIMIZER_DEFAULT = {"optimizer/phi3-8h", "optimizer/gpt2"}
 RELAID = {"phi3-8h", "falcon-mqa-5h", "gpt2", "mixtral-3-experts", "nemotron_h"}
 # Layouts a tiny model's plan refuses (each with the reason in the error): not resumed there.
-REFUSED = {("falcon-mqa-5h", "dp1tp4"),  # 5 query heads padded to 8 leave a TP 4 rank only pad heads
-           ("nemotron_h", "dp1tp4"),  # 2 B/C groups
-           ("qwen3_5", "dp1tp4")}  # 2 key heads
+REFUSED = {
+    ("falcon-mqa-5h", "dp1tp4"),  # 5 query heads padded to 8 leave a TP 4 rank only pad heads
+    ("nemotron_h", "dp1tp4"),  # 2 B/C groups
+    ("qwen3_5", "dp1tp4"),
+}  # 2 key heads
 
 
 def _heads_left_whole(name: str) -> bool:
@@ -66,7 +70,12 @@ def _heads_left_whole(name: str) -> bool:
 def LAUNCH(items) -> tuple:
     directory = tempfile.mkdtemp(prefix="plangen-checkpoints-")
     cases = cases_read_by(items, sys.modules[__name__], CASES)
-    return "tests/distributed/checkpoint_cases.py:run_checkpoint_cases", 4, {"directory": directory, "cases": cases}, 1500
+    return (
+        "tests/distributed/checkpoint_cases.py:run_checkpoint_cases",
+        4,
+        {"directory": directory, "cases": cases},
+        1500,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +136,11 @@ def test_optimizer_state_resumes_at_another_layout(results, case_id):
         # torch's functions at the same layouts: refused (pad rows change the shape) or wrong where
         # anything is re-laid out; right where nothing is.
         controls = {layout: r[f"torch_{layout}"] for layout in ("dp1tp4", "dp4tp1", "plain")}
-        wrong = {layout: c for layout, c in controls.items()  # a plan's refusal of the layout is no verdict
-                 if isinstance(c, str) and c != r[layout] or isinstance(c, dict) and c["weights"] > 1e-5}
+        wrong = {
+            layout: c
+            for layout, c in controls.items()  # a plan's refusal of the layout is no verdict
+            if isinstance(c, str) and c != r[layout] or isinstance(c, dict) and c["weights"] > 1e-5
+        }
         assert bool(wrong) == (name in RELAID), (rank, controls)
 
 
@@ -164,8 +176,10 @@ def test_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     save_hf_checkpoint(previous, target, max_shard_size=6000)
     script = _KILLED_SAVE.format(tests=str(TESTS))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    runs = [subprocess.Popen([sys.executable, "-c", script, str(path)], env=env, stderr=subprocess.PIPE)
-            for path in (target, fresh)]  # over the previous checkpoint, and under a new name
+    runs = [
+        subprocess.Popen([sys.executable, "-c", script, str(path)], env=env, stderr=subprocess.PIPE)
+        for path in (target, fresh)
+    ]  # over the previous checkpoint, and under a new name
     for run in runs:
         _, err = run.communicate(timeout=600)
         assert run.returncode == -9, err.decode()[-2000:]

@@ -141,10 +141,17 @@ def test_chosen_plan_is_plain_data():
     # its synthesized one was: test_apertus_gets_its_proven_synthesized_plan_not_the_wrong_hf_one).
     [("gemma3n_text", "logits differs")],
 )
-def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(spec, failing, monkeypatch):
+def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_and_the_way_out(
+    spec, failing, monkeypatch
+):
     model = meta(spec)
-    record = {"plan": "none", "tp": False, "sp": False, "error": "tp: tp2 rank 0: RuntimeError: shapes",
-              "hf": {"tp": False, "error": "tp: tp2 rank 0: logits differs by 1.2e-01"}}
+    record = {
+        "plan": "none",
+        "tp": False,
+        "sp": False,
+        "error": "tp: tp2 rank 0: RuntimeError: shapes",
+        "hf": {"tp": False, "error": "tp: tp2 rank 0: logits differs by 1.2e-01"},
+    }
     set_proofs(monkeypatch, {type(model).__name__: record})
     with pytest.raises(NoPlanError) as info:
         choose_plan(model, False)
@@ -206,8 +213,11 @@ def test_a_hand_written_plan_that_failed_on_the_installed_code_is_refused(monkey
     model = meta("llama")
     failed = {"plan": "hand-written", "tp": False, "sp": False, "error": "tp: tp2 rank 0: logits differs by 1.3e-02"}
     set_proofs(monkeypatch, {"LlamaForCausalLM": failed})
-    with pytest.raises(NoPlanError, match=r"failed its numerical check on the installed model code: tp: tp2 rank 0: logits"
-                                          r" differs by 1.3e-02 \(transformers .*plangen init LlamaForCausalLM"):
+    with pytest.raises(
+        NoPlanError,
+        match=r"failed its numerical check on the installed model code: tp: tp2 rank 0: logits"
+        r" differs by 1.3e-02 \(transformers .*plangen init LlamaForCausalLM",
+    ):
         choose_plan(model, False)
     set_proofs(monkeypatch, {"LlamaForCausalLM": {**failed, "tp": True, "error": "sp: flatten refused"}})
     with warnings.catch_warnings():

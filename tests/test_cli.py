@@ -31,4 +31,6 @@ def test_python_dash_m_plangen_prints_the_version():
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and lines[0] == f"plangen {__version__}"
     # Then the installed torch and transformers against the tested window (plangen.stack).
-    assert [line.split()[0] for line in lines[1:]] == ["torch", "transformers"] and all("tested window" in line for line in lines[1:])
+    assert [line.split()[0] for line in lines[1:]] == ["torch", "transformers"] and all(
+        "tested window" in line for line in lines[1:]
+    )

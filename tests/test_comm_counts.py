@@ -26,8 +26,15 @@ BATCH, SEQ = 2, 8
 AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
 
 
-def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, variant: str = "optimized",
-             source: str = "hand-written", edit_styles=None):
+def run_step(
+    name: str,
+    layers: int,
+    sequence_parallel: bool,
+    tp: int = 2,
+    variant: str = "optimized",
+    source: str = "hand-written",
+    edit_styles=None,
+):
     why = stack_cannot_run(f"{name}{'-sp' if sequence_parallel else ''}")
     if why:
         pytest.skip(why)
@@ -60,8 +67,9 @@ def run_step(name: str, layers: int, sequence_parallel: bool, tp: int = 2, varia
 PER_MODEL_CODE = ("longcat_flash", "gemma4")
 
 
-def per_layer(name: str, sequence_parallel: bool, variant: str = "optimized", source: str = "hand-written",
-              edit_styles=None):
+def per_layer(
+    name: str, sequence_parallel: bool, variant: str = "optimized", source: str = "hand-written", edit_styles=None
+):
     _, _, f2, b2 = run_step(name, 2, sequence_parallel, variant=variant, source=source, edit_styles=edit_styles)
     _, _, f4, b4 = run_step(name, 4, sequence_parallel, variant=variant, source=source, edit_styles=edit_styles)
     diff = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
@@ -128,7 +136,12 @@ def _moe_payloads(name: str, sequence_parallel: bool):
 def _moe_payloads_of(name: str, sequence_parallel: bool, source: str = "hand-written"):
     """(forward, backward) collective names and byte sizes of a 2-layer step, and the sizes B·S·H, B·S·k."""
     config, _, forward, backward = run_step(name, 2, sequence_parallel, source=source)
-    return forward.records, backward.records, BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.num_experts_per_tok * 4
+    return (
+        forward.records,
+        backward.records,
+        BATCH * SEQ * config.hidden_size * 4,
+        BATCH * SEQ * config.num_experts_per_tok * 4,
+    )
 
 
 @pytest.mark.parametrize("name", MOE)
@@ -257,9 +270,12 @@ def test_gemma4_moe_layer_under_sp_reduce_scatters_its_experts_into_the_sequence
     bsh, bsk = BATCH * SEQ * config.hidden_size * 4, BATCH * SEQ * config.top_k_experts * 4
     table = BATCH * SEQ * config.num_hidden_layers * config.hidden_size_per_layer_input * 4
     # Reduce-scatters leave this rank half; the embedding's and the per-layer table's are the fixed ones.
-    assert sorted(forward_step.records) == sorted([(AG, bsh)] * (3 * 2 + 1) + [(RS, bsh // 2)] * (3 * 2 + 1) + [(RS, table // 2)])
+    assert sorted(forward_step.records) == sorted(
+        [(AG, bsh)] * (3 * 2 + 1) + [(RS, bsh // 2)] * (3 * 2 + 1) + [(RS, table // 2)]
+    )
     assert sorted(backward_step.records) == sorted(
-        [(AG, bsh)] * (3 * 2 + 1) + [(AG, table)] + [(RS, bsh // 2)] * (3 * 2 + 1) + [("allreduce_", bsk)] * 2)
+        [(AG, bsh)] * (3 * 2 + 1) + [(AG, table)] + [(RS, bsh // 2)] * (3 * 2 + 1) + [("allreduce_", bsk)] * 2
+    )
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -268,7 +284,9 @@ def test_gemma4_dense_layer_with_per_layer_inputs_costs_the_megatron_minimum(fak
     layer: their gate and projection stay whole (TP) or run on the sequence shard (SP). The per-layer
     table is one more fixed reduction of B·S·L·P: an all-reduce, or under SP a reduce-scatter into the
     sequence shards the layers take (and its gradient gathered back)."""
-    forward, backward, total_forward, total_backward = per_layer("gemma4-dense", sequence_parallel, source="synthesized")
+    forward, backward, total_forward, total_backward = per_layer(
+        "gemma4-dense", sequence_parallel, source="synthesized"
+    )
     if not sequence_parallel:
         assert forward == {AR: 2} and backward == {AR: 2}
         assert total_forward == {AR: 2 * 2 + 2} and total_backward == {AR: 2 * 2 + 1}
@@ -290,7 +308,9 @@ def test_jetmoe_layer_reduces_each_block_once_at_the_hidden_size(fake_pg):
     bsh = BATCH * SEQ * config.hidden_size * 4
     bsk = BATCH * SEQ * config.num_experts_per_tok * 4
     assert sorted(size for _, size in forward_step.records) == [bsh] * (2 * 2 + 1)  # + the embedding's
-    assert sorted(size for _, size in backward_step.records) == sorted([bsh] * (2 * 2 + 1) + [bsk] * (2 * 2))  # + the head's
+    assert sorted(size for _, size in backward_step.records) == sorted(
+        [bsh] * (2 * 2 + 1) + [bsk] * (2 * 2)
+    )  # + the head's
 
 
 def test_jetmoe_layer_under_sequence_parallel_reduce_scatters_each_block_out(fake_pg):
@@ -345,7 +365,9 @@ KV_REPLICATED = [("gemma3-1kv", 2, 2), ("qwen2", 4, 4)]  # Qwen2: k/v weights an
 
 @pytest.mark.parametrize("name, tp, kv_params", KV_REPLICATED)
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_replicated_kv_heads_add_one_gradient_all_reduce_per_kv_parameter(fake_pg, name, tp, kv_params, sequence_parallel):
+def test_replicated_kv_heads_add_one_gradient_all_reduce_per_kv_parameter(
+    fake_pg, name, tp, kv_params, sequence_parallel
+):
     """More TP ranks than KV heads: the forward is the Megatron minimum unchanged (each rank computes
     its KV head locally); backward adds one all-reduce per replicated k/v parameter and layer, of
     exactly that parameter's size (weight [kv_heads * head_dim, hidden], bias [kv_heads * head_dim])."""
@@ -376,8 +398,11 @@ def _latent_sizes(name: str) -> dict[str, int]:
     """Bytes of the per-layer attention reductions: the query input's, the KV latent's, the rope key's."""
     c = dict(TINY[name])
     query = c["q_lora_rank"] or c["hidden_size"]  # q_b_proj reads the query latent, q_proj the hidden state
-    return {"query": BATCH * SEQ * query * 4, "kv": BATCH * SEQ * c["kv_lora_rank"] * 4,
-            "rope": BATCH * SEQ * c["qk_rope_head_dim"] * 4}
+    return {
+        "query": BATCH * SEQ * query * 4,
+        "kv": BATCH * SEQ * c["kv_lora_rank"] * 4,
+        "rope": BATCH * SEQ * c["qk_rope_head_dim"] * 4,
+    }
 
 
 @pytest.mark.parametrize("name", LATENT)
@@ -441,7 +466,8 @@ def test_sharded_query_latent_trades_its_all_reduce_for_a_gather_and_a_reduce_sc
     _, _, forward_step, backward_step = run_step("youtu", 2, False, source="synthesized")
     assert _sizes_by_kind(forward_step) == Counter({(AR, bsh): 5, (AR, bs): 2, (AG, lq): 2})
     assert _sizes_by_kind(backward_step) == Counter(
-        {(AR, bsh): 5, (AR, lkv): 2, (AR, rope): 2, (AR, bs): 2, (RS, lq // 2): 2})
+        {(AR, bsh): 5, (AR, lkv): 2, (AR, rope): 2, (AR, bs): 2, (RS, lq // 2): 2}
+    )
 
 
 def test_sharded_query_latent_under_sequence_parallel_reduces_the_block_input_once(fake_pg):
@@ -628,6 +654,8 @@ def test_stable_variant_of_a_gated_delta_net_forward_only_gathers(fake_pg):
     forward, backward = _linear_attention_per_layer(False, "stable")
     assert forward == {AG: 4}
     assert backward == {AR: 2 + 1, RS: 2}
+
+
 # Mamba1 mixers split by channels (plangen.mamba1_styles), in their proven synthesized plans.
 MAMBA1_LAYERS = ["mamba", "falcon_mamba"]
 ALL_REDUCES = (AR, "allreduce_")  # DTensor's, and the c10d one of the gradient sums (merge_c10d_counts)
@@ -686,6 +714,8 @@ def test_stable_variant_keeps_mamba1_mixers_whole_so_a_layer_sums_nothing(fake_p
     forward, backward, total_forward, _ = per_layer(name, False, "stable", source="synthesized")
     assert forward == {} and backward == {}
     assert total_forward == {AR: 1}
+
+
 # --- Mamba2 mixers split by heads (plangen.mamba_styles) ---------------------------------------
 
 
@@ -795,7 +825,9 @@ def test_short_conv_layer_costs_a_dense_layer(fake_pg, sequence_parallel):
     weight to reduce (unlike a gated delta net)."""
     f2, b2 = _short_conv_step(2, sequence_parallel)
     f4, b4 = _short_conv_step(4, sequence_parallel)
-    per_layer = lambda a, b: {k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}  # noqa: E731
+    per_layer = lambda a, b: {
+        k: (b.get(k, 0) - a.get(k, 0)) // 2 for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)
+    }  # noqa: E731
     if sequence_parallel:
         assert per_layer(f2, f4) == {AG: 2, RS: 2} and per_layer(b2, b4) == {AG: 2, RS: 2}
     else:

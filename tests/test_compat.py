@@ -19,12 +19,30 @@ from plangen import compat
 PACKAGE = Path(compat.__file__).resolve().parent
 
 # Attributes and names that are private to torch or missing from a release of the window.
-VERSIONED_ATTRIBUTES = frozenset({
-    "all_gather_single_autograd", "all_gather_tensor_autograd", "all_gather_single", "all_gather_into_tensor",
-    "reduce_scatter_single", "reduce_scatter_tensor", "ALL_REDUCE_OPS", "_local_tensor", "_spec", "_StridedShard",
-    "_overloadpacket", "_propagate_tensor_meta_non_cached", "_update_peak_stats", "_curr_mem_snap", "_mod_tracker",
-    "_in_opt", "_sharding_prop", "_disable_current_modes", "_functional_collectives", "_c10d_functional",
-})
+VERSIONED_ATTRIBUTES = frozenset(
+    {
+        "all_gather_single_autograd",
+        "all_gather_tensor_autograd",
+        "all_gather_single",
+        "all_gather_into_tensor",
+        "reduce_scatter_single",
+        "reduce_scatter_tensor",
+        "ALL_REDUCE_OPS",
+        "_local_tensor",
+        "_spec",
+        "_StridedShard",
+        "_overloadpacket",
+        "_propagate_tensor_meta_non_cached",
+        "_update_peak_stats",
+        "_curr_mem_snap",
+        "_mod_tracker",
+        "_in_opt",
+        "_sharding_prop",
+        "_disable_current_modes",
+        "_functional_collectives",
+        "_c10d_functional",
+    }
+)
 VERSIONED_NAMES = frozenset({"funcol", "_StridedShard", "_disable_current_modes"})
 
 
@@ -50,34 +68,42 @@ def torch_name_uses(source: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
             if _private_torch_module(node.module or ""):
                 found.append((node.lineno, f"from {node.module} import ..."))
-            found += [(node.lineno, f"from {node.module} import {a.name}") for a in node.names if a.name.startswith("_")]
+            found += [
+                (node.lineno, f"from {node.module} import {a.name}") for a in node.names if a.name.startswith("_")
+            ]
         elif isinstance(node, ast.Attribute) and node.attr in VERSIONED_ATTRIBUTES:
             found.append((node.lineno, f".{node.attr}"))
         elif isinstance(node, ast.Attribute) and _private_torch_module(_dotted(node) or ""):
             found.append((node.lineno, _dotted(node)))
         elif isinstance(node, ast.Name) and node.id in VERSIONED_NAMES:
             found.append((node.lineno, node.id))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "from_local" \
-                and any(k.arg == "grad_placements" for k in node.keywords) \
-                and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "compat"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "from_local"
+            and any(k.arg == "grad_placements" for k in node.keywords)
+            and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "compat")
+        ):
             found.append((node.lineno, "from_local(grad_placements=)"))
     return found
 
 
 def test_the_scan_finds_each_kind_of_use():
-    source = "\n".join([
-        "import torch.distributed._functional_collectives as funcol",
-        "from torch.distributed.tensor.placement_types import _StridedShard",
-        "from torch._subclasses.fake_tensor import FakeTensorMode",
-        "x = t._local_tensor",
-        "dist.reduce_scatter_single(a, b)",
-        "DTensor.from_local(x, mesh, p, grad_placements=(Partial(),))",
-        "ops = Partial.ALL_REDUCE_OPS",
-        "torch.ops._c10d_functional.wait_tensor(t)",
-        "y = x.to_local(grad_placements=(Partial(),))",  # public on every release: not a use
-        "z = compat.from_local(x, mesh, p, grad_placements=(Partial(),))",  # the shim: not a use
-        "from torch.distributed.tensor import DTensor",  # public: not a use
-    ])
+    source = "\n".join(
+        [
+            "import torch.distributed._functional_collectives as funcol",
+            "from torch.distributed.tensor.placement_types import _StridedShard",
+            "from torch._subclasses.fake_tensor import FakeTensorMode",
+            "x = t._local_tensor",
+            "dist.reduce_scatter_single(a, b)",
+            "DTensor.from_local(x, mesh, p, grad_placements=(Partial(),))",
+            "ops = Partial.ALL_REDUCE_OPS",
+            "torch.ops._c10d_functional.wait_tensor(t)",
+            "y = x.to_local(grad_placements=(Partial(),))",  # public on every release: not a use
+            "z = compat.from_local(x, mesh, p, grad_placements=(Partial(),))",  # the shim: not a use
+            "from torch.distributed.tensor import DTensor",  # public: not a use
+        ]
+    )
     lines = sorted({line for line, _ in torch_name_uses(source)})
     assert lines == [1, 2, 3, 4, 5, 6, 7, 8]
 
@@ -96,8 +122,12 @@ def test_no_module_but_compat_names_torch_private_or_versioned_api():
 def test_the_parallel_style_hooks_plangen_overrides_exist_in_this_torch():
     import torch.distributed.tensor.parallel as tp
 
-    missing = [f"{cls}.{hook}" for cls, hooks in compat.PARALLEL_STYLE_HOOKS.items() for hook in hooks
-               if not callable(getattr(getattr(tp, cls), hook, None))]
+    missing = [
+        f"{cls}.{hook}"
+        for cls, hooks in compat.PARALLEL_STYLE_HOOKS.items()
+        for hook in hooks
+        if not callable(getattr(getattr(tp, cls), hook, None))
+    ]
     assert not missing
 
 
@@ -190,19 +220,27 @@ def gloo_worker(payload: Any) -> dict[str, float]:
     diff("all_gather/forward", whole, torch.cat([per_rank(r, 2, 3) for r in range(world)], 1))
     # A non-contiguous gradient (through a transpose), as ProphetNet's bucketed projection gives it.
     (whole.t() * per_rank(rank, 3 * world, 2)).sum().backward()
-    diff("all_gather/backward", mine.grad, sum(per_rank(r, 3 * world, 2).t().chunk(world, 1)[rank] for r in range(world)))
+    diff(
+        "all_gather/backward", mine.grad, sum(per_rank(r, 3 * world, 2).t().chunk(world, 1)[rank] for r in range(world))
+    )
     # On dim 0 with the gradient arriving non-contiguous (ProphetNet's bucketed projection's case).
     rows = per_rank(rank, 2, 3).requires_grad_(True)
     stacked = compat.all_gather(rows, 0, mesh)
     (stacked.t() * per_rank(rank, 3, 2 * world)).sum().backward()
-    diff("all_gather/dim0_noncontiguous_grad", rows.grad, sum(per_rank(r, 3, 2 * world).t().chunk(world, 0)[rank] for r in range(world)))
+    diff(
+        "all_gather/dim0_noncontiguous_grad",
+        rows.grad,
+        sum(per_rank(r, 3, 2 * world).t().chunk(world, 0)[rank] for r in range(world)),
+    )
     native = getattr(funcol, "all_gather_single_autograd", None)
     if native is not None:
         again = per_rank(rank, 2, 3).requires_grad_(True)
         out = native(again, 1, mesh)
         out = out.wait() if isinstance(out, funcol.AsyncCollectiveTensor) else out
         (out.t() * per_rank(rank, 3 * world, 2)).sum().backward()
-        diffs["all_gather/is_torch_bitwise"] = float(not (torch.equal(out, whole) and torch.equal(again.grad, mine.grad)))
+        diffs["all_gather/is_torch_bitwise"] = float(
+            not (torch.equal(out, whole) and torch.equal(again.grad, mine.grad))
+        )
 
     # c10d reduce-scatter and all-gather into a tensor; functional all-reduce.
     out = torch.empty(2, 3)
@@ -218,7 +256,11 @@ def gloo_worker(payload: Any) -> dict[str, float]:
     seq = torch.arange(2 * 2 * world * 3, dtype=torch.float32).reshape(2, 2 * world, 3) % 5 - 2
     lin_w, lin_b = torch.arange(15, dtype=torch.float32).reshape(5, 3) % 7 - 3, torch.arange(5, dtype=torch.float32)
     coef = torch.arange(2 * 2 * world * 5, dtype=torch.float32).reshape(2, 2 * world, 5) % 3 - 1
-    ref_x, ref_w, ref_b = seq.clone().requires_grad_(True), lin_w.clone().requires_grad_(True), lin_b.clone().requires_grad_(True)
+    ref_x, ref_w, ref_b = (
+        seq.clone().requires_grad_(True),
+        lin_w.clone().requires_grad_(True),
+        lin_b.clone().requires_grad_(True),
+    )
     ref_out = torch.nn.functional.linear(ref_x, ref_w, ref_b)
     (ref_out * coef).sum().backward()
     runs = {"rows": compat.linear_on_local_rows}
@@ -237,7 +279,9 @@ def gloo_worker(payload: Any) -> dict[str, float]:
         diff(f"rows/{name}/grad_input", local_x.grad, ref_x.grad.chunk(world, 1)[rank])
         diff(f"rows/{name}/grad_weight", wd.grad.full_tensor(), ref_w.grad)
         diff(f"rows/{name}/grad_bias", bd.grad.full_tensor(), ref_b.grad)
-        diffs[f"rows/{name}/placements"] = float(out.placements != (Shard(1),) or not wd.grad.placements[0].is_partial())
+        diffs[f"rows/{name}/placements"] = float(
+            out.placements != (Shard(1),) or not wd.grad.placements[0].is_partial()
+        )
         got[name] = (out.to_local(), local_x.grad, wd.grad.to_local())
     if "torch" in got:
         diffs["rows/is_torch_bitwise"] = float(not all(torch.equal(a, b) for a, b in zip(got["rows"], got["torch"])))

@@ -61,7 +61,12 @@ IDS = [f"{mesh}/{case['name']}" for mesh, cases in CASES.items() for case in cas
 
 
 def LAUNCH(items) -> tuple:
-    return "tests/distributed/compile_cases.py:run_compile_cases", 4, cases_read_by(items, sys.modules[__name__], CASES), 3000
+    return (
+        "tests/distributed/compile_cases.py:run_compile_cases",
+        4,
+        cases_read_by(items, sys.modules[__name__], CASES),
+        3000,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +224,17 @@ def test_verify_run_compile_passes_a_hand_written_plan():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    argv = [sys.executable, "-m", "plangen", "verify", "--run", "--compile", "--timeout", "500", "generated/llama_plan.py"]
+    argv = [
+        sys.executable,
+        "-m",
+        "plangen",
+        "verify",
+        "--run",
+        "--compile",
+        "--timeout",
+        "500",
+        "generated/llama_plan.py",
+    ]
     done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "decoder layers compiled" in done.stderr

@@ -31,15 +31,33 @@ runner = CliRunner()
 
 # Hand-checkable: every width divides by TP 2 and DP 2.
 HAND = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-    tie_word_embeddings=False, use_cache=False,
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    use_cache=False,
 )
 # A second, larger size with other ratios between dimensions (and 3 layers) than the shrunk model.
 LLAMA_MID = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=384, hidden_size=96, intermediate_size=160,
-    num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-    tie_word_embeddings=False, use_cache=False,
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    vocab_size=384,
+    hidden_size=96,
+    intermediate_size=160,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    use_cache=False,
 )
 QWEN3_MID = dict(LLAMA_MID, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=24)
 MID_BATCH, MID_SEQ = 3, 12
@@ -54,7 +72,10 @@ def write_config(directory, name: str, values: dict) -> str:
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("configs")
-    return {name: write_config(directory, name, values) for name, values in (("hand", HAND), ("llama", LLAMA_MID), ("qwen3", QWEN3_MID))}
+    return {
+        name: write_config(directory, name, values)
+        for name, values in (("hand", HAND), ("llama", LLAMA_MID), ("qwen3", QWEN3_MID))
+    }
 
 
 HAND_SETTINGS = dict(tp_size=2, dp_size=2, seq_len=8, micro_batch=2, dtype="fp32", sequence_parallel=True)
@@ -78,9 +99,14 @@ def test_memory_per_rank_is_exact_by_hand(hand_report):
     def expected(replicated: int) -> MemoryCost:
         local = ((whole - replicated) // 2 + replicated) // 2  # TP halves the rest, FSDP2 halves all
         return MemoryCost(
-            parameters=4 * local, gradients=4 * local, optimizer=2 * 4 * local,
-            replicated=4 * 4 * (replicated // 2), ideal=4 * 4 * whole // 4,
-            model_parameters=whole, local_parameters=local, tp_sharded_parameters=whole - replicated,
+            parameters=4 * local,
+            gradients=4 * local,
+            optimizer=2 * 4 * local,
+            replicated=4 * 4 * (replicated // 2),
+            ideal=4 * 4 * whole // 4,
+            model_parameters=whole,
+            local_parameters=local,
+            tp_sharded_parameters=whole - replicated,
         )
 
     assert whole == 106816 and expected(norms).local_parameters == 26784
@@ -204,7 +230,12 @@ def test_exponents_are_read_from_prime_growth():
 
 def test_derive_terms_splits_fixed_and_per_layer():
     f, b = "forward", "backward"
-    base = [Sample(f, "all_reduce", 64), Sample(f, "all_reduce", 64), Sample(f, "all_reduce", 64), Sample(b, "allreduce_", 8)]
+    base = [
+        Sample(f, "all_reduce", 64),
+        Sample(f, "all_reduce", 64),
+        Sample(f, "all_reduce", 64),
+        Sample(b, "allreduce_", 8),
+    ]
     probe = Probe({"batch": 2, "seq": 3}, [Sample(f, "all_reduce", 384)] * 3 + [Sample(b, "allreduce_", 48)])
     doubled = base + base[:2]  # two layers more, one all-reduce each
     terms = {t.phase: t for t in derive_terms(base, [probe], doubled, base_layers=2, doubled_layers=4)}
@@ -230,8 +261,12 @@ def test_per_kind_counts_come_from_the_layers_the_collectives_ran_in():
     from plangen.cost.scaling import split_by_kind
 
     f = "forward"
-    base = [Sample(f, "all_reduce", 64, None), Sample(f, "all_reduce", 64, 0),
-            Sample(f, "all_reduce", 64, 1), Sample(f, "all_reduce", 64, 1)]
+    base = [
+        Sample(f, "all_reduce", 64, None),
+        Sample(f, "all_reduce", 64, 0),
+        Sample(f, "all_reduce", 64, 1),
+        Sample(f, "all_reduce", 64, 1),
+    ]
     key = (f, "all_reduce", 64)
     assert split_by_kind(base, ["a", "b"], {key: Fraction(3)}) == {key: (("a", Fraction(1)), ("b", Fraction(2)))}
     assert split_by_kind(base, ["a", "b"], {key: Fraction(4)}) == {}  # one issued outside is per layer
@@ -245,7 +280,10 @@ def test_per_kind_counts_are_what_one_more_layer_of_each_kind_adds():
 
     f, b = "forward", "backward"
     base = [Sample(f, "all_reduce", 64), Sample(f, "all_reduce", 64), Sample(b, "allreduce_", 8)]
-    extra = {"a": base + [Sample(f, "all_reduce", 64)], "b": base + [Sample(b, "allreduce_", 8), Sample(b, "allreduce_", 8)]}
+    extra = {
+        "a": base + [Sample(f, "all_reduce", 64)],
+        "b": base + [Sample(b, "allreduce_", 8), Sample(b, "allreduce_", 8)],
+    }
     fk, bk = (f, "all_reduce", 64), (b, "allreduce_", 8)
     counts = count_by_kind(base, ["a", "b"], extra, {fk: Fraction(1), bk: Fraction(2)})
     assert counts == {fk: (("a", Fraction(1)), ("b", Fraction(0))), bk: (("a", Fraction(0)), ("b", Fraction(2)))}
@@ -324,8 +362,17 @@ def test_hybrid_layers_are_counted_kind_by_kind(fake_pg, tmp_path):
 def test_widths_no_probe_scales_are_measured_at_the_real_value(fake_pg, tmp_path):
     """Mamba1's mixer all-reduces x_proj's output, B·S·(dt_rank + 2 x state): a sum of sizes the
     probes cannot read. At the shrunk dt_rank (4) it was counted 36 wide for Mamba-130m (80)."""
-    values = dict(architectures=["MambaForCausalLM"], model_type="mamba", vocab_size=384, hidden_size=96,
-                  intermediate_size=192, state_size=24, time_step_rank=10, num_hidden_layers=3, expand=2)
+    values = dict(
+        architectures=["MambaForCausalLM"],
+        model_type="mamba",
+        vocab_size=384,
+        hidden_size=96,
+        intermediate_size=192,
+        state_size=24,
+        time_step_rank=10,
+        num_hidden_layers=3,
+        expand=2,
+    )
     path = write_config(tmp_path, "mamba", values)
     plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
     assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
@@ -334,9 +381,20 @@ def test_widths_no_probe_scales_are_measured_at_the_real_value(fake_pg, tmp_path
 def test_mamba2_groups_split_over_tp_are_measured_split(fake_pg, tmp_path):
     """Mamba-2 with 4 B/C groups splits them over TP 2 (no gather, no summed norm statistics);
     shrunk to one group, the measurement gathered it per mixer and summed its norm."""
-    values = dict(architectures=["Mamba2ForCausalLM"], model_type="mamba2", vocab_size=384, hidden_size=96,
-                  num_heads=12, head_dim=16, expand=2, n_groups=4, state_size=24, time_step_rank=10,
-                  num_hidden_layers=3, chunk_size=8)
+    values = dict(
+        architectures=["Mamba2ForCausalLM"],
+        model_type="mamba2",
+        vocab_size=384,
+        hidden_size=96,
+        num_heads=12,
+        head_dim=16,
+        expand=2,
+        n_groups=4,
+        state_size=24,
+        time_step_rank=10,
+        num_hidden_layers=3,
+        chunk_size=8,
+    )
     skip_unless_pinned_model_type("mamba2")  # 5.5.x-5.8.x's Mamba-2 mixer: no synthesized plan
     path = write_config(tmp_path, "mamba2", values)
     plan = build_cost_report(path, sequence_parallel=False, **MID_SETTINGS).plans[0]
@@ -372,7 +430,9 @@ def test_stable_variant_is_scaled_exactly_and_gathers_where_optimized_sums(fake_
     optimized, stable = report.plans
     assert stable.name == "stable" and "stable variant" in stable.description
     assert _reported_tp(stable) == _direct_tp_measurement(configs["llama"], "stable", False)
-    per_layer = {(c.phase, c.kind, c.tensor): c.count for c in stable.collectives if c.source == "TP" and c.scope == "per layer"}
+    per_layer = {
+        (c.phase, c.kind, c.tensor): c.count for c in stable.collectives if c.source == "TP" and c.scope == "per layer"
+    }
     layers = 3
     assert per_layer == {
         ("forward", "all-gather", "B·S·H"): 2 * layers,  # o_proj and down_proj outputs
@@ -430,7 +490,20 @@ def _cli(*args: str):
 
 
 def _hand_args(configs) -> list[str]:
-    return [configs["hand"], "--tp-size", "2", "--dp-size", "2", "--seq-len", "8", "--micro-batch", "2", "--dtype", "fp32", "--sequence-parallel"]
+    return [
+        configs["hand"],
+        "--tp-size",
+        "2",
+        "--dp-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--micro-batch",
+        "2",
+        "--dtype",
+        "fp32",
+        "--sequence-parallel",
+    ]
 
 
 def test_cli_json_schema(fake_pg, configs, hand_report):
@@ -439,14 +512,25 @@ def test_cli_json_schema(fake_pg, configs, hand_report):
     data = json.loads(result.stdout)
     assert data["schema"] == SCHEMA and data["model_class"] == "LlamaForCausalLM" and data["layers"] == 2
     assert data["settings"] == {
-        "tp_size": 2, "dp_size": 2, "seq_len": 8, "micro_batch": 2, "dtype": "fp32", "master_dtype": "fp32",
+        "tp_size": 2,
+        "dp_size": 2,
+        "seq_len": 8,
+        "micro_batch": 2,
+        "dtype": "fp32",
+        "master_dtype": "fp32",
         "sequence_parallel": True,
     }
     assert [p["name"] for p in data["plans"]] == ["hand-written", "hf", "nemo"]
     for plan in data["plans"]:
         assert set(plan) == {"name", "description", "totals", "ratios", "memory", "collectives", "notes"}
         assert set(plan["totals"]) == {
-            "memory_bytes", "ideal_memory_bytes", "replicated_bytes", "sent_bytes", "tp_sent_bytes", "fsdp_sent_bytes", "collectives",
+            "memory_bytes",
+            "ideal_memory_bytes",
+            "replicated_bytes",
+            "sent_bytes",
+            "tp_sent_bytes",
+            "fsdp_sent_bytes",
+            "collectives",
         }
         assert plan["memory"]["total"] == {p.name: p.memory.total for p in hand_report.plans}[plan["name"]]
         for c in plan["collectives"]:
@@ -456,7 +540,9 @@ def test_cli_json_schema(fake_pg, configs, hand_report):
         assert plan["totals"]["sent_bytes"] == sum(c["sent_bytes"] for c in plan["collectives"])
     assert all(v == 1.0 for v in data["plans"][0]["ratios"].values())
     hf = data["plans"][1]
-    assert hf["ratios"]["sent_bytes"] == pytest.approx(hf["totals"]["sent_bytes"] / data["plans"][0]["totals"]["sent_bytes"])
+    assert hf["ratios"]["sent_bytes"] == pytest.approx(
+        hf["totals"]["sent_bytes"] / data["plans"][0]["totals"]["sent_bytes"]
+    )
 
 
 def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, configs, hand_report, tmp_path):
@@ -464,7 +550,20 @@ def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, co
 
     plan_file = tmp_path / "hand_plan.py"
     init_plan(configs["hand"], str(plan_file), tp_size=2, sequence_parallel=True)
-    args = ["--dp-size", "2", "--seq-len", "8", "--micro-batch", "2", "--dtype", "fp32", "--compare", "optimized", "--format", "json"]
+    args = [
+        "--dp-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--micro-batch",
+        "2",
+        "--dtype",
+        "fp32",
+        "--compare",
+        "optimized",
+        "--format",
+        "json",
+    ]
     result = _cli(str(plan_file), *args)  # TP size, SP and the model come from the file
     assert result.exit_code == 0, result.output
     mine, optimized = json.loads(result.stdout)["plans"]
@@ -485,7 +584,10 @@ def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, co
         (["{noname}"], "names no model"),
         (["no-such-model-type"], "no-such-model-type"),
         (["{hand}", "--model", "llama"], "--model is for plan files"),
-        (["{hand}", "--sequence-parallel", "--compare", "stable"], "stable: the stable variant has no sequence parallel"),
+        (
+            ["{hand}", "--sequence-parallel", "--compare", "stable"],
+            "stable: the stable variant has no sequence parallel",
+        ),
         # Its default config leaves top-k None (its router cannot run): the shrunk model's 2 was reported.
         (["deepseek_v2"], "deepseek_v2 leaves num_experts_per_tok unset, which sizes the plan's B·S·k"),
     ],
@@ -505,23 +607,61 @@ def test_cli_bad_input_is_one_line_and_exit_2(configs, tmp_path, args, message):
 MOE_CONFIGS = {
     # grouped_mm experts on CPU need 16-byte strides: the measurement's odd widths (67 x TP) had none.
     "mixtral": dict(
-        architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=256, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2, max_position_embeddings=64, use_cache=False,
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        use_cache=False,
     ),
     # No sdpa in the class: a config asking for it failed to build.
     "gpt_oss": dict(
-        architectures=["GptOssForCausalLM"], model_type="gpt_oss", vocab_size=256, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
-        num_experts_per_tok=2, max_position_embeddings=64, sliding_window=8, use_cache=False,
+        architectures=["GptOssForCausalLM"],
+        model_type="gpt_oss",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        sliding_window=8,
+        use_cache=False,
     ),
     # Latent attention (head_dim is the rotary part) and dense first layers.
     "deepseek_v3": dict(
-        architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=256, hidden_size=64,
-        intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3, first_k_dense_replace=1,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16,
-        qk_nope_head_dim=16, v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
-        n_shared_experts=1, max_position_embeddings=64, use_cache=False,
+        architectures=["DeepseekV3ForCausalLM"],
+        model_type="deepseek_v3",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        n_shared_experts=1,
+        max_position_embeddings=64,
+        use_cache=False,
     ),
 }
 
@@ -550,7 +690,14 @@ def test_latent_attention_base_sizes_keep_its_reductions_apart(tp_size):
 
     real = resolve_model("tests/data/model-configs/deepseek-v3.json").config
     c = config_with_base_sizes(shrink_config(real, tp_size=tp_size), tp_size)
-    per_token = [2 * c.hidden_size, 2 * c.q_lora_rank, 2 * c.kv_lora_rank, 2 * c.qk_rope_head_dim, 4 * c.num_experts_per_tok, 4]
+    per_token = [
+        2 * c.hidden_size,
+        2 * c.q_lora_rank,
+        2 * c.kv_lora_rank,
+        2 * c.qk_rope_head_dim,
+        4 * c.num_experts_per_tok,
+        4,
+    ]
     assert len(set(per_token)) == len(per_token), per_token
 
 
@@ -607,7 +754,10 @@ def test_measurement_kernels_run_on_cpu_at_odd_widths():
     from plangen.cost.measure import measurement_kernels
 
     assert measurement_kernels(LlamaForCausalLM) == {"experts_implementation": "batched_mm"}
-    assert measurement_kernels(GptOssForCausalLM) == {"experts_implementation": "batched_mm", "attn_implementation": "eager"}
+    assert measurement_kernels(GptOssForCausalLM) == {
+        "experts_implementation": "batched_mm",
+        "attn_implementation": "eager",
+    }
 
 
 def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds():
@@ -615,9 +765,17 @@ def test_probes_scale_every_head_size_and_doubling_keeps_the_mix_of_layer_kinds(
 
     from plangen.cost.probe_configs import config_with_more_layers, scaled_config
 
-    config = DeepseekV3Config(**{k: v for k, v in MOE_CONFIGS["deepseek_v3"].items() if k not in ("architectures", "model_type")})
+    config = DeepseekV3Config(
+        **{k: v for k, v in MOE_CONFIGS["deepseek_v3"].items() if k not in ("architectures", "model_type")}
+    )
     scaled = scaled_config(config, {"head_dim": 3})
-    assert (scaled.head_dim, scaled.qk_rope_head_dim, scaled.qk_nope_head_dim, scaled.v_head_dim, scaled.qk_head_dim) == (48, 48, 48, 48, 96)
+    assert (
+        scaled.head_dim,
+        scaled.qk_rope_head_dim,
+        scaled.qk_nope_head_dim,
+        scaled.v_head_dim,
+        scaled.qk_head_dim,
+    ) == (48, 48, 48, 48, 96)
     doubled = config_with_more_layers(config)
     assert (doubled.num_hidden_layers, doubled.first_k_dense_replace) == (6, 2)
     assert scaled_config(config, {"experts": 5}).n_routed_experts == 20
@@ -629,16 +787,31 @@ def test_the_expert_count_is_scaled_once_under_an_aliased_name():
 
     from plangen.cost.probe_configs import scaled_config
 
-    config = GptOssConfig(**{k: v for k, v in MOE_CONFIGS["gpt_oss"].items() if k not in ("architectures", "model_type")})
+    config = GptOssConfig(
+        **{k: v for k, v in MOE_CONFIGS["gpt_oss"].items() if k not in ("architectures", "model_type")}
+    )
     assert scaled_config(config, {"experts": 5}).num_local_experts == 20
 
 
 # Llama-4's every-token experts (EveryTokenMoeParallel), every layer MoE (Scout's pattern), 3 layers.
 LLAMA4_MID = dict(
-    architectures=["Llama4ForCausalLM"], model_type="llama4_text", vocab_size=384, hidden_size=96,
-    intermediate_size=32, intermediate_size_mlp=160, num_hidden_layers=3, num_attention_heads=6,
-    num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=1, interleave_moe_layer_step=1,
-    attention_chunk_size=4, max_position_embeddings=64, tie_word_embeddings=False, use_cache=False,
+    architectures=["Llama4ForCausalLM"],
+    model_type="llama4_text",
+    vocab_size=384,
+    hidden_size=96,
+    intermediate_size=32,
+    intermediate_size_mlp=160,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=8,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=1,
+    attention_chunk_size=4,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+    use_cache=False,
 )
 
 
@@ -661,17 +834,22 @@ def test_llama4_costs_the_scores_and_repeated_inputs_backward_reductions(fake_pg
     layers, bsh, bse, h = 3, MID_BATCH * MID_SEQ * 96 * 4, MID_BATCH * MID_SEQ * 8 * 4, 96 * 4
     per_layer = {
         (c.phase, c.kind, c.tensor): (c.count, c.payload_bytes, c.sent_bytes)
-        for c in plan.collectives if c.source == "TP" and c.scope == "per layer"
+        for c in plan.collectives
+        if c.source == "TP" and c.scope == "per layer"
     }
     if sequence_parallel:
         expected = {
-            ("forward", "all-gather", "B·S·H"): 2, ("forward", "reduce-scatter", "B·S·H"): 2,
-            ("backward", "all-gather", "B·S·H"): 2, ("backward", "reduce-scatter", "B·S·H"): 2,
-            ("backward", "all-reduce", "B·S·E"): 1, ("backward", "all-reduce", "H"): 2,
+            ("forward", "all-gather", "B·S·H"): 2,
+            ("forward", "reduce-scatter", "B·S·H"): 2,
+            ("backward", "all-gather", "B·S·H"): 2,
+            ("backward", "reduce-scatter", "B·S·H"): 2,
+            ("backward", "all-reduce", "B·S·E"): 1,
+            ("backward", "all-reduce", "H"): 2,
         }
     else:
         expected = {
-            ("forward", "all-reduce", "B·S·H"): 2, ("backward", "all-reduce", "B·S·H"): 2,
+            ("forward", "all-reduce", "B·S·H"): 2,
+            ("backward", "all-reduce", "B·S·H"): 2,
             ("backward", "all-reduce", "B·S·E"): 1,
         }
     size = {"B·S·H": bsh, "B·S·E": bse, "H": h}
@@ -694,7 +872,9 @@ def test_doubling_layers_keeps_every_moe_layer_moe():
     doubled = config_with_more_layers(scout)
     assert (scout.moe_layers, doubled.moe_layers) == ([0, 1], [0, 1, 2, 3])
     assert doubled.no_rope_layers == scout.no_rope_layers * 2  # one entry per layer: the pattern repeats
-    maverick = config_with_more_layers(Llama4TextConfig(**dict(values, num_hidden_layers=2, interleave_moe_layer_step=2)))
+    maverick = config_with_more_layers(
+        Llama4TextConfig(**dict(values, num_hidden_layers=2, interleave_moe_layer_step=2))
+    )
     assert maverick.moe_layers == [1, 3]
 
 
@@ -738,7 +918,11 @@ def test_olmo2_1b_whole_projection_norms_bring_memory_to_the_ideal(fake_pg):
     plan = build_cost_report(str(config), tp_size=2, dp_size=2).plans[0]
     assert plan.name == "hand-written"
     assert plan.memory.total <= 1.001 * plan.memory.ideal
-    small = {(c.phase, c.count) for c in plan.collectives if c.source == "TP" and c.tensor == "B·S" and c.scope == "per layer"}
+    small = {
+        (c.phase, c.count)
+        for c in plan.collectives
+        if c.source == "TP" and c.tensor == "B·S" and c.scope == "per layer"
+    }
     assert small == {("forward", 2 * 16), ("backward", 2 * 16)}
 
 
@@ -780,8 +964,15 @@ def test_a_left_whole_parameter_takes_the_reason_of_the_nearest_entry_that_selec
 # disagreed ("the size of tensor a (8) must match the size of tensor b (16)"). clip_qkv as DBRX's (transformers
 # clamps with min=max=None without it).
 DBRX_MID = dict(
-    architectures=["DbrxForCausalLM"], model_type="dbrx", vocab_size=384, d_model=96, n_heads=6, n_layers=3,
-    max_seq_len=64, attn_config=dict(kv_n_heads=2, rope_theta=500000.0, clip_qkv=8.0), use_cache=False,
+    architectures=["DbrxForCausalLM"],
+    model_type="dbrx",
+    vocab_size=384,
+    d_model=96,
+    n_heads=6,
+    n_layers=3,
+    max_seq_len=64,
+    attn_config=dict(kv_n_heads=2, rope_theta=500000.0, clip_qkv=8.0),
+    use_cache=False,
     ffn_config=dict(ffn_hidden_size=80, moe_num_experts=4, moe_top_k=3),  # top-3: k, in ffn_config, probed there
 )
 
@@ -802,10 +993,24 @@ def test_dbrx_nested_and_derived_widths_are_scaled_together(fake_pg, tmp_path, k
 # "gives 648 features, not z|x|B|C|dt = 128+128+64+64+8"), and at the shrunk hidden size of 64 the
 # attention's input gradient (B·S·2H) was as wide as the LoRA adapters' (B·S·128, the real rank, kept).
 ZAMBA2_MID = dict(
-    architectures=["Zamba2ForCausalLM"], model_type="zamba2", vocab_size=384, hidden_size=96, num_hidden_layers=3,
-    layers_block_type=["mamba", "hybrid", "mamba"], num_attention_heads=4, num_key_value_heads=4,
-    n_mamba_heads=4, mamba_expand=2, mamba_d_state=32, mamba_ngroups=1, intermediate_size=160, adapter_rank=128,
-    chunk_size=8, use_mamba_kernels=False, max_position_embeddings=64, use_cache=False,
+    architectures=["Zamba2ForCausalLM"],
+    model_type="zamba2",
+    vocab_size=384,
+    hidden_size=96,
+    num_hidden_layers=3,
+    layers_block_type=["mamba", "hybrid", "mamba"],
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_mamba_heads=4,
+    mamba_expand=2,
+    mamba_d_state=32,
+    mamba_ngroups=1,
+    intermediate_size=160,
+    adapter_rank=128,
+    chunk_size=8,
+    use_mamba_kernels=False,
+    max_position_embeddings=64,
+    use_cache=False,
 )
 
 
@@ -823,13 +1028,29 @@ def test_zamba2_derived_widths_are_derived_again_at_every_probe(fake_pg, tmp_pat
 # doubled model had no more layers.
 RECURRENT_MID = {
     "recurrent_gemma": dict(
-        architectures=["RecurrentGemmaForCausalLM"], model_type="recurrent_gemma", vocab_size=384, hidden_size=96,
-        lru_width=96, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        block_types=["recurrent", "recurrent", "attention"], attention_window_size=16, use_cache=False,
+        architectures=["RecurrentGemmaForCausalLM"],
+        model_type="recurrent_gemma",
+        vocab_size=384,
+        hidden_size=96,
+        lru_width=96,
+        intermediate_size=320,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        block_types=["recurrent", "recurrent", "attention"],
+        attention_window_size=16,
+        use_cache=False,
     ),
     "xlstm": dict(
-        architectures=["xLSTMForCausalLM"], model_type="xlstm", vocab_size=384, hidden_size=96, num_hidden_layers=3,
-        num_heads=4, ffn_round_up_to_multiple_of=16, chunk_size=4, use_cache=False,
+        architectures=["xLSTMForCausalLM"],
+        model_type="xlstm",
+        vocab_size=384,
+        hidden_size=96,
+        num_hidden_layers=3,
+        num_heads=4,
+        ffn_round_up_to_multiple_of=16,
+        chunk_size=4,
+        use_cache=False,
     ),
 }
 
@@ -863,7 +1084,9 @@ def test_probed_dbrx_configs_build_the_widths_they_state():
         config = scaled_config(base, factors)
         attention = DbrxForCausalLM._from_config(config).transformer.blocks[0].norm_attn_norm.attn
         assert attention.num_key_value_heads == config.num_key_value_heads, factors
-        assert attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+        assert (
+            attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+        )
         assert config.ffn_config.hidden_size == config.hidden_size
 
 
@@ -873,7 +1096,9 @@ def test_peak_depths_of_xlstm_build_that_many_blocks():
 
     from plangen.cost.depth import config_at_depth
 
-    config = config_at_depth(xLSTMConfig(**{k: v for k, v in RECURRENT_MID["xlstm"].items() if k != "architectures"}), 2)
+    config = config_at_depth(
+        xLSTMConfig(**{k: v for k, v in RECURRENT_MID["xlstm"].items() if k != "architectures"}), 2
+    )
     assert (config.num_hidden_layers, config.num_blocks) == (2, 2)
 
 
@@ -884,20 +1109,60 @@ def test_peak_depths_of_xlstm_build_that_many_blocks():
 # CpmAnt prepends prompt_length tokens in its forward: its layers' collectives are B·(S+P)·H ("an
 # all-reduce of 13824 bytes grew to 33792 bytes ...: not a product of the model's dimensions").
 SECOND_SIZE = {
-    "xlm": dict(architectures=["XLMWithLMHeadModel"], model_type="xlm", vocab_size=384, emb_dim=96, n_heads=6,
-                n_layers=3, max_position_embeddings=64, use_cache=False),
-    "cpmant": dict(architectures=["CpmAntForCausalLM"], model_type="cpmant", vocab_size=384, hidden_size=96,
-                   num_attention_heads=6, dim_head=16, dim_ff=160, num_hidden_layers=3, prompt_types=4,
-                   prompt_length=5, segment_types=4, position_bias_num_buckets=32, position_bias_max_distance=64,
-                   init_std=0.02, use_cache=False),
+    "xlm": dict(
+        architectures=["XLMWithLMHeadModel"],
+        model_type="xlm",
+        vocab_size=384,
+        emb_dim=96,
+        n_heads=6,
+        n_layers=3,
+        max_position_embeddings=64,
+        use_cache=False,
+    ),
+    "cpmant": dict(
+        architectures=["CpmAntForCausalLM"],
+        model_type="cpmant",
+        vocab_size=384,
+        hidden_size=96,
+        num_attention_heads=6,
+        dim_head=16,
+        dim_ff=160,
+        num_hidden_layers=3,
+        prompt_types=4,
+        prompt_length=5,
+        segment_types=4,
+        position_bias_num_buckets=32,
+        position_bias_max_distance=64,
+        init_std=0.02,
+        use_cache=False,
+    ),
     # Head size hidden // heads in the attention, config.head_dim in the rotary (a width relation).
-    "gpt_neox": dict(architectures=["GPTNeoXForCausalLM"], model_type="gpt_neox", vocab_size=384, hidden_size=96,
-                     num_attention_heads=6, intermediate_size=160, num_hidden_layers=3, max_position_embeddings=64,
-                     use_cache=False),
+    "gpt_neox": dict(
+        architectures=["GPTNeoXForCausalLM"],
+        model_type="gpt_neox",
+        vocab_size=384,
+        hidden_size=96,
+        num_attention_heads=6,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        max_position_embeddings=64,
+        use_cache=False,
+    ),
     # q and k norms over the whole projection, hidden_size wide (a width relation).
-    "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", vocab_size=384, hidden_size=96,
-                  num_attention_heads=6, num_key_value_heads=6, intermediate_size=40, num_hidden_layers=3,
-                  num_experts=6, num_experts_per_tok=3, max_position_embeddings=64, use_cache=False),
+    "olmoe": dict(
+        architectures=["OlmoeForCausalLM"],
+        model_type="olmoe",
+        vocab_size=384,
+        hidden_size=96,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_experts=6,
+        num_experts_per_tok=3,
+        max_position_embeddings=64,
+        use_cache=False,
+    ),
 }
 
 
@@ -909,7 +1174,10 @@ def test_derived_head_size_and_prompt_tokens_are_scaled_exactly(fake_pg, tmp_pat
     assert _reported_tp(plan) == _direct_tp_measurement(path, DEFAULT, False)
     if name == "cpmant":  # every layer's 2 + 2 all-reduces carry the 5 prompt tokens too
         layers = [c for c in plan.collectives if c.source == "TP" and c.scope == "per layer"]
-        assert {(c.phase, c.tensor, c.count) for c in layers} == {("forward", "B·(S+P)·H", 6), ("backward", "B·(S+P)·H", 6)}
+        assert {(c.phase, c.tensor, c.count) for c in layers} == {
+            ("forward", "B·(S+P)·H", 6),
+            ("backward", "B·(S+P)·H", 6),
+        }
         assert layers[0].payload_bytes == 6 * MID_BATCH * (MID_SEQ + 5) * 96 * 4
 
 
@@ -931,8 +1199,16 @@ def test_tower_layers_are_no_decoder_layers(fake_pg, tmp_path):
 def test_a_width_the_tp_size_does_not_split_is_refused_naming_the_largest_legal_size(fake_pg, tmp_path):
     """BitNet's heads take TP 5, its intermediate (6912) no TP size above 1: the style's ValueError
     came out as an internal error naming no legal size. Here: 4 heads, a 90-wide intermediate, TP 4."""
-    values = dict(architectures=["BitNetForCausalLM"], model_type="bitnet", vocab_size=256, hidden_size=64,
-                  intermediate_size=90, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4)
+    values = dict(
+        architectures=["BitNetForCausalLM"],
+        model_type="bitnet",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=90,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     path = write_config(tmp_path, "bitnet", values)
     with pytest.raises(CostError) as error:
         build_cost_report(path, tp_size=4)
@@ -963,7 +1239,9 @@ def test_probed_xlm_configs_build_the_head_size_they_state():
     for factors in ({}, {"heads": 2}, {"head_dim": 3}):
         config = scaled_config(base, factors)
         attention = XLMWithLMHeadModel._from_config(config, attn_implementation="eager").transformer.attentions[0]
-        assert attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+        assert (
+            attention.head_dim == config.head_dim and config.hidden_size == config.num_attention_heads * config.head_dim
+        )
 
 
 def test_prompt_tokens_are_a_dimension_of_their_own():
@@ -980,8 +1258,14 @@ def test_prompt_tokens_are_a_dimension_of_their_own():
     assert dims["tokens"] == 4 + 5 and "tokens" in PROBE_GROUPS[0]
     assert config_with_tokens(config, 12, 7 * dims["tokens"]).prompt_length == 7 * 9 - 12
     factors = PROBE_GROUPS[0]
-    base = [Sample("forward", "all_reduce", 3 * 9 * 96 * 2), Sample("forward", "all_gather_into_tensor", 3 * 4 * 384 * 2)]
-    probed = [Sample("forward", "all_reduce", 6 * 63 * 96 * 2), Sample("forward", "all_gather_into_tensor", 6 * 12 * 1920 * 2)]
+    base = [
+        Sample("forward", "all_reduce", 3 * 9 * 96 * 2),
+        Sample("forward", "all_gather_into_tensor", 3 * 4 * 384 * 2),
+    ]
+    probed = [
+        Sample("forward", "all_reduce", 6 * 63 * 96 * 2),
+        Sample("forward", "all_gather_into_tensor", 6 * 12 * 1920 * 2),
+    ]
     terms = derive_terms(base, [Probe(factors, probed)], base + base, 1, 2)
     assert {tensor_formula(t.exponents) for t in terms} == {"B·(S+P)", "B·S·V"}  # H from another probe
 
@@ -991,14 +1275,26 @@ def test_tower_kinds_are_left_out_of_the_layers():
     decoder layers: what runs in them counts once, and the decoder's layers are renumbered."""
     from plangen.cost.measure import StepRun, tower_kinds, without_kinds
 
-    base = StepRun([Sample("forward", "all_reduce", 8, 0), Sample("forward", "all_reduce", 4, 2),
-                    Sample("forward", "all_reduce", 8, 3)], 4, ("text", "text", "vision", "text"))
+    base = StepRun(
+        [
+            Sample("forward", "all_reduce", 8, 0),
+            Sample("forward", "all_reduce", 4, 2),
+            Sample("forward", "all_reduce", 8, 3),
+        ],
+        4,
+        ("text", "text", "vision", "text"),
+    )
     doubled = StepRun([], 7, ("text",) * 6 + ("vision",))
     towers = tower_kinds(base, doubled)
     assert towers == {"vision"}
     assert without_kinds(base, towers) == StepRun(
-        [Sample("forward", "all_reduce", 8, 0), Sample("forward", "all_reduce", 4, None), Sample("forward", "all_reduce", 8, 2)],
-        3, ("text",) * 3,
+        [
+            Sample("forward", "all_reduce", 8, 0),
+            Sample("forward", "all_reduce", 4, None),
+            Sample("forward", "all_reduce", 8, 2),
+        ],
+        3,
+        ("text",) * 3,
     )
 
 
@@ -1007,15 +1303,21 @@ def test_tower_kinds_are_left_out_of_the_layers():
 # Gemma 4's default widths in its MoE form (the 26B-A4B layout as docs/moe.md assumes it): 128 experts,
 # top 8, a heterogeneous config (its 5 full-attention layers of 30 have head_dim 512, the others 256).
 GEMMA4_MOE = dict(
-    architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", enable_moe_block=True, num_experts=128,
-    top_k_experts=8, moe_intermediate_size=704,
+    architectures=["Gemma4ForCausalLM"],
+    model_type="gemma4_text",
+    enable_moe_block=True,
+    num_experts=128,
+    top_k_experts=8,
+    moe_intermediate_size=704,
 )
 
 
 @pytest.fixture(scope="module")
 def gemma4_moe_report(fake_pg, tmp_path_factory):
     skip_unless_pinned_model_type("gemma4_text")  # Gemma 4's per-layer head sizes (5.24.0 on)
-    return build_cost_report(write_config(tmp_path_factory.mktemp("gemma4"), "gemma4_moe", GEMMA4_MOE), tp_size=2, dp_size=2)
+    return build_cost_report(
+        write_config(tmp_path_factory.mktemp("gemma4"), "gemma4_moe", GEMMA4_MOE), tp_size=2, dp_size=2
+    )
 
 
 def _per_layer_rows(plan, tensor):
@@ -1039,11 +1341,26 @@ def test_routing_weights_are_counted_at_the_real_top_k(gemma4_moe_report, fake_p
     """The routing weights' gradient (B·S·k, all-reduced backward per MoE layer) at the model's top-k,
     not the shrunk model's 2: Gemma 4's router weights in float32, Qwen3-MoE's in bf16."""
     (gemma4,) = _per_layer_rows(gemma4_moe_report.plans[0], "B·S·k")
-    assert (gemma4.phase, gemma4.kind, gemma4.count, gemma4.payload_bytes) == ("backward", "all-reduce", 30, 30 * 4096 * 8 * 4)
+    assert (gemma4.phase, gemma4.kind, gemma4.count, gemma4.payload_bytes) == (
+        "backward",
+        "all-reduce",
+        30,
+        30 * 4096 * 8 * 4,
+    )
     qwen3 = dict(
-        architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=256, hidden_size=64,
-        intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, num_experts=16, num_experts_per_tok=8, use_cache=False,
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=16,
+        num_experts_per_tok=8,
+        use_cache=False,
     )
     report = build_cost_report(write_config(tmp_path, "qwen3_moe", qwen3), tp_size=2, dp_size=2, seq_len=64)
     (row,) = _per_layer_rows(report.plans[0], "B·S·k")
@@ -1073,13 +1390,18 @@ def test_a_collective_that_grows_with_the_layers_is_scaled_by_them():
 
     base = [Sample("forward", "all_reduce", 96), Sample("forward", "all_reduce", 10)]
     probe = Probe({"batch": 2}, [Sample("forward", "all_reduce", 192), Sample("forward", "all_reduce", 20)])
-    doubled = [Sample("forward", "all_reduce", 192), Sample("forward", "all_reduce", 10), Sample("forward", "all_reduce", 10)]
+    doubled = [
+        Sample("forward", "all_reduce", 192),
+        Sample("forward", "all_reduce", 10),
+        Sample("forward", "all_reduce", 10),
+    ]
     terms = {t.nbytes: t for t in derive_terms(base, [probe], doubled, 1, 2)}
     assert (terms[96].exponents, terms[96].fixed, terms[96].per_layer) == ((("batch", 1), ("layers", 1)), 1, 0)
     assert (terms[10].exponents, terms[10].fixed, terms[10].per_layer) == ((("batch", 1),), 0, 1)
     rows, _ = scale_terms(terms.values(), {"batch": 1, "layers": 1}, {"batch": 3, "layers": 30}, {"k": 30}, 2)
     assert sorted((r.tensor, r.scope, r.count, r.payload_bytes) for r in rows) == [
-        ("B", "per layer", 30, 30 * 30), ("B·L", "once", 1, 96 * 3 * 30)
+        ("B", "per layer", 30, 30 * 30),
+        ("B·L", "once", 1, 96 * 3 * 30),
     ]
 
 
@@ -1121,9 +1443,19 @@ def test_probed_configs_keep_the_widths_their_classes_read_together():
 @pytest.mark.slow  # about 5 s each: the config checks above run by default
 @pytest.mark.parametrize(
     "model, sequence_parallel",
-    [("afmoe", True), ("axk2", False), ("deepseek_v32", False), ("dots1", True), ("exaone_moe", True),
-     ("flint", False), ("glm_moe_dsa", False), ("hunyuan_v1_moe", True), ("hy_v4", False), ("laguna", False),
-     ("olmoe", False)],
+    [
+        ("afmoe", True),
+        ("axk2", False),
+        ("deepseek_v32", False),
+        ("dots1", True),
+        ("exaone_moe", True),
+        ("flint", False),
+        ("glm_moe_dsa", False),
+        ("hunyuan_v1_moe", True),
+        ("hy_v4", False),
+        ("laguna", False),
+        ("olmoe", False),
+    ],
 )
 def test_moe_classes_the_cost_refused_are_costed(fake_pg, model, sequence_parallel):
     """Each refused (issue 10's loop over the MoE classes with a plan, TP 2 x DP 2): now near the ideal."""
@@ -1139,7 +1471,9 @@ def test_top_k_is_probed_with_the_experts_so_every_token_still_has_its_experts()
     from plangen.cost.scaling import PROBE_GROUPS
     from plangen.shrink import shrink_config
 
-    tiny = shrink_config(Gemma4TextConfig(**{k: v for k, v in GEMMA4_MOE.items() if k not in ("architectures", "model_type")}))
+    tiny = shrink_config(
+        Gemma4TextConfig(**{k: v for k, v in GEMMA4_MOE.items() if k not in ("architectures", "model_type")})
+    )
     assert (tiny.num_experts, tiny.top_k_experts) == (4, 2)  # top_k_experts is a top-k key: it was left at 8 of 4
     group = next(g for g in PROBE_GROUPS if "topk" in g)
     probed = scaled_config(tiny, {k: v for k, v in group.items() if k in ("experts", "topk")})
@@ -1149,11 +1483,26 @@ def test_top_k_is_probed_with_the_experts_so_every_token_still_has_its_experts()
 # Gemma 4's MoE form at a second size: 3 layers (2 sliding, 1 full of twice the head size), other widths,
 # top-3 of 6 experts, per-layer inputs 24 wide.
 GEMMA4_MID = dict(
-    architectures=["Gemma4ForCausalLM"], model_type="gemma4_text", vocab_size=384, hidden_size=96,
-    intermediate_size=160, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
-    global_head_dim=32, layer_types=["sliding_attention", "sliding_attention", "full_attention"], sliding_window=8,
-    hidden_size_per_layer_input=24, vocab_size_per_layer_input=384, enable_moe_block=True, num_experts=6,
-    top_k_experts=3, moe_intermediate_size=40, max_position_embeddings=64, use_cache=False,
+    architectures=["Gemma4ForCausalLM"],
+    model_type="gemma4_text",
+    vocab_size=384,
+    hidden_size=96,
+    intermediate_size=160,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=16,
+    global_head_dim=32,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    sliding_window=8,
+    hidden_size_per_layer_input=24,
+    vocab_size_per_layer_input=384,
+    enable_moe_block=True,
+    num_experts=6,
+    top_k_experts=3,
+    moe_intermediate_size=40,
+    max_position_embeddings=64,
+    use_cache=False,
 )
 
 

@@ -60,7 +60,9 @@ def peak_run(configs, tmp_path_factory):
     """``--peak --format json --plot step.html`` on the 6-layer Llama, 10 MiB GPU (it does not fit):
     (the JSON printed, the HTML written)."""
     out = tmp_path_factory.mktemp("peak") / "step.html"
-    return _plot_run([str(configs[6]), "--peak", "--tp-size", "2", "--dp-size", "2", *STEP, "--gpu-memory", "10MiB"], out)
+    return _plot_run(
+        [str(configs[6]), "--peak", "--tp-size", "2", "--dp-size", "2", *STEP, "--gpu-memory", "10MiB"], out
+    )
 
 
 @pytest.fixture(scope="module")

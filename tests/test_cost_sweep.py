@@ -66,7 +66,6 @@ def test_cost_works_or_refuses_with_the_largest_legal_tp_size(fake_pg, name, tp_
     check_case(sweep_cost_case(config, tp_size), config)
 
 
-
 @pytest.mark.slow
 def test_cost_sweep_of_every_config_at_tp_1_to_8(fake_pg):
     cases = sweep_cost(CONFIGS)

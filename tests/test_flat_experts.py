@@ -53,7 +53,9 @@ def test_the_dbrx_plan_shards_the_flat_experts_and_the_attention(fake_pg):
     sharded = {n for n, p in model.named_parameters() if isinstance(p, DTensor) and p.placements[0].is_shard()}
     whole = {n for n, _ in model.named_parameters()} - sharded
     # Left whole: the norms and the routers (every rank routes every token).
-    assert all(n.endswith(("norm_1.weight", "norm_2.weight", "norm_f.weight", "router.layer.weight")) for n in whole), whole
+    assert all(n.endswith(("norm_1.weight", "norm_2.weight", "norm_f.weight", "router.layer.weight")) for n in whole), (
+        whole
+    )
 
 
 def test_experts_the_tp_size_does_not_divide_split_each_experts_ffn_rows(fake_pg):
@@ -84,15 +86,18 @@ def test_the_ffn_split_sums_to_the_unsharded_experts(fake_pg):
     parts = []
     for rank in range(2):
         for name, value in relaid.items():
-            experts.mlp._parameters[name] = nn.Parameter(value[rank * 24:(rank + 1) * 24])
+            experts.mlp._parameters[name] = nn.Parameter(value[rank * 24 : (rank + 1) * 24])
         parts.append(_local_experts_forward(experts.mlp, hidden, index, weights, 3, 8, 32, 0, 3))
     torch.testing.assert_close(parts[0] + parts[1], expected)
 
 
 def test_neither_layout_is_refused_in_one_line_naming_the_largest_tp_size(fake_pg):
     experts = _dbrx(moe_num_experts=6, ffn_hidden_size=18).transformer.blocks[0].ffn.experts
-    with pytest.raises(ValueError, match=r"6 experts do not divide by the TP size 4, nor does each expert's ffn width 18"
-                       r" \(the other layout\) \(largest legal TP size: 3\)") as error:
+    with pytest.raises(
+        ValueError,
+        match=r"6 experts do not divide by the TP size 4, nor does each expert's ffn width 18"
+        r" \(the other layout\) \(largest legal TP size: 3\)",
+    ) as error:
         FlatExpertsParallel()._apply(experts, DeviceMesh("cpu", torch.arange(4)))
     assert "\n" not in str(error.value)
 
@@ -128,7 +133,9 @@ def test_verify_takes_tp_sizes_that_split_the_experts_ffn_and_refuses_other_modu
     from plangen.check import VerifyOptions, verify_plan_files
 
     source = (Path(__file__).resolve().parents[1] / "generated" / "dbrx_plan.py").read_text()
-    experts_line = next(i for i, line in enumerate(source.splitlines(), 1) if '"transformer.blocks.*.ffn.experts"' in line)
+    experts_line = next(
+        i for i, line in enumerate(source.splitlines(), 1) if '"transformer.blocks.*.ffn.experts"' in line
+    )
     path = tmp_path / "dbrx_plan.py"
     path.write_text(source)
     assert verify_plan_files([path], VerifyOptions(tp_size=2)).diagnostics == []

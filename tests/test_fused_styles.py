@@ -182,7 +182,12 @@ def test_conv1d_styles_split_the_transposed_weight(tp_mesh):
 def test_padded_layout_keeps_a_real_head_on_every_rank():
     # Falcon-7B's 71 query heads (plangen.pad_layout): 72 at TP 2, 4 and 8, one zero head on the last rank.
     from plangen.pad_layout import (
-        largest_padded_tp_size, legal_padded_tp_size, local_pad_features, padded_head_count, padded_tp_problem, real_rows,
+        largest_padded_tp_size,
+        legal_padded_tp_size,
+        local_pad_features,
+        padded_head_count,
+        padded_tp_problem,
+        real_rows,
     )
 
     assert [padded_head_count(71, tp) for tp in (1, 2, 4, 8)] == [71, 72, 72, 72]
@@ -205,7 +210,9 @@ def test_falcon_tp_sizes_are_checked_against_the_padded_layout():
         assert tp_size_problem(config, tp, "FalconForCausalLM", padded_heads=True) is None
         assert any_layout_tp_size_problem(config, tp, "FalconForCausalLM") is None
         assert tp_size_problem(config, tp, "FalconForCausalLM") is not None  # unpadded: 71 splits over none
-    assert "largest legal TP size for FalconForCausalLM is 71" in any_layout_tp_size_problem(config, 128, "FalconForCausalLM")
+    assert "largest legal TP size for FalconForCausalLM is 71" in any_layout_tp_size_problem(
+        config, 128, "FalconForCausalLM"
+    )
 
 
 def test_fused_state_dict_entry_is_this_ranks_rows_at_hugging_face_offsets_without_a_gather(tp_mesh):
@@ -257,7 +264,10 @@ def test_optimizer_state_entry_is_the_live_state_in_hugging_face_layout(tp_mesh)
     assert isinstance(entry, HuggingFaceLayoutTensor) and tuple(entry.shape) == (16, 8)
     assert entry._local_tensor.data_ptr() == live.to_local().data_ptr()
     assert [(tuple(c.offsets), tuple(c.sizes)) for c in entry.__create_chunk_list__()] == [
-        ((0, 0), (4, 8)), ((8, 0), (2, 8)), ((12, 0), (2, 8))]  # RANK0's runs, as the weight's
+        ((0, 0), (4, 8)),
+        ((8, 0), (2, 8)),
+        ((12, 0), (2, 8)),
+    ]  # RANK0's runs, as the weight's
     assert type(optimizer.state[holder.m.weight]["momentum_buffer"]) is DTensor  # the optimizer's own, unwrapped
     flat = get_optimizer_state_dict(holder, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
     assert isinstance(flat["state.m.weight.momentum_buffer"], HuggingFaceLayoutTensor)

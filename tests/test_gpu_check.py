@@ -54,9 +54,7 @@ def run(tmp_path_factory):
         str(report),
     ]
     started = time.monotonic()
-    done = subprocess.run(
-        argv, cwd=ROOT, capture_output=True, text=True, timeout=3 * BUDGET_S
-    )
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=3 * BUDGET_S)
     seconds = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     return {
@@ -73,30 +71,20 @@ def rows(run, section: str) -> list[dict]:
 def test_finishes_within_its_budget_every_section_done_and_no_error(run, gpu_check):
     report = run["json"]
     assert report["finished"] and report["device"] == "cpu" and report["tiny"]
-    assert (
-        run["seconds"] < BUDGET_S + 15
-    )  # the budget, and starting Python and writing the report
+    assert run["seconds"] < BUDGET_S + 15  # the budget, and starting Python and writing the report
     assert list(report["sections"]) == list(gpu_check.SECTIONS)
     for name, section in report["sections"].items():
         assert section["status"] == "done" and section["error"] is None, (name, section)
-        assert section["rows"] and not [
-            row for row in section["rows"] if "error" in row
-        ], (name, section["rows"])
+        assert section["rows"] and not [row for row in section["rows"] if "error" in row], (name, section["rows"])
 
 
 def test_only_what_needs_cuda_is_left_out_by_name(run):
-    skipped = {
-        name: section["skipped"] for name, section in run["json"]["sections"].items()
-    }
+    skipped = {name: section["skipped"] for name, section in run["json"]["sections"].items()}
     assert set(skipped["peak"]) == {"max_memory_allocated", "max_memory_reserved"}
     assert set(skipped["kernels"]) == {"SDPA backend selection"}
     assert set(skipped["compile"]) == {"CUDA events"}
     assert skipped["drift"] == {}  # this torch has torch.distributed._local_tensor
-    assert all(
-        reason.startswith("needs CUDA")
-        for figures in skipped.values()
-        for reason in figures.values()
-    )
+    assert all(reason.startswith("needs CUDA") for figures in skipped.values() for reason in figures.values())
     for row in rows(run, "peak"):
         assert "max_memory_allocated" not in row and "max_memory_reserved" not in row
 
@@ -120,23 +108,17 @@ def test_the_tracker_on_real_tensors_holds_what_cost_peak_predicts(run):
     for row in cases:
         assert set(row["phases"]) == {"forward", "backward", "optimizer"}
         for phase in row["phases"].values():
-            assert (
-                phase["differing"] == [] and phase["tracked"] == phase["predicted"]
-            ), row["case"]
+            assert phase["differing"] == [] and phase["tracked"] == phase["predicted"], row["case"]
         assert row["tracked_peak"] == row["predicted_peak"] > 0
 
 
 def test_every_plan_kind_runs_finite_in_bf16(run, gpu_check):
     kernels = rows(run, "kernels")
-    assert [row["kind"] for row in kernels] == [
-        kind for kind, *_ in gpu_check.KERNEL_CASES
-    ]
+    assert [row["kind"] for row in kernels] == [kind for kind, *_ in gpu_check.KERNEL_CASES]
     for row in kernels:
         assert row["finite_logits"] and row["finite_loss"] and row["finite_grads"], row
     dense = kernels[0]
-    assert dense["model"] == "llama" and dense["sdpa"] == [
-        "flash (CPU)"
-    ]  # the CPU kernel, recorded as it ran
+    assert dense["model"] == "llama" and dense["sdpa"] == ["flash (CPU)"]  # the CPU kernel, recorded as it ran
 
 
 def test_stable_variant_is_bitwise_and_optimized_within_rounding_in_the_rank_simulation(
@@ -159,19 +141,13 @@ def test_compiled_blocks_start_from_the_eager_loss(run):
     assert [row["case"] for row in compiled] == ["Llama (tiny)", "Qwen3-MoE (tiny)"]
     for row in compiled:
         assert row["backend"] == "aot_eager" and row["timer"] == "time.perf_counter"
-        assert (
-            row["first_loss_gap"] < 1e-3
-            and row["eager_step_ms"] > 0
-            and row["compiled_step_ms"] > 0
-        )
+        assert row["first_loss_gap"] < 1e-3 and row["eager_step_ms"] > 0 and row["compiled_step_ms"] > 0
 
 
 # --- the budget, without a run ------------------------------------------------------------------
 
 
-def test_a_spent_budget_runs_no_section_and_still_writes_the_report(
-    gpu_check, tmp_path
-):
+def test_a_spent_budget_runs_no_section_and_still_writes_the_report(gpu_check, tmp_path):
     args = gpu_check.parse_args(
         [
             "--device",
@@ -186,12 +162,8 @@ def test_a_spent_budget_runs_no_section_and_still_writes_the_report(
     )
     report = gpu_check.run_check(args)
     assert report["finished"]
-    assert {s["status"] for s in report["sections"].values()} == {
-        "not run: the budget was spent"
-    }
-    assert json.loads((tmp_path / "g.json").read_text()) == json.loads(
-        json.dumps(report)
-    )
+    assert {s["status"] for s in report["sections"].values()} == {"not run: the budget was spent"}
+    assert json.loads((tmp_path / "g.json").read_text()) == json.loads(json.dumps(report))
     assert "(no cases ran)" in (tmp_path / "g.md").read_text()
 
 
@@ -227,10 +199,7 @@ def test_a_case_that_fails_records_its_error_and_the_next_runs(gpu_check, tmp_pa
 def test_a_section_past_its_deadline_is_killed_and_says_where(gpu_check, tmp_path):
     args = gpu_check.parse_args(["--device", "cpu", "--tiny"])
     result = gpu_check.run_section_child("kernels", args, deadline=time.time() + 2)
-    assert (
-        result["status"].startswith("stopped at its share of the budget")
-        and result["error"] is None
-    )
+    assert result["status"].startswith("stopped at its share of the budget") and result["error"] is None
     assert result["seconds"] < 10
 
 

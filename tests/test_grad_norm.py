@@ -70,7 +70,9 @@ def test_grad_norm_handles_non_contiguous_empty_and_scalar_gradients(monkeypatch
     reference = torch.cat([matrix.grad.reshape(-1), scalar.grad.reshape(1)]).double()
     for norm_type in (1, 2, 3, math.inf):
         expected = torch.linalg.vector_norm(reference, ord=norm_type).item()
-        assert get_grad_norm([empty, matrix, scalar], None, None, norm_type=norm_type) == pytest.approx(expected, rel=1e-12)
+        assert get_grad_norm([empty, matrix, scalar], None, None, norm_type=norm_type) == pytest.approx(
+            expected, rel=1e-12
+        )
 
 
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])

@@ -16,10 +16,20 @@ from plangen.styles import AllReduceParamGrads, UnsupportedStyleError
 from plangen.transformers_compat import hf_parallel_utils, plan_composes_head_and_embedding
 
 SMALL = dict(
-    vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-    num_key_value_heads=1, head_dim=8, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
 )
-VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)
+VISION = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+)
 
 # class name, model type, config kwargs, prefix of the language model's rules
 MODELS = {
@@ -27,21 +37,26 @@ MODELS = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3", SMALL, "model."),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text", SMALL, "model."),
     "gemma3-vlm": (
-        "Gemma3ForConditionalGeneration", "gemma3", dict(text_config=SMALL, vision_config=VISION),
+        "Gemma3ForConditionalGeneration",
+        "gemma3",
+        dict(text_config=SMALL, vision_config=VISION),
         "model.language_model.",
     ),
     "qwen2-vl": (
-        "Qwen2VLForConditionalGeneration", "qwen2_vl",
+        "Qwen2VLForConditionalGeneration",
+        "qwen2_vl",
         dict(text_config=SMALL, vision_config=dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2)),
         "model.language_model.",
     ),
     "llava": (
-        "LlavaForConditionalGeneration", "llava",
+        "LlavaForConditionalGeneration",
+        "llava",
         dict(text_config=dict(model_type="llama", **SMALL), vision_config=VISION),
         "model.language_model.",
     ),
     "mistral3": (
-        "Mistral3ForConditionalGeneration", "mistral3",
+        "Mistral3ForConditionalGeneration",
+        "mistral3",
         dict(text_config=dict(model_type="mistral", **SMALL), vision_config=dict(VISION, head_dim=8)),
         "model.language_model.",
     ),
@@ -187,7 +202,9 @@ def test_moe_plan_is_refused_by_name():
     assert "hand-written or synthesized plan (plangen list), or plangen init to write one" in message
 
 
-@pytest.mark.parametrize("style", ["moe_tp_experts", "moe_identity_expert", "grouped_gemm", "ep_dispatch_experts", "ep_router"])
+@pytest.mark.parametrize(
+    "style", ["moe_tp_experts", "moe_identity_expert", "grouped_gemm", "ep_dispatch_experts", "ep_router"]
+)
 def test_every_moe_style_is_refused_naming_plangens_experts_style(style):
     from plangen.styles import resolve_hf_style
 

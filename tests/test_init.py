@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 import shlex
 import shutil
@@ -20,7 +19,14 @@ from plangen.cli import app
 from plangen.files import write_plan_file
 from plangen.init import InitError, init_plan, load_model, render_plan_module
 from plangen.plan_source import load_custom_plan
-from plangen.render import ENTRY_WIDTH, LINE_WIDTH, complete_kwargs, describe_modules, package_template_dir, render_value
+from plangen.render import (
+    ENTRY_WIDTH,
+    LINE_WIDTH,
+    complete_kwargs,
+    describe_modules,
+    package_template_dir,
+    render_value,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_405B = DATA / "model-configs" / "llama-3.1-405b.json"
@@ -118,8 +124,16 @@ def _style_state(style) -> tuple:
 
 @pytest.mark.parametrize(
     "spec, sequence_parallel",
-    [("llama", False), ("llama", True), ("qwen3", True), ("gemma3_text", False), ("nemotron_h", False), ("phi3", True),
-     ("olmo", False), ("exaone4", False)],
+    [
+        ("llama", False),
+        ("llama", True),
+        ("qwen3", True),
+        ("gemma3_text", False),
+        ("nemotron_h", False),
+        ("phi3", True),
+        ("olmo", False),
+        ("exaone4", False),
+    ],
 )
 def test_rendered_file_loads_as_the_seed_plan(spec, sequence_parallel, models, tmp_path, monkeypatch):
     """Round trip: the file's styles equal, key by key, the seed plan's styles (listed group by group)."""
@@ -191,7 +205,11 @@ def test_entries_grouped_with_comments_and_replicated_modules_shown(models, tmp_
     loaded = models(str(LLAMA_405B))
     text = render_plan_module(str(LLAMA_405B), tmp_path / "p.py", loaded=loaded).text
     body = text[text.index("custom_parallel_plan: dict[str, ParallelStyle] = {") :]
-    titles = [line.strip() for line in body.splitlines() if line.strip() in {"# Embeddings", "# Attention", "# MLP", "# Norms", "# Output head"}]
+    titles = [
+        line.strip()
+        for line in body.splitlines()
+        if line.strip() in {"# Embeddings", "# Attention", "# MLP", "# Norms", "# Output head"}
+    ]
     assert titles == ["# Embeddings", "# Attention", "# MLP", "# Norms", "# Output head"]
     assert "# 126 × Linear [16384, 16384] → local [8192, 16384] at TP=2; column-parallel" in text  # q_proj
     assert "# 126 × Linear [1024, 16384] → local [512, 16384] at TP=2" in text  # k_proj (8 KV heads)
@@ -214,7 +232,10 @@ def test_describe_modules_local_shapes():
         norm = nn.LayerNorm(64)
     assert describe_modules([emb], "RowwiseParallel", 4) == "1 × Embedding [1000, 64] → local [250, 64] at TP=4"
     assert describe_modules([emb], "ColwiseParallel", 4) == "1 × Embedding [1000, 64] → local [1000, 16] at TP=4"
-    assert describe_modules([linear, linear], "ColwiseParallel", 4) == "2 × Linear [30, 64] → local [8, 64] at TP=4 (uneven split)"
+    assert (
+        describe_modules([linear, linear], "ColwiseParallel", 4)
+        == "2 × Linear [30, 64] → local [8, 64] at TP=4 (uneven split)"
+    )
     assert describe_modules([linear], "RowwiseParallel", 2) == "1 × Linear [30, 64] → local [30, 32] at TP=2"
     assert describe_modules([norm], "SequenceParallel", 2) == "1 × LayerNorm [64], replicated at TP=2"
     assert describe_modules([], "ColwiseParallel", 2) == "matches no module of this model"
@@ -233,7 +254,9 @@ def test_render_value_and_complete_kwargs():
     assert used == {"Shard", "Replicate", "Partial"}
     # torch's None defaults are written as the placements torch would pick.
     assert complete_kwargs("ColwiseParallel", {}) == {
-        "input_layouts": Replicate(), "output_layouts": Shard(-1), "use_local_output": True
+        "input_layouts": Replicate(),
+        "output_layouts": Shard(-1),
+        "use_local_output": True,
     }
     assert complete_kwargs("SequenceParallel", {"sequence_dim": 1}) == {"sequence_dim": 1, "use_local_output": False}
     with pytest.raises(InitError, match="takes no argument"):
@@ -242,7 +265,9 @@ def test_render_value_and_complete_kwargs():
 
 def test_deterministic_bytes(tmp_path):
     a = render_plan_module("qwen3", "generated/qwen3_sp_plan.py", sequence_parallel=True).text
-    b = render_plan_module("qwen3", "generated/qwen3_sp_plan.py", sequence_parallel=True, loaded=load_model("qwen3")).text
+    b = render_plan_module(
+        "qwen3", "generated/qwen3_sp_plan.py", sequence_parallel=True, loaded=load_model("qwen3")
+    ).text
     assert a == b
 
 
@@ -293,14 +318,26 @@ def test_force_keeps_the_previous_file_and_says_so(tmp_path):
     [
         (["llamaa"], "unknown model spec 'llamaa': did you mean llama"),
         (["no/such-model-anywhere"], "in the local Hugging Face cache, and plangen never downloads"),
-        ([str(LLAMA_405B), "--tp-size", "256"], "num_attention_heads=128 is not divisible by the TP size 256: the largest legal TP size for LlamaForCausalLM is 128 (8 without KV head replication)"),
+        (
+            [str(LLAMA_405B), "--tp-size", "256"],
+            "num_attention_heads=128 is not divisible by the TP size 256: the largest legal TP size for LlamaForCausalLM is 128 (8 without KV head replication)",
+        ),
         # Falcon-7B's 71 query heads padded with zero heads: a TP size leaving ranks only pad heads.
-        (["falcon", "--tp-size", "128"], "num_attention_heads=71 padded to 128 leaves ranks of the TP size 128 with only pad heads (1 per rank): the largest legal TP size for FalconForCausalLM is 71"),
+        (
+            ["falcon", "--tp-size", "128"],
+            "num_attention_heads=71 padded to 128 leaves ranks of the TP size 128 with only pad heads (1 per rank): the largest legal TP size for FalconForCausalLM is 71",
+        ),
         (["qwen3", "--tp-size", "0"], "--tp-size must be at least 1, got 0"),
         (["qwen3", "--tp-size", "-2"], "--tp-size must be at least 1, got -2"),
-        (["xlm", "--sequence-parallel"], "--sequence-parallel: no plan for XLMWithLMHeadModel: Hugging Face plans have no sequence parallel"),
+        (
+            ["xlm", "--sequence-parallel"],
+            "--sequence-parallel: no plan for XLMWithLMHeadModel: Hugging Face plans have no sequence parallel",
+        ),
         (["llama", "--variant", "fast"], "--variant: unknown plan variant 'fast': expected one of optimized, stable"),
-        (["llama", "--variant", "stable", "--sequence-parallel"], "--variant stable: the stable variant has no sequence parallel"),
+        (
+            ["llama", "--variant", "stable", "--sequence-parallel"],
+            "--variant stable: the stable variant has no sequence parallel",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_no_file(args, message, tmp_path, monkeypatch):
@@ -339,7 +376,9 @@ def test_template_override_is_used(tmp_path):
 def test_template_that_renders_invalid_python_is_refused(tmp_path):
     templates = tmp_path / "templates"
     templates.mkdir()
-    (templates / "plan.py.j2").write_text("custom_parallel_plan = {\n{% for g in groups %}{{ g.title }}\n{% endfor %}\n")
+    (templates / "plan.py.j2").write_text(
+        "custom_parallel_plan = {\n{% for g in groups %}{{ g.title }}\n{% endfor %}\n"
+    )
     out = tmp_path / "plan.py"
     result = invoke("llama", "-o", str(out), "--template", str(templates))
     assert result.exit_code == 2
@@ -391,7 +430,12 @@ def test_console_script_subprocess(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"wrote {out}" in done.stdout and "next: plangen verify" in done.stdout
     load_custom_plan(str(out))
-    bad = subprocess.run([*command, "init", "mistral", "--tp-size", "3", "-o", str(tmp_path / "x.py")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [*command, "init", "mistral", "--tp-size", "3", "-o", str(tmp_path / "x.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
@@ -400,7 +444,10 @@ def test_init_speed_benchmark():
     """`plangen init` on Llama 3.1 405B within 1.2x of importing torch+transformers and building it on meta."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "init_speed.py"), "--repeat", "2"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ratio:" in done.stdout
@@ -441,7 +488,7 @@ def test_stable_variant_file_records_it_and_verifies_clean(spec, tmp_path, monke
     path = tmp_path / "generated" / f"{spec}_stable_plan.py"
     assert "stable variant: no cross-rank sums in the forward" in result.output
     assert read_plan_metadata(path)["PLANGEN_PLAN_VARIANT"] == "stable"
-    assert f"--tp-size 2 --variant stable --force" in path.read_text()
+    assert "--tp-size 2 --variant stable --force" in path.read_text()
     styles = load_custom_plan(str(path))
     for key in ("model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"):
         style = styles[key]
@@ -454,7 +501,9 @@ def test_stable_variant_file_records_it_and_verifies_clean(spec, tmp_path, monke
     assert again.exit_code == 0 and "already up to date" in again.output
 
 
-@pytest.mark.parametrize("spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss", "llama4", "nemotron_h"])
+@pytest.mark.parametrize(
+    "spec", ["olmo2", "gpt2", "qwen3_moe", "qwen2_moe", "deepseek_v3", "gpt_oss", "llama4", "nemotron_h"]
+)
 def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_sums_nothing(spec, tmp_path, monkeypatch):
     """Whole-projection norms (GatheredNormParallel), Conv1D row-parallel projections (column-parallel
     on the gathered input) and experts (kept whole over TP, listed as such in the file): the file has
@@ -469,10 +518,18 @@ def test_stable_variant_of_every_other_hand_written_family_verifies_clean_and_su
     assert result.exit_code == 0, result.output
     path = tmp_path / "generated" / f"{spec}_stable_plan.py"
     styles = load_custom_plan(str(path))
-    summing = {"RowwiseParallel", "Conv1DRowwiseParallel", "ExpertsParallel", "ShardedNormParallel", "AllReduceOutputGrad",
-               "GatedRMSNormParallel"}
+    summing = {
+        "RowwiseParallel",
+        "Conv1DRowwiseParallel",
+        "ExpertsParallel",
+        "ShardedNormParallel",
+        "AllReduceOutputGrad",
+        "GatedRMSNormParallel",
+    }
     # The vocab-parallel embedding's all-reduce stays: one rank holds each token's row, the others add zeros.
-    embedding = {k for k, s in styles.items() if type(s).__name__ == "RowwiseParallel" and s.input_layouts == (Replicate(),)}
+    embedding = {
+        k for k, s in styles.items() if type(s).__name__ == "RowwiseParallel" and s.input_layouts == (Replicate(),)
+    }
     assert embedding == ({"model.embeddings"} if spec == "nemotron_h" else {"model.embed_tokens"}) or spec == "gpt2"
     assert not {type(s).__name__ for k, s in styles.items() if k not in embedding} & summing, styles
     outputs = [getattr(getattr(s, "prepare_module_output", s), "output_layouts", None) or () for s in styles.values()]

@@ -45,8 +45,14 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in case
 # The default run: the issue's two (Gemma-3-1B at TP 2 with its one KV head, under SP too; Qwen2.5's
 # two KV heads at TP 4), the synthesized plan, and FSDP2 with each runtime (state dicts); the rest
 # (eager and padded, activation checkpointing, TP 4 with SP) is marked slow.
-DEFAULT_IDS = {"tp2/gemma3-1kv", "tp2/gemma3-1kv-sp", "tp2/granite-1kv-synthesized", "dp2tp2/gemma3-1kv",
-               "dp2tp2/qwen3-1kv-bare", "tp4/qwen2"}
+DEFAULT_IDS = {
+    "tp2/gemma3-1kv",
+    "tp2/gemma3-1kv-sp",
+    "tp2/granite-1kv-synthesized",
+    "dp2tp2/gemma3-1kv",
+    "dp2tp2/qwen3-1kv-bare",
+    "tp4/qwen2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +76,10 @@ def test_replicated_kv_heads_match_the_unsharded_model(results, case_id):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", slow_unless([c for c in CASE_IDS if c in ("dp2tp2/gemma3-1kv", "dp2tp2/qwen3-1kv-bare", "tp4/qwen2")], DEFAULT_IDS))
+@pytest.mark.parametrize(
+    "case_id",
+    slow_unless([c for c in CASE_IDS if c in ("dp2tp2/gemma3-1kv", "dp2tp2/qwen3-1kv-bare", "tp4/qwen2")], DEFAULT_IDS),
+)
 def test_replicated_kv_weights_give_the_hugging_face_state_dict_both_ways(results, case_id):
     for per_case in results:
         sd = per_case[case_id]["state_dict"]

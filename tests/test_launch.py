@@ -52,8 +52,12 @@ def gloo_worker_threads_of_each_group(payload):
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
-    groups = {"world": dist.group.WORLD, "new_group": dist.new_group([0, 1]), "dp": mesh.get_group("dp"),
-              "tp": mesh.get_group("tp")}
+    groups = {
+        "world": dist.group.WORLD,
+        "new_group": dist.new_group([0, 1]),
+        "dp": mesh.get_group("dp"),
+        "tp": mesh.get_group("tp"),
+    }
     threads = {name: group._get_backend(torch.device("cpu")).options._threads for name, group in groups.items()}
     gathered = torch.ones(2) * dist.get_rank()
     dist.all_reduce(gathered, group=mesh.get_group("tp"))  # a collective runs on the replaced class
@@ -89,7 +93,9 @@ def test_a_background_launch_runs_to_its_end_unattended_and_returns_each_ranks_r
 
 
 def test_a_rank_killed_by_a_signal_is_named_with_the_signal():
-    with pytest.raises(DistributedRunError, match=r"rank1 failed:\nrank 1 was killed by signal SIGKILL \(the kernel's out-of-memory"):
+    with pytest.raises(
+        DistributedRunError, match=r"rank1 failed:\nrank 1 was killed by signal SIGKILL \(the kernel's out-of-memory"
+    ):
         run_distributed(f"{__file__}:rank_one_killed", 2, timeout=120)
 
 

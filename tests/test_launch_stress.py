@@ -91,8 +91,9 @@ def _sanitized_launches(monkeypatch, tmp_path, gloo_threads: int, launches: int)
         logs.mkdir()
         monkeypatch.setenv("ASAN_OPTIONS", f"detect_leaks=0:halt_on_error=1:log_path={logs}/asan")
         try:
-            run_distributed("tests/distributed/funcol_stress.py:main", 4, {"iters": 20_000}, timeout=1500,
-                            gloo_threads=gloo_threads)
+            run_distributed(
+                "tests/distributed/funcol_stress.py:main", 4, {"iters": 20_000}, timeout=1500, gloo_threads=gloo_threads
+            )
         except DistributedRunError:
             pass  # a sanitized rank that reports exits at once; its peers fail after it
         reports = [path.read_text() for path in sorted(logs.glob("asan.*"))]

@@ -67,7 +67,9 @@ def test_sequence_parallel_row_adapters_return_what_the_base_returns():
     plan = choose_plan(find_lora_base(model)[1], True).build_styles()
     resolved = resolve_lora_styles(model, plan, tp_size=2)
     down = "base_model.model.model.layers.*.mlp.down_proj"
-    assert resolved[f"{down}.lora_A.*"].output_layouts == (Shard(1),)  # reduce-scatter [tokens, r], not [tokens, hidden]
+    assert resolved[f"{down}.lora_A.*"].output_layouts == (
+        Shard(1),
+    )  # reduce-scatter [tokens, r], not [tokens, hidden]
     assert not resolved[f"{down}.lora_B.*"].use_local_output  # the base's output is a sequence-sharded DTensor
 
 

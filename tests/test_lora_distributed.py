@@ -27,18 +27,42 @@ CASES = {
         {"name": "gemma3-all-linear-sp", "model": "gemma3", "targets": ALL_LINEAR, "sp": True},  # tied, frozen
         # The synthesized plan (chosen on the model without LoRA), one KV head replicated at TP 2.
         {"name": "llama-all-linear-sp-checkpointed", "model": "llama", "targets": ALL_LINEAR, "sp": True, "ac": True},
-        {"name": "granite-1kv-synthesized", "model": "granite-1kv", "targets": ["q_proj", "o_proj", "gate_proj", "down_proj"]},
+        {
+            "name": "granite-1kv-synthesized",
+            "model": "granite-1kv",
+            "targets": ["q_proj", "o_proj", "gate_proj", "down_proj"],
+        },
         # Mixed precision (bf16 compute, fp32 reduction): peft casts the input to the adapters' dtype.
-        {"name": "llama-all-linear-sp-bf16", "model": "llama", "targets": ALL_LINEAR, "sp": True, "dtype": "bfloat16", "steps": 0},
+        {
+            "name": "llama-all-linear-sp-bf16",
+            "model": "llama",
+            "targets": ALL_LINEAR,
+            "sp": True,
+            "dtype": "bfloat16",
+            "steps": 0,
+        },
         # The stable variant (o_proj/down_proj column-parallel on the gathered input, lora_B with them;
         # OLMo-2's q/k norms gathered): adapters follow the rewritten base layers.
-        *({"name": f"{m}-all-linear-stable", "model": m, "targets": ALL_LINEAR, "variant": "stable"} for m in ("llama", "olmo2")),
+        *(
+            {"name": f"{m}-all-linear-stable", "model": m, "targets": ALL_LINEAR, "variant": "stable"}
+            for m in ("llama", "olmo2")
+        ),
         # lora_dropout > 0 (train mode): the TP ranks of a DP rank draw the unsharded model's masks, on
         # a column-parallel layer's gathered input and (FeatureShardedDropout) a row-parallel one's
         # feature shard; with SP and with activation checkpointing (its recompute restores the RNG).
         # No AdamW steps: the reference's next forward would draw other masks than the ranks'.
-        *({"name": f"llama-all-linear-dropout{s}", "model": "llama", "targets": ALL_LINEAR, "dropout": 0.25, "steps": 0,
-           "sp": "sp" in s, "ac": "ac" in s} for s in ("", "-sp", "-sp-ac")),
+        *(
+            {
+                "name": f"llama-all-linear-dropout{s}",
+                "model": "llama",
+                "targets": ALL_LINEAR,
+                "dropout": 0.25,
+                "steps": 0,
+                "sp": "sp" in s,
+                "ac": "ac" in s,
+            }
+            for s in ("", "-sp", "-sp-ac")
+        ),
     ]
 }
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in cases]
@@ -48,9 +72,18 @@ TARGETS = {f"{mesh}/{c['name']}": c["targets"] for mesh, cases in CASES.items() 
 # The default run: all-linear adapters (under SP with Gemma 3's tied, frozen embeddings), frozen per-head
 # norms, the synthesized plan with one KV head, bf16, the stable variant,
 # and dropout under SP with activation checkpointing; the other repeats are marked slow.
-DEFAULT_IDS = {f"dp2tp2/{name}" for name in (
-    "llama-all-linear", "qwen3-q-v", "gemma3-all-linear-sp", "granite-1kv-synthesized",
-    "llama-all-linear-sp-bf16", "llama-all-linear-stable", "llama-all-linear-dropout-sp-ac")}
+DEFAULT_IDS = {
+    f"dp2tp2/{name}"
+    for name in (
+        "llama-all-linear",
+        "qwen3-q-v",
+        "gemma3-all-linear-sp",
+        "granite-1kv-synthesized",
+        "llama-all-linear-sp-bf16",
+        "llama-all-linear-stable",
+        "llama-all-linear-dropout-sp-ac",
+    )
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +112,9 @@ def test_lora_model_matches_the_unsharded_lora_model(results, case_id):
         assert r["logits"] < TOL, f"rank {rank} logits differ by {r['logits']}"
         assert r["grad"] < TOL, f"rank {rank}: gradient of {r['worst_grad']} differs by {r['grad']}"
         assert r["grad_norm"] < TOL
-        assert "dropout" in case_id or r["param_drift"] < TOL, f"rank {rank}: parameters differ by {r['param_drift']} after 3 AdamW steps"
+        assert "dropout" in case_id or r["param_drift"] < TOL, (
+            f"rank {rank}: parameters differ by {r['param_drift']} after 3 AdamW steps"
+        )
         assert (r["training"], r["dropout"]) == ((True, [0.25]) if "dropout" in case_id else (False, []))
 
 

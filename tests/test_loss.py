@@ -146,7 +146,7 @@ def test_unsharded_logits_match_float64(kind, chunk_size, dtype, monkeypatch):
     logits, targets, weights = make_case(11, dtype)
     if chunk_size is not None:  # the cross-entropy's chunks are set by CHUNK_BYTES alone
         monkeypatch.setattr(plangen.loss, "CHUNK_BYTES", 4 * 11 * chunk_size)
-    for temperature in ((1.0, 0.7) if kind in ("logprobs", "entropy") else (1.0,)):
+    for temperature in (1.0, 0.7) if kind in ("logprobs", "entropy") else (1.0,):
         result = check_against_float64(kind, logits, targets, weights, temperature, chunk_size)
         assert_exact(result)
         assert result["forward"] == {} and result["backward"] == {}  # TP 1: nothing to communicate
@@ -184,8 +184,10 @@ def gloo_tp2_worker(payload) -> dict[str, dict]:
     def shard_on(mesh_name):
         def shard(leaf):  # this rank's columns, as Shard(-1) splits them (torch.chunk), gradient flowing to leaf
             piece = leaf.chunk(2, dim=-1)[rank]
-            return DTensor.from_local(piece, meshes[mesh_name], placements[mesh_name], run_check=False,
-                                      shape=leaf.shape, stride=leaf.stride())
+            return DTensor.from_local(
+                piece, meshes[mesh_name], placements[mesh_name], run_check=False, shape=leaf.shape, stride=leaf.stride()
+            )
+
         return shard
 
     def gather(grad):  # each rank's leaf gradient is zero outside its columns
@@ -194,7 +196,9 @@ def gloo_tp2_worker(payload) -> dict[str, dict]:
         return whole.to(grad.dtype)
 
     default_chunk = plangen.loss.CHUNK_BYTES
-    cases = [(k, d, v, c, "1d") for k in KINDS for d in (torch.float32, torch.bfloat16) for v in (12, 11) for c in (None, 2)]
+    cases = [
+        (k, d, v, c, "1d") for k in KINDS for d in (torch.float32, torch.bfloat16) for v in (12, 11) for c in (None, 2)
+    ]
     cases += [(k, torch.float32, 11, 2, "2d") for k in KINDS]
     out = {}
     for kind, dtype, vocab, chunk, mesh_name in cases:
@@ -202,7 +206,9 @@ def gloo_tp2_worker(payload) -> dict[str, dict]:
         plangen.loss.CHUNK_BYTES = default_chunk if chunk is None else 4 * 6 * chunk  # V/tp <= 6
         temperature = 0.7 if kind in ("logprobs", "entropy") else 1.0
         key = f"{kind}/{str(dtype).split('.')[1]}/V{vocab}/{chunk or 'one'}-chunk/{mesh_name}"
-        out[key] = check_against_float64(kind, logits, targets, weights, temperature, chunk, shard_on(mesh_name), gather)
+        out[key] = check_against_float64(
+            kind, logits, targets, weights, temperature, chunk, shard_on(mesh_name), gather
+        )
     plangen.loss.CHUNK_BYTES = default_chunk
     return out
 
@@ -223,7 +229,11 @@ class NewTensors(torch.utils._python_dispatch.TorchDispatchMode):
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # a DTensor: let it run, then see its local ops
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
         for t in torch.utils._pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
                 self.allocated.append((t.dtype, t.numel()))

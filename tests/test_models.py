@@ -475,8 +475,10 @@ SKIPPED = {
 if importlib.util.find_spec("timm") is None:
     SKIPPED["gemma3n"] = "its vision tower is a timm model and timm is not installed"
 if "kolibri1_1" in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:  # transformers 5.25.0 on
-    SKIPPED["kolibri1_1"] = ("which layer reads which layer's K/V (kv_source_layers, index_layers, per layer) is not "
-                             "cut with the layer count by the generic shrink: its config's validation refuses it")
+    SKIPPED["kolibri1_1"] = (
+        "which layer reads which layer's K/V (kv_source_layers, index_layers, per layer) is not "
+        "cut with the layer count by the generic shrink: its config's validation refuses it"
+    )
 
 SWEEP_TYPES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 

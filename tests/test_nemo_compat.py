@@ -20,8 +20,12 @@ from plangen.module_tree import find_unmatched_keys
 
 _EMPTY = inspect.Parameter.empty
 _LAYERS = ("model", "dp_mesh", "tp_mesh", "param_dtype")
-_FLAGS = (("sequence_parallel", False), ("activation_checkpointing", False), ("cpu_offload", False),
-          ("custom_parallel_plan", None))
+_FLAGS = (
+    ("sequence_parallel", False),
+    ("activation_checkpointing", False),
+    ("cpu_offload", False),
+    ("custom_parallel_plan", None),
+)
 
 # Every name of nemo_rl.models.dtensor.parallelize, with NeMo RL's parameters (name, default) in order.
 # From its documented API (docs.nvidia.com/nemo/rl/latest/apidocs/nemo_rl/nemo_rl.models.dtensor.parallelize.html;
@@ -44,14 +48,24 @@ NEMO_RL_NAMES: dict[str, tuple[tuple[str, object], ...] | None] = {
     "_parallelize_model": (*((n, _EMPTY) for n in _LAYERS), *_FLAGS),
     "to_local_if_dtensor": (("tensor", _EMPTY),),
     "clip_grad_by_total_norm_": (("parameters", _EMPTY), ("max_grad_norm", _EMPTY), ("total_norm", _EMPTY)),
-    "get_grad_norm": (("parameters", _EMPTY), ("dp_cp_group", _EMPTY), ("tp_group", _EMPTY), ("norm_type", 2),
-                      ("dtype", torch.float32)),
-    "get_logprobs_from_vocab_parallel_logits": (("vocab_parallel_logits", _EMPTY), ("input_ids", _EMPTY),
-                                                ("seq_index", None)),
+    "get_grad_norm": (
+        ("parameters", _EMPTY),
+        ("dp_cp_group", _EMPTY),
+        ("tp_group", _EMPTY),
+        ("norm_type", 2),
+        ("dtype", torch.float32),
+    ),
+    "get_logprobs_from_vocab_parallel_logits": (
+        ("vocab_parallel_logits", _EMPTY),
+        ("input_ids", _EMPTY),
+        ("seq_index", None),
+    ),
 }
 NEMO_RL_PLAN_CLASSES = {  # PARALLIZE_FUNCTIONS' keys and values in NeMo RL
-    "Qwen2ForCausalLM": "_parallelize_qwen", "Qwen3ForCausalLM": "_parallelize_qwen",
-    "LlamaForCausalLM": "_parallelize_llama", "Gemma3ForCausalLM": "_parallelize_gemma3",
+    "Qwen2ForCausalLM": "_parallelize_qwen",
+    "Qwen3ForCausalLM": "_parallelize_qwen",
+    "LlamaForCausalLM": "_parallelize_llama",
+    "Gemma3ForCausalLM": "_parallelize_gemma3",
     "Gemma3ForConditionalGeneration": "_parallelize_gemma3",
 }
 
@@ -70,7 +84,7 @@ def test_every_nemo_rl_name_imports_from_plangen_with_nemo_rls_parameters(name):
     # NeMo RL's parameters first, in its order and with its defaults; plangen may add optional ones.
     actual = [(p.name, p.default) for p in parameters.values()]
     assert actual[: len(expected)] == list(expected)
-    assert all(p.default is not _EMPTY for p in list(parameters.values())[len(expected):])
+    assert all(p.default is not _EMPTY for p in list(parameters.values())[len(expected) :])
 
 
 def test_plan_functions_return_a_dict_of_styles_and_runtimes_an_fsdp_module():
@@ -131,10 +145,13 @@ def meta_gemma3_conditional():
 
     text = json.loads((DATA / "model-configs" / "gemma-3-1b.json").read_text())
     text = {k: v for k, v in text.items() if k not in ("architectures", "model_type")} | {"num_hidden_layers": 2}
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
     with torch.device("meta"):
-        return Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4))
+        return Gemma3ForConditionalGeneration(
+            Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+        )
 
 
 MODELS = {
@@ -188,7 +205,9 @@ def test_each_plan_is_the_one_plangens_runtime_applies(built, name, sequence_par
     plan = getattr(P, MODELS[name][0])(model, sequence_parallel)
     chosen = choose_plan(model, sequence_parallel)
     assert chosen.source == "hand-written"
-    assert {k: repr(v) for k, v in plan.items()} == {k: repr(v) for k, v in P.resolve_tied_styles(model, chosen.build_styles()).items()}
+    assert {k: repr(v) for k, v in plan.items()} == {
+        k: repr(v) for k, v in P.resolve_tied_styles(model, chosen.build_styles()).items()
+    }
     registry = P.PARALLIZE_FUNCTIONS[type(model)](model, sequence_parallel)
     assert set(registry) == set(plan)
 
@@ -346,8 +365,11 @@ RESOLVERS = {
 # Which form of custom_parallel_plan each path accepts (docs/nemo-rl.md has the same table).
 WORKS = {
     "dict path": {"automodel (NeMo RL v2 worker)", "NeMo RL v1, import_class_from_path", "plangen _parallelize_model"},
-    "function path": {"automodel (NeMo RL v2 worker)", "NeMo RL v1, import_class_from_path",
-                      "plangen _parallelize_model"},
+    "function path": {
+        "automodel (NeMo RL v2 worker)",
+        "NeMo RL v1, import_class_from_path",
+        "plangen _parallelize_model",
+    },
     "module path": {"plangen _parallelize_model"},
     "file path": {"plangen _parallelize_model"},
     "dict object": set(RESOLVERS),

@@ -30,7 +30,10 @@ def plan_files(tmp_path_factory) -> dict[str, str]:
     from plangen.init import init_plan
 
     written = tmp_path_factory.mktemp("plans")
-    files = {"gemma3": str(REPO / "generated/gemma3_text_plan.py"), "gemma3-sp": str(REPO / "generated/gemma3_text_sp_plan.py")}
+    files = {
+        "gemma3": str(REPO / "generated/gemma3_text_plan.py"),
+        "gemma3-sp": str(REPO / "generated/gemma3_text_sp_plan.py"),
+    }
     for sp in (False, True):
         path = written / f"llama_3_2_1b{'_sp' if sp else ''}_plan.py"
         init_plan(str(LLAMA_32_1B), path, tp_size=2, sequence_parallel=sp)
@@ -41,7 +44,11 @@ def plan_files(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def results(plan_files) -> list[dict]:
     cases = [
-        {"name": name, "plan": path, **({"model": "gemma3"} if name.startswith("gemma3") else {"config": str(LLAMA_32_1B)})}
+        {
+            "name": name,
+            "plan": path,
+            **({"model": "gemma3"} if name.startswith("gemma3") else {"config": str(LLAMA_32_1B)}),
+        }
         for name, path in plan_files.items()
     ]
     control = {"config": str(LLAMA_32_1B), "plan": plan_files["llama-3.2-1b"], "control": True, "steps": 0}

@@ -28,7 +28,9 @@ class _OffsetRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(
+            x.dtype
+        )
 
 
 class _L2Norm(nn.Module):
@@ -139,7 +141,9 @@ def test_matches_the_unsharded_norm_over_gloo():
     for rank, diffs in enumerate(results):
         assert set(diffs) >= {f"{n}/{w}" for n in _norms() for w in ("out", "grad_input", "grad_weight")}
         assert set(diffs) >= {f"gathered/{n}/{w}" for n in _norms() for w in ("out", "out_not_bitwise", "grad_weight")}
-        assert set(diffs) >= {f"bitnet_{b}/{w}" for b in ("attention", "mlp") for w in ("out", "grad_input", "grad_norm")}
+        assert set(diffs) >= {
+            f"bitnet_{b}/{w}" for b in ("attention", "mlp") for w in ("out", "grad_input", "grad_norm")
+        }
         # The test sees the norm's gradient reduction: without it the input and weight gradients are off.
         controls = {case: d for case, d in diffs.items() if case.startswith("control/")}
         assert len(controls) == 2 and min(controls.values()) > 1e-3, controls
@@ -210,8 +214,14 @@ def _bitnet_block_diffs(mesh: Any, rank: int, world: int) -> dict[str, float]:
 
     from plangen import norm_styles
 
-    config = BitNetConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                          num_hidden_layers=1, vocab_size=16)
+    config = BitNetConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=16,
+    )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     blocks = {
@@ -227,8 +237,15 @@ def _bitnet_block_diffs(mesh: Any, rank: int, world: int) -> dict[str, float]:
             for p in reference.parameters():
                 p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
         sharded = copy.deepcopy(reference)
-        parallelize_module(sharded, mesh, {**{n: ColwiseParallel() for n in colwise},
-                                           norm: norm_styles.ShardedNormParallel(), rowwise: RowwiseParallel()})
+        parallelize_module(
+            sharded,
+            mesh,
+            {
+                **{n: ColwiseParallel() for n in colwise},
+                norm: norm_styles.ShardedNormParallel(),
+                rowwise: RowwiseParallel(),
+            },
+        )
 
         def run(block: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
             x_in = x.clone().requires_grad_(True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import plangen.parallelize as P
 from conftest import DATA, set_proofs
@@ -43,10 +43,22 @@ def test_nemo_rl_names_are_kept_as_aliases():
     assert P.PARALLIZE_FUNCTIONS is P.PARALLELIZE_FUNCTIONS
     import transformers
 
-    for cls in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"):
+    for cls in (
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+    ):
         assert getattr(transformers, cls) in P.PARALLELIZE_FUNCTIONS
-    for name in ("RotaryEmbedParallel", "to_local_if_dtensor", "clip_grad_by_total_norm_", "get_grad_norm",
-                 "get_hf_tp_plan", "translate_parallel_style"):
+    for name in (
+        "RotaryEmbedParallel",
+        "to_local_if_dtensor",
+        "clip_grad_by_total_norm_",
+        "get_grad_norm",
+        "get_hf_tp_plan",
+        "translate_parallel_style",
+    ):
         assert callable(getattr(P, name))
 
 
@@ -93,7 +105,7 @@ def test_generated_style_module_path_uses_its_custom_parallel_plan(tmp_path, mon
     monkeypatch.syspath_prepend(str(tmp_path))
     styles = load_custom_plan("myplans.llama_plan")
     assert list(styles) == ["model.layers.*.mlp.up_proj"]
-    assert load_custom_plan("myplans.llama_plan.custom_parallel_plan") .keys() == styles.keys()
+    assert load_custom_plan("myplans.llama_plan.custom_parallel_plan").keys() == styles.keys()
     assert load_custom_plan(str(tmp_path / "myplans" / "llama_plan.py")).keys() == styles.keys()
 
 
@@ -108,7 +120,9 @@ def test_hf_plan_without_optimized_plan_refuses_sequence_parallel(monkeypatch):
 
     set_proofs(monkeypatch, {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
     model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
-    with pytest.raises(P.PlanError, match="sequence_parallel=True but OlmoForCausalLM has no hand-written or proven synthesized plan"):
+    with pytest.raises(
+        P.PlanError, match="sequence_parallel=True but OlmoForCausalLM has no hand-written or proven synthesized plan"
+    ):
         P.choose_plan(model, True, None)
 
 
@@ -128,7 +142,9 @@ def test_bad_custom_plan_paths_are_one_line_errors(spec, message):
 
 
 def test_plan_values_must_be_styles_and_functions_take_no_arguments():
-    with pytest.raises(PlanLoadError, match=r"plan\['lm_head'\] is a str, not a ParallelStyle .*translate_parallel_style"):
+    with pytest.raises(
+        PlanLoadError, match=r"plan\['lm_head'\] is a str, not a ParallelStyle .*translate_parallel_style"
+    ):
         load_custom_plan({"lm_head": "colwise"})
     with pytest.raises(PlanLoadError, match="must take no arguments, this one needs model"):
         load_custom_plan(lambda model: {})
@@ -141,7 +157,9 @@ def test_plan_values_must_be_styles_and_functions_take_no_arguments():
 
 def test_unmatched_plan_key_is_an_error_naming_it():
     plan = {"model.layers.*.self_attn.qkv_proj": ColwiseParallel(), "model.layers.*.mlp.up_proj": ColwiseParallel()}
-    with pytest.raises(P.PlanError, match=r"match no module of LlamaForCausalLM: model\.layers\.\*\.self_attn\.qkv_proj \("):
+    with pytest.raises(
+        P.PlanError, match=r"match no module of LlamaForCausalLM: model\.layers\.\*\.self_attn\.qkv_proj \("
+    ):
         P.check_plan_fits(meta_model("llama"), plan, 2)
 
 
@@ -149,9 +167,21 @@ def test_unmatched_plan_key_is_an_error_naming_it():
     "config, tp, message",
     [
         # The hand-written plans replicate KV heads where TP exceeds them: the limit is the query heads'.
-        ("qwen2.5-1.5b", 3, "num_key_value_heads=2 neither divides nor is divisible by the TP size 3: the largest legal TP size for Qwen2ForCausalLM is 2 (2 without KV head replication)"),
-        ("gemma-3-1b", 8, "num_attention_heads=4 is not divisible by the TP size 8: the largest legal TP size for Gemma3ForCausalLM is 4 (1 without KV head replication)"),
-        ("qwen2.5-7b", 8, "num_attention_heads=28 is not divisible by the TP size 8: the largest legal TP size for Qwen2ForCausalLM is 4"),
+        (
+            "qwen2.5-1.5b",
+            3,
+            "num_key_value_heads=2 neither divides nor is divisible by the TP size 3: the largest legal TP size for Qwen2ForCausalLM is 2 (2 without KV head replication)",
+        ),
+        (
+            "gemma-3-1b",
+            8,
+            "num_attention_heads=4 is not divisible by the TP size 8: the largest legal TP size for Gemma3ForCausalLM is 4 (1 without KV head replication)",
+        ),
+        (
+            "qwen2.5-7b",
+            8,
+            "num_attention_heads=28 is not divisible by the TP size 8: the largest legal TP size for Qwen2ForCausalLM is 4",
+        ),
     ],
 )
 def test_heads_not_divisible_names_the_largest_legal_tp_size(config, tp, message):
@@ -161,7 +191,9 @@ def test_heads_not_divisible_names_the_largest_legal_tp_size(config, tp, message
         P.check_plan_fits(model, styles, tp)
 
 
-@pytest.mark.parametrize("config, tp", [("gemma-3-1b", 2), ("gemma-3-1b", 4), ("qwen2.5-1.5b", 4), ("qwen3-30b-a3b", 8)])
+@pytest.mark.parametrize(
+    "config, tp", [("gemma-3-1b", 2), ("gemma-3-1b", 4), ("qwen2.5-1.5b", 4), ("qwen3-30b-a3b", 8)]
+)
 def test_hand_written_plans_take_tp_sizes_above_the_kv_heads(config, tp):
     model = meta_from_file(config)
     styles = P.PARALLELIZE_FUNCTIONS[type(model)](model, False)
@@ -200,7 +232,9 @@ def test_bad_plan_fails_before_any_collective(fake_pg):
 
 def test_tied_head_sharded_alone_gets_its_embedding_sharded_too():
     model = meta_model("llama-tied")
-    styles = P.resolve_tied_styles(model, {"lm_head": ColwiseParallel(output_layouts=torch.distributed.tensor.Replicate())})
+    styles = P.resolve_tied_styles(
+        model, {"lm_head": ColwiseParallel(output_layouts=torch.distributed.tensor.Replicate())}
+    )
     assert isinstance(styles["model.embed_tokens"], RowwiseParallel)
     untied = meta_model("llama")
     assert "model.embed_tokens" not in P.resolve_tied_styles(untied, {"lm_head": ColwiseParallel()})
@@ -210,9 +244,23 @@ def test_transformer_layers_found_in_multimodal_classes():
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     config = Gemma3Config(
-        text_config=dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=1, head_dim=16),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=2, image_size=28, patch_size=14),
+        text_config=dict(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=2,
+            image_size=28,
+            patch_size=14,
+        ),
         mm_tokens_per_image=4,
     )
     with torch.device("meta"):
@@ -277,7 +325,9 @@ def test_packed_projections_refuse_fsdp_sharding():
     from plangen.styles import PackedColwiseParallel
 
     styles = {"model.layers.*.mlp.up_proj": PackedColwiseParallel(split_factor=2)}
-    with pytest.raises(P.PlanError, match=r"packed \(fused\) projections model\.layers\.\*\.mlp\.up_proj cannot be sharded by FSDP2"):
+    with pytest.raises(
+        P.PlanError, match=r"packed \(fused\) projections model\.layers\.\*\.mlp\.up_proj cannot be sharded by FSDP2"
+    ):
         P.check_packed_without_fsdp(meta_model("llama"), styles, 2)
     P.check_packed_without_fsdp(meta_model("llama"), styles, 1)
 
@@ -300,7 +350,10 @@ def test_nemotron_h_checkpoints_only_mlp_and_mamba_blocks(fake_pg, monkeypatch):
     "custom, expected",
     [
         (None, "plangen: using the hand-written plan: hand-written plan registered for LlamaForCausalLM"),
-        ("custom_plans.llama_gathered_logits", "plangen: using the custom plan: custom_parallel_plan given (custom_plans.llama_gathered_logits)"),
+        (
+            "custom_plans.llama_gathered_logits",
+            "plangen: using the custom plan: custom_parallel_plan given (custom_plans.llama_gathered_logits)",
+        ),
     ],
 )
 def test_the_chosen_plan_and_its_reason_are_logged(fake_pg, caplog, custom, expected):

@@ -17,8 +17,12 @@ from conftest import cases_read_by, launched, slow_unless, stack_can_run, stack_
 
 TOL = 1e-5
 MULTIMODAL = [
-    "Gemma3ForConditionalGeneration", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-    "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration", "Mistral3ForConditionalGeneration",
+    "Gemma3ForConditionalGeneration",
+    "Qwen2VLForConditionalGeneration",
+    "Qwen2_5_VLForConditionalGeneration",
+    "LlavaForConditionalGeneration",
+    "LlavaNextForConditionalGeneration",
+    "Mistral3ForConditionalGeneration",
 ]
 MODELS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "qwen3-tied", "gemma3", "olmo2", "olmo3", "phi3"]
 TP_ONLY_MODELS = ["gpt2", "openai-gpt"]  # Conv1D projections, fused c_attn; no sequence-parallel plan
@@ -35,9 +39,24 @@ ATTN = {"gpt_oss": "eager"}
 # OLMo-2's q/k norms their projection's slices; experts kept whole gather nothing. A Mamba2 mixer's
 # out_proj gathers its input and output; with one B/C group (nemotron_h-1g) also the group's rows
 # of in_proj.weight, conv1d.weight and conv1d.bias, and its gated norm the group's slices: 4 more.
-STABLE_GATHERS = {"llama": 8, "qwen3": 8, "gemma3": 8, "phi3": 8, "olmo2": 12, "gpt2": 8, "qwen2_moe": 8, "deepseek_v3": 8, "gpt_oss": 4, "qwen3_moe": 6, "llama4": 8, "falcon-gqa": 8, "nemotron_h": 8, "nemotron_h-1g": 12,
-                  # LongCat-Flash: per layer two attentions' o_proj and two dense MLPs' down_proj; experts whole.
-                  "longcat_flash": 16}
+STABLE_GATHERS = {
+    "llama": 8,
+    "qwen3": 8,
+    "gemma3": 8,
+    "phi3": 8,
+    "olmo2": 12,
+    "gpt2": 8,
+    "qwen2_moe": 8,
+    "deepseek_v3": 8,
+    "gpt_oss": 4,
+    "qwen3_moe": 6,
+    "llama4": 8,
+    "falcon-gqa": 8,
+    "nemotron_h": 8,
+    "nemotron_h-1g": 12,
+    # LongCat-Flash: per layer two attentions' o_proj and two dense MLPs' down_proj; experts whole.
+    "longcat_flash": 16,
+}
 STABLE_MODELS = list(STABLE_GATHERS)
 BITWISE_MODELS = ["llama", "qwen3", "gemma3", "olmo2", "qwen3_moe", "llama4"]
 VARIANTS = ["optimized", "stable"]
@@ -52,7 +71,10 @@ def _cases():
         {"name": "qwen3-custom-file", "model": "qwen3", "plan": "tests/custom_plans.py:qwen3_plan_function"},
         {"name": "llama-hf-plan", "model": "llama", "plan": "custom_plans.hf_plan_of_llama"},
         {"name": "llama-cpu-offload", "model": "llama", "cpu_offload": True},
-        *({"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0} for m in ("llama", "gemma3", "olmo2")),
+        *(
+            {"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0}
+            for m in ("llama", "gemma3", "olmo2")
+        ),
         # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.fsdp_shard).
         {"name": "mixtral-2-experts-state-dict", "model": "mixtral-2-experts", "state_dict": True},
         {"name": "mixtral-2-experts-sp", "model": "mixtral-2-experts", "sp": True},
@@ -80,18 +102,33 @@ def _cases():
         # Gemma 4's MoE form, synthesized: experts the layer calls itself; under SP their sum is
         # reduce-scattered by the norm on it, each layer's per-layer input on the residual's shard.
         {"name": "gemma4-moe-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "state_dict": True},
-        {"name": "gemma4-moe-sp-state-dict", "model": "gemma4-moe", "plan_kind": "synthesized", "sp": True,
-         "state_dict": True},
+        {
+            "name": "gemma4-moe-sp-state-dict",
+            "model": "gemma4-moe",
+            "plan_kind": "synthesized",
+            "sp": True,
+            "state_dict": True,
+        },
         # Gemma 4's multimodal class, synthesized: its forward reads the pad row of the vocab-parallel, tied
         # embedding (under SP and mixes it into the sequence-sharded embedding with a torch.where).
-        {"name": "gemma4-mm-tied-state-dict", "class": "Gemma4ForConditionalGeneration", "plan_kind": "synthesized",
-         "state_dict": True},
-        {"name": "gemma4-mm-tied-sp", "class": "Gemma4ForConditionalGeneration", "plan_kind": "synthesized", "sp": True},
+        {
+            "name": "gemma4-mm-tied-state-dict",
+            "class": "Gemma4ForConditionalGeneration",
+            "plan_kind": "synthesized",
+            "state_dict": True,
+        },
+        {
+            "name": "gemma4-mm-tied-sp",
+            "class": "Gemma4ForConditionalGeneration",
+            "plan_kind": "synthesized",
+            "sp": True,
+        },
     ]
     # Sequence parallel with a padding mask, eager attention, and Gemma3's sliding window (4 < 8).
     masked = [
         {"name": f"{m}-{attn}-padded-sp", "model": m, "sp": True, "pad": True, "attn": attn}
-        for m in ("llama", "qwen3", "gemma3") for attn in ("eager", "sdpa")
+        for m in ("llama", "qwen3", "gemma3")
+        for attn in ("eager", "sdpa")
     ]
     cases += [
         {"name": "nemotron_h", "model": "nemotron_h"},
@@ -104,15 +141,19 @@ def _cases():
     # Mixture of experts: experts split over TP on the expert dimension (grouped_mm, and eager once).
     moe = [
         {"name": m + ("-sp" if sp else ""), "model": m, "sp": sp, "attn": ATTN.get(m, "sdpa")}
-        for m in MOE_MODELS for sp in (False, True)
+        for m in MOE_MODELS
+        for sp in (False, True)
     ]
     moe.append({"name": "qwen3_moe-eager-experts", "model": "qwen3_moe", "experts": "eager"})
     # 32 experts: a third of them idle in every layer, each TP rank's share still routed to.
     moe += [{"name": f"{m}-32e-sp", "model": f"{m}-32e", "sp": True, "attn": ATTN.get(m, "sdpa")} for m in ISSUE_MOE]
     # Trained on the load-balancing loss too (as out.loss is, at router_aux_loss_coef; 1.0 here so a
     # wrong router gradient shows): the replicated router's gradient from it must not be summed over TP.
-    moe += [{"name": f"{m}-aux" + ("-sp" if sp else ""), "model": m, "sp": sp, "attn": ATTN.get(m, "sdpa"), "aux_coef": 1.0}
-            for m in ("qwen3_moe", "mixtral", "gpt_oss") for sp in (False, True)]
+    moe += [
+        {"name": f"{m}-aux" + ("-sp" if sp else ""), "model": m, "sp": sp, "attn": ATTN.get(m, "sdpa"), "aux_coef": 1.0}
+        for m in ("qwen3_moe", "mixtral", "gpt_oss")
+        for sp in (False, True)
+    ]
     # Full state dicts (torch.distributed.checkpoint) in Hugging Face's layout, read and loaded.
     # NeMo RL's runtime (parallelize_module, then fully_shard): gpt-oss's sinks style needs nothing else.
     moe.append({"name": "gpt_oss-bare-sp", "model": "gpt_oss", "sp": True, "attn": "eager", "bare": True})
@@ -120,16 +161,22 @@ def _cases():
     # Zamba2: Mamba2 mixers one level down in hybrid layers, the shared transformer (one module for both
     # hybrid layers, per-layer adapters) split by heads and features; under SP it gathers its input and
     # the token embeddings, which the Mamba layers are handed but ignore (plangen.fsdp_inputs).
-    extra += [{"name": "zamba2", "model": "zamba2"},
-              {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True}]
+    extra += [
+        {"name": "zamba2", "model": "zamba2"},
+        {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True},
+    ]
     # CpmAnt: blocks one level down, the position bias table split by heads; RWKV-4: both mixers split
     # by channels (plangen.rwkv_styles), in float64 (plangen.check.run.FLOAT64_CHECKS); their state
     # dicts Hugging Face's.
-    extra += [{"name": "cpmant-state-dict", "model": "cpmant", "state_dict": True, "attn": "eager"},
-              {"name": "rwkv-state-dict", "model": "rwkv", "state_dict": True, "dtype": "float64", "attn": "eager"}]
+    extra += [
+        {"name": "cpmant-state-dict", "model": "cpmant", "state_dict": True, "attn": "eager"},
+        {"name": "rwkv-state-dict", "model": "rwkv", "state_dict": True, "dtype": "float64", "attn": "eager"},
+    ]
     # A runtime that only calls parallelize_module then fully_shard (NeMo RL's), at DP > 1: plangen's
     # own styles need nothing else (OLMo-2's norms over the whole projection).
-    extra += [{"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)]
+    extra += [
+        {"name": "olmo2-bare" + ("-sp" if sp else ""), "model": "olmo2", "sp": sp, "bare": True} for sp in (False, True)
+    ]
     # Multimodal classes whose text tower has a hand-written plan (text-only batches).
     cases += [{"name": c + ("-sp" if sp else ""), "class": c, "sp": sp} for c in MULTIMODAL for sp in (False, True)]
     # Phi-4-multimodal: Phi-3's plan (fused qkv_proj / gate_up_proj re-laid out per rank), no SP, and
@@ -142,26 +189,48 @@ def _cases():
     hsdp = [{"name": "llama", "model": "llama"}, {"name": "gemma3", "model": "gemma3"}]
     # The stable variant (no cross-rank sums in forward), and at TP 2 the same models with every
     # TP-local matmul as wide as MKL needs to pick the full-width kernel (tiny_configs): bitwise.
-    stable = [{"name": f"{m}-stable", "model": m, "variant": "stable", "attn": ATTN.get(m, "sdpa")} for m in STABLE_MODELS]
+    stable = [
+        {"name": f"{m}-stable", "model": m, "variant": "stable", "attn": ATTN.get(m, "sdpa")} for m in STABLE_MODELS
+    ]
     bitwise = [{"name": f"{m}-4kv-{v}", "model": f"{m}-4kv", "variant": v} for m in BITWISE_MODELS for v in VARIANTS]
     # At TP 2 alone too: JetMoE's blocks reduced once (RoutedBlockParallel), under SP reduce-scattered
     # (RoutedBlockSequenceParallel); Gemma 4's MoE form under SP (the router's and the experts' norm's
     # input gathered once, SharedInputGather); DBRX's 3 experts split by their ffn rows, with the full state dict.
-    tp2_only = [{"name": "jetmoe", "model": "jetmoe"}, {"name": "jetmoe-sp", "model": "jetmoe", "sp": True},
-                {"name": "gemma4-moe-sp", "model": "gemma4-moe", "plan_kind": "synthesized", "sp": True},
-                {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True}]
+    tp2_only = [
+        {"name": "jetmoe", "model": "jetmoe"},
+        {"name": "jetmoe-sp", "model": "jetmoe", "sp": True},
+        {"name": "gemma4-moe-sp", "model": "gemma4-moe", "plan_kind": "synthesized", "sp": True},
+        {"name": "dbrx-3-experts-state-dict", "model": "dbrx-3-experts", "state_dict": True},
+    ]
     for case in cases:  # the same dicts in every mesh
         if case["name"] in READS_STATE_DICT:
             case["state_dict"] = True
-    return {"tp2": cases + tp2_only + masked + stable + bitwise, "dp2tp2": cases + extra + masked + stable, "hsdp": hsdp}
+    return {
+        "tp2": cases + tp2_only + masked + stable + bitwise,
+        "dp2tp2": cases + extra + masked + stable,
+        "hsdp": hsdp,
+    }
 
 
 # Cases that also read the full state dict (torch.distributed.checkpoint) and load the Hugging Face
 # weights back, checked beside their parity: gpt-oss's attention sinks split with the heads come
 # back as the [heads] tensor; Phi-3's fused projections re-laid out for TP (without and with SP) and
 # GPT-2's Conv1D [in, out] with its fused c_attn still read and load Hugging Face's layout.
-READS_STATE_DICT = {"Phi4MultimodalForCausalLM", "qwen2_moe", "llama-tied", "gpt_oss", "deepseek_v3", "deepseek_v2", "olmo2", "llama4", "nemotron_h",
-                    "nemotron_h-1g", "phi3", "phi3-sp", "gpt2"}
+READS_STATE_DICT = {
+    "Phi4MultimodalForCausalLM",
+    "qwen2_moe",
+    "llama-tied",
+    "gpt_oss",
+    "deepseek_v3",
+    "deepseek_v2",
+    "olmo2",
+    "llama4",
+    "nemotron_h",
+    "nemotron_h-1g",
+    "phi3",
+    "phi3-sp",
+    "gpt2",
+}
 
 
 CASES = _cases()
@@ -173,39 +242,71 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh, cases in CASES.items() for c in case
 # together), HSDP, and at TP 2 alone the MoE four and the bitwise pairs. The rest repeats a layout a
 # default case covers and is marked slow: -m "slow or not slow" runs every case.
 TP2_DEFAULT = {
-    "llama-sp", *(m + sp for m in ISSUE_MOE for sp in ("", "-sp")),
-    "jetmoe", "dbrx-3-experts-state-dict", "mixtral-aux-sp",
+    "llama-sp",
+    *(m + sp for m in ISSUE_MOE for sp in ("", "-sp")),
+    "jetmoe",
+    "dbrx-3-experts-state-dict",
+    "mixtral-aux-sp",
 }
 BITWISE_DEFAULT = ["llama", "olmo2", "qwen3_moe"]
 DP2_DEFAULT = {
     # dense: tied, per-head and whole-projection q/k norms, fused projections with SP (state dict),
     # Conv1D, padding under SP (Gemma 3's sliding window too), bf16, the runtime's options and other plan sources
-    "llama-sp", "llama-tied", "qwen3-sp", "olmo2", "olmo2-bare-sp", "phi3-sp", "gpt2",
-    "llama-eager-padded-sp", "gemma3-sdpa-padded-sp", "llama-bf16-sp", "llama-activation-checkpointing",
-    "llama-cpu-offload", "llama-custom-dotted", "qwen3-custom-file", "llama-hf-plan",
+    "llama-sp",
+    "llama-tied",
+    "qwen3-sp",
+    "olmo2",
+    "olmo2-bare-sp",
+    "phi3-sp",
+    "gpt2",
+    "llama-eager-padded-sp",
+    "gemma3-sdpa-padded-sp",
+    "llama-bf16-sp",
+    "llama-activation-checkpointing",
+    "llama-cpu-offload",
+    "llama-custom-dotted",
+    "qwen3-custom-file",
+    "llama-hf-plan",
     # MoE: the four with SP off and on, shared experts, latent attention, eager experts, NeMo RL's bare
     # runtime, one expert per TP rank, experts split by their intermediate, flat and per-block experts,
     # Gemma 4's layer-level experts, identity experts
     *(m + sp for m in ISSUE_MOE for sp in ("", "-sp")),
-    "qwen2_moe", "deepseek_v2", "llama4", "qwen3_moe-eager-experts", "gpt_oss-bare-sp", "qwen3_moe-aux-sp", "gpt_oss-aux",
+    "qwen2_moe",
+    "deepseek_v2",
+    "llama4",
+    "qwen3_moe-eager-experts",
+    "gpt_oss-bare-sp",
+    "qwen3_moe-aux-sp",
+    "gpt_oss-aux",
     *(f"{m}-32e-sp" for m in ISSUE_MOE),
-    "mixtral-2-experts-state-dict", "mixtral-3-experts-state-dict", "dbrx-2kv-sp-state-dict",
-    "jetmoe-sp-state-dict", "gemma4-moe-sp-state-dict",
+    "mixtral-2-experts-state-dict",
+    "mixtral-3-experts-state-dict",
+    "dbrx-2kv-sp-state-dict",
+    "jetmoe-sp-state-dict",
+    "gemma4-moe-sp-state-dict",
     # LongCat-Flash's zero-compute experts (5.24: inside its experts; 5.25: computed by the block)
     "longcat_flash-sp",
     # hybrid and recurrent: Mamba2 with one B/C group (state dict), Zamba2's shared block under SP,
     # CpmAnt, RWKV in float64
-    "nemotron_h-1g", "zamba2-sp-state-dict", "cpmant-state-dict", "rwkv-state-dict",
+    "nemotron_h-1g",
+    "zamba2-sp-state-dict",
+    "cpmant-state-dict",
+    "rwkv-state-dict",
     # a multimodal class's text tower (Phi-4-multimodal's own towers: slow, 19 s of the launch)
     "Gemma3ForConditionalGeneration-sp",
     # the stable variant: dense, MoE, Mamba2 with its gathered group
-    "llama-stable", "qwen3_moe-stable", "nemotron_h-1g-stable",
+    "llama-stable",
+    "qwen3_moe-stable",
+    "nemotron_h-1g-stable",
 }
 DEFAULT_IDS = {
-    c for c in CASE_IDS
+    c
+    for c in CASE_IDS
     if c.startswith("hsdp/")
-    or (c.startswith("tp2/") and (c.split("/")[1] in TP2_DEFAULT
-                                  or any(c.split("/")[1].startswith(f"{m}-4kv-") for m in BITWISE_DEFAULT)))
+    or (
+        c.startswith("tp2/")
+        and (c.split("/")[1] in TP2_DEFAULT or any(c.split("/")[1].startswith(f"{m}-4kv-") for m in BITWISE_DEFAULT))
+    )
     or (c.startswith("dp2tp2/") and c.split("/")[1] in DP2_DEFAULT)
 }
 
@@ -261,8 +362,10 @@ def test_matches_unsharded_model(results, case_id):
 # its hand-written plan: every parameter of their sharded layers gets a gradient, so each is compared.
 # The image encoder's last layer is the exception, here as in the real model: the model reads the
 # second-to-last layer's output (vision feature_layer -2), so no loss reaches the last one.
-PHI4_TOWER_LAYERS = ("model.embed_tokens_extend.image_embed.img_processor.encoder.layers.0.",
-                     "model.embed_tokens_extend.audio_embed.encoder.encoders.")
+PHI4_TOWER_LAYERS = (
+    "model.embed_tokens_extend.image_embed.img_processor.encoder.layers.0.",
+    "model.embed_tokens_extend.audio_embed.encoder.encoders.",
+)
 
 
 @pytest.mark.distributed
@@ -307,7 +410,9 @@ def test_moe_cases_route_tokens_to_every_rank_and_leave_some_experts_idle(result
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("case_id", params([c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt2", "openai-gpt", "jetmoe"))]))
+@pytest.mark.parametrize(
+    "case_id", params([c for c in CASE_IDS if any(k in c for k in ("tied", "gemma3", "gpt2", "openai-gpt", "jetmoe"))])
+)
 def test_tied_embeddings_stay_one_parameter(results, case_id):
     assert all(per_case[case_id]["tied"] for per_case in results)
 

@@ -23,10 +23,19 @@ from plangen.transformers_compat import experts_take_sentinels
 # background launches ended (tests/conftest.py).
 QUIET = True
 
+
 def _report(total: int) -> PeakReport:
     breakdown = Breakdown(parameters=total - 100, activations=100)
-    return PeakReport("m", "LlamaForCausalLM", "hand-written", CostSettings(), False, 2,
-                      (PhasePeak("backward", "", breakdown, total),), 0.0)
+    return PeakReport(
+        "m",
+        "LlamaForCausalLM",
+        "hand-written",
+        CostSettings(),
+        False,
+        2,
+        (PhasePeak("backward", "", breakdown, total),),
+        0.0,
+    )
 
 
 def test_parse_memory_units_and_one_line_errors():
@@ -159,7 +168,9 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
                 assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
             differing = differing_kinds(got, want)
             if routed:  # the even share the trace assumes against the model's random router's routes
-                differing = {k: (g, w) for k, (g, w) in differing.items() if k != "activations" or abs(g - w) > 0.05 * g}
+                differing = {
+                    k: (g, w) for k, (g, w) in differing.items() if k != "activations" or abs(g - w) > 0.05 * g
+                }
             assert not differing, (rank, phase.phase, differing, got["held"])
 
 
@@ -167,8 +178,10 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
 # runs its experts on this rank's routes alone (plangen.transformers_compat): memory then follows the
 # routing, and the trace assumes each rank's experts take their even share.
 ROUTING_SETS_MEMORY = not experts_take_sentinels()
-ROUTING_REASON = ("on this transformers the experts compute this rank's routes only (plangen.transformers_compat): "
-                  "their memory follows the routing, which the trace takes as even")
+ROUTING_REASON = (
+    "on this transformers the experts compute this rank's routes only (plangen.transformers_compat): "
+    "their memory follows the routing, which the trace takes as even"
+)
 
 
 @pytest.mark.distributed
@@ -181,8 +194,10 @@ def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
     from plangen.cost.validate import differing_kinds
 
     assert predicted["qwen3_moe-one-rank"] is predicted["qwen3_moe"]
-    exact = lambda phases: {p: {k: v for k, v in d.items() if k not in ("total", "temporary", "held")}  # noqa: E731
-                            for p, d in phases.items()}
+    exact = lambda phases: {
+        p: {k: v for k, v in d.items() if k not in ("total", "temporary", "held")}  # noqa: E731
+        for p, d in phases.items()
+    }
     for rank, per_case in enumerate(measured):
         spread, one_rank = per_case["qwen3_moe"], per_case["qwen3_moe-one-rank"]
         assert spread["experts_implementation"] == one_rank["experts_implementation"] == "grouped_mm"
@@ -201,8 +216,19 @@ def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
     from plangen.cli import app
 
     runner = CliRunner()
-    args = ["cost", str(config_files["llama"]), "--peak", "--tp-size", "2", "--dp-size", "2", "--seq-len", str(SEQ),
-            "--micro-batch", str(BATCH)]
+    args = [
+        "cost",
+        str(config_files["llama"]),
+        "--peak",
+        "--tp-size",
+        "2",
+        "--dp-size",
+        "2",
+        "--seq-len",
+        str(SEQ),
+        "--micro-batch",
+        str(BATCH),
+    ]
     peak = predicted["llama"].peak.breakdown.total
     fits = runner.invoke(app, [*args, "--gpu-memory", str(peak), "--format", "json"])
     assert fits.exit_code == 0, fits.output
@@ -224,9 +250,16 @@ def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files, fake_
     from plangen.cost.fit import candidate_layouts, search_layouts
     from plangen.cost.peak import measure_peak
 
-    assert candidate_layouts(4, 6) == [(1, 4, False, False), (1, 4, False, True), (2, 2, False, False),
-                                       (2, 2, False, True), (2, 2, True, False), (2, 2, True, True),
-                                       (4, 1, False, False), (4, 1, False, True)]  # 6 tokens: no SP at TP 4
+    assert candidate_layouts(4, 6) == [
+        (1, 4, False, False),
+        (1, 4, False, True),
+        (2, 2, False, False),
+        (2, 2, False, True),
+        (2, 2, True, False),
+        (2, 2, True, True),
+        (4, 1, False, False),
+        (4, 1, False, True),
+    ]  # 6 tokens: no SP at TP 4
     llama = str(config_files["llama"])
     # Exactly the peak of TP 2 with SP, without checkpointing: the boundary.
     gpu = measure_peak(llama, tp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True).peak.breakdown.total
@@ -239,7 +272,7 @@ def test_fit_search_lists_the_layouts_that_fit_by_tp_traffic(config_files, fake_
     assert not by_layout[(1, False, False)].fits  # no TP: whole activations and logits
     assert by_layout[(1, False, False)].tp_sent_bytes == 0 < by_layout[(2, False, False)].tp_sent_bytes
     fitting = search.fitting
-    assert search.layouts[: len(fitting)] == fitting and all(not l.fits for l in search.layouts[len(fitting):])
+    assert search.layouts[: len(fitting)] == fitting and all(not l.fits for l in search.layouts[len(fitting) :])
     # By TP traffic; at equal traffic without checkpointing first (no recompute), then the lower peak.
     keys = [(l.tp_sent_bytes, l.activation_checkpointing, l.peak_bytes) for l in fitting]
     assert keys == sorted(keys) and len(set(k[0] for k in keys)) == 2  # SP on and off send different bytes
@@ -252,8 +285,11 @@ def _linear_samples(per_layer: int = 10, per_depth: int = 100):
     """Samples as the tracker files them, every value exactly linear in the depth and the layer."""
     samples = {}
     for n in (3, 4, 5):
-        at = {("forward", None): {"x": 1000 + per_depth * n},
-              ("backward", -1): {"x": 5000 + 3 * per_depth * n}, ("optimizer", None): {"x": 2 * per_depth * n}}
+        at = {
+            ("forward", None): {"x": 1000 + per_depth * n},
+            ("backward", -1): {"x": 5000 + 3 * per_depth * n},
+            ("optimizer", None): {"x": 2 * per_depth * n},
+        }
         for k in range(n):
             at[("backward", k)] = {"x": 4000 + per_depth * n + (7 if k == 0 else 0) - per_layer * k}
         samples[n] = at
@@ -286,8 +322,13 @@ def test_running_layer_does_not_depend_on_the_order_of_the_trackers_parents():
     from plangen.cost.depth import running_layer
 
     names = {f"model.layers.{i}": i for i in range(6)}
-    parents = ["Global", "LlamaForCausalLM", "LlamaForCausalLM.model.layers.5", "LlamaForCausalLM.model.layers.4",
-               "LlamaForCausalLM.model.layers.4.self_attn"]
+    parents = [
+        "Global",
+        "LlamaForCausalLM",
+        "LlamaForCausalLM.model.layers.5",
+        "LlamaForCausalLM.model.layers.4",
+        "LlamaForCausalLM.model.layers.4.self_attn",
+    ]
     for order in (parents, parents[::-1]):
         assert running_layer(order, names, in_backward=True) == 4
         assert running_layer(order, names, in_backward=False) == 5
@@ -310,7 +351,8 @@ def test_405b_peak_is_extrapolated_and_equals_its_every_layer_trace():
     assert fast.notes[0].startswith("depth: traced at 3, 4, 5 layers and extrapolated to 126")
     full = measure_peak(path, extrapolate=False, **kwargs)
     assert [(p.phase, p.breakdown, p.tracked_total) for p in fast.phases] == [
-        (p.phase, p.breakdown, p.tracked_total) for p in full.phases]
+        (p.phase, p.breakdown, p.tracked_total) for p in full.phases
+    ]
     assert fast.peak.module == full.peak.module == "model.layers.124.mlp.gate_proj"
 
 
@@ -329,7 +371,9 @@ def test_layers_alike_only_where_no_layer_differs(fake_pg):
     assert why("llama") is None
     assert why("qwen3_moe", mlp_only_layers=[]) is None
     assert why("qwen3_moe") == "its decoder layers differ in modules or parameter shapes"  # layer 0 dense
-    assert why("olmo3", layer_types=["sliding_attention", "full_attention"] * 3) == "its config sets layer_types per layer"
+    assert (
+        why("olmo3", layer_types=["sliding_attention", "full_attention"] * 3) == "its config sets layer_types per layer"
+    )
 
 
 def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg, monkeypatch):
@@ -348,7 +392,9 @@ def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg
         return traced[-1]
 
     monkeypatch.setattr(peak, "_trace_at", recording_trace_at)
-    kwargs = dict(tp_size=2, dp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True, activation_checkpointing=True)
+    kwargs = dict(
+        tp_size=2, dp_size=2, seq_len=SEQ, micro_batch=BATCH, sequence_parallel=True, activation_checkpointing=True
+    )
     deep = json.loads(config_files["llama"].read_text()) | {"num_hidden_layers": 6}
     path = config_files["llama"].with_name("llama-6-layers.json")
     path.write_text(json.dumps(deep))
@@ -371,10 +417,27 @@ def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg
 
     from plangen.cli import app
 
-    args = ["cost", str(path), "--peak", "--tp-size", "2", "--dp-size", "2", "--seq-len", str(SEQ), "--micro-batch",
-            str(BATCH), "--sequence-parallel", "--activation-checkpointing", "--format", "json"]
+    args = [
+        "cost",
+        str(path),
+        "--peak",
+        "--tp-size",
+        "2",
+        "--dp-size",
+        "2",
+        "--seq-len",
+        str(SEQ),
+        "--micro-batch",
+        str(BATCH),
+        "--sequence-parallel",
+        "--activation-checkpointing",
+        "--format",
+        "json",
+    ]
     doc = json.loads(CliRunner().invoke(app, [*args, "--every-layer"]).stdout)
-    assert doc["notes"][0] == "depth: every layer traced" and doc["plans"][0]["peak"]["bytes"] == full.peak.breakdown.total
+    assert (
+        doc["notes"][0] == "depth: every layer traced" and doc["plans"][0]["peak"]["bytes"] == full.peak.breakdown.total
+    )
     no_peak = CliRunner().invoke(app, ["cost", str(path), "--every-layer"])
     assert no_peak.exit_code == 2 and "need --peak" in no_peak.output
 
@@ -395,11 +458,16 @@ def test_benchmark_table_sets_each_prediction_beside_every_ranks_measurement(pre
         sys.path.remove(benchmarks)
     section = build_peak_section(CASES, predicted, measured)
     assert len(section.rows) == len(CASES) * len(PHASES)
-    for case, rows in zip(CASES, (section.rows[i:i + 3] for i in range(0, len(section.rows), 3))):
+    for case, rows in zip(CASES, (section.rows[i : i + 3] for i in range(0, len(section.rows), 3))):
         for row, phase in zip(rows, PHASES):
             peak = next(p for p in predicted[case["name"]].phases if p.phase == phase)
-            assert row[:5] == [case["model"], "on" if case["sp"] else "off", "on" if case["ac"] else "off",
-                               case["routing"], phase]
+            assert row[:5] == [
+                case["model"],
+                "on" if case["sp"] else "off",
+                "on" if case["ac"] else "off",
+                case["routing"],
+                phase,
+            ]
             assert row[5] == f"{peak.breakdown.total / 2**20:.3f} MiB"
     exact = section.goals[1]
     assert exact.met or ROUTING_SETS_MEMORY, exact.detail
@@ -410,12 +478,20 @@ def test_a_rank_that_peaked_with_the_next_all_gather_early_is_told_apart_from_a_
     activations, the total at most the extra buffer above: accepted; any other split is a difference."""
     from plangen.cost.validate import differing_kinds
 
-    want = {"total": 4_279_072, "parameters": 1, "optimizer": 0, "activations": 4_016_672, "gathered": 262_400, "temporary": 0}
+    want = {
+        "total": 4_279_072,
+        "parameters": 1,
+        "optimizer": 0,
+        "activations": 4_016_672,
+        "gathered": 262_400,
+        "temporary": 0,
+    }
     early = dict(want, total=4_318_048, activations=3_807_264, gathered=510_784)
     assert differing_kinds(early, want) == {}
     assert differing_kinds(dict(early, total=want["total"] + 300_000), want) != {}  # more than the buffer
     assert differing_kinds(dict(want, activations=want["activations"] - 1, total=want["total"] - 1), want) == {
-        "activations": (4_016_671, 4_016_672)}
+        "activations": (4_016_671, 4_016_672)
+    }
 
 
 def test_what_gloo_still_held_is_allowed_exactly_and_nothing_else():
@@ -425,14 +501,25 @@ def test_what_gloo_still_held_is_allowed_exactly_and_nothing_else():
     more than one kind off, and the sharded parameters and optimizer states exact."""
     from plangen.cost.validate import differing_kinds
 
-    want = {"total": 5_000_000, "parameters": 1_000_000, "gradients": 0, "optimizer": 2_000_000,
-            "activations": 1_500_000, "gathered": 400_000, "temporary": 100_000}
+    want = {
+        "total": 5_000_000,
+        "parameters": 1_000_000,
+        "gradients": 0,
+        "optimizer": 2_000_000,
+        "activations": 1_500_000,
+        "gathered": 400_000,
+        "temporary": 100_000,
+    }
     held = [1024, 32_768, 65_536, 98_304]  # the loss's statistics; an all-gather's input, output, both
     seen = dict(want, held=held)
     for extra in (1024, 2048, 98_304, 98_304 + 1024):
-        assert differing_kinds(dict(seen, activations=want["activations"] + extra, total=want["total"] + extra), want) == {}
+        assert (
+            differing_kinds(dict(seen, activations=want["activations"] + extra, total=want["total"] + extra), want)
+            == {}
+        )
     assert differing_kinds(dict(seen, activations=want["activations"] + 1025), want) == {
-        "activations": (want["activations"] + 1025, want["activations"])}
+        "activations": (want["activations"] + 1025, want["activations"])
+    }
     # One kind off alone, its total with it, is a wrong prediction, not a peak at another moment.
     assert differing_kinds(dict(seen, activations=want["activations"] + 1025, total=want["total"] + 1025), want) != {}
     assert differing_kinds(dict(seen, activations=want["activations"] + 1024, held=[]), want) != {}

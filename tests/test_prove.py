@@ -50,7 +50,9 @@ def test_doctor_says_whether_the_installed_pair_is_inside_the_window(monkeypatch
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == (EXIT_OK if inside else EXIT_FINDINGS), result.output
     lines = result.stdout.splitlines()
-    assert lines[1].startswith(f"torch {versions['torch']} (") and lines[2].startswith(f"transformers {versions['transformers']} (")
+    assert lines[1].startswith(f"torch {versions['torch']} (") and lines[2].startswith(
+        f"transformers {versions['transformers']} ("
+    )
     assert ("OUTSIDE" in result.stdout) is not inside
     version = CliRunner().invoke(app, ["--version"])
     assert version.exit_code == 0 and version.stdout == result.stdout  # --version says the same

@@ -67,10 +67,15 @@ def test_shipped_proofs_made_on_this_transformers_match_its_code():
     from plangen.plans.proven import PROVEN_HERE, load_shipped_proofs
 
     installed = transformers.__version__
-    made_here = sorted(cls for cls, codes in load_shipped_proofs().items()
-                       if any(installed in record.get("transformers", ()) for record in codes.values()))
+    made_here = sorted(
+        cls
+        for cls, codes in load_shipped_proofs().items()
+        if any(installed in record.get("transformers", ()) for record in codes.values())
+    )
     if not made_here:
-        pytest.skip(f"no shipped proof was made on transformers {installed}: scripts/sweep_plans.py in this stack makes them")
+        pytest.skip(
+            f"no shipped proof was made on transformers {installed}: scripts/sweep_plans.py in this stack makes them"
+        )
     result = CliRunner().invoke(app, ["list", "--format", "json", *made_here])
     assert result.exit_code == 0, result.output
     rows = {row["class_name"]: row for row in json.loads(result.stdout)["architectures"]}

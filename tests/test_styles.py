@@ -32,8 +32,17 @@ from plangen.styles import (
 
 # Names that transformers 4.x plans used and 5.x dropped; user plans copied from then still carry them.
 LEGACY_4X_STYLES = (
-    "colwise_rep", "rowwise_rep", "local_colwise", "local_rowwise", "local_packed_rowwise", "local", "gather",
-    "sequence_parallel", "replicate", "grouped_gemm", "ep_router",
+    "colwise_rep",
+    "rowwise_rep",
+    "local_colwise",
+    "local_rowwise",
+    "local_packed_rowwise",
+    "local",
+    "gather",
+    "sequence_parallel",
+    "replicate",
+    "grouped_gemm",
+    "ep_router",
 )
 MLA_CONFIG = types.SimpleNamespace(qk_rope_head_dim=2)
 
@@ -224,8 +233,10 @@ def test_embedding_colwise_layouts(tp_mesh):
 # A test reading a collective's output on the fake group (this rank's data left in place, as torch
 # 2.13 on leave it) cannot run where the fake group leaves outputs uninitialised (torch 2.11).
 FAKE_GROUP_KEEPS_DATA = TORCH_VERSION >= (2, 13)
-FAKE_GROUP_REASON = ("torch < 2.13's fake process group leaves a reduce-scatter's output uninitialised: the test reads "
-                     "it (the gloo cases check the style for real)")
+FAKE_GROUP_REASON = (
+    "torch < 2.13's fake process group leaves a reduce-scatter's output uninitialised: the test reads "
+    "it (the gloo cases check the style for real)"
+)
 PACKED_NEEDS = pytest.mark.skipif(
     not COMPUTES_ON_STRIDED_SHARD, reason="torch < 2.13 cannot compute on a packed layout: the styles refuse there"
 )
@@ -344,7 +355,10 @@ def test_attention_sinks_are_split_with_the_heads_and_their_gradient_is_exact(tp
     reference.o_proj = nn.Identity()  # the concatenated heads
     holder = nn.Module()
     holder.attn = copy.deepcopy(reference)
-    styles = {"attn": AttentionSinksParallel(), **{f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}}
+    styles = {
+        "attn": AttentionSinksParallel(),
+        **{f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")},
+    }
     parallelize_module(holder, tp_mesh, styles)
     sharded = holder.attn
     assert isinstance(sharded.sinks, DTensor) and placements(sharded.sinks) == (Shard(0),)
@@ -380,8 +394,10 @@ def _synthesizer_pairs_diffllama_heads() -> bool:
 
 def test_paired_heads_attention_holds_whole_pairs_and_sums_its_lambdas_gradient(tp_mesh):
     if not _synthesizer_pairs_diffllama_heads():
-        pytest.skip("the installed DiffLlama's attention is not the form PairedHeadsAttentionInput reads (transformers "
-                    "5.24.0 on): plans keep it whole there (tests/test_synthesize.py)")
+        pytest.skip(
+            "the installed DiffLlama's attention is not the form PairedHeadsAttentionInput reads (transformers "
+            "5.24.0 on): plans keep it whole there (tests/test_synthesize.py)"
+        )
     """DiffLlama attention (4 heads, 4 KV heads) on rank 0 of TP 2, q/k/v in two halves, o_proj left
     out: its output is exactly the unsharded block's first two pairs (contiguous, so o_proj is a
     plain row-parallel); the lambdas stay whole, plain tensors, and each gets one all-reduce of its
@@ -402,8 +418,10 @@ def test_paired_heads_attention_holds_whole_pairs_and_sums_its_lambdas_gradient(
     holder.attn = copy.deepcopy(reference)
     columns = dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True)
     styles = {
-        "attn": PairedHeadsAttentionInput(input_kwarg_layouts={"hidden_states": Replicate()},
-                                          desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+        "attn": PairedHeadsAttentionInput(
+            input_kwarg_layouts={"hidden_states": Replicate()},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        ),
         **{f"attn.{p}": FusedColwiseParallel(**columns) for p in ("q_proj", "k_proj", "v_proj")},
     }
     parallelize_module(holder, tp_mesh, styles)
@@ -471,7 +489,9 @@ def test_gated_delta_net_is_split_by_heads_and_its_gradients_are_exact(tp_mesh):
     attributes = ("num_k_heads", "num_v_heads", "key_dim", "value_dim", "conv_dim")
     columns = dict(input_layouts=Replicate(), use_local_output=True)
     styles = {
-        "mixer": GatedDeltaNetParallel(head_attributes=attributes, head_parameters=("A_log", "dt_bias"), conv_parts=(1, 1, 2)),
+        "mixer": GatedDeltaNetParallel(
+            head_attributes=attributes, head_parameters=("A_log", "dt_bias"), conv_parts=(1, 1, 2)
+        ),
         "mixer.in_proj_qkv": FusedColwiseParallel(part_sizes=(1, 1, 2), **columns),
         **{f"mixer.{p}": ColwiseParallel(**columns) for p in ("in_proj_z", "in_proj_a", "in_proj_b")},
         "mixer.norm": AllReduceParamGrads(),
@@ -514,7 +534,9 @@ def test_gated_delta_net_refuses_heads_the_tp_size_does_not_divide(tp_mesh):
     holder.mixer = build_tiny("qwen3_5-linear").model.layers[0].linear_attn
     holder.mixer.num_k_heads = 3
     with pytest.raises(ValueError, match="num_k_heads=3 does not divide by the TP size 2"):
-        parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel(head_attributes=("num_k_heads",), conv_parts=(1, 1, 2))})
+        parallelize_module(
+            holder, tp_mesh, {"mixer": GatedDeltaNetParallel(head_attributes=("num_k_heads",), conv_parts=(1, 1, 2))}
+        )
     holder.mixer = nn.Linear(2, 2)
     with pytest.raises(ValueError, match="has 0 depthwise nn.Conv1d children, not one"):
         parallelize_module(holder, tp_mesh, {"mixer": GatedDeltaNetParallel()})
@@ -586,15 +608,21 @@ def test_prepare_attention_input_output_slices_the_input_width_the_head_counts_a
     holder = nn.Module()
     holder.attn = _WidthShaped()
     style = PrepareAttentionInputOutput(
-        input_kwarg_layouts={"hidden_states": Replicate()}, desired_input_kwarg_layouts={"hidden_states": Shard(-1)},
-        use_local_input=True, output_layouts=(Replicate(), None, None, None),
+        input_kwarg_layouts={"hidden_states": Replicate()},
+        desired_input_kwarg_layouts={"hidden_states": Shard(-1)},
+        use_local_input=True,
+        output_layouts=(Replicate(), None, None, None),
         desired_output_layouts=(Replicate(), Replicate(), Replicate(), Replicate()),
-        head_attributes=("num_attn_heads",), head_inputs=("attention_mask", "broadcast_mask"))
+        head_attributes=("num_attn_heads",),
+        head_inputs=("attention_mask", "broadcast_mask"),
+    )
     parallelize_module(holder, tp_mesh, {"attn": style})
     hidden = torch.randn(2, 3, 8)
     mask = torch.arange(4.0).view(1, 4, 1, 1).expand(2, 4, 3, 3)  # one slice per head, for all heads
     broadcast = torch.zeros(2, 1, 3, 3)
-    seen, seen_mask, seen_broadcast, heads = holder.attn(hidden_states=hidden, attention_mask=mask, broadcast_mask=broadcast)
+    seen, seen_mask, seen_broadcast, heads = holder.attn(
+        hidden_states=hidden, attention_mask=mask, broadcast_mask=broadcast
+    )
     assert heads == 2 and torch.equal(seen, hidden[..., :4])  # this (fake) rank 0's slice of the width
     assert torch.equal(seen_mask, mask[:, :2]) and seen_broadcast is broadcast  # its heads; a broadcast one whole
 
@@ -617,7 +645,9 @@ def test_prepare_attention_input_cuts_the_rows_of_its_heads_from_every_batch_row
 
     holder = nn.Module()
     holder.attn = _BatchHeads()
-    parallelize_module(holder, tp_mesh, {"attn": PrepareAttentionInput(head_attributes=("num_heads",), batch_head_inputs=("alibi",))})
+    parallelize_module(
+        holder, tp_mesh, {"attn": PrepareAttentionInput(head_attributes=("num_heads",), batch_head_inputs=("alibi",))}
+    )
     # Row b x 4 + h holds 10 b + h: three batch rows of four heads, as Bloom's ALiBi stacks them.
     alibi = (10 * torch.arange(3.0)[:, None] + torch.arange(4.0)).reshape(12, 1, 1).expand(12, 1, 5).requires_grad_()
     seen, heads = holder.attn(torch.zeros(3, 5, 8), torch.zeros(3, 5, 8), alibi=alibi)
@@ -664,7 +694,10 @@ def test_mamba1_mixer_is_split_by_channels_and_its_attributes_made_local(tp_mesh
     holder.m = mixer
     parallelize_module(holder, tp_mesh, {"m": Mamba1MixerParallel()})
     expected = {
-        "in_proj.weight": (Shard(0), torch.cat([reference["in_proj.weight"][:half], reference["in_proj.weight"][width:width + half]])),
+        "in_proj.weight": (
+            Shard(0),
+            torch.cat([reference["in_proj.weight"][:half], reference["in_proj.weight"][width : width + half]]),
+        ),
         "conv1d.weight": (Shard(0), reference["conv1d.weight"][:half]),
         "conv1d.bias": (Shard(0), reference["conv1d.bias"][:half]),
         "x_proj.weight": (Shard(1), reference["x_proj.weight"][:, :half]),
@@ -949,8 +982,11 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     compare("sequence_parallel", lambda: nn.LayerNorm(8), torch.randn(2, 4, 8), local_in=seq, local_out=seq)
     heads = lambda t: chunk(t, 2)  # noqa: E731
     compare(
-        "replicated_with_grad_allreduce", lambda: Qwen3RMSNorm(4), torch.randn(2, 3, 4, 4),
-        local_in=heads, local_out=heads,
+        "replicated_with_grad_allreduce",
+        lambda: Qwen3RMSNorm(4),
+        torch.randn(2, 3, 4, 4),
+        local_in=heads,
+        local_out=heads,
     )
     compare("replicate", lambda: nn.Linear(8, 6), x8)
 
@@ -970,8 +1006,12 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
         grads[impl] = (module.weight.grad, x_local.grad)
     # identity backward: each rank's grads are its own, the same as transformers'
     if "transformers" in grads:
-        diffs["all_reduce/plangen-vs-transformers/grad_weight"] = (grads["plangen"][0] - grads["transformers"][0]).abs().max().item()
-        diffs["all_reduce/plangen-vs-transformers/grad_input"] = (grads["plangen"][1] - grads["transformers"][1]).abs().max().item()
+        diffs["all_reduce/plangen-vs-transformers/grad_weight"] = (
+            (grads["plangen"][0] - grads["transformers"][0]).abs().max().item()
+        )
+        diffs["all_reduce/plangen-vs-transformers/grad_input"] = (
+            (grads["plangen"][1] - grads["transformers"][1]).abs().max().item()
+        )
     diffs["all_reduce/grad_input_is_local"] = (grads["plangen"][1] - c @ reference.weight).abs().max().item()
 
     # mla_kv_a_proj: the rope tail's gradient is summed over ranks, the rest is left to kv_b_proj.
@@ -988,8 +1028,8 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
         (out * cs[rank]).sum().backward()
         diffs[f"mla_kv_a_proj/{impl}/out"] = (out - reference(x)).abs().max().item()
         diffs[f"mla_kv_a_proj/{impl}/grad_input"] = (
-            x_local.grad - expected_grad_out @ reference.weight
-        ).abs().max().item()
+            (x_local.grad - expected_grad_out @ reference.weight).abs().max().item()
+        )
     # MlaAttentionParallel on the attention module: the same reduction, the width read from the shapes.
     attention = _LatentAttention(rope=rope, latent=6 - rope)
     attention.kv_a_proj_with_mqa = make_copy(reference)
@@ -1008,12 +1048,20 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     c = torch.randn(1, 4, 4)
     (reference(ids9) * c).sum().backward()
     module = make_copy(reference)
-    parallelize_module(module, mesh, {"embed": build_style("TiedEmbeddingParallel", dict(local_lookup=True)),
-                                      "": EmbeddingRowReadParallel(embedding="embed")})
+    parallelize_module(
+        module,
+        mesh,
+        {
+            "embed": build_style("TiedEmbeddingParallel", dict(local_lookup=True)),
+            "": EmbeddingRowReadParallel(embedding="embed"),
+        },
+    )
     out = module(ids9)
     (out * c).sum().backward()
     diffs["EmbeddingRowReadParallel/out"] = (out - reference(ids9)).abs().max().item()
-    diffs["EmbeddingRowReadParallel/grad_weight"] = (full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
+    diffs["EmbeddingRowReadParallel/grad_weight"] = (
+        (full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
+    )
     # Under SP the reader mixes the whole row into the sequence-sharded lookup with a torch.where of a
     # plain mask (Gemma 4's placeholder tokens): the mask and the row taken as Replicate, exact both ways.
     from torch.distributed.tensor import Shard
@@ -1024,14 +1072,18 @@ def gloo_parity_worker(payload: Any) -> dict[str, float]:
     (reference(ids9) * c).sum().backward()
     module = make_copy(reference)
     lookup = dict(local_lookup=True, output_layouts=Shard(1), use_local_output=False)
-    parallelize_module(module, mesh, {"embed": build_style("TiedEmbeddingParallel", lookup),
-                                      "": EmbeddingRowReadParallel(embedding="embed")})
+    parallelize_module(
+        module,
+        mesh,
+        {"embed": build_style("TiedEmbeddingParallel", lookup), "": EmbeddingRowReadParallel(embedding="embed")},
+    )
     out = module(ids9)
     diffs["EmbeddingRowReadParallel/sp/placement"] = float(tuple(out.placements) != (Shard(1),))
     (out.full_tensor() * c).sum().backward()
     diffs["EmbeddingRowReadParallel/sp/out"] = (out.full_tensor() - reference(ids9)).abs().max().item()
     diffs["EmbeddingRowReadParallel/sp/grad_weight"] = (
-        full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
+        (full(module.embed.weight.grad) - reference.embed.weight.grad).abs().max().item()
+    )
     return diffs
 
 
@@ -1089,7 +1141,9 @@ def test_mla_attention_reads_the_rope_width_from_the_module(tp_mesh):
         assert collectives(lambda: holder.attn(x)) == {}
         assert merge_c10d_counts(collectives(lambda: holder.attn(x).sum().backward())) == {"all_reduce": 1}
     with pytest.raises(ValueError, match="no rope key of width 5"):
-        parallelize_module(_LatentAttention(rope=2, latent=4, qk_rope_head_dim=5), tp_mesh, build_style("MlaAttentionParallel"))
+        parallelize_module(
+            _LatentAttention(rope=2, latent=4, qk_rope_head_dim=5), tp_mesh, build_style("MlaAttentionParallel")
+        )
     with pytest.raises(ValueError, match="multi-head latent attention module"):
         parallelize_module(nn.Linear(4, 4), tp_mesh, build_style("MlaAttentionParallel"))
 
@@ -1115,8 +1169,9 @@ def test_mla_attention_with_a_sharded_query_latent_reduces_the_input_gradient_on
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
     def step(sharded_query_latent: bool) -> dict[str, int]:
-        style = dict(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),),
-                     sharded_query_latent=sharded_query_latent)
+        style = dict(
+            input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),), sharded_query_latent=sharded_query_latent
+        )
         m = parallelize_module(_QueryLatentAttention(), tp_mesh, build_style("MlaAttentionParallel", style))
         parallelize_module(m.q_a_proj, tp_mesh, ColwiseParallel(output_layouts=Shard(-1)))
         x = torch.randn(2, 8, requires_grad=True)  # this rank's rows of 4
@@ -1152,8 +1207,13 @@ _REQUIRED_KWARGS: dict[str, dict[str, Any]] = {
     "SharedInputGather": {"readers": ("child",)},
     "MoeBlockParallel": {"router": "child", "output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
     "PrepareAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()"},
-    "BucketedAttentionInputOutput": {"output_layouts": "Replicate()", "desired_output_layouts": "Replicate()",
-                                     "head_attributes": ("num_heads",), "bucketed": "weight_proj", "all_heads_helper": "extra"},
+    "BucketedAttentionInputOutput": {
+        "output_layouts": "Replicate()",
+        "desired_output_layouts": "Replicate()",
+        "head_attributes": ("num_heads",),
+        "bucketed": "weight_proj",
+        "all_heads_helper": "extra",
+    },
 }
 
 
@@ -1199,8 +1259,12 @@ def _position_bias() -> nn.Module:
 
     from tiny_configs import TINY
 
-    bias = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["cpmant"], attn_implementation="eager")).cpmant.position_bias
-    bias.__class__ = type("PositionBias", (type(bias),), {"weight": property(lambda self: self.relative_attention_bias)})
+    bias = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(**TINY["cpmant"], attn_implementation="eager")
+    ).cpmant.position_bias
+    bias.__class__ = type(
+        "PositionBias", (type(bias),), {"weight": property(lambda self: self.relative_attention_bias)}
+    )
     return bias
 
 
@@ -1233,6 +1297,8 @@ def _jetmoe_moe():
 
     config = {k: v for k, v in TINY["jetmoe"].items() if k != "model_type"}
     return Block(AutoConfig.for_model("jetmoe", **config))
+
+
 class _Bucketed(nn.Linear):
     """A block with a head count, a bucketed projection and a helper (ProphetNet's n-gram attention's shape)."""
 
@@ -1316,6 +1382,8 @@ class _DeltaNetBlock(nn.Module):
         self.num_v_heads = 4
         self.weight = nn.Parameter(torch.zeros(4))  # [value heads]: A_log, dt_bias
         self.conv1d = nn.Conv1d(6, 6, 3, groups=6, bias=False)  # [q; k; v] channels, 2 each
+
+
 def _mamba_mixer() -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -1432,9 +1500,13 @@ _OWN_MODULE = {
 }
 
 
-@pytest.mark.parametrize("name", [
-    n if COMPUTES_ON_STRIDED_SHARD or not n.startswith("Packed") else pytest.param(n, marks=PACKED_NEEDS)
-    for n in sorted(STYLE_CLASSES)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        n if COMPUTES_ON_STRIDED_SHARD or not n.startswith("Packed") else pytest.param(n, marks=PACKED_NEEDS)
+        for n in sorted(STYLE_CLASSES)
+    ],
+)
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -1500,7 +1572,9 @@ def test_style_facts_of_objects_follow_the_nearest_registered_class():
     assert facts_of(Unrelated()) is None and not is_sharding(Unrelated()) and style_kind(Unrelated()) == "other"
     assert weight_layout(Unrelated(), nn.Linear(4, 2)) is None and weight_layout(None, nn.Linear(4, 2)) == "plain"
     assert [style_kind(_built(n)) for n in ("PackedRowwiseParallel", "RotaryEmbedParallel", "AllReduceParamGrads")] == [
-        "rowwise", "sequence", "grad_reduce"
+        "rowwise",
+        "sequence",
+        "grad_reduce",
     ]
 
 
@@ -1649,7 +1723,9 @@ def test_colwise_own_output_may_be_modified_in_place(tp_mesh):
 
     with pytest.raises(RuntimeError, match="is a view and is being modified inplace"):
         weight_grad(ColwiseParallel(**gathered), in_place=True)
-    assert torch.equal(weight_grad(ColwiseParallelOwnOutput(**gathered), True), weight_grad(ColwiseParallel(**gathered), False))
+    assert torch.equal(
+        weight_grad(ColwiseParallelOwnOutput(**gathered), True), weight_grad(ColwiseParallel(**gathered), False)
+    )
 
 
 class _ScaledEmbedding(nn.Embedding):
@@ -1671,8 +1747,11 @@ def test_local_lookup_scales_this_ranks_partial_lookup_and_reduces_it_once(tp_me
     holder = nn.Module()
     holder.m = _ScaledEmbedding(9, 4, padding_idx=7)
     full = holder.m.weight.detach().clone()
-    parallelize_module(holder, tp_mesh, {"m": TiedEmbeddingParallel(output_layouts=Shard(1), use_local_output=False,
-                                                                     local_lookup=True)})
+    parallelize_module(
+        holder,
+        tp_mesh,
+        {"m": TiedEmbeddingParallel(output_layouts=Shard(1), use_local_output=False, local_lookup=True)},
+    )
     ids = torch.tensor([[0, 4, 5, 8], [7, 1, 2, 3]])
     with CommDebugMode() as comm:
         out = holder.m(ids)
@@ -1701,8 +1780,11 @@ def test_embedding_row_reads_take_the_whole_row_with_one_all_reduce_and_only_row
 
     model = _ReadsRows(9)
     full = model.embed.weight.detach().clone()
-    parallelize_module(model, tp_mesh, {"embed": TiedEmbeddingParallel(local_lookup=True),
-                                        "": EmbeddingRowReadParallel(embedding="embed")})
+    parallelize_module(
+        model,
+        tp_mesh,
+        {"embed": TiedEmbeddingParallel(local_lookup=True), "": EmbeddingRowReadParallel(embedding="embed")},
+    )
     ids = torch.tensor([[0, 1, 2, 3]])
     with CommDebugMode() as comm:
         out = model(ids)
@@ -1719,8 +1801,11 @@ def test_embedding_row_reads_take_the_whole_row_with_one_all_reduce_and_only_row
             return self.embed(ids) * self.embed.weight[0:2].sum()
 
     other = ReadsSlice(9)
-    parallelize_module(other, tp_mesh, {"embed": TiedEmbeddingParallel(local_lookup=True),
-                                        "": EmbeddingRowReadParallel(embedding="embed")})
+    parallelize_module(
+        other,
+        tp_mesh,
+        {"embed": TiedEmbeddingParallel(local_lookup=True), "": EmbeddingRowReadParallel(embedding="embed")},
+    )
     with pytest.raises(NotImplementedError, match=r"ReadsSlice\.embed\.weight\[slice\(0, 2"):
         other(ids)
 
@@ -1790,9 +1875,14 @@ def test_experts_that_neither_layout_fits_are_refused_naming_both(tp_mesh):
     experts.down_proj = nn.Parameter(torch.zeros(3, 32, 63))  # an odd intermediate width
     holder = nn.Module()
     holder.experts = experts
-    with pytest.raises(ValueError, match=r"3 experts do not divide by the TP size 2, and each expert's intermediate "
-                                         r"split \(the other layout\) does not fit: their intermediate width 63"):
+    with pytest.raises(
+        ValueError,
+        match=r"3 experts do not divide by the TP size 2, and each expert's intermediate "
+        r"split \(the other layout\) does not fit: their intermediate width 63",
+    ):
         parallelize_module(holder, tp_mesh, {"experts": ExpertsParallel()})
+
+
 def test_mamba2_mixer_is_split_by_heads_and_made_local(tp_mesh):
     """What each rank holds: in_proj and conv1d re-laid out (z|x|B|C|dt, x|B|C) with this rank's rows,
     the per-head parameters Shard(0), and the shape attributes the forward reads made this rank's."""
@@ -1827,12 +1917,16 @@ def test_mamba2_mixer_refuses_a_tp_size_that_splits_neither_heads_nor_groups(tp_
 
     assert Mamba2Layout(heads=8, head_dim=4, groups=2, state=16).largest_tp() == 2
     assert Mamba2Layout(heads=8, head_dim=4, groups=1, state=16).largest_tp() == 8
-    assert Mamba2Layout(heads=6, head_dim=4, groups=6, state=16).refusal(4) == "mamba heads=6 do not split over TP size 4"
+    assert (
+        Mamba2Layout(heads=6, head_dim=4, groups=6, state=16).refusal(4) == "mamba heads=6 do not split over TP size 4"
+    )
     mixer = _mamba2_mixer(n_groups=4)  # 4 heads, 4 groups: fine at TP 2
     assert resolve_mamba2_layout(mixer).refusal(2) is None
     holder = nn.Module()
     holder.m = _mamba2_mixer(mamba_num_heads=6, n_groups=3)
-    with pytest.raises(ValueError, match=r"n_groups=3 is neither 1 nor divisible by TP size 2; the largest TP size it splits over is 3"):
+    with pytest.raises(
+        ValueError, match=r"n_groups=3 is neither 1 nor divisible by TP size 2; the largest TP size it splits over is 3"
+    ):
         parallelize_module(holder, tp_mesh, {"m": build_style("Mamba2MixerParallel")})
     with pytest.raises(ValueError, match="not a Mamba2 mixer"):
         resolve_mamba2_layout(nn.Linear(4, 4))
@@ -1963,7 +2057,9 @@ def test_rwkv_mixer_styles_refuse_the_other_kind_and_what_they_cannot_split(tp_m
 
     holder = nn.Module()
     holder.m = _rwkv_mixer("channel")
-    with pytest.raises(ValueError, match="RwkvTimeMixParallel: RwkvFeedForward: an RWKV channel mixing module, not the time"):
+    with pytest.raises(
+        ValueError, match="RwkvTimeMixParallel: RwkvFeedForward: an RWKV channel mixing module, not the time"
+    ):
         parallelize_module(holder, tp_mesh, {"m": RwkvTimeMixParallel()})
     holder.m = nn.Linear(4, 4)
     with pytest.raises(ValueError, match="RwkvChannelMixParallel: Linear: not an RWKV-4 time mixing"):
@@ -1990,6 +2086,8 @@ def test_head_table_is_split_by_heads_and_the_bias_is_this_ranks_heads(tp_mesh):
     holder.m.relative_attention_bias = nn.Parameter(torch.zeros(32, 3))
     with pytest.raises(ValueError, match=r"HeadTableParallel: PositionBias.relative_attention_bias is \(32, 3\)"):
         parallelize_module(holder, tp_mesh, {"m": HeadTableParallel()})
+
+
 def test_moe_block_reducing_its_input_gradient_once_refuses_what_it_cannot_count_once(tp_mesh):
     """MoeBlockParallel reduces the block input's gradient once for its branches (counts:
     tests/test_comm_counts.py, numerics: the MoE and inkling distributed cases). A block with experts
@@ -2003,14 +2101,23 @@ def test_moe_block_reducing_its_input_gradient_once_refuses_what_it_cannot_count
 
     block = _EveryTokenMoe()
     assert expert_count(block.experts)
-    style = MoeBlockParallel(router="router", gates=("shared_expert_gate",), input_layouts=(Replicate(),),
-                             desired_input_layouts=(Replicate(),), output_layouts=(Partial(),),
-                             desired_output_layouts=(Replicate(),))
+    style = MoeBlockParallel(
+        router="router",
+        gates=("shared_expert_gate",),
+        input_layouts=(Replicate(),),
+        desired_input_layouts=(Replicate(),),
+        output_layouts=(Partial(),),
+        desired_output_layouts=(Replicate(),),
+    )
     with pytest.raises(ValueError, match="_EveryTokenMoe has experts but no shared_expert_gate"):
         parallelize_module(block, tp_mesh, style)
     with pytest.raises(ValueError, match="read its input whole"):
-        MoeBlockParallel(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), output_layouts=(Partial(),),
-                         desired_output_layouts=(Shard(1),))
+        MoeBlockParallel(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Shard(1),),
+            output_layouts=(Partial(),),
+            desired_output_layouts=(Shard(1),),
+        )
     with pytest.raises(ValueError, match="must be whole"):
         PartialGradInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
 

@@ -65,8 +65,12 @@ def test_synthesizer_rederives_nemotron_h_with_its_mamba2_mixers_split_and_repli
     synthesized = build_synthesized_plan(model, False)
     # The hand-written plan also splits the MoE mixer's experts (plangen.plans.hybrid): the rest is the same.
     moe = [f"model.layers.{i}.mixer" for i, kind in enumerate(model.config.layers_block_type) if kind == "moe"]
-    hand_written = {e for e in entry_set(HAND_WRITTEN["NemotronHForCausalLM"](model, False))
-                    if e[0] not in moe and not e[0].startswith(("model.layers.*.mixer.experts", "model.layers.*.mixer.shared_experts"))}
+    hand_written = {
+        e
+        for e in entry_set(HAND_WRITTEN["NemotronHForCausalLM"](model, False))
+        if e[0] not in moe
+        and not e[0].startswith(("model.layers.*.mixer.experts", "model.layers.*.mixer.shared_experts"))
+    }
     assert moe and entry_set(synthesized) == hand_written
     reasons = {r.why for r in synthesized.replicated}
     assert any("mixture of experts" in why for why in reasons) and not any("Mamba2" in why for why in reasons)
@@ -232,7 +236,10 @@ def test_xlms_lists_of_blocks_are_sharded_where_its_loop_calls_them_by_index():
     assert (attention.style, attention.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("n_heads",))
     assert styles_of(plan)["transformer.ffns.*"] == "PrepareModuleInput"
     assert {p: styles_of(plan)[f"transformer.{p}"] for p in ("attentions.*.q_lin", "ffns.*.lin1", "ffns.*.lin2")} == {
-        "attentions.*.q_lin": "ColwiseParallel", "ffns.*.lin1": "ColwiseParallel", "ffns.*.lin2": "RowwiseParallel"}
+        "attentions.*.q_lin": "ColwiseParallel",
+        "ffns.*.lin1": "ColwiseParallel",
+        "ffns.*.lin2": "RowwiseParallel",
+    }
     assert read_indexed_call(XLMModel, "attentions", MultiHeadAttention) == BlockCall(2, None, 1)
     assert read_indexed_call(XLMModel, "ffns", TransformerFFN) == BlockCall(1, None, 1)
     # Its FFN's forward only hands ff_chunk to apply_chunking_to_forward: the readers are ff_chunk's.
@@ -248,7 +255,9 @@ def test_packed_gate_up_is_re_laid_out_and_packed_qkv_stays_replicated_with_the_
     assert styles_of(glm)["model.layers.*.mlp.down_proj"] == "RowwiseParallel"
     assert styles_of(glm)["model.layers.*.self_attn.q_proj"] == "ColwiseParallel"
     analysis = analyze_model(meta("phi4_multimodal"))  # q|k|v packed: attention kept whole
-    assert {k.why.split(" (")[0] for k in analysis.kept if k.group == "attention"} == {"packed q|k|v projection qkv_proj"}
+    assert {k.why.split(" (")[0] for k in analysis.kept if k.group == "attention"} == {
+        "packed q|k|v projection qkv_proj"
+    }
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "qwen2_moe"])
@@ -303,8 +312,12 @@ def test_an_mlp_with_its_own_single_value_stays_whole_saying_where_the_value_may
 
     dims = ModelDims(hidden=8, heads=2, kv_heads=2, head_dim=4, vocab=None, experts=None)
     assert recognize_mlp(ScaledMlp(1), dims).why == (
-        "own parameters (scale): the reader does not follow whether they scale the intermediate's slice or the reduced output")
-    assert recognize_mlp(ScaledMlp(16), dims).why == "own parameters (scale): they see only a slice of the intermediate width"
+        "own parameters (scale): the reader does not follow whether they scale the intermediate's slice or the reduced output"
+    )
+    assert (
+        recognize_mlp(ScaledMlp(16), dims).why
+        == "own parameters (scale): they see only a slice of the intermediate width"
+    )
 
 
 def test_a_router_mlp_scoring_a_skip_expert_is_a_router_and_its_experts_are_split():
@@ -399,14 +412,18 @@ def test_llama4_plan_splits_its_every_token_experts_and_keeps_dense_layers_dense
     plan = HAND_WRITTEN["Llama4ForCausalLM"](model, sequence_parallel)
     styles = styles_of(plan)
     assert styles["model.layers.1.feed_forward"] == "EveryTokenMoeParallel"
-    assert styles["model.layers.1.feed_forward.shared_expert.down_proj"] == "RowwiseParallelOwnOutput"  # the block adds into it in place
+    assert (
+        styles["model.layers.1.feed_forward.shared_expert.down_proj"] == "RowwiseParallelOwnOutput"
+    )  # the block adds into it in place
     assert styles["model.layers.0.feed_forward"] == "PrepareModuleInput"
     assert styles["model.layers.0.feed_forward.down_proj"] == "RowwiseParallel"
     assert not any(p.startswith("model.layers.*.feed_forward") for p in styles)  # never across layer kinds
     assert "routing stays exact" in why_of(plan, "model.layers.1.feed_forward.router")
     # The default config (every layer MoE): one pattern for all layers.
-    assert styles_of(HAND_WRITTEN["Llama4ForCausalLM"](meta("llama4"), sequence_parallel))[
-        "model.layers.*.feed_forward"] == "EveryTokenMoeParallel"
+    assert (
+        styles_of(HAND_WRITTEN["Llama4ForCausalLM"](meta("llama4"), sequence_parallel))["model.layers.*.feed_forward"]
+        == "EveryTokenMoeParallel"
+    )
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True])
@@ -456,8 +473,16 @@ def test_attention_parameters_not_one_per_head_keep_the_block_replicated():
     # As many heads as a head is wide: a [heads] parameter could as well be one value per feature.
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model("granitemoe_swa", hidden_size=64, num_attention_heads=8, num_key_value_heads=8,
-                                  num_hidden_layers=1, num_local_experts=4, intermediate_size=32, vocab_size=128)
+    config = AutoConfig.for_model(
+        "granitemoe_swa",
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        num_hidden_layers=1,
+        num_local_experts=4,
+        intermediate_size=32,
+        vocab_size=128,
+    )
     square = build_meta_model(config, type(model))
     found = recognize_attention(square.model.layers[0].self_attn, read_dims(square))
     assert isinstance(found, KeptBlock) and "sinks (8,)" in found.why
@@ -480,7 +505,9 @@ def test_differential_attention_is_split_by_whole_head_pairs(sequence_parallel):
     assert entries[f"{attention}.o_proj"].style == "RowwiseParallel"
     assert not any(r.pattern.startswith(attention) for r in plan.replicated)
     found = next(b.block for b in analyze_model(model).blocks if b.path.endswith("self_attn"))
-    assert found.shared_parameters == ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2") and found.kv_projections == ()
+    assert (
+        found.shared_parameters == ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2") and found.kv_projections == ()
+    )
 
 
 def test_own_head_width_parameters_without_paired_heads_keep_the_block_replicated():
@@ -606,11 +633,18 @@ def test_recurrent_gemma_recurrent_blocks_are_split_by_their_rg_lru_heads(sequen
     path = "model.layers.*.temporal_block"
     entries = {e.pattern: e for e in plan.entries if e.pattern.startswith(path)}
     assert {p: e.style for p, e in entries.items()} == {
-        path: "GatedDeltaNetParallel", f"{path}.linear_x": "ColwiseParallel", f"{path}.linear_y": "ColwiseParallel",
-        f"{path}.rg_lru": "RGLRUParallel", f"{path}.linear_out": "RowwiseParallel",
+        path: "GatedDeltaNetParallel",
+        f"{path}.linear_x": "ColwiseParallel",
+        f"{path}.linear_y": "ColwiseParallel",
+        f"{path}.rg_lru": "RGLRUParallel",
+        f"{path}.linear_out": "RowwiseParallel",
     }
     mixer = entries[path].kwargs
-    assert (mixer["input_layouts"], mixer["head_attributes"], mixer["conv_parts"]) == ((seq,), ("lru_width", "hidden_size"), (1,))
+    assert (mixer["input_layouts"], mixer["head_attributes"], mixer["conv_parts"]) == (
+        (seq,),
+        ("lru_width", "hidden_size"),
+        (1,),
+    )
     assert entries[f"{path}.linear_out"].kwargs["output_layouts"] == seq
     assert not [r for r in plan.replicated if "temporal_block" in r.pattern]
 
@@ -640,7 +674,8 @@ def test_xlstm_mlstm_layers_are_split_by_heads(sequence_parallel):
     assert {p: e.style for p, e in entries.items()} == {
         path: "PrepareAttentionInput",
         **{f"{path}.{n}": "ColwiseParallel" for n in ("q", "k", "v", "ogate_preact", "igate_preact", "fgate_preact")},
-        f"{path}.multihead_norm": "MultiHeadNormParallel", f"{path}.out_proj": "RowwiseParallel",
+        f"{path}.multihead_norm": "MultiHeadNormParallel",
+        f"{path}.out_proj": "RowwiseParallel",
     }
     layer = entries[path].kwargs
     assert layer["input_layouts"] == (seq, None) and layer["head_attributes"] == ("config.num_heads", "qk_dim", "v_dim")
@@ -689,7 +724,6 @@ def proven(monkeypatch):
 
 
 def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
-    import plangen.parallelize as R
 
     model = meta("olmo")
     proven["OlmoForCausalLM"] = {"plan": "hf", "tp": True, "sp": None, "error": None}  # only its HF plan proven
@@ -704,10 +738,11 @@ def test_runtime_uses_a_synthesized_plan_only_where_it_is_proven(proven):
 
 
 def test_no_plan_at_all_points_to_plangen_init(proven):
-    import plangen.parallelize as R
 
     proven["MptForCausalLM"] = {"plan": "synthesized", "tp": False, "sp": None, "error": "tp: differs"}
-    with pytest.raises(NoPlanError, match=r"no plan for MptForCausalLM at TP>1: write a custom plan with `plangen init MptForCausalLM`"):
+    with pytest.raises(
+        NoPlanError, match=r"no plan for MptForCausalLM at TP>1: write a custom plan with `plangen init MptForCausalLM`"
+    ):
         choose_plan(meta("mpt"), False)  # its synthesized plan failed the check on this code
 
 
@@ -765,7 +800,11 @@ def test_proven_records_ship_with_the_package():
     assert set(olmo["fingerprint"]) == {"tp", "sp"}  # the plans it proved (plangen.plans.proven.plan_fingerprint)
     # It names the release it ran on: the installed one (5.24.0 and 2.13.0 on the pinned pair).
     assert transformers.__version__ in olmo["transformers"] and torch.__version__.split("+")[0] in olmo["torch"]
-    assert all(set(r) >= {"plan", "tp", "sp", "error", "transformers", "torch"} for codes in records.values() for r in codes.values())
+    assert all(
+        set(r) >= {"plan", "tp", "sp", "error", "transformers", "torch"}
+        for codes in records.values()
+        for r in codes.values()
+    )
 
 
 # --- communication: a synthesized plan at the Megatron minimum, counted exactly ------------------
@@ -830,8 +869,10 @@ def test_moe_under_sequence_parallel_gathers_once_per_block(fake_pg):
 
 
 def _attention_part(plan) -> tuple[set, set]:
-    return ({e for e in entry_set(plan) if ".self_attn" in e[0]},
-            {(r.pattern, r.why) for r in plan.replicated if ".self_attn" in r.pattern})
+    return (
+        {e for e in entry_set(plan) if ".self_attn" in e[0]},
+        {(r.pattern, r.why) for r in plan.replicated if ".self_attn" in r.pattern},
+    )
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v2", "deepseek_v2-lite"])
@@ -863,9 +904,21 @@ def test_classes_with_deepseeks_latent_attention_get_it_sharded_by_heads(model_t
 # Every class with transformers' MLA modules, and the share of its parameters the latent down-projections
 # and their norms hold at its default size (q_a_proj, q_a_layernorm, kv_a_proj_with_mqa, kv_a_layernorm).
 LATENT_DOWN_SHARES = {
-    "youtu": 0.0706, "minicpm3": 0.0412, "deepseek_v2": 0.0072, "glm4_moe_lite": 0.0043, "hy_v4": 0.0035,
-    "axk2": 0.0026, "axk1": 0.0018, "glm_moe_dsa": 0.0017, "mistral4": 0.0017, "dots3_note": 0.0017,
-    "deepseek_v3": 0.0014, "deepseek_v32": 0.0014, "longcat_flash": 0.0010, "kimi_linear": 0.0002, "bailing_hybrid": 0.0001,
+    "youtu": 0.0706,
+    "minicpm3": 0.0412,
+    "deepseek_v2": 0.0072,
+    "glm4_moe_lite": 0.0043,
+    "hy_v4": 0.0035,
+    "axk2": 0.0026,
+    "axk1": 0.0018,
+    "glm_moe_dsa": 0.0017,
+    "mistral4": 0.0017,
+    "dots3_note": 0.0017,
+    "deepseek_v3": 0.0014,
+    "deepseek_v32": 0.0014,
+    "longcat_flash": 0.0010,
+    "kimi_linear": 0.0002,
+    "bailing_hybrid": 0.0001,
 }
 
 
@@ -892,7 +945,9 @@ def test_the_query_latent_is_split_where_the_down_projections_miss_the_goal_alon
         shares["longcat_flash"] = 0.0013  # transformers 5.25.0: [E, 2I, H] experts, fewer parameters
         measured.add("longcat_flash")
     for model_type, share in shares.items():
-        if not has_model(model_type) or (differs_from_pinned_model_code(meta(model_type)) and model_type not in measured):
+        if not has_model(model_type) or (
+            differs_from_pinned_model_code(meta(model_type)) and model_type not in measured
+        ):
             continue  # a class the installed transformers lacks, or other code (its defaults with it)
         assert latent_down_share(model_type) == pytest.approx(share, abs=5e-5), model_type
     assert {t for t, share in LATENT_DOWN_SHARES.items() if share > LEFT_WHOLE_ALLOWANCE} == {"youtu"}
@@ -907,15 +962,20 @@ def test_youtu_splits_its_query_latent_and_keeps_the_kv_latent_whole(sequence_pa
     plan = build_synthesized_plan(meta("youtu"), sequence_parallel)
     styles, attention = styles_of(plan), "model.layers.*.self_attn"
     assert {p: s for p, s in styles.items() if p.startswith(attention)} == {
-        attention: "MlaAttentionParallel", f"{attention}.q_a_proj": "ColwiseParallel",
-        f"{attention}.q_a_layernorm": "ShardedNormParallel", f"{attention}.q_b_proj": "ColwiseParallel",
-        f"{attention}.kv_b_proj": "ColwiseParallel", f"{attention}.o_proj": "RowwiseParallel",
+        attention: "MlaAttentionParallel",
+        f"{attention}.q_a_proj": "ColwiseParallel",
+        f"{attention}.q_a_layernorm": "ShardedNormParallel",
+        f"{attention}.q_b_proj": "ColwiseParallel",
+        f"{attention}.kv_b_proj": "ColwiseParallel",
+        f"{attention}.o_proj": "RowwiseParallel",
     }
     kwargs = {e.pattern: e.kwargs for e in plan.entries}
     assert kwargs[attention]["sharded_query_latent"] is True
     assert kwargs[f"{attention}.q_b_proj"]["input_layouts"] == Shard(-1)  # the latent all-gathered
     assert {r.pattern for r in plan.replicated if r.pattern.startswith(attention)} == {
-        f"{attention}.kv_a_proj_with_mqa", f"{attention}.kv_a_layernorm"}
+        f"{attention}.kv_a_proj_with_mqa",
+        f"{attention}.kv_a_layernorm",
+    }
     # MiniCPM3, below the rule: its query latent whole, as the MLA layout keeps it.
     minicpm3 = build_synthesized_plan(meta("minicpm3"), sequence_parallel)
     assert "sharded_query_latent" not in {e.pattern: e.kwargs for e in minicpm3.entries}[attention]
@@ -980,7 +1040,10 @@ def test_multi_query_packed_qkv_shards_the_query_heads_and_shares_the_kv_head():
     plan = build_synthesized_plan(meta("gpt_bigcode"), False)
     c_attn = _entry(plan, "transformer.h.*.attn.c_attn")
     assert (c_attn.style, c_attn.kwargs["part_sizes"], c_attn.kwargs["shared_parts"]) == (
-        "MultiQueryColwiseParallel", (12, 1, 1), (1, 2))
+        "MultiQueryColwiseParallel",
+        (12, 1, 1),
+        (1, 2),
+    )
     attn = _entry(plan, "transformer.h.*.attn")
     assert (attn.style, attn.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("embed_dim", "num_heads"))
     assert _entry(plan, "transformer.h.*.attn.c_proj").style == "RowwiseParallel"
@@ -993,7 +1056,10 @@ def test_multi_query_packed_qkv_shards_the_query_heads_and_shares_the_kv_head():
         return
     qkv = _entry(plan, "transformer.h.*.self_attention.query_key_value")
     assert (qkv.style, qkv.kwargs["part_sizes"], repr(qkv.kwargs["input_layouts"])) == (
-        "MultiQueryColwiseParallel", (4, 1, 1), "Replicate()")
+        "MultiQueryColwiseParallel",
+        (4, 1, 1),
+        "Replicate()",
+    )
     assert _entry(plan, "transformer.h.*.self_attention").kwargs["head_attributes"] == ("num_heads",)
 
 
@@ -1010,7 +1076,10 @@ def test_multi_query_attention_with_an_odd_head_count_is_padded():
         plan = build_synthesized_plan(model, False)
         attention = _entry(plan, "transformer.h.*.self_attention")
         assert (attention.style, attention.kwargs["padded_heads"], attention.kwargs["head_attributes"]) == (
-            "PrepareAttentionInput", True, ("num_heads",))
+            "PrepareAttentionInput",
+            True,
+            ("num_heads",),
+        )
         assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "MultiQueryColwiseParallel"
     assert meta("falcon").config.num_attention_heads == 5
     # A head count that divides needs no pad: the 4-head tiny Falcon's plan does not pad.
@@ -1027,9 +1096,11 @@ def test_shrinking_an_odd_head_count_no_padded_layout_fits_is_a_one_line_error()
 
     resolved = resolve_model("falcon")
     if head_counts(resolved.config) != (71, 71):
-        pytest.skip(f"the installed FalconConfig counts Falcon-7B's heads as {head_counts(resolved.config)} (transformers "
-                    "5.25.0 adds num_key_value_heads, 1 for multi-query; 5.24.0 has none, so the query count): the "
-                    "shrunk model keeps the 71:1 ratio, no odd count to shrink to")
+        pytest.skip(
+            f"the installed FalconConfig counts Falcon-7B's heads as {head_counts(resolved.config)} (transformers "
+            "5.25.0 adds num_key_value_heads, 1 for multi-query; 5.24.0 has none, so the query count): the "
+            "shrunk model keeps the 71:1 ratio, no odd count to shrink to"
+        )
     assert shrink_config(resolved.config, 16).num_attention_heads == 31
     with pytest.raises(ValueError, match="the largest legal TP size for this model is 71"):
         shrink_config(resolved.config, 128)
@@ -1043,7 +1114,10 @@ def test_a_per_head_bias_stacked_with_the_batch_rows_is_cut_by_the_attentions_in
         plan = build_synthesized_plan(model, sp)
         attention = _entry(plan, "transformer.h.*.self_attention")
         assert attention.style == "PrepareAttentionInput"
-        assert (attention.kwargs["head_attributes"], attention.kwargs["batch_head_inputs"]) == (("num_heads",), ("alibi",))
+        assert (attention.kwargs["head_attributes"], attention.kwargs["batch_head_inputs"]) == (
+            ("num_heads",),
+            ("alibi",),
+        )
         assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "ColwiseParallel"  # whole heads
         assert _entry(plan, "transformer.h.*.self_attention.dense").style == "RowwiseParallel"
         assert not [e for e in plan.entries if e.pattern == "transformer.h.*"]  # not MPT's slice of the layer's input
@@ -1065,8 +1139,10 @@ def test_a_token_embedding_added_to_a_buffer_the_model_indexes_has_no_sp_with_th
     # CTRL: hidden_states = inputs_embeds + self.pos_encoding[position_ids, :] + ..., in CTRLModel's forward.
     analysis = analyze_model(meta("ctrl"))
     assert not analysis.sequence_parallel
-    assert analysis.sp_problems[0] == ("the token embedding is added to pos_encoding, a buffer CTRLModel indexes in its "
-                                       "own forward, where no style can lay the sum out on sequence shards")
+    assert analysis.sp_problems[0] == (
+        "the token embedding is added to pos_encoding, a buffer CTRLModel indexes in its "
+        "own forward, where no style can lay the sum out on sequence shards"
+    )
 
 
 def test_bloom_hands_its_layers_the_same_alibi_layout_without_a_mask():
@@ -1164,13 +1240,18 @@ def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
 
     model = meta("falcon")  # parallel attention: mlp_output += attention_output
     assert read_modified_in_place(type(model.transformer.h[0])) == {"mlp"}
-    assert _entry(build_synthesized_plan(model, False), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallelOwnOutput"
+    assert (
+        _entry(build_synthesized_plan(model, False), "transformer.h.*.mlp.dense_4h_to_h").style
+        == "RowwiseParallelOwnOutput"
+    )
     # Under SP the output stays a DTensor (no view handed out): torch's style as it is.
     assert _entry(build_synthesized_plan(model, True), "transformer.h.*.mlp.dense_4h_to_h").style == "RowwiseParallel"
 
 
-@pytest.mark.parametrize(("model_type", "embedding", "owner"), [("ctrl", "transformer.w", "transformer"),
-                                                               ("git", "git.embeddings.word_embeddings", "git.embeddings")])
+@pytest.mark.parametrize(
+    ("model_type", "embedding", "owner"),
+    [("ctrl", "transformer.w", "transformer"), ("git", "git.embeddings.word_embeddings", "git.embeddings")],
+)
 def test_an_embedding_output_the_model_modifies_in_place_gets_a_copy(model_type, embedding, owner):
     """CTRL scales its token embedding in place (inputs_embeds *= sqrt(d)), Git adds the positions
     into it (embeddings += position_embeddings): torch's row-parallel output is to_local's view."""
@@ -1187,9 +1268,14 @@ def test_attention_inside_a_thin_wrapper_is_sharded_by_heads_where_the_wrapper_c
     # _split_heads(query, self.num_heads, self.head_dim) shapes by the module's head count.
     plan = build_synthesized_plan(meta("gpt_neo"), False)
     inner = "transformer.h.*.attn.attention"
-    assert (_entry(plan, inner).style, _entry(plan, inner).kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads",))
+    assert (_entry(plan, inner).style, _entry(plan, inner).kwargs["head_attributes"]) == (
+        "PrepareAttentionInput",
+        ("num_heads",),
+    )
     assert {_entry(plan, f"{inner}.{p}").style for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
-    assert repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"  # prepared once, where the wrapper calls it
+    assert (
+        repr(_entry(plan, f"{inner}.q_proj").kwargs["input_layouts"]) == "Replicate()"
+    )  # prepared once, where the wrapper calls it
     assert _entry(plan, f"{inner}.out_proj").style == "RowwiseParallel"
 
 
@@ -1207,13 +1293,20 @@ def test_packed_qkv_grouped_per_kv_head_makes_both_head_counts_local():
     heads = _entry(plan, "transformer.h.*.self_attention")
     assert (heads.style, heads.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_heads", "num_kv_heads"))
     assert _entry(plan, "transformer.h.*.self_attention.query_key_value").style == "ColwiseParallel"
+
+
 # --- BART-family decoders: cross-attention's alias, fc1/fc2 in the layer, head counts, positions --------
 
 
 @pytest.mark.parametrize(
     "model_type, layers",
-    [("bart", "model.decoder.layers.*"), ("xglm", "model.layers.*"), ("biogpt", "biogpt.layers.*"),
-     ("whisper", "model.decoder.layers.*"), ("musicgen", "model.decoder.layers.*")],
+    [
+        ("bart", "model.decoder.layers.*"),
+        ("xglm", "model.layers.*"),
+        ("biogpt", "biogpt.layers.*"),
+        ("whisper", "model.decoder.layers.*"),
+        ("musicgen", "model.decoder.layers.*"),
+    ],
 )
 def test_bart_family_attention_and_the_layer_level_mlp_are_sharded(model_type, layers):
     styles = styles_of(build_synthesized_plan(meta(model_type), False))
@@ -1278,13 +1371,18 @@ def test_argument_chains_pair_fc1_and_fc2_only_through_parameter_free_steps():
 
 @pytest.mark.parametrize(
     "model_type, layers, attributes",
-    [("opt", "model.decoder.layers.*", ("num_heads",)), ("xglm", "model.layers.*", ("embed_dim", "num_heads")),
-     ("bart", "model.decoder.layers.*", None)],
+    [
+        ("opt", "model.decoder.layers.*", ("num_heads",)),
+        ("xglm", "model.layers.*", ("embed_dim", "num_heads")),
+        ("bart", "model.decoder.layers.*", None),
+    ],
 )
 def test_attention_that_views_by_its_head_count_gets_it_made_local(model_type, layers, attributes):
     """OPT's ``view(bsz, -1, self.num_heads, self.head_dim)``: with this rank's half of the heads the
     -1 takes the missing heads into the sequence, no error. The plan divides such attributes."""
-    attention = next(e for e in build_synthesized_plan(meta(model_type), False).entries if e.pattern == f"{layers}.self_attn")
+    attention = next(
+        e for e in build_synthesized_plan(meta(model_type), False).entries if e.pattern == f"{layers}.self_attn"
+    )
     if attributes is None:  # BART views by (-1, head_dim) only: nothing to change
         assert attention.style == "PrepareModuleInput"
     else:
@@ -1312,7 +1410,9 @@ def test_attention_reshaped_by_the_inputs_own_width_is_handed_its_slice_of_the_h
         path = f"model.decoder.layers.*.{attention}"
         prepared = next(e for e in plan.entries if e.pattern == path)
         assert prepared.style == "PrepareAttentionInput" and prepared.kwargs["head_attributes"] == ("num_heads",)
-        assert prepared.kwargs["input_kwarg_layouts"] == {"hidden_states": Shard(1) if sequence_parallel else Replicate()}
+        assert prepared.kwargs["input_kwarg_layouts"] == {
+            "hidden_states": Shard(1) if sequence_parallel else Replicate()
+        }
         assert prepared.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
         assert prepared.kwargs["use_local_output"] is True  # a DTensor would report the whole width
         for projection in ("q_proj", "k_proj", "v_proj"):
@@ -1348,16 +1448,21 @@ def test_attention_reading_its_input_otherwise_too_is_not_handed_a_slice():
     qkv = frozenset({"q_proj", "k_proj", "v_proj"})
     assert read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, qkv)
     # ProphetNet also asserts the input's size against the unpacked one: an assert only passes or raises.
-    assert read_input_only_sized_and_projected(modeling_prophetnet.ProphetNetAttention,
-                                               frozenset({"query_proj", "key_proj", "value_proj"}))
+    assert read_input_only_sized_and_projected(
+        modeling_prophetnet.ProphetNetAttention, frozenset({"query_proj", "key_proj", "value_proj"})
+    )
     # Reading the input with anything else (k_proj left out here, or a residual add) is not followed.
     assert not read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, frozenset({"q_proj", "v_proj"}))
     assert not read_input_only_sized_and_projected(_WidthAttention, qkv)
-    kept = recognize_attention(_WidthAttention(), ModelDims(hidden=8, heads=2, kv_heads=2, head_dim=4, vocab=None, experts=None))
+    kept = recognize_attention(
+        _WidthAttention(), ModelDims(hidden=8, heads=2, kv_heads=2, head_dim=4, vocab=None, experts=None)
+    )
     assert "the input's own width" in kept.why and "reads its input otherwise too" in kept.why
 
 
-@pytest.mark.parametrize("model_type, path", [("bart", "model.decoder.embed_positions"), ("xglm", "model.embed_positions")])
+@pytest.mark.parametrize(
+    "model_type, path", [("bart", "model.decoder.embed_positions"), ("xglm", "model.embed_positions")]
+)
 def test_position_embeddings_added_to_the_token_embedding_are_laid_out_under_sp(model_type, path):
     model = meta(model_type)
     assert analyze_model(model).positions == (path,) and analyze_model(model).sequence_parallel
@@ -1393,20 +1498,29 @@ def test_a_head_width_is_not_a_head_count_even_where_one_kv_head_is_as_wide():
     plan = build_synthesized_plan(build_tiny("granite-1kv"), False)
     attention = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn")
     assert attention.style == "PrepareAttentionInput" and "head_attributes" not in attention.kwargs
+
+
 # --- blocks split over two sibling modules (the BERT family as causal decoders) --------------------
 
 
-@pytest.mark.parametrize("model_type, layers", [
-    ("bert", "bert.encoder.layer.*"), ("roberta", "roberta.encoder.layer.*"), ("electra", "electra.encoder.layer.*"),
-    ("xlm-roberta-xl", "roberta.encoder.layer.*"),  # pre-norms beside attention.self and intermediate
-])
+@pytest.mark.parametrize(
+    "model_type, layers",
+    [
+        ("bert", "bert.encoder.layer.*"),
+        ("roberta", "roberta.encoder.layer.*"),
+        ("electra", "electra.encoder.layer.*"),
+        ("xlm-roberta-xl", "roberta.encoder.layer.*"),  # pre-norms beside attention.self and intermediate
+    ],
+)
 def test_bert_blocks_split_over_sibling_modules_are_sharded_megatron_style(model_type, layers):
     # attention.self holds q/k/v, attention.output the projection back; intermediate the up-projection,
     # output the down-projection: paired by what the parent feeds from one to the other.
     plan = build_synthesized_plan(meta(model_type), False)
     styles = styles_of(plan)
-    for inner, colwise, outer in (("attention.self", ("query", "key", "value"), "attention.output.dense"),
-                                  ("intermediate", ("dense",), "output.dense")):
+    for inner, colwise, outer in (
+        ("attention.self", ("query", "key", "value"), "attention.output.dense"),
+        ("intermediate", ("dense",), "output.dense"),
+    ):
         assert styles[f"{layers}.{inner}"] == "PrepareModuleInput"  # one Replicate DTensor: one gradient reduction
         assert all(styles[f"{layers}.{inner}.{c}"] == "ColwiseParallel" for c in colwise)
         assert styles[f"{layers}.{outer}"] == "RowwiseParallel"
@@ -1424,12 +1538,17 @@ def test_a_norm_inside_the_column_half_sees_the_whole_input():
     prepared = next(e for e in plan.entries if e.pattern == "roberta_prelayernorm.encoder.layer.*.intermediate")
     assert prepared.style == "PrepareModuleInput" and prepared.kwargs["use_local_output"] is True
     assert styles_of(plan)["roberta_prelayernorm.encoder.layer.*.intermediate.dense"] == "ColwiseParallel"
-    assert "before its column-parallel projections" in why_of(plan, "roberta_prelayernorm.encoder.layer.*.intermediate.LayerNorm")
+    assert "before its column-parallel projections" in why_of(
+        plan, "roberta_prelayernorm.encoder.layer.*.intermediate.LayerNorm"
+    )
 
 
 def test_bert_has_no_sequence_parallel_plan_and_says_why():
-    with pytest.raises(ValueError, match=r"BertLMHeadModel: no sequence-parallel synthesized plan: the token embedding is "
-                       r"combined with position_embeddings, token_type_embeddings inside bert.embeddings \(BertEmbeddings\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"BertLMHeadModel: no sequence-parallel synthesized plan: the token embedding is "
+        r"combined with position_embeddings, token_type_embeddings inside bert.embeddings \(BertEmbeddings\)",
+    ):
         build_synthesized_plan(meta("bert"), True)
     # An embedding module holding only a norm beside the token embedding is not such a sum.
     assert not analyze_model(meta("modernbert-decoder")).sp_problems[0].startswith("the token embedding is combined")
@@ -1443,7 +1562,9 @@ def test_attention_reshaping_with_its_built_in_width_gets_local_head_counts(mode
     attention = next(e for e in plan.entries if e.pattern == f"{layers}.encoder.layer.*.attention.self")
     assert (attention.style, attention.kwargs) == ("LocalHeadCounts", {"attributes": ("all_head_size",)})
     styles = styles_of(plan)
-    assert all(styles[f"{layers}.encoder.layer.*.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value"))
+    assert all(
+        styles[f"{layers}.encoder.layer.*.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value")
+    )
     assert styles[f"{layers}.encoder.layer.*.output.dense"] == "RowwiseParallel"
 
 
@@ -1643,7 +1764,10 @@ def test_gemma4_per_layer_inputs_stay_whole_under_tp_and_on_the_sequence_shard_u
     skip_unless_pinned_model_code(model)
     found = analyze_model(model).per_layer_inputs
     assert found is not None and (found.table, found.projection, found.norm) == (
-        "model.embed_tokens_per_layer", "model.per_layer_model_projection", "model.per_layer_projection_norm")
+        "model.embed_tokens_per_layer",
+        "model.per_layer_model_projection",
+        "model.per_layer_projection_norm",
+    )
     assert found.layer_linears[:2] == ("model.layers.0.per_layer_input_gate", "model.layers.0.per_layer_projection")
     plan = build_synthesized_plan(model, False)
     assert "per token and small, whole on every rank" in why_of(plan, "model.per_layer_model_projection")
@@ -1651,10 +1775,16 @@ def test_gemma4_per_layer_inputs_stay_whole_under_tp_and_on_the_sequence_shard_u
     sp = build_synthesized_plan(model, True)
     table = _entry(sp, "model.embed_tokens_per_layer")
     assert table.kwargs == dict(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
-    for path in ("model.per_layer_model_projection", "model.per_layer_projection_norm",
-                 "model.layers.*.per_layer_input_gate", "model.layers.*.per_layer_projection"):
+    for path in (
+        "model.per_layer_model_projection",
+        "model.per_layer_projection_norm",
+        "model.layers.*.per_layer_input_gate",
+        "model.layers.*.per_layer_projection",
+    ):
         assert (_entry(sp, path).style, _entry(sp, path).kwargs) == (
-            "SequenceParallel", dict(sequence_dim=1, use_local_output=False))
+            "SequenceParallel",
+            dict(sequence_dim=1, use_local_output=False),
+        )
     assert "PrepareModuleInputOutput" not in styles_of(sp).values()
 
 
@@ -1721,13 +1851,18 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     assert read_experts_norms(layer, "experts") == ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_2")
     assert not analyze_model(model).sp_problems
     sp = build_synthesized_plan(model, True)
-    assert _entry(sp, "model.layers.*.experts").kwargs == {"output_layouts": Partial(), "use_local_output": False,
-                                                           "sum_input_grad": False}
+    assert _entry(sp, "model.layers.*.experts").kwargs == {
+        "output_layouts": Partial(),
+        "use_local_output": False,
+        "sum_input_grad": False,
+    }
     # The router and the experts' input norm read the flattened residual: gathered once for both, the
     # norm's gradient (the experts' input's) partial, reduce-scattered by the gather's backward.
     shared = _entry(sp, "model.layers.*")
-    assert (shared.style, shared.kwargs) == ("SharedInputGather", {"readers": ("router", "pre_feedforward_layernorm_2"),
-                                                                   "partial_readers": ("pre_feedforward_layernorm_2",)})
+    assert (shared.style, shared.kwargs) == (
+        "SharedInputGather",
+        {"readers": ("router", "pre_feedforward_layernorm_2"), "partial_readers": ("pre_feedforward_layernorm_2",)},
+    )
     assert not [e for e in sp.entries if e.pattern.endswith((".router", ".pre_feedforward_layernorm_2"))]
     assert styles_of(sp)["model.layers.*.post_feedforward_layernorm_2"] == "SequenceParallel"
 
@@ -1754,7 +1889,11 @@ def test_experts_whose_output_no_norm_takes_are_refused_under_sequence_parallel(
 @pytest.mark.parametrize(
     "model_type, colwise, packed",
     [
-        ("qwen3_5", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), "in_proj_qkv"),  # [q; k; v] as the conv takes it
+        (
+            "qwen3_5",
+            ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+            "in_proj_qkv",
+        ),  # [q; k; v] as the conv takes it
         ("qwen3_next", ("in_proj_qkvz", "in_proj_ba"), None),  # grouped per key head: a plain row split
         ("qwen3_5_moe", ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"), "in_proj_qkv"),
         ("olmo_hybrid", ("q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj"), None),  # o_proj is as wide
@@ -1823,10 +1962,17 @@ def test_a_head_from_a_narrower_projection_is_vocabulary_parallel_and_refuses_sp
     assert model.cls.predictions.decoder.in_features != model.config.hidden_size
     plan = build_synthesized_plan(model, False)
     head = next(e for e in plan.entries if e.pattern == "cls.predictions.decoder")
-    assert (head.style, head.kwargs["input_layouts"], head.kwargs["output_layouts"]) == ("ColwiseParallel", Replicate(), Shard(-1))
+    assert (head.style, head.kwargs["input_layouts"], head.kwargs["output_layouts"]) == (
+        "ColwiseParallel",
+        Replicate(),
+        Shard(-1),
+    )
     assert not any(r.pattern == "cls.predictions.decoder" for r in plan.replicated)
     problems = analyze_model(model).sp_problems
-    assert any(p.startswith(f"the output head reads {model.config.output_embedding_size} features, not the hidden size") for p in problems)
+    assert any(
+        p.startswith(f"the output head reads {model.config.output_embedding_size} features, not the hidden size")
+        for p in problems
+    )
 
 
 def test_big_bird_attention_called_on_either_branch_is_split_and_its_rebuilt_child_gets_local_counts():
@@ -1841,16 +1987,23 @@ def test_big_bird_attention_called_on_either_branch_is_split_and_its_rebuilt_chi
 
     assert read_fed_by(big_bird.BigBirdAttention) == {"output": "self"}
     assert set(read_rebuilt_child_classes(big_bird.BigBirdAttention, "self")) == {
-        big_bird.BigBirdSelfAttention, big_bird.BigBirdBlockSparseAttention}
+        big_bird.BigBirdSelfAttention,
+        big_bird.BigBirdBlockSparseAttention,
+    }
     assert read_draws_numpy_random(big_bird.BigBirdBlockSparseAttention)
     assert not read_draws_numpy_random(big_bird.BigBirdSelfAttention)
     assert read_rebuilt_child_classes(big_bird.BigBirdAttention, "output") == ()
     plan = build_synthesized_plan(meta("big_bird"), False)
     layers = "bert.encoder.layer.*"
     attention = next(e for e in plan.entries if e.pattern == f"{layers}.attention")
-    assert (attention.style, attention.kwargs) == ("RebuiltChildHeadCounts", {
-        "child": "self", "attributes": ("all_head_size", "num_attention_heads"),
-        "refused_in_training": ("BigBirdBlockSparseAttention",)})
+    assert (attention.style, attention.kwargs) == (
+        "RebuiltChildHeadCounts",
+        {
+            "child": "self",
+            "attributes": ("all_head_size", "num_attention_heads"),
+            "refused_in_training": ("BigBirdBlockSparseAttention",),
+        },
+    )
     styles = styles_of(plan)
     assert all(styles[f"{layers}.attention.self.{p}"] == "ColwiseParallel" for p in ("query", "key", "value"))
     assert styles[f"{layers}.attention.output.dense"] == "RowwiseParallel"
@@ -1869,7 +2022,9 @@ def test_prophetnet_ngram_attention_is_sharded_by_heads_with_its_bucket_major_pr
     attention = prophetnet.ProphetNetNgramSelfAttention
     assert read_bucket_major_view(attention, "relative_pos_embeddings") == ("num_buckets", "num_attn_heads")
     assert read_transposed_projection_helper(attention, "relative_pos_embeddings", "num_attn_heads") == (
-        "get_predict_relative_pos_embeddings", 2)
+        "get_predict_relative_pos_embeddings",
+        2,
+    )
     assert read_bucket_major_view(attention, "query_proj") is None
     model = meta("prophetnet")
     plan = build_synthesized_plan(model, False)
@@ -1877,16 +2032,26 @@ def test_prophetnet_ngram_attention_is_sharded_by_heads_with_its_bucket_major_pr
     block = next(e for e in plan.entries if e.pattern == f"{layers}.self_attn")
     assert block.style == "BucketedAttentionInputOutput"
     assert block.kwargs["desired_input_kwarg_layouts"] == {"hidden_states": Shard(-1)}
-    assert block.kwargs["output_layouts"] == (Shard(-1), None, None) and block.kwargs["desired_output_layouts"][0] == Replicate()
+    assert (
+        block.kwargs["output_layouts"] == (Shard(-1), None, None)
+        and block.kwargs["desired_output_layouts"][0] == Replicate()
+    )
     assert (block.kwargs["head_attributes"], block.kwargs["head_inputs"]) == (
-        ("num_attn_heads",), ("attention_mask", "extended_predict_attention_mask"))
-    assert (block.kwargs["all_heads_helper"], block.kwargs["all_heads_dim"]) == ("get_predict_relative_pos_embeddings", 2)
+        ("num_attn_heads",),
+        ("attention_mask", "extended_predict_attention_mask"),
+    )
+    assert (block.kwargs["all_heads_helper"], block.kwargs["all_heads_dim"]) == (
+        "get_predict_relative_pos_embeddings",
+        2,
+    )
     entries = {e.pattern: e for e in plan.entries}
     relative = entries[f"{layers}.self_attn.relative_pos_embeddings"]
     assert relative.style == "FusedColwiseParallel" and relative.kwargs["part_sizes"] == (1,) * model.config.num_buckets
     out = entries[f"{layers}.self_attn.out_proj"]
     assert (out.style, out.kwargs["output_layouts"]) == ("RowwiseParallel", Shard(-1))
-    assert all(entries[f"{layers}.self_attn.{p}"].style == "ColwiseParallel" for p in ("query_proj", "key_proj", "value_proj"))
+    assert all(
+        entries[f"{layers}.self_attn.{p}"].style == "ColwiseParallel" for p in ("query_proj", "key_proj", "value_proj")
+    )
     assert not any(r.pattern == f"{layers}.self_attn" for r in plan.replicated)
 
 
@@ -1930,8 +2095,10 @@ def test_doge_dynamic_mask_projection_is_row_parallel_onto_this_ranks_heads():
 
     plan = build_synthesized_plan(meta("doge"), False)
     gate = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn.dt_proj")
-    assert (gate.style, gate.kwargs) == ("RowwiseParallel", {"input_layouts": Shard(-1), "output_layouts": Shard(-1),
-                                                             "use_local_output": True})
+    assert (gate.style, gate.kwargs) == (
+        "RowwiseParallel",
+        {"input_layouts": Shard(-1), "output_layouts": Shard(-1), "use_local_output": True},
+    )
     assert styles_of(plan)["model.layers.*.self_attn"] == "AttentionSinksParallel"  # A split with the heads
     assert styles_of(plan)["model.layers.*.self_attn.o_proj"] == "RowwiseParallel"
     assert "input_residual, post_attention_residual" in why_of(plan, "model.layers.*")
@@ -1958,8 +2125,10 @@ def test_a_model_of_several_stacks_names_them_as_its_reason():
     the reason says so instead of only "no hidden size"."""
     analysis = analyze_model(meta("blt"))
     assert not analysis.synthesizable
-    assert analysis.problem == ("its config states no hidden size of its own, only its stacks' (decoder_config,"
-                                " encoder_config, global_config, patcher_config): a model of several stacks is not recognised")
+    assert analysis.problem == (
+        "its config states no hidden size of its own, only its stacks' (decoder_config,"
+        " encoder_config, global_config, patcher_config): a model of several stacks is not recognised"
+    )
     # A module with no config at all: the plain reason, and synthesizing it is a ValueError (choose_plan's NoPlanError).
     assert analyze_model(nn.Sequential(nn.Linear(2, 2))).problem == "its config states no hidden size"
     with pytest.raises(ValueError, match="no hidden size"):

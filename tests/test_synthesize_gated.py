@@ -67,7 +67,9 @@ def test_the_packed_reader_follows_torch_chunk_called_as_a_function():
     model = meta("qwen3_5")
     attention = next(m for n, m in model.named_modules() if n.endswith("self_attn"))
     dims = read_dims(model)
-    split = read_packed_split(attention, "q_proj", attention.q_proj.out_features, {dims.heads, dims.kv_heads}, dims.head_dim)
+    split = read_packed_split(
+        attention, "q_proj", attention.q_proj.out_features, {dims.heads, dims.kv_heads}, dims.head_dim
+    )
     assert split == PackedSplit("groups", groups=dims.heads)
 
 
@@ -94,7 +96,9 @@ class _Parts(_Interleaved):
 
     def forward(self, hidden_states):
         query, gate = self.q_proj(hidden_states).chunk(2, dim=-1)
-        return self.o_proj(query * torch.sigmoid(gate) + self.k_proj(hidden_states).sum() + self.v_proj(hidden_states).sum())
+        return self.o_proj(
+            query * torch.sigmoid(gate) + self.k_proj(hidden_states).sum() + self.v_proj(hidden_states).sum()
+        )
 
 
 class _Wide(_Interleaved):
@@ -133,7 +137,10 @@ def test_lfm3_per_head_gate_and_short_conv_are_sharded(sequence_parallel):
     conv = next(p for p in found if p.endswith(".conv") and found[p].style == "GatedDeltaNetParallel")
     mixer = found[conv].kwargs
     assert (mixer["conv_parts"], mixer["head_attributes"], mixer["head_parameters"]) == ((1,), (), ())
-    assert (found[f"{conv}.in_proj"].style, found[f"{conv}.in_proj"].kwargs["part_sizes"]) == ("FusedColwiseParallel", (1, 1, 1))
+    assert (found[f"{conv}.in_proj"].style, found[f"{conv}.in_proj"].kwargs["part_sizes"]) == (
+        "FusedColwiseParallel",
+        (1, 1, 1),
+    )
     assert found[f"{conv}.out_proj"].style == "RowwiseParallel"
     assert not any(p.startswith(f"{conv}.") and p.endswith("norm") for p in found)  # no norm to reduce
     assert not {attention, conv} & replicated(plan)

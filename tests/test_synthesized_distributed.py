@@ -151,14 +151,30 @@ CLASSES = {
     "got_ocr2": ("GotOcr2ForConditionalGeneration", True),
 }
 # The towers those cases must run: every parameter of their layers gets a gradient in the check.
-TOWERS = {"git": "git.image_encoder.vision_model.encoder.layers.", "moss_transcribe_diarize": "model.audio_tower.layers.",
-          "got_ocr2": "model.vision_tower.layers."}
+TOWERS = {
+    "git": "git.image_encoder.vision_model.encoder.layers.",
+    "moss_transcribe_diarize": "model.audio_tower.layers.",
+    "got_ocr2": "model.vision_tower.layers.",
+}
 # No sequence parallel: the BERT family's (RemBERT's, X-MOD's) position and token-type embeddings are
 # added to the token embedding inside the embeddings module, where no style can lay the sum out on
 # sequence shards (ProphetNet's positions likewise); Gemma 3n's AltUp is not recognised, so nothing
 # gives it the whole sequence.
-TP_ONLY = {"bert", "roberta", "roformer", "rembert", "xmod", "big_bird", "prophetnet", "gemma3n_text", "inkling_text", "inkling", "zaya",
-           "qwen4_exp", *TOWERS}
+TP_ONLY = {
+    "bert",
+    "roberta",
+    "roformer",
+    "rembert",
+    "xmod",
+    "big_bird",
+    "prophetnet",
+    "gemma3n_text",
+    "inkling_text",
+    "inkling",
+    "zaya",
+    "qwen4_exp",
+    *TOWERS,
+}
 # Tiny configs of other layouts of those classes (tests/tiny_configs.py): name -> tied embeddings.
 TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
@@ -188,16 +204,41 @@ EAGER = {"xlstm-4h"}
 PADDED = {"qwen3_5", "bloom"}
 # Cases that also read the full state dict at DP>1 and load the Hugging Face weights back (fused layouts):
 # under SP where the class has it (the same parameters: one case reads it for both).
-STATE_DICT = {"qwen3_5", "qwen3_next", "lfm2_moe", "lfm3", "gpt_neox", "persimmon", "codegen", "mpt", "bloom", "falcon-gqa", "gpt_bigcode", "falcon-mqa", "falcon-mqa-5h",
-              "jamba", "mamba", "granitemoehybrid", "diffllama", "recurrent_gemma", "xlstm-4h", "inkling_text", "glm4",
-              "prophetnet",  # ProphetNet's bucket-major relative_pos_embeddings, re-laid out per rank
-              "youtu"}  # its query latent's down-projection and norm sharded, the KV latent's whole
+STATE_DICT = {
+    "qwen3_5",
+    "qwen3_next",
+    "lfm2_moe",
+    "lfm3",
+    "gpt_neox",
+    "persimmon",
+    "codegen",
+    "mpt",
+    "bloom",
+    "falcon-gqa",
+    "gpt_bigcode",
+    "falcon-mqa",
+    "falcon-mqa-5h",
+    "jamba",
+    "mamba",
+    "granitemoehybrid",
+    "diffllama",
+    "recurrent_gemma",
+    "xlstm-4h",
+    "inkling_text",
+    "glm4",
+    "prophetnet",  # ProphetNet's bucket-major relative_pos_embeddings, re-laid out per rank
+    "youtu",
+}  # its query latent's down-projection and norm sharded, the KV latent's whole
 # The stable variant of the runtime's (proven) plan: Mamba1 mixers kept whole (plangen.plans.variants);
 # Jamba's with left padding, which the mixer masks. RecurrentGemma's: linear_out column-parallel on its
 # gathered input, the conv and the RG-LRU still split (nothing sums across ranks there).
 # Youtu's: its query latent's norm all-gathered and normalised whole (GatheredNormParallel), not summed.
-STABLE = {"mamba-stable": "mamba", "jamba-stable": "jamba", "recurrent_gemma-stable": "recurrent_gemma",
-          "youtu-stable": "youtu"}
+STABLE = {
+    "mamba-stable": "mamba",
+    "jamba-stable": "jamba",
+    "recurrent_gemma-stable": "recurrent_gemma",
+    "youtu-stable": "youtu",
+}
 MESHES = ("tp2", "dp2tp2")
 # Forward reduce-scatters outside SP: Doge's dt_proj, one per layer (two tiny layers); ProphetNet's
 # n-gram self-attention's out_proj, once for the main and once for the predict streams per layer.
@@ -205,36 +246,76 @@ HEAD_GATE_REDUCE_SCATTERS = {"doge": 2, "prophetnet": 4}
 
 
 def _cases() -> list[dict]:
-    return [
-        {"name": f"{t}{'-sp' if sp else ''}", "model_type": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and sp == (t not in TP_ONLY) else {}), **({"pad": True} if t in PADDED else {})}
-        for t in CLASSES
-        for sp in ((False,) if t in TP_ONLY else (False, True))
-    ] + [
-        {"name": f"{t}{'-sp' if sp else ''}", "model": t, "plan_kind": "synthesized", "sp": sp, "adam_eps": 1e-6,
-         **({"state_dict": True} if t in STATE_DICT and sp == (t not in TP_ONLY) else {}), **({"attn": "eager"} if t in EAGER else {})}
-        for t in TINY_CASES
-        for sp in ((False,) if t in TP_ONLY else (False, True))
-    ] + [
-        {"name": name, "model_type": t, "variant": "stable", "adam_eps": 1e-6, **({"pad": True} if t == "jamba" else {})}
-        for name, t in STABLE.items()
-    ]
+    return (
+        [
+            {
+                "name": f"{t}{'-sp' if sp else ''}",
+                "model_type": t,
+                "plan_kind": "synthesized",
+                "sp": sp,
+                "adam_eps": 1e-6,
+                **({"state_dict": True} if t in STATE_DICT and sp == (t not in TP_ONLY) else {}),
+                **({"pad": True} if t in PADDED else {}),
+            }
+            for t in CLASSES
+            for sp in ((False,) if t in TP_ONLY else (False, True))
+        ]
+        + [
+            {
+                "name": f"{t}{'-sp' if sp else ''}",
+                "model": t,
+                "plan_kind": "synthesized",
+                "sp": sp,
+                "adam_eps": 1e-6,
+                **({"state_dict": True} if t in STATE_DICT and sp == (t not in TP_ONLY) else {}),
+                **({"attn": "eager"} if t in EAGER else {}),
+            }
+            for t in TINY_CASES
+            for sp in ((False,) if t in TP_ONLY else (False, True))
+        ]
+        + [
+            {
+                "name": name,
+                "model_type": t,
+                "variant": "stable",
+                "adam_eps": 1e-6,
+                **({"pad": True} if t == "jamba" else {}),
+            }
+            for name, t in STABLE.items()
+        ]
+    )
 
 
 # OPT's plan without its local head counts (tests/custom_plans.py): what made it silently wrong.
-GLOBAL_HEADS = {"name": "opt-global-heads", "model_type": "opt", "plan": "custom_plans.opt_plan_with_global_head_counts",
-                "adam_eps": 1e-6}
+GLOBAL_HEADS = {
+    "name": "opt-global-heads",
+    "model_type": "opt",
+    "plan": "custom_plans.opt_plan_with_global_head_counts",
+    "adam_eps": 1e-6,
+}
 # The stable variant of the plan the runtime picks for Qwen3.5 (its proven synthesized one): the gated
 # delta nets' out_proj column-parallel on its gathered input, left-padded.
 GDN_STABLE = {"name": "qwen3_5-stable", "model_type": "qwen3_5", "variant": "stable", "pad": True, "adam_eps": 1e-6}
 # The 5-head Falcon's padded plan without the output projection's pad mask (tests/custom_plans.py).
-UNMASKED_PAD = {"name": "falcon-mqa-5h-unmasked", "model": "falcon-mqa-5h", "plan": "custom_plans.falcon_plan_without_pad_mask",
-                "adam_eps": 1e-6}
+UNMASKED_PAD = {
+    "name": "falcon-mqa-5h-unmasked",
+    "model": "falcon-mqa-5h",
+    "plan": "custom_plans.falcon_plan_without_pad_mask",
+    "adam_eps": 1e-6,
+}
 # Bloom's plan with its ALiBi cut by a plain slice of its first dim, as MPT's is (tests/custom_plans.py).
-PLAIN_ALIBI = {"name": "bloom-plain-alibi-slice", "model_type": "bloom", "plan": "custom_plans.bloom_plan_with_plain_alibi_slice",
-               "pad": True, "adam_eps": 1e-6}
+PLAIN_ALIBI = {
+    "name": "bloom-plain-alibi-slice",
+    "model_type": "bloom",
+    "plan": "custom_plans.bloom_plan_with_plain_alibi_slice",
+    "pad": True,
+    "adam_eps": 1e-6,
+}
 CONTROLS = (GLOBAL_HEADS, GDN_STABLE, UNMASKED_PAD, PLAIN_ALIBI)
-CASES = {mesh: [*_cases(), GLOBAL_HEADS, UNMASKED_PAD, PLAIN_ALIBI, *([GDN_STABLE] if mesh == "dp2tp2" else [])] for mesh in MESHES}
+CASES = {
+    mesh: [*_cases(), GLOBAL_HEADS, UNMASKED_PAD, PLAIN_ALIBI, *([GDN_STABLE] if mesh == "dp2tp2" else [])]
+    for mesh in MESHES
+}
 CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c not in CONTROLS]
 
 
@@ -245,19 +326,42 @@ CASE_IDS = [f"{mesh}/{c['name']}" for mesh in MESHES for c in CASES[mesh] if c n
 DP2_DEFAULT = {
     # dense with and without SP, packed gate|up, parallel attention and MLP, the BERT and BART families,
     # OPT's local head counts, TrOCR's width-sliced reshape
-    "olmo", "olmo-sp", "glm-sp", "glm4-sp", "cohere-sp", "bert", "bart-sp", "opt", "trocr-sp",
+    "olmo",
+    "olmo-sp",
+    "glm-sp",
+    "glm4-sp",
+    "cohere-sp",
+    "bert",
+    "bart-sp",
+    "opt",
+    "trocr-sp",
     # packed q|k|v: per-head (GPT-NeoX; Bloom, its ALiBi rows cut per rank), CodeGen's groups, plain (MPT),
     # grouped and multi-query (Falcon), paired heads (DiffLlama), each with its full state dict
-    "gpt_neox-sp", "bloom-sp", "codegen-sp", "mpt-sp", "falcon-gqa-sp", "falcon-mqa-sp", "falcon-mqa-5h-sp", "diffllama-sp",
+    "gpt_neox-sp",
+    "bloom-sp",
+    "codegen-sp",
+    "mpt-sp",
+    "falcon-gqa-sp",
+    "falcon-mqa-sp",
+    "falcon-mqa-5h-sp",
+    "diffllama-sp",
     # ProphetNet's bucket-major relative-position projection, with its full state dict
     "prophetnet",
     # latent attention with its query latent split over TP (Youtu), with its full state dict
     "youtu-sp",
     # MoE: whole-projection norms (OLMoE), routed and shared 3-D experts (Inkling), a router MLP (Zaya)
-    "olmoe-sp", "inkling", "zaya",
+    "olmoe-sp",
+    "inkling",
+    "zaya",
     # gated delta nets (left-padded), Mamba1 (and in Jamba beside attention and MoE, its stable
     # variant), short convs, RG-LRU blocks, mLSTM heads
-    "qwen3_5-sp", "falcon_mamba-sp", "jamba-sp", "jamba-stable", "lfm2-sp", "recurrent_gemma-sp", "xlstm-4h-sp",
+    "qwen3_5-sp",
+    "falcon_mamba-sp",
+    "jamba-sp",
+    "jamba-stable",
+    "lfm2-sp",
+    "recurrent_gemma-sp",
+    "xlstm-4h-sp",
     # a tower outside the decoder, run by its pixels
     "git",
 }
@@ -291,7 +395,13 @@ def installed(params: list) -> list:
         stem = value.split("/")[1].removesuffix("-sp")
         model_type = STABLE.get(stem, stem)
         # A tiny model's own type (tests/tiny_configs.py), else the class the case is named after.
-        needed = [TINY[stem]["model_type"]] if stem in TINY else [model_type, CLASSES[model_type][0]] if model_type in CLASSES else []
+        needed = (
+            [TINY[stem]["model_type"]]
+            if stem in TINY
+            else [model_type, CLASSES[model_type][0]]
+            if model_type in CLASSES
+            else []
+        )
         missing = [n for n in needed if not has_model(n)]
         if missing:
             why = f"transformers {transformers.__version__} has no {missing[0]}"
@@ -377,7 +487,9 @@ def test_the_check_runs_the_towers_it_shards(results, model_type):
 def test_packed_state_dict_is_the_hugging_face_one_at_dp2(results, model_type):
     for rank, per_case in enumerate(results):
         sd = per_case[_state_dict_case(model_type)]["state_dict"]
-        assert sd == {"names": [], "shapes": [], "read": 0.0, "loaded": 0.0, "plain_names": [], "plain_read": 0.0}, f"rank {rank}: {sd}"
+        assert sd == {"names": [], "shapes": [], "read": 0.0, "loaded": 0.0, "plain_names": [], "plain_read": 0.0}, (
+            f"rank {rank}: {sd}"
+        )
 
 
 @pytest.mark.parametrize("model_type", CLASSES)

@@ -15,16 +15,25 @@ from plangen.targets import TARGETS
 
 CONFIGS = Path(__file__).parent / "data" / "model-configs"
 # The issue's models: dense, tied (Gemma-3-1B: one key/value head), fused, MoE both ways, MLA.
-MODELS = {"llama": "llama", "qwen3": "qwen3", "gemma-3-1b": str(CONFIGS / "gemma-3-1b.json"),
-          "qwen3_moe": "qwen3_moe", "mixtral": "mixtral", "deepseek_v3": "deepseek_v3", "phi3": "phi3"}
+MODELS = {
+    "llama": "llama",
+    "qwen3": "qwen3",
+    "gemma-3-1b": str(CONFIGS / "gemma-3-1b.json"),
+    "qwen3_moe": "qwen3_moe",
+    "mixtral": "mixtral",
+    "deepseek_v3": "deepseek_v3",
+    "phi3": "phi3",
+}
 # What each runtime refuses of the plans `plangen init` (target plangen) writes for them at TP 2, as
 # measured with NeMo Automodel 0.7.0 itself (DP2 x TP2, gloo; docs/nemo-rl.md): Gemma-3-1B's one
 # key/value head under NeMo RL's head checks; under Automodel, Qwen3-MoE and DeepSeek-V3, for which it
 # swaps in its own MoE code (a warning: with force_hf=True it takes the plans). Tied embeddings
 # never: the files keep the tie with plangen's pair of styles. tests/test_automodel.py holds the
 # nemo-rl-v2 row to Automodel itself (its exceptions) wherever it can be installed.
-REFUSED_AT_TP2 = {"nemo-rl-v2": {"gemma-3-1b": "PG216", "qwen3_moe": "PG217", "deepseek_v3": "PG217"},
-                  "nemo-rl-v1": {"gemma-3-1b": "PG216"}}
+REFUSED_AT_TP2 = {
+    "nemo-rl-v2": {"gemma-3-1b": "PG216", "qwen3_moe": "PG217", "deepseek_v3": "PG217"},
+    "nemo-rl-v1": {"gemma-3-1b": "PG216"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +60,7 @@ def test_the_head_finding_sits_on_the_key_value_projection_and_names_the_sizes_a
     report = verify_plan_files([path], VerifyOptions(target="nemo-rl-v2"))
     (finding,) = report.diagnostics
     line = path.read_text().splitlines()[finding.line - 1]
-    assert line[finding.col - 1:].startswith('"model.layers.*.self_attn.k_proj"'), line
+    assert line[finding.col - 1 :].startswith('"model.layers.*.self_attn.k_proj"'), line
     assert "num_key_value_heads (1) must be divisible by the TP size (2); it accepts TP 1" in finding.message
 
 
@@ -68,7 +77,10 @@ def test_init_for_a_target_records_it_and_refuses_what_it_refuses(tmp_path):
     assert "--target nemo-rl-v1 --force" in text and "Target: nemo-rl-v1" in text
     assert verify_plan_files([tmp_path / "g.py"]).diagnostics == []  # its own target's rules, read from the file
     # The same settings again: left alone; another target is another file's settings.
-    assert "already up to date" in runner.invoke(app, ["init", "gemma3_text", "-o", str(tmp_path / "g.py"), "--target", "nemo-rl-v1"]).output
+    assert (
+        "already up to date"
+        in runner.invoke(app, ["init", "gemma3_text", "-o", str(tmp_path / "g.py"), "--target", "nemo-rl-v1"]).output
+    )
     assert runner.invoke(app, ["init", "gemma3_text", "-o", str(tmp_path / "g.py")]).exit_code == 2
     # The default target writes no constant: files made before targets existed stay as they were.
     runner.invoke(app, ["init", "llama", "-o", str(tmp_path / "l.py")])
@@ -84,7 +96,10 @@ def test_a_split_tie_is_an_error_for_runtimes_that_never_re_tie(tmp_path):
         '    "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),\n'
         '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}\n'
     )
-    found = {t: [(d.code, d.line, d.col) for d in verify_plan_files([plan], VerifyOptions(target=t)).diagnostics] for t in TARGETS}
+    found = {
+        t: [(d.code, d.line, d.col) for d in verify_plan_files([plan], VerifyOptions(target=t)).diagnostics]
+        for t in TARGETS
+    }
     # NeMo Automodel re-ties after TP (the embedding's weight set on the head), as plangen's runtime does.
     assert found == {"plangen": [], "nemo-rl-v2": [], "nemo-rl-v1": [("PG218", 7, 5)], "torchtitan": [("PG218", 7, 5)]}
 
@@ -98,7 +113,7 @@ def test_init_for_nemo_automodel_says_which_setting_makes_its_moe_plan_apply(tmp
     assert {d.code for d in report.diagnostics} == {"PG217"} and not report.failed()
     assert report.failed(strict=True)  # warnings: --strict fails them
     text = (tmp_path / "m.py").read_text().splitlines()
-    found = sorted(text[d.line - 1][d.col - 1:].split(":")[0] for d in diagnostics)
+    found = sorted(text[d.line - 1][d.col - 1 :].split(":")[0] for d in report.diagnostics)
     assert found == ['"model.layers.*.mlp"', '"model.layers.*.mlp.experts"'], found  # Automodel's refusal, measured
 
 
@@ -133,6 +148,9 @@ def test_init_for_nemo_automodel_names_the_setting_that_avoids_its_own_llamas_wr
         result = CliRunner().invoke(app, ["init", model, "-o", str(path), "--target", target])
         assert result.exit_code == 0, result.output
         headers[model, target] = " ".join(path.read_text().split('"""')[1].split())
-    assert "its own LlamaForCausalLM trains model.embed_tokens.weight with a wrong gradient" in headers["llama", "nemo-rl-v2"]
+    assert (
+        "its own LlamaForCausalLM trains model.embed_tokens.weight with a wrong gradient"
+        in headers["llama", "nemo-rl-v2"]
+    )
     assert "set force_hf=True" in headers["llama", "nemo-rl-v2"]
     assert not any("wrong gradient" in headers[k] for k in (("llama", "plangen"), ("qwen3", "nemo-rl-v2")))

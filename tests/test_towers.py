@@ -37,7 +37,10 @@ def test_git_image_encoder_layers_are_sharded_by_heads_and_intermediate():
         f"{layers}.mlp.fc2": "RowwiseParallel",
     }
     replicated = {r.pattern: r.why for r in build_synthesized_plan(_tiny("git"), False).replicated}
-    assert "in the git.image_encoder tower outside its sharded layers" in replicated["git.image_encoder.vision_model.embeddings"]
+    assert (
+        "in the git.image_encoder tower outside its sharded layers"
+        in replicated["git.image_encoder.vision_model.embeddings"]
+    )
 
 
 def test_moss_audio_attention_views_by_a_helper_get_their_head_count_made_local():
@@ -76,7 +79,10 @@ def test_got_ocr2_packed_qkv_is_re_laid_out_by_heads_and_its_relative_positions_
     assert attention.kwargs["shared_tables"] == ("rel_pos_h", "rel_pos_w")
     assert (qkv.style, qkv.kwargs["part_sizes"]) == ("FusedColwiseParallel", (1, 1, 1))
     assert styles[f"{layers}.attn.proj"].style == "RowwiseParallel"
-    assert (styles[f"{layers}.mlp.lin1"].style, styles[f"{layers}.mlp.lin2"].style) == ("ColwiseParallel", "RowwiseParallel")
+    assert (styles[f"{layers}.mlp.lin1"].style, styles[f"{layers}.mlp.lin2"].style) == (
+        "ColwiseParallel",
+        "RowwiseParallel",
+    )
 
 
 def test_got_ocr2_tiny_encoder_keeps_a_global_and_a_windowed_layer_on_few_patches():
@@ -85,9 +91,12 @@ def test_got_ocr2_tiny_encoder_keeps_a_global_and_a_windowed_layer_on_few_patche
     assert (vision.image_size // vision.patch_size, vision.window_size) == (4, 2)
 
 
-@pytest.mark.parametrize("model_type, owner, towers", [
-    ("got_ocr2", "model.vision_tower", ("GotOcr2VisionLayer layers at model.vision_tower.layers",)),
-])
+@pytest.mark.parametrize(
+    "model_type, owner, towers",
+    [
+        ("got_ocr2", "model.vision_tower", ("GotOcr2VisionLayer layers at model.vision_tower.layers",)),
+    ],
+)
 def test_a_tower_the_check_cannot_run_stays_whole_with_the_reason(monkeypatch, model_type, owner, towers):
     from plangen.tower_inputs import TOWER_INPUTS
 
@@ -103,16 +112,22 @@ def test_a_tower_the_check_cannot_run_stays_whole_with_the_reason(monkeypatch, m
 def test_tower_inputs_run_the_towers_and_the_text_logits_are_the_last_positions():
     from plangen.tower_inputs import build_tower_inputs, text_logits
 
-    for model_type, tower in (("git", "git.image_encoder"), ("moss_transcribe_diarize", "model.audio_tower"),
-                              ("got_ocr2", "model.vision_tower")):
+    for model_type, tower in (
+        ("git", "git.image_encoder"),
+        ("moss_transcribe_diarize", "model.audio_tower"),
+        ("got_ocr2", "model.vision_tower"),
+    ):
         model = _tiny(model_type)
         ids = torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0))
         ids, inputs = build_tower_inputs(model, ids)
         logits = model(input_ids=ids, **inputs).logits
         assert text_logits(logits, ids).shape[:2] == ids.shape
         text_logits(logits, ids).sum().backward()
-        assert all(p.grad is not None and p.grad.abs().sum() > 0
-                   for n, p in model.get_submodule(tower).named_parameters() if ".layers." in n)
+        assert all(
+            p.grad is not None and p.grad.abs().sum() > 0
+            for n, p in model.get_submodule(tower).named_parameters()
+            if ".layers." in n
+        )
 
 
 @pytest.mark.parametrize("model_type", ["got_ocr2", "phi4_multimodal"])
@@ -150,7 +165,11 @@ def test_phi4_multimodal_towers_are_sharded_by_its_hand_written_plan():
     image = "model.embed_tokens_extend.image_embed.img_processor.encoder.layers.*"
     audio = "model.embed_tokens_extend.audio_embed.encoder"
     assert [styles[f"{image}.{p}"].style for p in ("self_attn.q_proj", "self_attn.out_proj", "mlp.fc1", "mlp.fc2")] == [
-        "ColwiseParallel", "RowwiseParallel", "ColwiseParallel", "RowwiseParallel"]
+        "ColwiseParallel",
+        "RowwiseParallel",
+        "ColwiseParallel",
+        "RowwiseParallel",
+    ]
     attention = styles[f"{audio}.encoders.*.self_attn"]
     assert (attention.style, attention.kwargs["head_inputs"]) == ("PrepareAttentionInputOutput", ("attention_mask",))
     assert styles[f"{audio}.relative_attention_bias_layer.bias_values"].style == "AllReduceParamGrads"
@@ -161,12 +180,15 @@ def test_phi4_multimodal_towers_are_sharded_by_its_hand_written_plan():
     assert "a third per block" in kept[f"{audio}.encoders.*.conv"]
 
 
-@pytest.mark.parametrize("arch", [
-    Architecture("GitForCausalLM", "git"),
-    Architecture("MossTranscribeDiarizeForConditionalGeneration", "moss_transcribe_diarize"),
-    Architecture("GotOcr2ForConditionalGeneration", "got_ocr2"),
-    Architecture("Phi4MultimodalForCausalLM", "phi4_multimodal"),
-])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        Architecture("GitForCausalLM", "git"),
+        Architecture("MossTranscribeDiarizeForConditionalGeneration", "moss_transcribe_diarize"),
+        Architecture("GotOcr2ForConditionalGeneration", "got_ocr2"),
+        Architecture("Phi4MultimodalForCausalLM", "phi4_multimodal"),
+    ],
+)
 def test_classes_with_proven_towers_shard_95_percent_at_full_size(fake_pg, arch):
     fraction, left = measure_sharded_share(lambda: build_full_size_model(arch))
     assert fraction >= 0.95, left[:3]

@@ -95,7 +95,9 @@ def test_the_pinned_release_takes_sentinels():
     """5.24.0 on: the experts interface knows expert parallelism (the sentinel path, unchanged)."""
     import transformers
 
-    assert transformers_compat.experts_take_sentinels() == ("_is_expert_parallel" in _moe_source()), transformers.__version__
+    assert transformers_compat.experts_take_sentinels() == ("_is_expert_parallel" in _moe_source()), (
+        transformers.__version__
+    )
 
 
 def _moe_source() -> str:
@@ -106,7 +108,9 @@ def _moe_source() -> str:
     return inspect.getsource(moe)
 
 
-@pytest.mark.parametrize("kinds", [["mamba", "attention", "mlp", "moe"], ["linear_attention", "full_attention", "mlp", "moe"]])
+@pytest.mark.parametrize(
+    "kinds", [["mamba", "attention", "mlp", "moe"], ["linear_attention", "full_attention", "mlp", "moe"]]
+)
 def test_layer_kinds_read_either_releases_spelling(kinds):
     class Config:
         layers_block_type = kinds
@@ -128,10 +132,13 @@ def test_installed_layer_kinds_follow_the_config_class_default():
     assert transformers_compat.installed_layer_kinds(Newer, kinds) == kinds
 
 
-@pytest.mark.parametrize(("name", "legacy"), [
-    ("nemotron_h", ["mamba", "moe", "attention", "mlp"]),
-    ("zamba2", ["mamba", "hybrid", "mamba", "hybrid"]),
-])
+@pytest.mark.parametrize(
+    ("name", "legacy"),
+    [
+        ("nemotron_h", ["mamba", "moe", "attention", "mlp"]),
+        ("zamba2", ["mamba", "hybrid", "mamba", "hybrid"]),
+    ],
+)
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_hybrid_plans_are_the_same_under_the_older_layer_kind_names(name, legacy, sequence_parallel):
     """5.5.x and 5.8.x name NemotronH's and Zamba2's Mamba and attention layers ``mamba`` and
@@ -150,7 +157,13 @@ def test_nemotron_h_checkpoints_mamba_blocks_under_the_older_name():
     from plangen.plans.hybrid import checkpoint_nemotron_h_block
 
     block = nn.Module()
-    for kind, checkpointed in (("mamba", True), ("linear_attention", True), ("attention", False), ("mlp", True), ("moe", False)):
+    for kind, checkpointed in (
+        ("mamba", True),
+        ("linear_attention", True),
+        ("attention", False),
+        ("mlp", True),
+        ("moe", False),
+    ):
         block.block_type = kind
         assert checkpoint_nemotron_h_block(block) is checkpointed, kind
 
@@ -161,7 +174,9 @@ def test_a_failure_over_what_the_installed_transformers_lacks_is_a_skip_with_the
     installed transformers, so a real failure over a class it has is never hidden."""
     from absent import absent_from_transformers
 
-    assert "has no model no_such_model" in absent_from_transformers(ValueError("Unrecognized model identifier: no_such_model."))
+    assert "has no model no_such_model" in absent_from_transformers(
+        ValueError("Unrecognized model identifier: no_such_model.")
+    )
     assert absent_from_transformers(ValueError("Unrecognized model identifier: llama.")) is None  # it has llama
     missing = ModuleNotFoundError("No module named 'transformers.no_such'", name="transformers.no_such")
     try:
@@ -327,6 +342,7 @@ def test_a_block_that_computes_its_identity_experts_gets_their_share_per_rank():
     (got * c).sum().backward()  # each rank's share takes the whole sum's output gradient
     torch.testing.assert_close(shared.router.classifier.weight.grad, whole.router.classifier.weight.grad)
 
+
 def test_the_installed_longcat_block_says_where_it_computes_its_identity_experts():
     """Read from the installed model code: 5.25.0's block computes them (its experts hold the real
     ones only), 5.24.0's experts module does (an ``identity_expert`` child, ExpertsParallel's share)."""
@@ -358,8 +374,11 @@ def test_moe_layers_compile_on_the_installed_release(monkeypatch):
     experts = [m for m in model.modules() if transformers_compat.uses_experts_interface(m)]
     assert experts and all(m.config._experts_implementation == "grouped_mm" for m in experts)
     opaque = transformers_compat.grouped_mm_backward_is_opaque()
-    assert compile_units(layers) == layers if opaque else all(
-        e not in list(u.modules()) for u in compile_units(layers) for e in experts)
+    assert (
+        compile_units(layers) == layers
+        if opaque
+        else all(e not in list(u.modules()) for u in compile_units(layers) for e in experts)
+    )
     monkeypatch.setattr(transformers_compat, "grouped_mm_backward_is_opaque", lambda: False)
     units = compile_units(layers)
     moe = next(layer for layer in layers if any(e in list(layer.modules()) for e in experts))

@@ -164,7 +164,9 @@ def _check_model(
             from plangen.check.run import RunTarget
 
             resolved = str(Path(path).resolve())
-            to_run[path] = RunTarget(resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel), compile=options.compile)
+            to_run[path] = RunTarget(
+                resolved, settings.model, settings.tp_size, bool(settings.sequence_parallel), compile=options.compile
+            )
     return found
 
 

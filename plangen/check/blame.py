@@ -71,7 +71,9 @@ class RunRecorder:
             if key is None or tensor is None:
                 return None
             unsharded = self.shapes.get(name, [])
-            observed = Observed(key, name, _is_dtensor(tensor), _split(tensor, unsharded[call] if call < len(unsharded) else None))
+            observed = Observed(
+                key, name, _is_dtensor(tensor), _split(tensor, unsharded[call] if call < len(unsharded) else None)
+            )
             self.order.append(observed)
             for _, inside in self.stack:
                 inside.append(observed)
@@ -126,6 +128,7 @@ def record_shapes(model: "nn.Module", ids: "torch.Tensor") -> dict[str, list[tup
     handles = []
     for name, module in model.named_modules():
         if name:
+
             def hook(mod, args, output, name=name):
                 tensor = _first_tensor(output)
                 if tensor is not None:
@@ -193,8 +196,11 @@ def attribute_failure(recorder: RunRecorder, styles: Mapping[str, "ParallelStyle
     # What met in the failing call; else what its inputs came from; else, where no autograd history
     # leads back (torch 2.11's functional collectives on the fake group leave none), what ran before
     # it in the nearest enclosing call (q, k and v before the attention's o_proj).
-    candidates = inside or recorder.producers(recorder.inputs.get(module, ())) or next(
-        (ran for _, ran in reversed(recorder.stack[:-1]) if ran), [])
+    candidates = (
+        inside
+        or recorder.producers(recorder.inputs.get(module, ()))
+        or next((ran for _, ran in reversed(recorder.stack[:-1]) if ran), [])
+    )
     culprit = _odd_one(candidates, styles)
     if culprit is None:
         culprit = recorder.covering.get(module) or key_for_module(styles, module)

@@ -125,7 +125,7 @@ def render_confusion_section(record: Mapping[str, Any] | None) -> list[str]:
         return []
     cells = ("clean_right", "clean_wrong", "flagged_wrong", "flagged_right")
     lines = [
-        "## How far \"clean\" holds",
+        '## How far "clean" holds',
         "",
         f"Measured over {record['cases']} generated cases (`{record['command']}`, written to"
         " `plangen/check/confusion.json`; `tests/test_verify_property.py` draws the same cases,"
@@ -133,8 +133,8 @@ def render_confusion_section(record: Mapping[str, Any] | None) -> list[str]:
         + ", ".join(f"`{f}`" for f in record["families"])
         + " (heads, KV heads, head size, hidden, intermediate and vocabulary sizes, 1-2 layers, tied or"
         " not), the plan `plangen init` writes for it at TP 2, and one edit of it. Each file is checked by"
-        " levels 1+2 (\"clean\": no error) and applied by the runtime to the model of that config,"
-        f" DP=1 x TP (TP {', '.join(str(t) for t in record['tp_sizes'])}) over gloo: \"right\" when the logits"
+        ' levels 1+2 ("clean": no error) and applied by the runtime to the model of that config,'
+        f' DP=1 x TP (TP {", ".join(str(t) for t in record["tp_sizes"])}) over gloo: "right" when the logits'
         f" and every gradient match the unsharded model's (within {record['rtol']:g} of each tensor's largest value), \"wrong\""
         " when one does not or the run raises.",
         "",

@@ -59,9 +59,7 @@ def parse_ignore_comment(comment: str) -> frozenset[str] | None:
 NOTHING_CHECKED = frozenset({"PG001", "PG201"})
 
 
-def drop_ignored(
-    diagnostics: Iterable[Diagnostic], ignores: Mapping[int, frozenset[str]]
-) -> list[Diagnostic]:
+def drop_ignored(diagnostics: Iterable[Diagnostic], ignores: Mapping[int, frozenset[str]]) -> list[Diagnostic]:
     """Drop the diagnostics silenced by an ignore comment on their line."""
     kept = []
     for diagnostic in diagnostics:

@@ -44,8 +44,10 @@ def _differences(logits: Any, reference: Any, ids: Any) -> dict[str, Any]:
     dl = (logits.float() - reference.float()).abs()
     dp = (logprobs(logits) - logprobs(reference)).abs()
     return {
-        "logits_max": dl.max().item(), "logits_mean": dl.mean().item(),
-        "logprobs_max": dp.max().item(), "logprobs_mean": dp.mean().item(),
+        "logits_max": dl.max().item(),
+        "logits_mean": dl.mean().item(),
+        "logprobs_max": dp.max().item(),
+        "logprobs_mean": dp.mean().item(),
         "bitwise": bool(torch.equal(logits, reference)),
     }
 
@@ -81,8 +83,14 @@ def measure_drift(case: Mapping[str, Any]) -> list[dict[str, Any]]:
                 row.update(_differences(logits, reference, ids))
             except Exception as err:  # reported per row: one failing size must not hide the others
                 nan = float("nan")
-                row.update(logits_max=nan, logits_mean=nan, logprobs_max=nan, logprobs_mean=nan, bitwise=False,
-                           error=f"{type(err).__name__}: {' '.join(str(err).split())}"[:300])
+                row.update(
+                    logits_max=nan,
+                    logits_mean=nan,
+                    logprobs_max=nan,
+                    logprobs_mean=nan,
+                    bitwise=False,
+                    error=f"{type(err).__name__}: {' '.join(str(err).split())}"[:300],
+                )
             rows.append(row)
     return rows
 
@@ -138,4 +146,12 @@ def render_drift_json(rows: Sequence[DriftRow]) -> list[dict[str, Any]]:
     return [asdict(row) for row in rows]
 
 
-__all__ = ["DRIFT_DTYPES", "DRIFT_TP_SIZES", "DriftRow", "check_drift", "drift_cases", "render_drift_json", "render_drift_text"]
+__all__ = [
+    "DRIFT_DTYPES",
+    "DRIFT_TP_SIZES",
+    "DriftRow",
+    "check_drift",
+    "drift_cases",
+    "render_drift_json",
+    "render_drift_text",
+]

@@ -22,7 +22,6 @@ from plangen.errors import one_line
 from plangen.module_tree import ModuleIndex, generalize
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
     from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 
@@ -118,7 +117,9 @@ def _run_on_fake_group(
             recorder.remove()
         if tuple(logits.shape) != tuple(ref_logits.shape):
             key = batch_split(recorder) or recorder.covering.get("lm_head")
-            return FakeRunFailure("forward", f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}", key)
+            return FakeRunFailure(
+                "forward", f"logits have shape {list(logits.shape)}, not {list(ref_logits.shape)}", key
+            )
         try:
             with torch.enable_grad():
                 next_token_loss(logits, ids).backward()
@@ -127,11 +128,15 @@ def _run_on_fake_group(
         missing, shapes = _gradient_shapes(reference, sharded)
     missing = [name for name in missing if not _routed_by_values(reference, name)]
     if missing:
-        return FakeRunFailure("backward", f"`{missing[0]}` gets no gradient", key_for_module(styles, missing[0].rpartition(".")[0]))
+        return FakeRunFailure(
+            "backward", f"`{missing[0]}` gets no gradient", key_for_module(styles, missing[0].rpartition(".")[0])
+        )
     if shapes:
         name, (got, want) = next(iter(shapes.items()))
         return FakeRunFailure(
-            "backward", f"the gradient of `{name}` has shape {got}, not {want}", key_for_module(styles, name.rpartition(".")[0])
+            "backward",
+            f"the gradient of `{name}` has shape {got}, not {want}",
+            key_for_module(styles, name.rpartition(".")[0]),
         )
     return None
 
@@ -147,7 +152,9 @@ def _routed_by_values(model: "nn.Module", name: str) -> bool:
     return module_kind(model.get_submodule(name.rpartition(".")[0])) in (EXPERTS, FLAT_EXPERTS)
 
 
-def _gradient_shapes(reference: "nn.Module", sharded: "nn.Module") -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
+def _gradient_shapes(
+    reference: "nn.Module", sharded: "nn.Module"
+) -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
     """The parameters that lost their gradient, and those whose gradient has another (global) shape
     than the unsharded model's: a DTensor knows its global shape, so nothing is gathered."""
     from plangen.padded_heads import hugging_face_shape

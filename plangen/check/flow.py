@@ -139,7 +139,9 @@ class LayoutTracer:
         self.keep: list[Any] = []  # the tagged nodes stay alive, so their ids are never reused
         self.junctions: list[Junction] = []
         self.handles: list[Any] = []
-        opaque = {p for p, k in self.covering.items() if facts_of(styles[k]) is None or facts_of(styles[k]).hooks is None}
+        opaque = {
+            p for p, k in self.covering.items() if facts_of(styles[k]) is None or facts_of(styles[k]).hooks is None
+        }
         for path, module in model.named_modules():
             if not path:
                 continue
@@ -150,9 +152,13 @@ class LayoutTracer:
             elif any(True for _ in module.parameters(recurse=False)) and not any(
                 path.startswith(p + ".") for p in opaque
             ):
-                self.handles.append(module.register_forward_pre_hook(self._plain_reader(path, module), with_kwargs=True))
+                self.handles.append(
+                    module.register_forward_pre_hook(self._plain_reader(path, module), with_kwargs=True)
+                )
                 if module_kind(module) in (LINEAR, CONV1D, EMBEDDING):
-                    self.handles.append(module.register_forward_hook(self._unplanned_projection(path), with_kwargs=True))
+                    self.handles.append(
+                        module.register_forward_hook(self._unplanned_projection(path), with_kwargs=True)
+                    )
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -255,7 +261,9 @@ class LayoutTracer:
                 self._read(path, key, name, tensor, takes)
 
         def leave(mod, args, output):
-            return _map_tensors(output, lambda t: self._tag(t, self._layout(key, t, leaves, not local, path)), first=True)
+            return _map_tensors(
+                output, lambda t: self._tag(t, self._layout(key, t, leaves, not local, path)), first=True
+            )
 
         self.handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
         self.handles.append(module.register_forward_hook(leave))
@@ -278,7 +286,9 @@ class LayoutTracer:
         def leave(mod, args, output):
             if not (redistributed and redistributed.pop()):
                 return None
-            return _map_tensors(output, lambda t: self._tag(t, self._layout(key, t, placement, False, path)), first=True)
+            return _map_tensors(
+                output, lambda t: self._tag(t, self._layout(key, t, placement, False, path)), first=True
+            )
 
         self.handles.append(module.register_forward_pre_hook(read, with_kwargs=True))
         self.handles.append(module.register_forward_hook(leave))
@@ -360,7 +370,9 @@ def _map_tensors(output: Any, fn, first: bool = False) -> Any:
     return output
 
 
-def trace_junctions(model: "nn.Module", styles: Mapping[str, "ParallelStyle"], input_ids: "torch.Tensor") -> list[Junction]:
+def trace_junctions(
+    model: "nn.Module", styles: Mapping[str, "ParallelStyle"], input_ids: "torch.Tensor"
+) -> list[Junction]:
     """The junctions of one forward of ``model`` (unsharded) under the plan ``styles``."""
     import torch
 

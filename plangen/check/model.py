@@ -237,7 +237,9 @@ def check_model(
         written = import_plan(path, probe)
     except PlanLoadFailure as failure:
         return load_failure_findings(path, failure, positions)
-    plan = build_model_plan(model, written, tp_size, sequence_parallel, positions.replicated_on_purpose, resolved, target)
+    plan = build_model_plan(
+        model, written, tp_size, sequence_parallel, positions.replicated_on_purpose, resolved, target
+    )
     return diagnostics_for(str(path), check_rules(plan), positions)
 
 
@@ -278,7 +280,9 @@ def build_model_plan(
     from plangen.plan_checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, written)  # what the runtime will apply
-    return ModelPlan(model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()), source, target)
+    return ModelPlan(
+        model, tp_size, sequence_parallel, dict(written), styles, list(replicated_on_purpose or ()), source, target
+    )
 
 
 def diagnostics_for(path: str, findings: Iterator[ModelFinding], positions: PlanPositions) -> list[Diagnostic]:

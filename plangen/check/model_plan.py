@@ -120,7 +120,9 @@ class ModelPlan:
         """Paths of the modules whose weights a column- or row-parallel style shards (or their parent's style)."""
         from plangen.style_facts import is_sharding
 
-        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])} | set(self.laid_out_by_parent)
+        return {path for path, key in self.covering.items() if is_sharding(self.styles[key])} | set(
+            self.laid_out_by_parent
+        )
 
     @cached_property
     def styles_below(self) -> dict[str, set[str]]:

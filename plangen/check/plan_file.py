@@ -542,4 +542,3 @@ def plan_source(value: str, *imports: str) -> str:
             lines[item] = []
     header = "\n".join(f"{line} {', '.join(names)}" if names else line for line, names in lines.items())
     return f'{header}\n\ncustom_parallel_plan = {{"lm_head": {value}}}\n'
-

@@ -176,14 +176,21 @@ class DivisibilityRule(ModelRule):
         if attention_key is not None and plan.config is not None:
             heads = head_counts(plan.config)
             # the runtime's own words
-            heads_problem = tp_size_problem(plan.config, tp, plan.model_name, replicate_kv=replicate_kv, padded_heads=padded)
+            heads_problem = tp_size_problem(
+                plan.config, tp, plan.model_name, replicate_kv=replicate_kv, padded_heads=padded
+            )
         if heads_problem is not None:
             yield self.finding(f"`{attention_key}` splits attention heads: {heads_problem}", attention_key, "value")
         legal = max(
             d
             for d in range(1, tp + 1)
             if (common == 0 or common % d == 0)
-            and (heads is None or (legal_padded_tp_size(heads[0], d) if padded else legal_tp_size(*heads, d, replicate_kv=replicate_kv)))
+            and (
+                heads is None
+                or (
+                    legal_padded_tp_size(heads[0], d) if padded else legal_tp_size(*heads, d, replicate_kv=replicate_kv)
+                )
+            )
         )
         for key, name, what, size, parts in required:
             if heads_problem is not None and key == attention_key:
@@ -191,12 +198,18 @@ class DivisibilityRule(ModelRule):
             if size % (parts * tp):
                 style = type(plan.styles[key]).__name__
                 experts_problem = (
-                    expert_layout_problem(plan.modules[name], tp) if isinstance(plan.styles[key], ExpertsParallel)
-                    else flat_expert_problem(plan.modules[name], tp) if isinstance(plan.styles[key], FlatExpertsParallel) else None
+                    expert_layout_problem(plan.modules[name], tp)
+                    if isinstance(plan.styles[key], ExpertsParallel)
+                    else flat_expert_problem(plan.modules[name], tp)
+                    if isinstance(plan.styles[key], FlatExpertsParallel)
+                    else None
                 )
                 if experts_problem is not None:  # neither layout fits: the style's own words
-                    yield self.finding(f"{experts_problem} (`{generalize(name)}`); the largest legal TP size for this"
-                                       f" plan is {legal}", key, "value")
+                    yield self.finding(
+                        f"{experts_problem} (`{generalize(name)}`); the largest legal TP size for this plan is {legal}",
+                        key,
+                        "value",
+                    )
                     continue
                 packed = f" ({parts} packed parts, each split on its own)" if parts > 1 else ""
                 divisor = f"{parts} × the TP size {tp}" if parts > 1 else f"the TP size {tp}"
@@ -268,12 +281,19 @@ def _column_problem(plan: ModelPlan, style: ColwiseParallel, name: str, is_head:
     # A container (Zamba2's adapters: Sequential in a ModuleList), or a module of same-shaped
     # projections only (CpmAnt's gated w_in: w_0, w_1), hands its output to the module around it,
     # which holds the projection that consumes it.
-    while block and (isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)) or _parallel_projections(plan, block)):
+    while block and (
+        isinstance(plan.modules.get(block), (nn.Sequential, nn.ModuleList)) or _parallel_projections(plan, block)
+    ):
         block = parent_path(block)
     kinds = plan.styles_below.get(block, set())
     block_style = plan.style_of(block)
     name, shown = generalize(name), generalize(block) or plan.model_name
-    if "rowwise" in kinds or "gather_input" in kinds or "gather_output" in kinds or (block_style and style_kind(block_style) == "gather_output"):
+    if (
+        "rowwise" in kinds
+        or "gather_input" in kinds
+        or "gather_output" in kinds
+        or (block_style and style_kind(block_style) == "gather_output")
+    ):
         return None
     partner = _split_partner(plan, block)
     if partner is not None and "rowwise" in plan.styles_below.get(partner, set()):
@@ -298,8 +318,14 @@ def _parallel_projections(plan: ModelPlan, block: str) -> bool:
     if any(style_kind(plan.style_of(p)) != "colwise" if plan.style_of(p) else True for p in children):
         return False
     parent = parent_path(block)
-    return any(isinstance(m, nn.Linear) and m.in_features == next(iter(shapes))[0] and plan.style_of(p) is not None
-               and style_kind(plan.style_of(p)) == "rowwise" for p, m in plan.modules.items() if parent_path(p) == parent)
+    return any(
+        isinstance(m, nn.Linear)
+        and m.in_features == next(iter(shapes))[0]
+        and plan.style_of(p) is not None
+        and style_kind(plan.style_of(p)) == "rowwise"
+        for p, m in plan.modules.items()
+        if parent_path(p) == parent
+    )
 
 
 def _split_partner(plan: ModelPlan, block: str) -> str | None:

@@ -88,8 +88,11 @@ class ProjectionNormsRule(ModelRule):
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         blocks = dict.fromkeys(parent_path(p) for p in plan.covering if _local_column_parallel(plan, p))
-        blocks.update(dict.fromkeys(parent_path(p) for p, k in plan.covering.items()
-                                    if isinstance(plan.styles[k], ShardedNormParallel)))
+        blocks.update(
+            dict.fromkeys(
+                parent_path(p) for p, k in plan.covering.items() if isinstance(plan.styles[k], ShardedNormParallel)
+            )
+        )
         reported: set[str] = set()
         for block in blocks:
             for path, norm, projection in _whole_projection_norms(plan, block):

@@ -25,7 +25,13 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.style_needs import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
 from plangen.style_facts import weight_layout
-from plangen.styles import AllReduceParamGrads, AttentionSinksParallel, ReplicatedWithGradAllReduce, RoutedBlockSequenceParallel, SharedInputGather
+from plangen.styles import (
+    AllReduceParamGrads,
+    AttentionSinksParallel,
+    ReplicatedWithGradAllReduce,
+    RoutedBlockSequenceParallel,
+    SharedInputGather,
+)
 
 
 # --- PG206: sequence-parallel regions ----------------------------------------------------------
@@ -44,7 +50,9 @@ def _residual_layouts(plan: ModelPlan) -> Iterator[tuple[str, object]]:
             placements.append(style.sequence_sharding[0])
         elif isinstance(style, RowwiseParallel) and _computed_whole_inside(plan, names[0], style):
             pass  # a plain whole output inside a block that gathered its inputs to plain tensors (Zamba2's shared block)
-        elif isinstance(style, RowwiseParallel) or (isinstance(style, ColwiseParallel) and isinstance(module, nn.Embedding)):
+        elif isinstance(style, RowwiseParallel) or (
+            isinstance(style, ColwiseParallel) and isinstance(module, nn.Embedding)
+        ):
             placements.append(first_layout(style.output_layouts))
         elif isinstance(style, PrepareModuleInput) and not _input_prepared_above(plan, names[0]):
             # (A module inside a prepared block, a MoE block's shared expert, reads the block's input.)
@@ -71,7 +79,9 @@ def _computed_whole_inside(plan: ModelPlan, path: str, style: RowwiseParallel) -
         above = plan.style_of(path)
         if isinstance(above, PrepareModuleInput) and not isinstance(above, PrepareModuleInputOutput):
             desired = [*(above.desired_input_layouts or ()), *(above.desired_input_kwarg_layouts or {}).values()]
-            return above.use_local_output and bool(desired) and all(d is None or isinstance(d, Replicate) for d in desired)
+            return (
+                above.use_local_output and bool(desired) and all(d is None or isinstance(d, Replicate) for d in desired)
+            )
     return False
 
 
@@ -79,7 +89,9 @@ def _input_prepared_above(plan: ModelPlan, path: str) -> bool:
     while path:
         path = parent_path(path)
         style = plan.style_of(path)
-        if isinstance(style, (PrepareModuleInput, PrepareModuleInputOutput, RoutedBlockSequenceParallel)):  # (the last gathers its own)
+        if isinstance(
+            style, (PrepareModuleInput, PrepareModuleInputOutput, RoutedBlockSequenceParallel)
+        ):  # (the last gathers its own)
             return True
     return False
 
@@ -161,7 +173,9 @@ class SequenceParallelRule(ModelRule):
         odd = whole if mode else split
         why = "sequence parallel is on" if declared else "the rest of the plan splits the sequence (Shard(1))"
         if not mode:
-            why = "sequence parallel is off" if declared is False else "the rest of the plan keeps it whole (Replicate())"
+            why = (
+                "sequence parallel is off" if declared is False else "the rest of the plan keeps it whole (Replicate())"
+            )
         for key in dict.fromkeys(odd):
             have = "Replicate()" if mode else "Shard(1)"
             yield self.finding(f"`{key}` gives the residual stream {have}, but {why}", key, "value")
@@ -527,7 +541,9 @@ class WholeHeadParametersRule(ModelRule):
                     continue
                 if isinstance(plan.style_of(block), AttentionSinksParallel) or not heads:
                     continue
-                own = {n: p for n, p in head_parameters(plan.model.get_submodule(block)).items() if p.shape[0] == heads[0]}
+                own = {
+                    n: p for n, p in head_parameters(plan.model.get_submodule(block)).items() if p.shape[0] == heads[0]
+                }
                 if own:
                     reported.add(generalize(block))
                     params = ", ".join(f"{n} [{p.shape[0]}]" for n, p in own.items())

@@ -185,10 +185,10 @@ class PartialTargetRule(StaticRule):
     code = "PG110"
     title = "redistribution to Partial"
     explanation = (
-        "DTensor refuses to redistribute to a Partial placement (torch 2.11-2.14: \"redistributing to"
-        " Partial is for internal use only\"; 2.15 allows Shard to Partial(\"sum\") alone): a desired or"
+        'DTensor refuses to redistribute to a Partial placement (torch 2.11-2.14: "redistributing to'
+        ' Partial is for internal use only"; 2.15 allows Shard to Partial("sum") alone): a desired or'
         " output layout can be Partial only where the tensor is already in that same Partial state"
-        " (RowwiseParallel's output is Partial(\"sum\")), on every torch plangen supports."
+        ' (RowwiseParallel\'s output is Partial("sum")), on every torch plangen supports.'
     )
     wrong = (
         f"{TP_IMPORT} ColwiseParallel\n{DTENSOR_IMPORT} Partial\n"
@@ -198,7 +198,9 @@ class PartialTargetRule(StaticRule):
         f"{TP_IMPORT} ColwiseParallel\n{DTENSOR_IMPORT} Replicate\n"
         'custom_parallel_plan = {"lm_head": ColwiseParallel(output_layouts=Replicate())}'
     )
-    message = '{problem}: DTensor cannot redistribute to Partial (torch 2.11-2.14 refuse it; 2.15 only Shard to Partial(sum))'
+    message = (
+        "{problem}: DTensor cannot redistribute to Partial (torch 2.11-2.14 refuse it; 2.15 only Shard to Partial(sum))"
+    )
     VALID = (
         plan_source("ColwiseParallel(input_layouts=Partial())", "ColwiseParallel", "Partial"),
         plan_source("RowwiseParallel(output_layouts=Partial())", "RowwiseParallel", "Partial"),
@@ -222,7 +224,7 @@ class PartialTargetRule(StaticRule):
             "Partial(sum)",
         ),
         Invalid(
-            plan_source("PackedRowwiseParallel(output_layouts=Partial('max'))", f"PackedRowwiseParallel", "Partial"),
+            plan_source("PackedRowwiseParallel(output_layouts=Partial('max'))", "PackedRowwiseParallel", "Partial"),
             4,
             73,
             "Partial(sum)",

@@ -116,9 +116,7 @@ class PlanFunctionArgumentsRule(StaticRule):
     code = "PG003"
     title = "plan function takes required arguments"
     explanation = "`custom_parallel_plan()` is called without arguments, so every parameter needs a default."
-    wrong = (
-        f'{TP_IMPORT} ColwiseParallel\n\n\ndef custom_parallel_plan(model):\n    return {{"lm_head": ColwiseParallel()}}'
-    )
+    wrong = f'{TP_IMPORT} ColwiseParallel\n\n\ndef custom_parallel_plan(model):\n    return {{"lm_head": ColwiseParallel()}}'
     right = f'{TP_IMPORT} ColwiseParallel\n\n\ndef custom_parallel_plan():\n    return {{"lm_head": ColwiseParallel()}}'
     message = "`custom_parallel_plan()` is called without arguments, but `{name}` has no default"
     VALID = (
@@ -191,7 +189,7 @@ class KeyNotAStringRule(StaticRule):
     code = "PG005"
     title = "key is not a string"
     explanation = (
-        "Keys are module name patterns such as `\"model.layers.*.mlp.up_proj\"`; a number, tuple or"
+        'Keys are module name patterns such as `"model.layers.*.mlp.up_proj"`; a number, tuple or'
         " bytes key can never match a module."
     )
     wrong = f"{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{0: ColwiseParallel()}}"
@@ -221,13 +219,8 @@ class KeyNotAStringRule(StaticRule):
 class DuplicateKeyRule(StaticRule):
     code = "PG006"
     title = "duplicate key"
-    explanation = (
-        "A dict literal keeps only the last value for a repeated key, so the earlier entry is"
-        " silently lost."
-    )
-    wrong = (
-        f'{TP_IMPORT} ColwiseParallel, RowwiseParallel\ncustom_parallel_plan = {{\n    "lm_head": ColwiseParallel(),\n    "lm_head": RowwiseParallel(),\n}}'
-    )
+    explanation = "A dict literal keeps only the last value for a repeated key, so the earlier entry is silently lost."
+    wrong = f'{TP_IMPORT} ColwiseParallel, RowwiseParallel\ncustom_parallel_plan = {{\n    "lm_head": ColwiseParallel(),\n    "lm_head": RowwiseParallel(),\n}}'
     right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n    "lm_head": ColwiseParallel(),\n}}'
     message = "duplicate key {key!r} (first at line {line}): the dict keeps only the last value"
     VALID = (f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'a': C(), 'b': C()}}\n",)
@@ -298,12 +291,16 @@ class PlanConstantRule(StaticRule):
         " `PLANGEN_TP_SIZE` (a positive integer) and `PLANGEN_SEQUENCE_PARALLEL` (True or False)."
         " verify checks the file against them when `--model`, `--tp-size` and `--sequence-parallel`"
         " are not given, and `plangen cost` prices the plan with them, so a value of the wrong kind"
-        " (`0`, `-4`, `\"two\"`, `2.5`, `True` as a TP size, or a value computed at run time) would"
+        ' (`0`, `-4`, `"two"`, `2.5`, `True` as a TP size, or a value computed at run time) would'
         " check the file at a size nobody meant; it is reported on its line instead. A"
         " `PLANGEN_MODEL` that names no model is reported the same way when level 2 resolves it."
     )
-    wrong = f'{TP_IMPORT} ColwiseParallel\n\nPLANGEN_TP_SIZE = 0\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
-    right = f'{TP_IMPORT} ColwiseParallel\n\nPLANGEN_TP_SIZE = 2\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
+    wrong = (
+        f'{TP_IMPORT} ColwiseParallel\n\nPLANGEN_TP_SIZE = 0\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
+    )
+    right = (
+        f'{TP_IMPORT} ColwiseParallel\n\nPLANGEN_TP_SIZE = 2\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
+    )
     message = "{problem}"
     VALID = (
         'PLANGEN_MODEL = "llama"\nPLANGEN_TP_SIZE = 8\nPLANGEN_SEQUENCE_PARALLEL = False\ncustom_parallel_plan = {}\n',
@@ -320,7 +317,9 @@ class PlanConstantRule(StaticRule):
         Invalid("x = 1\nPLANGEN_MODEL = ''\ncustom_parallel_plan = {}\n", 2, 17, "model spec string"),
         Invalid("PLANGEN_SEQUENCE_PARALLEL = 'yes'\ncustom_parallel_plan = {}\n", 1, 29, "True or False"),
         Invalid("PLANGEN_PLAN_VARIANT = 'fast'\ncustom_parallel_plan = {}\n", 1, 24, "'optimized' or 'stable'"),
-        Invalid("import os\nPLANGEN_TP_SIZE = int(os.environ['TP'])\ncustom_parallel_plan = {}\n", 2, 19, "not a literal"),
+        Invalid(
+            "import os\nPLANGEN_TP_SIZE = int(os.environ['TP'])\ncustom_parallel_plan = {}\n", 2, 19, "not a literal"
+        ),
     )
 
     def check(self, plan: PlanFile) -> Iterator[Finding]:
@@ -363,11 +362,13 @@ class LoraPartKeyRule(StaticRule):
         " runtime refuses it. Write the key of the wrapped module, as for the model without LoRA."
     )
     wrong = (
-        f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n'
+        f"{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n"
         '    "model.layers.*.self_attn.q_proj.base_layer": ColwiseParallel(),\n}'
     )
     right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{\n    "model.layers.*.self_attn.q_proj": ColwiseParallel(),\n}}'
-    message = "key {key!r} names `{part}` inside a LoRA layer: write {wrapped!r}; plangen places the base layer and adapters"
+    message = (
+        "key {key!r} names `{part}` inside a LoRA layer: write {wrapped!r}; plangen places the base layer and adapters"
+    )
     VALID = (
         f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'base_model.model.model.layers.*.mlp.up_proj': C()}}\n",
         f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{'model.lora_Alpha': C()}}\n",
@@ -375,11 +376,15 @@ class LoraPartKeyRule(StaticRule):
     INVALID = (
         Invalid(
             f"{TP_IMPORT} ColwiseParallel as C\ncustom_parallel_plan = {{\n    'model.layers.*.mlp.up_proj.base_layer': C(),\n}}\n",
-            3, 5, "'model.layers.*.mlp.up_proj'",
+            3,
+            5,
+            "'model.layers.*.mlp.up_proj'",
         ),
         Invalid(
             f"{TP_IMPORT} ColwiseParallel as C\ndef custom_parallel_plan():\n    return {{'lm_head.lora_B.default': C()}}\n",
-            3, 13, "names `lora_B`",
+            3,
+            13,
+            "names `lora_B`",
         ),
     )
 

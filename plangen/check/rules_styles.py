@@ -40,11 +40,9 @@ class UnknownStyleRule(StaticRule):
         + " (`plangen.styles`)."
     )
     wrong = (
-        f'import torch.distributed.tensor.parallel as tp\ncustom_parallel_plan = {{"lm_head": tp.ColumnwiseParallel()}}'
+        'import torch.distributed.tensor.parallel as tp\ncustom_parallel_plan = {"lm_head": tp.ColumnwiseParallel()}'
     )
-    right = (
-        f'import torch.distributed.tensor.parallel as tp\ncustom_parallel_plan = {{"lm_head": tp.ColwiseParallel()}}'
-    )
+    right = 'import torch.distributed.tensor.parallel as tp\ncustom_parallel_plan = {"lm_head": tp.ColwiseParallel()}'
     message = "`{name}` is not a parallel style{hint}"
     VALID = (
         plan_source("tp.ColwiseParallel()", "import torch.distributed.tensor.parallel as tp"),
@@ -82,16 +80,13 @@ def _unknown_style_message(template: str, resolved: Resolved) -> str:
 class UndefinedNameRule(StaticRule):
     code = "PG102"
     title = "undefined name"
-    explanation = (
-        "The name is neither defined nor imported in the file, so evaluating the plan raises"
-        " NameError."
-    )
+    explanation = "The name is neither defined nor imported in the file, so evaluating the plan raises NameError."
     wrong = 'custom_parallel_plan = {"lm_head": ColwiseParallel()}'
     right = f'{TP_IMPORT} ColwiseParallel\ncustom_parallel_plan = {{"lm_head": ColwiseParallel()}}'
     message = "`{name}` is not defined{hint}"
     VALID = (
         plan_source("ColwiseParallel(output_layouts=Replicate())", "ColwiseParallel", "Replicate"),
-        plan_source("ColwiseParallel()", f"from torch.distributed.tensor.parallel import *"),
+        plan_source("ColwiseParallel()", "from torch.distributed.tensor.parallel import *"),
         plan_source("ColwiseParallel()", "from somewhere import *"),
         plan_source("STYLE", "STYLE = None"),
         plan_source("ColwiseParallel(output_layouts=LAYOUT)", "ColwiseParallel", "LAYOUT = None"),
@@ -418,9 +413,12 @@ def _type_errors(
 def _expected_words(kind: known.ValueKind) -> str:
     if kind.allows_tuple and kind.base in ("int", "str"):
         return f"a tuple of {kind.base}s"
-    return {"bool": "True or False", "int": "an int", "str": "a str", "placement_dict": "a dict of keyword name → placement"}.get(
-        kind.base, _PLACEMENT_WORDS if not kind.allows_tuple else f"{_PLACEMENT_WORDS} or a tuple of them"
-    )
+    return {
+        "bool": "True or False",
+        "int": "an int",
+        "str": "a str",
+        "placement_dict": "a dict of keyword name → placement",
+    }.get(kind.base, _PLACEMENT_WORDS if not kind.allows_tuple else f"{_PLACEMENT_WORDS} or a tuple of them")
 
 
 class HalfTiedPairRule(StaticRule):
@@ -435,13 +433,13 @@ class HalfTiedPairRule(StaticRule):
     )
     wrong = (
         f"{DTENSOR_IMPORT} Replicate\n{TP_IMPORT} ColwiseParallel\n\nfrom plangen.styles import TiedEmbeddingParallel\n\n"
-        'custom_parallel_plan = {\n'
+        "custom_parallel_plan = {\n"
         '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
         '    "lm_head": ColwiseParallel(output_layouts=Replicate()),\n}'
     )
     right = (
         f"{DTENSOR_IMPORT} Replicate\n\nfrom plangen.styles import TiedEmbeddingParallel, TiedHeadParallel\n\n"
-        'custom_parallel_plan = {\n'
+        "custom_parallel_plan = {\n"
         '    "model.embed_tokens": TiedEmbeddingParallel(input_layouts=Replicate()),\n'
         '    "lm_head": TiedHeadParallel(output_layouts=Replicate()),\n}'
     )

@@ -28,7 +28,9 @@ def _attention_key(plan: ModelPlan, kv: bool) -> str | None:
         if counts is None:
             continue
         heads, kv_heads, head_dim = counts
-        keyed = [(n, m) for n, m in plan.modules.items() if n.startswith(name + ".") and plan.covering.get(n) in plan.written]
+        keyed = [
+            (n, m) for n, m in plan.modules.items() if n.startswith(name + ".") and plan.covering.get(n) in plan.written
+        ]
         exact = [n for n, m in keyed if getattr(m, "out_features", None) == (kv_heads if kv else heads) * head_dim]
         chosen = exact or [n for n, _ in keyed]
         return plan.covering[chosen[0]] if chosen else None
@@ -157,7 +159,7 @@ class TargetRetiesNothingRule(ModelRule):
         for path in tied:
             key = plan.covering.get(path)
             written[path] = (key, plan.written.get(key) if key is not None else None)
-        (emb_key, emb), (head_key, head) = written[emb_path], written[head_path]
+        (_, emb), (head_key, head) = written[emb_path], written[head_path]
         if emb is None or head is None:  # one end only: PG211; neither: one replicated weight
             return
         if isinstance(emb, TiedEmbeddingParallel) and isinstance(head, TiedHeadParallel):

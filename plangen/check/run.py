@@ -197,15 +197,26 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
             compile=compiled,
         )  # fmt: skip
     except Exception as error:  # noqa: BLE001
-        return {"stage": "apply", "error": one_line(error, part="first", with_type=True), "key": _first_failing_key(case, tp_size, mesh["tp"])}
+        return {
+            "stage": "apply",
+            "error": one_line(error, part="first", with_type=True),
+            "key": _first_failing_key(case, tp_size, mesh["tp"]),
+        }
     index = ModuleIndex(sharded)
     # The entry that caused a failure, not the module that crashed (plangen.check.fake_run).
-    recorder = None if compiled else RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
+    recorder = (
+        None if compiled else RunRecorder(sharded, {path: key for key in styles for path in index.paths(key)}, shapes)
+    )
     try:
         logits = sharded(input_ids=ids).logits
     except Exception as error:  # noqa: BLE001
         key, module = attribute_failure(recorder, styles) if recorder is not None else (None, None)
-        return {"stage": "forward", "error": one_line(error, part="first", with_type=True), "module": module, "key": key}
+        return {
+            "stage": "forward",
+            "error": one_line(error, part="first", with_type=True),
+            "module": module,
+            "key": key,
+        }
     finally:
         if recorder is not None:
             recorder.remove()
@@ -339,7 +350,11 @@ class _ProgressReader(threading.Thread):
             self.running[rank] = index
             if self.progress is not None and rank == 0:
                 target = self.targets[index]
-                where = f"TP={target.tp_size}, fake process group" if self.stage == "shapes" else f"{target.parity_mesh()}, gloo"
+                where = (
+                    f"TP={target.tp_size}, fake process group"
+                    if self.stage == "shapes"
+                    else f"{target.parity_mesh()}, gloo"
+                )
                 self.progress(f"[{self.stage} {index + 1}/{len(self.targets)}] {target.path} ({where})")
         else:
             self.done.setdefault(rank, {})[index] = record["result"]
@@ -477,7 +492,9 @@ def _collect(
         result = results.get(index)
         if index in errors:
             where = f"TP={target.tp_size}, fake process group" if stage == "shapes" else f"{target.parity_mesh()}, gloo"
-            outcome.findings[target.path].append(RunFailedRule.finding(f"the run ({stage}, {where}) ended: {errors[index]}"))
+            outcome.findings[target.path].append(
+                RunFailedRule.finding(f"the run ({stage}, {where}) ended: {errors[index]}")
+            )
             continue
         if result is None:
             outcome.notes.append(f"{target.path}: {stage} not checked: --timeout reached first")

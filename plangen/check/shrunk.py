@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
     from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 

@@ -20,7 +20,11 @@ from torch.distributed.tensor.parallel import (
 )
 
 from plangen.attention_styles import (
-    ConvChannelsParallel, HeadTableParallel, PrepareAttentionInputOutput, depthwise_conv, head_parameters,
+    ConvChannelsParallel,
+    HeadTableParallel,
+    PrepareAttentionInputOutput,
+    depthwise_conv,
+    head_parameters,
 )
 from plangen.kv_styles import PrepareAttentionInput
 from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape, flat_split_rows
@@ -102,10 +106,17 @@ def fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
         return f"`{name}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp` (DBRX's), not {what}"
     if isinstance(style, HeadTableParallel):
         table = getattr(module, style.parameter, None)
-        return None if isinstance(table, nn.Parameter) and table.dim() == 2 else (
-            f"`{name}` splits a [buckets, heads] table `{style.parameter}` by its head columns, not {what}")
+        return (
+            None
+            if isinstance(table, nn.Parameter) and table.dim() == 2
+            else (f"`{name}` splits a [buckets, heads] table `{style.parameter}` by its head columns, not {what}")
+        )
     if isinstance(style, ConvChannelsParallel):
-        return None if depthwise_conv(module) else f"`{name}` splits a module around one depthwise nn.Conv1d by its channels, not {what}"
+        return (
+            None
+            if depthwise_conv(module)
+            else f"`{name}` splits a module around one depthwise nn.Conv1d by its channels, not {what}"
+        )
     if isinstance(style, SharedExpertsParallel):
         if packed_shared_shape(module) is None:
             return f"`{name}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj [S, H, I] (Inkling's), not {what}"
@@ -200,7 +211,9 @@ def required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tupl
             return [("num_experts", count, 1)]  # whole experts per rank
         # Each expert's intermediate split (the TP size does not divide the experts): its width must divide.
         down = module.down_proj
-        return [("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)]
+        return [
+            ("each expert's intermediate width", down.shape[1 if getattr(module, "is_transposed", False) else 2], 1)
+        ]
     if isinstance(style, FlatExpertsParallel) and flat_expert_shape(module):
         return [(*flat_split_rows(module, tp), 1)]  # whole experts per rank, else each expert's ffn rows
     if isinstance(style, ConvChannelsParallel) and (conv := depthwise_conv(module)):
@@ -208,8 +221,14 @@ def required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tupl
     if isinstance(style, SharedExpertsParallel) and (shared := packed_shared_shape(module)):
         return [("each shared expert's intermediate width", shared[1], 1)]  # local slices, plain tensors
     if isinstance(style, GatedDeltaNetParallel):  # whole key heads and their value heads per rank
-        own = [(p, getattr(module, p).shape[0], 1) for p in style.head_parameters if isinstance(getattr(module, p, None), nn.Parameter)]
-        return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)] + own
+        own = [
+            (p, getattr(module, p).shape[0], 1)
+            for p in style.head_parameters
+            if isinstance(getattr(module, p, None), nn.Parameter)
+        ]
+        return [
+            (a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)
+        ] + own
     if isinstance(style, MultiHeadNormParallel):  # whole heads per rank, local counts
         return [(a, getattr(module, a), 1) for a in style.head_attributes if isinstance(getattr(module, a, None), int)]
     if isinstance(style, RGLRUParallel) and isinstance(getattr(module, style.head_attribute, None), int):
@@ -219,15 +238,22 @@ def required_dims(style: ParallelStyle, module: nn.Module, tp: int) -> list[tupl
     if isinstance(style, AttentionSinksParallel):  # whole heads' parameters per rank
         return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
     if isinstance(style, PairedHeadsAttentionInput) and (counts := attention_head_counts(module)) is not None:
-        return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs per rank
+        return [
+            ("attention heads", counts[0], 2),
+            ("key/value heads", counts[1], 2),
+        ]  # each half's, whole pairs per rank
     counts = style.attributes if isinstance(style, LocalHeadCounts) else getattr(style, "head_attributes", ())
     if isinstance(style, PrepareAttentionInput) and style.padded_heads:
         return []  # its head counts become this rank's padded share: the heads check says which TP sizes can
-    if isinstance(style, (LocalHeadCounts, PrepareAttentionInput, PrepareAttentionInputOutput)) and counts:  # the block reshapes by count / TP
+    if (
+        isinstance(style, (LocalHeadCounts, PrepareAttentionInput, PrepareAttentionInputOutput)) and counts
+    ):  # the block reshapes by count / TP
         values = [(a, getattr(*head_count_owner(module, a), None)) for a in counts]
         return [(a, v, 1) for a, v in values if isinstance(v, int) and not isinstance(v, bool)]
     if isinstance(module, nn.Linear) or is_conv1d(module):
-        out_features, in_features = (module.nf, module.nx) if is_conv1d(module) else (module.out_features, module.in_features)
+        out_features, in_features = (
+            (module.nf, module.nx) if is_conv1d(module) else (module.out_features, module.in_features)
+        )
         if isinstance(style, ColwiseParallel) and leaves_local_shard(style):
             return [("out_features", out_features, split)]
         if isinstance(style, RowwiseParallel) and takes_local_shard(style):

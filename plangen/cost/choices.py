@@ -21,7 +21,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.tensor.parallel import ParallelStyle
 
 NAMED_PLANS = ("hand-written", "stable", "hf", "nemo")
-ALIASES = {"optimized": "hand-written", "plangen": "hand-written", "hugging-face": "hf", "huggingface": "hf", "nemo-rl": "nemo"}
+ALIASES = {
+    "optimized": "hand-written",
+    "plangen": "hand-written",
+    "hugging-face": "hf",
+    "huggingface": "hf",
+    "nemo-rl": "nemo",
+}
 DEFAULT = "default"
 
 
@@ -72,6 +78,7 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
     if name == "stable":
         return resolve_runtime_choice(model, sequence_parallel, variant="stable")
     if name == "hf":
+
         def build_hf(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
             from plangen.hf_plan import get_hf_tp_plan
 
@@ -91,7 +98,9 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
             except ValueError as error:
                 raise CostError(f"nemo: {error}") from None
 
-        return PlanChoice("nemo", f"NeMo RL's Llama plan (_parallelize_llama){sp_label}", f"nemo:{sequence_parallel}", build_nemo)
+        return PlanChoice(
+            "nemo", f"NeMo RL's Llama plan (_parallelize_llama){sp_label}", f"nemo:{sequence_parallel}", build_nemo
+        )
     return load_plan_file_choice(name)
 
 

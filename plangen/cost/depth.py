@@ -165,8 +165,10 @@ def _fit_depth_and_layer(points: Mapping[tuple[int, int], Mapping[str, int]]):
     slopes = {name: (deeper[name] - base[name], later[name] - deeper[name]) for name in names}
 
     def at(n: int, k: int) -> dict[str, int]:
-        return {name: base[name] + per_depth * (n - n1) + per_layer * (k - 1)
-                for name, (per_depth, per_layer) in slopes.items()}
+        return {
+            name: base[name] + per_depth * (n - n1) + per_layer * (k - 1)
+            for name, (per_depth, per_layer) in slopes.items()
+        }
 
     if any(v != at(n, k) for (n, k), v in points.items()):
         return None

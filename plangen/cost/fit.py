@@ -74,8 +74,15 @@ def _search(target, world_size, gpu_bytes, seq_len, settings, measure_peak, buil
         if any(s.startswith(f"TP {tp}:") for s in skipped):
             continue
         try:
-            report = measure_peak(target, tp_size=tp, dp_size=dp, seq_len=seq_len, sequence_parallel=sp,
-                                  activation_checkpointing=ac, **settings)
+            report = measure_peak(
+                target,
+                tp_size=tp,
+                dp_size=dp,
+                seq_len=seq_len,
+                sequence_parallel=sp,
+                activation_checkpointing=ac,
+                **settings,
+            )
         except CostError as error:
             if str(error).startswith(f"--tp-size {tp}:"):  # the heads refuse this TP size: not a layout
                 skipped.append(f"TP {tp}: {str(error).split(': ', 1)[1]}")

@@ -25,8 +25,18 @@ from torch.distributed.tensor import DTensor
 
 from plangen.comm import CollectiveCounter
 from plangen.cost.probe_configs import (
-    DIMENSION_KEYS, config_value, config_with_base_sizes, config_with_extra_layer, config_with_more_layers,
-    config_with_tokens, dimension_value, is_int, prompt_tokens, read_dimensions, scaled_config, state_space_heads,
+    DIMENSION_KEYS,
+    config_value,
+    config_with_base_sizes,
+    config_with_extra_layer,
+    config_with_more_layers,
+    config_with_tokens,
+    dimension_value,
+    is_int,
+    prompt_tokens,
+    read_dimensions,
+    scaled_config,
+    state_space_heads,
 )
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
@@ -137,7 +147,11 @@ def reduce_partial_grads(model: nn.Module) -> None:
     """
     for param in model.parameters():
         grad = param.grad
-        if isinstance(param, DTensor) and isinstance(grad, DTensor) and tuple(grad.placements) != tuple(param.placements):
+        if (
+            isinstance(param, DTensor)
+            and isinstance(grad, DTensor)
+            and tuple(grad.placements) != tuple(param.placements)
+        ):
             grad.redistribute(placements=param.placements)
 
 
@@ -222,7 +236,9 @@ def run_step(
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = model_class._from_config(copy.deepcopy(config), dtype=TORCH_DTYPES[dtype], **measurement_kernels(model_class))
+        model = model_class._from_config(
+            copy.deepcopy(config), dtype=TORCH_DTYPES[dtype], **measurement_kernels(model_class)
+        )
         guard_routing_index(model)  # 5.8.x's batched_mm clamps the router's indices in place
         vocab = text_config(config).vocab_size
         ids = torch.randint(0, max(2, vocab - SPECIAL_TOKEN_SPAN), (batch, seq))

@@ -57,7 +57,10 @@ def build_nemo_style_plan(model: nn.Module, sequence_parallel: bool) -> dict[str
             f"{layer}.mlp.down_proj": RowwiseParallel(output_layouts=seq),
             "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False),
             # Written out: each projection gathers the sequence for itself (see the module docstring).
-            **{f"{layer}.self_attn.{proj}": ColwiseParallel(input_layouts=seq) for proj in ("q_proj", "k_proj", "v_proj")},
+            **{
+                f"{layer}.self_attn.{proj}": ColwiseParallel(input_layouts=seq)
+                for proj in ("q_proj", "k_proj", "v_proj")
+            },
             **{f"{layer}.mlp.{proj}": ColwiseParallel(input_layouts=seq) for proj in ("gate_proj", "up_proj")},
         }
     )

@@ -38,8 +38,17 @@ from plangen.cost.depth import AFTER_LAYERS, running_layer, without_root
 from plangen.cost.settings import CostError, CostSettings, build_cost_settings
 
 PHASES = ("forward", "backward", "optimizer")
-UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 NOTES = (
     "not covered: the CUDA caching allocator's fragmentation and reserve, the CUDA context and NCCL buffers "
     "(together often 1-3 GiB per GPU), and attention kernels' workspaces (the CPU sdpa kernel is traced)",
@@ -66,8 +75,10 @@ class Breakdown:
         return self.parameters + self.gradients + self.optimizer + self.activations + self.gathered + self.temporary
 
     def items(self) -> list[tuple[str, int]]:
-        return [(name, getattr(self, name)) for name in
-                ("parameters", "gradients", "optimizer", "activations", "gathered", "temporary")]
+        return [
+            (name, getattr(self, name))
+            for name in ("parameters", "gradients", "optimizer", "activations", "gathered", "temporary")
+        ]
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,10 @@ _OUTSIDE_MODULES = {
     ("forward", "after"): "after the model's modules (the loss)",
     ("backward", "before"): "before the output head's backward (the loss's)",
     ("backward", "layer"): "between the decoder layers' backward",
-    ("backward", "after"): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
+    (
+        "backward",
+        "after",
+    ): "after the decoder layers' backward (the embedding's gradient, FSDP2's last reduce-scatters)",
 }
 
 
@@ -186,8 +200,11 @@ def _collective_holds(func: Any, args: Any, out: Any) -> tuple[int, ...]:
 
     def distinct(values: Any) -> dict[int, int]:
         # By storage (fake tensors have no data pointer): a view and its base are held once.
-        return {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
-                for t in tree_leaves(values) if isinstance(t, torch.Tensor)}
+        return {
+            t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+            for t in tree_leaves(values)
+            if isinstance(t, torch.Tensor)
+        }
 
     ins, outs = distinct((args,)), distinct((out,))
     both = {**ins, **outs}
@@ -240,7 +257,8 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
                 best = self.peaks.get((phase, layer))
                 if best is None or snapshot["Total"] > best[0]["Total"]:
                     self.peaks[(phase, layer)] = (
-                        {str(getattr(k, "name", k)): v for k, v in snapshot.items()}, _innermost(parents, layer, layer_names)
+                        {str(getattr(k, "name", k)): v for k, v in snapshot.items()},
+                        _innermost(parents, layer, layer_names),
                     )
 
     return StepTracker()
@@ -280,8 +298,9 @@ def _breakdown(snapshot: dict[str, int], optimizer_states: int) -> Breakdown:
     )
 
 
-def track_step(model: Any, batch: int, seq: int, vocab: int, foreach: bool = True,
-               held: dict[str, set[int]] | None = None) -> dict[str, PhasePeak]:
+def track_step(
+    model: Any, batch: int, seq: int, vocab: int, foreach: bool = True, held: dict[str, set[int]] | None = None
+) -> dict[str, PhasePeak]:
     """Each phase's peak of the second AdamW step of ``model``: :func:`track_layer_peaks`'s, the
     highest of each phase (``held``, when given, gets the bytes each collective's work held, by phase)."""
     return peaks_by_phase(track_layer_peaks(model, batch, seq, vocab, foreach, held))
@@ -344,10 +363,14 @@ def track_layer_peaks(
         held.update(tracker.held)
     states = sum(
         (v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
-        for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
     )
-    return {key: phase_peak(key[0], key[1], module, _breakdown(snapshot, states), snapshot["Total"])
-            for key, (snapshot, module) in tracker.peaks.items()}
+    return {
+        key: phase_peak(key[0], key[1], module, _breakdown(snapshot, states), snapshot["Total"])
+        for key, (snapshot, module) in tracker.peaks.items()
+    }
 
 
 def _local(tensor: Any) -> Any:
@@ -384,7 +407,12 @@ def _parallelize(model: Any, choice: Any, settings: CostSettings, activation_che
 
 
 def trace_peak(
-    resolved: Any, config: Any, plan: str, settings: CostSettings, activation_checkpointing: bool, extrapolate: bool = True
+    resolved: Any,
+    config: Any,
+    plan: str,
+    settings: CostSettings,
+    activation_checkpointing: bool,
+    extrapolate: bool = True,
 ):
     """(plan choice, the peak of each phase in each place for rank 0 of a model built from ``config``,
     how the depth was traced, the depths traced where it was extrapolated, else ()): at depths 3, 4
@@ -407,12 +435,16 @@ def trace_peak(
             raise CostError(f"cannot build {resolved.model_class.__name__}: {error}") from None
         why = deep.layers_alike(find_transformer_layers(meta), config)
         if why is None:
-            traced = {n: _trace_at(resolved, deep.config_at_depth(config, n), plan, settings, activation_checkpointing)
-                      for n in deep.DEPTHS}
+            traced = {
+                n: _trace_at(resolved, deep.config_at_depth(config, n), plan, settings, activation_checkpointing)
+                for n in deep.DEPTHS
+            }
             peaks = _extrapolated_peaks({n: p for n, (_, p) in traced.items()}, layers)
             if peaks is not None:
-                how = (f"depth: traced at {', '.join(map(str, deep.DEPTHS))} layers and extrapolated to {layers}"
-                       " (every layer alike; each figure exactly linear in the depth, checked)")
+                how = (
+                    f"depth: traced at {', '.join(map(str, deep.DEPTHS))} layers and extrapolated to {layers}"
+                    " (every layer alike; each figure exactly linear in the depth, checked)"
+                )
                 return traced[deep.DEPTHS[0]][0], peaks, how, deep.DEPTHS
             why = "its memory is not exactly linear in the depth"
     choice, peaks = _trace_at(resolved, config, plan, settings, activation_checkpointing)
@@ -423,8 +455,10 @@ def trace_peak(
 def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int) -> dict[tuple, PhasePeak] | None:
     from plangen.cost import depth as deep
 
-    values = {n: {key: {**dict(p.breakdown.items()), "tracked_total": p.tracked_total} for key, p in peaks.items()}
-              for n, peaks in samples.items()}
+    values = {
+        n: {key: {**dict(p.breakdown.items()), "tracked_total": p.tracked_total} for key, p in peaks.items()}
+        for n, peaks in samples.items()
+    }
     fitted = deep.extrapolate(values, layers)
     if fitted is None:
         return None
@@ -434,8 +468,13 @@ def _extrapolated_peaks(samples: dict[int, dict[tuple, PhasePeak]], layers: int)
         traced = deep.traced_layer(layer, layers, deepest)
         source = samples[deepest].get((phase, traced))
         total = v.pop("tracked_total")
-        module = "" if source is None else source.module if layer in (None, AFTER_LAYERS) else deep.renumber_module(
-            source.module, traced, layer)
+        module = (
+            ""
+            if source is None
+            else source.module
+            if layer in (None, AFTER_LAYERS)
+            else deep.renumber_module(source.module, traced, layer)
+        )
         peaks[(phase, layer)] = phase_peak(phase, layer, module, Breakdown(**v), total)
     return peaks
 
@@ -459,7 +498,9 @@ def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, act
             raise CostError(f"cannot build {resolved.model_class.__name__}: {error}") from None
         choice = resolve_plan_choice(plan, meta, settings.sequence_parallel)
         # Outside fake mode: a mesh reads its ranks from a real tensor.
-        mesh = DeviceMesh("cpu", torch.arange(world).view(settings.dp_size, settings.tp_size), mesh_dim_names=("dp", "tp"))
+        mesh = DeviceMesh(
+            "cpu", torch.arange(world).view(settings.dp_size, settings.tp_size), mesh_dim_names=("dp", "tp")
+        )
         model = _parallelize(meta, choice, settings, activation_checkpointing, mesh["dp"], mesh["tp"])
         with fake_tensor_mode_class()(allow_non_fake_inputs=True), warnings.catch_warnings():
             # FSDP2's warning for a root returning a view (some plans' logits): about in-place ops, none here.
@@ -507,15 +548,30 @@ def measure_peak(
     if sequence_parallel is None:
         sequence_parallel = bool(metadata.get("PLANGEN_SEQUENCE_PARALLEL", False))
     settings = build_cost_settings(
-        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata), dp_size=dp_size, seq_len=seq_len, micro_batch=micro_batch, dtype=dtype,
-        master_dtype=master_dtype, sequence_parallel=sequence_parallel,
+        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata),
+        dp_size=dp_size,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        dtype=dtype,
+        master_dtype=master_dtype,
+        sequence_parallel=sequence_parallel,
     )
     resolved = resolve_cost_model(spec, settings)
     config = config_for_class(resolved.config, resolved.model_class)
-    choice, peaks, how, traced = trace_peak(resolved, config, plan or subject, settings, activation_checkpointing, extrapolate)
+    choice, peaks, how, traced = trace_peak(
+        resolved, config, plan or subject, settings, activation_checkpointing, extrapolate
+    )
     phases = peaks_by_phase(peaks)
     return PeakReport(
-        spec, resolved.model_class.__name__, choice.name, settings, activation_checkpointing, count_layers(config),
-        tuple(phases[p] for p in PHASES if p in phases), time.perf_counter() - started, (how, *NOTES),
-        in_step_order(peaks.values()), tuple(traced),
+        spec,
+        resolved.model_class.__name__,
+        choice.name,
+        settings,
+        activation_checkpointing,
+        count_layers(config),
+        tuple(phases[p] for p in PHASES if p in phases),
+        time.perf_counter() - started,
+        (how, *NOTES),
+        in_step_order(peaks.values()),
+        tuple(traced),
     )

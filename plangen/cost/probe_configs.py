@@ -12,8 +12,13 @@ from fractions import Fraction
 from typing import Any, Mapping
 
 from plangen.config_keys import (
-    EXPERTS_PER_TOKEN_KEYS, LEADING_LAYER_KEYS, STATE_SIZE_KEYS, STATE_SPACE_GROUP_KEYS, STATE_SPACE_HEADS,
-    TIME_STEP_RANK_KEYS, sets_layer_kinds,
+    EXPERTS_PER_TOKEN_KEYS,
+    LEADING_LAYER_KEYS,
+    STATE_SIZE_KEYS,
+    STATE_SPACE_GROUP_KEYS,
+    STATE_SPACE_HEADS,
+    TIME_STEP_RANK_KEYS,
+    sets_layer_kinds,
 )
 from plangen.cost.settings import CostError
 from plangen.cost.widths import apply_width_relations, width_relations
@@ -42,7 +47,13 @@ DIMENSION_KEYS = {
     # The expert count, under whichever name the class gives it: Llama-4's every-token experts
     # all-reduce the gradient of the router's scores (B·S·E) in backward.
     # (DBRX keeps both in its ffn_config: a dotted key is a sub-config's.)
-    "experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "ffn_config.moe_num_experts"),
+    "experts": (
+        "num_local_experts",
+        "num_experts",
+        "n_routed_experts",
+        "moe_num_experts",
+        "ffn_config.moe_num_experts",
+    ),
     # The experts each token is routed to: the routing weights' gradient is B·S·k (all-reduced backward).
     "topk": (*EXPERTS_PER_TOKEN_KEYS, "ffn_config.moe_top_k"),
     # Gemma 4's per-layer inputs: each token looks up layers x hidden_size_per_layer_input in a
@@ -231,7 +242,9 @@ def config_with_extra_layer(config: Any, index: int) -> Any | None:
 
     text = text_config(config)
     layers = count_layers(config)
-    if any(is_layer_index_list(key, value, layers) or sets_layer_kinds(key, value) for key, value in vars(text).items()):
+    if any(
+        is_layer_index_list(key, value, layers) or sets_layer_kinds(key, value) for key, value in vars(text).items()
+    ):
         return None
     lists = [key for key, value in vars(text).items() if isinstance(value, list) and len(value) == layers]
     if not lists:

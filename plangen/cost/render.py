@@ -111,7 +111,12 @@ def _memory_table(plan: PlanCost):
         ("gradients", m.gradients, 1),
         (f"AdamW ({ADAMW_STATES} states)", m.optimizer, ADAMW_STATES),
     ):
-        table.add_row(label, format_bytes(value), format_bytes(m.replicated * share / copies), format_bytes(m.ideal * share / copies))
+        table.add_row(
+            label,
+            format_bytes(value),
+            format_bytes(m.replicated * share / copies),
+            format_bytes(m.ideal * share / copies),
+        )
     table.add_row("total", format_bytes(m.total), format_bytes(m.replicated), format_bytes(m.ideal))
     return table
 
@@ -123,7 +128,16 @@ def _collectives_table(plan: PlanCost):
     for column in ("", "phase", "collective", "tensor", "", "count", "payload", "sent/rank"):
         table.add_column(column, justify="right" if column in ("count", "payload", "sent/rank") else "left")
     for c in plan.collectives:
-        table.add_row(c.source, c.phase, c.kind, c.tensor, c.scope, str(c.count), format_bytes(c.payload_bytes), format_bytes(c.sent_bytes))
+        table.add_row(
+            c.source,
+            c.phase,
+            c.kind,
+            c.tensor,
+            c.scope,
+            str(c.count),
+            format_bytes(c.payload_bytes),
+            format_bytes(c.sent_bytes),
+        )
     if not plan.collectives:
         table.add_row("-", "-", "none (TP 1 and DP 1)", "", "", "0", "0 B", "0 B")
     return table
@@ -139,7 +153,10 @@ def build_cost_json(report: CostReport) -> dict[str, Any]:
                 "name": plan.name,
                 "description": plan.description,
                 "totals": totals,
-                "ratios": {key: ratio(totals[key], first[key]) for key in ("memory_bytes", "sent_bytes", "tp_sent_bytes", "fsdp_sent_bytes")},
+                "ratios": {
+                    key: ratio(totals[key], first[key])
+                    for key in ("memory_bytes", "sent_bytes", "tp_sent_bytes", "fsdp_sent_bytes")
+                },
                 "memory": {**asdict(plan.memory), "total": plan.memory.total},
                 "collectives": [asdict(c) for c in plan.collectives],
                 "notes": list(plan.notes),
@@ -178,10 +195,15 @@ def render_peak_text(reports, gpu_bytes: int | None = None) -> str:
     for report in reports:
         peak = report.peak
         where = where_in_step(peak.phase, peak.module, peak.place)
-        lines += ["", f"plan {report.plan}: peak {format_bytes(peak.breakdown.total)} in {peak.phase}, {where} "
-                      f"(traced in {report.seconds:.1f} s)"]
+        lines += [
+            "",
+            f"plan {report.plan}: peak {format_bytes(peak.breakdown.total)} in {peak.phase}, {where} "
+            f"(traced in {report.seconds:.1f} s)",
+        ]
         lines += [f"  {name:<12} {format_bytes(value):>11}" for name, value in peak.breakdown.items()]
-        lines.append("  each phase's peak: " + ", ".join(f"{p.phase} {format_bytes(p.breakdown.total)}" for p in report.phases))
+        lines.append(
+            "  each phase's peak: " + ", ".join(f"{p.phase} {format_bytes(p.breakdown.total)}" for p in report.phases)
+        )
         if gpu_bytes is not None:
             margin = report.margin(gpu_bytes)
             verdict = "fits" if margin >= 0 else "does not fit"
@@ -194,22 +216,36 @@ def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
     first = reports[0]
     return {
         "schema": "plangen.cost.peak/1",
-        "model": first.model, "model_class": first.model_class, "layers": first.layers,
+        "model": first.model,
+        "model_class": first.model_class,
+        "layers": first.layers,
         "settings": {**asdict(first.settings), "activation_checkpointing": first.activation_checkpointing},
         "gpu_memory_bytes": gpu_bytes,
         "plans": [
             {
-                "name": r.plan, "seconds": round(r.seconds, 2),
-                "peak": {"bytes": r.peak.breakdown.total, "phase": r.peak.phase, "module": r.peak.module,
-                         "place": r.peak.place, **dict(r.peak.breakdown.items())},
+                "name": r.plan,
+                "seconds": round(r.seconds, 2),
+                "peak": {
+                    "bytes": r.peak.breakdown.total,
+                    "phase": r.peak.phase,
+                    "module": r.peak.module,
+                    "place": r.peak.place,
+                    **dict(r.peak.breakdown.items()),
+                },
                 "phases": {p.phase: p.breakdown.total for p in r.phases},
                 "fits": None if gpu_bytes is None else r.margin(gpu_bytes) >= 0,
                 "margin_bytes": None if gpu_bytes is None else r.margin(gpu_bytes),
                 # Depths traced where the step was extrapolated to "layers"; null where every layer was.
                 "extrapolated_from": list(r.extrapolated_from) or None,
                 "timeline": [
-                    {"phase": p.phase, "place": p.place, "layer": p.layer, "module": p.module,
-                     "bytes": p.breakdown.total, **dict(p.breakdown.items())}
+                    {
+                        "phase": p.phase,
+                        "place": p.place,
+                        "layer": p.layer,
+                        "module": p.module,
+                        "bytes": p.breakdown.total,
+                        **dict(p.breakdown.items()),
+                    }
                     for p in r.timeline
                 ],
             }
@@ -221,14 +257,18 @@ def build_peak_json(reports, gpu_bytes: int | None = None) -> dict[str, Any]:
 
 def render_fit_text(search) -> str:
     """The layouts that fit, by TP traffic per rank and step, then those that do not."""
-    lines = [f"{search.model}: layouts of {search.world_size} ranks on {format_bytes(search.gpu_bytes)} GPUs "
-             "(fitting first, by TP bytes sent per rank and step)",
-             f"{'TP':>4} {'DP':>4} {'SP':>4} {'ckpt':>5} {'peak':>11} {'margin':>11} {'TP sent':>11}  verdict"]
+    lines = [
+        f"{search.model}: layouts of {search.world_size} ranks on {format_bytes(search.gpu_bytes)} GPUs "
+        "(fitting first, by TP bytes sent per rank and step)",
+        f"{'TP':>4} {'DP':>4} {'SP':>4} {'ckpt':>5} {'peak':>11} {'margin':>11} {'TP sent':>11}  verdict",
+    ]
     for l in search.layouts:
         margin = ("" if l.fits else "-") + format_bytes(abs(l.margin_bytes))
-        lines.append(f"{l.tp_size:>4} {l.dp_size:>4} {'on' if l.sequence_parallel else 'off':>4} "
-                     f"{'on' if l.activation_checkpointing else 'off':>5} {format_bytes(l.peak_bytes):>11} {margin:>11} "
-                     f"{format_bytes(l.tp_sent_bytes):>11}  {'fits' if l.fits else 'does not fit'}")
+        lines.append(
+            f"{l.tp_size:>4} {l.dp_size:>4} {'on' if l.sequence_parallel else 'off':>4} "
+            f"{'on' if l.activation_checkpointing else 'off':>5} {format_bytes(l.peak_bytes):>11} {margin:>11} "
+            f"{format_bytes(l.tp_sent_bytes):>11}  {'fits' if l.fits else 'does not fit'}"
+        )
     if not search.fitting:
         lines.append("no layout fits")
     lines += [f"skipped {reason}" for reason in search.skipped]
@@ -239,7 +279,9 @@ def build_fit_json(search) -> dict[str, Any]:
     """``--fit --format json``: every layout traced, in the table's order."""
     return {
         "schema": "plangen.cost.fit/1",
-        "model": search.model, "world_size": search.world_size, "gpu_memory_bytes": search.gpu_bytes,
+        "model": search.model,
+        "world_size": search.world_size,
+        "gpu_memory_bytes": search.gpu_bytes,
         "layouts": [{**asdict(layout), "fits": layout.fits} for layout in search.layouts],
         "skipped": list(search.skipped),
     }

@@ -238,4 +238,6 @@ def missing_dimension_problem(spec: str, config: Any, name: str, terms: Sequence
     keys, unset = DIMENSION_KEYS.get(name, (name,)), object()
     stated = [k for k in keys if config_value(text_config(config), k, unset) is not unset] or list(keys[:1])
     tensor = next(tensor_formula(t.exponents) for t in terms if name in dict(t.exponents))
-    return f"{spec} leaves {' and '.join(stated)} unset, which sizes the plan's {tensor}: pass a config.json that sets it"
+    return (
+        f"{spec} leaves {' and '.join(stated)} unset, which sizes the plan's {tensor}: pass a config.json that sets it"
+    )

@@ -30,13 +30,19 @@ from plangen.cost.settings import CostError
 
 # Dimension names and the letter each shows as in a tensor formula.
 LETTERS = {
-    "batch": "B", "seq": "S",
+    "batch": "B",
+    "seq": "S",
     # The tokens the layers see where the model prepends P prompt tokens of its own (CpmAnt's 32): the
     # residual stream's collectives are B·(S+P)·H, a sum no product of S and P can be; probed as one
     # dimension of its own (plangen.cost.probe_configs.config_with_tokens), apart from the logits' S.
     "tokens": "(S+P)",
-    "hidden": "H", "heads": "N", "head_dim": "D", "intermediate": "I", "vocab": "V",
-    "q_latent": "Lq", "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)
+    "hidden": "H",
+    "heads": "N",
+    "head_dim": "D",
+    "intermediate": "I",
+    "vocab": "V",
+    "q_latent": "Lq",
+    "kv_latent": "Lkv",  # latent attention's low ranks (DeepSeek's q_lora_rank, kv_lora_rank)
     "experts": "E",  # routed experts (Llama-4's scores' gradient, B·S·E)
     "topk": "k",  # experts per token (the routing weights' gradient, B·S·k)
     # The decoder layers, where a collective's size grows with them (not probed: read off the run with
@@ -59,14 +65,24 @@ MAX_EXPONENT = 3
 
 # Collective names (functional and c10d) -> the kind shown.
 KINDS = {
-    "all_reduce": "all-reduce", "allreduce_": "all-reduce", "allreduce_coalesced_": "all-reduce",
-    "all_gather_into_tensor": "all-gather", "_allgather_base_": "all-gather", "allgather_": "all-gather",
-    "all_gather_into_tensor_coalesced": "all-gather", "allgather_into_tensor_coalesced_": "all-gather",
-    "reduce_scatter_tensor": "reduce-scatter", "_reduce_scatter_base_": "reduce-scatter",
-    "reduce_scatter_": "reduce-scatter", "reduce_scatter_tensor_coalesced": "reduce-scatter",
+    "all_reduce": "all-reduce",
+    "allreduce_": "all-reduce",
+    "allreduce_coalesced_": "all-reduce",
+    "all_gather_into_tensor": "all-gather",
+    "_allgather_base_": "all-gather",
+    "allgather_": "all-gather",
+    "all_gather_into_tensor_coalesced": "all-gather",
+    "allgather_into_tensor_coalesced_": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+    "_reduce_scatter_base_": "reduce-scatter",
+    "reduce_scatter_": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced": "reduce-scatter",
     "reduce_scatter_tensor_coalesced_": "reduce-scatter",
-    "all_to_all_single": "all-to-all", "alltoall_base_": "all-to-all", "alltoall_": "all-to-all",
-    "broadcast": "broadcast", "broadcast_": "broadcast",
+    "all_to_all_single": "all-to-all",
+    "alltoall_base_": "all-to-all",
+    "alltoall_": "all-to-all",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
 }
 
 
@@ -225,7 +241,9 @@ def derive_terms(
     return [replace(t, per_kind=by_kind.get(t.key, ())) for t in terms]
 
 
-def layer_exponents(base: Sequence[Sample], deeper: Sequence[Sample], ratio: Fraction) -> dict[tuple[str, str, int], int]:
+def layer_exponents(
+    base: Sequence[Sample], deeper: Sequence[Sample], ratio: Fraction
+) -> dict[tuple[str, str, int], int]:
     """The power of the layer count in the size of each of the base run's collectives whose size grows
     with the layers (by key; the others are left out): where the run with ``ratio`` times the layers
     has it at ``ratio ** e`` times the size only (Gemma 4's per-layer input table, B·S·L·Hp)."""
@@ -251,7 +269,9 @@ def at_base_depth(
     for (phase, op, nbytes), e in exponents.items():
         size = nbytes * ratio**e
         if size.denominator != 1:
-            raise CostError(f"a {kind_of(op)} of {nbytes} bytes grows with the layers to no whole size: cannot scale it")
+            raise CostError(
+                f"a {kind_of(op)} of {nbytes} bytes grows with the layers to no whole size: cannot scale it"
+            )
         back[(phase, op, int(size))] = nbytes
     sizes = {(s.phase, s.op, s.nbytes) for s in samples}
     if any((phase, op, nbytes) in sizes for (phase, op, _), nbytes in back.items()):
@@ -260,7 +280,9 @@ def at_base_depth(
 
 
 def count_by_kind(
-    base: Sequence[Sample], kinds: Sequence[str], extra: Mapping[str, Sequence[Sample]],
+    base: Sequence[Sample],
+    kinds: Sequence[str],
+    extra: Mapping[str, Sequence[Sample]],
     in_layers: Mapping[tuple[str, str, int], Fraction],
 ) -> dict[tuple[str, str, int], tuple[tuple[str, Fraction], ...]]:
     """Each collective's count per layer of each kind: what a run with one more layer of that kind
@@ -362,4 +384,6 @@ def layer_count_of(term: Term, real_kinds: Mapping[str, int]) -> Fraction | None
 
 def sort_collectives(rows: Iterable[CollectiveCost]) -> list[CollectiveCost]:
     order = {"forward": 0, "backward": 1}
-    return sorted(rows, key=lambda c: (c.source != "TP", order.get(c.phase, 2), c.scope != "per layer", c.kind, -c.sent_bytes))
+    return sorted(
+        rows, key=lambda c: (c.source != "TP", order.get(c.phase, 2), c.scope != "per layer", c.kind, -c.sent_bytes)
+    )

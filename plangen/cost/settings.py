@@ -10,9 +10,14 @@ from dataclasses import dataclass
 # Bytes per element of the dtypes a user can name.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
 }
 # plangen's FSDP2 policy (parallelize.apply_fsdp) reduce-scatters gradients in float32.
 REDUCE_DTYPE = "fp32"
@@ -74,7 +79,12 @@ def build_cost_settings(
     sequence_parallel: bool = False,
 ) -> CostSettings:
     """Validated settings; every problem is a one-line :class:`CostError`."""
-    for option, value in (("--tp-size", tp_size), ("--dp-size", dp_size), ("--seq-len", seq_len), ("--micro-batch", micro_batch)):
+    for option, value in (
+        ("--tp-size", tp_size),
+        ("--dp-size", dp_size),
+        ("--seq-len", seq_len),
+        ("--micro-batch", micro_batch),
+    ):
         if value < 1:
             raise CostError(f"{option} must be at least 1, got {value}")
     if sequence_parallel and seq_len % tp_size:

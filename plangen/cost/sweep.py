@@ -54,17 +54,39 @@ def sweep_cost_case(config: Path, tp_size: int, dp_size: int = SWEEP_DP_SIZE) ->
     while True:
         try:
             report = build_cost_report(
-                str(config), tp_size=tp_size, dp_size=dp_size, seq_len=SWEEP_SEQ_LEN, sequence_parallel=sequence_parallel
+                str(config),
+                tp_size=tp_size,
+                dp_size=dp_size,
+                seq_len=SWEEP_SEQ_LEN,
+                sequence_parallel=sequence_parallel,
             )
         except CostError as error:
             if sequence_parallel and "sequence" in str(error).lower():
                 sequence_parallel, no_sp = False, str(error)
                 continue
-            return SweepCase(config.stem, tp_size, sequence_parallel, None, None, None, str(error), no_sp,
-                             time.perf_counter() - start)
+            return SweepCase(
+                config.stem,
+                tp_size,
+                sequence_parallel,
+                None,
+                None,
+                None,
+                str(error),
+                no_sp,
+                time.perf_counter() - start,
+            )
         memory = report.plans[0].memory
-        return SweepCase(config.stem, tp_size, sequence_parallel, memory.total, memory.ideal,
-                         memory.tp_sharded_fraction, None, no_sp, time.perf_counter() - start)
+        return SweepCase(
+            config.stem,
+            tp_size,
+            sequence_parallel,
+            memory.total,
+            memory.ideal,
+            memory.tp_sharded_fraction,
+            None,
+            no_sp,
+            time.perf_counter() - start,
+        )
 
 
 def sweep_cost(

@@ -28,20 +28,40 @@ TP_SIZE, DP_SIZE = 2, 2
 BATCH, SEQ = 2, 128  # per DP rank
 # Small enough for gloo in seconds, large enough that activations and weights are both megabytes.
 LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 352,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "vocab_size": 1024,
-    "max_position_embeddings": 1024, "tie_word_embeddings": False,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
 }
 QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 128, "intermediate_size": 352,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 16, "num_hidden_layers": 2,
-    "vocab_size": 1024, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
 }
 # Qwen3-30B-A3B's layout in small: every layer MoE, 8 experts top-2 (4 whole experts per TP rank).
 QWEN3_MOE = {
     **{k: v for k, v in QWEN3.items() if k != "intermediate_size"},
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
-    "num_experts_per_tok": 2, "moe_intermediate_size": 64, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
     "mlp_only_layers": [],
 }
 MODELS = {"llama": LLAMA, "qwen3": QWEN3, "qwen3_moe": QWEN3_MOE}
@@ -51,8 +71,16 @@ ROUTINGS = ("random", "one-rank")
 
 def _case(model: str, sp: bool, ac: bool, routing: str = "random") -> dict[str, Any]:
     name = f"{model}{'-sp' if sp else ''}{'-ac' if ac else ''}{'-one-rank' if routing != 'random' else ''}"
-    return {"name": name, "model": model, "config": MODELS[model], "sp": sp, "ac": ac, "routing": routing,
-            "batch": BATCH, "seq_len": SEQ}
+    return {
+        "name": name,
+        "model": model,
+        "config": MODELS[model],
+        "sp": sp,
+        "ac": ac,
+        "routing": routing,
+        "batch": BATCH,
+        "seq_len": SEQ,
+    }
 
 
 CASES = [_case(model, sp, ac) for model in MODELS for sp in (False, True) for ac in (False, True)]
@@ -85,9 +113,15 @@ def predict_cases(cases: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     for case in cases:
         key = prediction_key(case)
         if key not in traced:
-            traced[key] = measure_peak(str(paths[case["model"]]), tp_size=TP_SIZE, dp_size=DP_SIZE,
-                                       seq_len=case["seq_len"], micro_batch=case["batch"],
-                                       sequence_parallel=case["sp"], activation_checkpointing=case["ac"])
+            traced[key] = measure_peak(
+                str(paths[case["model"]]),
+                tp_size=TP_SIZE,
+                dp_size=DP_SIZE,
+                seq_len=case["seq_len"],
+                micro_batch=case["batch"],
+                sequence_parallel=case["sp"],
+                activation_checkpointing=case["ac"],
+            )
     return {case["name"]: traced[prediction_key(case)] for case in cases}
 
 
@@ -166,7 +200,9 @@ def differing_kinds(got: dict[str, Any], want: dict[str, int]) -> dict[str, tupl
     moment than the trace's for a reason of timing (:func:`gathered_early`, :func:`peaked_while_held`)."""
     if gathered_early(got, want) or peaked_while_held(got, want):
         return {}
-    return {k: (got[k], v) for k, v in want.items() if k != "total" and not kind_matches(k, got[k], v, held_by_gloo(got))}
+    return {
+        k: (got[k], v) for k, v in want.items() if k != "total" and not kind_matches(k, got[k], v, held_by_gloo(got))
+    }
 
 
 def compare_phase(report: Any, per_rank: list[dict[str, Any]], phase: str) -> PhaseComparison:
@@ -200,7 +236,9 @@ def run_peak_cases(cases: list[dict[str, Any]]) -> dict[str, Any]:
     return results
 
 
-def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh, before_step: Callable[[], None] | None = None) -> dict[str, Any]:
+def run_peak_case(
+    case: dict[str, Any], dp_mesh, tp_mesh, before_step: Callable[[], None] | None = None
+) -> dict[str, Any]:
     """One case: the model built from its config (real fp32 weights, the same on every rank) on the
     case's ``device`` (default CPU), parallelized as ``plangen cost --peak`` does it,
     :func:`plangen.cost.peak.track_step`'s peaks; for a mixture of experts, the experts kernel and the
@@ -218,7 +256,10 @@ def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh, before_step: Callable[
 
     config = build_config(case["config"])
     settings = build_cost_settings(
-        tp_size=tp_mesh.size(), dp_size=dp_mesh.size(), seq_len=case["seq_len"], micro_batch=case["batch"],
+        tp_size=tp_mesh.size(),
+        dp_size=dp_mesh.size(),
+        seq_len=case["seq_len"],
+        micro_batch=case["batch"],
         sequence_parallel=case["sp"],
     )
     torch.manual_seed(0)
@@ -240,8 +281,10 @@ def run_peak_case(case: dict[str, Any], dp_mesh, tp_mesh, before_step: Callable[
     held: dict[str, set[int]] = {}
     peaks = track_step(model, settings.micro_batch, settings.seq_len, config.vocab_size, held=held)
     result = {
-        "phases": {p: {"total": v.breakdown.total, **dict(v.breakdown.items()), "held": sorted(_may_hold(held, p))}
-                   for p, v in peaks.items()},
+        "phases": {
+            p: {"total": v.breakdown.total, **dict(v.breakdown.items()), "held": sorted(_may_hold(held, p))}
+            for p, v in peaks.items()
+        },
         "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
     if routers:
@@ -274,8 +317,13 @@ def _may_hold(held: dict[str, set[int]], phase: str) -> set[int]:
 def _is_router(module: Any) -> bool:
     # A top-k router: a [experts, hidden] weight, top_k and num_experts (Qwen3-MoE's TopKRouter).
     weight = getattr(module, "weight", None)
-    return (isinstance(getattr(module, "top_k", None), int) and isinstance(getattr(module, "num_experts", None), int)
-            and weight is not None and weight.dim() == 2 and weight.shape[0] == module.num_experts)
+    return (
+        isinstance(getattr(module, "top_k", None), int)
+        and isinstance(getattr(module, "num_experts", None), int)
+        and weight is not None
+        and weight.dim() == 2
+        and weight.shape[0] == module.num_experts
+    )
 
 
 def _route_counter(routes: list[int], per_rank: int):

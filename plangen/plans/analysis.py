@@ -162,6 +162,7 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
     get_out = getattr(model, "get_output_embeddings", None)
     emb = get_in() if callable(get_in) else None
     head = get_out() if callable(get_out) else None
+
     # A plain embedding: torch's row-parallel style re-registers every parameter below it by name.
     def plain(module: nn.Module) -> bool:
         return isinstance(module, nn.Embedding) and not any(has_parameters(child) for child in module.children())
@@ -188,13 +189,21 @@ def _find_ends(model: nn.Module, dims: ModelDims, paths: dict[int, str], found: 
         # sequence-sharded embedding in a torch.where; a plan names no style on the root).
         found.row_readers.append((reader.path, reader.embedding))
     elif reader is not None:
-        found.keep(paths[id(emb)], f"{reader.cls}'s forward reads its weight itself (not rows alone), where a "
-                   "vocabulary-sharded weight would meet the model's plain tensors", "embeddings")
+        found.keep(
+            paths[id(emb)],
+            f"{reader.cls}'s forward reads its weight itself (not rows alone), where a "
+            "vocabulary-sharded weight would meet the model's plain tensors",
+            "embeddings",
+        )
         emb_ok = False
     elif emb is not None and not emb_ok:
         found.keep(paths[id(emb)], f"{type(emb).__name__} is not a (vocab, hidden) nn.Embedding", "embeddings")
     if head is not None and not head_ok:
-        found.keep(paths[id(head)], f"{type(head).__name__} is not an nn.Linear (or one per codebook from the hidden size)", "output")
+        found.keep(
+            paths[id(head)],
+            f"{type(head).__name__} is not an nn.Linear (or one per codebook from the hidden size)",
+            "output",
+        )
     tied = emb is not None and head is not None and getattr(head, "weight", None) is getattr(emb, "weight", 0)
     if tied and emb_ok != head_ok:
         # One parameter cannot be both sharded and whole: keep the shardable end whole too.
@@ -273,8 +282,12 @@ def _analyze_layer(
         # One value per feature or a scalar (Doge's residual scales): whole on every rank; under SP
         # they meet the sequence-sharded residual as Replicate DTensors (SequenceParallelOwnParameters).
         per_feature = all(shape in ((dims.hidden,), ()) for shape in own_parameters(layer).values())
-        found.keep(path, f"the layer's own parameters ({names}) act on the residual stream", "other",
-                   None if per_feature else f"{path} has its own parameters ({names}) on the residual stream")
+        found.keep(
+            path,
+            f"the layer's own parameters ({names}) act on the residual stream",
+            "other",
+            None if per_feature else f"{path} has its own parameters ({names}) on the residual stream",
+        )
         if per_feature:
             found.residual_parameters.append(path)
     flat = recognize_layer_mlp(layer, dims)
@@ -291,8 +304,10 @@ def _analyze_layer(
                 found.keep(f"{path}.{router}", "the router sees every token on every rank: routing stays exact", "mlp")
             in_flat |= {name, *experts.routers}
             if not all(n and is_per_feature(getattr(layer, n), dims.hidden) for n in (before, after)):
-                found.sp_problems.append(f"{type(layer).__name__} routes its flattened hidden state to {name} itself, "
-                                         "with no norm read on their input and output to gather and scatter the sequence")
+                found.sp_problems.append(
+                    f"{type(layer).__name__} routes its flattened hidden state to {name} itself, "
+                    "with no norm read on their input and output to gather and scatter the sequence"
+                )
     splits = split_blocks_by_child(layer, dims)
     for name, child in layer.named_children():
         child_path = f"{path}.{name}"
@@ -306,8 +321,12 @@ def _analyze_layer(
             continue
         recognized = recognize_block(name, child, dims)
         if isinstance(recognized, KeptBlock):
-            recognized = (recognize_packed_attention(child, dims) or recognize_bucketed_attention(child, dims)
-                          or recognize_conv_attention(child, dims) or recognized)
+            recognized = (
+                recognize_packed_attention(child, dims)
+                or recognize_bucketed_attention(child, dims)
+                or recognize_conv_attention(child, dims)
+                or recognized
+            )
         wrapped = recognize_wrapped_attention(child, dims) if isinstance(recognized, KeptBlock) else None
         if isinstance(wrapped, tuple) and per_head_input is None:
             inner, block = wrapped
@@ -320,28 +339,48 @@ def _analyze_layer(
         head_rows = read_head_input_rows(type(layer), name, recognized, call, per_head_input)
         if isinstance(recognized, MoeBlock) and (call is None or call.outputs is None):
             # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
-            found.keep(child_path, "mixture of experts whose call by the layer the reader cannot follow", "mlp",
-                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+            found.keep(
+                child_path,
+                "mixture of experts whose call by the layer the reader cannot follow",
+                "mlp",
+                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
+            )
         elif isinstance(recognized, MoeBlock):
             found.blocks.append(BlockPart(child_path, recognized, call))
             for router in recognized.routers:
-                found.keep(f"{child_path}.{router}",
-                           "the router sees every token on every rank: routing stays exact", "mlp")
+                found.keep(
+                    f"{child_path}.{router}", "the router sees every token on every rank: routing stays exact", "mlp"
+                )
         elif isinstance(recognized, LatentBlock) and call is not None:
             # Its style hands the replicated down-projections a local input: it must be where the layer calls it.
             found.blocks.append(BlockPart(child_path, recognized, call))
-            _, kept = latent_attention_entries(child_path, sequence_parallel=False, query_latent=recognized.query_latent,
-                                               shard_query_latent=recognized.shard_query_latent)
+            _, kept = latent_attention_entries(
+                child_path,
+                sequence_parallel=False,
+                query_latent=recognized.query_latent,
+                shard_query_latent=recognized.shard_query_latent,
+            )
             found.kept += kept
-        elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock, BucketedAttentionBlock)) and call is not None:
+        elif (
+            isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock, BucketedAttentionBlock))
+            and call is not None
+        ):
             # Its style splits its own heads and prepares its input: it must be where the layer calls it.
             found.blocks.append(BlockPart(child_path, recognized, call))
         elif isinstance(recognized, BucketedAttentionBlock):  # its style takes its input: it must know the call
-            found.keep(child_path, "attention shaped by its input's width whose call by the layer the reader cannot follow",
-                       "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+            found.keep(
+                child_path,
+                "attention shaped by its input's width whose call by the layer the reader cannot follow",
+                "attention",
+                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
+            )
         elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock)):
-            found.keep(child_path, "recurrent mixer whose call by the layer the reader cannot follow", "attention",
-                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+            found.keep(
+                child_path,
+                "recurrent mixer whose call by the layer the reader cannot follow",
+                "attention",
+                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
+            )
         elif isinstance(recognized, Mamba2Block) and (call is None or call.keyword in (None, "hidden_states")):
             # Its style takes the hidden state itself (the first positional argument or hidden_states=),
             # as a column-parallel projection does, so it needs no reading of the call.
@@ -350,30 +389,48 @@ def _analyze_layer(
             found.keep(child_path, f"Mamba2 mixer handed the hidden state as {call.keyword}=", "other")
             found.gathered.append(KeptPart(child_path, call))
         elif isinstance(recognized, LatentBlock):
-            found.keep(child_path, "latent attention whose call by the layer the reader cannot follow", "attention",
-                       f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+            found.keep(
+                child_path,
+                "latent attention whose call by the layer the reader cannot follow",
+                "attention",
+                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
+            )
         elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(head_rows, tuple):
-            found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer)), head_rows))
+            found.blocks.append(
+                BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer)), head_rows)
+            )
             if not head_rows:  # sliced where the layer is called (MPT's position_bias)
                 found.head_inputs.append((path, per_head_input))
         elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and head_rows is not None:
-            why = (f"the model computes a tensor per head for all heads outside the attention ({head_rows}: "
-                   "ALiBi?) and hands it to every layer: sharded by heads, each rank would add every head's values")
+            why = (
+                f"the model computes a tensor per head for all heads outside the attention ({head_rows}: "
+                "ALiBi?) and hands it to every layer: sharded by heads, each rank would add every head's values"
+            )
             if call is None or call.outputs is None:
-                found.keep(child_path, why, "attention", f"{child_path} is replicated ({why}) and the reader cannot "
-                           "follow how its layer calls it")
+                found.keep(
+                    child_path,
+                    why,
+                    "attention",
+                    f"{child_path} is replicated ({why}) and the reader cannot follow how its layer calls it",
+                )
             else:
                 found.keep(child_path, why, "attention")
                 found.gathered.append(KeptPart(child_path, call))
-        elif isinstance(recognized, ShardedBlock) and (
-            recognized.head_parameters or recognized.shared_parameters or recognized.input_sharded
-        ) and call is None:
+        elif (
+            isinstance(recognized, ShardedBlock)
+            and (recognized.head_parameters or recognized.shared_parameters or recognized.input_sharded)
+            and call is None
+        ):
             # Its per-head parameters or its input's slice come from the block's own input style: it
             # must be where the layer calls it.
             own = recognized.head_parameters or recognized.shared_parameters
             what = "per-head parameters" if own else "a forward shaped by its input's width"
-            found.keep(child_path, f"attention with {what} whose call by the layer the reader cannot follow",
-                       "attention", f"{child_path} is replicated and the reader cannot follow how its layer calls it")
+            found.keep(
+                child_path,
+                f"attention with {what} whose call by the layer the reader cannot follow",
+                "attention",
+                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
+            )
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
         elif isinstance(recognized, Mamba1Block):  # its style takes the hidden state however the layer passes it
@@ -383,24 +440,38 @@ def _analyze_layer(
         elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
             found.blocks.append(BlockPart(child_path, alike, call))
         elif call is None or call.outputs is None:
-            found.keep(child_path, recognized.why, _group_of(recognized.kind),
-                       f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
-                       "calls it, so it cannot be given the whole sequence under sequence parallel")
+            found.keep(
+                child_path,
+                recognized.why,
+                _group_of(recognized.kind),
+                f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
+                "calls it, so it cannot be given the whole sequence under sequence parallel",
+            )
         else:
             found.keep(child_path, recognized.why, _group_of(recognized.kind))
             found.gathered.append(KeptPart(child_path, call, read_returned_parameters(child)))
 
 
 def _analyze_outside(
-    module: nn.Module, path: str, anchors: set[int], dims: ModelDims, found: Findings, towers: dict[str, str] | None = None
+    module: nn.Module,
+    path: str,
+    anchors: set[int],
+    dims: ModelDims,
+    found: Findings,
+    towers: dict[str, str] | None = None,
 ) -> None:
     """Modules outside the decoder layers: per-feature ones (final norm) and what stays replicated."""
     if id(module) in anchors or not has_parameters(module):
         return
     in_tower = tower_kept_reason(path, module, towers or {})
     if in_tower is not None and not any(id(m) in anchors for m in module.modules()):
-        found.keep(path, in_tower, "other", f"{path} ({type(module).__name__}) is part of a tower, whose output "
-                   "the model merges into the text stream: not proven under sequence parallel")
+        found.keep(
+            path,
+            in_tower,
+            "other",
+            f"{path} ({type(module).__name__}) is part of a tower, whose output "
+            "the model merges into the text stream: not proven under sequence parallel",
+        )
         return
     if path and is_per_feature(module, dims.hidden):
         found.norms.append(path)
@@ -410,13 +481,21 @@ def _analyze_outside(
         return
     if not any(id(m) in anchors for m in module.modules()):
         name = type(module).__name__
-        found.keep(path, f"{name} is outside the text decoder: nothing recognised to shard", "other",
-                   f"{path} ({name}) is outside the decoder layers and not recognised")
+        found.keep(
+            path,
+            f"{name} is outside the text decoder: nothing recognised to shard",
+            "other",
+            f"{path} ({name}) is outside the decoder layers and not recognised",
+        )
         return
     if own_parameters(module):
         names = ", ".join(own_parameters(module))
-        found.keep(path or type(module).__name__, f"own parameters ({names}) outside any recognised module", "other",
-                   f"{path or 'the model'} has its own parameters ({names}) outside any recognised module")
+        found.keep(
+            path or type(module).__name__,
+            f"own parameters ({names}) outside any recognised module",
+            "other",
+            f"{path or 'the model'} has its own parameters ({names}) outside any recognised module",
+        )
     for name, child in module.named_children():
         _analyze_outside(child, f"{path}.{name}" if path else name, anchors, dims, found, towers)
 
@@ -434,25 +513,38 @@ def _embedding_sum_problem(
         return None
     parent_path, parent, name = _owner(model, paths[id(embedding)])
     if buffers := read_added_buffer_reads(parent, name):
-        return (f"the token embedding is added to {', '.join(buffers)}, a buffer {type(parent).__name__} indexes in its "
-                "own forward, where no style can lay the sum out on sequence shards")
+        return (
+            f"the token embedding is added to {', '.join(buffers)}, a buffer {type(parent).__name__} indexes in its "
+            "own forward, where no style can lay the sum out on sequence shards"
+        )
     if parent is model or any(m is layers for m in parent.modules()):
         return None
     others = [
-        n for n, c in parent.named_children()
+        n
+        for n, c in parent.named_children()
         if c is not embedding and has_parameters(c) and not is_per_feature(c, dims.hidden)
     ]
     if not others:
         return None
-    return (f"the token embedding is combined with {', '.join(others)} inside {parent_path} "
-            f"({type(parent).__name__}), where no style can lay the sum out on sequence shards")
+    return (
+        f"the token embedding is combined with {', '.join(others)} inside {parent_path} "
+        f"({type(parent).__name__}), where no style can lay the sum out on sequence shards"
+    )
 
 
 def _no_hidden_size(config: object) -> str:
     # A model of several stacks (BLT's patcher, encoder, global transformer, decoder) sizes each in a sub-config.
-    subs = sorted(k for k, v in getattr(config, "__dict__", {}).items() if k.endswith("_config") and hasattr(v, "hidden_size"))
-    return (f"its config states no hidden size of its own, only its stacks' ({', '.join(subs)}): a model of several"
-            " stacks is not recognised") if subs else "its config states no hidden size"
+    subs = sorted(
+        k for k, v in getattr(config, "__dict__", {}).items() if k.endswith("_config") and hasattr(v, "hidden_size")
+    )
+    return (
+        (
+            f"its config states no hidden size of its own, only its stacks' ({', '.join(subs)}): a model of several"
+            " stacks is not recognised"
+        )
+        if subs
+        else "its config states no hidden size"
+    )
 
 
 def _failed(class_name: str, problem: str) -> Analysis:
@@ -481,13 +573,17 @@ def analyze_model(model: nn.Module) -> Analysis:
     # The lists of blocks beside XLM's attentions are its layers, not towers.
     towers = Towers() if block_stacks else analyze_towers(model, layers_path, dims, _analyze_layer)
     found.kept += towers.kept
-    anchors = {id(model.get_submodule(p)) for p in (layers_path, *block_stacks)} | {id(m) for m in (ends.embedding, ends.head) if m is not None}
+    anchors = {id(model.get_submodule(p)) for p in (layers_path, *block_stacks)} | {
+        id(m) for m in (ends.embedding, ends.head) if m is not None
+    }
     anchors |= {id(model.get_submodule(stack.path)) for stack in towers.stacks}
     positions = find_position_embeddings(model, paths[id(ends.embedding)], dims) if ends.embedding_ok else []
     for path in positions:
         anchors.add(id(model.get_submodule(path)))
         if has_parameters(model.get_submodule(path)):
-            found.keep(path, "position embedding added to the token embedding: a table, whole on every rank", "embeddings")
+            found.keep(
+                path, "position embedding added to the token embedding: a table, whole on every rank", "embeddings"
+            )
     per_layer = find_per_layer_inputs(model, layers_path, layers, dims)
     if per_layer is not None:
         anchors |= {id(model.get_submodule(p)) for p in (per_layer.projection, per_layer.norm)}
@@ -546,5 +642,8 @@ def _modified_in_place(model: nn.Module, path: str) -> bool:
 def is_scaled_embedding(module: nn.Module | None) -> bool:
     """An ``nn.Embedding`` whose own forward scales the lookup by its ``embed_scale`` (Gemma3's
     ``Gemma3TextScaledWordEmbedding``: ``super().forward(input_ids) * self.embed_scale``)."""
-    return (isinstance(module, nn.Embedding) and type(module).forward is not nn.Embedding.forward
-            and hasattr(module, "embed_scale"))
+    return (
+        isinstance(module, nn.Embedding)
+        and type(module).forward is not nn.Embedding.forward
+        and hasattr(module, "embed_scale")
+    )

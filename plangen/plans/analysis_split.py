@@ -9,7 +9,15 @@ from torch import nn
 
 from plangen.plans.findings import BlockPart, Findings
 from plangen.plans.forward_source import read_block_call
-from plangen.plans.recognize import ModelDims, ShardedBlock, describe, has_parameters, is_per_feature, own_parameters, recognize_block
+from plangen.plans.recognize import (
+    ModelDims,
+    ShardedBlock,
+    describe,
+    has_parameters,
+    is_per_feature,
+    own_parameters,
+    recognize_block,
+)
 from plangen.plans.recognize_split import SplitBlock, recognize_split_blocks
 from plangen.plans.split_source import read_helper_block_call
 
@@ -20,8 +28,11 @@ def analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelDi
     inner = parent.get_submodule(block.inner)
     found.blocks.append(BlockPart(path, block, read_helper_block_call(type(parent), block.inner, type(inner))))
     if block.inner_norm is not None:
-        found.keep(f"{path}.{block.inner}.{block.inner_norm}",
-                   "norm inside the block, before its column-parallel projections: sees the whole input", block.kind)
+        found.keep(
+            f"{path}.{block.inner}.{block.inner_norm}",
+            "norm inside the block, before its column-parallel projections: sees the whole input",
+            block.kind,
+        )
     outer = parent.get_submodule(block.outer)
     for name, child in outer.named_children():
         child_path = f"{path}.{block.outer}.{name}"
@@ -32,8 +43,12 @@ def analyze_split(parent: nn.Module, path: str, block: SplitBlock, dims: ModelDi
             continue
         if _analyze_adapters(child, child_path, dims, found):
             continue
-        found.keep(child_path, "runs after the row-parallel reduction, on the whole hidden state", block.kind,
-                   f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+        found.keep(
+            child_path,
+            "runs after the row-parallel reduction, on the whole hidden state",
+            block.kind,
+            f"{child_path} is replicated on the residual stream and cannot take a sequence shard",
+        )
 
 
 def _note_norm(owner: nn.Module, name: str, child: nn.Module, path: str, found: Findings) -> None:
@@ -56,7 +71,9 @@ def _analyze_adapters(container: nn.Module, path: str, dims: ModelDims, found: F
         return False
     for name, block in blocks.items():
         found.blocks.append(BlockPart(f"{path}.{name}", block, None))
-    found.sp_problems.append(f"{path} runs on the tokens it selects from the whole hidden state, not on sequence shards")
+    found.sp_problems.append(
+        f"{path} runs on the tokens it selects from the whole hidden state, not on sequence shards"
+    )
     return True
 
 
@@ -80,6 +97,10 @@ def analyze_parent_of_split(parent: nn.Module, path: str, dims: ModelDims, found
         if is_per_feature(child, dims.hidden):
             _note_norm(parent, name, child, child_path, found)
         else:
-            found.keep(child_path, f"not recognised beside the split block ({describe(name, child)})", "other",
-                       f"{child_path} is replicated on the residual stream and cannot take a sequence shard")
+            found.keep(
+                child_path,
+                f"not recognised beside the split block ({describe(name, child)})",
+                "other",
+                f"{child_path} is replicated on the residual stream and cannot take a sequence shard",
+            )
     return True

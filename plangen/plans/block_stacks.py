@@ -29,9 +29,14 @@ def read_indexed_call(owner_cls: type, list_name: str, item_cls: type) -> BlockC
     found: set[BlockCall] = set()
     for parent in ast.walk(tree) if tree is not None else ():
         for call in ast.iter_child_nodes(parent):
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Subscript)
-                    and isinstance(target := call.func.value, ast.Attribute) and target.attr == list_name
-                    and isinstance(target.value, ast.Name) and target.value.id == "self"):
+            if not (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Subscript)
+                and isinstance(target := call.func.value, ast.Attribute)
+                and target.attr == list_name
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
                 continue
             if any(isinstance(a, ast.Starred) for a in call.args):
                 return None
@@ -50,8 +55,11 @@ def find_block_stacks(model: nn.Module, layers_path: str, layers: nn.ModuleList,
     their owner's order), where ``layers``' items are attention blocks; () for a list of decoder layers."""
     owner_path, _, _ = layers_path.rpartition(".")
     owner = model.get_submodule(owner_path) if owner_path else model
-    lists = [name for name, child in owner.named_children()
-             if isinstance(child, nn.ModuleList) and len(child) == len(layers) and all(has_parameters(c) for c in child)]
+    lists = [
+        name
+        for name, child in owner.named_children()
+        if isinstance(child, nn.ModuleList) and len(child) == len(layers) and all(has_parameters(c) for c in child)
+    ]
     block = recognize_block(layers_path, layers[0], dims)
     if len(lists) < 2 or not (isinstance(block, ShardedBlock) and block.kind == "attention"):
         return ()
@@ -74,5 +82,9 @@ def analyze_block_stacks(model: nn.Module, stacks: tuple[str, ...], dims: ModelD
             if isinstance(recognized, ShardedBlock):
                 found.blocks.append(BlockPart(path, recognized, call))
             else:
-                found.keep(path, recognized.why, recognized.kind if recognized.kind in ("attention", "mlp") else "other",
-                           f"{path} is replicated ({recognized.why}) in a model that calls its blocks by index")
+                found.keep(
+                    path,
+                    recognized.why,
+                    recognized.kind if recognized.kind in ("attention", "mlp") else "other",
+                    f"{path} is replicated ({recognized.why}) in a model that calls its blocks by index",
+                )

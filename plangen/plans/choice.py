@@ -69,7 +69,8 @@ class ChosenPlan:
         cls = self.class_name
         if self.source == "synthesized":
             proof = (
-                "numerically proven for the class" if self.proven
+                "numerically proven for the class"
+                if self.proven
                 else "not numerically proven: check it with plangen verify --run"
             )
             return f"the plan synthesized from the module tree of {cls} ({proof})"
@@ -120,7 +121,9 @@ def choose_plan(
     if variant == DEFAULT_VARIANT:
         return chosen
     if chosen.plan is None:
-        raise VariantError(f"the {variant} variant applies to plangen's plans, not to a custom plan: pass it as written")
+        raise VariantError(
+            f"the {variant} variant applies to plangen's plans, not to a custom plan: pass it as written"
+        )
     return replace(chosen, plan=build_plan_variant(chosen.plan, variant), reason=f"{chosen.reason} ({variant} variant)")
 
 
@@ -160,7 +163,9 @@ def _choose_plan(
             )
         proven = record is not None and failure is None
         if record is None and not allow_unproven:
-            warnings.warn(f"the hand-written plan for {cls} is {unproven_code_message(cls)}", UnprovenCodeWarning, stacklevel=3)
+            warnings.warn(
+                f"the hand-written plan for {cls} is {unproven_code_message(cls)}", UnprovenCodeWarning, stacklevel=3
+            )
         return _chosen(cls, "hand-written", f"hand-written plan registered for {cls}", passed, plan=plan, proven=proven)
     passed.append(PassedOver("hand-written", f"no hand-written plan for {cls}"))
 
@@ -173,7 +178,9 @@ def _choose_plan(
     if not synthesis_error and proof_for(cls, code) is None and load_proven().get(cls):
         # Proven on another release's code of the class: what to run to prove it on this one.
         synthesis_error = f"the synthesized plan of {cls} is {unproven_code_message(cls)}"
-    passed.append(PassedOver("synthesized", synthesis_error or f"the synthesized plan of {cls} is not numerically proven"))
+    passed.append(
+        PassedOver("synthesized", synthesis_error or f"the synthesized plan of {cls} is not numerically proven")
+    )
 
     hf: Optional[Plan] = None
     if sequence_parallel:
@@ -199,7 +206,9 @@ def _choose_plan(
     if allow_unproven and synthesized is not None:
         reason = f"plan synthesized from the module tree of {cls} (not numerically proven)"
         return _chosen(cls, "synthesized", reason, passed, plan=synthesized, proven=False)
-    raise NoPlanError(_no_plan_message(cls, sequence_parallel, allow_unproven, hf_error, synthesis_error), tuple(passed))
+    raise NoPlanError(
+        _no_plan_message(cls, sequence_parallel, allow_unproven, hf_error, synthesis_error), tuple(passed)
+    )
 
 
 def hand_written_failure(record: dict | None, sequence_parallel: bool) -> str | None:

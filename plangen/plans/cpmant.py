@@ -50,29 +50,71 @@ def plan_cpmant(model: nn.Module, sequence_parallel: bool) -> Plan:
     attn, ffn = f"{LAYER}.self_att", f"{LAYER}.ffn"
     reduced = "its output one Replicate DTensor, so the block reduces its input gradient once"
     entries = [
-        PlanEntry("cpmant.input_embedding", "RowwiseParallel",
-                  dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True), "embeddings",
-                  "vocab-parallel embedding (its prompt rows too); all-reduce"),
-        PlanEntry("cpmant.position_bias", "HeadTableParallel", dict(parameter="relative_attention_bias"), "attention",
-                  "the [buckets, heads] table split by heads: each rank computes its own heads' bias, no communication"),
-        PlanEntry(f"{attn}.layernorm_before_attention", "PrepareModuleOutput", ONE_DTENSOR, "attention",
-                  f"norm before attention: {reduced} (attention reads it as hidden_q and hidden_kv)"),
-        PlanEntry(f"{attn}.self_attention", "LocalHeadCounts", dict(attributes=("num_heads",)), "attention",
-                  "views q, k, v and the scores by num_heads: made this rank's"),
-        *(PlanEntry(f"{attn}.self_attention.{p}", "ColwiseParallel", COLWISE, "attention", "column-parallel: own heads")
-          for p in ("project_q", "project_k", "project_v")),
-        PlanEntry(f"{attn}.self_attention.attention_out", "RowwiseParallel", ROWWISE, "attention",
-                  "row-parallel: one all-reduce"),
-        PlanEntry(f"{ffn}.layernorm_before_ffn", "PrepareModuleOutput", ONE_DTENSOR, "mlp",
-                  f"norm before the MLP: {reduced}"),
-        *(PlanEntry(f"{ffn}.ffn.w_in.{p}", "ColwiseParallel", COLWISE, "mlp", "column-parallel: the gated intermediate")
-          for p in ("w_0", "w_1")),
+        PlanEntry(
+            "cpmant.input_embedding",
+            "RowwiseParallel",
+            dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
+            "embeddings",
+            "vocab-parallel embedding (its prompt rows too); all-reduce",
+        ),
+        PlanEntry(
+            "cpmant.position_bias",
+            "HeadTableParallel",
+            dict(parameter="relative_attention_bias"),
+            "attention",
+            "the [buckets, heads] table split by heads: each rank computes its own heads' bias, no communication",
+        ),
+        PlanEntry(
+            f"{attn}.layernorm_before_attention",
+            "PrepareModuleOutput",
+            ONE_DTENSOR,
+            "attention",
+            f"norm before attention: {reduced} (attention reads it as hidden_q and hidden_kv)",
+        ),
+        PlanEntry(
+            f"{attn}.self_attention",
+            "LocalHeadCounts",
+            dict(attributes=("num_heads",)),
+            "attention",
+            "views q, k, v and the scores by num_heads: made this rank's",
+        ),
+        *(
+            PlanEntry(
+                f"{attn}.self_attention.{p}", "ColwiseParallel", COLWISE, "attention", "column-parallel: own heads"
+            )
+            for p in ("project_q", "project_k", "project_v")
+        ),
+        PlanEntry(
+            f"{attn}.self_attention.attention_out",
+            "RowwiseParallel",
+            ROWWISE,
+            "attention",
+            "row-parallel: one all-reduce",
+        ),
+        PlanEntry(
+            f"{ffn}.layernorm_before_ffn", "PrepareModuleOutput", ONE_DTENSOR, "mlp", f"norm before the MLP: {reduced}"
+        ),
+        *(
+            PlanEntry(
+                f"{ffn}.ffn.w_in.{p}", "ColwiseParallel", COLWISE, "mlp", "column-parallel: the gated intermediate"
+            )
+            for p in ("w_0", "w_1")
+        ),
         PlanEntry(f"{ffn}.ffn.w_out", "RowwiseParallel", ROWWISE, "mlp", "row-parallel: one all-reduce"),
-        PlanEntry("lm_head", "ColwiseParallel", dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
-                  "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy"),
+        PlanEntry(
+            "lm_head",
+            "ColwiseParallel",
+            dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
+            "output",
+            "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+        ),
     ]
     replicated = (
-        Replicated("cpmant.segment_embedding", "segment embedding (one row per segment type), small: kept whole", "embeddings"),
-        Replicated("cpmant.encoder.output_layernorm", "sees the full hidden state on every rank: nothing to shard", "norms"),
+        Replicated(
+            "cpmant.segment_embedding", "segment embedding (one row per segment type), small: kept whole", "embeddings"
+        ),
+        Replicated(
+            "cpmant.encoder.output_layernorm", "sees the full hidden state on every rank: nothing to shard", "norms"
+        ),
     )
     return Plan(tuple(entries), "hand-written", replicated, False)

@@ -57,7 +57,8 @@ def build_dense_decoder_plan(
         f"{p}embed_tokens",
         "ScaledEmbeddingParallel" if scaled_embedding else "RowwiseParallel",
         "embeddings",
-        "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")
+        "vocab-parallel embedding; "
+        + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")
         + ("; its own scale applied to the partial lookup first" if scaled_embedding else ""),
         input_layouts=Replicate(),
         output_layouts=SEQ if sp else Replicate(),
@@ -148,7 +149,14 @@ def build_dense_decoder_plan(
     )
     for norm in (*(f"{layer}.{n}" for n in layer_norms), f"{p}norm"):
         if sp:
-            add(norm, "SequenceParallel", "norms", "norm on the local sequence shard", sequence_dim=1, use_local_output=False)
+            add(
+                norm,
+                "SequenceParallel",
+                "norms",
+                "norm on the local sequence shard",
+                sequence_dim=1,
+                use_local_output=False,
+            )
         else:
             replicated.append(Replicated(norm, "sees the full hidden state on every rank: nothing to shard", "norms"))
     if lm_head is not None:

@@ -119,7 +119,7 @@ def wrapped_linear(module: nn.Module) -> tuple[str, nn.Linear] | None:
     children = list(module.named_children())
     if is_linear(module) or len(children) != 1 or own_parameters(module) or list(module.buffers(recurse=False)):
         return None
-    (name, child), = children
+    ((name, child),) = children
     return (name, child) if is_linear(child) else None
 
 

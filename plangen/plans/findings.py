@@ -25,8 +25,17 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: (ShardedBlock | MoeBlock | LatentBlock | SplitBlock | GatedDeltaNetBlock | MultiHeadMixerBlock | Mamba1Block | Mamba2Block
-            | BucketedAttentionBlock)
+    block: (
+        ShardedBlock
+        | MoeBlock
+        | LatentBlock
+        | SplitBlock
+        | GatedDeltaNetBlock
+        | MultiHeadMixerBlock
+        | Mamba1Block
+        | Mamba2Block
+        | BucketedAttentionBlock
+    )
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
@@ -49,7 +58,6 @@ class KeptPart:
     # Places in the block's output tuple that hold its own parameters (GPT-NeoX-Japanese's dense_bias,
     # which its layer adds to the sequence-sharded output): handed out as Replicate DTensors.
     parameter_outputs: frozenset[int] = frozenset()
-
 
 
 @dataclass

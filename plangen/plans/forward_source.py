@@ -60,9 +60,16 @@ def _forward_function(cls: type) -> Any:
     tree = _parse(forward) if forward is not None else None
     body = [s for s in tree.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))] if tree else []
     call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
-    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "apply_chunking_to_forward"
-            and call.args and isinstance(call.args[0], ast.Attribute) and isinstance(call.args[0].value, ast.Name)
-            and call.args[0].value.id == "self" and callable(getattr(cls, call.args[0].attr, None))):
+    if (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "apply_chunking_to_forward"
+        and call.args
+        and isinstance(call.args[0], ast.Attribute)
+        and isinstance(call.args[0].value, ast.Name)
+        and call.args[0].value.id == "self"
+        and callable(getattr(cls, call.args[0].attr, None))
+    ):
         return getattr(cls, call.args[0].attr)
     return forward
 
@@ -159,9 +166,7 @@ def read_input_readers(block_cls: type) -> frozenset[str] | None:
     if tree is None or first is None:
         return None
     inputs = {first, *_input_aliases(tree, first)}
-    reassignments = sorted(
-        (n for n in ast.walk(tree) if _assigns(n, first)), key=lambda n: (n.lineno, n.col_offset)
-    )
+    reassignments = sorted((n for n in ast.walk(tree) if _assigns(n, first)), key=lambda n: (n.lineno, n.col_offset))
     reassigned = reassignments[0] if reassignments else None
     inside_reassignment = set()
     if reassigned is not None and reassigned.value is not None:
@@ -197,8 +202,13 @@ def read_input_name_readers(block_cls: type) -> frozenset[str] | None:
     return frozenset(
         node.func.attr
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "self" and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == first
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+        and node.args
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id == first
     )
 
 
@@ -250,9 +260,14 @@ def _argument_chain(expr: ast.AST, chains: dict[str, tuple[str, ...]]) -> tuple[
 
 
 def _bound_names(statement: ast.AST) -> set[str]:
-    return {n.id for node in ast.walk(statement) if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
-            for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return {
+        n.id
+        for node in ast.walk(statement)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for n in ast.walk(t)
+        if isinstance(n, ast.Name)
+    }
 
 
 @lru_cache(maxsize=None)
@@ -437,8 +452,13 @@ def read_modified_in_place(parent_cls: type) -> frozenset[str]:
         target = None
         if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
             target = node.target.id
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
-              and not node.func.attr.startswith("_") and isinstance(node.func.value, ast.Name)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.endswith("_")
+            and not node.func.attr.startswith("_")
+            and isinstance(node.func.value, ast.Name)
+        ):
             target = node.func.value.id
         if target is not None:
             modified |= produced.get(target, set())
@@ -469,11 +489,16 @@ def _weight_read_nodes(cls: type, child_name: str) -> list[ast.AST] | None:
         return None
 
     def is_weight(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Attribute) and node.attr == "weight"
-                and isinstance(node.value, ast.Attribute) and node.value.attr == child_name)
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "weight"
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == child_name
+        )
 
     return [
-        node for node in ast.walk(tree)
+        node
+        for node in ast.walk(tree)
         if (isinstance(node, ast.Subscript) and is_weight(node.value))
         or (isinstance(node, ast.Call) and any(is_weight(a) for a in (*node.args, *(k.value for k in node.keywords))))
     ]
@@ -510,9 +535,19 @@ def read_returned_parameters(block: Any) -> frozenset[int]:
     returns = [node.value for node in ast.walk(tree) if isinstance(node, ast.Return)] if tree is not None else []
     if not returns or not all(isinstance(r, ast.Tuple) for r in returns):
         return frozenset()
-    return frozenset.intersection(*(frozenset(
-        i for i, e in enumerate(r.elts) if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name)
-        and e.value.id == "self" and block._parameters.get(e.attr) is not None) for r in returns))
+    return frozenset.intersection(
+        *(
+            frozenset(
+                i
+                for i, e in enumerate(r.elts)
+                if isinstance(e, ast.Attribute)
+                and isinstance(e.value, ast.Name)
+                and e.value.id == "self"
+                and block._parameters.get(e.attr) is not None
+            )
+            for r in returns
+        )
+    )
 
 
 def read_added_buffer_reads(module: Any, child: str) -> tuple[str, ...]:
@@ -522,12 +557,21 @@ def read_added_buffer_reads(module: Any, child: str) -> tuple[str, ...]:
     tree = _forward_tree(type(module))
     if tree is None:
         return ()
-    bound = [(node.targets[0].id, node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
-             and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)]
+    bound = [
+        (node.targets[0].id, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    ]
     outputs = {name for name, value in bound if _self_call_name(value) == child}
-    read = {name: value.value.attr for name, value in bound if isinstance(value, ast.Subscript)
-            and isinstance(value.value, ast.Attribute) and isinstance(value.value.value, ast.Name)
-            and value.value.value.id == "self" and value.value.attr in module._buffers}
+    read = {
+        name: value.value.attr
+        for name, value in bound
+        if isinstance(value, ast.Subscript)
+        and isinstance(value.value, ast.Attribute)
+        and isinstance(value.value.value, ast.Name)
+        and value.value.value.id == "self"
+        and value.value.attr in module._buffers
+    }
 
     def terms(node: ast.AST) -> set[str]:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):

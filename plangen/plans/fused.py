@@ -103,7 +103,14 @@ def build_fused_decoder_plan(
     )
     for norm in (*(f"{layer}.{n}" for n in layer_norms), f"{p}{final_norm}"):
         if sp:
-            add(norm, "SequenceParallel", "norms", "norm on the local sequence shard", sequence_dim=1, use_local_output=False)
+            add(
+                norm,
+                "SequenceParallel",
+                "norms",
+                "norm on the local sequence shard",
+                sequence_dim=1,
+                use_local_output=False,
+            )
         else:
             replicated.append(Replicated(norm, "sees the full hidden state on every rank: nothing to shard", "norms"))
     if lm_head is not None:
@@ -164,45 +171,116 @@ def _phi4_tower_entries() -> list[PlanEntry]:
     fused = dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True)
     once = "one input-gradient reduction per block in backward"
     entries = [
-        PlanEntry(f"{_PHI4_IMAGE}.self_attn", "PrepareModuleInput", dict(
-            input_kwarg_layouts={"hidden_states": Replicate()}, desired_input_kwarg_layouts={"hidden_states": Replicate()},
-            use_local_output=False), "attention", f"the image encoder's attention (views by -1 heads): {once}"),
-        *(PlanEntry(f"{_PHI4_IMAGE}.self_attn.{p}", "ColwiseParallel", colwise, "attention", "column-parallel: this rank's heads")
-          for p in ("q_proj", "k_proj", "v_proj")),
-        PlanEntry(f"{_PHI4_IMAGE}.self_attn.out_proj", "RowwiseParallel", rowwise, "attention", "row-parallel: all-reduce"),
-        PlanEntry(f"{_PHI4_IMAGE}.mlp", "PrepareModuleInput", dict(input_layouts=(Replicate(),), desired_input_layouts=(
-            Replicate(),), use_local_output=False), "mlp", f"the image encoder's MLP: {once}"),
+        PlanEntry(
+            f"{_PHI4_IMAGE}.self_attn",
+            "PrepareModuleInput",
+            dict(
+                input_kwarg_layouts={"hidden_states": Replicate()},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=False,
+            ),
+            "attention",
+            f"the image encoder's attention (views by -1 heads): {once}",
+        ),
+        *(
+            PlanEntry(
+                f"{_PHI4_IMAGE}.self_attn.{p}",
+                "ColwiseParallel",
+                colwise,
+                "attention",
+                "column-parallel: this rank's heads",
+            )
+            for p in ("q_proj", "k_proj", "v_proj")
+        ),
+        PlanEntry(
+            f"{_PHI4_IMAGE}.self_attn.out_proj", "RowwiseParallel", rowwise, "attention", "row-parallel: all-reduce"
+        ),
+        PlanEntry(
+            f"{_PHI4_IMAGE}.mlp",
+            "PrepareModuleInput",
+            dict(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=False),
+            "mlp",
+            f"the image encoder's MLP: {once}",
+        ),
         PlanEntry(f"{_PHI4_IMAGE}.mlp.fc1", "ColwiseParallel", colwise, "mlp", "column-parallel: this rank's slice"),
         PlanEntry(f"{_PHI4_IMAGE}.mlp.fc2", "RowwiseParallel", rowwise, "mlp", "row-parallel: all-reduce"),
         # The conformer adds a relative-position bias of one value per head (bias_values) to the mask it
         # hands every layer: each rank's attention takes its heads' slice of it, and the bias table,
         # whose gradient each rank then computes for its heads only, has it summed over TP.
-        PlanEntry(f"{_PHI4_AUDIO}.relative_attention_bias_layer.bias_values", "AllReduceParamGrads", {}, "other",
-                  "one bias per head, sliced to this rank's heads in each layer: its gradient summed over TP"),
-        PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn", "PrepareAttentionInputOutput", dict(
-            input_layouts=(Replicate(), None), desired_input_layouts=(Replicate(), None), output_layouts=Replicate(),
-            desired_output_layouts=Replicate(), use_local_output=True, head_inputs=("attention_mask",)), "attention",
-            f"the conformer's attention (views by -1 heads): {once}; its all-heads mask (with the bias) sliced to its heads"),
-        *(PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn.{p}", "ColwiseParallel", colwise, "attention",
-                    "column-parallel: this rank's heads") for p in ("q_proj", "k_proj", "v_proj")),
-        PlanEntry(f"{_PHI4_AUDIO}.encoders.*.self_attn.o_proj", "RowwiseParallel", rowwise, "attention", "row-parallel: all-reduce"),
+        PlanEntry(
+            f"{_PHI4_AUDIO}.relative_attention_bias_layer.bias_values",
+            "AllReduceParamGrads",
+            {},
+            "other",
+            "one bias per head, sliced to this rank's heads in each layer: its gradient summed over TP",
+        ),
+        PlanEntry(
+            f"{_PHI4_AUDIO}.encoders.*.self_attn",
+            "PrepareAttentionInputOutput",
+            dict(
+                input_layouts=(Replicate(), None),
+                desired_input_layouts=(Replicate(), None),
+                output_layouts=Replicate(),
+                desired_output_layouts=Replicate(),
+                use_local_output=True,
+                head_inputs=("attention_mask",),
+            ),
+            "attention",
+            f"the conformer's attention (views by -1 heads): {once}; its all-heads mask (with the bias) sliced to its heads",
+        ),
+        *(
+            PlanEntry(
+                f"{_PHI4_AUDIO}.encoders.*.self_attn.{p}",
+                "ColwiseParallel",
+                colwise,
+                "attention",
+                "column-parallel: this rank's heads",
+            )
+            for p in ("q_proj", "k_proj", "v_proj")
+        ),
+        PlanEntry(
+            f"{_PHI4_AUDIO}.encoders.*.self_attn.o_proj",
+            "RowwiseParallel",
+            rowwise,
+            "attention",
+            "row-parallel: all-reduce",
+        ),
     ]
     for mlp in ("feed_forward_in", "feed_forward_out"):  # layer_norm, then gate_up_proj packed [up; gate] (chunk(2))
         entries += [
-            PlanEntry(f"{_PHI4_AUDIO}.encoders.*.{mlp}.gate_up_proj", "FusedColwiseParallel", fused, "mlp",
-                      "each rank holds its own slice of up and of gate; one input-gradient reduction per block"),
-            PlanEntry(f"{_PHI4_AUDIO}.encoders.*.{mlp}.down_proj", "RowwiseParallel", rowwise, "mlp", "row-parallel: all-reduce"),
+            PlanEntry(
+                f"{_PHI4_AUDIO}.encoders.*.{mlp}.gate_up_proj",
+                "FusedColwiseParallel",
+                fused,
+                "mlp",
+                "each rank holds its own slice of up and of gate; one input-gradient reduction per block",
+            ),
+            PlanEntry(
+                f"{_PHI4_AUDIO}.encoders.*.{mlp}.down_proj",
+                "RowwiseParallel",
+                rowwise,
+                "mlp",
+                "row-parallel: all-reduce",
+            ),
         ]
     return entries
 
 
 _PHI4_TOWERS_KEPT = (
-    Replicated("model.embed_tokens_extend.audio_embed.encoder.encoders.*.conv", "the conformer's convolution module "
-               "(GLU pointwise conv, depthwise conv, then two channel-mixing pointwise convs with an activation between "
-               "them): split by channels it would need a collective between those two, a third per block", "other"),
-    Replicated("model.embed_tokens_extend", "outside the towers' attention and MLPs (patch and position embeddings, "
-               "the conformer's subsampling convs, norms, the image pooling head, the projections into the text): "
-               "whole on every rank, run once per input, not once per layer", "other"),
+    Replicated(
+        "model.embed_tokens_extend.audio_embed.encoder.encoders.*.conv",
+        "the conformer's convolution module "
+        "(GLU pointwise conv, depthwise conv, then two channel-mixing pointwise convs with an activation between "
+        "them): split by channels it would need a collective between those two, a third per block",
+        "other",
+    ),
+    Replicated(
+        "model.embed_tokens_extend",
+        "outside the towers' attention and MLPs (patch and position embeddings, "
+        "the conformer's subsampling convs, norms, the image pooling head, the projections into the text): "
+        "whole on every rank, run once per input, not once per layer",
+        "other",
+    ),
 )
 
 
@@ -227,25 +305,75 @@ def build_conv1d_decoder_plan(
     def add(pattern: str, style: str, group: str, why: str, **kwargs: object) -> None:
         entries.append(PlanEntry(pattern, style, kwargs, group, why))
 
-    add(embedding, "RowwiseParallel", "embeddings", "vocab-parallel embedding; all-reduce",
-        input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
-    add(f"{layer}.attn", "LocalHeadCounts", "attention", "splits the fused c_attn by split_size: make it this rank's",
-        attributes=head_attributes)
-    add(f"{layer}.attn.c_attn", "FusedColwiseParallel", "attention",
+    add(
+        embedding,
+        "RowwiseParallel",
+        "embeddings",
+        "vocab-parallel embedding; all-reduce",
+        input_layouts=Replicate(),
+        output_layouts=Replicate(),
+        use_local_output=True,
+    )
+    add(
+        f"{layer}.attn",
+        "LocalHeadCounts",
+        "attention",
+        "splits the fused c_attn by split_size: make it this rank's",
+        attributes=head_attributes,
+    )
+    add(
+        f"{layer}.attn.c_attn",
+        "FusedColwiseParallel",
+        "attention",
         "each rank holds its own heads' q, k, v; one input-gradient reduction per block",
-        part_sizes=(1, 1, 1), input_layouts=Replicate(), use_local_output=True)
-    add(f"{layer}.attn.c_proj", "Conv1DRowwiseParallel", "attention", "row-parallel: one all-reduce",
-        input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True)
-    add(f"{layer}.mlp.c_fc", "Conv1DColwiseParallel", "mlp", "column-parallel; one input-gradient reduction per block",
-        input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
-    add(f"{layer}.mlp.c_proj", "Conv1DRowwiseParallel", "mlp", "row-parallel: one all-reduce",
-        input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True)
-    add("lm_head", "ColwiseParallel", "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
-        input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False)
+        part_sizes=(1, 1, 1),
+        input_layouts=Replicate(),
+        use_local_output=True,
+    )
+    add(
+        f"{layer}.attn.c_proj",
+        "Conv1DRowwiseParallel",
+        "attention",
+        "row-parallel: one all-reduce",
+        input_layouts=Shard(-1),
+        output_layouts=Replicate(),
+        use_local_output=True,
+    )
+    add(
+        f"{layer}.mlp.c_fc",
+        "Conv1DColwiseParallel",
+        "mlp",
+        "column-parallel; one input-gradient reduction per block",
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=True,
+    )
+    add(
+        f"{layer}.mlp.c_proj",
+        "Conv1DRowwiseParallel",
+        "mlp",
+        "row-parallel: one all-reduce",
+        input_layouts=Shard(-1),
+        output_layouts=Replicate(),
+        use_local_output=True,
+    )
+    add(
+        "lm_head",
+        "ColwiseParallel",
+        "output",
+        "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+        input_layouts=Replicate(),
+        output_layouts=Shard(-1),
+        use_local_output=False,
+    )
     replicated = [Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms]
-    replicated.append(Replicated(
-        embedding.rsplit(".", 1)[0] + (".wpe" if embedding.endswith("wte") else ".positions_embed"),
-        "learned position embedding, small: kept whole", "embeddings"))
+    replicated.append(
+        Replicated(
+            embedding.rsplit(".", 1)[0] + (".wpe" if embedding.endswith("wte") else ".positions_embed"),
+            "learned position embedding, small: kept whole",
+            "embeddings",
+        )
+    )
     return Plan(tuple(entries), "hand-written", tuple(replicated), sequence_parallel)
 
 

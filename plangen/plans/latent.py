@@ -98,37 +98,74 @@ def latent_attention_entries(
     sp = sequence_parallel
     sharded = query_latent and shard_query_latent
     colwise = dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
-    prepared = dict(input_layouts=None, desired_input_layouts=None,
-                    input_kwarg_layouts={"hidden_states": SEQ if sp else Replicate()},
-                    desired_input_kwarg_layouts={"hidden_states": Replicate()}, use_local_output=True)
-    why = (("one all-gather of the sequence per attention block" if sp else "no communication")
-           + "; a local input for the replicated down-projections; the shared rope key's gradient summed"
-           " over TP (its width read from the module)")
+    prepared = dict(
+        input_layouts=None,
+        desired_input_layouts=None,
+        input_kwarg_layouts={"hidden_states": SEQ if sp else Replicate()},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+        use_local_output=True,
+    )
+    why = (
+        ("one all-gather of the sequence per attention block" if sp else "no communication")
+        + "; a local input for the replicated down-projections; the shared rope key's gradient summed"
+        " over TP (its width read from the module)"
+    )
     if sharded:
         prepared["sharded_query_latent"] = True
-        why += ("; q_a_proj's input gradient left partial and the block input's reduced once ("
-                + ("a reduce-scatter, the gather's backward" if sp else "one all-reduce") + ")")
+        why += (
+            "; q_a_proj's input gradient left partial and the block input's reduced once ("
+            + ("a reduce-scatter, the gather's backward" if sp else "one all-reduce")
+            + ")"
+        )
     entries = [PlanEntry(attention, "MlaAttentionParallel", prepared, "attention", why)]
     if sharded:
         entries += [
-            PlanEntry(f"{attention}.{QUERY_DOWN_PROJ}", "ColwiseParallel", colwise, "attention",
-                      "column-parallel: each rank computes its slice of the query latent (its input gradient reduced "
-                      "with the block's)"),
-            PlanEntry(f"{attention}.q_a_layernorm", "ShardedNormParallel", {}, "attention",
-                      "the norm over the whole query latent: weight with its slice, statistics summed over TP "
-                      "(one all-reduce of B·S values each way)"),
-            PlanEntry(f"{attention}.q_b_proj", "ColwiseParallel", dict(colwise, input_layouts=Shard(-1)), "attention",
-                      "column-parallel on the query latent, all-gathered (its gradient reduce-scattered back): each "
-                      "rank computes its own heads' queries"),
+            PlanEntry(
+                f"{attention}.{QUERY_DOWN_PROJ}",
+                "ColwiseParallel",
+                colwise,
+                "attention",
+                "column-parallel: each rank computes its slice of the query latent (its input gradient reduced "
+                "with the block's)",
+            ),
+            PlanEntry(
+                f"{attention}.q_a_layernorm",
+                "ShardedNormParallel",
+                {},
+                "attention",
+                "the norm over the whole query latent: weight with its slice, statistics summed over TP "
+                "(one all-reduce of B·S values each way)",
+            ),
+            PlanEntry(
+                f"{attention}.q_b_proj",
+                "ColwiseParallel",
+                dict(colwise, input_layouts=Shard(-1)),
+                "attention",
+                "column-parallel on the query latent, all-gathered (its gradient reduce-scattered back): each "
+                "rank computes its own heads' queries",
+            ),
         ]
     else:
-        entries.append(PlanEntry(f"{attention}.{'q_b_proj' if query_latent else 'q_proj'}", "ColwiseParallel", colwise,
-                                 "attention", "column-parallel: each rank computes its own heads' queries"))
+        entries.append(
+            PlanEntry(
+                f"{attention}.{'q_b_proj' if query_latent else 'q_proj'}",
+                "ColwiseParallel",
+                colwise,
+                "attention",
+                "column-parallel: each rank computes its own heads' queries",
+            )
+        )
     entries += [
-        PlanEntry(f"{attention}.{KV_UP_PROJ}", "ColwiseParallel", colwise, "attention",
-                  "column-parallel: each rank computes its own heads' keys and values"),
         PlanEntry(
-            f"{attention}.o_proj", "RowwiseParallel",
+            f"{attention}.{KV_UP_PROJ}",
+            "ColwiseParallel",
+            colwise,
+            "attention",
+            "column-parallel: each rank computes its own heads' keys and values",
+        ),
+        PlanEntry(
+            f"{attention}.o_proj",
+            "RowwiseParallel",
             row_parallel_output(sp)[0],
             "attention",
             "row-parallel: " + row_parallel_output(sp)[1],
@@ -137,9 +174,12 @@ def latent_attention_entries(
     why = "low-rank down-projection (or its norm), shared by every head: computed whole on every rank"
     kept = [Replicated(f"{attention}.{name}", why, "attention") for name in QUERY_DOWN if query_latent and not sharded]
     kept += [
-        Replicated(f"{attention}.{LATENT_KV_PROJ}", "the KV latent and the shared rope key, computed whole on every "
-                   "rank; the rope key's gradient is summed over TP by the attention's MlaAttentionParallel",
-                   "attention"),
+        Replicated(
+            f"{attention}.{LATENT_KV_PROJ}",
+            "the KV latent and the shared rope key, computed whole on every "
+            "rank; the rope key's gradient is summed over TP by the attention's MlaAttentionParallel",
+            "attention",
+        ),
         Replicated(f"{attention}.kv_a_layernorm", why, "attention"),
     ]
     return entries, kept

@@ -63,8 +63,11 @@ def read_experts_norms(layer_cls: type, experts: str) -> tuple[str | None, str |
     producer: dict[str, str | None] = {}  # variable -> the child whose output it holds (views aside)
     before = after = None
     for statement in _in_order(tree.body):
-        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name)):
+        if not (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ):
             continue
         value = _strip_views(statement.value)
         child = _self_call_name(value)
@@ -87,23 +90,47 @@ def layer_experts_entries(
 ) -> list[PlanEntry]:
     """The experts at ``path`` (their layer calls them), and under SP what feeds them the whole sequence."""
     if not sequence_parallel:
-        return [PlanEntry(path, "ExpertsParallel", dict(output_layouts=Replicate()), "mlp",
-                          f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)")]
+        return [
+            PlanEntry(
+                path,
+                "ExpertsParallel",
+                dict(output_layouts=Replicate()),
+                "mlp",
+                f"{EXPERTS_PARALLEL_WHY}, all-reduced here (the layer calls them itself)",
+            )
+        ]
     layer = path.rpartition(".")[0]
-    entries = [PlanEntry(
-        path, "ExpertsParallel", dict(output_layouts=Partial(), use_local_output=False,
-                                      **({} if input_norm is None else dict(sum_input_grad=False))), "mlp",
-        f"{EXPERTS_PARALLEL_WHY}; their sum left partial, reduce-scattered by the norm on it into the "
-        "sequence-sharded residual" + ("; their input's gradient left partial, reduce-scattered by the layer's gather"
-                                       if input_norm else ""),
-    )]
+    entries = [
+        PlanEntry(
+            path,
+            "ExpertsParallel",
+            dict(
+                output_layouts=Partial(),
+                use_local_output=False,
+                **({} if input_norm is None else dict(sum_input_grad=False)),
+            ),
+            "mlp",
+            f"{EXPERTS_PARALLEL_WHY}; their sum left partial, reduce-scattered by the norm on it into the "
+            "sequence-sharded residual"
+            + ("; their input's gradient left partial, reduce-scattered by the layer's gather" if input_norm else ""),
+        )
+    ]
     readers = (*routers, *((input_norm,) if input_norm else ()))
-    entries.append(PlanEntry(
-        layer, "SharedInputGather", dict(readers=readers, **({} if input_norm is None else dict(partial_readers=(input_norm,)))), "mlp",
-        f"{' and '.join(readers)} take the flattened residual whole, all-gathered once for both (B·S·H), and "
-        f"compute on every token, as without SP" + (f"; {input_norm}'s gradient (the experts' input's) partial, the "
-                                                    "gather's backward one reduce-scatter" if input_norm else ""),
-    ))
+    entries.append(
+        PlanEntry(
+            layer,
+            "SharedInputGather",
+            dict(readers=readers, **({} if input_norm is None else dict(partial_readers=(input_norm,)))),
+            "mlp",
+            f"{' and '.join(readers)} take the flattened residual whole, all-gathered once for both (B·S·H), and "
+            f"compute on every token, as without SP"
+            + (
+                f"; {input_norm}'s gradient (the experts' input's) partial, the gather's backward one reduce-scatter"
+                if input_norm
+                else ""
+            ),
+        )
+    )
     return entries
 
 

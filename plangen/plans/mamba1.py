@@ -18,14 +18,18 @@ def mamba1_entries(path: str, block: Mamba1Block, sequence_parallel: bool) -> li
     reduced = "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
     return [
         PlanEntry(
-            path, "Mamba1MixerParallel", dict(input_layouts=SEQ if sp else Replicate(), grad_reduced=block.grad_reduced),
+            path,
+            "Mamba1MixerParallel",
+            dict(input_layouts=SEQ if sp else Replicate(), grad_reduced=block.grad_reduced),
             "other",
             f"Mamba1 mixer split by channels: {gathered}; x_proj row-parallel (one all-reduce of B·S·(dt_rank+2·state)); "
             f"the gradients of the input and of dt/B/C summed over TP at {', '.join(block.grad_reduced)}",
         ),
         PlanEntry(
-            f"{path}.out_proj", "RowwiseParallel",
-            dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp), "other",
+            f"{path}.out_proj",
+            "RowwiseParallel",
+            dict(input_layouts=Shard(-1), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp),
+            "other",
             f"row-parallel: {reduced}",
         ),
     ]

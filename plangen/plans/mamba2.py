@@ -21,22 +21,40 @@ MIXER_WHY = (
 
 def mamba2_mixer_entry(path: str, sequence_parallel: bool, group: str = "other") -> PlanEntry:
     """The mixer's own entry: its input gathered (SP) and taken whole; its gradient reduced once."""
-    gathered = "one all-gather of the sequence in, its gradient reduce-scattered" if sequence_parallel else (
-        "its input gradient all-reduced once")
-    return PlanEntry(path, "Mamba2MixerParallel", dict(input_layouts=Shard(1) if sequence_parallel else Replicate()),
-                     group, f"{MIXER_WHY}; {gathered}")
+    gathered = (
+        "one all-gather of the sequence in, its gradient reduce-scattered"
+        if sequence_parallel
+        else ("its input gradient all-reduced once")
+    )
+    return PlanEntry(
+        path,
+        "Mamba2MixerParallel",
+        dict(input_layouts=Shard(1) if sequence_parallel else Replicate()),
+        group,
+        f"{MIXER_WHY}; {gathered}",
+    )
 
 
-def mamba2_children_entries(path: str, sequence_parallel: bool, group: str = "other",
-                            norm: str | None = "norm", out_proj: str = "out_proj") -> list[PlanEntry]:
+def mamba2_children_entries(
+    path: str, sequence_parallel: bool, group: str = "other", norm: str | None = "norm", out_proj: str = "out_proj"
+) -> list[PlanEntry]:
     """The mixer's gated norm (none: a mixer without one) and its row-parallel ``out_proj`` (``path``
     may be a ``*`` pattern)."""
     rowwise, reduced = row_parallel_output(sequence_parallel)
-    entries = [] if norm is None else [
-        PlanEntry(f"{path}.{norm}", "GatedRMSNormParallel", {}, group,
-                  "gated RMSNorm on this rank's heads; a group spread over ranks (n_groups 1) all-reduces its "
-                  "sum of squares (B·S values each way)"),
-    ]
+    entries = (
+        []
+        if norm is None
+        else [
+            PlanEntry(
+                f"{path}.{norm}",
+                "GatedRMSNormParallel",
+                {},
+                group,
+                "gated RMSNorm on this rank's heads; a group spread over ranks (n_groups 1) all-reduces its "
+                "sum of squares (B·S values each way)",
+            ),
+        ]
+    )
     return entries + [
         PlanEntry(f"{path}.{out_proj}", "RowwiseParallel", rowwise, group, f"row-parallel: {reduced}"),
     ]

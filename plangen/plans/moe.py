@@ -39,7 +39,7 @@ def _block_parts(model: nn.Module, layer_prefix: str) -> tuple[set[str], set[str
     for name, module in model.named_modules():
         if not name.startswith(head):
             continue
-        parts = name[len(head):].split(".")
+        parts = name[len(head) :].split(".")
         if len(parts) != 3 or parts[1] != "mlp":  # <layer index>.mlp.<child>
             continue
         child = parts[2]
@@ -83,7 +83,9 @@ def build_moe_decoder_plan(
         entries = [e for e in entries if not e.pattern.startswith(attention)]
         query = has_query_latent(model)
         latent, kept = latent_attention_entries(
-            attention, sequence_parallel=sp, query_latent=query,
+            attention,
+            sequence_parallel=sp,
+            query_latent=query,
             shard_query_latent=query and shards_query_latent(text_config(model.config)),
         )
         entries[1:1] = latent  # after the embedding, as the file groups them
@@ -105,8 +107,12 @@ def build_moe_decoder_plan(
         "MoeBlockParallel" if once else "PrepareModuleInputOutput",
         ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
         + f": {branches} leave partial sums, reduced once here"
-        + (f"; their input gradients summed locally and reduced once (the router's{' and gates' if gates else ''} "
-           "counted once)" if once else ""),
+        + (
+            f"; their input gradients summed locally and reduced once (the router's{' and gates' if gates else ''} "
+            "counted once)"
+            if once
+            else ""
+        ),
         **(dict(router=next(iter(routers)), gates=tuple(sorted(gates))) if once else {}),
         input_layouts=(SEQ if sp else Replicate(),),
         desired_input_layouts=(Replicate(),),
@@ -130,19 +136,40 @@ def build_moe_decoder_plan(
         path = f"{layer}.mlp.{owner}." if owner else f"{layer}.mlp."
         what = "shared experts" if owner else "dense MLP (layers without experts)"
         if owner:  # transformers' MoE blocks call their shared experts with the hidden state, positionally
-            add(f"{layer}.mlp.{owner}", "PartialGradInput" if once else "PrepareModuleInput",
+            add(
+                f"{layer}.mlp.{owner}",
+                "PartialGradInput" if once else "PrepareModuleInput",
                 "shared experts: one Replicate DTensor input, so gate and up "
                 + ("add their partial input gradients on it" + left if once else "reduce their input gradient once"),
-                input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
-                input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False)
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Replicate(),),
+                input_kwarg_layouts=None,
+                desired_input_kwarg_layouts=None,
+                use_local_output=False,
+            )
         for proj in ("gate_proj", "up_proj"):
-            add(f"{path}{proj}", "ColwiseParallel", f"{what}: column-parallel",
-                input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
-        add(f"{path}down_proj", "RowwiseParallel", f"{what}: row-parallel, partial sum out (reduced by the block)",
-            input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True)
+            add(
+                f"{path}{proj}",
+                "ColwiseParallel",
+                f"{what}: column-parallel",
+                input_layouts=Replicate(),
+                output_layouts=Shard(-1),
+                use_local_output=True,
+            )
+        add(
+            f"{path}down_proj",
+            "RowwiseParallel",
+            f"{what}: row-parallel, partial sum out (reduced by the block)",
+            input_layouts=Shard(-1),
+            output_layouts=Partial(),
+            use_local_output=True,
+        )
     for gate in sorted(gates):
-        add(f"{layer}.mlp.{gate}", "AllReduceOutputGrad",
-            "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP")
+        add(
+            f"{layer}.mlp.{gate}",
+            "AllReduceOutputGrad",
+            "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP",
+        )
     for router in sorted(routers):
         replicated.append(
             Replicated(f"{layer}.mlp.{router}", "the router sees every token on every rank: routing stays exact", "mlp")
@@ -187,7 +214,8 @@ def plan_gpt_oss(model: nn.Module, sequence_parallel: bool) -> Plan:
     attention = f"{_text_prefix(model)}.layers.*.self_attn"
     entries = tuple(
         replace(e, style="AttentionSinksParallel", why=f"{e.why}; the sinks (one per head) split with the heads")
-        if e.pattern == attention else e
+        if e.pattern == attention
+        else e
         for e in plan.entries
     )
     return replace(plan, entries=entries)
@@ -198,7 +226,9 @@ def plan_deepseek(model: nn.Module, sequence_parallel: bool) -> Plan:
     # Dense first layers, shared experts, and multi-head latent attention sharded by heads (with or
     # without a query latent: V2-Lite has q_proj).
     _check_experts(model)
-    return build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
+    return build_moe_decoder_plan(
+        model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True
+    )
 
 
 @register_plan("Llama4ForCausalLM")
@@ -211,7 +241,11 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
     prefix = _text_prefix(model)
     sp = sequence_parallel
     dense_plan = build_dense_decoder_plan(
-        prefix, sequence_parallel=sp, layer_norms=LLAMA_NORMS, per_head_norms=False, replicate_kv=grouped_query(model),
+        prefix,
+        sequence_parallel=sp,
+        layer_norms=LLAMA_NORMS,
+        per_head_norms=False,
+        replicate_kv=grouped_query(model),
     )
     layer = f"{prefix}.layers.*"
     entries = [e for e in dense_plan.entries if not e.pattern.startswith(f"{layer}.mlp")]
@@ -228,15 +262,21 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
         entries.append(PlanEntry(pattern, style, kwargs, "mlp", why))
 
     for at in dense_at:
-        entries += [replace(e, pattern=e.pattern.replace(f"{layer}.mlp", f"{prefix}.layers.{at}.feed_forward"))
-                    for e in mlp_entries]
+        entries += [
+            replace(e, pattern=e.pattern.replace(f"{layer}.mlp", f"{prefix}.layers.{at}.feed_forward"))
+            for e in mlp_entries
+        ]
     for at in moe_at:
         block = f"{prefix}.layers.{at}.feed_forward"
         add(
             block,
             "EveryTokenMoeParallel",
             "each rank holds E/tp whole experts and scores of them; "
-            + ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce of the summed branches")
+            + (
+                "one all-gather of the sequence in, one reduce-scatter out"
+                if sp
+                else "one all-reduce of the summed branches"
+            )
             + " (the router logits pass through); the experts' and the shared expert's input gradients reduced once",
             input_grad_once=True,
             input_layouts=(SEQ if sp else Replicate(),),
@@ -250,20 +290,43 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
             desired_output_layouts=(Partial() if sp else Replicate(), Replicate()),
             use_local_output=not sp,
         )
-        add(f"{block}.shared_expert", "PartialGradInput",
+        add(
+            f"{block}.shared_expert",
+            "PartialGradInput",
             "shared expert: one Replicate DTensor input, gate and up add their partial input gradients on it"
             " (reduced once by the block)",
-            input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
-            input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_output=False)
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts=None,
+            desired_input_kwarg_layouts=None,
+            use_local_output=False,
+        )
         for proj in ("gate_proj", "up_proj"):
-            add(f"{block}.shared_expert.{proj}", "ColwiseParallel", "shared expert: column-parallel",
-                input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
-        add(f"{block}.shared_expert.down_proj", "RowwiseParallelOwnOutput",
+            add(
+                f"{block}.shared_expert.{proj}",
+                "ColwiseParallel",
+                "shared expert: column-parallel",
+                input_layouts=Replicate(),
+                output_layouts=Shard(-1),
+                use_local_output=True,
+            )
+        add(
+            f"{block}.shared_expert.down_proj",
+            "RowwiseParallelOwnOutput",
             "shared expert: row-parallel, partial sum out (reduced by the block); its output is a copy,"
             " which the block adds the routed experts' sum into in place",
-            input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True)
-        replicated.append(Replicated(f"{block}.router", "the router scores every expert for every token on every "
-                                     "rank: routing stays exact (the block keeps this rank's experts' scores)", "mlp"))
+            input_layouts=Shard(-1),
+            output_layouts=Partial(),
+            use_local_output=True,
+        )
+        replicated.append(
+            Replicated(
+                f"{block}.router",
+                "the router scores every expert for every token on every "
+                "rank: routing stays exact (the block keeps this rank's experts' scores)",
+                "mlp",
+            )
+        )
     return Plan(tuple(entries), "hand-written", tuple(replicated), sp)
 
 
@@ -282,20 +345,24 @@ def plan_longcat_flash(model: nn.Module, sequence_parallel: bool) -> Plan:
     _check_experts(model)
     prefix = _text_prefix(model)
     layer = f"{prefix}.layers.*"
-    plan = build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True)
+    plan = build_moe_decoder_plan(
+        model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True
+    )
 
     def listed(pattern: str) -> str:
         for part in _LONGCAT_LISTS:
             head = f"{layer}.{part}"
             if pattern == head or pattern.startswith(f"{head}."):
-                return f"{head}.*{pattern[len(head):]}"
+                return f"{head}.*{pattern[len(head) :]}"
         return pattern
 
-    dense = build_dense_decoder_plan(prefix, sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS,
-                                     per_head_norms=False)
+    dense = build_dense_decoder_plan(
+        prefix, sequence_parallel=sequence_parallel, layer_norms=LLAMA_NORMS, per_head_norms=False
+    )
     mlps = [
-        replace(e, pattern=f"{layer}.mlps.*{e.pattern[len(f'{layer}.mlp'):]}", why=f"dense MLPs: {e.why}")
-        for e in dense.entries if e.pattern == f"{layer}.mlp" or e.pattern.startswith(f"{layer}.mlp.")
+        replace(e, pattern=f"{layer}.mlps.*{e.pattern[len(f'{layer}.mlp') :]}", why=f"dense MLPs: {e.why}")
+        for e in dense.entries
+        if e.pattern == f"{layer}.mlp" or e.pattern.startswith(f"{layer}.mlp.")
     ]
     return replace(
         plan,
@@ -332,33 +399,75 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     replicated = list(dense.replicated)
     attention, mlp = f"{layer}.self_attention", f"{layer}.mlp"
     block_style = "RoutedBlockSequenceParallel" if sp else "RoutedBlockParallel"
-    reduced = ("sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out" if sp
-               else "the experts' partial sums (the top k summed locally) all-reduced once, B·S·H")
+    reduced = (
+        "sequence parallel: the sequence gathered in once, the experts' partial sums reduce-scattered out"
+        if sp
+        else "the experts' partial sums (the top k summed locally) all-reduced once, B·S·H"
+    )
     seq = dict(sequence_dim=1) if sp else {}
     after = "the bias added once on the shard" if sp else "the bias added once after"
     regions = [
-        PlanEntry(f"{attention}", block_style,
-                  dict(input_kwarg="hidden_states", bias="experts.bias", router="experts.router", reads_gathered=("kv_proj",), **seq),
-                  "attention", f"{reduced}, {after} (its attention weights and router logits pass through)"),
+        PlanEntry(
+            f"{attention}",
+            block_style,
+            dict(
+                input_kwarg="hidden_states",
+                bias="experts.bias",
+                router="experts.router",
+                reads_gathered=("kv_proj",),
+                **seq,
+            ),
+            "attention",
+            f"{reduced}, {after} (its attention weights and router logits pass through)",
+        ),
         PlanEntry(f"{mlp}", block_style, dict(seq), "mlp", f"{reduced}, {after}"),
     ]
     summed, reduction = dict(sum_output=False), "its partial sums left to the block"
     inputs, input_grad = dict(sum_input_grad=False), INPUT_GRAD_LEFT_WHY
     ours = [
         *regions,
-        PlanEntry(f"{attention}.kv_proj", "FusedColwiseParallel",
-                  dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True), "attention",
-                  "packed [k; v] split by heads: each rank its share of both, the heads its query experts read"),
-        PlanEntry(f"{attention}.experts", "LocalHeadCounts", dict(attributes=("hidden_size",)), "attention",
-                  "the attention experts' query width (all their heads) made this rank's: map() sizes its output by it"),
-        PlanEntry(f"{attention}.experts.input_linear", "GroupedColwiseParallel", dict(inputs), "attention",
-                  f"each attention expert's query heads split over TP; {input_grad}"),
-        PlanEntry(f"{attention}.experts.output_linear", "GroupedRowwiseParallel", dict(summed), "attention",
-                  f"each attention expert's output projection by its heads: {reduction}"),
-        PlanEntry(f"{mlp}.input_linear", "GroupedColwiseParallel", dict(part_sizes=(1, 1), **inputs), "mlp",
-                  f"each expert's [gate; up] split over TP, each rank its share of both; {input_grad}"),
-        PlanEntry(f"{mlp}.output_linear", "GroupedRowwiseParallel", dict(summed), "mlp",
-                  f"each expert's down projection by its intermediate: {reduction}"),
+        PlanEntry(
+            f"{attention}.kv_proj",
+            "FusedColwiseParallel",
+            dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True),
+            "attention",
+            "packed [k; v] split by heads: each rank its share of both, the heads its query experts read",
+        ),
+        PlanEntry(
+            f"{attention}.experts",
+            "LocalHeadCounts",
+            dict(attributes=("hidden_size",)),
+            "attention",
+            "the attention experts' query width (all their heads) made this rank's: map() sizes its output by it",
+        ),
+        PlanEntry(
+            f"{attention}.experts.input_linear",
+            "GroupedColwiseParallel",
+            dict(inputs),
+            "attention",
+            f"each attention expert's query heads split over TP; {input_grad}",
+        ),
+        PlanEntry(
+            f"{attention}.experts.output_linear",
+            "GroupedRowwiseParallel",
+            dict(summed),
+            "attention",
+            f"each attention expert's output projection by its heads: {reduction}",
+        ),
+        PlanEntry(
+            f"{mlp}.input_linear",
+            "GroupedColwiseParallel",
+            dict(part_sizes=(1, 1), **inputs),
+            "mlp",
+            f"each expert's [gate; up] split over TP, each rank its share of both; {input_grad}",
+        ),
+        PlanEntry(
+            f"{mlp}.output_linear",
+            "GroupedRowwiseParallel",
+            dict(summed),
+            "mlp",
+            f"each expert's down projection by its intermediate: {reduction}",
+        ),
     ]
     entries[1:1] = ours  # after the embedding, as the file groups them
     why = "the router sees every token on every rank: routing stays exact"
@@ -382,38 +491,71 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     wrapper = f"{layer}.norm_attn_norm"
     one_kv_head = kv_heads == 1
     plan = build_fused_decoder_plan(
-        "transformer", sequence_parallel=sp, qkv_parts=(heads, kv_heads, kv_heads),
+        "transformer",
+        sequence_parallel=sp,
+        qkv_parts=(heads, kv_heads, kv_heads),
         # DbrxAttention splits Wqkv's output at hidden_size and kv heads * head_dim and repeats each KV
         # head num_key_value_groups times.
         head_attributes=("hidden_size", "num_key_value_groups" if one_kv_head else "num_key_value_heads"),
-        layer_norms=("norm_attn_norm.norm_1", "norm_attn_norm.norm_2"), attention="norm_attn_norm.attn",
-        qkv="Wqkv", out="out_proj", mlp="ffn", embedding="wte", final_norm="norm_f", layers="blocks",
+        layer_norms=("norm_attn_norm.norm_1", "norm_attn_norm.norm_2"),
+        attention="norm_attn_norm.attn",
+        qkv="Wqkv",
+        out="out_proj",
+        mlp="ffn",
+        embedding="wte",
+        final_norm="norm_f",
+        layers="blocks",
     )
     ffn, router = f"{layer}.ffn", "router"
     entries = [e for e in plan.entries if not e.pattern.startswith(ffn)]  # the fused plan's gate_up/down
     if one_kv_head:
         qkv = f"{wrapper}.attn.Wqkv"
         entries = [
-            replace(e, style="MultiQueryColwiseParallel", why="each rank holds its own query heads and the one KV"
-                    " head whole (its rows gathered per forward); one input-gradient reduction per block",
-                    kwargs=dict(part_sizes=(heads, 1, 1), shared_parts=(1, 2), input_layouts=e.kwargs["input_layouts"]))
-            if e.pattern == qkv else e
+            replace(
+                e,
+                style="MultiQueryColwiseParallel",
+                why="each rank holds its own query heads and the one KV"
+                " head whole (its rows gathered per forward); one input-gradient reduction per block",
+                kwargs=dict(part_sizes=(heads, 1, 1), shared_parts=(1, 2), input_layouts=e.kwargs["input_layouts"]),
+            )
+            if e.pattern == qkv
+            else e
             for e in entries
         ]
-    entries.append(PlanEntry(
-        ffn, "MoeBlockParallel",
-        dict(router=router, gates=(), input_layouts=(SEQ if sp else Replicate(),), desired_input_layouts=(Replicate(),),
-             input_kwarg_layouts=None, desired_input_kwarg_layouts=None, use_local_input=True, output_layouts=(Partial(),),
-             desired_output_layouts=(SEQ if sp else Replicate(),), use_local_output=not sp),
-        "mlp",
-        ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce")
-        + ": the experts leave partial sums, reduced once here; their input gradient reduced once too (the router's"
-        " counted once)",
-    ))
-    entries.append(PlanEntry(
-        f"{ffn}.experts", "FlatExpertsParallel", dict(output_layouts=Partial(), sum_input_grad=False), "mlp",
-        "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides"
-        f" E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out; {INPUT_GRAD_LEFT_WHY}",
-    ))
-    replicated = (*plan.replicated, Replicated(f"{ffn}.{router}", "the router sees every token on every rank: routing stays exact", "mlp"))
+    entries.append(
+        PlanEntry(
+            ffn,
+            "MoeBlockParallel",
+            dict(
+                router=router,
+                gates=(),
+                input_layouts=(SEQ if sp else Replicate(),),
+                desired_input_layouts=(Replicate(),),
+                input_kwarg_layouts=None,
+                desired_input_kwarg_layouts=None,
+                use_local_input=True,
+                output_layouts=(Partial(),),
+                desired_output_layouts=(SEQ if sp else Replicate(),),
+                use_local_output=not sp,
+            ),
+            "mlp",
+            ("one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce")
+            + ": the experts leave partial sums, reduced once here; their input gradient reduced once too (the router's"
+            " counted once)",
+        )
+    )
+    entries.append(
+        PlanEntry(
+            f"{ffn}.experts",
+            "FlatExpertsParallel",
+            dict(output_layouts=Partial(), sum_input_grad=False),
+            "mlp",
+            "each rank holds E/tp whole experts (a Shard(0) of each flat [E * ffn, H] weight) where the TP size divides"
+            f" E, else its slice of every expert's ffn rows, and computes the routes to them; partial sum out; {INPUT_GRAD_LEFT_WHY}",
+        )
+    )
+    replicated = (
+        *plan.replicated,
+        Replicated(f"{ffn}.{router}", "the router sees every token on every rank: routing stays exact", "mlp"),
+    )
     return replace(plan, entries=tuple(entries), replicated=replicated)

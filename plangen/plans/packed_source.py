@@ -118,8 +118,12 @@ class _Reader:
             return ops[type(node.op)](operand)
         if isinstance(node, ast.BinOp):
             left, right = self.value(node.left), self.value(node.right)
-            ops = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
-                   ast.FloorDiv: lambda a, b: a // b}
+            ops = {
+                ast.Add: lambda a, b: a + b,
+                ast.Sub: lambda a, b: a - b,
+                ast.Mult: lambda a, b: a * b,
+                ast.FloorDiv: lambda a, b: a // b,
+            }
             if type(node.op) not in ops:
                 raise KeyError("operator")
             return ops[type(node.op)](left, right)
@@ -168,8 +172,14 @@ class _Reader:
         """The first live load of ``name`` after statement ``after`` (None: anywhere) that reads its values."""
         start = (0, 0) if after is None else (after.end_lineno or after.lineno, after.end_col_offset or 0)
         uses = sorted(
-            (n for n in ast.walk(self.tree) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
-             and (n.lineno, n.col_offset) > start),
+            (
+                n
+                for n in ast.walk(self.tree)
+                if isinstance(n, ast.Name)
+                and n.id == name
+                and isinstance(n.ctx, ast.Load)
+                and (n.lineno, n.col_offset) > start
+            ),
             key=lambda n: (n.lineno, n.col_offset),
         )
         for use in uses:
@@ -191,8 +201,10 @@ class _Reader:
         out: list[ast.expr | None] = []
         for arg in args:
             node = arg.value if isinstance(arg, ast.Starred) else arg
-            if isinstance(node, ast.Name) and len(self.assigned.get(node.id, [])) == 1 and (
-                isinstance(arg, ast.Starred) or len(args) == 1
+            if (
+                isinstance(node, ast.Name)
+                and len(self.assigned.get(node.id, [])) == 1
+                and (isinstance(arg, ast.Starred) or len(args) == 1)
             ):
                 node = self.assigned[node.id][0].value
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.right, ast.Tuple):
@@ -212,8 +224,12 @@ class _Reader:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and len(self.assigned.get(sub.id, [])) == 1 and sub is not node:
                 found |= self.head_attributes(self.assigned[sub.id][0].value, counts, widths)
-            if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self"
-                    and sub.attr not in widths):
+            if (
+                isinstance(sub, ast.Attribute)
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "self"
+                and sub.attr not in widths
+            ):
                 value = getattr(self.module, sub.attr, None)
                 if isinstance(value, int) and not isinstance(value, bool) and value in counts:
                     found.add(sub.attr)
@@ -239,7 +255,9 @@ def _ratios(reader: _Reader, nodes: list[ast.expr], counts: set[int]) -> set[str
         for sub in ast.walk(node):
             if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.FloorDiv):
                 pair = [reader.head_attributes(side, counts, set()) for side in (sub.left, sub.right)]
-                if all(len(p) == 1 and _attributes_in(reader, side) == p for p, side in zip(pair, (sub.left, sub.right))):
+                if all(
+                    len(p) == 1 and _attributes_in(reader, side) == p for p, side in zip(pair, (sub.left, sub.right))
+                ):
                     found |= pair[0] | pair[1]
     return found
 
@@ -278,8 +296,9 @@ def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, adde
         if _is_torch_split(parent, node):
             # torch.chunk(x, 2, dim=-1) (Qwen3.5's gated query) read as x.chunk(2, dim=-1).
             assert isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
-            method = ast.copy_location(ast.Call(ast.Attribute(node, parent.func.attr, ast.Load()),
-                                                parent.args[1:], parent.keywords), parent)
+            method = ast.copy_location(
+                ast.Call(ast.Attribute(node, parent.func.attr, ast.Load()), parent.args[1:], parent.keywords), parent
+            )
             return _Op(reader, parent.func.attr, method, moved, added)
         if isinstance(parent, ast.Assign) and parent.value is node:
             if len(parent.targets) != 1 or not isinstance(parent.targets[0], ast.Name):
@@ -289,9 +308,14 @@ def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, adde
                 return None
             node = use
             continue
-        if (isinstance(parent, ast.Call) and node in parent.args and isinstance(parent.func, ast.Attribute)
-                and isinstance(parent.func.value, ast.Name) and parent.func.value.id == "self"
-                and parent.func.attr not in reader.module._modules):
+        if (
+            isinstance(parent, ast.Call)
+            and node in parent.args
+            and isinstance(parent.func, ast.Attribute)
+            and isinstance(parent.func.value, ast.Name)
+            and parent.func.value.id == "self"
+            and parent.func.attr not in reader.module._modules
+        ):
             tree = _function(cls, parent.func.attr)
             if tree is None:
                 return None
@@ -307,9 +331,15 @@ def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, adde
 
 def _is_torch_split(parent: ast.AST | None, node: ast.AST) -> bool:
     """``parent`` is ``torch.chunk(node, ...)`` or ``torch.split(node, ...)``."""
-    return (isinstance(parent, ast.Call) and bool(parent.args) and parent.args[0] is node
-            and isinstance(parent.func, ast.Attribute) and parent.func.attr in ("chunk", "split")
-            and isinstance(parent.func.value, ast.Name) and parent.func.value.id == "torch")
+    return (
+        isinstance(parent, ast.Call)
+        and bool(parent.args)
+        and parent.args[0] is node
+        and isinstance(parent.func, ast.Attribute)
+        and parent.func.attr in ("chunk", "split")
+        and isinstance(parent.func.value, ast.Name)
+        and parent.func.value.id == "torch"
+    )
 
 
 def _split_axis(op: _Op, rank: int | None) -> int | None:
@@ -318,7 +348,9 @@ def _split_axis(op: _Op, rank: int | None) -> int | None:
     if op.method in ("chunk", "split"):
         call = op.node
         assert isinstance(call, ast.Call)
-        dim_node = next((k.value for k in call.keywords if k.arg == "dim"), call.args[1] if len(call.args) > 1 else None)
+        dim_node = next(
+            (k.value for k in call.keywords if k.arg == "dim"), call.args[1] if len(call.args) > 1 else None
+        )
         dim = reader.int_value(dim_node) if dim_node is not None else 0
         if dim is None:
             return None
@@ -329,7 +361,11 @@ def _split_axis(op: _Op, rank: int | None) -> int | None:
         index = op.node.slice  # type: ignore[attr-defined]
         items = list(index.elts) if isinstance(index, ast.Tuple) else [index]
         full = [isinstance(i, ast.Slice) and i.lower is None and i.upper is None and i.step is None for i in items]
-        picked = [i for i, f in enumerate(full) if not f and not (isinstance(items[i], ast.Constant) and items[i].value is Ellipsis)]
+        picked = [
+            i
+            for i, f in enumerate(full)
+            if not f and not (isinstance(items[i], ast.Constant) and items[i].value is Ellipsis)
+        ]
         if len(picked) != 1:
             return None
         ellipsis = [i for i, item in enumerate(items) if isinstance(item, ast.Constant) and item.value is Ellipsis]
@@ -343,9 +379,14 @@ def _split_axis(op: _Op, rank: int | None) -> int | None:
 
 def _projection_call(reader: _Reader, projection: str, first: str) -> ast.Call | None:
     calls = [
-        n for n in ast.walk(reader.tree)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-        and n.func.value.id == "self" and n.func.attr == projection and reader.live(n)
+        n
+        for n in ast.walk(reader.tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "self"
+        and n.func.attr == projection
+        and reader.live(n)
     ]
     if len(calls) != 1 or len(calls[0].args) != 1 or not isinstance(calls[0].args[0], ast.Name):
         return None
@@ -358,8 +399,11 @@ def _shape_heads(reader: _Reader, counts: set[int], widths: set[str], cls: type,
     for node in ast.walk(reader.tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
-        is_self_method = (isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
-                          and node.func.attr not in reader.module._modules)
+        is_self_method = (
+            isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+            and node.func.attr not in reader.module._modules
+        )
         if node.func.attr in _SHAPING or is_self_method:
             for arg in (*node.args, *(k.value for k in node.keywords)):
                 found |= reader.head_attributes(arg, counts, widths)
@@ -398,7 +442,9 @@ def read_packed_split(
     return None
 
 
-def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_size: int | None) -> PackedSplit | Refused | None:
+def _read_groups(
+    op: _Op, out_features: int, counts: set[int], cls: type, head_size: int | None
+) -> PackedSplit | Refused | None:
     reader, view = op.reader, op.node
     assert isinstance(view, ast.Call)
     shape = reader.expand_shape(list(view.args))
@@ -413,7 +459,9 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
     parts = _parts_view(reader, trailing, values, out_features, counts, head_size)
     if parts:  # GOT-OCR2's reshape(b, s, 3, self.num_attention_heads, -1): [q; k; v], each by heads
         heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
-        return _unsure(reader.module, heads, head_size) or PackedSplit("parts", parts=parts, head_attributes=tuple(sorted(heads)))
+        return _unsure(reader.module, heads, head_size) or PackedSplit(
+            "parts", parts=parts, head_attributes=tuple(sorted(heads))
+        )
     unit = 1
     for v in values[1:]:
         unit *= v  # type: ignore[operator]
@@ -440,7 +488,9 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
         if unsure:
             return unsure
         queries = (groups - shared) * unit
-        return PackedSplit("parts", parts=(queries, *(unit,) * shared), head_attributes=tuple(sorted(heads | group_attrs)))
+        return PackedSplit(
+            "parts", parts=(queries, *(unit,) * shared), head_attributes=tuple(sorted(heads | group_attrs))
+        )
     if not inside:
         return Refused(
             f"its output, viewed as {groups} groups of {unit} features, is split across the groups (multi-query's "
@@ -455,28 +505,51 @@ def _read_groups(op: _Op, out_features: int, counts: set[int], cls: type, head_s
     return PackedSplit("groups", groups=groups, head_attributes=tuple(sorted(heads | group_attrs)))
 
 
-def _parts_view(reader: _Reader, trailing: list[ast.expr], values: list[int | None], out_features: int,
-                counts: set[int], head_size: int | None) -> tuple[int, ...]:
+def _parts_view(
+    reader: _Reader,
+    trailing: list[ast.expr],
+    values: list[int | None],
+    out_features: int,
+    counts: set[int],
+    head_size: int | None,
+) -> tuple[int, ...]:
     """The parts of a view ``(..., P, heads, head_size or -1)`` whose P is a literal (the parts one
     after another, each split by heads: ``[q; k; v]``), else (); the heads are a head-count attribute."""
     if len(trailing) != 3 or not isinstance(trailing[0], ast.Constant) or not head_size:
         return ()
     count, heads, size = values
-    if not (count and count >= 2 and heads in counts and size in (-1, head_size) and count * heads * head_size == out_features
-            and reader.head_attributes(trailing[1], counts, set())):
+    if not (
+        count
+        and count >= 2
+        and heads in counts
+        and size in (-1, head_size)
+        and count * heads * head_size == out_features
+        and reader.head_attributes(trailing[1], counts, set())
+    ):
         return ()
     return (out_features // count,) * count
 
 
 def _shared_heads(
-    reader: _Reader, trailing: list[ast.expr], after: _Op, axis: int | None, counts: set[int], unit: int,
+    reader: _Reader,
+    trailing: list[ast.expr],
+    after: _Op,
+    axis: int | None,
+    counts: set[int],
+    unit: int,
     head_size: int | None,
 ) -> int:
     """How many single heads follow the query heads in a view of ``heads + c`` groups of one head
     each, split across the groups with the query heads taken first (``[..., :-c, :]``); else 0."""
     count = trailing[0]
-    if (after.method != "subscript" or after.moved or unit != head_size or axis != -len(trailing)
-            or not isinstance(count, ast.BinOp) or not isinstance(count.op, ast.Add)):
+    if (
+        after.method != "subscript"
+        or after.moved
+        or unit != head_size
+        or axis != -len(trailing)
+        or not isinstance(count, ast.BinOp)
+        or not isinstance(count.op, ast.Add)
+    ):
         return 0
     shared = reader.int_value(count.right)
     if not shared or not reader.head_attributes(count.left, counts, set()):
@@ -484,8 +557,13 @@ def _shared_heads(
     index = after.node.slice  # type: ignore[attr-defined]
     items = list(index.elts) if isinstance(index, ast.Tuple) else [index]
     picked = items[len(items) + axis] if len(items) >= -axis else None
-    if not (isinstance(picked, ast.Slice) and picked.lower is None and picked.step is None
-            and picked.upper is not None and reader.int_value(picked.upper) == -shared):
+    if not (
+        isinstance(picked, ast.Slice)
+        and picked.lower is None
+        and picked.step is None
+        and picked.upper is not None
+        and reader.int_value(picked.upper) == -shared
+    ):
         return 0
     return shared
 
@@ -494,7 +572,9 @@ def _unsure(module: nn.Module, found: set[str], head_size: int | None) -> Refuse
     # An attribute equal to a head count and to the head size, read outside a role the view fixes.
     same = sorted(a for a in found if getattr(module, a) == head_size)
     if same:
-        return Refused(f"{', '.join(same)} equals both a head count and the head size {head_size}: which it is cannot be told")
+        return Refused(
+            f"{', '.join(same)} equals both a head count and the head size {head_size}: which it is cannot be told"
+        )
     return None
 
 
@@ -524,8 +604,11 @@ def _read_parts(
             return None
         parts = tuple(listed)
     # Split sizes read from attributes (GPT-2's split_size) are this rank's sizes once sharded.
-    sized = {a.attr for a in ast.walk(call.args[0]) if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)
-             and a.value.id == "self"}
+    sized = {
+        a.attr
+        for a in ast.walk(call.args[0])
+        if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name) and a.value.id == "self"
+    }
     heads = _shape_heads(forward, counts, set(), cls, set())
     unsure = _unsure(reader.module, heads - sized, head_size)
     if unsure:
@@ -533,7 +616,9 @@ def _read_parts(
     return PackedSplit("parts", parts=parts, head_attributes=tuple(sorted(heads | sized)))
 
 
-def read_shape_head_attributes(block: nn.Module, head_counts: set[int], head_size: int | None) -> tuple[str, ...] | Refused | None:
+def read_shape_head_attributes(
+    block: nn.Module, head_counts: set[int], head_size: int | None
+) -> tuple[str, ...] | Refused | None:
     """The head-count attributes ``block``'s forward (and the methods it calls on self) uses in
     shapes (GPT-Neo's ``self._split_heads(query, self.num_heads, self.head_dim)``); None without source."""
     tree = _function(type(block), "forward")

@@ -39,7 +39,12 @@ def _is_sum(node: ast.AST) -> bool:
 def _parameter_reads(tree: ast.AST, names: frozenset[str], inside_sum: bool = False) -> list[tuple[str, bool]]:
     """Every ``self.<name>`` read of ``names``, with whether it sits inside a ``sum(...)`` call."""
     found: list[tuple[str, bool]] = []
-    if isinstance(tree, ast.Attribute) and isinstance(tree.value, ast.Name) and tree.value.id == "self" and tree.attr in names:
+    if (
+        isinstance(tree, ast.Attribute)
+        and isinstance(tree.value, ast.Name)
+        and tree.value.id == "self"
+        and tree.attr in names
+    ):
         return [(tree.attr, inside_sum)]
     for child in ast.iter_child_nodes(tree):
         found += _parameter_reads(child, names, inside_sum or _is_sum(tree))

@@ -51,7 +51,12 @@ def _per_head_call(reader: _Reader, head_counts: set[int]) -> tuple[ast.Call, st
                 value = reader.attribute(arg)
             except Exception:  # noqa: BLE001
                 continue
-            if isinstance(value, int) and not isinstance(value, bool) and value in head_counts and _reaches_layers(reader, node):
+            if (
+                isinstance(value, int)
+                and not isinstance(value, bool)
+                and value in head_counts
+                and _reaches_layers(reader, node)
+            ):
                 return node, f"{ast.unparse(node.func)}({ast.unparse(arg)}, ...)"
     return None
 
@@ -108,14 +113,22 @@ def _sliceable(reader: _Reader, call: ast.Call, head_counts: set[int]) -> tuple[
         return None
     name = assign.targets[0].id
     passed = [
-        (n, k.arg) for n in ast.walk(reader.tree) if isinstance(n, ast.Call)
-        for k in n.keywords if isinstance(k.value, ast.Name) and k.value.id == name and k.arg is not None
+        (n, k.arg)
+        for n in ast.walk(reader.tree)
+        if isinstance(n, ast.Call)
+        for k in n.keywords
+        if isinstance(k.value, ast.Name) and k.value.id == name and k.arg is not None
     ]
-    positional = [n for n in ast.walk(reader.tree) if isinstance(n, ast.Call)
-                  and any(isinstance(a, ast.Name) and a.id == name for a in n.args)]
+    positional = [
+        n
+        for n in ast.walk(reader.tree)
+        if isinstance(n, ast.Call) and any(isinstance(a, ast.Name) and a.id == name for a in n.args)
+    ]
     if len(passed) != 1 or positional:
         return None
-    if not (isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
+    if not (
+        isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"
+    ):
         return None
     built = _build(reader, call, None)
     if built is not None:  # built from the module's constants alone (MPT): one dim is the heads
@@ -133,7 +146,12 @@ def _build(reader: _Reader, call: ast.Call, mask: Any) -> Any:
     forward_inputs = {a.arg for a in reader.tree.args.args}
 
     def value(node: ast.AST) -> Any:
-        if mask is not None and isinstance(node, ast.Name) and node.id == "attention_mask" and node.id in forward_inputs:
+        if (
+            mask is not None
+            and isinstance(node, ast.Name)
+            and node.id == "attention_mask"
+            and node.id in forward_inputs
+        ):
             return mask
         if mask is not None and isinstance(node, ast.Attribute) and node.attr == "dtype":
             return torch.float32
@@ -163,7 +181,7 @@ def _batch_major(reader: _Reader, call: ast.Call, head_counts: set[int]) -> bool
     if len(heads) != 1 or any(2 * heads[0] == size for size in built.shape[1:]):
         return False
     rows = built.unflatten(0, (2, heads[0]))
-    alone = [_build(reader, call, mask[row:row + 1]) for row in range(2)]
+    alone = [_build(reader, call, mask[row : row + 1]) for row in range(2)]
     return all(a is not None and a.shape[0] == heads[0] and torch.equal(rows[row], a) for row, a in enumerate(alone))
 
 
@@ -180,8 +198,9 @@ def read_passed_keyword(layer_cls: type, child: str, parameter: str) -> str | No
     return keywords.pop() if len(keywords) == 1 else None
 
 
-def read_head_input_rows(layer_cls: type, child: str, block: object, call: object, head_input: PerHeadInput | str | None
-                         ) -> tuple[str, ...] | str | None:
+def read_head_input_rows(
+    layer_cls: type, child: str, block: object, call: object, head_input: PerHeadInput | str | None
+) -> tuple[str, ...] | str | None:
     """How attention ``child`` of a layer gets its heads' slice of ``head_input``: () where the layer's
     input is sliced (MPT), the block's keywords for its input style to keep its heads' rows (Bloom's
     ``alibi``: the style reads the head count from the block's head attributes, so it needs them and
@@ -201,9 +220,15 @@ def per_head_input_entry(layer: str, head_input: PerHeadInput) -> PlanEntry:
     from torch.distributed.tensor import Replicate, Shard
 
     return PlanEntry(
-        layer, "PrepareModuleInput",
-        dict(input_layouts=None, desired_input_layouts=None, input_kwarg_layouts={head_input.keyword: Replicate()},
-             desired_input_kwarg_layouts={head_input.keyword: Shard(head_input.dim)}, use_local_output=True),
+        layer,
+        "PrepareModuleInput",
+        dict(
+            input_layouts=None,
+            desired_input_layouts=None,
+            input_kwarg_layouts={head_input.keyword: Replicate()},
+            desired_input_kwarg_layouts={head_input.keyword: Shard(head_input.dim)},
+            use_local_output=True,
+        ),
         "attention",
         f"{head_input.keyword} holds every head's values ({head_input.source}): each rank keeps its own heads' "
         "(a local slice, no communication)",
@@ -212,5 +237,7 @@ def per_head_input_entry(layer: str, head_input: PerHeadInput) -> PlanEntry:
 
 def batch_head_rows_why(keywords: tuple[str, ...]) -> str:
     """What the attention's input style does with its ``batch_head_inputs``, for the entry's comment."""
-    return (f"; its {', '.join(keywords)} (every head's, [batch x heads, ...]) cut to this rank's heads' rows "
-            "(a local slice, no communication)")
+    return (
+        f"; its {', '.join(keywords)} (every head's, [batch x heads, ...]) cut to this rank's heads' rows "
+        "(a local slice, no communication)"
+    )

@@ -35,7 +35,9 @@ class PerLayerInputs:
     layer_linears: tuple[str, ...]  # in every layer: the Linear into the width and the one back
 
 
-def find_per_layer_inputs(model: nn.Module, layers_path: str, layers: nn.ModuleList, dims: ModelDims) -> PerLayerInputs | None:
+def find_per_layer_inputs(
+    model: nn.Module, layers_path: str, layers: nn.ModuleList, dims: ModelDims
+) -> PerLayerInputs | None:
     """The per-layer input modules beside ``layers`` (in the module that holds them), or None."""
     owner_path = layers_path.rpartition(".")[0]
     owner = model.get_submodule(owner_path) if owner_path else model
@@ -43,20 +45,34 @@ def find_per_layer_inputs(model: nn.Module, layers_path: str, layers: nn.ModuleL
     count = len(layers)
     get_in = getattr(model, "get_input_embeddings", None)
     token_embedding = get_in() if callable(get_in) else None
-    tables = [(n, c) for n, c in owner.named_children()
-              if isinstance(c, nn.Embedding) and c is not token_embedding and c.embedding_dim % count == 0]
+    tables = [
+        (n, c)
+        for n, c in owner.named_children()
+        if isinstance(c, nn.Embedding) and c is not token_embedding and c.embedding_dim % count == 0
+    ]
     if len(tables) != 1 or not all(_KEYWORD in inspect.signature(type(layer).forward).parameters for layer in layers):
         return None
     table, width = tables[0][0], tables[0][1].embedding_dim
     per_layer = width // count
-    projections = [n for n, c in owner.named_children()
-                   if isinstance(c, nn.Linear) and (c.in_features, c.out_features) == (dims.hidden, width)]
-    norms = [n for n, c in owner.named_children() if not isinstance(c, (nn.Linear, nn.Embedding))
-             and (shapes := [tuple(p.shape) for p in c.parameters()]) and set(shapes) == {(per_layer,)}]
+    projections = [
+        n
+        for n, c in owner.named_children()
+        if isinstance(c, nn.Linear) and (c.in_features, c.out_features) == (dims.hidden, width)
+    ]
+    norms = [
+        n
+        for n, c in owner.named_children()
+        if not isinstance(c, (nn.Linear, nn.Embedding))
+        and (shapes := [tuple(p.shape) for p in c.parameters()])
+        and set(shapes) == {(per_layer,)}
+    ]
     linears = []
     for index, layer in enumerate(layers):
-        pair = [n for n, c in layer.named_children() if isinstance(c, nn.Linear)
-                and {c.in_features, c.out_features} == {dims.hidden, per_layer}]
+        pair = [
+            n
+            for n, c in layer.named_children()
+            if isinstance(c, nn.Linear) and {c.in_features, c.out_features} == {dims.hidden, per_layer}
+        ]
         if len(pair) != 2:
             return None
         linears += [f"{layers_path}.{index}.{n}" for n in pair]
@@ -68,19 +84,37 @@ def find_per_layer_inputs(model: nn.Module, layers_path: str, layers: nn.ModuleL
 def per_layer_input_entries(found: PerLayerInputs, sequence_parallel: bool) -> tuple[list[PlanEntry], list[Replicated]]:
     """The projection, its norm and the layers' gate and projection: whole on every rank (TP), or on
     this rank's sequence shard (SP). The table's entry is the token tables' (synthesize.py)."""
-    outside = ((found.projection, "projects the token embedding into every layer's per-layer input"),
-               (found.norm, "norms each layer's slice of that projection"))
+    outside = (
+        (found.projection, "projects the token embedding into every layer's per-layer input"),
+        (found.norm, "norms each layer's slice of that projection"),
+    )
     if not sequence_parallel:
-        return [], [Replicated(path, f"{what}: per token and small, whole on every rank", "embeddings")
-                    for path, what in outside]
+        return [], [
+            Replicated(path, f"{what}: per token and small, whole on every rank", "embeddings")
+            for path, what in outside
+        ]
     on_shard = dict(sequence_dim=1, use_local_output=False)
-    entries = [PlanEntry(path, "SequenceParallel", on_shard, "embeddings",
-                         f"{what}: per token, on this rank's sequence shard (no communication; its weight "
-                         "gradient summed over TP)") for path, what in outside]
-    entries += [PlanEntry(path, "SequenceParallel", on_shard, "other",
-                          "per-layer input gate or projection: per token, on this rank's sequence shard with the "
-                          "layer's per-layer input (no communication; its weight gradient summed over TP)")
-                for path in found.layer_linears]
+    entries = [
+        PlanEntry(
+            path,
+            "SequenceParallel",
+            on_shard,
+            "embeddings",
+            f"{what}: per token, on this rank's sequence shard (no communication; its weight gradient summed over TP)",
+        )
+        for path, what in outside
+    ]
+    entries += [
+        PlanEntry(
+            path,
+            "SequenceParallel",
+            on_shard,
+            "other",
+            "per-layer input gate or projection: per token, on this rank's sequence shard with the "
+            "layer's per-layer input (no communication; its weight gradient summed over TP)",
+        )
+        for path in found.layer_linears
+    ]
     return entries, []
 
 

@@ -121,6 +121,7 @@ class ShardedBlock:
 @dataclass(frozen=True)
 class KeptBlock:
     """A block left replicated, and why (shown in the plan file)."""
+
     kind: str  # "attention" | "mlp" | "moe" | "mixer" | "other"
     why: str
 
@@ -165,7 +166,7 @@ def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | N
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
     if len(reading) != 1:
         return None
-    (name, linear), = reading.items()
+    ((name, linear),) = reading.items()
     if linear.in_features != dims.hidden or linear.out_features != (n + 2 * k) * d:
         return None
     return KeptBlock(
@@ -226,8 +227,13 @@ def recognize_attention(
         return None
     own = own_parameters(block)
     # One value per feature of a head, read only inside sums, beside halves of the heads: DiffLlama.
-    paired = bool(own) and n % 2 == 0 and k % 2 == 0 and all(shape == (d,) for shape in own.values()) and (
-        read_paired_heads(type(block), frozenset(own)))
+    paired = (
+        bool(own)
+        and n % 2 == 0
+        and k % 2 == 0
+        and all(shape == (d,) for shape in own.values())
+        and (read_paired_heads(type(block), frozenset(own)))
+    )
     # One value per query head (sinks) splits with the heads; where heads == head_dim the shape
     # cannot tell it from one value per feature of a head (DiffLlama's lambdas).
     if own and not paired and (n == d or any(shape != (n,) for shape in own.values())):
@@ -239,7 +245,9 @@ def recognize_attention(
     for norm in whole:
         # Sharded with its projection only when it is applied straight to that projection's output.
         projection = read_applied_to(type(block)).get(norm)
-        if norm != sub and not (projection in reading and is_per_feature(getattr(block, norm), reading[projection].out_features)):
+        if norm != sub and not (
+            projection in reading and is_per_feature(getattr(block, norm), reading[projection].out_features)
+        ):
             return KeptBlock(
                 "attention",
                 f"norm {norm} spans the whole projection output (all heads) but is not applied straight to a "
@@ -247,8 +255,12 @@ def recognize_attention(
             )
     # Doge's dt_proj: all KV heads' values to one value per KV head, row-parallel to this rank's heads.
     head_gates = tuple(
-        name for name, m in block.named_children() if is_linear(m) and name not in {*reading, *outputs}
-        and (m.in_features, m.out_features) == (k * d, k) and read_fed_from(type(block), name, frozenset(reading))
+        name
+        for name, m in block.named_children()
+        if is_linear(m)
+        and name not in {*reading, *outputs}
+        and (m.in_features, m.out_features) == (k * d, k)
+        and read_fed_from(type(block), name, frozenset(reading))
     )
     unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole, *head_gates})
     if unknown:
@@ -257,9 +269,11 @@ def recognize_attention(
     # A norm over the whole k projection is sharded with its heads, so KV heads cannot be replicated.
     # Wrapped projections: the KV replication styles find k/v among the block's own nn.Linear children only.
     wrapped = any("." in name for name in (*reading, *outputs))
-    kv = tuple(
-        name for name, m in reading.items() if m.out_features == k * d and name not in gates.names
-    ) if k < n and not set(whole) - {sub} and not wrapped else ()
+    kv = (
+        tuple(name for name, m in reading.items() if m.out_features == k * d and name not in gates.names)
+        if k < n and not set(whole) - {sub} and not wrapped
+        else ()
+    )
     # TrOCR: handed this rank's slice of its input, the width it unpacks is its heads' width.
     input_sharded = shapes is not None and shapes.input_width
     if input_sharded and (kv or not read_input_only_sized_and_projected(type(block), frozenset(reading))):
@@ -276,11 +290,30 @@ def recognize_attention(
             " are made this rank's by two different styles, and a block takes one",
         )
     if paired:  # no KV replication: a replicated KV head would be half a pair
-        return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), (), tuple(whole),
-                            fused=tuple((name, (1, 1)) for name in reading), shared_parameters=tuple(own))
-    return ShardedBlock("attention", tuple(reading), outputs[0], tuple(per_head), kv, tuple(whole), gates.fused,
-                        head_attributes=heads, head_parameters=tuple(own), reads_shared_kv=kv_shared,
-                        input_sharded=input_sharded, head_gates=head_gates)
+        return ShardedBlock(
+            "attention",
+            tuple(reading),
+            outputs[0],
+            tuple(per_head),
+            (),
+            tuple(whole),
+            fused=tuple((name, (1, 1)) for name in reading),
+            shared_parameters=tuple(own),
+        )
+    return ShardedBlock(
+        "attention",
+        tuple(reading),
+        outputs[0],
+        tuple(per_head),
+        kv,
+        tuple(whole),
+        gates.fused,
+        head_attributes=heads,
+        head_parameters=tuple(own),
+        reads_shared_kv=kv_shared,
+        input_sharded=input_sharded,
+        head_gates=head_gates,
+    )
 
 
 def head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims) -> tuple[str, ...]:
@@ -314,7 +347,7 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     downs = {name: m for name, m in others.items() if m.out_features == h}
     if len(downs) != 1 or not reading or any(m.in_features != h for m in reading.values()):
         return None
-    (down, down_m), = downs.items()
+    ((down, down_m),) = downs.items()
     width = down_m.in_features
     packed = [name for name, m in reading.items() if m.out_features == 2 * width]
     # A packed [gate; up] (chunked in two by the forward, which the sweep's numerical check proves per class).
@@ -322,25 +355,43 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
     if (not fused and any(m.out_features != width for m in reading.values())) or len(others) != 1:
         return None
     if own := own_parameters(block):  # one value's gradient is summed over TP on a slice, not on the output
-        where = "the reader does not follow whether they scale the intermediate's slice or the reduced output" if all(
-            s in ((), (1,)) for s in own.values()) else "they see only a slice of the intermediate width"
+        where = (
+            "the reader does not follow whether they scale the intermediate's slice or the reduced output"
+            if all(s in ((), (1,)) for s in own.values())
+            else "they see only a slice of the intermediate width"
+        )
         return KeptBlock("mlp", f"own parameters ({', '.join(own)}): {where}")
     # BitNet's ffn_sub_norm, read straight by down: sharded with the slice, its statistics summed over TP.
-    norms = tuple(n for n, c in block.named_children() if n == read_fed_by(type(block), down) and is_per_feature(c, width))
+    norms = tuple(
+        n for n, c in block.named_children() if n == read_fed_by(type(block), down) and is_per_feature(c, width)
+    )
     for name, child in block.named_children():
         if name not in (*reading, down, *norms) and is_per_feature(child, width):
-            return KeptBlock("mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it")
+            return KeptBlock(
+                "mlp", f"norm {name} spans the whole intermediate activation: each rank holds only a slice of it"
+            )
     # An activation whose parameters are single values (Apertus' xIELU alpha_p, alpha_n): the same on
     # every slice of the intermediate, so it runs on this rank's slice, its gradient summed over TP.
     scalars = tuple(
-        name for name, child in block.named_children()
-        if name not in reading and name != down and has_parameters(child) and all(p.numel() == 1 for p in child.parameters())
+        name
+        for name, child in block.named_children()
+        if name not in reading
+        and name != down
+        and has_parameters(child)
+        and all(p.numel() == 1 for p in child.parameters())
     )
     unknown = _unexpected_children(block, set(reading) | {down, *scalars, *norms})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
-    return ShardedBlock("mlp", tuple(reading), down, projection_norms=norms, fused=fused, scalar_children=scalars,
-                        gate_statistics=callable(getattr(type(block), "_gaussian_topk", None)))
+    return ShardedBlock(
+        "mlp",
+        tuple(reading),
+        down,
+        projection_norms=norms,
+        fused=fused,
+        scalar_children=scalars,
+        gate_statistics=callable(getattr(type(block), "_gaussian_topk", None)),
+    )
 
 
 def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, str], ...]:
@@ -369,7 +420,9 @@ def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, s
             continue
         if up_m.out_features != down_m.in_features:
             continue
-        readers = [o for o in chains if o != down and has_parameters(getattr(layer, o, nn.Module())) and producer(o) == up]
+        readers = [
+            o for o in chains if o != down and has_parameters(getattr(layer, o, nn.Module())) and producer(o) == up
+        ]
         if readers:
             continue  # another block reads the intermediate too: it would see only a slice
         pairs.append((up, down))
@@ -435,8 +488,10 @@ def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> Lay
         )
     widths = {dims.hidden, *(p.shape[-1] for p in experts.parameters(recurse=False) if p.dim() == 3)}
     routers = tuple(
-        child_name for child_name, child in layer.named_children()
-        if child_name != name and any(p.dim() == 2 and p.shape[0] == count and p.shape[1] in widths for p in child.parameters())
+        child_name
+        for child_name, child in layer.named_children()
+        if child_name != name
+        and any(p.dim() == 2 and p.shape[0] == count and p.shape[1] in widths for p in child.parameters())
     )
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts in the layer")
@@ -495,7 +550,9 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
         return KeptBlock("moe", f"beside the experts: {why}")
     if not routers:
         return KeptBlock("moe", "no router (an [experts, hidden] weight) found beside the experts")
-    return MoeBlock(name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm, packed_shared=packed_shared)
+    return MoeBlock(
+        name, tuple(shared), tuple(routers), tuple(gates), output_norm=output_norm, packed_shared=packed_shared
+    )
 
 
 _STATE_SPACE_PARAMETERS = {"A_log", "D", "dt_bias"}
@@ -532,8 +589,10 @@ def recognize_block(
     if (mamba2 := recognize_mamba2(block, dims.hidden)) is not None:
         return KeptBlock("mixer", mamba2) if isinstance(mamba2, str) else mamba2
     if short_conv_only(block) is not None and short_conv_only(block).in_channels == dims.hidden:
-        return KeptBlock("other", "short convolution along the sequence, per feature of the whole hidden state: "
-                         "nothing to split over TP")
+        return KeptBlock(
+            "other",
+            "short convolution along the sequence, per feature of the whole hidden state: nothing to split over TP",
+        )
     if _is_recurrent_mixer(block):
         return KeptBlock(
             "mixer",
@@ -544,8 +603,11 @@ def recognize_block(
         return KeptBlock("other", f"linear {describe(name, block)} outside any recognised block")
     if (einsum := einsum_heads_reason(block, dims)) is not None:
         return KeptBlock("attention", einsum)
-    parts = [f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
-             for n, m in block.named_children() if has_parameters(m)]
+    parts = [
+        f"{n} {m.in_features}->{m.out_features}" if is_linear(m) else f"{n} {type(m).__name__}"
+        for n, m in block.named_children()
+        if has_parameters(m)
+    ]
     linear_only = all(is_linear(m) for m in block.children() if has_parameters(m))
     note = "" if linear_only else "; torch's styles shard nn.Linear"
     return KeptBlock("other", f"not recognised as attention or MLP ({type(block).__name__}: {', '.join(parts)}{note})")

@@ -57,13 +57,23 @@ def read_bucket_major_view(block_cls: type, child: str) -> tuple[str, str] | Non
     found: set[tuple[str, str]] = set()
     for tree in _forward_and_helpers(block_cls):
         outputs = {
-            n.targets[0].id for n in ast.walk(tree)
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-            and isinstance(n.value, ast.Call) and _self_attribute(n.value.func) == child
+            n.targets[0].id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Call)
+            and _self_attribute(n.value.func) == child
         }
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape")
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id in outputs and len(node.args) == 1):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("view", "reshape")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in outputs
+                and len(node.args) == 1
+            ):
                 continue
             arg = node.args[0]
             if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add) and isinstance(arg.right, ast.Tuple):
@@ -82,20 +92,39 @@ def read_transposed_projection_helper(block_cls: type, child: str, heads: str) -
         if not params:
             continue
         transposed = any(
-            isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
-            and n.targets[0].id == params[0] and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
-            and n.value.func.attr in ("transpose", "permute") and isinstance(n.value.func.value, ast.Name)
+            isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and n.targets[0].id == params[0]
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Attribute)
+            and n.value.func.attr in ("transpose", "permute")
+            and isinstance(n.value.func.value, ast.Name)
             and n.value.func.value.id == params[0]
             for n in ast.walk(tree)
         )
-        projects = any(isinstance(n, ast.Call) and _self_attribute(n.func) == child and n.args
-                       and isinstance(n.args[0], ast.Name) and n.args[0].id == params[0] for n in ast.walk(tree))
+        projects = any(
+            isinstance(n, ast.Call)
+            and _self_attribute(n.func) == child
+            and n.args
+            and isinstance(n.args[0], ast.Name)
+            and n.args[0].id == params[0]
+            for n in ast.walk(tree)
+        )
         returns = [n.value for n in ast.walk(tree) if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)]
         if not (transposed and projects and len(returns) == 1):
             continue
-        views = [n.value for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-                 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == returns[0].id  # type: ignore[union-attr]
-                 and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute) and n.value.func.attr == "view"]
+        views = [
+            n.value
+            for n in tree.body
+            if isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and n.targets[0].id == returns[0].id  # type: ignore[union-attr]
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Attribute)
+            and n.value.func.attr == "view"
+        ]
         dims = [i for i, a in enumerate(views[-1].args) if _self_attribute(a) == heads] if views else []  # type: ignore[attr-defined]
         if len(dims) == 1:
             return tree.name, dims[0]
@@ -119,18 +148,28 @@ def recognize_bucketed_attention(block: nn.Module, dims: ModelDims) -> BucketedA
     if len(reading) != 3 or len(widths) != 1 or any(children[name].in_features != h for name in reading):
         return None
     width = widths.pop()  # all heads' width
-    outputs = [name for name, m in children.items() if name not in readers and (m.in_features, m.out_features) == (width, h)]
+    outputs = [
+        name for name, m in children.items() if name not in readers and (m.in_features, m.out_features) == (width, h)
+    ]
     rest = [name for name in children if name not in readers and name not in outputs]
     if len(outputs) != 1 or len(rest) != 1 or children[rest[0]].in_features != h:
         return None
     layout = read_bucket_major_view(type(block), rest[0])
     buckets, n = (getattr(block, a, None) for a in layout) if layout is not None else (None, None)
-    if not (isinstance(buckets, int) and isinstance(n, int)) or n < 1 or buckets * n != children[rest[0]].out_features or width % n:
+    if (
+        not (isinstance(buckets, int) and isinstance(n, int))
+        or n < 1
+        or buckets * n != children[rest[0]].out_features
+        or width % n
+    ):
         return None
     shapes = read_shape_sizes(type(block))
     if shapes is None or not shapes.input_width:
         return None  # handed the whole input, the plain attention layout would do: not this recogniser's
-    counts = {layout[1], *(a for a in shapes.attributes if getattr(block, a, None) in (n, width) and a not in shapes.last)}  # type: ignore[index]
+    counts = {
+        layout[1],
+        *(a for a in shapes.attributes if getattr(block, a, None) in (n, width) and a not in shapes.last),
+    }  # type: ignore[index]
     tree = _forward_tree(type(block))
     masks = tuple(a.arg for a in (*tree.args.args, *tree.args.kwonlyargs) if a.arg.endswith("mask")) if tree else ()
     helper = read_transposed_projection_helper(type(block), rest[0], layout[1])  # type: ignore[index]

@@ -44,10 +44,18 @@ def recognize_conv_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock 
     h = dims.hidden
     linears = {name: child for name, child in block.named_children() if is_linear(child)}
     reading = {name: m for name, m in linears.items() if name in readers}
-    outputs = [name for name, m in linears.items() if name not in readers and m.in_features == n * d and m.out_features == h]
+    outputs = [
+        name for name, m in linears.items() if name not in readers and m.in_features == n * d and m.out_features == h
+    ]
     # Read from the input, whole heads each: q (n x d), k and v (k x d), per-head features (n x width).
-    if len(outputs) != 1 or len(linears) != len(reading) + 1 or len(reading) < 3 or any(
-        m.in_features != h or (m.out_features not in (n * d, k * d) and m.out_features % n) for m in reading.values()
+    if (
+        len(outputs) != 1
+        or len(linears) != len(reading) + 1
+        or len(reading) < 3
+        or any(
+            m.in_features != h or (m.out_features not in (n * d, k * d) and m.out_features % n)
+            for m in reading.values()
+        )
     ):
         return None
     kv_widths = {m.out_features for m in reading.values()} & {k * d}
@@ -68,8 +76,13 @@ def recognize_conv_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock 
         return None  # attention without short convs: the generic recognizer's
     local = ModelDims(h, n, k, d, dims.vocab, dims.experts)
     return ShardedBlock(
-        "attention", tuple(reading), outputs[0], tuple(norms), head_attributes=head_count_attributes(block, shapes, local),
-        conv_children=tuple(convs), shared_children=tuple(shared),
+        "attention",
+        tuple(reading),
+        outputs[0],
+        tuple(norms),
+        head_attributes=head_count_attributes(block, shapes, local),
+        conv_children=tuple(convs),
+        shared_children=tuple(shared),
     )
 
 

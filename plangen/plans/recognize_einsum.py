@@ -25,7 +25,11 @@ def einsum_heads_reason(block: nn.Module, dims: ModelDims) -> str | None:
     projections = [name for name, s in own.items() if tuple(s) == shape]
     if len(projections) < 2:
         return None
-    per_head = [name for name, s in own.items() if len(s) >= 2 and tuple(s[-2:]) == shape[1:] and name not in projections]
-    return (f"attention projections held as parameters [hidden, heads, head_dim] ({', '.join(projections)}) with per-head"
-            f" {', '.join(per_head) or 'parameters'}, applied by einsum, not nn.Linear: no style shards them on the head"
-            " dimension (o's output would be a partial sum, to reduce before the block's own residual add and norm)")
+    per_head = [
+        name for name, s in own.items() if len(s) >= 2 and tuple(s[-2:]) == shape[1:] and name not in projections
+    ]
+    return (
+        f"attention projections held as parameters [hidden, heads, head_dim] ({', '.join(projections)}) with per-head"
+        f" {', '.join(per_head) or 'parameters'}, applied by einsum, not nn.Linear: no style shards them on the head"
+        " dimension (o's output would be a partial sum, to reduce before the block's own residual add and norm)"
+    )

@@ -87,7 +87,11 @@ def recognize_gated_delta_net(block: nn.Module, dims: ModelDims) -> GatedDeltaNe
     unit = gcd(key_dim, value_dim)
     heads = tuple(a for a in HEAD_ATTRIBUTES if _int_attribute(block, a) is not None)
     return GatedDeltaNetBlock(
-        colwise=tuple(colwise), rowwise=rowwise[0], norm=norm[0],
+        colwise=tuple(colwise),
+        rowwise=rowwise[0],
+        norm=norm[0],
         conv_parts=(key_dim // unit, key_dim // unit, value_dim // unit),
-        head_parameters=tuple(own), head_attributes=heads, packed=packed,
+        head_parameters=tuple(own),
+        head_attributes=heads,
+        packed=packed,
     )

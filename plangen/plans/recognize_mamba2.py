@@ -38,7 +38,11 @@ def recognize_mamba2(block: nn.Module, hidden: int) -> Mamba2Block | str | None:
     except ValueError:
         return None
     norm, out_proj = getattr(block, "norm", None), getattr(block, "out_proj", None)
-    if not isinstance(out_proj, nn.Linear) or out_proj.in_features != layout.intermediate or out_proj.out_features != hidden:
+    if (
+        not isinstance(out_proj, nn.Linear)
+        or out_proj.in_features != layout.intermediate
+        or out_proj.out_features != hidden
+    ):
         return f"Mamba2 mixer without an out_proj of {layout.intermediate} -> {hidden} features"
     if not isinstance(norm, nn.Module):
         return "Mamba2 mixer without a gated norm"
@@ -47,7 +51,11 @@ def recognize_mamba2(block: nn.Module, hidden: int) -> Mamba2Block | str | None:
             resolve_gated_norm(norm)
         except ValueError as err:
             return f"Mamba2 mixer whose norm cannot follow the split by heads: {err}"
-    unknown = [n for n, c in block.named_children() if n not in ("in_proj", "conv1d", "norm", "out_proj") and _has_parameters(c)]
+    unknown = [
+        n
+        for n, c in block.named_children()
+        if n not in ("in_proj", "conv1d", "norm", "out_proj") and _has_parameters(c)
+    ]
     if unknown:
         return f"Mamba2 mixer with submodule {unknown[0]}, which would see only this rank's heads"
     return Mamba2Block(norm="norm" if _has_parameters(norm) else None)

@@ -33,7 +33,8 @@ def takes_routing(experts: nn.Module) -> bool:
 def packed_shared_children(block: nn.Module, hidden: int) -> tuple[str, ...]:
     """The block's children that are shared experts packed as 3-D weights over the hidden size."""
     return tuple(
-        name for name, child in block.named_children()
+        name
+        for name, child in block.named_children()
         if (shape := packed_shared_shape(child)) is not None and shape[2] == hidden
     )
 

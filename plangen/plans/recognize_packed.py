@@ -58,7 +58,7 @@ def packed_attention(
 
     from plangen.plans.packed_source import Refused, read_packed_split
 
-    (name, linear), = reading.items()
+    ((name, linear),) = reading.items()
     d = dims.head_dim
     counts = {c for c in (dims.heads, dims.kv_heads) if c}
     split = read_packed_split(block, name, linear.out_features, counts, d)
@@ -105,8 +105,17 @@ def packed_attention(
         for p in split.parts:
             common = gcd(common, p)
         fused = ((name, tuple(p // common for p in split.parts)),)
-    return ShardedBlock("attention", (name,), output, tuple(per_head), fused=fused,
-                        head_attributes=heads, shared_parts=shared, shared_tables=tables, padded_heads=padded)
+    return ShardedBlock(
+        "attention",
+        (name,),
+        output,
+        tuple(per_head),
+        fused=fused,
+        head_attributes=heads,
+        shared_parts=shared,
+        shared_tables=tables,
+        padded_heads=padded,
+    )
 
 
 def _multi_query_parts(parts: tuple[int, ...], dims: ModelDims) -> tuple[int, ...]:

@@ -73,7 +73,12 @@ def recognize_mlstm_layer(block: nn.Module, dims: ModelDims) -> MultiHeadMixerBl
     for name, child in block.named_children():
         if not has_parameters(child):
             continue
-        if is_linear(child) and name in readers and child.in_features == dims.hidden and child.out_features in (qk, v, heads):
+        if (
+            is_linear(child)
+            and name in readers
+            and child.in_features == dims.hidden
+            and child.out_features in (qk, v, heads)
+        ):
             colwise.append(name)
         elif is_linear(child) and name not in readers and (child.in_features, child.out_features) == (v, dims.hidden):
             rowwise.append(name)
@@ -106,7 +111,9 @@ def recognize_rg_lru_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBl
             continue
         if is_linear(child) and name in readers and (child.in_features, child.out_features) == (dims.hidden, width):
             colwise.append(name)
-        elif is_linear(child) and name not in readers and (child.in_features, child.out_features) == (width, dims.hidden):
+        elif (
+            is_linear(child) and name not in readers and (child.in_features, child.out_features) == (width, dims.hidden)
+        ):
             rowwise.append(name)
         else:
             return None
@@ -114,6 +121,11 @@ def recognize_rg_lru_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBl
         return None
     widths = tuple(a for a in WIDTH_ATTRIBUTES if getattr(block, a, None) == width)
     return GatedDeltaNetBlock(
-        colwise=tuple(colwise), rowwise=rowwise[0], norm=None, conv_parts=(1,), head_parameters=(),
-        head_attributes=widths, lru=lrus[0],
+        colwise=tuple(colwise),
+        rowwise=rowwise[0],
+        norm=None,
+        conv_parts=(1,),
+        head_parameters=(),
+        head_attributes=widths,
+        lru=lrus[0],
     )

@@ -54,5 +54,13 @@ def recognize_short_conv(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBloc
             return None
     if len(ins) != 1 or len(outs) != 1:
         return None
-    return GatedDeltaNetBlock(colwise=(ins[0],), rowwise=outs[0], norm=None, conv_parts=(1,), head_parameters=(),
-                              head_attributes=(), packed=ins[0], packed_parts=PARTS)
+    return GatedDeltaNetBlock(
+        colwise=(ins[0],),
+        rowwise=outs[0],
+        norm=None,
+        conv_parts=(1,),
+        head_parameters=(),
+        head_attributes=(),
+        packed=ins[0],
+        packed_parts=PARTS,
+    )

@@ -115,7 +115,17 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
             continue
         kind, _, norm, fixed = column
         refused = tuple(c.__name__ for c in (type(inner), *rebuilt) if read_draws_numpy_random(c)) if rebuilt else ()
-        found.append(SplitBlock(kind, inner_name, tuple(_linears(inner)), outer_name, rowwise, norm, fixed,
-                                rebuilt=bool(rebuilt), refused_in_training=tuple(dict.fromkeys(refused))))
+        found.append(
+            SplitBlock(
+                kind,
+                inner_name,
+                tuple(_linears(inner)),
+                outer_name,
+                rowwise,
+                norm,
+                fixed,
+                rebuilt=bool(rebuilt),
+                refused_in_training=tuple(dict.fromkeys(refused)),
+            )
+        )
     return found
-

@@ -35,21 +35,46 @@ def plan_rwkv(model: nn.Module, sequence_parallel: bool) -> Plan:
             "use sequence_parallel=False"
         )
     entries = (
-        PlanEntry("rwkv.embeddings", "RowwiseParallel",
-                  dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True), "embeddings",
-                  "vocab-parallel embedding; all-reduce"),
-        PlanEntry(f"{BLOCK}.attention", "RwkvTimeMixParallel", {}, "attention",
-                  "time mixing split by channels: key/value/receptance rows, time_decay/time_first with them; "
-                  "its input's gradient summed once, the time_mix_* gradients by one small all-reduce"),
-        PlanEntry(f"{BLOCK}.attention.output", "RowwiseParallel",
-                  dict(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True), "attention",
-                  "row-parallel: one all-reduce"),
-        PlanEntry(f"{BLOCK}.feed_forward", "RwkvChannelMixParallel", {}, "mlp",
-                  "channel mixing split by channels: key and receptance rows, value columns (its partial sum "
-                  "reduce-scattered onto the receptance's channels), the gated product all-gathered"),
-        PlanEntry("head", "ColwiseParallel", dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
-                  "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy"),
+        PlanEntry(
+            "rwkv.embeddings",
+            "RowwiseParallel",
+            dict(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True),
+            "embeddings",
+            "vocab-parallel embedding; all-reduce",
+        ),
+        PlanEntry(
+            f"{BLOCK}.attention",
+            "RwkvTimeMixParallel",
+            {},
+            "attention",
+            "time mixing split by channels: key/value/receptance rows, time_decay/time_first with them; "
+            "its input's gradient summed once, the time_mix_* gradients by one small all-reduce",
+        ),
+        PlanEntry(
+            f"{BLOCK}.attention.output",
+            "RowwiseParallel",
+            dict(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True),
+            "attention",
+            "row-parallel: one all-reduce",
+        ),
+        PlanEntry(
+            f"{BLOCK}.feed_forward",
+            "RwkvChannelMixParallel",
+            {},
+            "mlp",
+            "channel mixing split by channels: key and receptance rows, value columns (its partial sum "
+            "reduce-scattered onto the receptance's channels), the gated product all-gathered",
+        ),
+        PlanEntry(
+            "head",
+            "ColwiseParallel",
+            dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=False),
+            "output",
+            "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+        ),
     )
     norms = (f"{BLOCK}.pre_ln", f"{BLOCK}.ln1", f"{BLOCK}.ln2", "rwkv.ln_out")
-    replicated = tuple(Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms)
+    replicated = tuple(
+        Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms
+    )
     return Plan(entries, "hand-written", replicated, False)

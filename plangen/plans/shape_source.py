@@ -21,9 +21,12 @@ __all__ = ["ShapeSizes", "read_shape_sizes"]
 def _helper_trees(cls: type, tree: ast.AST) -> list[ast.AST]:
     """The parsed sources of ``cls``'s own methods that ``forward`` calls as ``self.name(...)``."""
     names = {
-        node.func.attr for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
     }
     trees = []
     for name in sorted(names):
@@ -79,7 +82,11 @@ def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
     last: set[str] = set()
     input_width = False
     for node in (n for t in (tree, *_helper_trees(block_cls, tree)) for n in ast.walk(t)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape")):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("view", "reshape")
+        ):
             continue
         sizes: list[ast.expr] = []
         for arg in node.args:

@@ -93,9 +93,14 @@ def _end(node: ast.AST) -> tuple[int, int]:
 def _is_rest_of(node: ast.AST, name: str) -> bool:
     """``name[1:]``: the outputs after the first (attention weights handed up and dropped)."""
     return (
-        isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name
-        and isinstance(node.slice, ast.Slice) and node.slice.upper is None and node.slice.step is None
-        and isinstance(node.slice.lower, ast.Constant) and node.slice.lower.value == 1
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == name
+        and isinstance(node.slice, ast.Slice)
+        and node.slice.upper is None
+        and node.slice.step is None
+        and isinstance(node.slice.lower, ast.Constant)
+        and node.slice.lower.value == 1
     )
 
 
@@ -104,9 +109,15 @@ def _chunked_child(cls: type, node: ast.AST) -> str | None:
     ``return self.A(<its argument>)`` (X-MOD's layer: ``feed_forward_chunk`` returns
     ``self.intermediate(x)``). The chunks are slices of the sequence, concatenated back: the value is
     ``A``'s output."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "apply_chunking_to_forward"
-            and node.args and isinstance(node.args[0], ast.Attribute) and isinstance(node.args[0].value, ast.Name)
-            and node.args[0].value.id == "self"):
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "apply_chunking_to_forward"
+        and node.args
+        and isinstance(node.args[0], ast.Attribute)
+        and isinstance(node.args[0].value, ast.Name)
+        and node.args[0].value.id == "self"
+    ):
         return None
     method = inspect.getattr_static(cls, node.args[0].attr, None)
     if not inspect.isfunction(method):
@@ -120,8 +131,12 @@ def _chunked_child(cls: type, node: ast.AST) -> str | None:
     if len(body) != 1 or not isinstance(body[0], ast.Return) or len(params) != 1:
         return None
     returned = body[0].value
-    if (_self_call_name(returned) is None or returned.keywords or len(returned.args) != 1  # type: ignore[union-attr]
-            or not (isinstance(returned.args[0], ast.Name) and returned.args[0].id == params[0])):  # type: ignore[union-attr]
+    if (
+        _self_call_name(returned) is None
+        or returned.keywords
+        or len(returned.args) != 1  # type: ignore[union-attr]
+        or not (isinstance(returned.args[0], ast.Name) and returned.args[0].id == params[0])
+    ):  # type: ignore[union-attr]
         return None
     return _self_call_name(returned)
 
@@ -158,14 +173,19 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None =
     name = name_node.id
     assigns = sorted((n for n in ast.walk(function) if _assigns(n, name)), key=_position)
     before = [a for a in assigns if _position(a) < _position(call) and call not in ast.walk(a)]
-    either_or = _either_or_calls(function).get(id(before[-1].value)) if before and isinstance(before[-1], ast.Assign) else None
+    either_or = (
+        _either_or_calls(function).get(id(before[-1].value)) if before and isinstance(before[-1], ast.Assign) else None
+    )
     if not before or (before[-1] not in function.body and either_or is None) or not isinstance(before[-1], ast.Assign):
         return None
     producing = before[-1]
     # Assigned on both branches of one if: x is read after the if, and by nothing inside it but the call.
     end = _end(either_or) if either_or is not None else _end(producing)
-    if either_or is not None and any(_position(either_or) <= _position(a) < _position(producing)
-                                     for a in assigns if a not in (either_or.body[-1], either_or.orelse[-1])):
+    if either_or is not None and any(
+        _position(either_or) <= _position(a) < _position(producing)
+        for a in assigns
+        if a not in (either_or.body[-1], either_or.orelse[-1])
+    ):
         return None
     target = producing.targets[0] if len(producing.targets) == 1 else None
     if isinstance(target, (ast.Tuple, ast.List)) and target.elts and not first_of:
@@ -177,11 +197,17 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None =
         return None
     later = [a for a in assigns if _position(a) > _position(producing)]
     following = later[0] if later else None
-    inside_following = {id(n) for n in ast.walk(following.value)} if following is not None and following.value else set()
+    inside_following = (
+        {id(n) for n in ast.walk(following.value)} if following is not None and following.value else set()
+    )
     rest = {id(n.value) for n in ast.walk(function) if _is_rest_of(n, name)}  # type: ignore[attr-defined]
     uses = [
-        n for n in ast.walk(function)
-        if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in rest
+        n
+        for n in ast.walk(function)
+        if isinstance(n, ast.Name)
+        and n.id == name
+        and isinstance(n.ctx, ast.Load)
+        and id(n) not in rest
         and _position(n) > end
         and (following is None or _position(n) < _position(following) or id(n) in inside_following)
     ]
@@ -221,8 +247,11 @@ def read_sole_reader(block_cls: type) -> str | None:
         return None
     inside = {id(n) for n in ast.walk(reassigned.value)} if reassigned is not None and reassigned.value else set()
     uses = [
-        n for n in ast.walk(tree)
-        if isinstance(n, ast.Name) and n.id == first and isinstance(n.ctx, ast.Load)
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name)
+        and n.id == first
+        and isinstance(n.ctx, ast.Load)
         and (reassigned is None or _position(n) < _position(reassigned) or id(n) in inside)
     ]
     if len(uses) != 1:
@@ -246,8 +275,12 @@ def read_choice_readers(block_cls: type) -> frozenset[str]:
     arguments = {a.arg for a in (*tree.args.posonlyargs, *tree.args.args, *tree.args.kwonlyargs)}
     aliases = set()
     for statement in tree.body:
-        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name) and isinstance(statement.value, ast.IfExp)):
+        if not (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.IfExp)
+        ):
             continue
         branches = {b.id for b in (statement.value.body, statement.value.orelse) if isinstance(b, ast.Name)}
         alias = statement.targets[0].id
@@ -273,13 +306,19 @@ def read_reshape_attributes(block_cls: type) -> frozenset[str]:
         return frozenset()
     sizes: list[ast.AST] = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("view", "reshape")
+        ):
             sizes += node.args
     # A shape built beforehand (``shape = x.size()[:-2] + (self.all_head_size,)``): what it was built from.
     names = {n.id for arg in sizes for n in ast.walk(arg) if isinstance(n, ast.Name)}
     sizes += [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(_assigns(n, name) for name in names)]
     return frozenset(
-        n.attr for arg in sizes for n in ast.walk(arg)
+        n.attr
+        for arg in sizes
+        for n in ast.walk(arg)
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
     )
 
@@ -301,14 +340,15 @@ def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> fr
         params = [p.name for p in list(inspect.signature(child_cls.forward).parameters.values())[1:]]
     except (TypeError, ValueError):
         return frozenset()
-    alike = {
-        params[i] for i, a in enumerate(args[: len(params)]) if isinstance(a, ast.Name) and a.id == args[0].id
-    }
+    alike = {params[i] for i, a in enumerate(args[: len(params)]) if isinstance(a, ast.Name) and a.id == args[0].id}
     alike = {p for p in alike if not any(_assigns(n, p) for n in ast.walk(tree))}
     return frozenset(
-        name for node in ast.walk(tree)
+        name
+        for node in ast.walk(tree)
         if (name := _self_call_name(node)) is not None
-        and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in alike  # type: ignore[attr-defined]
+        and node.args
+        and isinstance(node.args[0], ast.Name)
+        and node.args[0].id in alike  # type: ignore[attr-defined]
     )
 
 
@@ -352,12 +392,16 @@ def read_rebuilt_child_classes(parent_cls: type, child: str) -> tuple[type, ...]
             continue
         assigns_child = any(
             isinstance(t, ast.Attribute) and t.attr == child and isinstance(t.value, ast.Name) and t.value.id == "self"
-            for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
         )
         if not assigns_child:
             continue
         for node in ast.walk(tree):
-            built = namespace.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            built = (
+                namespace.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            )
             if isinstance(built, type) and issubclass(built, nn.Module) and built not in found:
                 found.append(built)
     return tuple(found)
@@ -371,5 +415,10 @@ def read_draws_numpy_random(cls: type) -> bool:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError, IndentationError):
         return False
-    return any(isinstance(n, ast.Attribute) and n.attr == "random" and isinstance(n.value, ast.Name)
-               and n.value.id in ("np", "numpy") for n in ast.walk(tree))
+    return any(
+        isinstance(n, ast.Attribute)
+        and n.attr == "random"
+        and isinstance(n.value, ast.Name)
+        and n.value.id in ("np", "numpy")
+        for n in ast.walk(tree)
+    )

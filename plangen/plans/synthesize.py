@@ -101,7 +101,8 @@ def _gathered_entry(part: KeptPart, group: str) -> PlanEntry:
         ),
         group,
         "replicated block under sequence parallel: all-gathers its input, computes whole on every rank, "
-        "keeps this rank's sequence shard of its output" + (" (its other outputs pass through)" if others else "")
+        "keeps this rank's sequence shard of its output"
+        + (" (its other outputs pass through)" if others else "")
         + (" and hands out the parameters it returns as Replicate DTensors" if part.parameter_outputs else ""),
     )
 
@@ -119,11 +120,16 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     # branch leaves its own partial, the router's and gates' count once. It needs the block's input
     # positional (its hook reads args[0]), every shared MLP's call read (so PartialGradInput can take
     # its input) and one router; a norm on the summed branches keeps the per-branch reductions.
-    once = (len(block.routers) == 1 and call.keyword is None and block.output_norm is None
-            and all(shared_call is not None for _, _, shared_call in block.shared))
+    once = (
+        len(block.routers) == 1
+        and call.keyword is None
+        and block.output_norm is None
+        and all(shared_call is not None for _, _, shared_call in block.shared)
+    )
     entries = [
         PlanEntry(
-            part.path, "MoeBlockParallel" if once else "PrepareModuleInputOutput",
+            part.path,
+            "MoeBlockParallel" if once else "PrepareModuleInputOutput",
             dict(
                 **(dict(router=block.routers[0], gates=tuple(sorted(block.gates))) if once else {}),
                 **_input_layouts(call, sp),
@@ -133,58 +139,102 @@ def _moe_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
                 desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * others),
                 use_local_output=not sp,
             ),
-            "mlp", f"mixture of experts: {reduced} of the summed partial outputs of its branches",
+            "mlp",
+            f"mixture of experts: {reduced} of the summed partial outputs of its branches",
         ),
         PlanEntry(
-            f"{part.path}.{block.experts}", "ExpertsParallel",
-            dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})), "mlp",
+            f"{part.path}.{block.experts}",
+            "ExpertsParallel",
+            dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})),
+            "mlp",
             EXPERTS_PARALLEL_WHY + (f"; {INPUT_GRAD_LEFT_WHY}" if once else ""),
         ),
     ]
     for name, mlp, shared_call in block.shared:
         if shared_call is not None:
-            entries.append(PlanEntry(
-                f"{part.path}.{name}", "PartialGradInput" if once else "PrepareModuleInput",
-                dict(**_input_layouts(shared_call, False), use_local_output=False), "mlp",
-                "shared experts: one Replicate DTensor input, so gate and up " + (
-                    f"add their partial input gradients on it; {INPUT_GRAD_LEFT_WHY}" if once else "reduce their input gradient once"),
-            ))
+            entries.append(
+                PlanEntry(
+                    f"{part.path}.{name}",
+                    "PartialGradInput" if once else "PrepareModuleInput",
+                    dict(**_input_layouts(shared_call, False), use_local_output=False),
+                    "mlp",
+                    "shared experts: one Replicate DTensor input, so gate and up "
+                    + (
+                        f"add their partial input gradients on it; {INPUT_GRAD_LEFT_WHY}"
+                        if once
+                        else "reduce their input gradient once"
+                    ),
+                )
+            )
         for proj in mlp.colwise:
-            entries.append(_colwise_entry(f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp",
-                                          "shared experts: column-parallel"))
-        entries.append(PlanEntry(
-            f"{part.path}.{name}.{mlp.rowwise}", "RowwiseParallel",
-            dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True), "mlp",
-            "shared experts: row-parallel, partial sum out (reduced by the block)",
-        ))
+            entries.append(
+                _colwise_entry(
+                    f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp", "shared experts: column-parallel"
+                )
+            )
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}.{mlp.rowwise}",
+                "RowwiseParallel",
+                dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True),
+                "mlp",
+                "shared experts: row-parallel, partial sum out (reduced by the block)",
+            )
+        )
     if block.output_norm is not None:
-        entries.append(PlanEntry(
-            f"{part.path}.{block.output_norm}", "PrepareModuleInput",
-            dict(input_layouts=(Partial(),), desired_input_layouts=(Replicate(),), input_kwarg_layouts=None,
-                 desired_input_kwarg_layouts=None, use_local_output=True), "mlp",
-            "norm on the summed branches: their partial sums are all-reduced into it (one all-reduce of B·S·H)",
-        ))
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{block.output_norm}",
+                "PrepareModuleInput",
+                dict(
+                    input_layouts=(Partial(),),
+                    desired_input_layouts=(Replicate(),),
+                    input_kwarg_layouts=None,
+                    desired_input_kwarg_layouts=None,
+                    use_local_output=True,
+                ),
+                "mlp",
+                "norm on the summed branches: their partial sums are all-reduced into it (one all-reduce of B·S·H)",
+            )
+        )
     for name in block.packed_shared:
-        entries.append(PlanEntry(
-            f"{part.path}.{name}", "SharedExpertsParallel",
-            dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})), "mlp",
-            "shared experts of 3-D weights: a slice of each one's intermediate per rank, partial sum out (reduced "
-            "by the block); " + ("their per-token scales' gradient summed over TP, their input's left to the block's "
-                                 "one reduction" if once else "their input's and per-token scales' gradients summed over TP"),
-        ))
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "SharedExpertsParallel",
+                dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})),
+                "mlp",
+                "shared experts of 3-D weights: a slice of each one's intermediate per rank, partial sum out (reduced "
+                "by the block); "
+                + (
+                    "their per-token scales' gradient summed over TP, their input's left to the block's one reduction"
+                    if once
+                    else "their input's and per-token scales' gradients summed over TP"
+                ),
+            )
+        )
     for gate in block.gates:
-        entries.append(PlanEntry(
-            f"{part.path}.{gate}", "AllReduceOutputGrad", {}, "mlp",
-            "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP",
-        ))
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{gate}",
+                "AllReduceOutputGrad",
+                {},
+                "mlp",
+                "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP",
+            )
+        )
     return entries
 
 
 def _latent_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     """Multi-head latent attention as the hand-written DeepSeek plans shard it, its input where the layer passes it."""
     assert isinstance(part.block, LatentBlock) and part.call is not None
-    entries, _ = latent_attention_entries(part.path, sequence_parallel=sp, query_latent=part.block.query_latent,
-                                         shard_query_latent=part.block.shard_query_latent)
+    entries, _ = latent_attention_entries(
+        part.path,
+        sequence_parallel=sp,
+        query_latent=part.block.query_latent,
+        shard_query_latent=part.block.shard_query_latent,
+    )
     first = entries[0]
     prepared = {**first.kwargs, **_input_layouts(part.call, sp)}  # where the layer passes the hidden state
     return [PlanEntry(first.pattern, first.style, prepared, first.group, first.why), *entries[1:]]
@@ -194,19 +244,33 @@ def _colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: A
     """Column-parallel; a packed projection re-laid out so each rank holds its slice of every part."""
     parts = dict(block.fused).get(name)
     if parts is not None and block.shared_parts:
-        return PlanEntry(pattern, "MultiQueryColwiseParallel",
-                         dict(part_sizes=parts, shared_parts=block.shared_parts, input_layouts=input_layout), group,
-                         f"{why}; multi-query: this rank's query heads, the one key/value head gathered whole "
-                         "(its gradient summed over TP)")
+        return PlanEntry(
+            pattern,
+            "MultiQueryColwiseParallel",
+            dict(part_sizes=parts, shared_parts=block.shared_parts, input_layouts=input_layout),
+            group,
+            f"{why}; multi-query: this rank's query heads, the one key/value head gathered whole "
+            "(its gradient summed over TP)",
+        )
     if parts is None:
-        return PlanEntry(pattern, "ColwiseParallel", dict(input_layouts=input_layout, output_layouts=Shard(-1),
-                                                           use_local_output=True), group, why)
+        return PlanEntry(
+            pattern,
+            "ColwiseParallel",
+            dict(input_layouts=input_layout, output_layouts=Shard(-1), use_local_output=True),
+            group,
+            why,
+        )
     if block.shared_parameters:  # differential attention: its heads' two halves, not packed parts
         why = f"{why}; the heads' two halves (pairs i, i + H/2) re-laid out so each rank holds whole pairs"
     else:
         why = f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part"
-    return PlanEntry(pattern, "FusedColwiseParallel", dict(part_sizes=parts, input_layouts=input_layout,
-                                                           use_local_output=True), group, why)
+    return PlanEntry(
+        pattern,
+        "FusedColwiseParallel",
+        dict(part_sizes=parts, input_layouts=input_layout, use_local_output=True),
+        group,
+        why,
+    )
 
 
 def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
@@ -218,36 +282,86 @@ def _split_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     entries: list[PlanEntry] = []
     if block.rebuilt:  # its parent rebuilds it (BigBird): the parent's pre-hook makes the counts local
         refused = block.refused_in_training
-        entries.append(PlanEntry(part.path, "RebuiltChildHeadCounts", dict(
-            child=block.inner, attributes=block.head_attributes, refused_in_training=refused), group,
-            f"rebuilds its {block.inner} (another attention class) between forwards: its head counts made this rank's "
-            "before each forward" + (f"; {', '.join(refused)} refused in training (random key blocks drawn per head "
-                                     "from one seeded stream)" if refused else "")))
-        colwise_input, why = SEQ if sp else Replicate(), "column-parallel: each rank computes its own heads, from its own input"
+        entries.append(
+            PlanEntry(
+                part.path,
+                "RebuiltChildHeadCounts",
+                dict(child=block.inner, attributes=block.head_attributes, refused_in_training=refused),
+                group,
+                f"rebuilds its {block.inner} (another attention class) between forwards: its head counts made this rank's "
+                "before each forward"
+                + (
+                    f"; {', '.join(refused)} refused in training (random key blocks drawn per head "
+                    "from one seeded stream)"
+                    if refused
+                    else ""
+                ),
+            )
+        )
+        colwise_input, why = (
+            SEQ if sp else Replicate(),
+            "column-parallel: each rank computes its own heads, from its own input",
+        )
     elif block.head_attributes:
         # One style per module: the head counts made local instead of one prepared input (each
         # projection then takes, and reduces the gradient of, its own input).
-        entries.append(PlanEntry(inner, "LocalHeadCounts", dict(attributes=block.head_attributes), group,
-                                 "reshapes its heads with its built-in width: make it this rank's"))
-        colwise_input, why = SEQ if sp else Replicate(), "column-parallel: each rank computes its own heads, from its own input"
+        entries.append(
+            PlanEntry(
+                inner,
+                "LocalHeadCounts",
+                dict(attributes=block.head_attributes),
+                group,
+                "reshapes its heads with its built-in width: make it this rank's",
+            )
+        )
+        colwise_input, why = (
+            SEQ if sp else Replicate(),
+            "column-parallel: each rank computes its own heads, from its own input",
+        )
     elif part.call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         if block.inner_norm is None:
             prepared, how = False, f"{gathered}; one gradient reduction per block in backward"
         else:  # the norm inside takes a plain tensor: each projection then reduces its own input gradient
             prepared, how = True, f"{gathered}; the norm inside computes on the whole input"
-        entries.append(PlanEntry(inner, "PrepareModuleInput", dict(**_input_layouts(part.call, sp), use_local_output=prepared),
-                                 group, how))
-        colwise_input, why = Replicate(), "column-parallel: each rank computes its own " + (
-            "heads" if group == "attention" else "slice")
+        entries.append(
+            PlanEntry(
+                inner,
+                "PrepareModuleInput",
+                dict(**_input_layouts(part.call, sp), use_local_output=prepared),
+                group,
+                how,
+            )
+        )
+        colwise_input, why = (
+            Replicate(),
+            "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice"),
+        )
     else:
-        colwise_input, why = SEQ if sp else Replicate(), "column-parallel, taking its own input (the call of its module could not be read)"
+        colwise_input, why = (
+            SEQ if sp else Replicate(),
+            "column-parallel, taking its own input (the call of its module could not be read)",
+        )
     for name in block.colwise:
-        entries.append(PlanEntry(f"{inner}.{name}", "ColwiseParallel",
-                                 dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True), group, why))
+        entries.append(
+            PlanEntry(
+                f"{inner}.{name}",
+                "ColwiseParallel",
+                dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True),
+                group,
+                why,
+            )
+        )
     rowwise, reduced = row_parallel_output(sp)
-    entries.append(PlanEntry(f"{part.path}.{block.outer}.{block.rowwise}", "RowwiseParallel", rowwise, group,
-                             f"row-parallel, in the module its column-parallel half feeds: {reduced}"))
+    entries.append(
+        PlanEntry(
+            f"{part.path}.{block.outer}.{block.rowwise}",
+            "RowwiseParallel",
+            rowwise,
+            group,
+            f"row-parallel, in the module its column-parallel half feeds: {reduced}",
+        )
+    )
     return entries
 
 
@@ -262,7 +376,9 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return _latent_entries(part, sp)
     if isinstance(part.block, BucketedAttentionBlock):
         assert part.call is not None
-        return bucketed_attention_entries(part.path, part.block, part.call, _input_layouts(part.call, sp, desired=Shard(-1)), sp)
+        return bucketed_attention_entries(
+            part.path, part.block, part.call, _input_layouts(part.call, sp, desired=Shard(-1)), sp
+        )
     if isinstance(part.block, GatedDeltaNetBlock):
         assert part.call is not None
         return gated_delta_net_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
@@ -273,8 +389,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return mamba1_entries(part.path, part.block, sp)
     if isinstance(part.block, Mamba2Block):  # plangen.mamba_styles: split by heads
         block = part.block
-        return [mamba2_mixer_entry(part.path, sp),
-                *mamba2_children_entries(part.path, sp, norm=block.norm, out_proj=block.out_proj)]
+        return [
+            mamba2_mixer_entry(part.path, sp),
+            *mamba2_children_entries(part.path, sp, norm=block.norm, out_proj=block.out_proj),
+        ]
     block, group = part.block, part.block.kind
     entries: list[PlanEntry] = []
     call = part.call
@@ -285,15 +403,29 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     if call is not None:
         gathered = "one all-gather of the sequence per block" if sp else "no communication"
         prepared = dict(**_input_layouts(call, sp), use_local_output=False)
-        style = ("PrepareAttentionInput" if kv or heads or block.reads_shared_kv or block.shared_tables or block.padded_heads
-                 or part.batch_head_inputs else "PrepareModuleInput")
+        style = (
+            "PrepareAttentionInput"
+            if kv
+            or heads
+            or block.reads_shared_kv
+            or block.shared_tables
+            or block.padded_heads
+            or part.batch_head_inputs
+            else "PrepareModuleInput"
+        )
         why = f"{gathered}; one gradient reduction per block in backward"
         if block.gate_statistics:
-            style, why = "ActivationSparsityParallel", f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)"
+            style, why = (
+                "ActivationSparsityParallel",
+                f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)",
+            )
         if block.input_sharded:  # its forward reshapes by the input's own width: hand it this rank's
             prepared = dict(**_input_layouts(call, sp, desired=Shard(-1)), use_local_output=True)
-            why = (("an all-to-all to " if sp else "") + "this rank's slice of the hidden dimension, the width its forward "
-                   "unpacks; each column-parallel projection all-gathers it (a reduce-scatter back in backward)")
+            why = (
+                ("an all-to-all to " if sp else "")
+                + "this rank's slice of the hidden dimension, the width its forward "
+                "unpacks; each column-parallel projection all-gathers it (a reduce-scatter back in backward)"
+            )
         if heads:
             prepared["head_attributes"] = heads
             why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
@@ -307,18 +439,32 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
             prepared["shared_tables"] = block.shared_tables
             why += f"; its {', '.join(block.shared_tables)} (no heads axis) replicated, their gradient summed over TP"
         if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
-            style, why = "AttentionSinksParallel", f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads"
+            style, why = (
+                "AttentionSinksParallel",
+                f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads",
+            )
         if block.shared_parameters:
-            style, why = "PairedHeadsAttentionInput", (
-                f"{why}; heads paired i, i + H/2 (whole pairs per rank); its {', '.join(block.shared_parameters)}, "
-                "shared by every head, replicated with their gradient summed over TP")
+            style, why = (
+                "PairedHeadsAttentionInput",
+                (
+                    f"{why}; heads paired i, i + H/2 (whole pairs per rank); its {', '.join(block.shared_parameters)}, "
+                    "shared by every head, replicated with their gradient summed over TP"
+                ),
+            )
         entries.append(PlanEntry(part.path, style, prepared, group, why))
         colwise_input = Shard(-1) if block.input_sharded else Replicate()
         colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
     else:
         if heads:
-            entries.append(PlanEntry(part.path, "LocalHeadCounts", dict(attributes=heads), group,
-                                     f"its forward shapes by {', '.join(heads)}: made this rank's"))
+            entries.append(
+                PlanEntry(
+                    part.path,
+                    "LocalHeadCounts",
+                    dict(attributes=heads),
+                    group,
+                    f"its forward shapes by {', '.join(heads)}: made this rank's",
+                )
+            )
         colwise_input = SEQ if sp else Replicate()
         colwise_why = (
             "column-parallel, taking its own input: one gradient reduction, as its only input projection"
@@ -335,8 +481,10 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     for name in block.head_gates:
         entries.append(
             PlanEntry(
-                f"{part.path}.{name}", "RowwiseParallel",
-                dict(input_layouts=Shard(-1), output_layouts=Shard(-1), use_local_output=True), group,
+                f"{part.path}.{name}",
+                "RowwiseParallel",
+                dict(input_layouts=Shard(-1), output_layouts=Shard(-1), use_local_output=True),
+                group,
                 "reads every KV head's values, one output per KV head: row-parallel on this rank's heads, "
                 "the partial sums reduce-scattered to this rank's heads' outputs",
             )
@@ -344,27 +492,50 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     for name in block.per_head_norms:
         entries.append(
             PlanEntry(
-                f"{part.path}.{name}", "ReplicatedWithGradAllReduce", dict(sequence_dim=2, use_local_output=True),
-                group, "per-head norm sees only local heads: its weight gradient is summed over TP",
+                f"{part.path}.{name}",
+                "ReplicatedWithGradAllReduce",
+                dict(sequence_dim=2, use_local_output=True),
+                group,
+                "per-head norm sees only local heads: its weight gradient is summed over TP",
             )
         )
     for name in block.scalar_children:
         entries.append(
             PlanEntry(
-                f"{part.path}.{name}", "AllReduceParamGrads", {}, group,
+                f"{part.path}.{name}",
+                "AllReduceParamGrads",
+                {},
+                group,
                 "single-valued parameters applied to this rank's slice only: their gradient is summed over TP",
             )
         )
     for name in block.conv_children:
-        entries.append(PlanEntry(f"{part.path}.{name}", "ConvChannelsParallel", {}, group,
-                                 "short conv over a projection's heads: its channels split with them, no communication"))
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "ConvChannelsParallel",
+                {},
+                group,
+                "short conv over a projection's heads: its channels split with them, no communication",
+            )
+        )
     for name in block.shared_children:
-        entries.append(PlanEntry(f"{part.path}.{name}", "AllReduceParamGrads", {}, group,
-                                 "read by every local head: replicated, its gradient summed over TP"))
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "AllReduceParamGrads",
+                {},
+                group,
+                "read by every local head: replicated, its gradient summed over TP",
+            )
+        )
     for name in block.projection_norms:
         entries.append(
             PlanEntry(
-                f"{part.path}.{name}", "ShardedNormParallel", {}, group,
+                f"{part.path}.{name}",
+                "ShardedNormParallel",
+                {},
+                group,
                 "norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way",
             )
         )
@@ -384,19 +555,38 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         layouts = dict(input_layouts=Replicate(), output_layouts=SEQ if sp else Replicate(), use_local_output=not sp)
         why = f"vocab-parallel embedding; {reduced}"
         if analysis.embedding_scaled:
-            entries.append(PlanEntry(analysis.embedding, "ScaledEmbeddingParallel", layouts,
-                                     "embeddings", f"{why}; its own scale applied to the partial lookup first"))
+            entries.append(
+                PlanEntry(
+                    analysis.embedding,
+                    "ScaledEmbeddingParallel",
+                    layouts,
+                    "embeddings",
+                    f"{why}; its own scale applied to the partial lookup first",
+                )
+            )
         elif analysis.embedding_modified_in_place and not sp:  # under SP the output stays a DTensor
-            entries.append(PlanEntry(analysis.embedding, "RowwiseParallelOwnOutput", layouts, "embeddings",
-                                     f"{why}; its output is a copy, which the model modifies in place"))
+            entries.append(
+                PlanEntry(
+                    analysis.embedding,
+                    "RowwiseParallelOwnOutput",
+                    layouts,
+                    "embeddings",
+                    f"{why}; its output is a copy, which the model modifies in place",
+                )
+            )
         else:
             entries.append(PlanEntry(analysis.embedding, "RowwiseParallel", layouts, "embeddings", why))
     for reader, embedding in analysis.embedding_row_readers:
-        entries.append(PlanEntry(
-            reader, "EmbeddingRowReadParallel", dict(embedding=embedding), "embeddings",
-            f"its forward reads a row of {embedding}.weight itself: read whole from the vocab-parallel "
-            "weight (one all-reduce of the hidden size)",
-        ))
+        entries.append(
+            PlanEntry(
+                reader,
+                "EmbeddingRowReadParallel",
+                dict(embedding=embedding),
+                "embeddings",
+                f"its forward reads a row of {embedding}.weight itself: read whole from the vocab-parallel "
+                "weight (one all-reduce of the hidden size)",
+            )
+        )
     per_layer = analysis.per_layer_inputs
     for path, scaled in analysis.token_tables:
         # Whole output on every rank, as the model hands it on (reshaped per layer), unless under SP
@@ -404,10 +594,22 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
         style = "ScaledEmbeddingParallel" if scaled else "RowwiseParallel"
         sharded = sp and per_layer is not None and path == per_layer.table
         why = "vocab-parallel table looked up by token outside the layers; " + (
-            "reduce-scattered into the sequence shards the layers take" if sharded else "all-reduced to its whole output")
-        layouts = dict(input_layouts=Replicate(), output_layouts=SEQ if sharded else Replicate(), use_local_output=not sharded)
-        entries.append(PlanEntry(path, style, layouts, "embeddings",
-                                 f"{why}; its own scale applied to the partial lookup first" if scaled else why))
+            "reduce-scattered into the sequence shards the layers take"
+            if sharded
+            else "all-reduced to its whole output"
+        )
+        layouts = dict(
+            input_layouts=Replicate(), output_layouts=SEQ if sharded else Replicate(), use_local_output=not sharded
+        )
+        entries.append(
+            PlanEntry(
+                path,
+                style,
+                layouts,
+                "embeddings",
+                f"{why}; its own scale applied to the partial lookup first" if scaled else why,
+            )
+        )
     if per_layer is not None:
         more, kept = per_layer_input_entries(per_layer, sp)
         entries += more
@@ -415,7 +617,8 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
     if sp:
         entries += [
             PlanEntry(
-                path, "PrepareModuleOutput",
+                path,
+                "PrepareModuleOutput",
                 dict(output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False),
                 "embeddings",
                 "position embedding, whole on every rank: a Replicate DTensor, so adding it to the "
@@ -423,9 +626,17 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
             )
             for path in analysis.positions
         ]
-        entries += [PlanEntry(path, "SequenceParallelOwnParameters", {}, "other",
-                              "own per-feature parameters on the sequence-sharded residual: Replicate DTensors in its "
-                              "forward, their gradient summed over TP") for path in analysis.residual_parameters]
+        entries += [
+            PlanEntry(
+                path,
+                "SequenceParallelOwnParameters",
+                {},
+                "other",
+                "own per-feature parameters on the sequence-sharded residual: Replicate DTensors in its "
+                "forward, their gradient summed over TP",
+            )
+            for path in analysis.residual_parameters
+        ]
     for part in analysis.blocks:
         entries += _block_entries(part, sp)
     for part in analysis.tower_blocks:  # a tower's sequence is not the decoder's: TP only, under SP too
@@ -434,27 +645,44 @@ def _concrete_entries(analysis: Analysis, sp: bool) -> tuple[list[PlanEntry], li
     if sp:
         groups = {k.pattern: k.group for k in analysis.kept}
         on_shard = set(per_layer.layer_linears) if per_layer is not None else set()
-        entries += [_gathered_entry(part, groups.get(part.path, "other")) for part in analysis.gathered
-                    if part.path not in on_shard]
+        entries += [
+            _gathered_entry(part, groups.get(part.path, "other"))
+            for part in analysis.gathered
+            if part.path not in on_shard
+        ]
     # Under SP the norm before experts the layer calls itself takes the whole sequence (plans/layer_experts.py).
-    whole = {f"{p.path.rpartition('.')[0]}.{p.block.input_norm}" for p in analysis.blocks
-             if isinstance(p.block, LayerExpertsBlock) and p.block.input_norm} if sp else set()
+    whole = (
+        {
+            f"{p.path.rpartition('.')[0]}.{p.block.input_norm}"
+            for p in analysis.blocks
+            if isinstance(p.block, LayerExpertsBlock) and p.block.input_norm
+        }
+        if sp
+        else set()
+    )
     for norm in analysis.norms:
         if norm in whole:
             continue
         if sp:
             entries.append(
-                PlanEntry(norm, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
-                          "norm on the local sequence shard")
+                PlanEntry(
+                    norm,
+                    "SequenceParallel",
+                    dict(sequence_dim=1, use_local_output=False),
+                    "norms",
+                    "norm on the local sequence shard",
+                )
             )
         else:
             replicated.append(Replicated(norm, "sees the full hidden state on every rank: nothing to shard", "norms"))
     if analysis.head is not None:
         entries.append(
             PlanEntry(
-                analysis.head, "ColwiseParallel",
+                analysis.head,
+                "ColwiseParallel",
                 dict(input_layouts=SEQ if sp else Replicate(), output_layouts=Shard(-1), use_local_output=False),
-                "output", "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+                "output",
+                "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
             )
         )
     return entries, replicated
@@ -478,7 +706,7 @@ def _generalize(
     by_generic: dict[str, list[Item]] = {}
     for item in items:
         if item.pattern.startswith(prefix):
-            index, _, rest = item.pattern[len(prefix):].partition(".")
+            index, _, rest = item.pattern[len(prefix) :].partition(".")
             if index.isdigit():
                 by_generic.setdefault(f"{prefix}*.{rest}" if rest else f"{prefix}*", []).append(item)
     out: list[Item] = []
@@ -491,7 +719,7 @@ def _generalize(
         if generic in emitted:
             continue
         group = by_generic[generic]
-        rest = generic[len(prefix) + 2:]
+        rest = generic[len(prefix) + 2 :]
         holders = [i for i, layer in enumerate(layers) if _has_submodule(layer, rest)]
         same = len({repr(key(i)) for i in group}) == 1 and len(group) == len(holders)
         if same:
@@ -519,12 +747,16 @@ def build_plan_from_analysis(model: nn.Module, analysis: Analysis, sequence_para
     for path in [*stacks, *analysis.tower_stacks, *analysis.block_stacks]:
         layers = model.get_submodule(path)
         entries = _generalize(
-            entries, path, layers,
+            entries,
+            path,
+            layers,
             key=lambda e: (e.style, sorted((k, repr(v)) for k, v in e.kwargs.items())),
             rename=lambda e, p: PlanEntry(p, e.style, e.kwargs, e.group, e.why),
         )
         replicated = _generalize(
-            replicated, path, layers,
+            replicated,
+            path,
+            layers,
             key=lambda r: r.why,
             rename=lambda r, p: Replicated(p, r.why, r.group),
         )

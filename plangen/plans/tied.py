@@ -16,13 +16,16 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from plangen.module_tree import key_matches, tied_embeddings
-from plangen.plan import Plan, PlanEntry
+from plangen.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 # The vocabulary sharding at each end, and the tied style that keeps the same arguments.
-TIED_STYLE_OF = {"embedding": ("RowwiseParallel", "TiedEmbeddingParallel"), "head": ("ColwiseParallel", "TiedHeadParallel")}
+TIED_STYLE_OF = {
+    "embedding": ("RowwiseParallel", "TiedEmbeddingParallel"),
+    "head": ("ColwiseParallel", "TiedHeadParallel"),
+}
 # An embedding that scales its own lookup, untied, and its tied form (the same local lookup).
 SCALED, SCALED_TIED_KWARGS = "ScaledEmbeddingParallel", {"local_lookup": True}
 
@@ -45,7 +48,9 @@ def tie_plan_entries(model: "nn.Module", plan: Plan) -> Plan:
         index = _covering_index(plan, path)
         plain, paired = TIED_STYLE_OF[end]
         if index is not None and end == "embedding" and entries[index].style == SCALED:
-            entries[index] = replace(entries[index], style=plain, kwargs={**entries[index].kwargs, **SCALED_TIED_KWARGS})
+            entries[index] = replace(
+                entries[index], style=plain, kwargs={**entries[index].kwargs, **SCALED_TIED_KWARGS}
+            )
         if index is None or entries[index].style not in (plain, paired):
             return plan
         partner = tied[1] if end == "embedding" else tied[0]

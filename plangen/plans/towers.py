@@ -115,19 +115,30 @@ def analyze_towers(model: nn.Module, decoder_path: str, text: ModelDims, walk: L
             unrun.setdefault(owner, []).append(f"{type(layers[0]).__name__} layers at {path}")
             towers.reasons[owner] = (
                 "{cls} holds towers (" + "; ".join(unrun[owner]) + ") that the numerical check cannot run (no "
-                "inputs built for them in plangen.tower_inputs): sharded, they would be unproven")
+                "inputs built for them in plangen.tower_inputs): sharded, they would be unproven"
+            )
             continue
         towers.stacks.append(TowerStack(path, owner, dims, modal))
         towers.reasons[owner] = (
             "{cls}, in the " + owner + " tower outside its sharded layers (patch or position embeddings, "
-            "convolutions, norms): whole on every rank, run once per input, not once per layer")
+            "convolutions, norms): whole on every rank, run once per input, not once per layer"
+        )
         towers.blocks += sharded
         towers.kept += found.kept
-        towers.kept += [Replicated(part.path, "a block of a tower that only plain attention and MLP styles "
-                                   "shard (no routing or recurrent state outside the text decoder)", "other")
-                        for part in found.blocks if not isinstance(part.block, _TOWER_BLOCKS)]
-        towers.kept += [Replicated(norm, "a tower's norm, on its whole hidden state on every rank: nothing to shard",
-                                   "norms") for norm in found.norms]
+        towers.kept += [
+            Replicated(
+                part.path,
+                "a block of a tower that only plain attention and MLP styles "
+                "shard (no routing or recurrent state outside the text decoder)",
+                "other",
+            )
+            for part in found.blocks
+            if not isinstance(part.block, _TOWER_BLOCKS)
+        ]
+        towers.kept += [
+            Replicated(norm, "a tower's norm, on its whole hidden state on every rank: nothing to shard", "norms")
+            for norm in found.norms
+        ]
     return towers
 
 

@@ -167,8 +167,11 @@ def build_stable_plan(plan: Plan) -> Plan:
             kwargs = {k: v for k, v in entry.kwargs.items() if k not in ("router", "gates")}
             entry = _whole_block_output(replace(entry, style="PrepareModuleInputOutput", kwargs=kwargs))
         elif entry.style == "PartialGradInput":  # its block reduces nothing now: the input reduces its own
-            entry = replace(entry, style="PrepareModuleInput",
-                            why="stable variant: one Replicate DTensor input, so gate and up reduce their input gradient once")
+            entry = replace(
+                entry,
+                style="PrepareModuleInput",
+                why="stable variant: one Replicate DTensor input, so gate and up reduce their input gradient once",
+            )
         elif _leaves_partial(entry):
             entry = _whole_block_output(entry)
         entries.append(entry)

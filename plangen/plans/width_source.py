@@ -22,8 +22,12 @@ def _is_size_of(node: ast.AST, name: str) -> bool:
     """``name.size()`` or ``name.shape``."""
     if isinstance(node, ast.Call) and not node.args and not node.keywords:
         node = node.func
-    return isinstance(node, ast.Attribute) and node.attr in ("size", "shape") and isinstance(node.value, ast.Name) \
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in ("size", "shape")
+        and isinstance(node.value, ast.Name)
         and node.value.id == name
+    )
 
 
 @lru_cache(maxsize=None)
@@ -40,12 +44,20 @@ def read_input_only_sized_and_projected(block_cls: type, projections: frozenset[
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target, value = node.targets[0], node.value
-            if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[-1], ast.Name) \
-                    and _is_size_of(value, first):
+            if (
+                isinstance(target, ast.Tuple)
+                and target.elts
+                and isinstance(target.elts[-1], ast.Name)
+                and _is_size_of(value, first)
+            ):
                 widths.add(target.elts[-1].id)
                 allowed.update(id(n) for n in ast.walk(value) if isinstance(n, ast.Name))
-            elif isinstance(target, ast.Name) and isinstance(value, ast.IfExp) and isinstance(value.orelse, ast.Name) \
-                    and value.orelse.id == first:
+            elif (
+                isinstance(target, ast.Name)
+                and isinstance(value, ast.IfExp)
+                and isinstance(value.orelse, ast.Name)
+                and value.orelse.id == first
+            ):
                 names.add(target.id)  # current_states = key_value_states if is_cross_attention else hidden_states
                 allowed.add(id(value.orelse))
     if not widths:
@@ -54,12 +66,26 @@ def read_input_only_sized_and_projected(block_cls: type, projections: frozenset[
     allowed.update(id(n) for node in ast.walk(tree) if isinstance(node, ast.Assert) for n in ast.walk(node))
     for node in ast.walk(tree):
         call = _self_call_name(node)
-        if call in projections and len(node.args) == 1 and not node.keywords \
-                and isinstance(node.args[0], ast.Name) and node.args[0].id in names:  # type: ignore[attr-defined]
+        if (
+            call in projections
+            and len(node.args) == 1
+            and not node.keywords
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id in names
+        ):  # type: ignore[attr-defined]
             allowed.add(id(node.args[0]))  # type: ignore[attr-defined]
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("view", "reshape"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("view", "reshape")
+        ):
             allowed.update(id(n) for a in node.args for n in ast.walk(a) if isinstance(n, ast.Name) and n.id in widths)
-    loads = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-             and (n.id == first or n.id in widths or (n.id in names and n.id != first))]
+    loads = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Name)
+        and isinstance(n.ctx, ast.Load)
+        and (n.id == first or n.id in widths or (n.id in names and n.id != first))
+    ]
     # An alias is also read by the IfExp's other branch only through its own name: only its loads count.
     return all(id(n) in allowed for n in loads)

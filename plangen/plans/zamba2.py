@@ -35,49 +35,102 @@ from plangen.transformers_compat import layer_kinds
 
 SHARED = "model.layers.*.shared_transformer"
 MIXERS = ("model.layers.*.mamba", "model.layers.*.mamba_decoder.mamba")
-RESIDUAL_NORMS = ("model.layers.*.input_layernorm", "model.layers.*.mamba_decoder.input_layernorm", "model.final_layernorm")
+RESIDUAL_NORMS = (
+    "model.layers.*.input_layernorm",
+    "model.layers.*.mamba_decoder.input_layernorm",
+    "model.final_layernorm",
+)
 BLOCK_NORMS = (f"{SHARED}.input_layernorm", f"{SHARED}.pre_ff_layernorm")
 COLWISE = dict(input_layouts=Replicate(), output_layouts=Shard(-1), use_local_output=True)
 ROWWISE = dict(input_layouts=Shard(-1), output_layouts=Replicate(), use_local_output=True)
 
 
 def _has_adapters(model: nn.Module, attribute: str) -> bool:
-    return any(hasattr(m, attribute) and any(isinstance(a, nn.Sequential) for a in getattr(m, attribute))
-               for m in model.modules())
+    return any(
+        hasattr(m, attribute) and any(isinstance(a, nn.Sequential) for a in getattr(m, attribute))
+        for m in model.modules()
+    )
 
 
 def _shared_block_entries(model: nn.Module, sp: bool) -> tuple[list[PlanEntry], list[Replicated]]:
     attn, mlp = f"{SHARED}.self_attn", f"{SHARED}.feed_forward"
     entries: list[PlanEntry] = []
     if sp:
-        entries.append(PlanEntry(SHARED, "PrepareModuleInput", dict(
-            # The hybrid layer passes the embeddings by keyword (Zamba2HybridLayer.forward).
-            input_layouts=(SEQ,), desired_input_layouts=(Replicate(),),
-            input_kwarg_layouts={"original_hidden_states": SEQ},
-            desired_input_kwarg_layouts={"original_hidden_states": Replicate()}, use_local_output=True,
-        ), "attention", "shared block reads its input beside the token embeddings: both sequences gathered "
-           "(two all-gathers), the block computed on whole plain tensors"))
+        entries.append(
+            PlanEntry(
+                SHARED,
+                "PrepareModuleInput",
+                dict(
+                    # The hybrid layer passes the embeddings by keyword (Zamba2HybridLayer.forward).
+                    input_layouts=(SEQ,),
+                    desired_input_layouts=(Replicate(),),
+                    input_kwarg_layouts={"original_hidden_states": SEQ},
+                    desired_input_kwarg_layouts={"original_hidden_states": Replicate()},
+                    use_local_output=True,
+                ),
+                "attention",
+                "shared block reads its input beside the token embeddings: both sequences gathered "
+                "(two all-gathers), the block computed on whole plain tensors",
+            )
+        )
     reduced = "reduces its own input gradient (one all-reduce)"
-    entries += [PlanEntry(f"{attn}.{p}", "ColwiseParallel", COLWISE, "attention", f"column-parallel: own heads; {reduced}")
-                for p in ("q_proj", "k_proj", "v_proj")]
-    replicated = [Replicated(n, "norm of the shared block's whole input: nothing to shard", "norms") for n in BLOCK_NORMS]
+    entries += [
+        PlanEntry(f"{attn}.{p}", "ColwiseParallel", COLWISE, "attention", f"column-parallel: own heads; {reduced}")
+        for p in ("q_proj", "k_proj", "v_proj")
+    ]
+    replicated = [
+        Replicated(n, "norm of the shared block's whole input: nothing to shard", "norms") for n in BLOCK_NORMS
+    ]
     if _has_adapters(model, "linear_q_adapter_list"):
         for p in ("q", "k", "v"):
             adapters = f"{attn}.linear_{p}_adapter_list.*"
-            entries.append(PlanEntry(f"{adapters}.1", "ColwiseParallel", COLWISE, "attention",
-                                     f"adapter's up-projection, split by heads as {p}_proj; {reduced}"))
-            replicated.append(Replicated(f"{adapters}.0", "adapter's rank-wide down-projection: whole on every rank, "
-                                         "its output gradient summed by the up-projection", "attention"))
+            entries.append(
+                PlanEntry(
+                    f"{adapters}.1",
+                    "ColwiseParallel",
+                    COLWISE,
+                    "attention",
+                    f"adapter's up-projection, split by heads as {p}_proj; {reduced}",
+                )
+            )
+            replicated.append(
+                Replicated(
+                    f"{adapters}.0",
+                    "adapter's rank-wide down-projection: whole on every rank, "
+                    "its output gradient summed by the up-projection",
+                    "attention",
+                )
+            )
     entries.append(PlanEntry(f"{attn}.o_proj", "RowwiseParallel", ROWWISE, "attention", "row-parallel: one all-reduce"))
     fused = dict(part_sizes=(1, 1), input_layouts=Replicate(), use_local_output=True)
-    entries.append(PlanEntry(f"{mlp}.gate_up_proj", "FusedColwiseParallel", fused, "mlp",
-                             f"each rank holds its own slice of gate and of up; {reduced}"))
+    entries.append(
+        PlanEntry(
+            f"{mlp}.gate_up_proj",
+            "FusedColwiseParallel",
+            fused,
+            "mlp",
+            f"each rank holds its own slice of gate and of up; {reduced}",
+        )
+    )
     if _has_adapters(model, "gate_up_proj_adapter_list"):
         adapters = f"{mlp}.gate_up_proj_adapter_list.*"
-        entries.append(PlanEntry(f"{adapters}.1", "FusedColwiseParallel", fused, "mlp",
-                                 f"adapter's up-projection, laid out as gate_up_proj; {reduced}"))
-        replicated.append(Replicated(f"{adapters}.0", "adapter's rank-wide down-projection: whole on every rank, "
-                                     "its output gradient summed by the up-projection", "mlp"))
+        entries.append(
+            PlanEntry(
+                f"{adapters}.1",
+                "FusedColwiseParallel",
+                fused,
+                "mlp",
+                f"adapter's up-projection, laid out as gate_up_proj; {reduced}",
+            )
+        )
+        replicated.append(
+            Replicated(
+                f"{adapters}.0",
+                "adapter's rank-wide down-projection: whole on every rank, "
+                "its output gradient summed by the up-projection",
+                "mlp",
+            )
+        )
     entries.append(PlanEntry(f"{mlp}.down_proj", "RowwiseParallel", ROWWISE, "mlp", "row-parallel: one all-reduce"))
     return entries, replicated
 
@@ -87,9 +140,14 @@ def plan_zamba2(model: nn.Module, sequence_parallel: bool) -> Plan:
     sp = sequence_parallel
     residual = SEQ if sp else Replicate()
     entries = [
-        PlanEntry("model.embed_tokens", "RowwiseParallel",
-                  dict(input_layouts=Replicate(), output_layouts=residual, use_local_output=not sp), "embeddings",
-                  "vocab-parallel embedding; " + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce")),
+        PlanEntry(
+            "model.embed_tokens",
+            "RowwiseParallel",
+            dict(input_layouts=Replicate(), output_layouts=residual, use_local_output=not sp),
+            "embeddings",
+            "vocab-parallel embedding; "
+            + ("reduce-scatter into the sequence-sharded residual" if sp else "all-reduce"),
+        ),
     ]
     kinds = set(layer_kinds(model.config))  # "linear_attention" (Mamba2 layers; "mamba" before 5.24), "hybrid"
     hybrid = "hybrid" in kinds
@@ -100,20 +158,52 @@ def plan_zamba2(model: nn.Module, sequence_parallel: bool) -> Plan:
     if hybrid:
         block, replicated = _shared_block_entries(model, sp)
         entries += block
-    norms = [n for n, kind in zip(RESIDUAL_NORMS, ("linear_attention", "hybrid", None)) if kind is None or kind in kinds]
+    norms = [
+        n for n, kind in zip(RESIDUAL_NORMS, ("linear_attention", "hybrid", None)) if kind is None or kind in kinds
+    ]
     linear = "model.layers.*.linear"
     if sp:
         if hybrid:
-            entries.append(PlanEntry(linear, "PrepareModuleOutput", dict(
-                output_layouts=Replicate(), desired_output_layouts=SEQ, use_local_output=False,
-            ), "other", "whole on every rank; keeps this rank's sequence shard of its output for the residual stream"))
-        entries += [PlanEntry(n, "SequenceParallel", dict(sequence_dim=1, use_local_output=False), "norms",
-                              "norm on the local sequence shard") for n in norms]
+            entries.append(
+                PlanEntry(
+                    linear,
+                    "PrepareModuleOutput",
+                    dict(
+                        output_layouts=Replicate(),
+                        desired_output_layouts=SEQ,
+                        use_local_output=False,
+                    ),
+                    "other",
+                    "whole on every rank; keeps this rank's sequence shard of its output for the residual stream",
+                )
+            )
+        entries += [
+            PlanEntry(
+                n,
+                "SequenceParallel",
+                dict(sequence_dim=1, use_local_output=False),
+                "norms",
+                "norm on the local sequence shard",
+            )
+            for n in norms
+        ]
     else:
         if hybrid:
-            replicated.append(Replicated(linear, "maps the shared block's whole output: hidden x hidden, whole on every rank", "other"))
-        replicated += [Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms]
-    entries.append(PlanEntry("lm_head", "ColwiseParallel",
-                             dict(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False), "output",
-                             "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy"))
+            replicated.append(
+                Replicated(
+                    linear, "maps the shared block's whole output: hidden x hidden, whole on every rank", "other"
+                )
+            )
+        replicated += [
+            Replicated(n, "sees the full hidden state on every rank: nothing to shard", "norms") for n in norms
+        ]
+    entries.append(
+        PlanEntry(
+            "lm_head",
+            "ColwiseParallel",
+            dict(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False),
+            "output",
+            "vocab-parallel logits (Shard(-1)); use plangen.loss.vocab_parallel_cross_entropy",
+        )
+    )
     return Plan(tuple(entries), "hand-written", tuple(replicated), sp)

@@ -25,7 +25,6 @@ from tiny_configs import build_tiny  # noqa: E402
 
 from plangen.check.run import full_parameter, full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
 from plangen.comm import CollectiveCounter  # noqa: E402
-from plangen.loss import vocab_parallel_cross_entropy  # noqa: E402
 from plangen.models import text_config  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
 from plangen.tower_inputs import build_tower_inputs, text_logits  # noqa: E402
@@ -102,19 +101,26 @@ def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
     counts: list[list[int]] = []
     handles = []
     for module in model.modules():
-        if type(module).__name__ == "Llama4Router":  # every expert runs every token, scaled by its score (0 off the top-k)
-            handles.append(module.register_forward_hook(
-                lambda mod, args, out: counts.append((out[0] > 0).sum(0).tolist())
-            ))
+        if (
+            type(module).__name__ == "Llama4Router"
+        ):  # every expert runs every token, scaled by its score (0 off the top-k)
+            handles.append(
+                module.register_forward_hook(lambda mod, args, out: counts.append((out[0] > 0).sum(0).tolist()))
+            )
             continue
         experts = expert_count(module) or (flat_expert_shape(module) or (None,))[0]  # DBRX's flat experts too
         if experts:
-            handles.append(module.register_forward_hook(
-                lambda mod, args, out, n=experts: counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
-                # experts called without routing (Llama4's: counted at the router), or with per-expert
-                # token counts (JetMoE's, a list)
-                if len(args) > 1 and isinstance(args[1], torch.Tensor) else None
-            ))
+            handles.append(
+                module.register_forward_hook(
+                    lambda mod, args, out, n=experts: (
+                        counts.append(torch.bincount(args[1].flatten(), minlength=n).tolist())
+                        # experts called without routing (Llama4's: counted at the router), or with per-expert
+                        # token counts (JetMoE's, a list)
+                        if len(args) > 1 and isinstance(args[1], torch.Tensor)
+                        else None
+                    )
+                )
+            )
     return counts, handles
 
 
@@ -160,7 +166,10 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         sharded = parallelize_bare(model, dp_mesh, tp_mesh, case.get("sp", False))
     else:
         sharded = parallelize_model(
-            model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
+            model,
+            dp_mesh,
+            tp_mesh,
+            getattr(torch, case.get("dtype", "float32")),
             sequence_parallel=case.get("sp", False),
             activation_checkpointing=case.get("ac", False),
             cpu_offload=case.get("cpu_offload", False),
@@ -189,7 +198,9 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     norm = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group())
     norm_inf = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group(), norm_type="inf")
     ref_norm_inf = max(g.abs().max().item() for g in ref_grads.values())
-    grad_diffs = {n: (full_parameter(sharded, n, grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads}
+    grad_diffs = {
+        n: (full_parameter(sharded, n, grads[n]) - ref_grads[n]).abs().max().item() for n in ref_grads if n in grads
+    }
     worst = max(grad_diffs, key=grad_diffs.get) if grad_diffs else None
     ref_slice_loss = next_token_loss(ref_text[rows], ids[rows]).item()
     param_drift = train_steps(
@@ -216,7 +227,10 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "state_dict": state_dict,
         "routes": routed,
         "off_dim0": off_dim0,
-        "tied": bool(getattr(sharded.get_output_embeddings(), "weight", None) is getattr(sharded.get_input_embeddings(), "weight", 0)),
+        "tied": bool(
+            getattr(sharded.get_output_embeddings(), "weight", None)
+            is getattr(sharded.get_input_embeddings(), "weight", 0)
+        ),
     }
 
 
@@ -278,8 +292,11 @@ def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, to
     # model.state_dict() gathered by hand, as a user without torch.distributed.checkpoint would.
     plain = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in sharded.state_dict().items()}
     plain_names = sorted(set(plain) ^ set(original))
-    plain_read = max((plain[k] - original[k]).abs().max().item() if plain[k].shape == original[k].shape else float("inf")
-                     for k in plain if k in original)
+    plain_read = max(
+        (plain[k] - original[k]).abs().max().item() if plain[k].shape == original[k].shape else float("inf")
+        for k in plain
+        if k in original
+    )
     with torch.no_grad():
         for param in sharded.parameters():
             param.add_(1.0)
@@ -287,8 +304,14 @@ def check_state_dict_round_trip(sharded: torch.nn.Module, original: dict[str, to
     set_model_state_dict(sharded, {k: v.clone() for k, v in original.items()}, options=options)
     again = get_model_state_dict(sharded, options=options)
     loaded = max((again[k] - original[k]).abs().max().item() for k in again if k in original and k not in shapes_differ)
-    return {"names": names_differ[:5], "shapes": shapes_differ[:5], "read": read, "loaded": loaded,
-            "plain_names": plain_names[:5], "plain_read": plain_read}
+    return {
+        "names": names_differ[:5],
+        "shapes": shapes_differ[:5],
+        "read": read,
+        "loaded": loaded,
+        "plain_names": plain_names[:5],
+        "plain_read": plain_read,
+    }
 
 
 def reference_loss(reference, out, ids, dp: int, forward, aux_coef: float = 0.0) -> torch.Tensor:
@@ -303,8 +326,9 @@ def reference_loss(reference, out, ids, dp: int, forward, aux_coef: float = 0.0)
     return torch.stack(per_slice).mean()
 
 
-def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: float = 1e-8, forward=None,
-                aux_coef: float = 0.0) -> float | None:
+def train_steps(
+    reference, sharded, ids, mask, rows, dp: int, steps: int, eps: float = 1e-8, forward=None, aux_coef: float = 0.0
+) -> float | None:
     """Continue from the gradients already computed: ``steps`` AdamW steps on both models, then
     the largest parameter difference (optimizer state sharded by FSDP2 must not change the result).
 
@@ -321,8 +345,10 @@ def train_steps(reference, sharded, ids, mask, rows, dp: int, steps: int, eps: f
     if steps <= 0:
         return None
     if forward is None:  # text only
+
         def forward(m, sl=slice(None)):
             return m(input_ids=ids[sl], attention_mask=mask[sl])
+
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-4, eps=eps, foreach=False)
     opt = torch.optim.AdamW(sharded.parameters(), lr=1e-4, eps=eps, fused=True)
     for step in range(steps):
@@ -398,7 +424,9 @@ def case_problem(result: dict[str, Any]) -> str | None:
     if "error" in result:
         return result["error"]
     sd = result.get("state_dict")
-    if sd is not None and (sd["names"] or sd["shapes"] or sd["read"] > 0 or sd["loaded"] > 0 or sd["plain_names"] or sd["plain_read"] > 0):
+    if sd is not None and (
+        sd["names"] or sd["shapes"] or sd["read"] > 0 or sd["loaded"] > 0 or sd["plain_names"] or sd["plain_read"] > 0
+    ):
         return f"full state dict differs from the Hugging Face weights: {sd}"
     if result["missing_grads"] or result["extra_grads"]:
         return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"

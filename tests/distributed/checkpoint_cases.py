@@ -116,8 +116,14 @@ def _meshes(kind: str):
 
 def _parallelized(case: dict[str, Any], model: torch.nn.Module, kind: str) -> torch.nn.Module:
     dp_mesh, tp_mesh = _meshes(kind)
-    return parallelize_model(model, dp_mesh, tp_mesh, torch.float32, sequence_parallel=case.get("sp", False),
-                             custom_parallel_plan=build_case_plan(case, model))
+    return parallelize_model(
+        model,
+        dp_mesh,
+        tp_mesh,
+        torch.float32,
+        sequence_parallel=case.get("sp", False),
+        custom_parallel_plan=build_case_plan(case, model),
+    )
 
 
 def _hf_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -194,7 +200,9 @@ def run_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     (result["export"], result["export_all"]), (names, worst) = _peak(stream)
     bucket = 3 * largest
     result["bucket"] = bucket
-    (result["export_bucketed"], result["export_bucketed_all"]), (bucket_names, bucket_worst) = _peak(lambda: stream(bucket))
+    (result["export_bucketed"], result["export_bucketed_all"]), (bucket_names, bucket_worst) = _peak(
+        lambda: stream(bucket)
+    )
     result["streamed_names"] = names == list(original) and bucket_names == names
     result["streamed_missing"] = sorted(set(original) - set(names))[:4] + sorted(set(names) - set(original))[:4]
     result["streamed_diff"] = max(worst, bucket_worst)
@@ -256,8 +264,10 @@ def _moments(model, optimizer, get) -> dict[str, torch.Tensor]:
 def _differs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
     if got.keys() != want.keys():
         return float("inf")
-    return max((g.float() - want[k].float()).abs().max().item() if tuple(g.shape) == tuple(want[k].shape)
-               else float("inf") for k, g in got.items())
+    return max(
+        (g.float() - want[k].float()).abs().max().item() if tuple(g.shape) == tuple(want[k].shape) else float("inf")
+        for k, g in got.items()
+    )
 
 
 def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
@@ -282,8 +292,12 @@ def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=LR, eps=EPS, foreach=False)
     for _ in range(2):
         _train_step(reference, reference_optimizer, ids, slice(None))
-    unsharded_moments = {f"{n}.{k}": v.clone() for n, p in reference.named_parameters()
-                         for k, v in reference_optimizer.state[p].items() if v.dim() > 0}
+    unsharded_moments = {
+        f"{n}.{k}": v.clone()
+        for n, p in reference.named_parameters()
+        for k, v in reference_optimizer.state[p].items()
+        if v.dim() > 0
+    }
     _train_step(reference, reference_optimizer, ids, slice(None))
     trained = dict(reference.named_parameters())
 
@@ -308,28 +322,43 @@ def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
             load(target, resumed)
             moments = _differs(_moments(target, resumed, functions.get_optimizer_state_dict), saved)
             _train_step(target, resumed, ids, rows)
-            weights = max((full_parameter(target, n, p.detach()) - trained[n].detach()).abs().max().item()
-                          for n, p in target.named_parameters())
+            weights = max(
+                (full_parameter(target, n, p.detach()) - trained[n].detach()).abs().max().item()
+                for n, p in target.named_parameters()
+            )
             return {"moments": moments, "weights": weights}
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported, judged by the test
             return f"{type(exc).__name__}: {str(exc)[:300]}"
 
     saved = _moments(sharded, optimizer, plangen_functions.get_optimizer_state_dict)
-    result: dict[str, Any] = {"saved_vs_unsharded": _differs(saved, unsharded_moments), "piece": largest_piece(sharded),
-                              "largest": max(t.numel() * t.element_size() for t in reference.state_dict().values())}
+    result: dict[str, Any] = {
+        "saved_vs_unsharded": _differs(saved, unsharded_moments),
+        "piece": largest_piece(sharded),
+        "largest": max(t.numel() * t.element_size() for t in reference.state_dict().values()),
+    }
     # The sharded state dict and its save at sharded memory: floating-point bytes allocated and alive.
     (result["get_bytes"], _), views = _peak(lambda: plangen_functions.get_optimizer_state_dict(sharded, optimizer))
-    (result["save_bytes"], _), _ = _peak(lambda: dcp.save({"optim": views}, checkpoint_id=str(directory / f"{case['name']}-m")))
+    (result["save_bytes"], _), _ = _peak(
+        lambda: dcp.save({"optim": views}, checkpoint_id=str(directory / f"{case['name']}-m"))
+    )
     for functions in (plangen_functions, torch_functions):
         prefix = "" if functions is plangen_functions else "torch_"
         checkpoint = directory / f"{case['name']}-{prefix}optimizer"
         form = flat if functions is plangen_functions else {}
-        dcp.save({"model": get_model_state_dict(sharded), "optim": functions.get_optimizer_state_dict(sharded, optimizer, **form)},
-                 checkpoint_id=str(checkpoint))
+        dcp.save(
+            {
+                "model": get_model_state_dict(sharded),
+                "optim": functions.get_optimizer_state_dict(sharded, optimizer, **form),
+            },
+            checkpoint_id=str(checkpoint),
+        )
         saved = _moments(sharded, optimizer, functions.get_optimizer_state_dict)
 
         def from_checkpoint(target, resumed, functions=functions, checkpoint=checkpoint, form=form):
-            state = {"model": get_model_state_dict(target), "optim": functions.get_optimizer_state_dict(target, resumed, **form)}
+            state = {
+                "model": get_model_state_dict(target),
+                "optim": functions.get_optimizer_state_dict(target, resumed, **form),
+            }
             dcp.load(state, checkpoint_id=str(checkpoint))
             set_model_state_dict(target, state["model"])
             functions.set_optimizer_state_dict(target, resumed, state["optim"], **form)
@@ -339,8 +368,11 @@ def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     saved = _moments(sharded, optimizer, plangen_functions.get_optimizer_state_dict)
 
     def from_whole(target, resumed):
-        set_model_state_dict(target, get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True)),
-                             options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(
+            target,
+            get_model_state_dict(sharded, options=StateDictOptions(full_state_dict=True)),
+            options=StateDictOptions(full_state_dict=True),
+        )
         # A copy each time: torch's loading of a whole state dict takes its step counts in as they are.
         plangen_functions.set_optimizer_state_dict(target, resumed, copy.deepcopy(whole), options=whole_options)
 

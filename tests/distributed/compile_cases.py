@@ -35,8 +35,13 @@ from plangen.parallelize import parallelize_model  # noqa: E402
 # The profiler's op names (functional collectives, their in-place forms in compiled code, c10d's)
 # as CollectiveCounter names them. A dispatch mode (CollectiveCounter's) stops dynamo from compiling
 # anything; the profiler sees the collectives of compiled code and of eager code alike.
-PROFILED = {"allreduce": "all_reduce", "_allgather_base": "all_gather_into_tensor", "allgather": "all_gather",
-            "_reduce_scatter_base": "reduce_scatter_tensor", "broadcast": "broadcast"}
+PROFILED = {
+    "allreduce": "all_reduce",
+    "_allgather_base": "all_gather_into_tensor",
+    "allgather": "all_gather",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "broadcast": "broadcast",
+}
 
 
 @contextmanager
@@ -50,7 +55,9 @@ def count_collectives():
     for event in prof.events():
         name = _collective(event.name)
         parent = event.cpu_parent
-        while parent is not None and name is not None:  # one collective, counted once: not c10d's under a functional one
+        while (
+            parent is not None and name is not None
+        ):  # one collective, counted once: not c10d's under a functional one
             # nor one traced while compiling (a recompile in the counted step: AOTAutograd traces the
             # backward on fake tensors, which the profiler records as collectives that never ran)
             name = None if _collective(parent.name) or parent.name.endswith("(dynamo_timed)") else name
@@ -68,8 +75,17 @@ def _collective(event_name: str) -> str | None:
     return op if op in COLLECTIVES else None
 
 
-COLLECTIVES = {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "broadcast", "all_to_all_single",
-               "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "all_reduce_coalesced"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_gather",
+    "broadcast",
+    "all_to_all_single",
+    "allgather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "all_reduce_coalesced",
+}
 
 
 def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
@@ -83,7 +99,9 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=case["lora"], lora_dropout=0.0))
-    ids = torch.randint(0, text_config(model.config).vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, text_config(model.config).vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(1)
+    )
     dp_group = dp_mesh.get_group()
     dp = dp_mesh.size()
     rows = slice(dist.get_rank(dp_group) * BATCH // dp, (dist.get_rank(dp_group) + 1) * BATCH // dp)
@@ -100,9 +118,15 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         counters.clear()
         copy_ = copy.deepcopy(model)
         sharded = parallelize_model(
-            copy_, dp_mesh, tp_mesh, torch.float32, sequence_parallel=case.get("sp", False),
-            activation_checkpointing=case.get("ac", False), custom_parallel_plan=build_case_plan(case, copy_),
-            plan_variant=case.get("variant", "optimized"), compile=mode == "compiled",
+            copy_,
+            dp_mesh,
+            tp_mesh,
+            torch.float32,
+            sequence_parallel=case.get("sp", False),
+            activation_checkpointing=case.get("ac", False),
+            custom_parallel_plan=build_case_plan(case, copy_),
+            plan_variant=case.get("variant", "optimized"),
+            compile=mode == "compiled",
         )
         early_stop = partial(set_checkpoint_early_stop, False) if mode == "eager-whole" else nullcontext
         started = time.process_time()
@@ -119,9 +143,13 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         with count_collectives() as backward:
             loss.backward()
         runs[mode] = dict(
-            logits=full_tensor(logits).detach(), loss=loss.item(), cpu=time.process_time() - started, first=compile_cpu,
+            logits=full_tensor(logits).detach(),
+            loss=loss.item(),
+            cpu=time.process_time() - started,
+            first=compile_cpu,
             grads={n: full_parameter(sharded, n, p.grad) for n, p in sharded.named_parameters() if p.grad is not None},
-            forward=dict(forward), backward=dict(backward),
+            forward=dict(forward),
+            backward=dict(backward),
             graph_breaks=sum(counters["graph_break"].values()),
             graphs=counters["stats"].get("unique_graphs", 0),
             recompiled=counters["stats"].get("unique_graphs", 0) - first_graphs,  # graphs the counted step added

@@ -89,7 +89,9 @@ def run_cases(payload: dict[str, Any]) -> dict[str, str | None]:
     for case in payload["cases"]:
         tp_size = case["tp_size"]
         if tp_size not in meshes:
-            meshes[tp_size] = init_device_mesh("cpu", (world // tp_size, 1, tp_size), mesh_dim_names=("rep", "dp", "tp"))
+            meshes[tp_size] = init_device_mesh(
+                "cpu", (world // tp_size, 1, tp_size), mesh_dim_names=("rep", "dp", "tp")
+            )
         copies = world // tp_size
         mine = turn.get(tp_size, 0) % copies == rank // tp_size
         turn[tp_size] = turn.get(tp_size, 0) + 1

@@ -36,7 +36,7 @@ def main(payload: dict[str, Any]) -> list[float]:
         c = funcol.all_reduce(x[0], "sum", tp)
         d = funcol.all_to_all_single(x, None, None, tp)
         order = [(a + 1).sum(), b.sum(), c.sum(), d.sum()]
-        total = float(sum(order[i % 4:] + order[: i % 4]))
+        total = float(sum(order[i % 4 :] + order[: i % 4]))
         del a, b, c, d, x
         if i % 500 == 0:
             dist.barrier()

@@ -27,12 +27,13 @@ from plangen.comm import CollectiveCounter  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
 
 
-
 def build_lora_model(name: str, targets: list[str], rank: int = 4, dropout: float = 0.0) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     model = build_tiny(name, seed=0)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=dropout))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, lora_dropout=dropout)
+    )
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for pname, param in peft_model.named_parameters():
@@ -54,15 +55,24 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 
     # With dropout each DP rank's slice is the unsharded model's forward on that slice from the
     # same generator state (the rank's TP group shares it): the reference runs slice by slice.
-    ref_logits = torch.cat([_seeded(reference, ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)])
-    per_slice = [next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]
+    ref_logits = torch.cat([_seeded(reference, ids[r * BATCH // dp : (r + 1) * BATCH // dp]) for r in range(dp)])
+    per_slice = [
+        next_token_loss(
+            ref_logits[r * BATCH // dp : (r + 1) * BATCH // dp], ids[r * BATCH // dp : (r + 1) * BATCH // dp]
+        )
+        for r in range(dp)
+    ]
     torch.stack(per_slice).mean().backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
     ref_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in ref_grads.values()])).item()
 
     sharded = parallelize_model(
-        model, dp_mesh, tp_mesh, getattr(torch, case.get("dtype", "float32")),
-        sequence_parallel=case.get("sp", False), activation_checkpointing=case.get("ac", False),
+        model,
+        dp_mesh,
+        tp_mesh,
+        getattr(torch, case.get("dtype", "float32")),
+        sequence_parallel=case.get("sp", False),
+        activation_checkpointing=case.get("ac", False),
         plan_variant=case.get("variant", "optimized"),
     )
     logits = _seeded(sharded, ids[rows])
@@ -75,8 +85,16 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     norm = get_grad_norm(list(sharded.parameters()), dp_group, tp_mesh.get_group())
     # Frozen weights: sharded by TP and FSDP2 like the plan says, never given a gradient.
     placements = {
-        n: [str(p) for p in param.placements] for n, param in sharded.named_parameters()
-        if n.endswith(("q_proj.base_layer.weight", "o_proj.base_layer.weight", "q_proj.lora_B.default.weight", "o_proj.lora_A.default.weight"))
+        n: [str(p) for p in param.placements]
+        for n, param in sharded.named_parameters()
+        if n.endswith(
+            (
+                "q_proj.base_layer.weight",
+                "o_proj.base_layer.weight",
+                "q_proj.lora_B.default.weight",
+                "o_proj.lora_A.default.weight",
+            )
+        )
         and ".layers.0." in n
     }
     return {
@@ -88,7 +106,9 @@ def run_lora_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
         "adapter_grads": sorted(n for n in grads if "lora_" in n),
         "ref_adapter_grads": sorted(n for n in ref_grads if "lora_" in n),
         "smallest_ref_grad": min(g.abs().max().item() for g in ref_grads.values()),
-        "frozen_with_grad": sorted(n for n, p in sharded.named_parameters() if not p.requires_grad and p.grad is not None),
+        "frozen_with_grad": sorted(
+            n for n, p in sharded.named_parameters() if not p.requires_grad and p.grad is not None
+        ),
         "frozen": sum(1 for p in sharded.parameters() if not p.requires_grad),
         "grad_norm": abs(norm - ref_norm),
         "param_drift": train_steps(reference, sharded, ids, mask, rows, dp, case.get("steps", 3)),

@@ -83,7 +83,12 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     mask = torch.ones_like(ids)
 
     ref_logits = reference(input_ids=ids).logits
-    per_slice = [next_token_loss(ref_logits[r * BATCH // dp:(r + 1) * BATCH // dp], ids[r * BATCH // dp:(r + 1) * BATCH // dp]) for r in range(dp)]
+    per_slice = [
+        next_token_loss(
+            ref_logits[r * BATCH // dp : (r + 1) * BATCH // dp], ids[r * BATCH // dp : (r + 1) * BATCH // dp]
+        )
+        for r in range(dp)
+    ]
     torch.stack(per_slice).mean().backward()  # FSDP2 averages over DP: the mean of the slices' losses
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
 
