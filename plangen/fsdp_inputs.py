@@ -71,11 +71,19 @@ def apply_dtensor_input_grads(unit: nn.Module) -> None:
 _HANDED = "_plangen_handed_containers"
 
 
+# Both hooks stand aside in a compiled layer (plangen.compile): torch 2.11's dynamo cannot trace the
+# module's __dict__ they keep the note in (a graph break, which fullgraph refuses).
+
+
 def _note_containers(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    if torch.compiler.is_compiling():
+        return
     module.__dict__[_HANDED] = {k: v for k, v in kwargs.items() if type(v) in (dict, list)}
 
 
 def _hand_containers_back(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    if torch.compiler.is_compiling():
+        return None
     handed = module.__dict__.pop(_HANDED, None)
     if not handed or all(kwargs.get(k) is v for k, v in handed.items()):
         return None
