@@ -42,7 +42,7 @@ package and fails where another module names one. What differs, and how each is 
   (:func:`counting_shape_propagation`), fake tensors and dispatch modes, torch's logger names,
   DTensor's spec and local-shard arithmetic (:func:`dtensor_spec`, :func:`local_shape_and_offset`,
   for plangen.hf_layout's DTensor subclass), ``aten._to_copy`` (:data:`TO_COPY`), funcol's
-  ``AsyncCollectiveTensor`` and pytree's ``tree_leaves``.
+  ``AsyncCollectiveTensor`` and pytree's ``tree_leaves`` and ``tree_map_only``.
 
 Not routed here: the ``ParallelStyle`` protocol a custom style overrides (``_apply``,
 ``_partition_*_fn``, ``_prepare_*``: :data:`PARALLEL_STYLE_HOOKS`, each checked present on every
@@ -64,7 +64,7 @@ from torch.distributed.tensor import DTensor, Partial
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta  # noqa: F401 - re-exported
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
-from torch.utils._pytree import tree_leaves  # noqa: F401 - re-exported (plangen.cost.peak)
+from torch.utils._pytree import tree_leaves, tree_map_only  # noqa: F401 - re-exported (cost.peak, state_dict)
 
 TORCH_VERSION: tuple[int, int] = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])  # type: ignore[assignment]
 

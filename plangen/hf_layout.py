@@ -101,6 +101,19 @@ class RowMap:
     def hf_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         return tuple(self.hf_rows if d == self.dim else n for d, n in enumerate(shape))
 
+    def to_hugging_face(self, whole: torch.Tensor) -> torch.Tensor:
+        """A whole tensor in the parameter's rows put in Hugging Face's (pad rows dropped)."""
+        order = sorted((p for p, hf in enumerate(self.to_hf) if hf >= 0), key=lambda p: self.to_hf[p])
+        return whole.index_select(self.dim, torch.tensor(order, device=whole.device))
+
+    def from_hugging_face(self, whole: torch.Tensor) -> torch.Tensor:
+        """A whole tensor in Hugging Face's rows put in the parameter's (pad rows zero)."""
+        real = [p for p, hf in enumerate(self.to_hf) if hf >= 0]
+        shape = tuple(len(self.to_hf) if d == self.dim else n for d, n in enumerate(whole.shape))
+        index = torch.tensor(real, device=whole.device)
+        source = torch.tensor([self.to_hf[p] for p in real], device=whole.device)
+        return whole.new_zeros(shape).index_copy_(self.dim, index, whole.index_select(self.dim, source))
+
     def runs(self, start: int, length: int) -> list[tuple[int, int, int]]:
         """The rows ``start:start+length`` of the parameter as runs ``(local row, HF row, rows)``:
         consecutive in both, pad rows left out."""
@@ -391,9 +404,7 @@ def hugging_face_value(module: nn.Module, param_name: str, value: torch.Tensor) 
         return value
     if isinstance(value, DTensor):
         return HuggingFaceLayoutTensor.wrap(value, rows)
-    keep = [p for p, h in enumerate(rows.to_hf) if h >= 0]
-    order = sorted(keep, key=lambda p: rows.to_hf[p])
-    return value.index_select(rows.dim, torch.tensor(order, device=value.device))
+    return rows.to_hugging_face(value)
 
 
 _UNWRAP = "_plangen_unwrap_hook"

@@ -36,6 +36,7 @@ from torch.distributed.checkpoint import state_dict as torch_state_dict
 from torch.distributed.checkpoint.state_dict import StateDictOptions
 from torch.distributed.tensor import DTensor
 
+from plangen.compat import tree_map_only
 from plangen.hf_layout import HuggingFaceLayoutTensor, RowMap, hugging_face_value, row_map
 
 __all__ = ["get_optimizer_state_dict", "set_optimizer_state_dict"]
@@ -110,21 +111,17 @@ def get_optimizer_state_dict(
     kwargs = {"submodules": submodules} if submodules is not None else {}
     state_dict = torch_state_dict.get_optimizer_state_dict(model, optimizers, options=sharded_options, **kwargs)
     relaid = _relaid_parameters(model)
-    shown: dict[int, dict] = {}
+    if isinstance(state_dict.get(_STATE), dict):
+        # The nested form's per-parameter dicts are the optimizer's own: write into copies, never into them.
+        state_dict[_STATE] = {fqn: dict(s) if fqn in relaid else s for fqn, s in state_dict[_STATE].items()}
     for container, key, fqn, name in list(_per_parameter_states(state_dict, relaid)):
         entry = relaid[fqn]
-        if not _is_per_element(container[key], entry.parameter, fqn, name):
-            continue
-        if container is not state_dict and id(container) not in shown:
-            # The nested form's per-parameter dicts are the optimizer's own: replace, never write into them.
-            copy = shown[id(container)] = dict(container)
-            state_dict[_STATE][fqn] = copy
-        target = shown.get(id(container), container)
-        target[key] = hugging_face_value(entry.module, entry.name, container[key])
+        if _is_per_element(container[key], entry.parameter, fqn, name):
+            container[key] = hugging_face_value(entry.module, entry.name, container[key])
     if options.full_state_dict:
         return _gathered(state_dict, options.cpu_offload)
     if options.cpu_offload:
-        return _tree_map_tensors(state_dict, lambda t: t.cpu())
+        return tree_map_only(torch.Tensor, lambda t: t.cpu(), state_dict)
     return state_dict
 
 
@@ -141,7 +138,7 @@ def set_optimizer_state_dict(
     relaid = _relaid_parameters(model)
     state_dict = dict(optim_state_dict)
     if isinstance(state_dict.get(_STATE), dict):
-        state_dict[_STATE] = {fqn: dict(s) if isinstance(s, dict) else s for fqn, s in state_dict[_STATE].items()}
+        state_dict[_STATE] = {fqn: dict(s) if fqn in relaid else s for fqn, s in state_dict[_STATE].items()}
     for container, key, fqn, name in list(_per_parameter_states(state_dict, relaid)):
         value, entry = container[key], relaid[fqn]
         if isinstance(value, HuggingFaceLayoutTensor):
@@ -154,25 +151,12 @@ def set_optimizer_state_dict(
 def _in_parameter_layout(whole: torch.Tensor, entry: _Relaid, fqn: str, name: str) -> torch.Tensor:
     """A whole state in Hugging Face's layout put in the parameter's rows (pad rows zero, as an untrained
     pad row's state is)."""
-    rows = entry.rows
-    if tuple(whole.shape) != rows.hf_shape(entry.parameter.shape):
+    expected = entry.rows.hf_shape(entry.parameter.shape)
+    if tuple(whole.shape) != expected:
         raise ValueError(
-            f"{fqn}: the optimizer's state {name!r} has shape {tuple(whole.shape)}; in Hugging Face's layout "
-            f"it is {rows.hf_shape(entry.parameter.shape)}"
+            f"{fqn}: the optimizer's state {name!r} has shape {tuple(whole.shape)}; in Hugging Face's layout it is {expected}"
         )
-    real = [p for p, hf in enumerate(rows.to_hf) if hf >= 0]
-    out = whole.new_zeros(tuple(entry.parameter.shape))
-    index = torch.tensor(real, device=whole.device)
-    source = torch.tensor([rows.to_hf[p] for p in real], device=whole.device)
-    return out.index_copy_(rows.dim, index, whole.index_select(rows.dim, source))
-
-
-def _tree_map_tensors(tree: Any, fn) -> Any:
-    if isinstance(tree, dict):
-        return {k: _tree_map_tensors(v, fn) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_tree_map_tensors(v, fn) for v in tree]
-    return fn(tree) if isinstance(tree, torch.Tensor) else tree
+    return entry.rows.from_hugging_face(whole)
 
 
 def _gathered(state_dict: dict[str, Any], cpu_offload: bool) -> dict[str, Any]:
@@ -184,5 +168,5 @@ def _gathered(state_dict: dict[str, Any], cpu_offload: bool) -> dict[str, Any]:
         value = value.full_tensor() if isinstance(value, DTensor) else value
         return value.cpu() if cpu_offload else value
 
-    gathered = _tree_map_tensors(state_dict, whole)
+    gathered = tree_map_only(torch.Tensor, whole, state_dict)
     return gathered if keep else {}
