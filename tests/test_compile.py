@@ -166,7 +166,8 @@ def test_a_block_class_holding_different_mixers_compiles_its_children():
     else:  # transformers 5.5/5.8: the MoE mixer's experts stay eager, the pieces around them compile
         assert set(units) - set(children) and all(any(u in list(c.modules()) for c in children) for u in units)
     assert all(block._compiled_call_impl is None for block in blocks)
-    assert all(unit._compiled_call_impl is not None or unit not in children for unit in units)
+    # A child compiles whole (its call); a piece around eager experts compiles its forward (an instance attribute).
+    assert all(unit._compiled_call_impl is not None if unit in children else "forward" in vars(unit) for unit in units)
     llama = build("llama")
     assert mixed_children(list(llama.model.layers)) == {}
     assert compile_units(list(llama.model.layers)) == list(llama.model.layers)
