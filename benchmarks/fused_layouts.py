@@ -42,7 +42,7 @@ def measure(layout: str, case: str) -> dict[str, Any]:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.fused_styles import FusedColwiseParallel, interleave_index
+    from plangen.styles.fused import FusedColwiseParallel, interleave_index
     from plangen.styles import PackedColwiseParallel
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))

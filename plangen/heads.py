@@ -2,7 +2,7 @@
 
 Column-parallel q/k/v projections give each TP rank whole heads, so both the query head count and
 the key/value head count must divide by the TP size. Where the TP size exceeds the KV heads, a plan
-whose k/v projections are :class:`plangen.kv_styles.KVHeadsColwiseParallel` (Megatron's KV head
+whose k/v projections are :class:`plangen.styles.kv_heads.KVHeadsColwiseParallel` (Megatron's KV head
 replication) also takes a TP size that is a multiple of the KV head count: each rank then computes
 the one KV head its query heads use. Nothing here imports torch or transformers.
 """

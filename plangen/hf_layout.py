@@ -1,7 +1,7 @@
 """State-dict values in Hugging Face's layout at sharded memory, and gathering one parameter whole.
 
 Some plangen layouts hold a parameter's rows in an order (or with rows) of their own: a fused
-projection re-laid out per TP rank (:class:`plangen.fused_styles.FusedColwiseParallel`, the packed
+projection re-laid out per TP rank (:class:`plangen.styles.fused.FusedColwiseParallel`, the packed
 depthwise convs, the packed experts), query heads padded to a multiple of the TP size
 (:mod:`plangen.padded_heads`), both at once (Falcon-7B's padded multi-query ``[q; k; v]``). Their
 ``state_dict()`` shows Hugging Face's layout without gathering anything: the entry is a
@@ -48,7 +48,7 @@ from plangen.module_facts import output_dim
 
 
 # The attribute a re-laid-out module carries: (part_sizes, tp_size, dims), what undoes its layout
-# (plangen.fused_styles.install_layout_hooks sets it).
+# (plangen.styles.fused.install_layout_hooks sets it).
 LAYOUT_ATTRIBUTE = "_plangen_fused_layout"
 # On a module whose parameters hold pad: {parameter: (dim, rows of Hugging Face's values, padded size)}
 # (plangen.padded_heads sets it).

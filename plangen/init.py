@@ -91,7 +91,7 @@ def load_model(spec: "str | ResolvedModel") -> LoadedModel:
 
 
 def check_seed_plan_heads(model: "nn.Module", plan: Plan, tp_size: int) -> None:
-    """A seed plan that does not replicate KV heads (plangen.kv_styles) needs the TP size to divide them;
+    """A seed plan that does not replicate KV heads (plangen.styles.kv_heads) needs the TP size to divide them;
     one that pads the query heads (plangen.padded_heads) needs every rank to keep a real head."""
     from plangen.plan import build_parallel_styles
     from plangen.plan_checks import plan_heads_problem

@@ -175,7 +175,7 @@ class FeatureShardedDropout(ParallelStyle):
 
 def _fit(style: ParallelStyle) -> str | None:
     """``column``, ``row``, or None where the style cannot be translated onto a LoRA layer."""
-    from plangen.kv_styles import KVHeadsColwiseParallel
+    from plangen.styles.kv_heads import KVHeadsColwiseParallel
 
     # Exact classes: a subclass lays out weights its own way (packed parts, gathered outputs, KV
     # heads replicated) that the adapters would have to copy.
@@ -218,7 +218,7 @@ def check_lora_layer(
 ) -> str | None:
     """Why ``style`` cannot be translated onto the LoRA layer ``module`` at ``path`` (a child of
     ``parent``); None if it can."""
-    from plangen.kv_styles import KVHeadsColwiseParallel
+    from plangen.styles.kv_heads import KVHeadsColwiseParallel
     from plangen.module_facts import attention_head_counts
 
     name = type(style).__name__
@@ -234,7 +234,7 @@ def check_lora_layer(
         return f"{path}: LoRA variants ({', '.join(module.lora_variant)}; DoRA...) are not supported under TP"
     if isinstance(style, KVHeadsColwiseParallel):
         # Where the TP size exceeds the KV heads the base layer's rows are sliced per rank
-        # (plangen.kv_styles), which lora_B would have to follow.
+        # (plangen.styles.kv_heads), which lora_B would have to follow.
         counts = attention_head_counts(parent) if parent is not None else None
         if counts is not None and counts[1] % tp_size:
             return (

@@ -13,7 +13,7 @@ collectives per layer, NeMo RL's five); both ends of a tied embedding are sharde
 
 Tied embeddings: with torch's styles at both ends ``parallelize_module`` gives the embedding and
 the head a DTensor each. plangen's plans give a tied pair
-:class:`~plangen.tied_styles.TiedEmbeddingParallel` / :class:`~plangen.tied_styles.TiedHeadParallel`
+:class:`~plangen.styles.tied.TiedEmbeddingParallel` / :class:`~plangen.styles.tied.TiedHeadParallel`
 instead, which share one sharded weight, so these dicts keep the tie under a runtime that only calls
 ``parallelize_module`` (NeMo RL's). plangen's runtime also re-ties what a custom plan split apart
 (:func:`plangen.tensor_parallel.apply_tp`).

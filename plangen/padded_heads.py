@@ -15,11 +15,11 @@ zero parameter with zero gradients at 0 (its moments stay 0, its decay multiplie
 
 The parameters hold the pad; state-dict hooks drop it on save and zero-fill it on load, so a state
 dict (a full one under FSDP2 too) is Hugging Face's, names and shapes, and
-:func:`plangen.fused_styles.hugging_face_layout` drops it from gathered parameters and gradients.
+:func:`plangen.styles.fused.hugging_face_layout` drops it from gathered parameters and gradients.
 
-:class:`plangen.kv_styles.PrepareAttentionInput` with ``padded_heads=True`` on the attention block
+:class:`plangen.styles.kv_heads.PrepareAttentionInput` with ``padded_heads=True`` on the attention block
 applies this (it comes before the block's projections in a plan) and marks the packed projection;
-:class:`plangen.fused_styles.MultiQueryColwiseParallel` on it reads the mark and pads its rows
+:class:`plangen.styles.fused.MultiQueryColwiseParallel` on it reads the mark and pads its rows
 before it re-lays them out per rank.
 """
 
@@ -76,7 +76,7 @@ def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attri
 
 def _packed_and_output(attention: nn.Module, heads: int, head_dim: int) -> tuple[nn.Linear, nn.Linear]:
     # The packed multi-query [q; k; v] (q of all heads, one k and one v head) and the projection
-    # from all heads' outputs; by their shapes, as plangen.kv_styles finds k/v projections.
+    # from all heads' outputs; by their shapes, as plangen.styles.kv_heads finds k/v projections.
     linears = [c for c in attention.children() if isinstance(c, nn.Linear)]
     packed = [c for c in linears if c.out_features == (heads + 2) * head_dim]
     output = [c for c in linears if c.in_features == heads * head_dim and c not in packed]

@@ -52,14 +52,14 @@ def shards_attention(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> b
 
 
 def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
-    """The plan replicates KV heads where the TP size exceeds them (:mod:`plangen.kv_styles`): its
+    """The plan replicates KV heads where the TP size exceeds them (:mod:`plangen.styles.kv_heads`): its
     attention blocks are ``PrepareAttentionInput`` and every k/v projection in them (the ``nn.Linear``
     children of ``kv_heads * head_dim`` outputs) is ``KVHeadsColwiseParallel``. A plain
     ``ColwiseParallel`` on one would split a KV head between ranks: then the TP size must divide them.
     A packed ``[q; k; v]`` of one KV head under ``MultiQueryColwiseParallel`` (DBRX's ``Wqkv``)
     computes that head whole on every rank: replicated too."""
-    from plangen.fused_styles import MultiQueryColwiseParallel
-    from plangen.kv_styles import KVHeadsColwiseParallel, PrepareAttentionInput, kv_projections
+    from plangen.styles.fused import MultiQueryColwiseParallel
+    from plangen.styles.kv_heads import KVHeadsColwiseParallel, PrepareAttentionInput, kv_projections
     from plangen.module_facts import attention_head_counts
 
     if any(isinstance(s, MultiQueryColwiseParallel) and find_matching_modules(model, p) for p, s in styles.items()):
@@ -88,7 +88,7 @@ def replicates_kv_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -
 def pads_heads(model: nn.Module, styles: Mapping[str, ParallelStyle]) -> bool:
     """The plan pads the query heads of its attention blocks to a multiple of the TP size
     (``PrepareAttentionInput(padded_heads=True)`` on a module of the model: :mod:`plangen.padded_heads`)."""
-    from plangen.kv_styles import PrepareAttentionInput
+    from plangen.styles.kv_heads import PrepareAttentionInput
 
     return any(
         isinstance(s, PrepareAttentionInput) and s.padded_heads and find_matching_modules(model, p)

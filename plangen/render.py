@@ -40,10 +40,9 @@ from plangen.style_facts import (
     MIXER,
     SHARED_EXPERTS,
     SHORT_CONV,
-    STYLE_FACTS,
     layout_defaults,
-    module_kind,
 )
+from plangen.style_table import STYLE_FACTS
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -259,7 +258,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | None:
     import torch
 
-    from plangen.attention_styles import depthwise_conv, head_parameters
+    from plangen.styles.attention import depthwise_conv, head_parameters
 
     weight = getattr(module, "weight", None)
     if kind in (EXPERTS, SHARED_EXPERTS) and weight is None:  # packed (or shared) experts: their first 3-D weight
@@ -277,6 +276,12 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
     return tuple(weight.shape) if isinstance(weight, torch.Tensor) else None
 
 
+def _module_kind(module: "nn.Module", by_heads: bool) -> str | None:
+    from plangen.styles.base import module_kind  # torch: imported when a model is described
+
+    return module_kind(module, by_heads)
+
+
 def _count_by_kind(
     modules: list["nn.Module"], by_heads: bool, whole: str | None = None
 ) -> list[tuple[int, str, tuple[int, ...] | None, str | None, "nn.Module"]]:
@@ -284,7 +289,7 @@ def _count_by_kind(
     counts: dict[tuple[str, tuple[int, ...] | None, str | None], int] = {}
     first: dict[tuple[str, tuple[int, ...] | None, str | None], "nn.Module"] = {}
     for module in modules:
-        kind = whole or module_kind(module, by_heads)
+        kind = whole or _module_kind(module, by_heads)
         key = (type(module).__name__, _weight_shape(module, kind), kind)
         counts[key] = counts.get(key, 0) + 1
         first.setdefault(key, module)
@@ -324,7 +329,7 @@ def _describe_kind(
         return f"{what}, replicated at TP={tp_size}"
     dim = facts.shard_dim.get(kind) if kind else None
     if kind == EXPERTS and style == "ExpertsParallel":
-        from plangen.moe_styles import expert_count, expert_layout_of, identity_expert_count
+        from plangen.styles.experts import expert_count, expert_layout_of, identity_expert_count
 
         if expert_layout_of(module, tp_size) == "intermediate":
             local = list(shape)
@@ -402,7 +407,7 @@ def build_plan_context(
     from plangen.heads import head_counts
 
     counts = head_counts(model.config) if hasattr(model, "config") else None
-    kv_replicated = counts is not None and counts[1] % tp_size != 0  # plangen.kv_styles' case
+    kv_replicated = counts is not None and counts[1] % tp_size != 0  # plangen.styles.kv_heads' case
     for entry in plan.entries:
         context = _entry_context(entry, index, tp_size, placements, imports, kv_replicated=kv_replicated)
         grouped[_group(entry)]["entries"].append(context)

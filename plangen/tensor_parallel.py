@@ -93,7 +93,7 @@ def apply_frozen(model: nn.Module, frozen: set[str]) -> None:
 def apply_retie(model: nn.Module, emb_path: str, head_path: str) -> None:
     """``parallelize_module`` replaces each weight by its own DTensor parameter: make them one again.
 
-    Nothing to do after the tied pair of styles (:mod:`plangen.tied_styles`), which shares one."""
+    Nothing to do after the tied pair of styles (:mod:`plangen.styles.tied`), which shares one."""
     emb, head = model.get_submodule(emb_path), model.get_submodule(head_path)
     if head.weight is emb.weight:
         return

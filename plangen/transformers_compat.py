@@ -3,7 +3,7 @@
 Every fact here is read from the installed transformers (its source, its config classes), never
 from a version number alone, and is written down per release as found in each one's modeling code:
 
-* **Experts' sentinel routes.** :class:`plangen.moe_styles.ExpertsParallel` (whole experts per
+* **Experts' sentinel routes.** :class:`plangen.styles.experts.ExpertsParallel` (whole experts per
   rank) hands another rank's routes to the experts as the sentinel id ``E / tp`` with weight 0.
   From the release whose experts interface knows expert parallelism (``_is_expert_parallel``,
   set by ``use_experts_implementation``; 5.24.0 and 5.25.0 have it) every experts forward
@@ -25,7 +25,7 @@ from a version number alone, and is written down per release as found in each on
   (no sentinel ever reaches transformers' code: right on every release, whatever forward).
 
 * **5.5.x experts, right.** Measured once as wrong (the MoE plans' gradients off on 5.5.4, cause
-  not found, so :class:`~plangen.moe_styles.ExpertsParallel` refused 5.5.x), they are exact there now,
+  not found, so :class:`~plangen.styles.experts.ExpertsParallel` refused 5.5.x), they are exact there now,
   on this rank's routes alone as on 5.8.x: at TP 2 and DP 2 x TP 2 (SP), torch 2.11.0 + 5.5.4,
   Qwen3-MoE, Mixtral (whole and split experts), gpt-oss, DeepSeek-V2/V3, Qwen2-MoE, GLM-4-MoE,
   LongCat-Flash and Llama 4 within 1.2e-7 of the unsharded model, with eager, batched_mm and
@@ -52,7 +52,7 @@ from a version number alone, and is written down per release as found in each on
 * **A router read by its weight.** 5.8.x's DeepSeek-V2 MoE block computes its router logits as
   ``F.linear(hidden_states.float(), self.gate.weight.float())``, never calling ``self.gate``
   (5.24.0 on call it, a ``DeepseekV2TopkRouter``): hooks on the router never run, and
-  :class:`~plangen.moe_block_styles.MoeBlockParallel`'s count-once of the router's whole input
+  :class:`~plangen.styles.moe_blocks.MoeBlockParallel`'s count-once of the router's whole input
   gradient was lost (``embed_tokens.weight``'s gradient off by 9.3e-5 at TP 2, 2.8e-4 at TP 4:
   the router's share counted TP times). :func:`reads_child_weight` says where a block's forward
   reads a child's weight itself; the style then counts the input of each ``F.linear`` on that
@@ -69,10 +69,10 @@ from a version number alone, and is written down per release as found in each on
 * **Zero-compute experts computed by the block.** LongCat-Flash's router also picks
   ``zero_expert_num`` identity experts (a route's output is its input, weighted). 5.24.0 computes them
   inside the experts module (an ``identity_expert`` child beside ``gate_up_proj`` rows for them), which
-  :class:`~plangen.moe_styles.ExpertsParallel` shares 1/tp per rank. 5.25.0's experts module holds the
+  :class:`~plangen.styles.experts.ExpertsParallel` shares 1/tp per rank. 5.25.0's experts module holds the
   real experts only (``use_experts_implementation``) and the MoE block computes
   ``identity_output = hidden_states * identity_weights`` itself and adds it to the experts' output:
-  under :class:`~plangen.moe_block_styles.MoeBlockParallel`, whose output is a partial sum reduced
+  under :class:`~plangen.styles.moe_blocks.MoeBlockParallel`, whose output is a partial sum reduced
   over TP, every rank's whole identity output was summed TP times (the plan's logits off by 1.3e-2 at
   TP 2). :func:`block_identity_experts` says where a block computes them itself; the style then hands
   the block each rank's 1/tp share of the identity routes' weights (their gradient whole).
@@ -176,7 +176,7 @@ def experts_compile_blocker(module: Any) -> str | None:
 
 
 def experts_split_over_ranks(module: Any) -> bool:
-    """Whether :class:`~plangen.moe_styles.ExpertsParallel` splits these experts right on the installed
+    """Whether :class:`~plangen.styles.experts.ExpertsParallel` splits these experts right on the installed
     release: through the experts interface, with the sentinel route where the release computes it
     (``_is_expert_parallel``), else on this rank's routes alone."""
     if hasattr(module, "_is_expert_parallel"):

@@ -68,7 +68,7 @@ def falcon_plan_without_pad_mask():
     projection's pad mask removed: the forward is still exact, but the pad columns get gradients and
     the steps make them non-zero. Must fail the parity check: it pins why the mask is there
     (plangen.padded_heads; tests/test_synthesized_distributed.py)."""
-    from plangen.kv_styles import PrepareAttentionInput
+    from plangen.styles.kv_heads import PrepareAttentionInput
     from plangen.padded_heads import PAD_MASK
     from plangen.plan import build_parallel_styles
     from plangen.plans.synthesize import build_synthesized_plan

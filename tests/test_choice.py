@@ -38,7 +38,7 @@ def test_sources_are_in_priority_order_and_match_the_plan_data_vocabulary():
         ("llama", True, "hand-written", True),
         ("qwen3", False, "hand-written", True),
         ("olmo", True, "synthesized", True),  # proven.json: TP and SP passed
-        ("phi3", True, "hand-written", True),  # fused q|k|v re-laid out for TP (plangen.fused_styles)
+        ("phi3", True, "hand-written", True),  # fused q|k|v re-laid out for TP (plangen.styles.fused)
         ("olmo", False, "hf", True),  # recorded here as a proven Hugging Face plan, its synthesized one unproven
     ],
 )

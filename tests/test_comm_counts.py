@@ -120,7 +120,7 @@ def test_no_collective_moves_the_vocabulary(fake_pg, sequence_parallel):
 
 # gpt-oss: its attention sinks are split with the heads at no communication, so its layer costs
 # exactly what the others' do.
-# mixtral-3-experts: 3 experts at TP 2, each expert's intermediate split (plangen.moe_styles): the
+# mixtral-3-experts: 3 experts at TP 2, each expert's intermediate split (plangen.styles.experts): the
 # same collectives, of the same sizes, as the expert split.
 MOE = ["qwen3_moe", "mixtral", "qwen2_moe", "gpt_oss", "mixtral-3-experts"]
 # Qwen2-MoE's shared expert: its gate's output gradient (one value per token, scaling the shared
@@ -357,7 +357,7 @@ def test_llama4_moe_layer_costs_one_reduction_forward_and_the_scores_and_inputs_
     assert set(sizes) <= {bsh, bse}
 
 
-# --- KV heads replicated where TP exceeds them (plangen.kv_styles) -----------------------------
+# --- KV heads replicated where TP exceeds them (plangen.styles.kv_heads) -----------------------------
 
 # (tiny model, TP size, k/v parameters per layer whose gradients are summed over TP)
 KV_REPLICATED = [("gemma3-1kv", 2, 2), ("qwen2", 4, 4)]  # Qwen2: k/v weights and biases
@@ -589,7 +589,7 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
         choose_plan(model, variant="fast")
 
 
-# --- gated-delta-net linear attention by heads (plangen.linear_attention_styles) ------------------
+# --- gated-delta-net linear attention by heads (plangen.styles.linear_attention) ------------------
 
 
 def _linear_attention_step(layers: int, sequence_parallel: bool, variant: str = "optimized"):
@@ -656,7 +656,7 @@ def test_stable_variant_of_a_gated_delta_net_forward_only_gathers(fake_pg):
     assert backward == {AR: 2 + 1, RS: 2}
 
 
-# Mamba1 mixers split by channels (plangen.mamba1_styles), in their proven synthesized plans.
+# Mamba1 mixers split by channels (plangen.styles.mamba1), in their proven synthesized plans.
 MAMBA1_LAYERS = ["mamba", "falcon_mamba"]
 ALL_REDUCES = (AR, "allreduce_")  # DTensor's, and the c10d one of the gradient sums (merge_c10d_counts)
 
@@ -716,7 +716,7 @@ def test_stable_variant_keeps_mamba1_mixers_whole_so_a_layer_sums_nothing(fake_p
     assert total_forward == {AR: 1}
 
 
-# --- Mamba2 mixers split by heads (plangen.mamba_styles) ---------------------------------------
+# --- Mamba2 mixers split by heads (plangen.styles.mamba2) ---------------------------------------
 
 
 def _mamba_step(n_groups: int, layers: int, sequence_parallel: bool, variant: str = "optimized", kinds=()):
@@ -834,7 +834,7 @@ def test_short_conv_layer_costs_a_dense_layer(fake_pg, sequence_parallel):
         assert per_layer(f2, f4) == {AR: 2} and per_layer(b2, b4) == {AR: 2}
 
 
-# RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.recurrent_styles).
+# RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.styles.recurrent).
 def test_recurrent_block_costs_what_a_dense_attention_block_does(fake_pg):
     """linear_x/linear_y column-parallel, conv_1d and the RG-LRU per rank (no communication: its gates
     are block-diagonal), linear_out row-parallel: one all-reduce forward and one for the block input's
@@ -923,7 +923,7 @@ def test_zaya_layer_reduces_its_experts_once_and_its_routes(fake_pg):
 
 
 def test_rwkv_layer_splits_both_mixers_by_channels(fake_pg):
-    """RWKV-4 (plangen.rwkv_styles). Forward: the time mixing's output all-reduce; the channel mixing's
+    """RWKV-4 (plangen.styles.rwkv). Forward: the time mixing's output all-reduce; the channel mixing's
     value reduce-scattered onto the receptance's channels and the gated product all-gathered
     (B·S·H each). Backward: each mixer's input gradient (B·S·H), its time_mix_* gradients stacked
     into one small all-reduce (3·H, 2·H), and the all-gather of the value's reduce-scatter."""

@@ -724,7 +724,7 @@ def test_one_expert_per_tp_rank_costs_what_the_runtime_holds_and_nemo_rl_would_p
     assert memory.total < 1.05 * memory.ideal
 
 
-# 3 experts at TP 2: each expert's intermediate split (plangen.moe_styles.choose_expert_layout).
+# 3 experts at TP 2: each expert's intermediate split (plangen.styles.experts.choose_expert_layout).
 THREE_EXPERTS = dict(MOE_CONFIGS["mixtral"], num_local_experts=3)
 
 
@@ -878,7 +878,7 @@ def test_doubling_layers_keeps_every_moe_layer_moe():
     assert maverick.moe_layers == [1, 3]
 
 
-# --- KV heads replicated where TP exceeds them (plangen.kv_styles) ------------------------------
+# --- KV heads replicated where TP exceeds them (plangen.styles.kv_heads) ------------------------------
 
 
 def test_replicated_kv_weights_are_counted_per_rank(fake_pg):

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Shard
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_shape
+from plangen.styles.flat_experts import FlatExpertsParallel, flat_expert_shape
 from plangen.plans.choice import choose_plan
 from plangen.tensor_parallel import apply_tp
 from conftest import stack_cannot_run
@@ -75,7 +75,7 @@ def test_experts_the_tp_size_does_not_divide_split_each_experts_ffn_rows(fake_pg
 def test_the_ffn_split_sums_to_the_unsharded_experts(fake_pg):
     """Each rank's slice of every expert gives a partial output; the two ranks' partials (rank 1's
     computed by applying rank 0's style to the other half) add up to the unsharded experts' output."""
-    from plangen.flat_expert_styles import _expert_rows_by_rank, _local_experts_forward
+    from plangen.styles.flat_experts import _expert_rows_by_rank, _local_experts_forward
 
     experts = _dbrx(moe_num_experts=3).transformer.blocks[0].ffn.experts
     hidden, index = torch.randn(2, 5, 32), torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2], [1, 0]] * 2)

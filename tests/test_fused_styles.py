@@ -1,4 +1,4 @@
-"""Fused projections re-laid out for TP (plangen.fused_styles), on a single-process fake TP=2 mesh.
+"""Fused projections re-laid out for TP (plangen.styles.fused), on a single-process fake TP=2 mesh.
 
 What each rank holds, what it computes, and the state-dict translation that needs no collective
 (loading a plain Hugging Face tensor); the gathered round trip at DP 2 × TP 2 runs in
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from plangen.fused_styles import (
+from plangen.styles.fused import (
     FusedColwiseParallel,
     LocalHeadCounts,
     MultiQueryColwiseParallel,
@@ -154,7 +154,7 @@ def test_conv1d_styles_split_the_transposed_weight(tp_mesh):
     from torch.distributed.tensor.debug import CommDebugMode
     from transformers.pytorch_utils import Conv1D
 
-    from plangen.fused_styles import Conv1DColwiseParallel, Conv1DRowwiseParallel
+    from plangen.styles.fused import Conv1DColwiseParallel, Conv1DRowwiseParallel
 
     # Fused c_attn [in, out] = [8, 16]: q, k, v in proportion 2 : 1 : 1 along dim 1, bias along dim 0.
     fused = Conv1D(16, 8)

@@ -1,4 +1,4 @@
-"""KV heads replicated where the TP size exceeds them (plangen.kv_styles), against the unsharded model.
+"""KV heads replicated where the TP size exceeds them (plangen.styles.kv_heads), against the unsharded model.
 
 A tiny Gemma-3 with one KV head at TP 2 (and DP 2 x TP 2) and a tiny Qwen2 with two KV heads at
 TP 4 through the hand-written plans, a tiny Granite with one KV head through its synthesized plan:

@@ -106,7 +106,7 @@ def test_keys_that_hit_lora_layers_wrongly_are_refused(key, style, message):
 
 
 def test_lora_on_replicated_kv_heads_is_refused():
-    # One KV head at TP 2: the base k/v rows are sliced per rank (plangen.kv_styles); lora_B cannot follow.
+    # One KV head at TP 2: the base k/v rows are sliced per rank (plangen.styles.kv_heads); lora_B cannot follow.
     model = lora_model("qwen3-1kv", targets=("v_proj",))
     plan = choose_plan(find_lora_base(model)[1], False).build_styles()
     with pytest.raises(PlanError, match=r"KV heads \(1\) are replicated over TP size 2"):

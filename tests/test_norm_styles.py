@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from plangen.norm_styles import GatheredNormParallel, NormMath, ShardedNormParallel, resolve_norm_math
+from plangen.styles.norms import GatheredNormParallel, NormMath, ShardedNormParallel, resolve_norm_math
 
 STYLES = {"sharded": ShardedNormParallel, "gathered": GatheredNormParallel}
 
@@ -212,7 +212,7 @@ def _bitnet_block_diffs(mesh: Any, rank: int, world: int) -> dict[str, float]:
     from transformers import BitNetConfig
     from transformers.models.bitnet import modeling_bitnet as bitnet
 
-    from plangen import norm_styles
+    from plangen.styles import norms as norm_styles
 
     config = BitNetConfig(
         hidden_size=32,

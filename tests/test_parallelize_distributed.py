@@ -166,7 +166,7 @@ def _cases():
         {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True},
     ]
     # CpmAnt: blocks one level down, the position bias table split by heads; RWKV-4: both mixers split
-    # by channels (plangen.rwkv_styles), in float64 (plangen.check.run.FLOAT64_CHECKS); their state
+    # by channels (plangen.styles.rwkv), in float64 (plangen.check.run.FLOAT64_CHECKS); their state
     # dicts Hugging Face's.
     extra += [
         {"name": "cpmant-state-dict", "model": "cpmant", "state_dict": True, "attn": "eager"},

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Shard
 
-from plangen.shared_expert_styles import SharedExpertsParallel, packed_shared_shape
+from plangen.styles.shared_experts import SharedExpertsParallel, packed_shared_shape
 from tiny_configs import build_tiny
 
 

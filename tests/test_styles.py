@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
 from plangen.comm import merge_c10d_counts
 from plangen.compat import COMPUTES_ON_STRIDED_SHARD, TORCH_VERSION
@@ -328,7 +328,7 @@ def test_mla_kv_a_proj_layouts(tp_mesh):
     x = torch.randn(2, 4, requires_grad=True)
     assert forward(m, x).shape == (2, 6) and placements(m.weight) == ()
     assert collectives(lambda: m(x)) == {}
-    # The rope key's gradient sum is a c10d all-reduce (no DTensor round trip: plangen.moe_styles).
+    # The rope key's gradient sum is a c10d all-reduce (no DTensor round trip: plangen.styles.experts).
     assert merge_c10d_counts(collectives(lambda: m(x).sum().backward())) == {"all_reduce": 1}
 
 
@@ -757,7 +757,7 @@ def test_rg_lru_is_split_by_its_heads_and_its_outputs_and_gradients_are_exact(tp
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.recurrent_styles import RG_LRU_PARAMETERS
+    from plangen.styles.recurrent import RG_LRU_PARAMETERS
     from plangen.styles import RGLRUParallel
 
     reference, holder = _rg_lru(), nn.Module()
@@ -1343,7 +1343,8 @@ def _weight_text(param) -> str:
 
 
 def test_style_facts_cover_exactly_the_registered_styles_and_say_where_they_live():
-    from plangen.style_facts import PLANGEN_STYLES, STYLE_FACTS, TORCH_STYLES
+    from plangen.style_facts import PLANGEN_STYLES, TORCH_STYLES
+    from plangen.style_table import STYLE_FACTS
 
     assert sorted(STYLE_FACTS) == sorted(STYLE_CLASSES)
     for name, facts in STYLE_FACTS.items():
@@ -1355,8 +1356,8 @@ def test_style_facts_cover_exactly_the_registered_styles_and_say_where_they_live
 
 @pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
 def test_style_facts_layout_defaults_are_what_torch_fills_in(name):
-    from plangen.style_facts import STYLE_FACTS
     from plangen.style_facts import placement_from_text
+    from plangen.style_table import STYLE_FACTS
 
     style = _built(name)
     for argument, text in STYLE_FACTS[name].layout_defaults.items():
@@ -1510,7 +1511,8 @@ _OWN_MODULE = {
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, MIXER, NORM, STYLE_FACTS
+    from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, MIXER, NORM
+    from plangen.style_table import STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if name in _OWN_MODULE:
@@ -1556,7 +1558,7 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
 def test_style_facts_of_objects_follow_the_nearest_registered_class():
     from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
-    from plangen.style_facts import facts_of, is_sharding, style_kind, weight_layout
+    from plangen.styles.base import facts_of, is_sharding, style_kind, weight_layout
 
     class MyColwise(ColwiseParallel):
         pass
@@ -1576,6 +1578,81 @@ def test_style_facts_of_objects_follow_the_nearest_registered_class():
         "sequence",
         "grad_reduce",
     ]
+    # A user's subclass of a plangen style is that style to the rules, in whatever module it lives.
+    from plangen.styles import FlatExpertsParallel, SharedInputGather
+
+    class MyFlatExperts(FlatExpertsParallel):
+        pass
+
+    assert facts_of(MyFlatExperts()).name == "FlatExpertsParallel" and is_sharding(MyFlatExperts())
+    assert style_kind(SharedInputGather(readers=("router",))) == "prepare_input"
+
+
+def test_every_registered_style_has_facts_found_from_its_object():
+    """Each style is known by what it is, not by a list of the modules styles may live in (before
+    the registry, the styles of three modules left off that list had no facts at all)."""
+    from plangen.styles.base import STYLE_FACTS, facts_of
+
+    for name in STYLE_CLASSES:
+        assert facts_of(_built(name)) is STYLE_FACTS[name], name
+
+
+def test_the_static_table_is_generated_from_the_style_classes():
+    """plangen/style_table.py is what ``python -m plangen.styles.table`` writes now: a style added,
+    changed or given another signature without regenerating it fails here."""
+    from plangen.styles.table import TABLE_PATH, render_table
+
+    assert TABLE_PATH.read_text() == render_table(), "run: python -m plangen.styles.table"
+
+
+def test_defining_a_style_with_facts_registers_it_and_a_second_of_that_name_is_refused():
+    from plangen.style_facts import StyleFacts
+    from plangen.styles import base
+
+    before = dict(base.STYLE_CLASSES), dict(base.STYLE_FACTS)
+    try:
+
+        class ProbeOnlyParallel(base.PlangenStyle):
+            facts = StyleFacts("other")
+
+            def _apply(self, module, device_mesh):
+                return module
+
+        assert base.STYLE_CLASSES["ProbeOnlyParallel"] is ProbeOnlyParallel
+        assert base.STYLE_FACTS["ProbeOnlyParallel"].module == "plangen.styles"
+        assert base.build_style("ProbeOnlyParallel")._apply(nn.Linear(2, 2), None) is not None
+
+        class Variant(ProbeOnlyParallel):  # no facts of its own: its parent to the rules, not registered
+            pass
+
+        assert "Variant" not in base.STYLE_CLASSES and base.facts_of(Variant()).name == "ProbeOnlyParallel"
+        with pytest.raises(TypeError, match="two parallel styles named 'ProbeOnlyParallel'"):
+
+            class ProbeOnlyParallel(base.PlangenStyle):  # noqa: F811 - the point: a second class of that name
+                facts = StyleFacts("other")
+
+                def _apply(self, module, device_mesh):
+                    return module
+    finally:
+        base.STYLE_CLASSES.clear(), base.STYLE_CLASSES.update(before[0])
+        base.STYLE_FACTS.clear(), base.STYLE_FACTS.update(before[1])
+
+
+def test_a_style_signature_the_static_checks_cannot_describe_is_refused_by_the_generator():
+    from plangen.styles.table import StyleSignatureError, style_params
+
+    class Positional(ColwiseParallel):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+
+    class Unknown(ColwiseParallel):
+        def __init__(self, *, width: float = 1.0) -> None:
+            super().__init__()
+
+    with pytest.raises(StyleSignatureError, match="must be keyword-only"):
+        style_params(Positional)
+    with pytest.raises(StyleSignatureError, match=r"width: float\): an annotation"):
+        style_params(Unknown)
 
 
 def test_placement_from_text_round_trips_and_refuses_other_text():
@@ -1594,7 +1671,7 @@ def test_style_facts_and_static_tables_import_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, plangen.style_facts, plangen.check.known_styles; print('torch' in sys.modules)"
+    code = "import sys, plangen.style_facts, plangen.style_table, plangen.check.known_styles; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
@@ -1639,7 +1716,7 @@ def test_tied_pair_hands_nothing_across_models_and_is_plain_on_an_untied_one(tp_
 
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen import tied_styles
+    from plangen.styles import tied as tied_styles
     from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel
 
     plan = {"model.embed_tokens": TiedEmbeddingParallel(), "lm_head": TiedHeadParallel()}
@@ -1822,7 +1899,7 @@ def test_experts_the_tp_size_does_not_divide_split_each_experts_intermediate(tp_
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.moe_styles import ExpertsParallel, choose_expert_layout
+    from plangen.styles.experts import ExpertsParallel, choose_expert_layout
 
     assert choose_expert_layout(8, 2) == "experts" and choose_expert_layout(3, 2) == "intermediate"
     assert choose_expert_layout(1, 2) == "intermediate" and choose_expert_layout(4, 4) == "experts"
@@ -1853,7 +1930,7 @@ def test_experts_called_by_their_layer_under_sp_leave_their_sum_a_partial_dtenso
     from torch.distributed.tensor import DTensor, Partial, Replicate
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.moe_styles import ExpertsParallel
+    from plangen.styles.experts import ExpertsParallel
 
     holder = nn.Module()
     holder.experts = _tiny_experts("mixtral")
@@ -1869,7 +1946,7 @@ def test_experts_called_by_their_layer_under_sp_leave_their_sum_a_partial_dtenso
 def test_experts_that_neither_layout_fits_are_refused_naming_both(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.moe_styles import ExpertsParallel
+    from plangen.styles.experts import ExpertsParallel
 
     experts = _tiny_experts("mixtral-3-experts")
     experts.down_proj = nn.Parameter(torch.zeros(3, 32, 63))  # an odd intermediate width
@@ -1889,7 +1966,7 @@ def test_mamba2_mixer_is_split_by_heads_and_made_local(tp_mesh):
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.fused_styles import LAYOUT_ATTRIBUTE
+    from plangen.styles.fused import LAYOUT_ATTRIBUTE
     from plangen.styles import build_style
 
     for groups, local_groups in ((2, 1), (1, 1)):
@@ -1912,7 +1989,7 @@ def test_mamba2_mixer_is_split_by_heads_and_made_local(tp_mesh):
 def test_mamba2_mixer_refuses_a_tp_size_that_splits_neither_heads_nor_groups(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.mamba_styles import Mamba2Layout, resolve_mamba2_layout
+    from plangen.styles.mamba2 import Mamba2Layout, resolve_mamba2_layout
     from plangen.styles import build_style
 
     assert Mamba2Layout(heads=8, head_dim=4, groups=2, state=16).largest_tp() == 2
@@ -2096,7 +2173,7 @@ def test_moe_block_reducing_its_input_gradient_once_refuses_what_it_cannot_count
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.moe_styles import expert_count
+    from plangen.styles.experts import expert_count
     from plangen.styles import MoeBlockParallel, PartialGradInput
 
     block = _EveryTokenMoe()

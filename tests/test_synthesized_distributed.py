@@ -35,7 +35,7 @@ CLASSES = {
     # DeepSeek-V3 itself has a hand-written plan now).
     "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", False),
     "jamba": ("JambaForCausalLM", False),  # Mamba1 mixers split by channels + attention layers, dense + MoE MLPs
-    # Mamba1 mixers split by channels (plangen.mamba1_styles): in_proj's packed x|gate per rank.
+    # Mamba1 mixers split by channels (plangen.styles.mamba1): in_proj's packed x|gate per rank.
     "mamba": ("MambaForCausalLM", True),
     "falcon_mamba": ("FalconMambaForCausalLM", True),  # weightless dt/B/C norms
     "lfm2": ("Lfm2ForCausalLM", True),  # w1/w2/w3, out_proj, q_layernorm: recognised by data flow
@@ -51,7 +51,7 @@ CLASSES = {
     # The same for its cross-attention; its n-gram self-attention too (it also views by the width after
     # out_proj, whose output is reduce-scattered to the slice and gathered at the block's end), its
     # bucket-major relative_pos_embeddings re-laid out per rank, its all-heads masks sliced, and its
-    # predict stream's relative positions computed for all heads (plangen.bucketed_styles).
+    # predict stream's relative positions computed for all heads (plangen.styles.bucketed_attention).
     "prophetnet": ("ProphetNetForCausalLM", True),
     # Doge: the dynamic mask's dt_proj reads every KV head's values (row-parallel, reduce-scattered to
     # this rank's heads), its A split with the heads; the layer's residual scales stay whole (SP:
@@ -112,7 +112,7 @@ CLASSES = {
     "gpt_neo": ("GPTNeoForCausalLM", True),  # attention inside a wrapper, its head count made local
     # Multi-query split((embed_dim, kv_dim, kv_dim)): query heads by rank, the one KV head gathered whole
     "gpt_bigcode": ("GPTBigCodeForCausalLM", True),
-    # Gated-delta-net linear attention by heads (plangen.linear_attention_styles): packed [q; k; v]
+    # Gated-delta-net linear attention by heads (plangen.styles.linear_attention): packed [q; k; v]
     # re-laid out for the conv's channels, A_log/dt_bias with their heads, head counts made local.
     # Its attention layers' q_proj holds each head's query and output gate together (recognize_gated).
     "qwen3_5": ("Qwen3_5ForCausalLM", False),
@@ -120,21 +120,21 @@ CLASSES = {
     # The same mixer with Qwen3-Next's in_proj_qkvz / in_proj_ba grouped per key head (a plain row
     # split keeps whole groups), beside MoE layers.
     "qwen3_next": ("Qwen3NextForCausalLM", False),
-    # Mamba2 mixers split by heads, one B/C group gathered whole per forward (plangen.mamba_styles);
+    # Mamba2 mixers split by heads, one B/C group gathered whole per forward (plangen.styles.mamba2);
     # attention layers and MoE beside them.
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM", False),
     # Layers that reuse an earlier layer's keys and values (no k/v projections: q by heads, their
     # KV grouping this rank's), and MLPs whose gate keeps a Gaussian top-k by statistics over the
-    # whole intermediate (summed over TP: plangen.sparsity_styles). AltUp keeps it from SP.
+    # whole intermediate (summed over TP: plangen.styles.sparsity). AltUp keeps it from SP.
     "gemma3n_text": ("Gemma3nForCausalLM", True),
     # Gemma 4's per-layer inputs (table, projection, each layer's gate): under SP on the sequence shard.
     "gemma4_text": ("Gemma4ForCausalLM", True),
     # Differential attention: heads paired i, i + H/2, so q/k/v in two halves (whole pairs per rank),
-    # the lambdas replicated with their gradient summed over TP (plangen.attention_styles).
+    # the lambdas replicated with their gradient summed over TP (plangen.styles.attention).
     "diffllama": ("DiffLlamaForCausalLM", False),
     # q/k/v/o are MoshiLinear wrappers of one nn.Linear (use_flexible_linear=False): the inner linear sharded.
     "moshi": ("MoshiForCausalLM", False),
-    # RecurrentGemma's recurrent blocks by their RG-LRU heads (plangen.recurrent_styles): linear_x/y
+    # RecurrentGemma's recurrent blocks by their RG-LRU heads (plangen.styles.recurrent): linear_x/y
     # column-parallel, conv_1d's channels and the block-diagonal gates with them, linear_out row-parallel.
     "recurrent_gemma": ("RecurrentGemmaForCausalLM", True),
     # xLSTM's mLSTM layers by heads: q/k/v/ogate and the per-head igate/fgate column-parallel, the

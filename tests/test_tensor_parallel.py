@@ -78,7 +78,7 @@ def test_kv_heads_are_replicated_where_o_proj_is_as_wide_as_a_kv_projection(mesh
     # (16 -> 16) and was taken for one, so the runtime refused init's own plan (the verify property's case037).
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from plangen.kv_styles import kv_projections
+    from plangen.styles.kv_heads import kv_projections
     from plangen.plan import build_parallel_styles
     from plangen.plans.choice import choose_plan
 

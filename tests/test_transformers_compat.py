@@ -10,8 +10,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial
 
-from plangen import moe_styles, transformers_compat
-from plangen.moe_styles import ExpertsParallel
+from plangen import transformers_compat
+from plangen.styles import experts as moe_styles
+from plangen.styles.experts import ExpertsParallel
 
 
 class _KernelRows(torch.autograd.Function):
@@ -325,7 +326,7 @@ def test_a_block_that_computes_its_identity_experts_gets_their_share_per_rank():
     (5.24.0: inside them): the block's output is a partial sum over TP, so each rank hands on 1/tp of
     the identity routes' weights (the plan's logits were off by 1.3e-2 at TP 2 summing them TP times),
     their gradient whole (the replicated router's, exact with no collective)."""
-    from plangen.moe_block_styles import _share_identity_routes
+    from plangen.styles.moe_blocks import _share_identity_routes
 
     torch.manual_seed(0)
     whole, shared = IdentityRoutes525(), IdentityRoutes525()

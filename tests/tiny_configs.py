@@ -43,7 +43,7 @@ TINY["bitnet"] = dict(model_type="bitnet", **COMMON)
 TINY["xlm"] = dict(
     model_type="xlm", vocab_size=128, emb_dim=32, n_heads=4, n_layers=2, causal=True, max_position_embeddings=32
 )  # under half the vocabulary: not a token table
-# One KV head (Gemma-3-1B's layout): TP 2 replicates it (plangen.kv_styles).
+# One KV head (Gemma-3-1B's layout): TP 2 replicates it (plangen.styles.kv_heads).
 TINY["gemma3-1kv"] = {**TINY["gemma3"], "num_key_value_heads": 1}
 TINY["qwen3-1kv"] = {**TINY["qwen3"], "num_key_value_heads": 1}
 # Every TP-local matmul at TP 2 at least 16 columns wide: on this CPU's MKL a narrower one (the 8
@@ -133,7 +133,7 @@ def build_tiny(name: str, seed: int = 0, attn_implementation: str = "sdpa") -> t
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-# Mamba1 mixers, split by channels (plangen.mamba1_styles): intermediate 64, dt_rank 4, state 8.
+# Mamba1 mixers, split by channels (plangen.styles.mamba1): intermediate 64, dt_rank 4, state 8.
 MAMBA1 = dict(vocab_size=128, hidden_size=32, state_size=8, expand=2, conv_kernel=4, time_step_rank=4, use_cache=False)
 TINY["mamba"] = dict(model_type="mamba", num_hidden_layers=2, **MAMBA1)
 TINY["falcon_mamba"] = dict(model_type="falcon_mamba", num_hidden_layers=2, **MAMBA1)
@@ -251,7 +251,7 @@ TINY["mixtral"] = dict(model_type="mixtral", num_local_experts=8, sliding_window
 # One expert per TP rank at TP 2 (Mixtral-8x7B at TP 8 in miniature): FSDP2 must split each expert
 # on another dim than the expert dim over DP, or DP 2 holds one expert and one pad of its size.
 TINY["mixtral-2-experts"] = dict(TINY["mixtral"], num_local_experts=2)
-# 3 experts at TP 2: ExpertsParallel splits each expert's intermediate instead (plangen.moe_styles).
+# 3 experts at TP 2: ExpertsParallel splits each expert's intermediate instead (plangen.styles.experts).
 TINY["mixtral-3-experts"] = dict(TINY["mixtral"], num_local_experts=3)
 # LongCat-Flash: per layer two latent attentions and two dense MLPs (ModuleLists) and a shortcut MoE
 # whose router picks among 4 real and 2 zero-compute (identity) experts.

@@ -147,7 +147,8 @@ def _routed_by_values(model: "nn.Module", name: str) -> bool:
     experts run (any, where a router also has zero-compute experts: LongCat-Flash, on torch 2.11,
     whose fake group leaves outputs uninitialised) follows those values. Whether they get a gradient
     is level 3's to check, with real values."""
-    from plangen.style_facts import EXPERTS, FLAT_EXPERTS, module_kind
+    from plangen.style_facts import EXPERTS, FLAT_EXPERTS
+    from plangen.styles.base import module_kind
 
     return module_kind(model.get_submodule(name.rpartition(".")[0])) in (EXPERTS, FLAT_EXPERTS)
 

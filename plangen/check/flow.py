@@ -28,9 +28,8 @@ from plangen.style_facts import (
     EMBEDDING,
     LINEAR,
     SEQUENCE_HOOKS,
-    facts_of,
-    module_kind,
 )
+from plangen.styles.base import facts_of, module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

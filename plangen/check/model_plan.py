@@ -105,7 +105,7 @@ class ModelPlan:
     def laid_out_by_parent(self) -> dict[str, str]:
         """Path of a child that its parent's style lays out itself → the role it plays there
         (:attr:`plangen.style_facts.StyleFacts.lays_out_children`: a Mamba mixer's projections)."""
-        from plangen.style_facts import facts_of
+        from plangen.styles.base import facts_of
 
         found: dict[str, str] = {}
         for path, key in self.covering.items():
@@ -118,7 +118,7 @@ class ModelPlan:
     @cached_property
     def sharded(self) -> set[str]:
         """Paths of the modules whose weights a column- or row-parallel style shards (or their parent's style)."""
-        from plangen.style_facts import is_sharding
+        from plangen.styles.base import is_sharding
 
         return {path for path, key in self.covering.items() if is_sharding(self.styles[key])} | set(
             self.laid_out_by_parent
@@ -131,7 +131,7 @@ class ModelPlan:
         A column-parallel style that gathers a feature-sharded input (``input_layouts=Shard(-1)``, the
         stable variant's ``o_proj``, :mod:`plangen.plans.variants`) also counts as ``gather_input``:
         like a row-parallel one, it consumes the shards a column-parallel projection leaves."""
-        from plangen.style_facts import style_kind
+        from plangen.styles.base import style_kind
 
         below: dict[str, set[str]] = {}
         for path, key in self.covering.items():

@@ -21,10 +21,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.style_needs import first_layout, fit_problem, is_sequence_split, required_dims, takes_local_shard
-from plangen.flat_expert_styles import FlatExpertsParallel, flat_expert_problem
+from plangen.styles.flat_experts import FlatExpertsParallel, flat_expert_problem
 from plangen.module_tree import generalize
-from plangen.moe_styles import expert_layout_problem
-from plangen.style_facts import style_kind
+from plangen.styles.experts import expert_layout_problem
+from plangen.styles.base import style_kind
 from plangen.styles import (
     ExpertsParallel,
 )
@@ -124,7 +124,7 @@ class DivisibilityRule(ModelRule):
         " made this rank's (`head_attributes`, `LocalHeadCounts`). A vocabulary split by a row-parallel"
         " embedding or by a head whose logits stay a DTensor need not divide. The message names the"
         " largest legal TP size. A plan whose attention block is `PrepareAttentionInput` and whose k/v"
-        " projections are `KVHeadsColwiseParallel` (plangen.kv_styles) may also take a TP size that is a"
+        " projections are `KVHeadsColwiseParallel` (plangen.styles.kv_heads) may also take a TP size that is a"
         " multiple of the key/value heads (each rank computes the one its query heads use); the message"
         " names the largest legal TP size without and with that replication. A plan whose attention block"
         " is `PrepareAttentionInput(padded_heads=True)` (plangen.padded_heads: multi-query attention with"
@@ -149,7 +149,7 @@ class DivisibilityRule(ModelRule):
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         from plangen.heads import head_counts, legal_tp_size, tp_size_problem
         from plangen.pad_layout import legal_padded_tp_size
-        from plangen.kv_styles import KVHeadsColwiseParallel
+        from plangen.styles.kv_heads import KVHeadsColwiseParallel
         from plangen.plan_checks import pads_heads, replicates_kv_heads, shards_attention  # the runtime's own checks
 
         tp = plan.tp_size

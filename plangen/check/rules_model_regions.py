@@ -24,7 +24,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.style_needs import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
-from plangen.style_facts import weight_layout
+from plangen.styles.base import weight_layout
 from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,
@@ -371,7 +371,7 @@ class HalfTiedPairRule(ModelRule):
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         from plangen.module_tree import tied_embeddings
-        from plangen.style_facts import facts_of
+        from plangen.styles.base import facts_of
 
         tied = tied_embeddings(plan.model)
         if tied is None:  # nothing shared: each tied style shards its own weight, as torch's would
@@ -526,7 +526,7 @@ class WholeHeadParametersRule(ModelRule):
     )
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.attention_styles import head_parameters
+        from plangen.styles.attention import head_parameters
         from plangen.heads import head_counts
 
         heads = head_counts(plan.config) if plan.config is not None else None

@@ -149,7 +149,7 @@ class TargetRetiesNothingRule(ModelRule):
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         from plangen.module_tree import tied_embeddings
-        from plangen.tied_styles import TiedEmbeddingParallel, TiedHeadParallel
+        from plangen.styles.tied import TiedEmbeddingParallel, TiedHeadParallel
 
         target = TARGETS[plan.target]
         tied = None if target.reties else tied_embeddings(plan.model)

@@ -77,7 +77,7 @@ def full_tensor(tensor: "torch.Tensor") -> "torch.Tensor":
 
 def full_parameter(model: "nn.Module", name: str, tensor: "torch.Tensor") -> "torch.Tensor":
     """Whole parameter (or gradient) ``name`` in Hugging Face's layout (fused ones are re-laid out)."""
-    from plangen.fused_styles import hugging_face_layout
+    from plangen.styles.fused import hugging_face_layout
 
     return hugging_face_layout(model, name, full_tensor(tensor))
 

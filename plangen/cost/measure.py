@@ -347,7 +347,7 @@ def measure_tp_collectives(
         # Mamba-2's head_dim is its mixer's: scaled, the heads would no longer span expand x hidden.
         probeable.discard("head_dim")
     if _replicates_kv_heads(text, tp_size):
-        # More TP ranks than KV heads (plangen.kv_styles): scaled heads would divide by the TP size and
+        # More TP ranks than KV heads (plangen.styles.kv_heads): scaled heads would divide by the TP size and
         # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there
         # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
         probeable.discard("heads")

@@ -177,7 +177,7 @@ def config_with_base_sizes(config: Any, tp_size: int) -> Any:
 # B·S·(dt_rank + 2 x state), a sum of sizes where the probes read products): measured at the real
 # model's value, so their bytes are the real ones.
 REAL_WIDTH_KEYS = (*TIME_STEP_RANK_KEYS, *STATE_SIZE_KEYS)
-# Mamba-2's B/C groups (STATE_SPACE_GROUP_KEYS): shrunk to one, which plangen.mamba_styles lays out
+# Mamba-2's B/C groups (STATE_SPACE_GROUP_KEYS): shrunk to one, which plangen.styles.mamba2 lays out
 # otherwise (one group gathered per forward, its norm's statistics summed) than groups split over TP.
 STATE_SPACE_HEAD_KEYS = tuple(keys[0] for keys in STATE_SPACE_HEADS)
 

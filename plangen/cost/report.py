@@ -150,7 +150,7 @@ def build_plan_cost(resolved: Any, name: str, settings: CostSettings) -> PlanCos
 
 def has_experts(model: Any) -> bool:
     """Whether ``model`` has a mixture-of-experts layer (a packed experts module)."""
-    from plangen.moe_styles import expert_count
+    from plangen.styles.experts import expert_count
 
     return any(expert_count(module) for module in model.modules())
 

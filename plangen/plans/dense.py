@@ -38,7 +38,7 @@ def build_dense_decoder_plan(
     ``per_head_norms`` adds ``self_attn.q_norm``/``k_norm``: they see only this rank's heads, so
     their weight gradient must be summed over TP. ``replicate_kv`` (grouped-query attention, see
     :func:`grouped_query`): the attention block and its k/v projections take the styles of
-    :mod:`plangen.kv_styles`, so a TP size above the KV heads replicates them. ``projection_norms``
+    :mod:`plangen.styles.kv_heads`, so a TP size above the KV heads replicates them. ``projection_norms``
     adds the q/k norms as norms over the whole q and k projections (OLMo-2): sharded with the heads,
     statistics summed over TP. ``scaled_embedding``: the embedding module scales its own lookup
     (Gemma3): the scale is applied to each rank's partial lookup before the one reduction
@@ -66,7 +66,7 @@ def build_dense_decoder_plan(
     )
     # The block input enters as one Replicate DTensor shared by q/k/v (and gate/up): their input
     # gradients add up as Partial and are reduced once per block, not once per projection.
-    # PrepareAttentionInput and KVHeadsColwiseParallel (plangen.kv_styles) read the head counts when
+    # PrepareAttentionInput and KVHeadsColwiseParallel (plangen.styles.kv_heads) read the head counts when
     # applied: where the TP size exceeds the KV heads, each rank computes the one its query heads use.
     add(
         f"{layer}.self_attn",

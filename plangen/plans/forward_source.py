@@ -507,7 +507,7 @@ def _weight_read_nodes(cls: type, child_name: str) -> list[ast.AST] | None:
 def read_weight_row_reads(cls: type, child_name: str) -> bool:
     """Whether every read of ``<...>.<child_name>.weight`` in ``cls.forward`` takes one row of it
     (``weight[pad_token_id, :]``: a first index that is neither a slice nor a list), and there is one:
-    what :class:`plangen.tied_styles.EmbeddingRowReadParallel` reads whole from a sharded weight."""
+    what :class:`plangen.styles.tied.EmbeddingRowReadParallel` reads whole from a sharded weight."""
     nodes = _weight_read_nodes(cls, child_name) or []
 
     def one_row(node: ast.AST) -> bool:

@@ -4,7 +4,7 @@ A fused projection is the only consumer of its block's input, so its column-para
 prepares that input: with sequence parallel (SP) it gathers the sequence once per block and
 reduce-scatters the input gradient once; without SP it reduces the input gradient once per block.
 The fused weights are re-laid out so each rank holds its own heads' q, k, v and its own slice of
-gate and up (:class:`plangen.fused_styles.FusedColwiseParallel`); the state dict keeps the Hugging
+gate and up (:class:`plangen.styles.fused.FusedColwiseParallel`); the state dict keeps the Hugging
 Face layout. The attention module's head counts are made local (:class:`LocalHeadCounts`) because
 Phi-3 slices ``qkv`` by them. Per layer: two all-reduces, or with SP two all-gathers and two
 reduce-scatters, the Megatron minimum, as in :mod:`plangen.plans.dense`.

@@ -2,10 +2,10 @@
 
 Each block holds one mixer (``layers.N.mixer``) of one kind. Patterns name the projections only
 the MLP and attention mixers have (``up_proj``/``down_proj``, ``q_proj``...), so they never touch
-a Mamba mixer. Mamba2 mixers are split by heads (:mod:`plangen.mamba_styles`: the mixer's own
+a Mamba mixer. Mamba2 mixers are split by heads (:mod:`plangen.styles.mamba2`: the mixer's own
 style per block index lays out its fused ``in_proj``, ``conv1d`` and per-head parameters, the gated
 norm is sharded with the heads, ``out_proj`` row-parallel). MoE mixers split their
-experts over TP on the expert dimension (:class:`plangen.moe_styles.ExpertsParallel`), the shared
+experts over TP on the expert dimension (:class:`plangen.styles.experts.ExpertsParallel`), the shared
 expert column/row-parallel, the router replicated, and the block reduces both branches once (as
 :mod:`plangen.plans.moe` does), one entry per MoE block index (the mixers' kinds differ per block).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from plangen.moe_styles import EXPERTS_PARALLEL_WHY
+from plangen.styles.experts import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan

@@ -1,10 +1,10 @@
-"""Multi-head latent attention (MLA) sharded by heads, as plan entries (see :mod:`plangen.mla_styles`).
+"""Multi-head latent attention (MLA) sharded by heads, as plan entries (see :mod:`plangen.styles.latent_attention`).
 
 The down-projections (``q_a_proj``, ``kv_a_proj_with_mqa``) and their norms stay whole on every
 rank: they are small and every head reads them. The per-head up-projections (``q_b_proj``, or
 ``q_proj`` where there is no query latent, as in DeepSeek-V2-Lite, and ``kv_b_proj``) are
 column-parallel, ``o_proj`` row-parallel. The attention module itself gets
-:class:`~plangen.mla_styles.MlaAttentionParallel`: it hands the replicated down-projections the whole
+:class:`~plangen.styles.latent_attention.MlaAttentionParallel`: it hands the replicated down-projections the whole
 block input as a local tensor (all-gathered once under sequence parallel) and sums the shared rope
 key's gradient over TP, reading the rope width from the module when applied.
 
@@ -33,7 +33,7 @@ from typing import Any
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
-from plangen.mla_styles import KV_UP_PROJ, LATENT_KV_PROJ, QUERY_DOWN_PROJ
+from plangen.styles.latent_attention import KV_UP_PROJ, LATENT_KV_PROJ, QUERY_DOWN_PROJ
 from plangen.plan import WELL_SHARDED, PlanEntry, Replicated
 from plangen.plans.layouts import SEQ, row_parallel_output
 

@@ -30,7 +30,7 @@ from typing import Iterator
 
 from torch.distributed.tensor import Partial, Replicate
 
-from plangen.moe_styles import EXPERTS_PARALLEL_WHY
+from plangen.styles.experts import EXPERTS_PARALLEL_WHY
 from plangen.plan import PlanEntry
 from plangen.plans.forward_source import _forward_tree, _self_call_name
 

@@ -1,4 +1,4 @@
-"""Gated-delta-net linear attention sharded by heads, as plan entries (see :mod:`plangen.linear_attention_styles`).
+"""Gated-delta-net linear attention sharded by heads, as plan entries (see :mod:`plangen.styles.linear_attention`).
 
 Per mixer, as a dense attention block: forward one all-reduce (``out_proj``), or one all-gather of
 the sequence in and one reduce-scatter out under SP (the recurrence runs over the whole sequence);

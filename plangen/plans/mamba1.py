@@ -1,4 +1,4 @@
-"""A Mamba1 mixer's plan entries: its channels split over TP (``plangen.mamba1_styles``), ``out_proj``
+"""A Mamba1 mixer's plan entries: its channels split over TP (``plangen.styles.mamba1``), ``out_proj``
 row-parallel as attention's output projection is."""
 
 from __future__ import annotations

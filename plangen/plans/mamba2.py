@@ -1,4 +1,4 @@
-"""Plan entries for a Mamba2 mixer split by heads over TP (:mod:`plangen.mamba_styles`).
+"""Plan entries for a Mamba2 mixer split by heads over TP (:mod:`plangen.styles.mamba2`).
 
 One place for the three entries every plan with a Mamba2 mixer writes (NemotronH's hand-written plan,
 the synthesized plans of GraniteMoeHybrid, Bamba, Mamba2, Zamba2): the mixer takes its input and

@@ -1,12 +1,12 @@
 """Hand-written plans for mixture-of-experts decoders: attention as the dense plans shard it, the
-experts split over TP on the expert dimension (:class:`plangen.moe_styles.ExpertsParallel`).
+experts split over TP on the expert dimension (:class:`plangen.styles.experts.ExpertsParallel`).
 
 Every MLP block, MoE or dense, ends the same way: its branches (the routed experts, the shared
 experts, a dense MLP's ``down_proj``) leave local partial sums, and the block's own style reduces
 them once: one all-reduce of B·S·H per layer, or with sequence parallel one all-gather of the
 block's input and one reduce-scatter of its output. Where shared experts sit beside the routed
 ones the block reduces its input's gradient once for all branches too
-(:mod:`plangen.moe_block_styles`), where each branch reduced its own. The router runs replicated on every token, so
+(:mod:`plangen.styles.moe_blocks`), where each branch reduced its own. The router runs replicated on every token, so
 the routing and the auxiliary load-balancing loss are exactly the unsharded model's.
 """
 
@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.models import text_config
-from plangen.moe_styles import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY, expert_count
+from plangen.styles.experts import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
@@ -341,7 +341,7 @@ def plan_longcat_flash(model: nn.Module, sequence_parallel: bool) -> Plan:
     # Both latent attentions by heads (MLA, with LoRA scales that are single numbers), both dense MLPs
     # column/row-parallel, the experts split on each expert's intermediate: beside its real experts
     # the router picks zero-compute identity experts, computed on every rank as a 1/tp share
-    # (plangen.moe_styles.choose_expert_layout).
+    # (plangen.styles.experts.choose_expert_layout).
     _check_experts(model)
     prefix = _text_prefix(model)
     layer = f"{prefix}.layers.*"
@@ -482,7 +482,7 @@ def plan_dbrx(model: nn.Module, sequence_parallel: bool) -> Plan:
     # w1/v1/w2 in experts.mlp). Attention as Phi-3's fused qkv (one KV head, as the default config
     # has: the KV head computed whole on every rank, MultiQueryColwiseParallel); clip_qkv clamps
     # elementwise, on this rank's q/k/v alike. The experts: whole experts per rank, or each expert's
-    # ffn rows split where the TP size does not divide them (plangen.flat_expert_styles), reduced
+    # ffn rows split where the TP size does not divide them (plangen.styles.flat_experts), reduced
     # once by the MoE block as every other MoE plan does.
     config = model.config
     heads, kv_heads = config.n_heads, config.attn_config.kv_n_heads

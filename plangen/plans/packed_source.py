@@ -11,7 +11,7 @@ integer attributes, never by running it):
   k and v, with no re-layout;
 * **parts**: the output is chunked or split along its features straight away (MPT's
   ``chunk(3, dim=2)``, GPT-BigCode's ``split((embed, kv, kv), dim=3)``): ``[q; k; v]`` one after
-  another, which :class:`plangen.fused_styles.FusedColwiseParallel` re-lays out per rank.
+  another, which :class:`plangen.styles.fused.FusedColwiseParallel` re-lays out per rank.
 
 Either way the forward may also use head counts of its own (``self.num_heads`` in a ``view``):
 those attributes are reported so the plan makes them this rank's (``LocalHeadCounts``). Anything

@@ -4,7 +4,7 @@ DiffLlama's attention computes ``attn_output1, attn_output2 = torch.chunk(attn_o
 head ``i`` is combined with head ``i + H/2`` (``out1 - lambda * out2``), and its values likewise are
 ``torch.chunk(value_states, 2, dim=1)``. Its own parameters (``lambda_q1`` ... one value per feature
 of a head) are read only inside sums, ``exp(sum(lambda_q1 * lambda_k1, dim=-1))``: one scalar that
-every head shares. Such a block shards by whole pairs (:class:`plangen.attention_styles.PairedHeadsAttentionInput`)
+every head shares. Such a block shards by whole pairs (:class:`plangen.styles.attention.PairedHeadsAttentionInput`)
 with its own parameters replicated. What the reading cannot prove (which axis the chunk is), the sweep's
 numerical check proves per class.
 """

@@ -43,7 +43,7 @@ from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
 from plangen.transformers_compat import experts_split_over_ranks
-from plangen.attention_styles import short_conv_only
+from plangen.styles.attention import short_conv_only
 from plangen.plans.recognize_moe_parts import is_router, packed_shared_children, router_rows, takes_routing
 from plangen.plans.recognize_recurrent import recognize_recurrent_block
 from plangen.plans.recognize_short_conv import recognize_short_conv
@@ -70,34 +70,34 @@ class ShardedBlock:
     rowwise: str
     per_head_norms: tuple[str, ...] = ()
     # Attention with fewer KV heads than query heads: the k/v projections, whose heads a TP size
-    # above the KV head count replicates (plangen.kv_styles).
+    # above the KV head count replicates (plangen.styles.kv_heads).
     kv_projections: tuple[str, ...] = ()
     projection_norms: tuple[str, ...] = ()
     # Column-parallel projections that pack parts ([gate; up]), with the parts' proportions:
-    # re-laid out so each rank holds its slice of every part (plangen.fused_styles).
+    # re-laid out so each rank holds its slice of every part (plangen.styles.fused).
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()
     # Multi-query attention: the parts of the fused projection (by index) that are its one key and one
-    # value head, computed whole on every rank (plangen.fused_styles.MultiQueryColwiseParallel).
+    # value head, computed whole on every rank (plangen.styles.fused.MultiQueryColwiseParallel).
     shared_parts: tuple[int, ...] = ()
     # Children whose parameters are single values applied alike to every feature (an activation's
     # learnable scalars): replicated, their gradient summed over TP (AllReduceParamGrads).
     scalar_children: tuple[str, ...] = ()
     # An MLP whose forward keeps its gate's Gaussian top-k, by statistics over the whole intermediate
-    # (Gemma 3n's activation sparsity): taken over TP (plangen.sparsity_styles).
+    # (Gemma 3n's activation sparsity): taken over TP (plangen.styles.sparsity).
     gate_statistics: bool = False
     # Attention that reuses an earlier layer's keys and values (no k/v projections of its own): its
-    # KV grouping is made this rank's as where the KV heads are replicated (plangen.kv_styles).
+    # KV grouping is made this rank's as where the KV heads are replicated (plangen.styles.kv_heads).
     reads_shared_kv: bool = False
     # Attributes the attention's forward shapes its tensors by that count all heads (OPT's
     # ``view(bsz, -1, self.num_heads, self.head_dim)``; a packed q|k|v viewed by ``self.num_heads``):
     # made this rank's when the plan is applied.
     head_attributes: tuple[str, ...] = ()
     # The attention block's own parameters of one value per query head (attention sinks): split
-    # with the heads by the block's own style (plangen.attention_styles.AttentionSinksParallel).
+    # with the heads by the block's own style (plangen.styles.attention.AttentionSinksParallel).
     head_parameters: tuple[str, ...] = ()
     # Differential attention (DiffLlama): heads paired i, i + H/2, so q/k/v are laid out in two halves
     # (each rank its slice of both: whole pairs), and the block's own parameters, reduced to one scalar
-    # every head shares, replicated with their gradient summed (plangen.attention_styles.PairedHeadsAttentionInput).
+    # every head shares, replicated with their gradient summed (plangen.styles.attention.PairedHeadsAttentionInput).
     shared_parameters: tuple[str, ...] = ()
     # The forward shapes by its input's own width (TrOCR): it is handed this rank's slice of the
     # hidden dimension, which each column-parallel projection all-gathers (plangen.plans.width_source).
@@ -474,7 +474,7 @@ class LayerExpertsBlock:
 
 def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> LayerExpertsBlock | KeptBlock | None:
     """The layer's child ``name`` as packed experts the layer routes to itself, or None when it is none."""
-    from plangen.moe_styles import expert_count
+    from plangen.styles.experts import expert_count
 
     experts = getattr(layer, name)
     count = expert_count(experts)
@@ -500,7 +500,7 @@ def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> Lay
 
 def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | None:
     """A block holding one packed experts module (transformers 5.x), or None when it holds none."""
-    from plangen.moe_styles import expert_count
+    from plangen.styles.experts import expert_count
 
     packed = [(n, c) for n, c in block.named_children() if expert_count(c)]
     if not packed:
@@ -515,7 +515,7 @@ def recognize_moe(block: nn.Module, dims: ModelDims) -> MoeBlock | KeptBlock | N
             "expert-parallel routing, so their experts cannot be split over ranks",
         )
     # One expert, or any count the TP size does not divide, is split on each expert's intermediate
-    # dimension instead (ExpertsParallel chooses when applied: plangen.moe_styles.choose_expert_layout).
+    # dimension instead (ExpertsParallel chooses when applied: plangen.styles.experts.choose_expert_layout).
     count = expert_count(experts)
     # One value per expert (a routing bias, AFMoE's expert_bias) is the router's: it stays whole.
     others = [n for n, shape in own_parameters(block).items() if shape != (count,)]

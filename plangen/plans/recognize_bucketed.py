@@ -37,7 +37,7 @@ class BucketedAttentionBlock:
     # head, dimension 1), sliced to this rank's heads by the block's style.
     head_inputs: tuple[str, ...] = ()
     # A helper that projects its input transposed (rows in another order than the heads' index):
-    # run for all heads, with the dimension of its result that counts them (plangen.bucketed_styles).
+    # run for all heads, with the dimension of its result that counts them (plangen.styles.bucketed_attention).
     all_heads_helper: tuple[str, int] | None = None
     kind: str = "attention"
 

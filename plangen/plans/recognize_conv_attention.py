@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from plangen.attention_styles import depthwise_conv
+from plangen.styles.attention import depthwise_conv
 from plangen.plans.dims import ModelDims, has_parameters, is_linear, is_per_feature, own_parameters
 from plangen.plans.forward_source import read_input_readers
 from plangen.plans.recognize import ShardedBlock, head_count_attributes

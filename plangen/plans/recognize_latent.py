@@ -33,7 +33,7 @@ _QUERY_PARTS = ({"q_a_proj", "q_a_layernorm", "q_b_proj"}, {"q_proj"})
 def recognize_latent_attention(block: nn.Module, dims: ModelDims) -> LatentBlock | None:
     """transformers' multi-head latent attention, with nothing else in it (no sparse-attention indexer):
     its rope width readable from its shapes, its up-projections a whole number of heads."""
-    from plangen.mla_styles import rope_width
+    from plangen.styles.latent_attention import rope_width
     from plangen.plans.latent import shards_query_latent
 
     names = {name for name, child in block.named_children() if has_parameters(child)}

@@ -6,7 +6,7 @@ head's width, input projections from the hidden size whose widths are whole head
 projection from all value heads back to the hidden size. The head counts and widths are the
 block's attributes its forward shapes by (transformers' names for this family, read as numbers and
 checked against the shapes above). How the layout splits, see
-:mod:`plangen.linear_attention_styles`; the sweep proves each class numerically.
+:mod:`plangen.styles.linear_attention`; the sweep proves each class numerically.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ By shapes: ``in_proj`` from the hidden size to twice the intermediate width (x a
 depthwise ``conv1d`` over the intermediate channels, ``x_proj`` from them to ``dt_rank + 2 state``
 (no bias), ``dt_proj`` from ``dt_rank`` back to them, ``out_proj`` to the hidden size, and the
 mixer's own ``A_log [channels, state]`` and ``D [channels]``. The parts are found by transformers'
-names, which :class:`plangen.mamba1_styles.Mamba1MixerParallel` hooks by name (as the latent
+names, which :class:`plangen.styles.mamba1.Mamba1MixerParallel` hooks by name (as the latent
 attention's style does); the shapes are the evidence. Norms with weights on ``dt``, ``B`` and
 ``C`` (Jamba's) are where their gradient is summed over TP, so that the norms' weights see it whole.
 """
@@ -35,7 +35,7 @@ def recognize_mamba1_mixer(block: nn.Module, hidden: int) -> Mamba1Block | str |
 
     (plangen.plans.recognize, which imports this module, wraps the why in its KeptBlock.)
     """
-    from plangen.mamba1_styles import CONV, DT_PROJ, IN_PROJ, OUT_PROJ, X_PROJ, mamba1_parts_problem
+    from plangen.styles.mamba1 import CONV, DT_PROJ, IN_PROJ, OUT_PROJ, X_PROJ, mamba1_parts_problem
 
     if mamba1_parts_problem(block) is not None:
         return None

@@ -1,6 +1,6 @@
-"""Recognize a Mamba2 mixer that splits by heads over TP (:mod:`plangen.mamba_styles`).
+"""Recognize a Mamba2 mixer that splits by heads over TP (:mod:`plangen.styles.mamba2`).
 
-A block is one where :func:`~plangen.mamba_styles.resolve_mamba2_layout` finds the layout its
+A block is one where :func:`~plangen.styles.mamba2.resolve_mamba2_layout` finds the layout its
 forward relies on (``num_heads``, ``head_dim``, ``n_groups``, ``ssm_state_size`` attributes matching
 ``in_proj``'s ``z|x|B|C|dt`` features, a depthwise ``conv1d`` over ``x|B|C``, per-head ``A_log``,
 ``D``, ``dt_bias``), whose ``norm`` computes the gated RMSNorm over groups (run once to check) and
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from plangen.mamba_styles import resolve_gated_norm, resolve_mamba2_layout
+from plangen.styles.mamba2 import resolve_gated_norm, resolve_mamba2_layout
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ A router scores every expert for every token: an ``[experts, width]`` weight. In
 ``InklingTopkRouter`` scores its shared experts too (``[routed + shared, hidden]``: the shared
 experts' columns become per-token scales of their outputs), beside a learned ``global_scale``; it
 stays whole on every rank like any router, its gradient exact because every branch that reads its
-outputs sums their gradient over TP (:class:`plangen.moe_styles.ExpertsParallel`,
-:class:`plangen.shared_expert_styles.SharedExpertsParallel`), and summed over DP by FSDP2 only.
+outputs sums their gradient over TP (:class:`plangen.styles.experts.ExpertsParallel`,
+:class:`plangen.styles.shared_experts.SharedExpertsParallel`), and summed over DP by FSDP2 only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import inspect
 
 from torch import nn
 
-from plangen.shared_expert_styles import packed_shared_shape
+from plangen.styles.shared_experts import packed_shared_shape
 
 _ROUTING_ARGUMENTS = ({"top_k_index", "router_indices"}, {"top_k_weights", "routing_weights"})
 

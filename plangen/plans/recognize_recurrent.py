@@ -3,21 +3,21 @@
 By structure: input projections from the hidden size to ``W`` channels that read the block input
 (``linear_x``, ``linear_y``), one depthwise ``nn.Conv1d`` over those ``W`` channels, one child that
 is an RG-LRU over them (block-diagonal gates ``[heads, block, block]`` with ``heads * block == W``,
-:func:`plangen.recurrent_styles.rg_lru_misfit`), and one projection from ``W`` back to the hidden
+:func:`plangen.styles.recurrent.rg_lru_misfit`), and one projection from ``W`` back to the hidden
 size that does not read the input (``linear_out``). Nothing in it mixes heads before that
-projection, so it is sharded as a gated delta net is (:mod:`plangen.linear_attention_styles`):
+projection, so it is sharded as a gated delta net is (:mod:`plangen.styles.linear_attention`):
 the input projections column-parallel, the conv's channels and the RG-LRU's heads split together
-(:class:`plangen.recurrent_styles.RGLRUParallel`), the output projection row-parallel.
+(:class:`plangen.styles.recurrent.RGLRUParallel`), the output projection row-parallel.
 
 It runs before the MLP recogniser: the block has an MLP's shape (two projections in, one out).
 
 xLSTM's mLSTM layer (:func:`recognize_mlstm_layer`): input projections from the hidden size whose
 widths are whole heads (q, k ``qk_dim``; v, the output gate ``v_dim``; the input and forget gates
 one value per head), a multi-head norm over ``v_dim`` that normalises each head on its own
-(:func:`plangen.recurrent_styles.multi_head_norm_misfit`, its ``num_heads`` the layer's), and one
+(:func:`plangen.styles.recurrent.multi_head_norm_misfit`, its ``num_heads`` the layer's), and one
 projection from ``v_dim`` back. The mLSTM cell mixes nothing across heads, so it is sharded as
 attention: the projections column-parallel by heads, the norm's weight with its heads
-(:class:`plangen.recurrent_styles.MultiHeadNormParallel`), ``out_proj`` row-parallel, and the head
+(:class:`plangen.styles.recurrent.MultiHeadNormParallel`), ``out_proj`` row-parallel, and the head
 count and widths its forward reshapes by (``config.num_heads``, ``qk_dim``, ``v_dim``) made this
 rank's by the input's style (``PrepareAttentionInput``).
 """
@@ -59,7 +59,7 @@ def recognize_recurrent_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNe
 
 def recognize_mlstm_layer(block: nn.Module, dims: ModelDims) -> MultiHeadMixerBlock | None:
     """An mLSTM layer (xLSTM) whose projections are whole heads and whose norm works per head, or None."""
-    from plangen.recurrent_styles import multi_head_norm_misfit
+    from plangen.styles.recurrent import multi_head_norm_misfit
 
     heads = getattr(getattr(block, "config", None), MLSTM_HEADS, None)
     widths = [getattr(block, a, None) for a in MLSTM_WIDTHS]
@@ -93,7 +93,7 @@ def recognize_mlstm_layer(block: nn.Module, dims: ModelDims) -> MultiHeadMixerBl
 
 def recognize_rg_lru_block(block: nn.Module, dims: ModelDims) -> GatedDeltaNetBlock | None:
     """A recurrent block with an RG-LRU whose parts all split by the RG-LRU's heads, or None."""
-    from plangen.recurrent_styles import HEAD_COUNT, rg_lru_misfit
+    from plangen.styles.recurrent import HEAD_COUNT, rg_lru_misfit
 
     convs = [c for c in block.children() if isinstance(c, nn.Conv1d)]
     lrus = [n for n, c in block.named_children() if rg_lru_misfit(c) is None]

@@ -51,10 +51,10 @@ class SplitBlock:
     rowwise: str
     inner_norm: str | None = None
     # Attributes of ``inner`` its forward reshapes with that hold the unsharded head count or width
-    # (``context.view(..., self.all_head_size)``): made this rank's (plangen.fused_styles.LocalHeadCounts).
+    # (``context.view(..., self.all_head_size)``): made this rank's (plangen.styles.fused.LocalHeadCounts).
     head_attributes: tuple[str, ...] = ()
     # ``inner`` may be rebuilt by its parent between forwards (BigBird's set_attention_type): its head
-    # counts are then made this rank's from the parent (plangen.attention_styles.RebuiltChildHeadCounts),
+    # counts are then made this rank's from the parent (plangen.styles.attention.RebuiltChildHeadCounts),
     # and the classes that draw per-head random numbers are refused in training.
     rebuilt: bool = False
     refused_in_training: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """Hand-written plan for RWKV-4 (``RwkvForCausalLM``): both mixers of every block split by channels.
 
 The time mixing's WKV recurrence and the channel mixing's gate act per channel, so each rank holds
-its slice of the channels (:mod:`plangen.rwkv_styles`): the time mixing's key, value, receptance,
+its slice of the channels (:mod:`plangen.styles.rwkv`): the time mixing's key, value, receptance,
 ``time_decay`` and ``time_first`` (``output`` row-parallel: one all-reduce), the channel mixing's
 key, receptance (by rows) and value (by columns: its partial sum reduce-scattered onto the
 receptance's channels, the gated product all-gathered). The ``time_mix_*`` act on the whole input

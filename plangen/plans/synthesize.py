@@ -14,7 +14,7 @@ Norms over a whole q or k projection, applied straight to its output (OLMo-2, OL
 with its heads (``ShardedNormParallel``: statistics summed over TP). Everything else stays
 replicated, with the reason: packed q|k|v or gate|up projections (their parts would need
 ``_StridedShard``, which FSDP2 cannot lay out), mixture-of-experts blocks, state-space /
-linear-attention mixers other than Mamba2 (which are split by heads: :mod:`plangen.mamba_styles`),
+linear-attention mixers other than Mamba2 (which are split by heads: :mod:`plangen.styles.mamba2`),
 anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
 Under sequence parallelism a replicated block of a layer is handed the whole sequence and keeps its
 shard of the output (``PrepareModuleInputOutput``: one all-gather each way); anything else on the
@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.placement_types import Placement
 
-from plangen.moe_styles import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY
+from plangen.styles.experts import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.analysis import Analysis, BlockPart, KeptPart, analyze_model
 from plangen.plans.forward_source import BlockCall
@@ -387,7 +387,7 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
         return mlstm_entries(part.path, part.block, _input_layouts(part.call, sp), sp)
     if isinstance(part.block, Mamba1Block):
         return mamba1_entries(part.path, part.block, sp)
-    if isinstance(part.block, Mamba2Block):  # plangen.mamba_styles: split by heads
+    if isinstance(part.block, Mamba2Block):  # plangen.styles.mamba2: split by heads
         block = part.block
         return [
             mamba2_mixer_entry(part.path, sp),
@@ -397,7 +397,7 @@ def _block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
     entries: list[PlanEntry] = []
     call = part.call
     # Grouped-query attention entered through its own input: KV heads replicated where the TP size
-    # exceeds them (plangen.kv_styles; the styles read the head counts when applied).
+    # exceeds them (plangen.styles.kv_heads; the styles read the head counts when applied).
     kv = block.kv_projections if call is not None else ()
     heads = block.head_attributes
     if call is not None:

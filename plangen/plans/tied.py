@@ -4,7 +4,7 @@ A plan that shards a tied embedding with ``RowwiseParallel`` and its head with `
 is right under plangen's runtime, which re-ties the two parameters ``parallelize_module`` makes
 (:func:`plangen.tensor_parallel.apply_retie`), and wrong under any runtime that does not (NeMo RL's
 ``_parallelize_model``): :func:`tie_plan_entries` turns the two entries into the pair
-:class:`~plangen.tied_styles.TiedEmbeddingParallel` / :class:`~plangen.tied_styles.TiedHeadParallel`
+:class:`~plangen.styles.tied.TiedEmbeddingParallel` / :class:`~plangen.styles.tied.TiedHeadParallel`
 (same arguments, same layouts), which keeps one parameter by itself. Pure: plan data in, plan data
 out. Hand-written plans (:func:`plangen.plans.registry.register_plan`), synthesized plans and
 ``plangen init`` (:mod:`plangen.render`) all pass their plans through it.

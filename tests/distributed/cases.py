@@ -40,7 +40,7 @@ def build_meshes(kind: str):
     elif kind == "hsdp":
         mesh = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
         return mesh["dp_replicate", "dp_shard"], mesh["tp"]
-    elif kind == "tp4":  # TP over all four ranks: more TP ranks than KV heads (plangen.kv_styles)
+    elif kind == "tp4":  # TP over all four ranks: more TP ranks than KV heads (plangen.styles.kv_heads)
         mesh = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
     elif kind == "tp2":
         mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 1, 2), mesh_dim_names=("rep", "dp", "tp"))
@@ -95,8 +95,8 @@ def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
 
 def _count_routes(model: torch.nn.Module) -> tuple[list[list[int]], list[Any]]:
     """Per MoE layer, how many (token, expert) routes each expert gets in the next forwards; the hooks."""
-    from plangen.flat_expert_styles import flat_expert_shape
-    from plangen.moe_styles import expert_count
+    from plangen.styles.flat_experts import flat_expert_shape
+    from plangen.styles.experts import expert_count
 
     counts: list[list[int]] = []
     handles = []
@@ -237,7 +237,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 def read_pad_after_steps(sharded: torch.nn.Module) -> float | None:
     """The largest pad entry of the parameters padded with zero heads (plangen.padded_heads), after the
     training steps: exactly 0 where the pad gets no gradient; None where nothing is padded."""
-    from plangen.fused_styles import padded_layout
+    from plangen.styles.fused import padded_layout
     from plangen.padded_heads import read_pad
 
     largest = None

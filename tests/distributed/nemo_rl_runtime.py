@@ -41,7 +41,7 @@ def untied_control(plan: dict) -> dict:
     """The same plan with torch's own styles at both ends (what plangen generated before the pair)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    from plangen.tied_styles import TiedEmbeddingParallel, TiedHeadParallel
+    from plangen.styles.tied import TiedEmbeddingParallel, TiedHeadParallel
 
     def plain(style):
         torch_style = {TiedEmbeddingParallel: RowwiseParallel, TiedHeadParallel: ColwiseParallel}.get(type(style))

@@ -22,7 +22,7 @@ is all-gathered. The receptance is an ninth of the layer's parameters: kept whol
 Why one style per mixer (``RwkvTimeMixParallel``, ``RwkvChannelMixParallel``) and local tensors inside: the forward reads ``time_decay``, ``time_first``
 and the ``time_mix_*`` itself, where no module style of torch's can put DTensors. During the
 mixer's forward its sharded parameters (and its linears') are swapped for their local shards and
-put back after, as :mod:`plangen.mamba1_styles` does.
+put back after, as :mod:`plangen.styles.mamba1` does.
 
 The gradients, exactly: the mixer's input enters whole as a plain tensor whose gradient, a partial
 sum over the ranks' channels along every path (each mix feeds only this rank's rows), is summed
@@ -44,10 +44,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen import compat
 from plangen.tp_sums import all_reduce_grad
+from plangen.style_facts import StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 TIME_MIX_LINEARS = ("key", "value", "receptance")  # hidden -> attention_hidden, split by rows
 CHANNEL_PARAMETERS = ("time_decay", "time_first")  # one value per attention channel
@@ -122,7 +124,7 @@ def _distribute(module: nn.Module, name: str, mesh: DeviceMesh, placement: Place
     module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
 
 
-class _RwkvMixerParallel(ParallelStyle):
+class _RwkvMixerParallel(PlangenStyle):
     """An RWKV-4 mixer split over TP by channels (see the module docstring). The mixer takes its
     hidden state as its first positional argument, as ``RwkvBlock`` passes it (no SP)."""
 
@@ -158,6 +160,10 @@ class RwkvTimeMixParallel(_RwkvMixerParallel):
     """RWKV-4's time mixing (``RwkvSelfAttention``) by channels; ``output`` is left to its own
     ``RowwiseParallel`` entry."""
 
+    # An RWKV-4 mixer split by channels (plangen.styles.rwkv): time mixing's key/value/receptance
+    # and time_decay/time_first, or channel mixing's key/receptance by rows and value by columns.
+    facts = StyleFacts("other", lays_out_children={"key": "colwise", "value": "colwise", "receptance": "colwise"})
+
     kind = "time"
 
 
@@ -165,32 +171,29 @@ class RwkvChannelMixParallel(_RwkvMixerParallel):
     """RWKV-4's channel mixing (``RwkvFeedForward``) by channels, whole here: ``value``'s
     reduce-scatter onto the receptance's channels and the gated product's all-gather are the style's."""
 
+    facts = StyleFacts("other", lays_out_children={"key": "colwise", "receptance": "colwise", "value": "rowwise"})
+
     kind = "channel"
 
 
 def _install_local_forward(
     module: nn.Module, mesh: DeviceMesh, owners: list[nn.Module], mixes: tuple[str, ...], kind: str
 ) -> None:
-    swapped: list[tuple[nn.Module, str, Any]] = []
     states: list[Any] = []
     group = mesh.get_group()
     rank = mesh.get_local_rank()
 
-    def swap_in(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def swap_in(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if not args or isinstance(args[0], DTensor):
             raise ValueError(f"{type(mod).__name__} takes its hidden state as a plain first argument")
         # Every path from the input runs through this rank's channels only: its gradient is summed once.
         args = (all_reduce_grad(args[0], mesh), *args[1:])
         for owner in owners:
-            for name, param in list(owner._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped.append((owner, name, param))
-                    owner._parameters[name] = param.to_local()  # type: ignore[assignment]
+            params.local_views(owner)
         # The mixes' gradients are partial sums too: stacked, one small all-reduce for all of them.
         summed = all_reduce_grad(torch.stack([mod._parameters[n] for n in mixes]), mesh)
         for index, name in enumerate(mixes):
-            swapped.append((mod, name, mod._parameters[name]))
-            mod._parameters[name] = summed[index]  # type: ignore[assignment]
+            params.replace(mod, name, summed[index])
         state = kwargs.get("state")
         states.append(state)
         if kind == "time" and state is not None:
@@ -199,9 +202,6 @@ def _install_local_forward(
         return args, kwargs
 
     def put_back(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> Any:
-        for owner, name, param in reversed(swapped):
-            owner._parameters[name] = param
-        swapped.clear()
         state = states.pop() if states else None
         if not isinstance(output, tuple):
             return output
@@ -209,6 +209,4 @@ def _install_local_forward(
         # The caller's state list (not the sliced views) goes on to the next mixer and layer.
         return (out, state if state is not None else output[1], *output[2:])
 
-    module.register_forward_pre_hook(swap_in, with_kwargs=True)
-    # always_call: an exception inside forward must not leave local views in place of the parameters.
-    module.register_forward_hook(put_back, with_kwargs=True, always_call=True)
+    run_on_local_tensors(module, swap_in, put_back)

@@ -29,10 +29,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard, distribute_tensor
 
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.style_facts import PARTIAL_SUM, REPLICATE, SHARED_EXPERTS, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 # The projections' names and the dim of each that the intermediate width lies on ([S, out, in]).
 SHARED_PROJECTIONS = {"gate_proj": 1, "up_proj": 1, "down_proj": 2}
@@ -57,7 +59,7 @@ def packed_shared_shape(module: nn.Module) -> tuple[int, int, int] | None:
     return count, width, hidden
 
 
-class SharedExpertsParallel(ParallelStyle):
+class SharedExpertsParallel(PlangenStyle):
     """Shard a packed shared-experts module over TP by each expert's intermediate (see the module
     docstring); the TP size must divide the intermediate width.
 
@@ -67,6 +69,25 @@ class SharedExpertsParallel(ParallelStyle):
     block that reduces its branches' input gradients once (``MoeBlockParallel``); the per-token
     scales' is summed here.
     """
+
+    # Inkling's shared experts of 3-D weights: each expert's intermediate (gate/up dim 1, down dim 2).
+    facts = StyleFacts(
+        "other", shard_dim={SHARED_EXPERTS: 1}, layout_defaults={"output_layouts": REPLICATE}, produces=PARTIAL_SUM
+    )
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        if packed_shared_shape(module) is None:
+            return (
+                f"`{type(self).__name__}` shards shared experts of 3-D gate_proj/up_proj [S, I, H] and down_proj"
+                f" [S, H, I] (Inkling's), not {type(module).__name__}"
+            )
+        return None
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        shared = packed_shared_shape(module)
+        if not shared:
+            return super().required_dims(module, tp)
+        return [("each shared expert's intermediate width", shared[1], 1)]  # local slices, plain tensors
 
     def __init__(self, *, output_layouts: Placement | None = None, sum_input_grad: bool = True) -> None:
         super().__init__()
@@ -94,7 +115,6 @@ class SharedExpertsParallel(ParallelStyle):
             param = module._parameters[name]
             sharded = distribute_tensor(param.data, device_mesh, [Shard(dim)], src_data_rank=None)
             module.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        swapped: dict[str, nn.Parameter] = {}
 
         def local_input(tensor: Any, summed: bool = True) -> Any:
             if not isinstance(tensor, torch.Tensor):
@@ -105,25 +125,18 @@ class SharedExpertsParallel(ParallelStyle):
                 tensor = all_reduce_grad(tensor, device_mesh)
             return tensor
 
-        def prepare(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def prepare(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             args = tuple(local_input(a, i > 0 or self.sum_input_grad) for i, a in enumerate(args))
             kwargs = {k: local_input(v) for k, v in kwargs.items()}
-            for name, param in list(mod._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped[name] = param
-                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+            params.local_views(mod)
             return args, kwargs
 
         def finish(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
-            if isinstance(self.output_layouts, Partial):
+            if output is None or isinstance(self.output_layouts, Partial):  # None: the forward raised
                 return output
             return SumOverMesh.apply(output, device_mesh.get_group())
 
-        module.register_forward_pre_hook(prepare, with_kwargs=True)
-        # always_call: an exception inside forward must not leave local views in place of the parameters.
-        module.register_forward_hook(finish, with_kwargs=True, always_call=True)
+        run_on_local_tensors(module, prepare, finish)
         return module
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
 """Experts modules of one ``[experts, out, in]`` weight applied to tokens sorted by expert (JetMoE's
 ``JetMoeParallelExperts``), split column- and row-parallel inside every expert.
 
-The transformers 5.x packed experts (``gate_up_proj`` / ``down_proj``) are :mod:`plangen.moe_styles`'.
+The transformers 5.x packed experts (``gate_up_proj`` / ``down_proj``) are :mod:`plangen.styles.experts`'.
 """
 
 from __future__ import annotations
@@ -14,16 +14,21 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.moe_styles import expert_count
+from plangen.styles.experts import expert_count
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, grad_once, replicated_local
+from plangen.style_facts import EXPERTS, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 
-def _swap_in_local(mod: nn.Module, swapped: dict[str, nn.Parameter]) -> None:
-    # The forward computes on this rank's shards; to_local's backward hands each gradient back as the DTensor.
-    for name, param in list(mod._parameters.items()):
-        if isinstance(param, DTensor):
-            swapped[name] = param
-            mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+def _grouped_fit_problem(style: ParallelStyle, module: nn.Module) -> str | None:
+    weight = getattr(module, "weight", None)
+    if expert_count(module) is None or not isinstance(weight, nn.Parameter) or weight.dim() != 3:
+        return (
+            f"`{type(style).__name__}` shards an experts module of one [experts, out, in] weight (JetMoE's),"
+            f" not {type(module).__name__}"
+        )
+    return None
 
 
 def _grouped_weight(style: ParallelStyle, module: nn.Module) -> nn.Parameter:
@@ -36,7 +41,7 @@ def _grouped_weight(style: ParallelStyle, module: nn.Module) -> nn.Parameter:
     return weight
 
 
-class GroupedColwiseParallel(ParallelStyle):
+class GroupedColwiseParallel(PlangenStyle):
     """Column-parallel for an experts module of one ``[E, out, in]`` weight that its forward applies
     per expert to the tokens sorted by expert (JetMoE's ``JetMoeParallelExperts``, called with the
     inputs and per-expert token counts, ``input_linear`` of its MoE and of its mixture of attention
@@ -45,7 +50,7 @@ class GroupedColwiseParallel(ParallelStyle):
 
     ``part_sizes``: the parts packed in the output features (``(1, 1)`` for ``[gate; up]``, which the
     block chunks in two), re-laid out so each rank's slice holds its share of every part, with the
-    state dict in Hugging Face's layout (:mod:`plangen.fused_styles`); ``()`` for one part (a
+    state dict in Hugging Face's layout (:mod:`plangen.styles.fused`); ``()`` for one part (a
     query projection, split by heads).
 
     ``sum_input_grad=False``: the input's gradient is left partial, for a block that reduces all its
@@ -53,13 +58,20 @@ class GroupedColwiseParallel(ParallelStyle):
     :class:`RoutedBlockSequenceParallel`'s gather, whose backward reduce-scatters).
     """
 
+    # JetMoE's experts of one [E, out, in] weight: each expert's output features, or its input
+    # features (the outputs all-reduced), split over TP.
+    facts = StyleFacts("colwise", shard_dim={EXPERTS: 1})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return _grouped_fit_problem(self, module)
+
     def __init__(self, *, part_sizes: tuple[int, ...] = (), sum_input_grad: bool = True) -> None:
         super().__init__()
         self.part_sizes = tuple(part_sizes)
         self.sum_input_grad = sum_input_grad
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.fused_styles import install_layout_hooks, interleave_index
+        from plangen.styles.fused import install_layout_hooks, interleave_index
 
         weight = _grouped_weight(self, module)
         tp = device_mesh.size()
@@ -74,30 +86,24 @@ class GroupedColwiseParallel(ParallelStyle):
         module.register_parameter("weight", nn.Parameter(sharded, requires_grad=weight.requires_grad))
         if self.part_sizes:
             install_layout_hooks(module, self.part_sizes, tp, {"weight": 1})
-        swapped: dict[str, nn.Parameter] = {}
 
-        def prepare(mod: nn.Module, args: tuple) -> tuple:
+        def prepare(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             inputs, *rest = args
             inputs = replicated_local(inputs)
             if torch.is_grad_enabled() and self.sum_input_grad:
                 inputs = all_reduce_grad(inputs, device_mesh)
-            _swap_in_local(mod, swapped)
-            return (inputs, *rest)
+            # The forward computes on this rank's shards; to_local's backward hands each gradient back as the DTensor.
+            params.local_views(mod)
+            return (inputs, *rest), kwargs
 
-        def restore(mod: nn.Module, args: tuple, output: Any) -> None:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
-
-        module.register_forward_pre_hook(prepare)
-        # always_call: an exception inside forward must not leave local views in place of the parameters.
-        module.register_forward_hook(restore, always_call=True)
+        run_on_local_tensors(module, prepare)
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(part_sizes={self.part_sizes}, sum_input_grad={self.sum_input_grad})"
 
 
-class GroupedRowwiseParallel(ParallelStyle):
+class GroupedRowwiseParallel(PlangenStyle):
     """Row-parallel for the same kind of experts module (JetMoE's ``output_linear``): each rank holds
     its slice of every expert's input features (``Shard(2)``), takes the matching slice its
     :class:`GroupedColwiseParallel` partner left, and the partial outputs are summed over TP (one
@@ -107,6 +113,11 @@ class GroupedRowwiseParallel(ParallelStyle):
     ``sum_output=False``: the partial outputs are returned as they are, for a block that reduces
     them once after its gates and scatter back (:class:`RoutedBlockParallel`, one all-reduce of
     B·S·H; :class:`RoutedBlockSequenceParallel`, one reduce-scatter)."""
+
+    facts = StyleFacts("rowwise", shard_dim={EXPERTS: 2})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return _grouped_fit_problem(self, module)
 
     def __init__(self, *, sum_output: bool = True) -> None:
         super().__init__()
@@ -121,28 +132,24 @@ class GroupedRowwiseParallel(ParallelStyle):
             )
         sharded = distribute_tensor(weight.data, device_mesh, [Shard(2)], src_data_rank=None)
         module.register_parameter("weight", nn.Parameter(sharded, requires_grad=weight.requires_grad))
-        swapped: dict[str, nn.Parameter] = {}
 
-        def prepare(mod: nn.Module, args: tuple) -> tuple:
-            _swap_in_local(mod, swapped)
-            return (replicated_local(args[0]), *args[1:])
+        def prepare(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            params.local_views(mod)
+            return (replicated_local(args[0]), *args[1:]), kwargs
 
-        def finish(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
+        def finish(mod: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> torch.Tensor:
             if output is None or not self.sum_output:
                 return output
             return SumOverMesh.apply(output, device_mesh.get_group())
 
-        module.register_forward_pre_hook(prepare)
-        module.register_forward_hook(finish, always_call=True)
+        run_on_local_tensors(module, prepare, finish)
         return module
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(sum_output={self.sum_output})"
 
 
-class RoutedBlockParallel(ParallelStyle):
+class RoutedBlockParallel(PlangenStyle):
     """Tensor parallel (no SP) for a JetMoE block whose experts leave partial sums (its MoE MLP, and
     its attention with the mixture of attention heads), ending as a dense row-parallel layer does:
     in one all-reduce of B·S·H, where reducing each experts module's routed tokens costs k times that.
@@ -165,6 +172,9 @@ class RoutedBlockParallel(ParallelStyle):
     its first positional argument. Paths (``bias``, ``router``, ``reads_gathered``) are relative to
     the block. An output tuple has its first value reduced, the others passed through.
     """
+
+    # A JetMoE block: its experts' partial sums all-reduced once (under SP: its input gathered, reduce-scattered out).
+    facts = StyleFacts("gather_output")
 
     GATES = 2  # JetMoeTopKGating returns (sorted ids, token ids, gates, expert sizes, logits)
 
@@ -200,14 +210,15 @@ class RoutedBlockParallel(ParallelStyle):
             owner.register_parameter(bias_name, made)
         state: dict[str, Any] = {}
 
-        def gather(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def gather(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             args, kwargs = list(args), dict(kwargs)
             hidden = kwargs[self.input_kwarg] if self.input_kwarg else args[0]
             whole = self._whole_input(hidden, device_mesh)
             # Partial: the gradients of every reader are summed first, then reduced once (from whole's backward).
             local = whole.to_local(grad_placements=[Partial()])
             state.update(whole=whole, local=local, bias=owner._parameters[bias_name])
-            owner._parameters[bias_name] = torch.zeros((), dtype=local.dtype, device=local.device)  # type: ignore[assignment]
+            # The bias is added once, after the sum over TP: the experts' own forward adds nothing.
+            params.replace(owner, bias_name, torch.zeros((), dtype=local.dtype, device=local.device))
             if self.input_kwarg:
                 kwargs[self.input_kwarg] = local
             else:
@@ -216,8 +227,6 @@ class RoutedBlockParallel(ParallelStyle):
 
         def reduce(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             bias_param = state.pop("bias", None)
-            if bias_param is not None:
-                owner._parameters[bias_name] = bias_param
             state.clear()
             if output is None:  # the forward raised (always_call): the bias is back, nothing to reduce
                 return output
@@ -238,9 +247,7 @@ class RoutedBlockParallel(ParallelStyle):
             gates = all_reduce_grad(output[self.GATES], device_mesh)
             return (*output[: self.GATES], gates, *output[self.GATES + 1 :])
 
-        module.register_forward_pre_hook(gather, with_kwargs=True)
-        # always_call: an exception inside forward must not leave the zero in place of the bias.
-        module.register_forward_hook(reduce, with_kwargs=True, always_call=True)
+        run_on_local_tensors(module, gather, reduce)
         for child in self.reads_gathered:
             # prepend: before the child's own style reads its input.
             module.get_submodule(child).register_forward_pre_hook(read_gathered, prepend=True)
@@ -269,6 +276,8 @@ class RoutedBlockSequenceParallel(RoutedBlockParallel):
     ``sequence_dim``: the dim the residual stream is sharded on (as torch's ``SequenceParallel``
     takes it).
     """
+
+    facts = StyleFacts("gather_output")
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ The forward reads its parameters directly next to the local channels the block's
 ``linear_x`` and sharded ``conv_1d`` leave (``torch.baddbmm(self.input_gate_bias[:, None, :], ...)``),
 so they are swapped for their local views during its forward (``to_local``'s backward hands each
 gradient back to the ``Shard(0)`` DTensor: each rank's heads' gradient, exact, with no communication).
-The block around it is :class:`~plangen.linear_attention_styles.GatedDeltaNetParallel` (input
+The block around it is :class:`~plangen.styles.linear_attention.GatedDeltaNetParallel` (input
 prepared, ``conv_1d`` split, ``lru_width`` made local); see :mod:`plangen.plans.recognize_recurrent`.
 
 xLSTM's mLSTM layer normalises each head's output on its own (``xLSTMMultiHeadLayerNorm``: the
@@ -38,7 +38,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor.parallel import ParallelStyle
+from plangen.style_facts import HEADS, NORM, StyleFacts
+from plangen.styles.base import PlangenStyle
 
 # transformers' names: the RG-LRU's own parameters, block-diagonal gates first.
 GATE_WEIGHTS = ("input_gate_weight", "recurrent_gate_weight")  # [heads, block, block]
@@ -69,19 +70,35 @@ def rg_lru_misfit(module: nn.Module, head_attribute: str = HEAD_COUNT) -> str | 
     return None
 
 
-class RGLRUParallel(ParallelStyle):
+class RGLRUParallel(PlangenStyle):
     """An RG-LRU's block-diagonal heads split over TP (see the module docstring); its input and
     output are this rank's channels as local tensors, so it takes no layouts.
 
     ``head_attribute``: the integer attribute its forward reshapes by (divided by the TP size).
     """
 
+    # An RG-LRU (RecurrentGemma) inside such a block: its own [heads, ...] gates and [channels]
+    # recurrent_param split by heads; local channels in and out, so no layouts of its own.
+    facts = StyleFacts("other", shard_dim={HEADS: 0})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        problem = rg_lru_misfit(module, self.head_attribute)
+        if problem is None:
+            return None
+        return f"`{type(self).__name__}` splits an RG-LRU by its heads, but {type(module).__name__} {problem}"
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        heads = getattr(module, self.head_attribute, None)
+        if not isinstance(heads, int):
+            return super().required_dims(module, tp)
+        return [(self.head_attribute, heads, 1)]  # whole block-diagonal heads
+
     def __init__(self, *, head_attribute: str = HEAD_COUNT) -> None:
         super().__init__()
         self.head_attribute = head_attribute
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.attention_styles import local_during_forward, shard_by_heads
+        from plangen.styles.attention import local_during_forward, shard_by_heads
 
         name = type(self).__name__
         problem = rg_lru_misfit(module, self.head_attribute)
@@ -118,18 +135,31 @@ def multi_head_norm_misfit(module: nn.Module, head_attributes: tuple[str, ...] =
     return None
 
 
-class MultiHeadNormParallel(ParallelStyle):
+class MultiHeadNormParallel(PlangenStyle):
     """A norm of each head on its own, its weight spanning all heads, on this rank's heads (see the
     module docstring): weight and bias ``Shard(0)``, ``head_attributes`` divided by the TP size.
     Input and output are local tensors (the column-parallel projections before it leave them so)."""
+
+    # A norm of each head on its own, its weight spanning the heads (xLSTM's): sharded with them.
+    facts = StyleFacts("sharded_norm", shard_dim={NORM: 0})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        problem = multi_head_norm_misfit(module, self.head_attributes)
+        if problem is None:
+            return None
+        return f"`{type(self).__name__}` splits a norm of each head by its heads, but {type(module).__name__} {problem}"
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        # Whole heads per rank, local counts.
+        return [(a, getattr(module, a), 1) for a in self.head_attributes if isinstance(getattr(module, a, None), int)]
 
     def __init__(self, *, head_attributes: tuple[str, ...] = NORM_HEAD_COUNTS) -> None:
         super().__init__()
         self.head_attributes = tuple(head_attributes)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.attention_styles import local_during_forward, shard_by_heads
-        from plangen.fused_styles import LocalHeadCounts
+        from plangen.styles.attention import local_during_forward, shard_by_heads
+        from plangen.styles.fused import LocalHeadCounts
 
         name = type(self).__name__
         problem = multi_head_norm_misfit(module, self.head_attributes)

@@ -21,12 +21,17 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
-from plangen.norm_styles import sum_over_tp
+from plangen.styles.norms import sum_over_tp
+from plangen.style_facts import PREPARE_INPUT, StyleFacts
+from plangen.styles.base import PlangenStyle
 
 
-class ActivationSparsityParallel(PrepareModuleInput):
+class ActivationSparsityParallel(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` for an MLP whose forward keeps the gate's Gaussian top-k
     (``_gaussian_topk``): its mean and standard deviation taken over every rank's slice."""
+
+    # An MLP's input; where it keeps the gate's Gaussian top-k, the statistics over every rank's slice.
+    facts = StyleFacts("prepare_input", hooks=PREPARE_INPUT)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         sparsity = getattr(module, "activation_sparsity", 0.0)

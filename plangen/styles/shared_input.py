@@ -11,13 +11,15 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen import compat
 from plangen.tp_sums import grad_once
+from plangen.style_facts import StyleFacts
+from plangen.styles.local_tensors import local_views_during_forward
+from plangen.styles.base import PlangenStyle
 
 
-class SharedInputGather(ParallelStyle):
+class SharedInputGather(PlangenStyle):
     """Sequence parallel for children of one module that read the same sequence-sharded DTensor
     whole (Gemma 4's layer: its router and its experts' input norm are both handed the flattened
     residual): all-gathered once, at the first of ``readers`` that runs, and the same local whole
@@ -37,6 +39,9 @@ class SharedInputGather(ParallelStyle):
     A plain (not DTensor) input passes through untouched. ``readers``: child paths relative to the
     module; the cached tensor is dropped when the module's forward ends.
     """
+
+    # A layer whose children read one sequence-sharded input whole (Gemma 4's router and experts' norm): gathered once.
+    facts = StyleFacts("prepare_input")
 
     def __init__(self, *, readers: tuple[str, ...], partial_readers: tuple[str, ...] = ()) -> None:
         super().__init__()
@@ -112,21 +117,7 @@ def _partial_grad_parameters(module: nn.Module, device_mesh: DeviceMesh) -> None
     for name, param in list(module.named_parameters(recurse=False)):
         replicated = distribute_tensor(param.data, device_mesh, [Replicate()], src_data_rank=None)
         module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
-    swapped: dict[str, nn.Parameter] = {}
-
-    def swap_in(mod: nn.Module, args: tuple) -> None:
-        for name, param in list(mod._parameters.items()):
-            if isinstance(param, DTensor):
-                swapped[name] = param
-                mod._parameters[name] = param.to_local(grad_placements=(Partial(),))  # type: ignore[assignment]
-
-    def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
-        mod._parameters.update(swapped)  # type: ignore[arg-type]
-        swapped.clear()
-
-    module.register_forward_pre_hook(swap_in)
-    # always_call: an exception inside forward must not leave local views in place of the parameters.
-    module.register_forward_hook(swap_back, always_call=True)
+    local_views_during_forward(module, grad_placements=(Partial(),))
 
 
 __all__ = ["SharedInputGather"]

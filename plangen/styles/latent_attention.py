@@ -16,7 +16,7 @@ without one, so each rank's gradient of it covers its own heads only and must be
 Where the query latent is a large share of the model (Youtu: 5.1 %, the rule in
 :func:`plangen.plans.latent.shards_query_latent`), it is sharded too: ``q_a_proj`` column-parallel
 (each rank computes its slice of the latent), ``q_a_layernorm`` over the whole latent with its
-statistics summed over TP (:class:`~plangen.norm_styles.ShardedNormParallel`), the latent
+statistics summed over TP (:class:`~plangen.styles.norms.ShardedNormParallel`), the latent
 all-gathered into a column-parallel ``q_b_proj`` (its gradient reduce-scattered back). ``q_a_proj``'s
 input gradient is then a partial sum over TP: ``MlaAttentionParallel(sharded_query_latent=True)``
 leaves it partial, counts ``kv_a_proj_with_mqa``'s (whole on every rank) on the first rank only, and
@@ -41,10 +41,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
-from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
+from torch.distributed.tensor.parallel import PrepareModuleInput
 
 from plangen import compat
 from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook
+from plangen.style_facts import PREPARE_INPUT, StyleFacts
+from plangen.styles.base import PlangenStyle, linear_only_problem
 
 # transformers' names of MLA's latent projections (every MLA class in transformers 5.x).
 LATENT_KV_PROJ = "kv_a_proj_with_mqa"
@@ -59,7 +61,7 @@ def _all_reduce_rope_grad(rope_dim: int, device_mesh: DeviceMesh, mod: nn.Module
     return torch.cat([passthrough, all_reduce_grad(rope, device_mesh)], dim=-1)
 
 
-class MlaKvAProjParallel(ParallelStyle):
+class MlaKvAProjParallel(PlangenStyle):
     """Multi-head latent attention's ``kv_a_proj_with_mqa``: all-reduce the gradient of its rope tail.
 
     transformers' ``mla_kv_a_proj``. The output is ``[kv_lora_rank + rope_dim]``; the first part
@@ -68,6 +70,11 @@ class MlaKvAProjParallel(ParallelStyle):
     per rank and must be summed. Forward unchanged; parameters stay replicated plain tensors.
     ``rope_dim`` is a model size: plan files use :class:`MlaAttentionParallel`, which reads it.
     """
+
+    facts = StyleFacts("other", replicates=True)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return linear_only_problem(self, module)
 
     def __init__(self, *, rope_dim: int) -> None:
         super().__init__()
@@ -99,7 +106,7 @@ def rope_width(attention: nn.Module) -> int:
     return width
 
 
-class MlaAttentionParallel(PrepareModuleInput):
+class MlaAttentionParallel(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` for a multi-head latent attention module, which also sums over TP the
     gradient of its shared rope key (see the module docstring).
 
@@ -113,6 +120,9 @@ class MlaAttentionParallel(PrepareModuleInput):
     gradient (whole on every rank) counts on the first rank only, and the block input's gradient is
     reduced once here (the module docstring).
     """
+
+    # PrepareModuleInput on a latent-attention module (it also hooks kv_a_proj_with_mqa's rope grad).
+    facts = StyleFacts("prepare_input", hooks=PREPARE_INPUT)
 
     def __init__(
         self,

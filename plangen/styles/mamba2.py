@@ -15,14 +15,14 @@ and ``out_proj``'s input (row-parallel: one all-reduce, or a reduce-scatter unde
   of ``in_proj`` and ``conv1d`` are stored sharded like any other row (1/tp per rank, so memory is
   the ideal) and all-gathered whole once per forward (weights, not activations: ``2 · N · hidden``
   and ``2 · N · kernel`` values), their gradient reduce-scattered, which sums every rank's heads'
-  part: exact, as :class:`~plangen.fused_styles.MultiQueryColwiseParallel` does for one KV head.
+  part: exact, as :class:`~plangen.styles.fused.MultiQueryColwiseParallel` does for one KV head.
   The norm's one group spans every rank: its sum of squares is all-reduced (B·S values each way).
 
 A buffer that scales ``in_proj``'s output per feature (FalconH1's ``mup_vector``) is cut to this
 rank's features; a mixer without a norm (FalconH1's ``Identity`` when ``mamba_rms_norm`` is off)
 gates its local slice in its own forward.
 
-The weights are stored as :class:`~plangen.fused_styles.FusedColwiseParallel` stores a packed
+The weights are stored as :class:`~plangen.styles.fused.FusedColwiseParallel` stores a packed
 projection: re-laid out once so each rank's rows are its own parts, a plain ``Shard(0)`` that FSDP2
 composes with, and state-dict hooks that give and take Hugging Face's layout (``docs/fused.md``).
 
@@ -38,17 +38,18 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen import compat
-from plangen.fused_styles import FusedColwiseParallel, gather_shared_rows
-from plangen.norm_styles import _SumOverTP
+from plangen.styles.fused import FusedColwiseParallel, gather_shared_rows
+from plangen.styles.norms import _SumOverTP
+from plangen.style_facts import HEADS, NORM, REPLICATE, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 # The mixer's own parameters of one value per head, read directly by its forward.
 HEAD_PARAMETERS = ("A_log", "D", "dt_bias")
@@ -155,7 +156,7 @@ def _local_input(x: torch.Tensor, mesh: DeviceMesh, layout: Placement) -> torch.
     return x.to_local(grad_placements=(Partial(),))
 
 
-class Mamba2MixerParallel(ParallelStyle):
+class Mamba2MixerParallel(PlangenStyle):
     """A Mamba2 mixer split by heads over TP (see the module docstring for the layout).
 
     ``input_layouts``: the hidden state as the layer hands it (``Replicate()``, or ``Shard(1)`` under
@@ -165,6 +166,22 @@ class Mamba2MixerParallel(ParallelStyle):
     ``intermediate_size``, ``n_groups`` and ``conv_dim`` to this rank's. Refuses, with the largest
     legal size, a TP size that splits neither the heads nor the groups.
     """
+
+    # A Mamba2 mixer split by heads (plangen.styles.mamba2): its own [heads] parameters, in_proj and
+    # conv1d re-laid out by heads; it takes its input itself (gathered, gradient reduced once).
+    facts = StyleFacts(
+        "prepare_input",
+        shard_dim={HEADS: 0},
+        layout_defaults={"input_layouts": REPLICATE},
+        lays_out_children={"in_proj": "colwise", "conv1d": "colwise"},
+    )
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        try:
+            resolve_mamba2_layout(module)
+        except ValueError as err:
+            return f"`{type(self).__name__}`: {err}"
+        return None
 
     def __init__(self, *, input_layouts: Placement | None = None) -> None:
         super().__init__()
@@ -229,7 +246,6 @@ def _apply_local_feature_buffers(module: nn.Module, layout: Mamba2Layout, mesh: 
 def _install_local_swap(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMesh, input_layout: Placement) -> None:
     """During each forward: the input whole and local, and the parameters the forward reads this
     rank's local tensors (the one B/C group's rows gathered whole); put back after."""
-    swapped: list[tuple[nn.Module, str, Any]] = []
     shared = {
         "in_proj": (layout.in_proj_parts, Mamba2Layout.IN_PROJ_SHARED),
         "conv1d": (layout.conv_parts, Mamba2Layout.CONV_SHARED),
@@ -242,7 +258,7 @@ def _install_local_swap(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMes
             return gather_shared_rows(param, 0, tuple(p // mesh.size() for p in parts), which, mesh)
         return param.to_local() if isinstance(param, DTensor) else param
 
-    def enter(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def enter(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
             args = (_local_input(args[0], mesh, input_layout), *args[1:])
         else:
@@ -257,18 +273,10 @@ def _install_local_swap(module: nn.Module, layout: Mamba2Layout, mesh: DeviceMes
                 param = owner._parameters.get(name)
                 if param is None:
                     continue
-                swapped.append((owner, name, param))
-                owner._parameters[name] = local_of(owner, child, param)
+                params.replace(owner, name, local_of(owner, child, param))
         return args, kwargs
 
-    def leave(mod: nn.Module, args: tuple, output: Any) -> None:
-        for owner, name, param in swapped:
-            owner._parameters[name] = param
-        swapped.clear()
-
-    module.register_forward_pre_hook(enter, with_kwargs=True)
-    # always_call: an exception inside forward must not leave local tensors in place of the parameters.
-    module.register_forward_hook(leave, always_call=True)
+    run_on_local_tensors(module, enter)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,7 +356,7 @@ def resolve_gated_norm(module: nn.Module) -> tuple[int, int, float]:
     return width, group, float(eps)
 
 
-class GatedRMSNormParallel(ParallelStyle):
+class GatedRMSNormParallel(PlangenStyle):
     """Mamba2's gated RMSNorm (``norm(x, gate)``) on this rank's heads: weight ``Shard(0)``.
 
     Takes this rank's slice of ``x`` and of ``gate`` (local tensors, as :class:`Mamba2MixerParallel`
@@ -358,6 +366,16 @@ class GatedRMSNormParallel(ParallelStyle):
     forward, one in backward). The module's own forward is the spec: it is run once and refused
     where it computes anything else.
     """
+
+    # Its gated RMSNorm on this rank's heads: weight Shard(0), a group spread over ranks all-reduced.
+    facts = StyleFacts("sharded_norm", shard_dim={NORM: 0})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        try:
+            resolve_gated_norm(module)
+        except ValueError as err:
+            return f"`{type(self).__name__}`: {err}"
+        return None
 
     # Where a group spans ranks: all-gather its slices rather than sum its statistics over TP.
     gather = False
@@ -411,5 +429,8 @@ class GatheredGatedRMSNormParallel(GatedRMSNormParallel):
     all-gathered (one all-gather of this rank's width) and normalised whole on every rank as one
     device does; each rank keeps its slice and applies its own ``Shard(0)`` slice of the weight (so
     the weight's gradient stays local and exact). Groups whole on a rank need nothing."""
+
+    # Its stable-variant twin: a group spread over ranks all-gathered and normalised whole instead.
+    facts = StyleFacts("sharded_norm", shard_dim={NORM: 0})
 
     gather = True

@@ -10,7 +10,7 @@ and calls the child with one expert's three slices.
 :class:`FlatExpertsParallel` gives each TP rank ``E / tp`` whole experts: a plain ``Shard(0)`` of
 each flat weight is exactly that (rank ``r`` holds experts ``r · E/tp`` to ``(r + 1) · E/tp - 1``),
 so FSDP2 composes with it like any column-parallel weight and a full state dict is the Hugging
-Face weights. The rest is :class:`plangen.moe_styles.ExpertsParallel`'s layout: every rank holds
+Face weights. The rest is :class:`plangen.styles.experts.ExpertsParallel`'s layout: every rank holds
 every token (the router runs replicated), computes the routes to its own experts, and leaves a
 partial sum; the hidden states' and routing weights' gradients are summed over TP in backward.
 
@@ -22,12 +22,12 @@ ids (no sentinel, ``num_experts`` untouched); each expert is still computed by t
 ``DbrxExpertGLU`` forward, called with this rank's slices of the weights.
 
 Where the TP size does not divide the experts (3 experts at TP 2), each expert's ffn rows are split
-instead, as :class:`plangen.moe_styles.ExpertsParallel` splits packed experts' intermediate
-(:func:`plangen.moe_styles.choose_expert_layout` decides for both): ``w1`` / ``v1`` column-parallel
+instead, as :class:`plangen.styles.experts.ExpertsParallel` splits packed experts' intermediate
+(:func:`plangen.styles.experts.choose_expert_layout` decides for both): ``w1`` / ``v1`` column-parallel
 by ffn inside each expert block, ``w2`` row-parallel by the same rows. Rank ``r``'s rows of expert
 ``e`` are ``e · ffn + r · ffn/tp`` to ``e · ffn + (r + 1) · ffn/tp``, a strided layout of the flat
 weight: each weight is re-laid out once so those rows are contiguous per rank (``[e_0 r_0; e_1 r_0;
-...; e_0 r_1; ...]``, :func:`plangen.fused_styles.interleave_index` with one part per expert), then
+...; e_0 r_1; ...]``, :func:`plangen.styles.fused.interleave_index` with one part per expert), then
 a plain ``Shard(0)``, which FSDP2 composes with, and state-dict hooks show Hugging Face's layout
 both ways, so a full state dict is the original weights. Every rank computes every route with its
 slice of every expert; the partial sums and the gradients' all-reduces are the same as above.
@@ -41,10 +41,11 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.moe_styles import choose_expert_layout
+from plangen.styles.experts import choose_expert_layout
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.style_facts import FLAT_EXPERTS, PARTIAL_SUM, StyleFacts
+from plangen.styles.base import PlangenStyle
 
 # DBRX's names: the child holding the flat weights, and the weights (gate, up, down).
 FLAT_CHILD, FLAT_WEIGHTS = "mlp", ("w1", "v1", "w2")
@@ -71,7 +72,7 @@ def largest_tp_dividing(count: int, tp_size: int) -> int:
 
 def flat_expert_layout(module: nn.Module, tp_size: int) -> str:
     """``"experts"`` (whole experts per rank) or ``"intermediate"`` (each expert's ffn rows split),
-    as :func:`plangen.moe_styles.choose_expert_layout` chooses for ``module``'s expert count."""
+    as :func:`plangen.styles.experts.choose_expert_layout` chooses for ``module``'s expert count."""
     shape = flat_expert_shape(module)
     return choose_expert_layout(shape[0] if shape else 0, tp_size)
 
@@ -97,15 +98,31 @@ def flat_split_rows(module: nn.Module, tp_size: int) -> tuple[str, int]:
     return "each expert's ffn width", ffn
 
 
-class FlatExpertsParallel(ParallelStyle):
+class FlatExpertsParallel(PlangenStyle):
     """Shard a flat-experts module (``DbrxExperts``) over TP: ``E / tp`` whole experts per rank where
     the TP size divides the expert count, else each expert's ffn rows split (see the module docstring).
 
     ``output_layouts``: ``Replicate()`` sums the partial outputs here (one all-reduce); ``Partial()``
     returns the local partial sum for the MoE block's own style to reduce (or reduce-scatter under SP).
     ``sum_input_grad=False``: the hidden states' gradient is left partial, for a block that reduces it
-    once (:class:`plangen.moe_block_styles.MoeBlockParallel`), as ``ExpertsParallel``'s.
+    once (:class:`plangen.styles.moe_blocks.MoeBlockParallel`), as ``ExpertsParallel``'s.
     """
+
+    # DBRX's experts of flat [E * ffn, H] weights in a child: whole experts per rank (Shard(0) of each).
+    facts = StyleFacts("other", shard_dim={FLAT_EXPERTS: 0}, produces=PARTIAL_SUM)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        if flat_expert_shape(module) is None:
+            return (
+                f"`{type(self).__name__}` shards experts of flat [experts * ffn, hidden] weights in a child `mlp`"
+                f" (DBRX's), not {type(module).__name__}"
+            )
+        return None
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        if not flat_expert_shape(module):
+            return super().required_dims(module, tp)
+        return [(*flat_split_rows(module, tp), 1)]  # whole experts per rank, else each expert's ffn rows
 
     def __init__(self, *, output_layouts: Placement | None = None, sum_input_grad: bool = True) -> None:
         super().__init__()
@@ -142,7 +159,7 @@ class FlatExpertsParallel(ParallelStyle):
             sharded = distribute_tensor(data, device_mesh, [Shard(0)], src_data_rank=None)
             child.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
         if layout == "intermediate":
-            from plangen.fused_styles import install_layout_hooks
+            from plangen.styles.fused import install_layout_hooks
 
             install_layout_hooks(child, (1,) * experts, tp, {name: 0 for name in FLAT_WEIGHTS})
         reduce_here = not isinstance(self.output_layouts, Partial)
@@ -173,7 +190,7 @@ class FlatExpertsParallel(ParallelStyle):
 
 def _expert_rows_by_rank(experts: int, ffn: int, tp: int) -> torch.Tensor:
     # One part per expert, each split over TP: rank r's rows of every expert made contiguous.
-    from plangen.fused_styles import interleave_index
+    from plangen.styles.fused import interleave_index
 
     return interleave_index(experts * ffn, (1,) * experts, tp)
 

@@ -1,7 +1,7 @@
 """Attention with a projection of one value per (bucket, head), bucket major: ProphetNet's n-gram
 self-attention (``relative_pos_embeddings``, ``nn.Linear`` to ``num_buckets * num_heads``).
 
-Sharded by heads (:class:`~plangen.fused_styles.FusedColwiseParallel` with ``num_buckets`` equal
+Sharded by heads (:class:`~plangen.styles.fused.FusedColwiseParallel` with ``num_buckets`` equal
 parts: each rank its heads of every bucket) its main stream is exact on each rank's heads. Its
 predict stream is not: ``get_predict_relative_pos_embeddings`` transposes its input before the
 projection, so its rows are ordered (batch, position, stream, head) while the gather index beside
@@ -23,15 +23,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
 from plangen import compat
-from plangen.attention_styles import PrepareAttentionInputOutput
+from plangen.styles.attention import PrepareAttentionInputOutput
+from plangen.style_facts import PREPARE_INPUT_OUTPUT, StyleFacts
 
 
 class BucketedAttentionInputOutput(PrepareAttentionInputOutput):
-    """:class:`~plangen.attention_styles.PrepareAttentionInputOutput` that also runs the block's
+    """:class:`~plangen.styles.attention.PrepareAttentionInputOutput` that also runs the block's
     ``all_heads_helper`` method for all heads (see the module docstring): ``bucketed`` is the
     column-parallel projection it reads (``buckets`` parts of all heads, bucket major), and
     ``all_heads_dim`` the dimension of its result that counts the heads. The head count is the
     first of ``head_attributes``."""
+
+    # The same, with ProphetNet's predict-stream relative positions computed for all heads.
+    facts = StyleFacts("gather_output", hooks=PREPARE_INPUT_OUTPUT)
 
     def __init__(
         self,

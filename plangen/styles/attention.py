@@ -26,14 +26,18 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput
+from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
+from plangen.style_facts import HEADS, HEAD_TABLE, PREPARE_INPUT, PREPARE_INPUT_OUTPUT, SHORT_CONV, StyleFacts
+from plangen.module_facts import attention_head_counts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle, head_count_dims
 
 # Set on a child whose head counts RebuiltChildHeadCounts made this rank's.
 _LOCAL_MARK = "_plangen_local_head_counts"
 
 
-class AttentionSinksParallel(PrepareModuleInput):
+class AttentionSinksParallel(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` for an attention block whose own parameters are per head (gpt-oss's
     ``sinks``): they are sharded ``Shard(0)`` with the heads, and the block's forward sees the local
     slice (the DTensor parameter is swapped for its local view during the forward and put back
@@ -42,6 +46,21 @@ class AttentionSinksParallel(PrepareModuleInput):
     The arguments are ``PrepareModuleInput``'s. Applied at TP size ``tp``, every parameter the block
     owns directly (not its projections') must have a first dimension divisible by ``tp``.
     """
+
+    # PrepareModuleInput of an attention block that also splits its own [heads] parameters (sinks).
+    facts = StyleFacts("prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        if head_parameters(module):
+            return None
+        return (
+            f"`{type(self).__name__}` splits a block's own per-head parameters (gpt-oss's sinks) with its heads,"
+            f" but {type(module).__name__} has no parameters of its own: use PrepareModuleInput"
+        )
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        # Whole heads' parameters per rank.
+        return [(name, param.shape[0], 1) for name, param in head_parameters(module).items()]
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         own = head_parameters(module)
@@ -73,23 +92,12 @@ def local_during_forward(owner: nn.Module, params: list[tuple[nn.Module, str]]) 
     the DTensor is put back after, so FSDP2, optimizers and state dicts see it. ``to_local``'s
     backward hands the gradient back as the DTensor's placements (this rank's heads: exact).
     """
-    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
 
-    def swap_in(mod: nn.Module, args: Any) -> None:
+    def enter(swapped: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> None:
         for module, name in params:
-            param = module._parameters.get(name)
-            if isinstance(param, DTensor):
-                swapped.append((module, name, param))
-                module._parameters[name] = param.to_local()  # type: ignore[assignment]
+            swapped.local_views(module, (name,))
 
-    def put_back(mod: nn.Module, args: Any, output: Any) -> None:
-        for module, name, param in swapped:
-            module._parameters[name] = param
-        swapped.clear()
-
-    owner.register_forward_pre_hook(swap_in)
-    # always_call: an exception inside forward must not leave local views in place of the parameters.
-    owner.register_forward_hook(put_back, always_call=True)
+    run_on_local_tensors(owner, enter)
 
 
 def head_parameters(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -97,7 +105,7 @@ def head_parameters(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p for n, p in module.named_parameters(recurse=False) if p.dim() >= 1}
 
 
-class PairedHeadsAttentionInput(PrepareModuleInput):
+class PairedHeadsAttentionInput(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` for differential attention (DiffLlama): head ``i`` is paired with head
     ``i + H/2`` (the forward chunks the heads in two halves, and values likewise), and the block's own
     parameters (``lambda_q1`` ... ``[head_dim]``) are reduced to one scalar shared by every head.
@@ -110,9 +118,27 @@ class PairedHeadsAttentionInput(PrepareModuleInput):
     and key/value heads (a rank would hold half a pair).
     """
 
+    # PrepareModuleInput of differential attention (heads paired i, i + H/2): its own parameters,
+    # shared by every head, replicated with their gradient summed over TP.
+    facts = StyleFacts("prepare_input", replicates=True, hooks=PREPARE_INPUT)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        if attention_head_counts(module) is None:
+            return (
+                f"`{type(self).__name__}` keeps head pairs whole per rank, but {type(module).__name__} has no config"
+                " with head counts to pair"
+            )
+        return None
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        counts = attention_head_counts(module)
+        if counts is None:
+            return super().required_dims(module, tp)
+        return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs
+
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from plangen.module_facts import attention_head_counts
-        from plangen.replicated_styles import sum_own_grads_over
+        from plangen.styles.replicated import sum_own_grads_over
 
         tp = device_mesh.size()
         counts = attention_head_counts(module)
@@ -130,8 +156,8 @@ class PairedHeadsAttentionInput(PrepareModuleInput):
         return super()._apply(module, device_mesh)
 
 
-class RebuiltChildHeadCounts(ParallelStyle):
-    """:class:`~plangen.fused_styles.LocalHeadCounts` for a child its parent rebuilds between forwards.
+class RebuiltChildHeadCounts(PlangenStyle):
+    """:class:`~plangen.styles.fused.LocalHeadCounts` for a child its parent rebuilds between forwards.
 
     BigBird's attention swaps its ``self`` child between block-sparse and full attention (the model's
     forward calls ``set_attention_type("original_full")`` for sequences too short for block-sparse),
@@ -146,6 +172,9 @@ class RebuiltChildHeadCounts(ParallelStyle):
     through one of them in training mode is refused with that reason (in eval its random blocks are a
     constant, the same for every head, so each rank's heads are exact).
     """
+
+    # The same on a child its parent rebuilds (BigBird's attention.self), from the parent's pre-hook.
+    facts = StyleFacts("other")
 
     def __init__(
         self, *, child: str = "self", attributes: tuple[str, ...] = (), refused_in_training: tuple[str, ...] = ()
@@ -195,7 +224,7 @@ class RebuiltChildHeadCounts(ParallelStyle):
         )
 
 
-class PrepareAttentionInputOutput(PrepareModuleInputOutput):
+class PrepareAttentionInputOutput(PrepareModuleInputOutput, PlangenStyle):
     """``PrepareModuleInputOutput`` for an attention block that also shapes by its head counts.
 
     ProphetNet's n-gram self-attention unpacks its width from its input (``hidden_size =
@@ -204,12 +233,18 @@ class PrepareAttentionInputOutput(PrepareModuleInputOutput):
     of the hidden dimension (each column-parallel projection all-gathers it), its ``out_proj`` output
     is reduce-scattered to the same slice, and the block's output gathered back here. Its
     ``head_attributes`` (``num_attn_heads``) are divided by the TP size, as
-    :class:`~plangen.fused_styles.LocalHeadCounts` does (one style per module: this one carries it).
+    :class:`~plangen.styles.fused.LocalHeadCounts` does (one style per module: this one carries it).
     ``head_inputs`` names keyword arguments with one slice per head on dimension 1, built for all
     heads outside the block (ProphetNet's decoder expands its causal masks to every head): the block
     gets this rank's heads' slice (one of size 1, broadcast over the heads, is left as it is).
     The other arguments are ``PrepareModuleInputOutput``'s.
     """
+
+    # PrepareModuleInputOutput on attention whose head counts it also makes local (ProphetNet's n-gram one).
+    facts = StyleFacts("gather_output", hooks=PREPARE_INPUT_OUTPUT)
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        return head_count_dims(module, self.head_attributes) or super().required_dims(module, tp)
 
     def __init__(
         self,
@@ -239,7 +274,7 @@ class PrepareAttentionInputOutput(PrepareModuleInputOutput):
         self.head_inputs = tuple(head_inputs)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.fused_styles import LocalHeadCounts
+        from plangen.styles.fused import LocalHeadCounts
 
         LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         if self.head_inputs:
@@ -327,7 +362,7 @@ def short_conv_only(module: nn.Module) -> nn.Conv1d | None:
     return conv
 
 
-class ConvChannelsParallel(ParallelStyle):
+class ConvChannelsParallel(PlangenStyle):
     """A short convolution inside attention, over a column-parallel projection's heads (Inkling's
     ``k_sconv`` / ``v_sconv``, a depthwise ``nn.Conv1d`` along the sequence on k and on v): its
     channels are split with their heads (``Shard(0)``: rank r's channels are its heads' rows of the
@@ -337,6 +372,23 @@ class ConvChannelsParallel(ParallelStyle):
     gradient is exactly its channels' and the input's needs no sum. The forward reads the conv's
     weight directly (``causal_conv1d_fn(x, self.conv1d.weight.squeeze(1))``), so the weight is its
     local view during the forward; the conv's channel counts are made this rank's."""
+
+    # A short conv over a column-parallel projection's heads: its channels split with them.
+    facts = StyleFacts("other", shard_dim={SHORT_CONV: 0})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        if depthwise_conv(module):
+            return None
+        return (
+            f"`{type(self).__name__}` splits a module around one depthwise nn.Conv1d by its channels,"
+            f" not {type(module).__name__}"
+        )
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        conv = depthwise_conv(module)
+        if not conv:
+            return super().required_dims(module, tp)
+        return [("conv channels", conv.in_channels, 1)]  # local channels, plain tensors in the forward
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         conv, tp = depthwise_conv(module), device_mesh.size()
@@ -361,7 +413,7 @@ class ConvChannelsParallel(ParallelStyle):
         return f"{type(self).__name__}()"
 
 
-class HeadTableParallel(ParallelStyle):
+class HeadTableParallel(PlangenStyle):
     """A table with one column per attention head that its module looks up itself (CpmAnt's
     ``CpmAntSegmentPositionEmbedding.relative_attention_bias``, ``[buckets, heads]``): sharded
     ``Shard(1)`` with the heads, so the module's forward (run on the local columns) computes the
@@ -370,6 +422,18 @@ class HeadTableParallel(ParallelStyle):
     Exact with no communication: each head's bias is its own column, and the attention of the
     ranks' heads reads only theirs, so each rank's columns get exactly their gradient.
     """
+
+    # A [buckets, heads] table its module looks up itself, split by its head columns (CpmAnt's position bias).
+    facts = StyleFacts("other", shard_dim={HEAD_TABLE: 1})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        table = getattr(module, self.parameter, None)
+        if isinstance(table, nn.Parameter) and table.dim() == 2:
+            return None
+        return (
+            f"`{type(self).__name__}` splits a [buckets, heads] table `{self.parameter}` by its head columns,"
+            f" not {type(module).__name__}"
+        )
 
     def __init__(self, *, parameter: str = "relative_attention_bias") -> None:
         super().__init__()

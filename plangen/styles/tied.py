@@ -32,8 +32,11 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.overrides import TorchFunctionMode
+from plangen.style_facts import EMBEDDING, LINEAR, MODULE_HOOKS, PARTIAL_SUM, REPLICATE, SHARD_LAST, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 VOCAB = Shard(0)  # the one layout both ends give the tied weight ([vocab, hidden] in both modules)
 
@@ -67,7 +70,7 @@ def share_vocab_sharded(weight: nn.Parameter, device_mesh: DeviceMesh, src_data_
     return shared
 
 
-class TiedEmbeddingParallel(RowwiseParallel):
+class TiedEmbeddingParallel(RowwiseParallel, PlangenStyle):
     """The input-embedding end of a tied pair: vocabulary-parallel ``nn.Embedding`` (``RowwiseParallel``).
 
     Token ids come in whole (``input_layouts`` defaults to ``Replicate()``); each rank looks up its
@@ -83,6 +86,16 @@ class TiedEmbeddingParallel(RowwiseParallel):
     the scale. Exact: each token's row lives on one rank, the others add zeros. Only for a forward
     linear in the lookup.
     """
+
+    # A tied embedding and head: one weight, vocabulary-sharded at both ends (plangen.styles.tied).
+    facts = StyleFacts(
+        "rowwise",
+        shard_dim={EMBEDDING: 0},
+        layout_defaults={"input_layouts": REPLICATE, "output_layouts": REPLICATE},
+        produces=PARTIAL_SUM,
+        tied_partner="TiedHeadParallel",
+        hooks=MODULE_HOOKS,
+    )
 
     def __init__(
         self,
@@ -110,12 +123,21 @@ class TiedEmbeddingParallel(RowwiseParallel):
         module.register_parameter("weight", share_vocab_sharded(module.weight, device_mesh, self.src_data_rank))
 
 
-class ScaledEmbeddingParallel(RowwiseParallel):
+class ScaledEmbeddingParallel(RowwiseParallel, PlangenStyle):
     """A vocabulary-parallel ``nn.Embedding`` that scales its own lookup (Gemma's
     ``ScaledWordEmbedding``) and is not tied: the module's forward runs on this rank's partial
     lookup, then one reduction to ``output_layouts`` (as :class:`TiedEmbeddingParallel` with
     ``local_lookup=True``, which :func:`plangen.plans.tied.tie_plan_entries` puts here where the
     embedding is tied to the head)."""
+
+    # An untied embedding that scales its own lookup: vocabulary-sharded, its forward on the partial lookup.
+    facts = StyleFacts(
+        "rowwise",
+        shard_dim={EMBEDDING: 0},
+        layout_defaults={"input_layouts": REPLICATE, "output_layouts": REPLICATE},
+        produces=PARTIAL_SUM,
+        hooks=MODULE_HOOKS,
+    )
 
     def __init__(
         self,
@@ -144,7 +166,7 @@ def apply_local_lookup(
     is reduced to ``output_layout``."""
     state: dict[str, Any] = {}
 
-    def swap_in(mod: nn.Module, args: tuple) -> tuple:
+    def swap_in(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         ids, *rest = args
         if isinstance(ids, DTensor):
             ids = ids.full_tensor()
@@ -153,33 +175,26 @@ def apply_local_lookup(
         rows = local.shape[0]
         start = vocab_shard_start(weight.shape[0], device_mesh)
         outside = (ids < start) | (ids >= start + rows)
-        state.update(weight=weight, outside=outside, padding_idx=mod.padding_idx)
+        state.update(outside=outside, padding_idx=mod.padding_idx)
         pad = mod.padding_idx
         mod.padding_idx = pad - start if pad is not None and start <= pad < start + rows else None
-        mod._parameters["weight"] = local  # type: ignore[assignment]
-        return ((ids - start).masked_fill(outside, 0), *rest)
+        params.replace(mod, "weight", local)
+        return ((ids - start).masked_fill(outside, 0), *rest), kwargs
 
-    def reduce(mod: nn.Module, args: tuple, output: torch.Tensor) -> Any:
-        mod._parameters["weight"] = state.pop("weight")
+    def reduce(mod: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor | None) -> Any:
         mod.padding_idx = state.pop("padding_idx")
-        partial = output.masked_fill(state.pop("outside").unsqueeze(-1), 0)
+        outside = state.pop("outside")
+        if output is None:  # the forward raised: the weight and padding index are back, nothing to reduce
+            return output
+        partial = output.masked_fill(outside.unsqueeze(-1), 0)
         out = DTensor.from_local(partial, device_mesh, (Partial(),), run_check=False)
         out = out.redistribute(device_mesh, (output_layout,))
         return out.to_local() if use_local_output else out
 
-    def restore(mod: nn.Module, args: tuple, output: Any) -> None:
-        # After an exception inside forward: the parameter and padding index put back.
-        if "weight" in state:
-            mod._parameters["weight"] = state.pop("weight")
-            mod.padding_idx = state.pop("padding_idx")
-            state.clear()
-
-    module.register_forward_pre_hook(swap_in)
-    module.register_forward_hook(reduce)
-    module.register_forward_hook(restore, always_call=True)
+    run_on_local_tensors(module, swap_in, reduce)
 
 
-class TiedHeadParallel(ColwiseParallel):
+class TiedHeadParallel(ColwiseParallel, PlangenStyle):
     """The output-head end of a tied pair: column-parallel ``nn.Linear`` over the vocabulary.
 
     The input comes in as ``input_layouts`` (``Replicate()``, or ``Shard(1)`` under sequence parallel,
@@ -187,6 +202,15 @@ class TiedHeadParallel(ColwiseParallel):
     :func:`plangen.loss.vocab_parallel_cross_entropy`; ``Replicate()``: gathered). The weight is the
     one :class:`TiedEmbeddingParallel` uses (see the module docstring).
     """
+
+    facts = StyleFacts(
+        "colwise",
+        shard_dim={LINEAR: 0},
+        layout_defaults={"input_layouts": REPLICATE, "output_layouts": SHARD_LAST},
+        produces=SHARD_LAST,
+        tied_partner="TiedEmbeddingParallel",
+        hooks=MODULE_HOOKS,
+    )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         if not isinstance(module, nn.Linear):
@@ -205,7 +229,7 @@ class TiedHeadParallel(ColwiseParallel):
             )
 
 
-class EmbeddingRowReadParallel(ParallelStyle):
+class EmbeddingRowReadParallel(PlangenStyle):
     """A module whose own forward reads rows of a vocabulary-sharded embedding's weight (Gemma 4's
     multimodal model: ``self.language_model.embed_tokens.weight[pad_token_id, :]``), applied to
     that module; ``embedding`` is the embedding's path below it.
@@ -223,6 +247,10 @@ class EmbeddingRowReadParallel(ParallelStyle):
     on every rank in the module's forward (the row read whole, masks of the whole input), as
     ``Replicate`` DTensors, so each rank keeps its own sequence shard (no communication).
     """
+
+    # On a module whose own forward reads rows of a vocabulary-sharded embedding's weight (Gemma 4):
+    # those rows read whole, one small all-reduce each; the weight is the embedding style's business.
+    facts = StyleFacts("other")
 
     def __init__(self, *, embedding: str) -> None:
         super().__init__()

@@ -38,6 +38,15 @@ from plangen.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_ind
     keep_unwrap_last,
 )
 from plangen.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
+from plangen.style_facts import CONV1D, LINEAR, MODULE_HOOKS, PARTIAL_SUM, REPLICATE, SHARD_LAST, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle, head_count_dims
+
+
+def _linear_or_conv1d_problem(style: ParallelStyle, module: nn.Module) -> str | None:
+    if isinstance(module, nn.Linear) or is_conv1d(module):
+        return None
+    return f"`{type(style).__name__}` shards nn.Linear and GPT-2's Conv1D only, not {type(module).__name__}"
 
 
 def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
@@ -47,9 +56,21 @@ def _check_projection(style: ParallelStyle, module: nn.Module) -> None:
         )
 
 
-class Conv1DColwiseParallel(ColwiseParallel):
+class Conv1DColwiseParallel(ColwiseParallel, PlangenStyle):
     """:class:`ColwiseParallel` that also takes GPT-2's ``Conv1D``: its weight is split on dim 1
     (the output features of ``[in, out]``), its bias on dim 0; ``nn.Linear`` as torch does."""
+
+    # GPT-2's Conv1D keeps its weight [in, out]: the output features are dim 1, the input ones dim 0.
+    facts = StyleFacts(
+        "colwise",
+        shard_dim={LINEAR: 0, CONV1D: 1},
+        layout_defaults={"input_layouts": REPLICATE, "output_layouts": SHARD_LAST},
+        produces=SHARD_LAST,
+        hooks=MODULE_HOOKS,
+    )
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return _linear_or_conv1d_problem(self, module)
 
     def _partition_linear_fn(self, name, module, device_mesh):
         for param_name, param in list(module.named_parameters(recurse=False)):
@@ -79,9 +100,20 @@ class Conv1DColwiseParallel(ColwiseParallel):
         )
 
 
-class Conv1DRowwiseParallel(RowwiseParallel):
+class Conv1DRowwiseParallel(RowwiseParallel, PlangenStyle):
     """:class:`RowwiseParallel` that also takes GPT-2's ``Conv1D``: its weight is split on dim 0
     (the input features of ``[in, out]``), its bias replicated (added once, after the sum)."""
+
+    facts = StyleFacts(
+        "rowwise",
+        shard_dim={LINEAR: 1, CONV1D: 0},
+        layout_defaults={"input_layouts": SHARD_LAST, "output_layouts": REPLICATE},
+        produces=PARTIAL_SUM,
+        hooks=MODULE_HOOKS,
+    )
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return _linear_or_conv1d_problem(self, module)
 
     def _partition_linear_fn(self, name, module, device_mesh):
         if not is_conv1d(module):
@@ -117,6 +149,11 @@ class FusedColwiseParallel(Conv1DColwiseParallel):
     GPT-2's ``Conv1D`` (weight ``[in, out]``); weights are ordinary ``Shard`` DTensors, so FSDP2
     shards them further like any column-parallel weight.
     """
+
+    # A fused projection's output features, re-laid out so each rank's rows are its own parts.
+    facts = StyleFacts(
+        "colwise", shard_dim={LINEAR: 0, CONV1D: 1}, layout_defaults={"input_layouts": REPLICATE}, produces=SHARD_LAST
+    )
 
     def __init__(
         self,
@@ -166,6 +203,11 @@ class MultiQueryColwiseParallel(FusedColwiseParallel):
     sequence-sharded input once, and reduce-scatters its gradient); the output is local, this rank's
     ``[q_r; k; v]`` (no DTensor describes q sharded beside k and v whole).
     """
+
+    # A packed [q; k; v] with one KV head: q column-parallel, the shared head gathered whole per forward.
+    facts = StyleFacts(
+        "colwise", shard_dim={LINEAR: 0, CONV1D: 1}, layout_defaults={"input_layouts": REPLICATE}, produces=SHARD_LAST
+    )
 
     def __init__(
         self,
@@ -231,9 +273,8 @@ def apply_shared_parts(
 ) -> None:
     """During each forward, ``module``'s parameters are this rank's ``[part_0_r; ...]`` with the
     ``shared`` parts gathered whole, and its input a local tensor whose gradient is summed over TP."""
-    swapped: dict[str, Any] = {}
 
-    def swap_in(mod: nn.Module, args: tuple) -> tuple:
+    def swap_in(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         x, *rest = args
         if not isinstance(x, DTensor):
             x = DTensor.from_local(x, device_mesh, (input_layout,), run_check=False)
@@ -243,19 +284,10 @@ def apply_shared_parts(
         for name, param in list(mod._parameters.items()):
             if param is None:
                 continue
-            swapped[name] = param
-            mod._parameters[name] = gather_shared_rows(  # type: ignore[assignment]
-                param, output_dim(mod, name), part_sizes, shared, device_mesh
-            )
-        return (x, *rest)
+            params.replace(mod, name, gather_shared_rows(param, output_dim(mod, name), part_sizes, shared, device_mesh))
+        return (x, *rest), kwargs
 
-    def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
-        mod._parameters.update(swapped)
-        swapped.clear()
-
-    module.register_forward_pre_hook(swap_in)
-    # always_call: an exception inside forward must not leave local tensors in place of the parameters.
-    module.register_forward_hook(swap_back, always_call=True)
+    run_on_local_tensors(module, swap_in)
 
 
 def shard_packed_rows(module: nn.Module, part_sizes: tuple[int, ...], device_mesh: DeviceMesh) -> None:
@@ -346,7 +378,7 @@ def install_layout_hooks(
     keep_unwrap_last(module)
 
 
-class LocalHeadCounts(ParallelStyle):
+class LocalHeadCounts(PlangenStyle):
     """The attention module sees only this rank's heads: its head counts are divided by the TP size.
 
     For attention that splits a fused projection's output by head counts (Phi-3 slices ``qkv`` at
@@ -356,6 +388,12 @@ class LocalHeadCounts(ParallelStyle):
     ``"config.X"`` gives the module a view of its config with ``X`` divided (the model's own config
     is untouched). Parameters and the forward are left alone. A count that does not divide is refused.
     """
+
+    # Divides the attention module's head counts; its parameters are its children's business.
+    facts = StyleFacts("other")
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        return head_count_dims(module, self.attributes) or super().required_dims(module, tp)
 
     def __init__(self, *, attributes: tuple[str, ...] = ()) -> None:
         super().__init__()

@@ -22,7 +22,7 @@ B·S·H per layer; the expert split launches E/tp small matmuls per rank instead
 Where the TP size does not divide the expert count (HunYuan-MoE-V1's one expert, or 3 experts at
 TP 2), the same style splits each expert's intermediate dimension instead (the *intermediate*
 layout; :func:`choose_expert_layout` is the one place that decides): ``gate_up_proj`` re-laid out
-once as plangen's fused projections are (:mod:`plangen.fused_styles`: ``[gate_0; up_0; gate_1;
+once as plangen's fused projections are (:mod:`plangen.styles.fused`: ``[gate_0; up_0; gate_1;
 up_1]`` along the intermediate, then a plain ``Shard``, with state-dict hooks that show Hugging
 Face's layout both ways, so FSDP2 composes with it and a full state dict is the original weights),
 ``down_proj`` sharded on its intermediate input. Every rank computes every route with its slice of
@@ -39,11 +39,13 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
 from plangen import compat
 from plangen.transformers_compat import experts_take_sentinels
+from plangen.style_facts import EXPERTS, PARTIAL_SUM, REPLICATE, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 _INDEX_NAMES = ("top_k_index", "router_indices")
 _WEIGHT_NAMES = ("top_k_weights", "routing_weights")
@@ -181,7 +183,7 @@ def _chunks_gate_up(module: nn.Module) -> bool:
     return gate is _default_apply_gate and getattr(module, "is_concatenated", True)
 
 
-class ExpertsParallel(ParallelStyle):
+class ExpertsParallel(PlangenStyle):
     """Shard a packed experts module over TP: whole experts per rank where the TP size divides the
     expert count, else each expert's intermediate dimension (:func:`choose_expert_layout`; see the
     module docstring).
@@ -197,6 +199,29 @@ class ExpertsParallel(ParallelStyle):
     reduce-scatters it (Gemma 4's layer under SP: ``SharedInputGather``'s ``partial_readers``); the
     routing weights' is summed here.
     """
+
+    # Whole experts per rank (the expert dim); outputs are partial sums over ranks.
+    facts = StyleFacts(
+        "experts", shard_dim={EXPERTS: 0}, layout_defaults={"output_layouts": REPLICATE}, produces=PARTIAL_SUM
+    )
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        if expert_count(module) is None:
+            return (
+                f"`{type(self).__name__}` shards a packed experts module (num_experts and [experts, ...] weights,"
+                f" transformers 5.x), not {type(module).__name__}"
+            )
+        return None
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        count = expert_count(module)
+        if not count:
+            return super().required_dims(module, tp)
+        if expert_layout_of(module, tp) == "experts" or expert_layout_problem(module, tp) is not None:
+            return [("num_experts", count, 1)]  # whole experts per rank
+        # Each expert's intermediate split (the TP size does not divide the experts): its width must divide.
+        width = module.down_proj.shape[1 if getattr(module, "is_transposed", False) else 2]
+        return [("each expert's intermediate width", width, 1)]
 
     def __init__(
         self, *, output_layouts: Placement | None = None, use_local_output: bool = True, sum_input_grad: bool = True
@@ -237,13 +262,12 @@ class ExpertsParallel(ParallelStyle):
             module._is_expert_parallel = True
         module._plangen_expert_layout = layout
         rank = device_mesh.get_local_rank()
-        swapped: dict[str, nn.Parameter] = {}
         # Where the installed experts forwards mishandle the sentinel id (transformers_compat), the
         # experts run on this rank's routes alone, one per row, and the rows are scattered back.
         compact = local is not None and not experts_take_sentinels()
         routes: dict[str, Any] = {}
 
-        def prepare(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def prepare(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             args, kwargs = list(args), dict(kwargs)
             hidden = replicated_local(args[0] if args else kwargs.pop("hidden_states"))
             index, index_at = _take(args, kwargs, 1, _INDEX_NAMES)
@@ -263,10 +287,7 @@ class ExpertsParallel(ParallelStyle):
                 else:
                     index = torch.where(off_rank, torch.full_like(index, local), index % local)
                     weights = weights.masked_fill(off_rank, 0.0)
-            for name, param in list(mod._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped[name] = param
-                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+            params.local_views(mod)
             if args:
                 args[0] = hidden
             else:
@@ -276,8 +297,8 @@ class ExpertsParallel(ParallelStyle):
             return tuple(args), kwargs
 
         def finish(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
+            if output is None:  # the forward raised: nothing to reduce
+                return output
             if routes:
                 output = _scatter_routes(output, routes)
             if isinstance(self.output_layouts, Partial):
@@ -288,9 +309,7 @@ class ExpertsParallel(ParallelStyle):
                 )
             return SumOverMesh.apply(output, device_mesh.get_group())
 
-        module.register_forward_pre_hook(prepare, with_kwargs=True)
-        # always_call: an exception inside forward must not leave local views in place of the parameters.
-        module.register_forward_hook(finish, with_kwargs=True, always_call=True)
+        run_on_local_tensors(module, prepare, finish)
         return module
 
     def __repr__(self) -> str:
@@ -334,7 +353,7 @@ def _shard_intermediate(module: nn.Module, device_mesh: DeviceMesh, dims: dict[s
     """Each expert's intermediate split: ``gate_up_proj`` re-laid out so each rank's slice holds its
     part of gate and of up (with state-dict hooks for Hugging Face's layout), then every parameter a
     plain ``Shard`` on its intermediate dim."""
-    from plangen.fused_styles import install_layout_hooks, interleave_index
+    from plangen.styles.fused import install_layout_hooks, interleave_index
 
     tp = device_mesh.size()
     relaid = {n: d for n, d in dims.items() if n == _GATE_UP}
@@ -375,7 +394,7 @@ def _put(args: list, kwargs: dict, where: Any, value: torch.Tensor) -> None:
         kwargs[where] = value
 
 
-class AllReduceOutputGrad(ParallelStyle):
+class AllReduceOutputGrad(PlangenStyle):
     """A replicated module whose output scales a partial sum (Qwen2-MoE's ``shared_expert_gate``:
     ``sigmoid(gate(x)) * shared_expert(x)``, the shared expert's output still partial over TP).
 
@@ -383,6 +402,8 @@ class AllReduceOutputGrad(ParallelStyle):
     gradients would be partial too: the output's gradient is summed over TP in backward (identity
     forward), and everything upstream of it is exact.
     """
+
+    facts = StyleFacts("grad_reduce", replicates=True)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def reduce_grad(mod: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ transformers' Mamba1 mixer (``MambaMixer``, ``FalconMambaMixer``, ``JambaMambaMi
 
 Everything but ``x_proj`` and the small ``dt``/``B``/``C`` path is independent per channel, so each
 rank holds ``intermediate / tp`` channels: its slice of ``in_proj``'s x and of its gate (the packed
-weight re-laid out and shown in Hugging Face's layout by :class:`~plangen.fused_styles.FusedColwiseParallel`'s
+weight re-laid out and shown in Hugging Face's layout by :class:`~plangen.styles.fused.FusedColwiseParallel`'s
 hooks, so FSDP2 and full state dicts see Hugging Face's tensor), of ``conv1d``, ``dt_proj``,
 ``A_log`` and ``D``; ``x_proj`` is row-parallel (its partial ``[dt_rank + 2 state]`` output summed
 over TP: one small all-reduce of B·S·(dt_rank + 2·state)); ``out_proj`` is row-parallel in a plan
@@ -49,10 +49,12 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.fused_styles import FusedColwiseParallel
+from plangen.styles.fused import FusedColwiseParallel
 from plangen.tp_sums import SumOverMesh, all_reduce_grad
+from plangen.style_facts import MIXER, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 # transformers' names of a Mamba1 mixer's parts (every Mamba1 mixer in transformers 5.x).
 IN_PROJ, CONV, X_PROJ, DT_PROJ, OUT_PROJ = "in_proj", "conv1d", "x_proj", "dt_proj", "out_proj"
@@ -92,7 +94,7 @@ def mamba1_parts_problem(mixer: nn.Module) -> str | None:
     return None
 
 
-class Mamba1MixerParallel(ParallelStyle):
+class Mamba1MixerParallel(PlangenStyle):
     """A Mamba1 mixer's channels split over TP (see the module docstring); ``out_proj`` is left to
     its own ``RowwiseParallel`` entry.
 
@@ -102,6 +104,26 @@ class Mamba1MixerParallel(ParallelStyle):
     gradient is summed over TP there (``("x_proj",)``; the norms after it where they have weights).
     The mixer takes its hidden state as ``hidden_states=`` or as its first positional argument.
     """
+
+    # A Mamba1 mixer split by channels: its own A_log/D, in_proj, conv1d, x_proj (row), dt_proj.
+    facts = StyleFacts(
+        "other",
+        shard_dim={MIXER: 0},
+        lays_out_children={"in_proj": "colwise", "conv1d": "colwise", "dt_proj": "colwise", "x_proj": "rowwise"},
+    )
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        problem = mamba1_parts_problem(module)
+        if problem is None:
+            return None
+        return (
+            f"`{type(self).__name__}` splits a Mamba1 mixer by its channels, but {type(module).__name__} has {problem}"
+        )
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        if not isinstance(getattr(module, "conv1d", None), nn.Conv1d):
+            return super().required_dims(module, tp)
+        return [("intermediate channels", module.conv1d.in_channels, 1)]  # local channels, plain tensors
 
     def __init__(self, *, input_layouts: Placement | None = None, grad_reduced: tuple[str, ...] = (X_PROJ,)) -> None:
         super().__init__()
@@ -175,7 +197,6 @@ def _local_owners(module: nn.Module) -> list[nn.Module]:
 
 
 def _install_local_forward(module: nn.Module, device_mesh: DeviceMesh, input_layout: Placement) -> None:
-    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
     training: list[bool] = []
 
     def whole_input(x: torch.Tensor) -> torch.Tensor:
@@ -186,7 +207,7 @@ def _install_local_forward(module: nn.Module, device_mesh: DeviceMesh, input_lay
         # Each rank's gradient covers its channels: summed once (all-reduce, or reduce-scatter under SP).
         return x.to_local(grad_placements=(Partial(),))
 
-    def swap_in(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def swap_in(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if "hidden_states" in kwargs:
             kwargs = {**kwargs, "hidden_states": whole_input(kwargs["hidden_states"])}
         elif args:
@@ -196,19 +217,11 @@ def _install_local_forward(module: nn.Module, device_mesh: DeviceMesh, input_lay
         training.append(mod.training)
         mod.training = False  # the unfused path: mamba_inner_fn would run x_proj and out_proj unsummed
         for owner in _local_owners(mod):
-            for name, param in list(owner._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped.append((owner, name, param))
-                    owner._parameters[name] = param.to_local()  # type: ignore[assignment]
+            params.local_views(owner)
         return args, kwargs
 
     def put_back(mod: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        for owner, name, param in swapped:
-            owner._parameters[name] = param
-        swapped.clear()
         if training:
             mod.training = training.pop()
 
-    module.register_forward_pre_hook(swap_in, with_kwargs=True)
-    # always_call: an exception inside forward must not leave local views in place of the parameters.
-    module.register_forward_hook(put_back, with_kwargs=True, always_call=True)
+    run_on_local_tensors(module, swap_in, put_back)

@@ -8,7 +8,7 @@ vLLM and Megatron shard it. On each rank:
 * the input projections are column-parallel by head groups (their own entries: ``ColwiseParallel``,
   or ``FusedColwiseParallel`` for a packed ``[q; k; v]`` that feeds the convolution as is);
 * the depthwise ``conv1d`` over the ``[q; k; v]`` channels keeps this rank's channels of each
-  part (re-laid out as a packed projection is, :func:`plangen.fused_styles.shard_packed_rows`: the
+  part (re-laid out as a packed projection is, :func:`plangen.styles.fused.shard_packed_rows`: the
   state dict stays Hugging Face's);
 * ``A_log`` and ``dt_bias`` (one value per value head) keep this rank's heads, ``Shard(0)``;
 * the head counts and widths the forward shapes by (``num_k_heads``, ``key_dim``, ...) are divided
@@ -33,20 +33,42 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInput
+from plangen.style_facts import HEADS, PREPARE_INPUT, StyleFacts
+from plangen.styles.base import PlangenStyle
 
 # The padding mask a gated delta net multiplies its input by (apply_mask_to_padding_states).
 MASK_KWARG = "attention_mask"
 
 
-class GatedDeltaNetParallel(PrepareModuleInput):
+class GatedDeltaNetParallel(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` for a gated-delta-net block that also splits its own heads over TP.
 
     ``head_attributes``: the integer attributes its forward shapes by (divided by the TP size, as
-    :class:`~plangen.fused_styles.LocalHeadCounts` does); ``head_parameters``: its own parameters
+    :class:`~plangen.styles.fused.LocalHeadCounts` does); ``head_parameters``: its own parameters
     of one value per value head (``Shard(0)``); ``conv_parts``: the parts its one depthwise
     ``nn.Conv1d`` child packs on its channels (``(key_dim, key_dim, value_dim)``, in proportion: each
     rank keeps its slice of every part). The other arguments are ``PrepareModuleInput``'s.
     """
+
+    # PrepareModuleInput of a gated delta net that also splits its own [value heads] parameters
+    # (A_log, dt_bias), its conv's packed channels, and makes its head counts local.
+    facts = StyleFacts("prepare_input", shard_dim={HEADS: 0}, hooks=PREPARE_INPUT)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        problem = gated_delta_net_misfit(self, module)
+        if problem is None:
+            return None
+        return f"`{type(self).__name__}` splits a gated delta net by heads, but {type(module).__name__} {problem}"
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        # Whole key heads and their value heads per rank.
+        counts = [(a, getattr(module, a), 1) for a in self.head_attributes if isinstance(getattr(module, a, None), int)]
+        own = [
+            (p, getattr(module, p).shape[0], 1)
+            for p in self.head_parameters
+            if isinstance(getattr(module, p, None), nn.Parameter)
+        ]
+        return counts + own
 
     def __init__(
         self,
@@ -72,8 +94,8 @@ class GatedDeltaNetParallel(PrepareModuleInput):
         self.conv_parts = tuple(conv_parts)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.attention_styles import local_during_forward, shard_by_heads
-        from plangen.fused_styles import LocalHeadCounts, shard_packed_rows
+        from plangen.styles.attention import local_during_forward, shard_by_heads
+        from plangen.styles.fused import LocalHeadCounts, shard_packed_rows
 
         name = type(self).__name__
         problem = gated_delta_net_misfit(self, module)

@@ -6,21 +6,25 @@ sees only this rank's slice (per-head norms, activation parameters). Re-exported
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
-from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
+from torch.distributed.tensor.parallel import SequenceParallel
+from plangen.style_facts import SEQUENCE_HOOKS, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle, own_parameters_problem
 
 
-class RotaryEmbedParallel(SequenceParallel):
+class RotaryEmbedParallel(SequenceParallel, PlangenStyle):
     """Sequence parallel for rotary-embedding modules called as ``rotary_emb(x, position_ids)``.
 
     The first input is the sequence-sharded hidden state, the second the position ids (replicated);
     the outputs (cos, sin) are returned as local tensors or DTensors sharded on the sequence.
     """
+
+    facts = StyleFacts("sequence", replicates=True, replicate_dtensor=True)
 
     @staticmethod
     def _prepare_input_fn(sequence_sharding, mod, inputs, device_mesh):  # type: ignore[override]
@@ -36,13 +40,19 @@ class RotaryEmbedParallel(SequenceParallel):
         return type(outputs)(o.to_local() if use_local_output else o for o in outputs)
 
 
-class ReplicatedWithGradAllReduce(SequenceParallel):
+class ReplicatedWithGradAllReduce(SequenceParallel, PlangenStyle):
     """Replicated weights whose module sees a different slice on each TP rank (per-head norms).
 
     The module's weights become ``Replicate()`` DTensors and its local input is labelled as sharded
     on ``sequence_dim`` (the heads dimension of ``[batch, seq, heads, head_dim]`` by default), so
     autograd sums the weight gradient over the TP group. The output is returned local.
     """
+
+    # A SequenceParallel with the heads dim as its "sequence": reads and leaves this rank's heads.
+    facts = StyleFacts("grad_reduce", replicates=True, replicate_dtensor=True, hooks=SEQUENCE_HOOKS)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return own_parameters_problem(self, module)
 
     def __init__(self, *, sequence_dim: int = 2, use_local_output: bool = True) -> None:
         super().__init__(sequence_dim=sequence_dim, use_local_output=use_local_output)
@@ -58,7 +68,7 @@ def _all_reduce_grad(tensor: torch.Tensor, device_mesh: DeviceMesh) -> torch.Ten
     return replicated.to_local(grad_placements=(Partial(),))
 
 
-class AllReduceParamGrads(ParallelStyle):
+class AllReduceParamGrads(PlangenStyle):
     """Replicated parameters used on rank-local data: the forward is untouched, parameter grads are summed.
 
     transformers' ``replicated_with_grad_allreduce``: a norm between a colwise and a rowwise layer
@@ -69,6 +79,11 @@ class AllReduceParamGrads(ParallelStyle):
     own parameter is swapped for an identity view whose backward all-reduces the gradient, so the
     summed gradient lands in ``param.grad`` before any optimizer or FSDP reduce-scatter reads it.
     """
+
+    facts = StyleFacts("grad_reduce", replicates=True)
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        return own_parameters_problem(self, module)
 
     as_dtensor = False
 
@@ -85,30 +100,22 @@ def sum_own_grads_over(module: nn.Module, device_mesh: DeviceMesh, as_dtensor: b
     over ``device_mesh`` (:class:`AllReduceParamGrads`; the block styles that also own such parameters).
     ``as_dtensor``: the views are ``Replicate`` DTensors (:class:`SequenceParallelOwnParameters`), in
     no-grad forwards too, so that they meet DTensor activations."""
-    swapped: dict[str, torch.Tensor] = {}
 
-    def swap_in(mod: nn.Module, args: Any) -> None:
+    def swap_in(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> None:
         if not torch.is_grad_enabled() and not as_dtensor:
             return
         for name, param in list(mod._parameters.items()):
             if param is None or (not param.requires_grad and not as_dtensor):
                 continue
-            swapped[name] = param
             local = param.to_local() if isinstance(param, DTensor) else param
             view = (
                 DTensor.from_local(local, device_mesh, (Replicate(),), run_check=False)
                 if as_dtensor
                 else _all_reduce_grad(local, device_mesh)
             )
-            mod._parameters[name] = view  # type: ignore[assignment]
+            params.replace(mod, name, view)
 
-    def swap_back(mod: nn.Module, args: Any, output: Any) -> None:
-        mod._parameters.update(swapped)  # type: ignore[arg-type]
-        swapped.clear()
-
-    module.register_forward_pre_hook(swap_in)
-    # always_call: an exception inside forward must not leave views in place of the parameters.
-    module.register_forward_hook(swap_back, always_call=True)
+    run_on_local_tensors(module, swap_in)
 
 
 class SequenceParallelOwnParameters(AllReduceParamGrads):
@@ -122,15 +129,19 @@ class SequenceParallelOwnParameters(AllReduceParamGrads):
     TP) before it lands in ``param.grad``. The parameters stay plain tensors for FSDP2 and state dicts.
     """
 
+    facts = StyleFacts("grad_reduce", replicates=True)
+
     as_dtensor = True
 
 
-class LeaveUnsharded(ParallelStyle):
+class LeaveUnsharded(PlangenStyle):
     """Apply nothing: every TP rank keeps the full parameters and runs the module as is.
 
     transformers' ``replicate`` (5.x): a rule that exists so that a module keeps no other rule, e.g.
     ``embed_tokens`` where transformers would otherwise add ``embedding_rowwise``.
     """
+
+    facts = StyleFacts("none", replicates=True)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         return module

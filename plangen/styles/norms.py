@@ -38,10 +38,11 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen import compat
-from plangen.replicated_styles import AllReduceParamGrads
+from plangen.styles.replicated import AllReduceParamGrads
+from plangen.style_facts import NORM, StyleFacts
+from plangen.styles.base import PlangenStyle
 
 _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
@@ -160,13 +161,28 @@ def resolve_norm_math(module: nn.Module) -> NormMath:
     )
 
 
-class ShardedNormParallel(ParallelStyle):
+class ShardedNormParallel(PlangenStyle):
     """A norm over a whole column-parallel projection: weight ``Shard(0)``, statistics summed over TP.
 
     Takes this rank's slice of the projection's output (a local tensor, or a DTensor sharded on the
     last dim, returned the same way) and returns its slice of the normalised output. See the module
     docstring for the collectives and gradients.
     """
+
+    # A norm over a whole column-parallel projection: sharded with the heads, statistics summed over TP.
+    facts = StyleFacts("sharded_norm", shard_dim={NORM: 0})
+
+    def fit_problem(self, module: nn.Module) -> str | None:
+        try:
+            resolve_norm_math(module)
+        except ValueError as err:
+            return f"`{type(self).__name__}` shards a norm over its last dim and sums its statistics over TP: {err}"
+        return None
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        if not isinstance(getattr(module, "weight", None), nn.Parameter):
+            return super().required_dims(module, tp)
+        return [("normalized width", module.weight.shape[0], 1)]  # local slices of the projection's output
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         math = resolve_norm_math(module)
@@ -218,6 +234,9 @@ class GatheredNormParallel(ShardedNormParallel):
     is Hugging Face's); each rank's output covers its slice of it only, so its gradient is summed over
     TP, and the input gradient comes back reduce-scattered (the all-gather's backward).
     """
+
+    # Its stable-variant twin: the same slices in and out, the whole norm computed on gathered input.
+    facts = StyleFacts("sharded_norm", replicates=True)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         resolve_norm_math(module)  # the same norms as ShardedNormParallel, refused the same way

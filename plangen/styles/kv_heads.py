@@ -41,6 +41,9 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
 
 from plangen.module_facts import attention_head_counts
+from plangen.style_facts import LINEAR, MODULE_HOOKS, PREPARE_INPUT, REPLICATE, SHARD_LAST, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle, head_count_dims
 
 # Set on a k/v projection by PrepareAttentionInput: (first row, rows) of this rank's KV head.
 KV_ROWS = "_plangen_kv_rows"
@@ -114,7 +117,7 @@ def apply_kv_head_layout(attention: nn.Module, device_mesh: DeviceMesh) -> None:
     attention.num_key_value_groups = heads // tp_size
 
 
-class PrepareAttentionInput(PrepareModuleInput):
+class PrepareAttentionInput(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` for an attention block, which also lays out its KV heads over TP.
 
     Where the TP size divides the KV heads this is ``PrepareModuleInput``. Where it exceeds them
@@ -125,7 +128,7 @@ class PrepareAttentionInput(PrepareModuleInput):
 
     ``head_attributes`` names integer attributes the block shapes its tensors by that count all its
     heads (OPT's ``self.num_heads`` in ``view(bsz, -1, self.num_heads, self.head_dim)``): they are
-    divided by the TP size, as :class:`~plangen.fused_styles.LocalHeadCounts` does, so the block
+    divided by the TP size, as :class:`~plangen.styles.fused.LocalHeadCounts` does, so the block
     reshapes this rank's heads (one style per module: the input preparation carries it).
     ``shared_tables`` names the block's own parameters that every local head reads alike (GOT-OCR2's
     relative-position tables): replicated, each rank's gradient (its heads' share) summed over TP.
@@ -137,6 +140,14 @@ class PrepareAttentionInput(PrepareModuleInput):
     gets this rank's heads' rows of each batch row (a local slice, no communication; the head count
     is the first of ``head_attributes``, read before it is made this rank's).
     """
+
+    # The attention block's input; where TP exceeds the KV heads, one local KV head per rank.
+    facts = StyleFacts("prepare_input", hooks=PREPARE_INPUT)
+
+    def required_dims(self, module: nn.Module, tp: int) -> list[tuple[str, int, int]]:
+        if self.padded_heads:
+            return []  # its head counts become this rank's padded share: the heads check says which TP sizes can
+        return head_count_dims(module, self.head_attributes) or super().required_dims(module, tp)
 
     def __init__(
         self,
@@ -164,7 +175,7 @@ class PrepareAttentionInput(PrepareModuleInput):
         self.batch_head_inputs = tuple(batch_head_inputs)
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.fused_styles import LocalHeadCounts
+        from plangen.styles.fused import LocalHeadCounts
 
         if self.batch_head_inputs:
             _slice_batch_head_rows(self, module, device_mesh)
@@ -178,7 +189,7 @@ class PrepareAttentionInput(PrepareModuleInput):
             if self.head_attributes:
                 LocalHeadCounts(attributes=self.head_attributes)._apply(module, device_mesh)
         if self.shared_tables:
-            from plangen.replicated_styles import sum_own_grads_over
+            from plangen.styles.replicated import sum_own_grads_over
 
             if set(self.shared_tables) != set(module._parameters):
                 raise ValueError(
@@ -192,7 +203,7 @@ class PrepareAttentionInput(PrepareModuleInput):
 def _slice_batch_head_rows(style: PrepareAttentionInput, module: nn.Module, device_mesh: DeviceMesh) -> None:
     from functools import partial
 
-    from plangen.attention_styles import slice_batch_head_rows
+    from plangen.styles.attention import slice_batch_head_rows
     from plangen.module_facts import head_count_owner
 
     if not style.head_attributes or style.padded_heads:
@@ -216,7 +227,7 @@ def _all_reduce_grad(tensor: torch.Tensor, device_mesh: DeviceMesh) -> torch.Ten
     return replicated.to_local(grad_placements=(Partial(),))
 
 
-class KVHeadsColwiseParallel(ColwiseParallel):
+class KVHeadsColwiseParallel(ColwiseParallel, PlangenStyle):
     """Column-parallel k/v projection that replicates KV heads where the TP size exceeds them.
 
     Unmarked (the TP size divides the KV heads) it is ``ColwiseParallel``. Marked by
@@ -227,6 +238,16 @@ class KVHeadsColwiseParallel(ColwiseParallel):
     part of its KV head's rows), and the input's gradient is this rank's part of a sum over TP, as
     column-parallel's is (``Partial`` on a DTensor input, all-reduced for a local one).
     """
+
+    # Column-parallel where TP divides the KV heads; where TP exceeds them (plangen.styles.kv_heads) the
+    # weight stays whole (Replicate()) and each rank computes its KV head's rows.
+    facts = StyleFacts(
+        "colwise",
+        shard_dim={LINEAR: 0},
+        layout_defaults={"input_layouts": REPLICATE, "output_layouts": SHARD_LAST},
+        produces=SHARD_LAST,
+        hooks=MODULE_HOOKS,
+    )
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         rows = getattr(module, KV_ROWS, None)
@@ -248,9 +269,8 @@ class KVHeadsColwiseParallel(ColwiseParallel):
 
 def apply_local_kv_rows(module: nn.Linear, device_mesh: DeviceMesh, start: int, width: int) -> None:
     """During each forward, the module's parameters are views of their rows ``start:start + width``."""
-    swapped: dict[str, Any] = {}
 
-    def swap_in(mod: nn.Module, args: tuple) -> tuple:
+    def swap_in(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         grad = torch.is_grad_enabled()
         x, *rest = args
         if isinstance(x, DTensor):
@@ -262,17 +282,10 @@ def apply_local_kv_rows(module: nn.Linear, device_mesh: DeviceMesh, start: int, 
         for name, param in list(mod._parameters.items()):
             if param is None:
                 continue
-            swapped[name] = param
             local = param.to_local() if isinstance(param, DTensor) else param
             if grad and param.requires_grad:
                 local = _all_reduce_grad(local, device_mesh)
-            mod._parameters[name] = local.narrow(0, start, width)  # type: ignore[assignment]
-        return (x, *rest)
+            params.replace(mod, name, local.narrow(0, start, width))
+        return (x, *rest), kwargs
 
-    def swap_back(mod: nn.Module, args: tuple, output: Any) -> None:
-        mod._parameters.update(swapped)
-        swapped.clear()
-
-    module.register_forward_pre_hook(swap_in)
-    # always_call: an exception inside forward must not leave views in place of the parameters.
-    module.register_forward_hook(swap_back, always_call=True)
+    run_on_local_tensors(module, swap_in)

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
 
 from plangen import compat
-from plangen.moe_styles import expert_count
+from plangen.styles.experts import expert_count
 from plangen.tp_sums import (
     ShareOverMesh,
     all_reduce_grad,
@@ -33,13 +33,19 @@ from plangen.tp_sums import (
     replicated_local,
 )
 from plangen.transformers_compat import block_identity_experts, reads_child_weight
+from plangen.style_facts import PREPARE_INPUT, StyleFacts
+from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
+from plangen.styles.base import PlangenStyle
 
 
-class PartialGradInput(PrepareModuleInput):
+class PartialGradInput(PrepareModuleInput, PlangenStyle):
     """``PrepareModuleInput`` (same arguments, inputs ``Replicate()``) whose inputs' gradients are left
     partial over TP: for shared experts of nn.Linear projections inside a block that reduces all its
     branches' input gradients once (:class:`MoeBlockParallel`). The column-parallel projections that
     read the Replicate DTensor add their partial gradients on it, and nothing is reduced here."""
+
+    # Shared experts' PrepareModuleInput whose input gradient is left to that block's one reduction.
+    facts = StyleFacts("prepare_input", hooks=PREPARE_INPUT)
 
     def __init__(
         self,
@@ -105,7 +111,7 @@ def _install_input_once(
             reader.register_forward_pre_hook(grad_once_pre_hook(device_mesh))
 
 
-class MoeBlockParallel(PrepareModuleInputOutput):
+class MoeBlockParallel(PrepareModuleInputOutput, PlangenStyle):
     """A MoE block's ``PrepareModuleInputOutput`` (same arguments; ``use_local_input`` is implied)
     whose branches leave their input gradients partial: the block input's gradient is summed over TP
     once (one all-reduce of B·S·H, or under SP one reduce-scatter) where each branch reduced its own.
@@ -116,6 +122,9 @@ class MoeBlockParallel(PrepareModuleInputOutput):
     input handed on as the Replicate DTensor, so its column-parallel projections add their partial
     gradients on it and the one reduction is the input preparation's backward.
     """
+
+    # A MoE block's PrepareModuleInputOutput that also reduces its branches' input gradients once (Inkling's).
+    facts = StyleFacts("gather_output")
 
     def __init__(
         self,
@@ -216,7 +225,7 @@ def _child(module: nn.Module, name: str) -> nn.Module | None:
         return None
 
 
-class EveryTokenMoeParallel(PrepareModuleInputOutput):
+class EveryTokenMoeParallel(PrepareModuleInputOutput, PlangenStyle):
     """A MoE block whose experts run on every token (Llama-4's ``Llama4TextMoe``), experts split on
     the expert dimension: the block's own ``PrepareModuleInputOutput`` (same arguments), and the
     experts sharded ``Shard(0)`` with the router's scores cut to this rank's experts.
@@ -242,6 +251,9 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
     adds the routed sum in place into the shared expert's output: the plan gives its ``down_proj``
     ``RowwiseParallelOwnOutput``, whose output is a copy, not ``to_local``'s view.)
     """
+
+    # A Llama-4 MoE block's PrepareModuleInputOutput that also splits its experts (the expert dim).
+    facts = StyleFacts("gather_output")
 
     experts_name, router_name = "experts", "router"
 
@@ -289,7 +301,6 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
         local = count // tp
         first = device_mesh.get_local_rank() * local
         routed: dict[str, torch.Tensor] = {}
-        swapped: dict[str, nn.Parameter] = {}
 
         def keep_router_input(mod: nn.Module, args: tuple) -> None:
             routed["hidden"] = replicated_local(args[0])
@@ -302,31 +313,22 @@ class EveryTokenMoeParallel(PrepareModuleInputOutput):
             routed["scores"] = scores[:, first : first + local]
             return (routed["scores"], *rest)
 
-        def local_experts(mod: nn.Module, args: tuple) -> tuple:
+        def local_experts(params: LocalParameters, mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             hidden, scores = routed.pop("hidden"), routed.pop("scores")
             if torch.is_grad_enabled() and not self.input_grad_once:
                 hidden = all_reduce_grad(hidden, device_mesh)
-            for name, param in list(mod._parameters.items()):
-                if isinstance(param, DTensor):
-                    swapped[name] = param
-                    mod._parameters[name] = param.to_local()  # type: ignore[assignment]
+            params.local_views(mod)
             rebuilt = hidden.repeat(local, 1) * scores.transpose(0, 1).reshape(-1, 1)
             if rebuilt.shape != args[0].shape:
                 raise ValueError(
                     f"EveryTokenMoeParallel: the experts' input {tuple(args[0].shape)} is not "
                     f"hidden.repeat(E/tp, 1) * scores ({tuple(rebuilt.shape)})"
                 )
-            return (rebuilt, *args[1:])
-
-        def restore(mod: nn.Module, args: tuple, output: Any) -> None:
-            mod._parameters.update(swapped)  # type: ignore[arg-type]
-            swapped.clear()
+            return (rebuilt, *args[1:]), kwargs
 
         router.register_forward_pre_hook(keep_router_input)
         router.register_forward_hook(local_scores)
-        experts.register_forward_pre_hook(local_experts)
-        # always_call: an exception inside forward must not leave local views in place of the parameters.
-        experts.register_forward_hook(restore, always_call=True)
+        run_on_local_tensors(experts, local_experts)
         module = super()._apply(module, device_mesh)
         if self.input_grad_once:  # after keep_router_input: the experts' copy of the input stays partial
             _install_input_once(self, module, device_mesh, [router])
