@@ -465,13 +465,12 @@ def test_pre_commit_hook_runs_verify_on_plan_files():
     assert re.search(hook["files"], "generated/llama_plan.py") and not re.search(hook["files"], "plangen/plan.py")
 
 
-def test_readme_ci_snippet_is_valid_and_uses_real_options():
+def test_docs_ci_snippet_is_valid_and_uses_real_options():
     import re
 
     import yaml
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## plangen verify in CI", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "verify.md").read_text()
     workflow, pre_commit = (yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S))
     [command] = [step["run"] for step in workflow["jobs"]["verify"]["steps"] if "plangen verify" in step.get("run", "")]
     options = [word for word in command.split() if word.startswith("--")]
@@ -628,7 +627,7 @@ def test_level_3s_shapes_stage_blames_the_entry_too(tmp_path):
     assert (result["stage"], result["module"], result["key"]) == ("forward", "model.layers.0.self_attn.o_proj", f"{A}.q_proj")
 
 
-# --- Mamba1 mixers split by channels (plangen.mamba1_styles) ------------------------------------
+# --- Mamba1 mixers split by channels (plangen.styles.mamba1) ------------------------------------
 
 _MAMBA_PLAN = '''from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import RowwiseParallel
@@ -689,7 +688,7 @@ def test_experts_styles_fit_packed_experts_modules_only(tmp_path):
         " (`model.layers.*.mlp.experts`)")
 
 
-# --- RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.recurrent_styles) ---------
+# --- RecurrentGemma's recurrent blocks split by their RG-LRU heads (plangen.styles.recurrent) ---------
 
 
 def test_recurrent_gemma_plan_is_clean_and_its_rg_lru_style_fits_rg_lrus_with_heads_tp_divides(tmp_path):

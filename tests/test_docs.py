@@ -1,4 +1,4 @@
-"""The docs that say where things live stay true: README's architecture table and docs/contributing.md."""
+"""The docs that say where things live stay true: docs/architecture.md (rendered from the docstrings) and\ndocs/contributing.md."""
 
 from __future__ import annotations
 
@@ -13,42 +13,42 @@ README = (ROOT / "README.md").read_text()
 CONTRIBUTING = (ROOT / "docs" / "contributing.md").read_text()
 
 
-def _architecture_rows() -> list[tuple[str, str]]:
-    section = README.split("## Architecture", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `")]
-    return [(first.strip(), second.strip()) for first, second in rows]
+def _architecture_doc():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("architecture_doc", ROOT / "scripts" / "architecture_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _named_paths(cell: str) -> list[Path]:
-    """The paths a table cell names; a bare name (`hybrid.py`) is in the folder of the one before it,
-    and a pattern (`rules_*.py`) names every file it matches (at least one)."""
-    paths: list[Path] = []
-    folder = ROOT
-    for name in re.findall(r"`([^`]+)`", cell):
-        path = ROOT / name if "/" in name else folder / name
-        folder = path if name.endswith("/") else path.parent
-        if "*" in path.name:
-            matched = sorted(path.parent.glob(path.name))
-            paths += matched or [path]  # no match: reported as missing
-        else:
-            paths.append(path)
-    return paths
+def test_the_architecture_map_is_rendered_from_the_docstrings():
+    """docs/architecture.md is what ``python scripts/architecture_doc.py`` writes now: a module added,
+    moved or redescribed without rerunning it fails here."""
+    doc = _architecture_doc()
+    assert doc.DOC_PATH.read_text() == doc.render(), "run: python scripts/architecture_doc.py"
 
 
-def test_architecture_table_names_only_what_exists():
-    for first, _ in _architecture_rows():
-        for path in _named_paths(first):
-            assert path.exists(), f"README's architecture table names {path.relative_to(ROOT)}, which does not exist"
+def test_the_architecture_map_has_an_entry_for_every_module_and_refuses_one_without_a_docstring(tmp_path):
+    doc = _architecture_doc()
+    text = doc.DOC_PATH.read_text()
+    modules = [p for p in (ROOT / "plangen").rglob("*.py") if p.name != "__init__.py"]
+    missing = sorted(str(p.relative_to(ROOT)) for p in modules if f"- `{p.relative_to(ROOT)}`:" not in text)
+    assert not missing
+    for package in {p.parent for p in modules}:
+        assert f"## `{package.relative_to(ROOT)}/`" in text
+    bare = tmp_path / "bare.py"
+    bare.write_text("x = 1\n")
+    doc.ROOT, saved = tmp_path, doc.ROOT
+    try:
+        with pytest.raises(doc.MissingDocstring, match="bare.py has no docstring"):
+            doc._entry(bare)
+    finally:
+        doc.ROOT = saved
 
 
-def test_architecture_table_has_a_row_for_every_module():
-    covered: set[Path] = set()
-    for first, _ in _architecture_rows():
-        for path in _named_paths(first):
-            covered |= set(path.rglob("*")) if path.is_dir() else {path}
-    modules = [p for p in (ROOT / "plangen").rglob("*.py") if p.name != "__init__.py" or p.parent.name == "plans"]
-    missing = sorted(str(p.relative_to(ROOT)) for p in modules if p not in covered)
-    assert not missing, f"README's architecture table has no row for {missing}"
+def test_readme_points_to_the_architecture_map():
+    assert "`docs/architecture.md`" in README and "| file | holds |" not in README
 
 
 def test_readme_links_the_contributing_guide():
@@ -89,13 +89,14 @@ NAMED = [
     ("plangen.plan", "Replicated"),
     ("plangen.plan", "GROUPS"),
     ("plangen.styles", "STYLE_CLASSES"),
-    ("plangen.styles", "HF_STYLE_SPECS"),
     ("plangen.styles", "HF_UNSUPPORTED_STYLES"),
     ("plangen.style_facts", "StyleFacts"),
-    ("plangen.style_facts", "STYLE_FACTS"),
-    ("plangen.style_facts", "PLANGEN_STYLES"),
-    ("plangen.check.known_styles", "STYLES"),
-    ("plangen.check.known_styles", "StyleParam"),
+    ("plangen.style_table", "STYLE_FACTS"),
+    ("plangen.style_table", "STYLE_PARAMS"),
+    ("plangen.styles.base", "PlangenStyle"),
+    ("plangen.styles.local_tensors", "run_on_local_tensors"),
+    ("plangen.styles.hf_strings", "HF_STYLE_SPECS"),
+    ("plangen.style_facts", "ValueKind"),
     ("plangen.check.known_styles", "HF_STYLE_EQUIVALENTS"),
     ("plangen.check.rule", "Rule"),
     ("plangen.check.plan_file", "StaticRule"),
