@@ -30,7 +30,7 @@ def measure(config_path: str, tp_size: int) -> dict[str, float]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    from plangen.cost.measure import fake_process_group, quiet_partial_matches
+    from plangen.fake_group import fake_process_group, quiet_partial_matches
     from plangen.hf_layout import row_map
     from plangen.models import build_meta_model, resolve_model
     from plangen.lora import resolve_plan_model

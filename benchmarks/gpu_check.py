@@ -451,7 +451,7 @@ def measure_peak_case(
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plangen.cost.measure import fake_process_group
+    from plangen.fake_group import fake_process_group
     from plangen.cost.peak import measure_peak
     from plangen.cost.validate import run_peak_case
 
@@ -551,7 +551,8 @@ def run_kernels(section: Section, device: str, tiny: bool) -> None:
 def run_kernel_case(kind: str, tiny: str, sp: bool, plan: str, tp: int, device: str) -> dict[str, Any]:
     import torch
 
-    from plangen.cost.measure import fake_process_group, step_loss
+    from plangen.cost.measure import step_loss
+    from plangen.fake_group import fake_process_group
     from plangen.parallelize import parallelize_model
 
     with fake_process_group(tp):
@@ -771,7 +772,7 @@ def run_compile(section: Section, device: str, tiny: bool) -> None:
 
 
 def measure_compile_case(source: str, model_name: str, options: dict[str, Any], device: str) -> dict[str, Any]:
-    from plangen.cost.measure import fake_process_group
+    from plangen.fake_group import fake_process_group
 
     with (
         fake_process_group(options["tp"] * options["dp"]),

@@ -274,10 +274,10 @@ def build_sharded_fraction(arch: Architecture, shrunk: "nn.Module") -> tuple[flo
     """
     import torch.distributed as dist
 
-    from plangen.cost.measure import FAKE_WORLD_SIZE
+    from plangen.fake_group import FAKE_WORLD_SIZE
 
     if not dist.is_initialized():
-        # Left running, as plangen.cost.measure.fake_process_group leaves its group (why: there).
+        # Left running, as plangen.fake_group.fake_process_group leaves its group (why: there).
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
     elif dist.get_backend() != "fake" or dist.get_world_size() < FRACTION_TP_SIZE:
         return 0.0, f"TP-sharded share not measured: a {dist.get_backend()} process group is running", ""
@@ -328,7 +328,7 @@ def measure_sharded_share(build_model: Callable[[], "nn.Module"]) -> tuple[float
     whole with the plan's reasons (:func:`plangen.cost.memory.read_left_whole`). The plan is chosen
     for, and applied to, one layer of each kind (:func:`apply_layer_sample`); where that fails (a
     plan that follows the config's layer pattern), every layer."""
-    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.fake_group import quiet_partial_matches, tp_mesh
     from plangen.cost.memory import read_left_whole, sharded_fraction
     from plangen.plans.choice import choose_plan
     from plangen.tensor_parallel import apply_tp

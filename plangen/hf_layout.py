@@ -81,7 +81,7 @@ def interleave_index(rows: int, part_sizes: Sequence[int], tp_size: int) -> torc
     )
 
 
-def _relaid_dim(module: nn.Module, param_name: str, dims: dict[str, int] | None) -> int | None:
+def relaid_dim(module: nn.Module, param_name: str, dims: dict[str, int] | None) -> int | None:
     # dims None: every parameter of the module is re-laid out on its output dim (a fused Linear);
     # else only the named ones, each on its own dim (a packed experts module's gate_up_proj).
     if dims is None:
@@ -136,7 +136,7 @@ def row_map(module: nn.Module, param_name: str, shape: Sequence[int]) -> RowMap 
     relaid = None
     if layout is not None:
         part_sizes, tp_size, dims = layout
-        relaid = _relaid_dim(module, param_name, dims)
+        relaid = relaid_dim(module, param_name, dims)
     if relaid is None and pad is None:
         return None
     dim = relaid if relaid is not None else pad[0]

@@ -105,7 +105,7 @@ def check_seed_plan_splits(model: "nn.Module", plan: Plan, tp_size: int) -> None
     """Refuse a seed plan whose sharded dimensions do not divide by the TP size, as ``plangen verify``
     would (PG204, the same rule): a file written only to be rejected helps nobody."""
     from plangen.check.model import build_model_plan
-    from plangen.check.rules_model import DivisibilityRule
+    from plangen.check.rules.model.shapes import DivisibilityRule
     from plangen.plan import build_parallel_styles
 
     model_plan = build_model_plan(model, build_parallel_styles(plan), tp_size)

@@ -2,7 +2,7 @@
 
 Pure and local: no collectives, no transformers import, nothing applied. :mod:`plangen.parallelize`
 runs them before it shards anything (every rank fails the same way, before any rank communicates),
-and ``plangen verify`` (:mod:`plangen.check.rules_model`) runs the same functions against a meta
+and ``plangen verify`` (:mod:`plangen.check.rules.model.shapes`) runs the same functions against a meta
 model, so the two cannot disagree. The names stay importable from :mod:`plangen.parallelize`.
 """
 

@@ -2,7 +2,7 @@
 
 ``plangen init --target`` writes the plan the runtime accepts and records the target in the file
 (``PLANGEN_TARGET``); ``plangen verify`` runs the target's rules as diagnostics at the entries they
-concern (:mod:`plangen.check.rules_target`). Each row is read from the runtime's own code, named
+concern (:mod:`plangen.check.rules.model.targets`). Each row is read from the runtime's own code, named
 beside it; ``docs/nemo-rl.md`` renders the table. Torch-free: level 1 reads the names.
 """
 

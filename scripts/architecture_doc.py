@@ -30,7 +30,18 @@ Where to add a plan, a style, a block family or a diagnostic, step by step: `doc
 
 # Sections in the order a reader meets them: the package and its top-level stages, then each
 # subpackage, then the tooling around it.
-_SECTIONS = ("plangen", "plangen/styles", "plangen/plans", "plangen/check", "plangen/cost", "scripts", "benchmarks")
+_SECTIONS = (
+    "plangen",
+    "plangen/styles",
+    "plangen/plans",
+    "plangen/check",
+    "plangen/check/rules",
+    "plangen/check/rules/static",
+    "plangen/check/rules/model",
+    "plangen/cost",
+    "scripts",
+    "benchmarks",
+)
 _TOOLING = {
     "scripts": "Maintenance commands: regenerate the generated files and docs, run the sweeps.",
     "benchmarks": "plangen measured against the alternatives, each figure with its goal (`docs/benchmarks.md`).",

@@ -28,7 +28,7 @@ def fake_pg():
     """A single-process fake process group: TP at any size for shapes and collective counts."""
     import torch.distributed as dist
 
-    from plangen.cost.measure import FAKE_WORLD_SIZE
+    from plangen.fake_group import FAKE_WORLD_SIZE
 
     # The same group the code under test makes and leaves running (plangen.cost.measure).
     if not dist.is_initialized():

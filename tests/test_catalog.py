@@ -299,7 +299,7 @@ def test_prophetnet_and_big_bird_shard_their_attention(listing):
 def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):
     """Qwen3-MoE's hand-written plan without its experts styles: the experts stay on every rank."""
     from plangen.catalog import Architecture, build_full_size_model, measure_sharded_fraction
-    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.fake_group import quiet_partial_matches, tp_mesh
     from plangen.cost.memory import sharded_fraction
     from plangen.plans.choice import choose_plan
     from plangen.tensor_parallel import apply_tp
@@ -317,7 +317,7 @@ def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):
 def test_one_layer_of_each_kind_gives_the_fraction_of_every_layer(fake_pg):
     """DeepSeek-V3: three dense layers then MoE layers; the sample keeps one of each, counted 3 and 58 times."""
     from plangen.catalog import Architecture, apply_layer_sample, build_full_size_model, measure_sharded_fraction
-    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.fake_group import quiet_partial_matches, tp_mesh
     from plangen.cost.memory import sharded_fraction
     from plangen.plans.choice import choose_plan
     from plangen.tensor_parallel import apply_tp

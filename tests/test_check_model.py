@@ -616,7 +616,7 @@ def test_level_3s_shapes_stage_blames_the_entry_too(tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
 
     from plangen.check.run import _quietly, run_case
-    from plangen.cost.measure import fake_process_group
+    from plangen.fake_group import fake_process_group
 
     path = tmp_path / "llama_plan.py"
     path.write_text(BROKEN_EDITS["q_proj_rowwise"][0])

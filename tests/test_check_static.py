@@ -168,11 +168,11 @@ def _rule_classes() -> list[type[Rule]]:
 
 # Where each level's stories are declared: beside the code that emits them.
 RULE_MODULES = {
-    "PG0": {"plangen.check.rules_structure"},
-    "PG1": {"plangen.check.rules_styles", "plangen.check.rules_placements"},
-    "PG2": {"plangen.check.model", "plangen.check.rules_model", "plangen.check.rules_model_regions", "plangen.check.rules_model_norms",
-            "plangen.check.rules_model_flow", "plangen.check.rules_target"},
-    "PG3": {"plangen.check.rules_run"},
+    "PG0": {"plangen.check.rules.static.structure"},
+    "PG1": {"plangen.check.rules.static.styles", "plangen.check.rules.static.placements"},
+    "PG2": {"plangen.check.model", "plangen.check.rules.model.shapes", "plangen.check.rules.model.regions", "plangen.check.rules.model.norms",
+            "plangen.check.rules.model.layout_flow", "plangen.check.rules.model.targets"},
+    "PG3": {"plangen.check.rules.run"},
 }
 
 
@@ -186,6 +186,31 @@ def test_every_registered_code_has_exactly_one_rule_owning_it():
         assert CODES[code] == rules[0].info()
         assert rules[0].__module__ in RULE_MODULES[code[:3]], (code, rules[0].__module__)
         assert rules[0].wrong.endswith("\n") and not rules[0].wrong.endswith("\n\n")
+
+
+def test_rules_are_found_by_level_and_each_level_runs_every_rule_of_its_folder():
+    """No rule list to keep: each level runs exactly the rules defined in its folder, in code order."""
+    from plangen.check.model import MODEL_RULES
+    from plangen.check.rules import discover, discover_all
+
+    static, model, run = discover("static"), discover("model"), discover("run")
+    assert [type(rule) for rule in RULES] == list(static)
+    assert list(MODEL_RULES) == [rule.code for rule in model]
+    assert {r.code[:3] for r in static} == {"PG0", "PG1"} and {r.code[:3] for r in model} == {"PG2"}
+    assert {r.code[:3] for r in run} == {"PG3"}
+    assert sorted(discover_all(), key=lambda r: r.code) == sorted(_rule_classes(), key=lambda r: r.code)
+    assert [r.code for r in model if r.runs_on_shrunk_model] == ["PG214", "PG215"]
+
+
+def test_a_rule_class_made_outside_plangen_is_not_one_of_verifys_checks():
+    from plangen.check.plan_file import StaticRule
+    from plangen.check.rules import discover
+
+    class ProbeRule(StaticRule):
+        code = "PG099"
+        title = explanation = wrong = right = message = "probe"
+
+    assert ProbeRule not in discover("static") and ProbeRule.level == "static"
 
 
 def test_a_code_declared_twice_is_refused():

@@ -103,16 +103,10 @@ NAMED = [
     ("plangen.check.plan_file", "Invalid"),
     ("plangen.check.model_plan", "ModelRule"),
     ("plangen.check.model_plan", "ModelPlan"),
-    ("plangen.check.rules_structure", "STRUCTURE_RULES"),
-    ("plangen.check.rules_styles", "STYLE_RULES"),
-    ("plangen.check.rules_placements", "PLACEMENT_RULES"),
-    ("plangen.check.rules_model", "SHAPE_RULES"),
-    ("plangen.check.rules_model_regions", "REGION_RULES"),
-    ("plangen.check.rules_run", "RUN_RULES"),
+    ("plangen.check.rules", "discover"),
     ("plangen.check.model", "MODEL_RULES"),
     ("plangen.check.model", "PlanLoadFailureRule"),
     ("plangen.check.codes", "CODES"),
-    ("plangen.check.codes", "RULE_CLASSES"),
 ]
 
 

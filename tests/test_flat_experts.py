@@ -149,7 +149,7 @@ def test_verify_names_the_largest_tp_size_where_neither_layout_fits():
     """6 experts of ffn 18 at TP 4: neither whole experts nor each expert's ffn split fits: PG204 at
     the experts' entry, in the style's own words (the largest legal TP size, 3)."""
     from plangen.check.model_plan import ModelPlan
-    from plangen.check.rules_model import DivisibilityRule
+    from plangen.check.rules.model.shapes import DivisibilityRule
 
     model = _dbrx(moe_num_experts=6, ffn_hidden_size=18)
     styles = {"transformer.blocks.*.ffn.experts": FlatExpertsParallel(output_layouts=Partial())}

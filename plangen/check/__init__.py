@@ -172,7 +172,7 @@ def _check_model(
 
 def _bad_recorded_model(path: str, error: Exception) -> Diagnostic:
     from plangen.check.diagnostics import Diagnostic
-    from plangen.check.rules_structure import PlanConstantRule
+    from plangen.check.rules.static.structure import PlanConstantRule
     from plangen.check.static import read_constant_position
 
     line, col = read_constant_position(path, "PLANGEN_MODEL")

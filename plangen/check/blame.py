@@ -177,10 +177,10 @@ def _odd_one(candidates: list[Observed], styles: Mapping[str, "ParallelStyle"]) 
 
 
 def _differs_from_defaults(style: "ParallelStyle", layout_defaults) -> bool:
-    from plangen.check.flow import _first
+    from plangen.check.flow import first_tagged
 
     defaults = layout_defaults(type(style).__name__)
-    return any(_first(getattr(style, arg, None)) not in (None, want) for arg, want in defaults.items())
+    return any(first_tagged(getattr(style, arg, None)) not in (None, want) for arg, want in defaults.items())
 
 
 def attribute_failure(recorder: RunRecorder, styles: Mapping[str, "ParallelStyle"]) -> tuple[str | None, str | None]:

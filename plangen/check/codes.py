@@ -2,10 +2,9 @@
 
 Each code's story (title, explanation, wrong and right examples, severity) is declared on its rule
 class, beside the code that emits it (:class:`plangen.check.rule.Rule`): level 1 in
-:mod:`plangen.check.rules_structure`, :mod:`plangen.check.rules_styles` and
-:mod:`plangen.check.rules_placements`; level 2 in :mod:`plangen.check.rules_model` and
-:mod:`plangen.check.rules_model_regions`, the loader's PG201 in :mod:`plangen.check.model`; level 3 in
-:mod:`plangen.check.rules_run`. This module only collects them: :data:`CODES` and
+:mod:`plangen.check.rules.static`, level 2 in :mod:`plangen.check.rules.model`, the loader's PG201 in
+:mod:`plangen.check.model`, level 3 in :mod:`plangen.check.rules.run`. This module only collects them
+(:func:`plangen.check.rules.discover_all`): :data:`CODES` and
 ``docs/diagnostics.md`` (``python -m plangen.check.codes > docs/diagnostics.md``; a test keeps the
 committed file equal to it).
 
@@ -19,17 +18,11 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from plangen.check.model import MODEL_RULES, PlanLoadFailureRule
 from plangen.check.rule import CodeInfo, Rule
-from plangen.check.rules_run import RUN_RULES
-from plangen.check.static import RULES as STATIC_RULES
+from plangen.check.rules import discover_all
 
-RULE_CLASSES: tuple[type[Rule], ...] = (
-    *(type(rule) for rule in STATIC_RULES),
-    PlanLoadFailureRule,
-    *(type(rule) for rule in MODEL_RULES.values()),
-    *RUN_RULES,
-)
+# Every rule of every level, in code order.
+RULE_CLASSES: tuple[type[Rule], ...] = discover_all()
 
 
 def build_codes(rules: tuple[type[Rule], ...] = RULE_CLASSES) -> dict[str, CodeInfo]:
@@ -85,10 +78,10 @@ def render_diagnostics_doc(codes: Mapping[str, CodeInfo] | None = None) -> str:
         "",
         "Adding a code: each code is a rule class declared beside the code that emits it, carrying its"
         " title, explanation, wrong and right examples and severity (`plangen/check/rule.py`). A level-1"
-        " rule is a `StaticRule` in `plangen/check/rules_structure.py`, `rules_styles.py` or"
-        " `rules_placements.py`, with its `check` and valid/invalid examples of its own; a level-2 rule a"
-        " `ModelRule` in `plangen/check/rules_model.py` or `rules_model_regions.py`. Add it to its"
-        " module's rule tuple and regenerate this page; the tests run every example.",
+        " rule is a `StaticRule` in a module of `plangen/check/rules/static/`, with its `check` and"
+        " valid/invalid examples of its own; a level-2 rule a `ModelRule` in a module of"
+        " `plangen/check/rules/model/`. Defining the class is enough: each level finds its rules there"
+        " (`plangen/check/rules/__init__.py`). Then regenerate this page; the tests run every example.",
         "",
         "| Code | Title | Severity |",
         "| --- | --- | --- |",

@@ -58,7 +58,7 @@ def run_on_fake_group(
     model: "nn.Module", styles: Mapping[str, "ParallelStyle"], tp_size: int, sequence_parallel: bool
 ) -> FakeRunFailure | None:
     """Apply ``styles`` to a copy of the shrunk ``model`` at ``tp_size``, run one forward and backward;
-    None when every shape and every gradient is there. Raises RuntimeError where no fake group can
+    None when every shape and every gradient is there. Raises FakeGroupError where no fake group can
     be made (a real process group is running in this process)."""
     import sys
 
@@ -75,7 +75,7 @@ def _run_on_fake_group(
     model: "nn.Module", styles: Mapping[str, "ParallelStyle"], tp_size: int, sequence_parallel: bool
 ) -> FakeRunFailure | None:
     """Apply ``styles`` to a copy of the shrunk ``model`` at ``tp_size``, run one forward and backward;
-    None when every shape and every gradient is there. Raises RuntimeError where no fake group can
+    None when every shape and every gradient is there. Raises FakeGroupError where no fake group can
     be made (a real process group is running in this process)."""
     import warnings
 
@@ -83,7 +83,7 @@ def _run_on_fake_group(
     from torch.distributed.device_mesh import init_device_mesh
 
     from plangen.check.run import next_token_loss, sample_batch
-    from plangen.cost.measure import fake_process_group, quiet_fake_tensor_log
+    from plangen.fake_group import fake_process_group, quiet_fake_tensor_log
     from plangen.parallelize import parallelize_model
 
     reference, model = copy.deepcopy(model), copy.deepcopy(model)

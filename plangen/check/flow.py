@@ -117,7 +117,7 @@ def _seen_on(layout: Layout, shape: tuple[int, ...]) -> Layout:
     return dataclasses.replace(layout, placement=f"Shard({dim - len(shape)})", shape=shape)
 
 
-def _first(layouts: Any) -> Any:
+def first_tagged(layouts: Any) -> Any:
     return layouts[0] if isinstance(layouts, tuple) and layouts else layouts
 
 
@@ -223,10 +223,10 @@ class LayoutTracer:
         style = self.styles[key]
         name = type(style).__name__
         if hooks == MODULE_HOOKS:
-            self._module_hooks(path, module, key, name, _first(style.input_layouts), _first(style.output_layouts),
+            self._module_hooks(path, module, key, name, first_tagged(style.input_layouts), first_tagged(style.output_layouts),
                                bool(style.use_local_output))  # fmt: skip
         elif hooks == SEQUENCE_HOOKS:
-            placement = _first(style.sequence_sharding)
+            placement = first_tagged(style.sequence_sharding)
             if style.use_local_output:
                 self._local_sequence_hooks(path, module, key, name, placement)
             else:

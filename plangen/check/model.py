@@ -10,7 +10,7 @@ has no position of its own and is reported on the plan's opening line.
 
 The model is built on the meta device (no weights, no memory), once per model spec in a process.
 What the rules read is in :mod:`plangen.check.model_plan`; the rules, each with its code's story,
-in :mod:`plangen.check.rules_model` and :mod:`plangen.check.rules_model_regions`; PG201's story is
+in :mod:`plangen.check.rules.model.shapes` and :mod:`plangen.check.rules.model.regions`; PG201's story is
 declared here, where it is emitted.
 """
 
@@ -30,11 +30,7 @@ from plangen.check.diagnostics import Diagnostic, drop_ignored
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
 from plangen.check.plan_file import PlanFile, find_comments, string_value
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.check.rules_model import SHAPE_RULES
-from plangen.check.rules_model_flow import FakeRunRule, LayoutFlowRule
-from plangen.check.rules_model_norms import ProjectionNormsRule
-from plangen.check.rules_model_regions import REGION_RULES
-from plangen.check.rules_target import TARGET_RULES
+from plangen.check.rules import discover
 from plangen.check.static import decode_source
 from plangen.errors import one_line
 
@@ -119,30 +115,22 @@ def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
 
 # --- the rules ---------------------------------------------------------------------------------
 
-MODEL_RULES: dict[str, ModelRule] = {
-    rule.code: rule
-    for rule in (*SHAPE_RULES, *REGION_RULES, *TARGET_RULES, ProjectionNormsRule(), LayoutFlowRule(), FakeRunRule())
-}
-
-
-# Run only where the rules above found no error, in this order, each only where the one before it
-# found none: they name what the others cannot see, never the same fault a second time.
-SHRUNK_RULES: tuple[type[ModelRule], ...] = (LayoutFlowRule, FakeRunRule)
+# Every level-2 rule (plangen/check/rules/model/), by code.
+MODEL_RULES: dict[str, ModelRule] = {rule.code: rule() for rule in discover("model")}  # type: ignore[misc]
 
 
 def check_rules(plan: ModelPlan) -> Iterator[ModelFinding]:
-    """Every rule's findings; those that run the shrunk model (:data:`SHRUNK_RULES`) only where
-    the others found no error."""
+    """Every rule's findings; the rules that run the shrunk model (``runs_on_shrunk_model``) after the
+    others, in code order, each only where nothing before it found an error."""
     errors = False
-    for rule in MODEL_RULES.values():
-        if isinstance(rule, SHRUNK_RULES):
-            continue
+    on_meta = [rule for rule in MODEL_RULES.values() if not rule.runs_on_shrunk_model]
+    shrunk = [rule for rule in MODEL_RULES.values() if rule.runs_on_shrunk_model]
+    for rule in on_meta:
         for finding in rule.check(plan):
             errors = errors or finding.severity == "error"
             yield finding
-    for cls in SHRUNK_RULES:
-        rule = MODEL_RULES.get(cls.code)
-        if errors or rule is None:
+    for rule in shrunk:
+        if errors:
             return
         for finding in rule.check(plan):
             errors = errors or finding.severity == "error"
@@ -162,6 +150,8 @@ class PlanLoadFailure(Exception):
 
 class PlanLoadFailureRule(ModelRule):
     """Emitted by :func:`check_model` when :func:`load_plan_styles` fails, before any rule runs."""
+
+    level = "load"
 
     code = "PG201"
     title = "plan file cannot be loaded"

@@ -2,8 +2,8 @@
 
 :class:`ModelPlan` is a loaded plan against a meta-device model, with the lookups every level-2 rule
 needs (which modules each key selects, which key covers each module, what is sharded below a block).
-:class:`ModelRule` is the base of the level-2 rules (:mod:`plangen.check.rules_model`,
-:mod:`plangen.check.rules_model_regions`) and of level 3's codes (:mod:`plangen.check.rules_run`): a
+:class:`ModelRule` is the base of the level-2 rules (:mod:`plangen.check.rules.model.shapes`,
+:mod:`plangen.check.rules.model.regions`) and of level 3's codes (:mod:`plangen.check.rules.run`): a
 code with its story, and findings that sit on plan keys. The driver that loads files and turns
 findings into diagnostics is :mod:`plangen.check.model`. Nothing here imports torch at import time.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Iterator, Literal, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal, Mapping
 
 from plangen.check.rule import Rule, Severity
 from plangen.module_tree import ModuleIndex
@@ -37,7 +37,12 @@ class ModelFinding:
 
 class ModelRule(Rule):
     """A code whose findings sit on plan keys, with its story; level-2 rules also ``check`` a
-    :class:`ModelPlan`. Level 3's codes subclass it for :meth:`finding` only (run.py emits them)."""
+    :class:`ModelPlan`. Level 3's codes subclass it for :meth:`finding` only (run.py emits them).
+    ``runs_on_shrunk_model``: the rule runs the shrunk model, after every other rule of the level
+    and only where they found no error (it names what they cannot see, never the same fault twice)."""
+
+    level = "model"
+    runs_on_shrunk_model: ClassVar[bool] = False
 
     @classmethod
     def finding(cls, message: str, key: str | None = None, at: Literal["key", "value"] = "key") -> ModelFinding:

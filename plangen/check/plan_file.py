@@ -518,6 +518,7 @@ class StaticRule(Rule):
     of the parsed file, and example files of its own: every ``VALID`` one yields no finding at all,
     every ``INVALID`` one exactly this rule's finding at the given position (the tests run them all)."""
 
+    level = "static"
     message: ClassVar[str]
     VALID: ClassVar[tuple[str, ...]] = ()
     INVALID: ClassVar[tuple[Invalid, ...]] = ()

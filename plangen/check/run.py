@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from plangen.check.blame import key_for_module
 from plangen.check.model_plan import ModelFinding
-from plangen.check.rules_run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
+from plangen.check.rules.run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
 from plangen.check.shrunk import matching_styles
 from plangen.errors import one_line
 from plangen.check.shrunk import sample_batch

@@ -2,10 +2,10 @@
 
 The file is compiled (to get Python's own syntax errors) and parsed with libcst, never executed: a
 plan whose top level writes files or raises is checked safely, and torch is not imported, so the
-check is fast enough for editors, pre-commit hooks and CI. Rules live in
-:mod:`plangen.check.rules_structure` (PG0xx), :mod:`plangen.check.rules_styles` and
-:mod:`plangen.check.rules_placements` (PG1xx), in the style of Fixit: each a class with its code,
-story, message, check and valid/invalid examples.
+check is fast enough for editors, pre-commit hooks and CI. Its rules are found in
+:mod:`plangen.check.rules.static` (the file's structure, PG0xx; styles, arguments and placements,
+PG1xx), in the style of Fixit: each a class with its code, story, message, check and valid/invalid
+examples.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import libcst as cst
 
 from plangen.check.diagnostics import Diagnostic, drop_ignored
 from plangen.check.plan_file import PlanFile, StaticRule
-from plangen.check.rules_placements import PLACEMENT_RULES
-from plangen.check.rules_structure import STRUCTURE_RULES, SyntaxErrorRule, check_syntax
-from plangen.check.rules_styles import STYLE_RULES
+from plangen.check.rules import discover
+from plangen.check.rules.static.structure import SyntaxErrorRule, check_syntax
 
-RULES: tuple[StaticRule, ...] = (*STRUCTURE_RULES, *STYLE_RULES, *PLACEMENT_RULES)
+# Every level-1 rule (plangen/check/rules/static/), in code order.
+RULES: tuple[StaticRule, ...] = tuple(rule() for rule in discover("static"))  # type: ignore[misc]
 
 
 def decode_source(data: bytes) -> str:

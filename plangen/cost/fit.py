@@ -58,13 +58,13 @@ def candidate_layouts(world_size: int, seq_len: int) -> list[tuple[int, int, boo
 def search_layouts(target: str, world_size: int, gpu_bytes: int, *, seq_len: int = 4096, **settings: Any) -> FitSearch:
     """Trace every candidate layout of ``world_size`` ranks; ``settings``: micro_batch, dtype,
     master_dtype, model (as :func:`~plangen.cost.peak.measure_peak` takes them)."""
-    from plangen.cost.measure import fake_process_group
+    from plangen.fake_group import fake_process_group
     from plangen.cost.peak import measure_peak
     from plangen.cost.report import build_cost_report
 
     # One fake group for every layout: torch keeps state across a fake group destroyed and made
     # again at another size (a later step then gathers over the wrong number of ranks).
-    with fake_process_group(world_size):
+    with fake_process_group(world_size, error=CostError):
         return _search(target, world_size, gpu_bytes, seq_len, settings, measure_peak, build_cost_report)
 
 

@@ -11,14 +11,10 @@ carries the bytes it would in training (activations in bf16, the loss's statisti
 from __future__ import annotations
 
 import copy
-import logging
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -41,6 +37,7 @@ from plangen.cost.probe_configs import (
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
 from plangen.cost.widths import derived_width_keys
+from plangen.fake_group import quiet_fake_tensor_log, quiet_partial_matches, tp_mesh
 from plangen.models import text_config
 from plangen.pad_layout import pads_query_heads
 from plangen.transformers_compat import guard_routing_index
@@ -58,66 +55,6 @@ SPECIAL_TOKEN_SPAN = 32
 # CollectiveCounter sizes c10d collectives too (their result is a list of tensors): the name stays
 # for the callers that asked for sizes.
 PayloadCounter = CollectiveCounter
-
-
-# Ranks of the process's one fake group (TP x DP of any layout plangen measures fits in it).
-FAKE_WORLD_SIZE = 64
-
-
-@contextmanager
-def fake_process_group(world_size: int) -> Iterator[None]:
-    """A fake process group of at least ``world_size`` ranks: the one running, or the process's own,
-    made with ``max(world_size, FAKE_WORLD_SIZE)`` ranks and left running.
-
-    Never destroyed and made again: DTensor keeps the meshes of its sharding decisions, so after a
-    group is destroyed and another made at another size, a later sequence-parallel step in the same
-    process gathers over the old group's ranks (seen in the test run: level 2's fake run of every SP
-    plan failed after a cost measurement had made and destroyed a group of its own).
-    """
-    if dist.is_initialized():
-        if dist.get_backend() != "fake":
-            raise CostError(
-                f"a {dist.get_backend()} process group is running: cost measurements need a process without one "
-                "(they run on a single-process fake group)"
-            )
-        if dist.get_world_size() < world_size:
-            raise CostError(f"the running fake process group has {dist.get_world_size()} ranks, TP needs {world_size}")
-        yield
-        return
-    dist.init_process_group("fake", rank=0, world_size=max(world_size, FAKE_WORLD_SIZE))
-    yield
-
-
-@contextmanager
-def quiet_partial_matches() -> Iterator[None]:
-    """Silence torch's warning for a plan key that matches in some layers only (hybrid stacks).
-
-    The runtime's check already refuses keys that match no module at all.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Parallelize plan key .* could not be resolved")
-        yield
-
-
-@contextmanager
-def quiet_fake_tensor_log() -> Iterator[None]:
-    """Keep torch's fake-tensor logger from printing a traceback for an op that fails: the failure
-    is the plan's, and it is reported once, on one line (:class:`CostError`)."""
-    from plangen.compat import FAKE_TENSOR_LOGGER
-
-    logger = logging.getLogger(FAKE_TENSOR_LOGGER)
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def tp_mesh(tp_size: int):
-    from torch.distributed.device_mesh import DeviceMesh
-
-    return DeviceMesh("cpu", torch.arange(tp_size))
 
 
 # ---------------------------------------------------------------------------------------------

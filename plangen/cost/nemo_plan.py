@@ -27,12 +27,12 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
-from plangen.plans.dense import LLAMA_NORMS, _text_prefix
+from plangen.plans.dense import LLAMA_NORMS, text_prefix
 
 
 def build_nemo_style_plan(model: nn.Module, sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """NeMo RL's Llama plan (TP, or TP + SP) for ``model``'s decoder."""
-    p = f"{_text_prefix(model)}."
+    p = f"{text_prefix(model)}."
     layer = f"{p}layers.*"
     plan: dict[str, ParallelStyle] = {
         f"{p}embed_tokens": RowwiseParallel(input_layouts=Replicate()),

@@ -328,7 +328,8 @@ def track_layer_peaks(
     """
     import torch
 
-    from plangen.cost.measure import quiet_fake_tensor_log, step_loss
+    from plangen.cost.measure import step_loss
+    from plangen.fake_group import quiet_fake_tensor_log
     from plangen.plan_checks import find_transformer_layers
 
     # AdamW runs on the parameters' local shards (the same storages, so the same memory): on
@@ -384,10 +385,13 @@ def _local(tensor: Any) -> Any:
 # The model at a depth, parallelized as the runtime does it
 
 
-def _parallelize(model: Any, choice: Any, settings: CostSettings, activation_checkpointing: bool, dp_mesh, tp_mesh):
+def parallelize_for_trace(
+    model: Any, choice: Any, settings: CostSettings, activation_checkpointing: bool, dp_mesh, tp_mesh
+):
     """TP by ``choice``, activation checkpointing, FSDP2: :func:`plangen.parallelize.parallelize_model`'s
     steps, for any plan the cost report names."""
-    from plangen.cost.measure import TORCH_DTYPES, quiet_partial_matches
+    from plangen.cost.measure import TORCH_DTYPES
+    from plangen.fake_group import quiet_partial_matches
     from plangen.parallelize import apply_activation_checkpointing, apply_fsdp
     from plangen.plan_checks import PlanError, find_transformer_layers
     from plangen.plans import CHECKPOINT_FILTERS
@@ -487,11 +491,12 @@ def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, act
     from torch.distributed.device_mesh import DeviceMesh
 
     from plangen.cost.choices import resolve_plan_choice
-    from plangen.cost.measure import TORCH_DTYPES, fake_process_group
+    from plangen.cost.measure import TORCH_DTYPES
+    from plangen.fake_group import fake_process_group
     from plangen.models import build_meta_model, text_config
 
     world = settings.dp_size * settings.tp_size
-    with fake_process_group(world):
+    with fake_process_group(world, error=CostError):
         try:
             meta = build_meta_model(config, resolved.model_class, dtype=TORCH_DTYPES[settings.master_dtype])
         except Exception as error:  # transformers raises many types for a config it cannot build
@@ -501,7 +506,7 @@ def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, act
         mesh = DeviceMesh(
             "cpu", torch.arange(world).view(settings.dp_size, settings.tp_size), mesh_dim_names=("dp", "tp")
         )
-        model = _parallelize(meta, choice, settings, activation_checkpointing, mesh["dp"], mesh["tp"])
+        model = parallelize_for_trace(meta, choice, settings, activation_checkpointing, mesh["dp"], mesh["tp"])
         with fake_tensor_mode_class()(allow_non_fake_inputs=True), warnings.catch_warnings():
             # FSDP2's warning for a root returning a view (some plans' logits): about in-place ops, none here.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -540,7 +545,7 @@ def measure_peak(
     even where the depth could be extrapolated (:mod:`plangen.cost.depth`).
     """
     from plangen.cost.probe_configs import count_layers
-    from plangen.cost.report import _recorded_tp_size, read_target, resolve_cost_model
+    from plangen.cost.report import recorded_tp_size, read_target, resolve_cost_model
     from plangen.models import config_for_class
 
     started = time.perf_counter()
@@ -548,7 +553,7 @@ def measure_peak(
     if sequence_parallel is None:
         sequence_parallel = bool(metadata.get("PLANGEN_SEQUENCE_PARALLEL", False))
     settings = build_cost_settings(
-        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata),
+        tp_size=tp_size if tp_size is not None else recorded_tp_size(metadata),
         dp_size=dp_size,
         seq_len=seq_len,
         micro_batch=micro_batch,

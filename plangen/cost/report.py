@@ -43,7 +43,7 @@ def read_target(target: str, model: str | None) -> tuple[str, str, dict[str, Any
         if not Path(target).is_file():
             raise CostError(f"{target}: no such plan file")
         metadata = read_plan_metadata(target)
-        from plangen.check.rules_structure import constant_problem
+        from plangen.check.rules.static.structure import constant_problem
 
         for name, value in metadata.items():
             problem = constant_problem(name, value)
@@ -83,7 +83,7 @@ def build_cost_report(
     subject, spec, metadata = read_target(target, model)
     names = [subject, *(check_plan_name(n) for n in compare)]
     settings = build_cost_settings(
-        tp_size=tp_size if tp_size is not None else _recorded_tp_size(metadata),
+        tp_size=tp_size if tp_size is not None else recorded_tp_size(metadata),
         dp_size=dp_size,
         seq_len=seq_len,
         micro_batch=micro_batch,
@@ -94,16 +94,16 @@ def build_cost_report(
         else sequence_parallel,
     )
     resolved = resolve_cost_model(spec, settings)
-    from plangen.cost.measure import fake_process_group
+    from plangen.fake_group import fake_process_group
 
-    with fake_process_group(settings.tp_size):
+    with fake_process_group(settings.tp_size, error=CostError):
         plans = tuple(build_plan_cost(resolved, name, settings) for name in names)
     from plangen.cost.probe_configs import count_layers
 
     return CostReport(spec, resolved.model_class.__name__, count_layers(resolved.config), settings, plans)
 
 
-def _recorded_tp_size(metadata: dict[str, Any]) -> int:
+def recorded_tp_size(metadata: dict[str, Any]) -> int:
     recorded = metadata.get("PLANGEN_TP_SIZE")
     return recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else DEFAULT_TP_SIZE
 
@@ -164,7 +164,7 @@ def _count_layer_kinds(model: Any) -> Counter[str]:
 
 def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
     """Apply the plan's TP to ``model`` with the runtime's own checks, as errors of the cost."""
-    from plangen.cost.measure import quiet_partial_matches, tp_mesh
+    from plangen.fake_group import quiet_partial_matches, tp_mesh
     from plangen.plan_checks import PlanError
     from plangen.tensor_parallel import apply_tp
 
@@ -184,7 +184,7 @@ def divisibility_problem(model: Any, choice: PlanChoice, tp_size: int) -> str | 
     largest legal TP size for the plan (one line), or None. BitNet's heads take TP 5, its 6912-wide
     intermediate no TP size above 1: the style's own error named no legal size."""
     from plangen.check.model_plan import ModelPlan
-    from plangen.check.rules_model import DivisibilityRule
+    from plangen.check.rules.model.shapes import DivisibilityRule
     from plangen.plan_checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, choice.build(model))

@@ -105,7 +105,7 @@ def write_configs(folder: Path) -> dict[str, Path]:
 def predict_cases(cases: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     """Each case's :class:`plangen.cost.peak.PeakReport`, traced with fake tensors (rank 0), by name.
 
-    Needs the process's fake group (:func:`plangen.cost.measure.fake_process_group`) or none."""
+    Needs the process's fake group (:func:`plangen.fake_group.fake_process_group`) or none."""
     from plangen.cost.peak import measure_peak
 
     paths = write_configs(folder)
@@ -250,7 +250,7 @@ def run_peak_case(
     import torch
 
     from plangen.cost.choices import resolve_plan_choice
-    from plangen.cost.peak import _parallelize, track_step
+    from plangen.cost.peak import parallelize_for_trace, track_step
     from plangen.cost.settings import build_cost_settings
     from plangen.models import resolve_model_class
 
@@ -274,7 +274,7 @@ def run_peak_case(
     for router in routers:
         router.register_forward_hook(_route_counter(routes, router.num_experts // tp_mesh.size()))
     choice = resolve_plan_choice("default", model, settings.sequence_parallel)
-    model = _parallelize(model, choice, settings, case["ac"], dp_mesh, tp_mesh)
+    model = parallelize_for_trace(model, choice, settings, case["ac"], dp_mesh, tp_mesh)
     model.train()
     if before_step is not None:
         before_step()

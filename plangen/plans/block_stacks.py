@@ -18,14 +18,14 @@ import ast
 from torch import nn
 
 from plangen.plans.findings import BlockPart, Findings
-from plangen.plans.forward_source import BlockCall, _first_parameter, _forward_tree, _unpacked_outputs
+from plangen.plans.forward_source import BlockCall, first_parameter, forward_tree, unpacked_outputs
 from plangen.plans.recognize import ModelDims, ShardedBlock, has_parameters, is_per_feature, recognize_block
 
 
 def read_indexed_call(owner_cls: type, list_name: str, item_cls: type) -> BlockCall | None:
     """How ``owner_cls.forward`` calls the items of its list ``self.<list_name>`` (``self.ffns[i](x)``);
     None when it does not, or not the same way at every call."""
-    tree = _forward_tree(owner_cls)
+    tree = forward_tree(owner_cls)
     found: set[BlockCall] = set()
     for parent in ast.walk(tree) if tree is not None else ():
         for call in ast.iter_child_nodes(parent):
@@ -41,12 +41,12 @@ def read_indexed_call(owner_cls: type, list_name: str, item_cls: type) -> BlockC
             if any(isinstance(a, ast.Starred) for a in call.args):
                 return None
             if call.args:
-                found.add(BlockCall(len(call.args), None, _unpacked_outputs(call, parent)))
+                found.add(BlockCall(len(call.args), None, unpacked_outputs(call, parent)))
                 continue
-            first = _first_parameter(item_cls)
+            first = first_parameter(item_cls)
             if first is None or first not in {k.arg for k in call.keywords}:
                 return None
-            found.add(BlockCall(0, first, _unpacked_outputs(call, parent)))
+            found.add(BlockCall(0, first, unpacked_outputs(call, parent)))
     return found.pop() if len(found) == 1 else None
 
 

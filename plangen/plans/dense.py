@@ -172,7 +172,7 @@ def build_dense_decoder_plan(
     return Plan(tuple(entries), "hand-written", tuple(replicated), sequence_parallel)
 
 
-def _text_prefix(model: nn.Module) -> str:
+def text_prefix(model: nn.Module) -> str:
     """Where the decoder stack lives: ``model`` for causal LMs, deeper for multimodal classes."""
     for prefix in ("model.language_model", "language_model.model", "model"):
         module: nn.Module | None = model
@@ -209,7 +209,7 @@ GEMMA3_NORMS = (*LLAMA_NORMS, "pre_feedforward_layernorm", "post_feedforward_lay
 )
 def plan_llama_like(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model),
+        text_prefix(model),
         sequence_parallel=sequence_parallel,
         layer_norms=LLAMA_NORMS,
         per_head_norms=False,
@@ -220,7 +220,7 @@ def plan_llama_like(model: nn.Module, sequence_parallel: bool) -> Plan:
 @register_plan("Qwen3ForCausalLM")
 def plan_qwen3(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model),
+        text_prefix(model),
         sequence_parallel=sequence_parallel,
         layer_norms=LLAMA_NORMS,
         per_head_norms=True,
@@ -231,7 +231,7 @@ def plan_qwen3(model: nn.Module, sequence_parallel: bool) -> Plan:
 @register_plan("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 def plan_gemma3(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model),
+        text_prefix(model),
         sequence_parallel=sequence_parallel,
         layer_norms=GEMMA3_NORMS,
         per_head_norms=True,
@@ -243,7 +243,7 @@ def plan_gemma3(model: nn.Module, sequence_parallel: bool) -> Plan:
 @register_plan("Olmo2ForCausalLM", "Olmo3ForCausalLM")
 def plan_olmo2(model: nn.Module, sequence_parallel: bool) -> Plan:
     return build_dense_decoder_plan(
-        _text_prefix(model),
+        text_prefix(model),
         sequence_parallel=sequence_parallel,
         layer_norms=OLMO2_NORMS,
         per_head_norms=False,

@@ -75,12 +75,12 @@ def _forward_function(cls: type) -> Any:
 
 
 @lru_cache(maxsize=None)
-def _forward_tree(cls: type) -> ast.FunctionDef | None:
+def forward_tree(cls: type) -> ast.FunctionDef | None:
     forward = _forward_function(cls)
     return _parse(forward) if forward is not None else None
 
 
-def _first_parameter(cls: type) -> str | None:
+def first_parameter(cls: type) -> str | None:
     """The name of ``forward``'s first argument after ``self`` (the hidden state, by convention)."""
     try:
         params = list(inspect.signature(_forward_function(cls)).parameters.values())[1:]
@@ -92,9 +92,9 @@ def _first_parameter(cls: type) -> str | None:
 
 
 @lru_cache(maxsize=None)
-def _self_calls(cls: type) -> dict[str, list[tuple[ast.Call, ast.AST | None]]]:
+def self_calls(cls: type) -> dict[str, list[tuple[ast.Call, ast.AST | None]]]:
     """Every ``self.<name>(...)`` call in ``cls.forward``, by name, with the node around it."""
-    tree = _forward_tree(cls)
+    tree = forward_tree(cls)
     calls: dict[str, list[tuple[ast.Call, ast.AST | None]]] = {}
     if tree is None:
         return calls
@@ -113,18 +113,18 @@ def _self_calls(cls: type) -> dict[str, list[tuple[ast.Call, ast.AST | None]]]:
 @lru_cache(maxsize=None)
 def read_block_call(parent_cls: type, child_name: str, child_cls: type) -> BlockCall | None:
     """How ``parent_cls.forward`` calls ``self.<child_name>``; None when it cannot be told for sure."""
-    calls = _self_calls(parent_cls).get(child_name)
+    calls = self_calls(parent_cls).get(child_name)
     if not calls:
         return None
     found: set[BlockCall] = set()
     for call, parent in calls:
         if any(isinstance(a, ast.Starred) for a in call.args):
             return None
-        outputs = _unpacked_outputs(call, parent)
+        outputs = unpacked_outputs(call, parent)
         if call.args:
             found.add(BlockCall(len(call.args), None, outputs))
             continue
-        first = _first_parameter(child_cls)
+        first = first_parameter(child_cls)
         names = {k.arg for k in call.keywords if k.arg is not None}
         if first is None or first not in names:
             return None
@@ -132,7 +132,7 @@ def read_block_call(parent_cls: type, child_name: str, child_cls: type) -> Block
     return found.pop() if len(found) == 1 else None
 
 
-def _unpacked_outputs(call: ast.Call, parent: ast.AST | None) -> int | None:
+def unpacked_outputs(call: ast.Call, parent: ast.AST | None) -> int | None:
     if isinstance(parent, ast.Subscript) and parent.value is call:
         return None  # self.block(x)[0]: a tuple of unknown length
     if isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1:
@@ -144,7 +144,7 @@ def _unpacked_outputs(call: ast.Call, parent: ast.AST | None) -> int | None:
     return 1
 
 
-def _assigns(statement: ast.AST, name: str) -> bool:
+def statement_assigns(statement: ast.AST, name: str) -> bool:
     targets: list[ast.AST] = []
     if isinstance(statement, ast.Assign):
         targets = list(statement.targets)
@@ -161,12 +161,14 @@ def read_input_readers(block_cls: type) -> frozenset[str] | None:
     ``hidden_states = ...`` (except inside that very statement's right-hand side) do not. So does a
     call on a name bound once to the first argument (see :func:`_input_aliases`).
     """
-    tree = _forward_tree(block_cls)
-    first = _first_parameter(block_cls)
+    tree = forward_tree(block_cls)
+    first = first_parameter(block_cls)
     if tree is None or first is None:
         return None
     inputs = {first, *_input_aliases(tree, first)}
-    reassignments = sorted((n for n in ast.walk(tree) if _assigns(n, first)), key=lambda n: (n.lineno, n.col_offset))
+    reassignments = sorted(
+        (n for n in ast.walk(tree) if statement_assigns(n, first)), key=lambda n: (n.lineno, n.col_offset)
+    )
     reassigned = reassignments[0] if reassignments else None
     inside_reassignment = set()
     if reassigned is not None and reassigned.value is not None:
@@ -195,8 +197,8 @@ def read_input_name_readers(block_cls: type) -> frozenset[str] | None:
     name (``hidden_states = apply_mask_to_padding_states(hidden_states, attention_mask)``, as the
     linear-attention mixers do) and then project it: the projections still read the block input.
     """
-    tree = _forward_tree(block_cls)
-    first = _first_parameter(block_cls)
+    tree = forward_tree(block_cls)
+    first = first_parameter(block_cls)
     if tree is None or first is None:
         return None
     return frozenset(
@@ -255,7 +257,7 @@ def _argument_chain(expr: ast.AST, chains: dict[str, tuple[str, ...]]) -> tuple[
     if any(isinstance(n, ast.Call) or (isinstance(n, ast.Name) and n.id != "self") for r in rest for n in ast.walk(r)):
         return (_UNKNOWN,)
     inner = _argument_chain(expr.args[0], chains)
-    name = _self_call_name(expr)
+    name = self_call_name(expr)
     return (name, *inner) if name is not None else inner
 
 
@@ -280,8 +282,8 @@ def read_argument_chains(parent_cls: type) -> dict[str, tuple[str, ...]]:
     through a parameter-free activation only. Names bound inside ``if``/``for``/``with`` blocks are
     unknown after them (the branch may not run).
     """
-    tree = _forward_tree(parent_cls)
-    first = _first_parameter(parent_cls)
+    tree = forward_tree(parent_cls)
+    first = first_parameter(parent_cls)
     if tree is None or first is None:
         return {}
     chains: dict[str, tuple[str, ...]] = {first: ()}
@@ -289,7 +291,7 @@ def read_argument_chains(parent_cls: type) -> dict[str, tuple[str, ...]]:
 
     def record(node: ast.AST) -> None:
         for call in ast.walk(node):
-            name = _self_call_name(call)
+            name = self_call_name(call)
             if name is not None:
                 assert isinstance(call, ast.Call)
                 chain = _argument_chain(call.args[0], chains) if len(call.args) >= 1 else (_UNKNOWN,)
@@ -337,7 +339,7 @@ def read_added_children(parent_cls: type) -> frozenset[str]:
     ``inputs_embeds + positions`` after ``positions = self.embed_positions(...)``): the operand is
     the call, or a name whose latest binding before the sum is the call (``x = x.to(device)``
     rebindings passed over)."""
-    tree = _forward_tree(parent_cls)
+    tree = forward_tree(parent_cls)
     if tree is None:
         return frozenset()
     bindings: dict[str, list[ast.Assign]] = {}
@@ -382,10 +384,10 @@ def _child_output(expr: ast.AST, name_of: Any) -> str | None:
     expr = _strip_to(expr)
     if isinstance(expr, ast.Name):
         return name_of(expr.id)
-    return _self_call_name(expr)
+    return self_call_name(expr)
 
 
-def _self_call_name(node: ast.AST | None) -> str | None:
+def self_call_name(node: ast.AST | None) -> str | None:
     """``B`` for a ``self.B(...)`` call node, else None."""
     if (
         isinstance(node, ast.Call)
@@ -405,7 +407,7 @@ def read_applied_to(block_cls: type) -> dict[str, str]:
     then ``self.q_norm(q)`` when ``q`` is assigned only there. A child called on anything else, or
     called on outputs of two different children, is left out.
     """
-    tree = _forward_tree(block_cls)
+    tree = forward_tree(block_cls)
     if tree is None:
         return {}
     assigned: dict[str, list[ast.AST]] = {}
@@ -424,10 +426,10 @@ def read_applied_to(block_cls: type) -> dict[str, str]:
             if not isinstance(sources[0].targets[0], ast.Name):
                 return None
             arg = sources[0].value
-        return _self_call_name(arg)
+        return self_call_name(arg)
 
     found: dict[str, set[str | None]] = {}
-    for name, calls in _self_calls(block_cls).items():
+    for name, calls in self_calls(block_cls).items():
         for call, _ in calls:
             arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
             found.setdefault(name, set()).add(producer(arg) if arg is not None else None)
@@ -438,13 +440,13 @@ def read_applied_to(block_cls: type) -> dict[str, str]:
 def read_modified_in_place(parent_cls: type) -> frozenset[str]:
     """Children whose output ``parent_cls.forward`` modifies in place (``out = self.mlp(x)`` then
     ``out += y``, or ``out.add_(y)``): a view handed out by a style must not be that output."""
-    tree = _forward_tree(parent_cls)
+    tree = forward_tree(parent_cls)
     if tree is None:
         return frozenset()
     produced: dict[str, set[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, name = node.targets[0], _self_call_name(node.value)
+            target, name = node.targets[0], self_call_name(node.value)
             if name is not None and isinstance(target, ast.Name):
                 produced.setdefault(target.id, set()).add(name)
     modified: set[str] = set()
@@ -469,14 +471,14 @@ def read_modified_in_place(parent_cls: type) -> frozenset[str]:
 def read_returned_child(block_cls: type) -> str | None:
     """The child whose output ``block_cls.forward`` returns as it is (``return self.norm(x)``, every
     return statement alike), called nowhere else; None otherwise."""
-    tree = _forward_tree(block_cls)
+    tree = forward_tree(block_cls)
     if tree is None:
         return None
-    names = {_self_call_name(node.value) for node in ast.walk(tree) if isinstance(node, ast.Return)}
+    names = {self_call_name(node.value) for node in ast.walk(tree) if isinstance(node, ast.Return)}
     if len(names) != 1:
         return None
     name = names.pop()
-    if name is None or len(_self_calls(block_cls).get(name, [])) != 1:
+    if name is None or len(self_calls(block_cls).get(name, [])) != 1:
         return None
     return name
 
@@ -484,7 +486,7 @@ def read_returned_child(block_cls: type) -> str | None:
 def _weight_read_nodes(cls: type, child_name: str) -> list[ast.AST] | None:
     """The nodes of ``cls.forward`` reading ``<...>.<child_name>.weight``'s values: indexed, or
     handed to a function (``F.linear(x, emb.weight)``); its dtype or shape is no read."""
-    tree = _forward_tree(cls)
+    tree = forward_tree(cls)
     if tree is None:
         return None
 
@@ -531,7 +533,7 @@ def read_weight_reads(cls: type, child_name: str) -> bool:
 def read_returned_parameters(block: Any) -> frozenset[int]:
     """Places in the tuple ``block.forward`` returns that hold one of its own parameters in every return
     (GPT-NeoX-Japanese's last attention returns ``self.dense_bias``, which its layer adds to the output)."""
-    tree = _forward_tree(type(block))
+    tree = forward_tree(type(block))
     returns = [node.value for node in ast.walk(tree) if isinstance(node, ast.Return)] if tree is not None else []
     if not returns or not all(isinstance(r, ast.Tuple) for r in returns):
         return frozenset()
@@ -554,7 +556,7 @@ def read_added_buffer_reads(module: Any, child: str) -> tuple[str, ...]:
     """Buffers ``module.forward`` indexes and adds to the output of ``self.<child>`` in one sum (CTRL's
     model: ``pos_embeds = self.pos_encoding[position_ids, :]``, then ``inputs_embeds + pos_embeds``,
     ``inputs_embeds = self.w(input_ids)``): a table read outside any module, whose values no style lays out."""
-    tree = _forward_tree(type(module))
+    tree = forward_tree(type(module))
     if tree is None:
         return ()
     bound = [
@@ -562,7 +564,7 @@ def read_added_buffer_reads(module: Any, child: str) -> tuple[str, ...]:
         for node in ast.walk(tree)
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
     ]
-    outputs = {name for name, value in bound if _self_call_name(value) == child}
+    outputs = {name for name, value in bound if self_call_name(value) == child}
     read = {
         name: value.value.attr
         for name, value in bound

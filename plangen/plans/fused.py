@@ -17,7 +17,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from plangen.models import text_config
 from plangen.plan import Plan, PlanEntry, Replicated
-from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix
+from plangen.plans.dense import LLAMA_NORMS, SEQ, text_prefix
 from plangen.plans.registry import register_plan
 from plangen.plans.layouts import row_parallel_output
 
@@ -136,7 +136,7 @@ def _heads(model: nn.Module) -> tuple[int, int]:
 def plan_phi3(model: nn.Module, sequence_parallel: bool) -> Plan:
     heads, kv_heads = _heads(model)
     return build_fused_decoder_plan(
-        _text_prefix(model),
+        text_prefix(model),
         sequence_parallel=sequence_parallel,
         qkv_parts=(heads, kv_heads, kv_heads),
         # Phi3Attention slices qkv at config.num_attention_heads * head_dim and num_key_value_heads * head_dim.

@@ -32,7 +32,7 @@ from torch.distributed.tensor import Partial, Replicate
 
 from plangen.styles.experts import EXPERTS_PARALLEL_WHY
 from plangen.plan import PlanEntry
-from plangen.plans.forward_source import _forward_tree, _self_call_name
+from plangen.plans.forward_source import forward_tree, self_call_name
 
 _VIEWS = frozenset({"reshape", "view", "to", "contiguous"})
 
@@ -57,7 +57,7 @@ def _strip_views(expr: ast.AST) -> ast.AST:
 def read_experts_norms(layer_cls: type, experts: str) -> tuple[str | None, str | None]:
     """(the child whose output ``layer_cls.forward`` hands ``self.<experts>`` as its first argument,
     the child it applies next to the experts' output), through reshapes; None where not read."""
-    tree = _forward_tree(layer_cls)
+    tree = forward_tree(layer_cls)
     if tree is None:
         return None, None
     producer: dict[str, str | None] = {}  # variable -> the child whose output it holds (views aside)
@@ -70,7 +70,7 @@ def read_experts_norms(layer_cls: type, experts: str) -> tuple[str | None, str |
         ):
             continue
         value = _strip_views(statement.value)
-        child = _self_call_name(value)
+        child = self_call_name(value)
         if child is None:
             producer[statement.targets[0].id] = producer.get(value.id) if isinstance(value, ast.Name) else None
             continue

@@ -21,7 +21,7 @@ from plangen.models import text_config
 from plangen.styles.experts import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
-from plangen.plans.dense import LLAMA_NORMS, SEQ, _text_prefix, build_dense_decoder_plan, grouped_query
+from plangen.plans.dense import LLAMA_NORMS, SEQ, text_prefix, build_dense_decoder_plan, grouped_query
 from plangen.plans.fused import build_fused_decoder_plan
 from plangen.plans.latent import has_query_latent, latent_attention_entries, shards_query_latent
 
@@ -65,7 +65,7 @@ def build_moe_decoder_plan(
 ) -> Plan:
     """``block_outputs``: how many values the MoE block returns (gpt-oss's: the hidden state and the
     router scores, which the layer drops): the first is reduced, the others pass through untouched."""
-    prefix = _text_prefix(model)
+    prefix = text_prefix(model)
     dense_plan = build_dense_decoder_plan(
         prefix,
         sequence_parallel=sequence_parallel,
@@ -211,7 +211,7 @@ def plan_gpt_oss(model: nn.Module, sequence_parallel: bool) -> Plan:
     # The MoE block returns (hidden, router scores); experts carry per-expert biases, split with them.
     _check_experts(model)
     plan = build_moe_decoder_plan(model, sequence_parallel=sequence_parallel, per_head_norms=False, block_outputs=2)
-    attention = f"{_text_prefix(model)}.layers.*.self_attn"
+    attention = f"{text_prefix(model)}.layers.*.self_attn"
     entries = tuple(
         replace(e, style="AttentionSinksParallel", why=f"{e.why}; the sinks (one per head) split with the heads")
         if e.pattern == attention
@@ -238,7 +238,7 @@ def plan_llama4(model: nn.Module, sequence_parallel: bool) -> Plan:
     # every token: EveryTokenMoeParallel splits them on the expert dim and reduces the block once; a
     # shared expert column/row-parallel beside them. Dense layers (Maverick interleaves them) as Llama's MLP.
     config = text_config(model.config)
-    prefix = _text_prefix(model)
+    prefix = text_prefix(model)
     sp = sequence_parallel
     dense_plan = build_dense_decoder_plan(
         prefix,
@@ -343,7 +343,7 @@ def plan_longcat_flash(model: nn.Module, sequence_parallel: bool) -> Plan:
     # the router picks zero-compute identity experts, computed on every rank as a 1/tp share
     # (plangen.styles.experts.choose_expert_layout).
     _check_experts(model)
-    prefix = _text_prefix(model)
+    prefix = text_prefix(model)
     layer = f"{prefix}.layers.*"
     plan = build_moe_decoder_plan(
         model, sequence_parallel=sequence_parallel, per_head_norms=False, latent_attention=True
@@ -391,7 +391,7 @@ def plan_jetmoe(model: nn.Module, sequence_parallel: bool) -> Plan:
     # partial like the outputs they scale, is all-reduced (B·S·k), so the router's gradients and the
     # auxiliary loss stay exact. Under SP the norms and the residual stream are sequence-sharded.
     sp = sequence_parallel
-    prefix = _text_prefix(model)
+    prefix = text_prefix(model)
     layer = f"{prefix}.layers.*"
     dense = build_dense_decoder_plan(prefix, sequence_parallel=sp, layer_norms=LLAMA_NORMS, per_head_norms=False)
     blocks = (f"{layer}.self_attn", f"{layer}.mlp")  # the dense plan's attention and MLP: JetMoE's differ

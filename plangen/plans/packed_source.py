@@ -60,7 +60,7 @@ class Refused:
 
 
 @lru_cache(maxsize=None)
-def _function(cls: type, name: str) -> ast.FunctionDef | None:
+def function_node(cls: type, name: str) -> ast.FunctionDef | None:
     function = getattr(cls, name, None)
     if function is None or not callable(function):
         return None
@@ -76,7 +76,7 @@ def _parents(tree: ast.AST) -> dict[int, ast.AST]:
     return {id(child): parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
 
 
-class _Reader:
+class SourceReader:
     """One function of the block, with its module: evaluates constant expressions, follows names."""
 
     def __init__(self, module: nn.Module, tree: ast.FunctionDef) -> None:
@@ -236,7 +236,7 @@ class _Reader:
         return found
 
 
-def _attributes_in(reader: _Reader, node: ast.AST) -> set[str]:
+def _attributes_in(reader: SourceReader, node: ast.AST) -> set[str]:
     """Every ``self.X`` inside ``node``, following names bound once."""
     found: set[str] = set()
     for sub in ast.walk(node):
@@ -247,7 +247,7 @@ def _attributes_in(reader: _Reader, node: ast.AST) -> set[str]:
     return found
 
 
-def _ratios(reader: _Reader, nodes: list[ast.expr], counts: set[int]) -> set[str]:
+def _ratios(reader: SourceReader, nodes: list[ast.expr], counts: set[int]) -> set[str]:
     """Head counts read only as a ratio of two (Falcon's ``num_heads // num_kv_heads`` query heads per
     group): the ratio stays when both become this rank's, so they are head counts, not widths."""
     found: set[str] = set()
@@ -266,14 +266,14 @@ def _ratios(reader: _Reader, nodes: list[ast.expr], counts: set[int]) -> set[str
 class _Op:
     """The first operation on the packed values: a method call on them, or a subscript."""
 
-    reader: _Reader
+    reader: SourceReader
     method: str  # "view", "chunk", ..., or "subscript"
     node: ast.AST  # the Call, or the Subscript
     moved: bool = False  # a transpose/permute came before it
     rank_added: int = 0  # unsqueezes before it
 
 
-def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, added: int = 0) -> _Op | None:
+def _follow(reader: SourceReader, node: ast.AST, cls: type, moved: bool = False, added: int = 0) -> _Op | None:
     """Follow the values of ``node`` (an expression) to the first operation that lays them out."""
     for _ in range(50):
         parent = reader.parents.get(id(node))
@@ -316,10 +316,10 @@ def _follow(reader: _Reader, node: ast.AST, cls: type, moved: bool = False, adde
             and parent.func.value.id == "self"
             and parent.func.attr not in reader.module._modules
         ):
-            tree = _function(cls, parent.func.attr)
+            tree = function_node(cls, parent.func.attr)
             if tree is None:
                 return None
-            inner = _Reader(reader.module, tree)
+            inner = SourceReader(reader.module, tree)
             use = inner.first_use_of_parameter(parent.args.index(node))
             if use is None:
                 return None
@@ -377,7 +377,7 @@ def _split_axis(op: _Op, rank: int | None) -> int | None:
     return None
 
 
-def _projection_call(reader: _Reader, projection: str, first: str) -> ast.Call | None:
+def _projection_call(reader: SourceReader, projection: str, first: str) -> ast.Call | None:
     calls = [
         n
         for n in ast.walk(reader.tree)
@@ -393,7 +393,7 @@ def _projection_call(reader: _Reader, projection: str, first: str) -> ast.Call |
     return calls[0] if calls[0].args[0].id == first else None
 
 
-def _shape_heads(reader: _Reader, counts: set[int], widths: set[str], cls: type, seen: set[str]) -> set[str]:
+def _shape_heads(reader: SourceReader, counts: set[int], widths: set[str], cls: type, seen: set[str]) -> set[str]:
     """Head-count attributes the function (and the methods it calls on self) uses in shapes."""
     found: set[str] = set()
     for node in ast.walk(reader.tree):
@@ -409,9 +409,9 @@ def _shape_heads(reader: _Reader, counts: set[int], widths: set[str], cls: type,
                 found |= reader.head_attributes(arg, counts, widths)
         if is_self_method and node.func.attr not in seen:
             seen.add(node.func.attr)
-            tree = _function(cls, node.func.attr)
+            tree = function_node(cls, node.func.attr)
             if tree is not None:
-                found |= _shape_heads(_Reader(reader.module, tree), counts, widths, cls, seen)
+                found |= _shape_heads(SourceReader(reader.module, tree), counts, widths, cls, seen)
     return found
 
 
@@ -425,10 +425,10 @@ def read_packed_split(
     cannot be followed.
     """
     cls = type(block)
-    tree = _function(cls, "forward")
+    tree = function_node(cls, "forward")
     if tree is None or not tree.args.args[1:]:
         return None
-    reader = _Reader(block, tree)
+    reader = SourceReader(block, tree)
     call = _projection_call(reader, projection, tree.args.args[1].arg)
     if call is None:
         return None
@@ -458,7 +458,7 @@ def _read_groups(
     values = [reader.int_value(e) for e in trailing]
     parts = _parts_view(reader, trailing, values, out_features, counts, head_size)
     if parts:  # GOT-OCR2's reshape(b, s, 3, self.num_attention_heads, -1): [q; k; v], each by heads
-        heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
+        heads = _shape_heads(SourceReader(reader.module, function_node(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
         return _unsure(reader.module, heads, head_size) or PackedSplit(
             "parts", parts=parts, head_attributes=tuple(sorted(heads))
         )
@@ -483,7 +483,7 @@ def _read_groups(
     if shared:
         # Multi-query (Falcon-7B's view(b, s, num_heads + 2, head_dim), then [..., :-2, :]): the query
         # heads, then one key and one value head, one after another.
-        heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
+        heads = _shape_heads(SourceReader(reader.module, function_node(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
         unsure = _unsure(reader.module, heads - group_attrs, head_size)
         if unsure:
             return unsure
@@ -498,7 +498,7 @@ def _read_groups(
         )
     # The attributes sizing one group (CodeGen's embed_dim // mp_num) stay whole: a group is not split.
     widths = {a for e in trailing[1:] for a in _attributes_in(reader, e)} - _ratios(reader, trailing[1:], counts)
-    heads = _shape_heads(_Reader(reader.module, _function(cls, "forward")), counts, widths, cls, set())  # type: ignore[arg-type]
+    heads = _shape_heads(SourceReader(reader.module, function_node(cls, "forward")), counts, widths, cls, set())  # type: ignore[arg-type]
     unsure = _unsure(reader.module, heads - group_attrs, head_size)
     if unsure:
         return unsure
@@ -506,7 +506,7 @@ def _read_groups(
 
 
 def _parts_view(
-    reader: _Reader,
+    reader: SourceReader,
     trailing: list[ast.expr],
     values: list[int | None],
     out_features: int,
@@ -531,7 +531,7 @@ def _parts_view(
 
 
 def _shared_heads(
-    reader: _Reader,
+    reader: SourceReader,
     trailing: list[ast.expr],
     after: _Op,
     axis: int | None,
@@ -579,7 +579,7 @@ def _unsure(module: nn.Module, found: set[str], head_size: int | None) -> Refuse
 
 
 def _read_parts(
-    op: _Op, out_features: int, counts: set[int], cls: type, forward: _Reader, head_size: int | None
+    op: _Op, out_features: int, counts: set[int], cls: type, forward: SourceReader, head_size: int | None
 ) -> PackedSplit | Refused | None:
     reader, call = op.reader, op.node
     assert isinstance(call, ast.Call)
@@ -621,9 +621,9 @@ def read_shape_head_attributes(
 ) -> tuple[str, ...] | Refused | None:
     """The head-count attributes ``block``'s forward (and the methods it calls on self) uses in
     shapes (GPT-Neo's ``self._split_heads(query, self.num_heads, self.head_dim)``); None without source."""
-    tree = _function(type(block), "forward")
+    tree = function_node(type(block), "forward")
     if tree is None:
         return None
-    heads = _shape_heads(_Reader(block, tree), head_counts, set(), type(block), set())
+    heads = _shape_heads(SourceReader(block, tree), head_counts, set(), type(block), set())
     unsure = _unsure(block, heads, head_size)
     return unsure if unsure is not None else tuple(sorted(heads))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from functools import lru_cache
 
-from plangen.plans.forward_source import _forward_tree
+from plangen.plans.forward_source import forward_tree
 
 
 def _is_halving_chunk(node: ast.AST) -> bool:
@@ -55,7 +55,7 @@ def _parameter_reads(tree: ast.AST, names: frozenset[str], inside_sum: bool = Fa
 def read_paired_heads(block_cls: type, own: frozenset[str]) -> bool:
     """True when ``block_cls``'s forward halves tensors along a head axis (at least twice: the
     attention output and the values) and reads each of its ``own`` parameters, and only, inside sums."""
-    tree = _forward_tree(block_cls)
+    tree = forward_tree(block_cls)
     if tree is None or not own:
         return False
     halvings = sum(1 for node in ast.walk(tree) if _is_halving_chunk(node))

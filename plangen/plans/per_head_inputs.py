@@ -19,7 +19,7 @@ from torch import nn
 from plangen.plan import PlanEntry
 from plangen.plans.dims import ModelDims
 
-from plangen.plans.packed_source import _function, _Reader
+from plangen.plans.packed_source import function_node, SourceReader
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class PerHeadInput:
     batch_major: bool = False
 
 
-def _per_head_call(reader: _Reader, head_counts: set[int]) -> tuple[ast.Call, str] | None:
+def _per_head_call(reader: SourceReader, head_counts: set[int]) -> tuple[ast.Call, str] | None:
     for node in ast.walk(reader.tree):
         if not isinstance(node, ast.Call) or not reader.live(node):
             continue
@@ -61,7 +61,7 @@ def _per_head_call(reader: _Reader, head_counts: set[int]) -> tuple[ast.Call, st
     return None
 
 
-def _reaches_layers(reader: _Reader, call: ast.Call) -> bool:
+def _reaches_layers(reader: SourceReader, call: ast.Call) -> bool:
     """The call's result is bound to a name handed to a layer (``block(hidden_states, position_bias=alibi)``:
     a call of a loop variable), not a reshape by a count that happens to equal the heads."""
     assign = reader.parents.get(id(call))
@@ -94,10 +94,10 @@ def read_per_head_arguments(owner: nn.Module, head_counts: set[int]) -> PerHeadI
     (``batch_major``); else the call, described (the attention then stays whole). Branches the module provably skips (``if
     self.use_alibi:`` with alibi off) are left out.
     """
-    tree = _function(type(owner), "forward")
+    tree = function_node(type(owner), "forward")
     if tree is None:
         return None
-    reader = _Reader(owner, tree)
+    reader = SourceReader(owner, tree)
     found = _per_head_call(reader, head_counts)
     if found is None:
         return None
@@ -106,7 +106,7 @@ def read_per_head_arguments(owner: nn.Module, head_counts: set[int]) -> PerHeadI
     return PerHeadInput(*sliced[:2], source, batch_major=sliced[2]) if sliced is not None else source
 
 
-def _sliceable(reader: _Reader, call: ast.Call, head_counts: set[int]) -> tuple[str, int, bool] | None:
+def _sliceable(reader: SourceReader, call: ast.Call, head_counts: set[int]) -> tuple[str, int, bool] | None:
     """(the layers' keyword, the head dim, whether it stacks the batch rows' heads), or None."""
     assign = reader.parents.get(id(call))
     if not (isinstance(assign, ast.Assign) and len(assign.targets) == 1 and isinstance(assign.targets[0], ast.Name)):
@@ -137,7 +137,7 @@ def _sliceable(reader: _Reader, call: ast.Call, head_counts: set[int]) -> tuple[
     return (passed[0][1], 0, True) if _batch_major(reader, call, head_counts) else None
 
 
-def _build(reader: _Reader, call: ast.Call, mask: Any) -> Any:
+def _build(reader: SourceReader, call: ast.Call, mask: Any) -> Any:
     """The builder's tensor, called with the module's constants (on the meta device) or, given a
     ``mask``, with it as the forward's ``attention_mask`` and float32 for any ``.dtype`` read (on the
     CPU: its values tell the layout); None where it needs anything else."""
@@ -168,7 +168,7 @@ def _build(reader: _Reader, call: ast.Call, mask: Any) -> Any:
     return built if isinstance(built, torch.Tensor) else None
 
 
-def _batch_major(reader: _Reader, call: ast.Call, head_counts: set[int]) -> bool:
+def _batch_major(reader: SourceReader, call: ast.Call, head_counts: set[int]) -> bool:
     """Bloom's ``build_alibi_tensor(attention_mask, self.num_heads, ...)``: run on a probe mask of two
     rows that differ (the second left-padded), its first dim must stack the rows' heads batch row by
     batch row, each row's slice what the builder makes of that row alone."""
@@ -189,11 +189,11 @@ def read_passed_keyword(layer_cls: type, child: str, parameter: str) -> str | No
     """The keyword by which ``layer_cls.forward`` hands its own argument ``parameter`` on to
     ``self.<child>`` (Bloom's block: ``self.self_attention(..., alibi=alibi)``), the same in every call
     of it; None where it is not passed so."""
-    from plangen.plans.forward_source import _self_calls
+    from plangen.plans.forward_source import self_calls
 
     keywords = {
         next((k.arg for k in call.keywords if isinstance(k.value, ast.Name) and k.value.id == parameter), None)
-        for call, _ in _self_calls(layer_cls).get(child, [])
+        for call, _ in self_calls(layer_cls).get(child, [])
     }
     return keywords.pop() if len(keywords) == 1 else None
 

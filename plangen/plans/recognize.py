@@ -126,7 +126,7 @@ class KeptBlock:
     why: str
 
 
-def _linears(block: nn.Module, unwrap: bool = False) -> dict[str, nn.Linear]:
+def child_linears(block: nn.Module, unwrap: bool = False) -> dict[str, nn.Linear]:
     """The block's ``nn.Linear`` children by name; with ``unwrap``, also the one linear inside a child
     that only wraps it, by its path (``q_proj.linear``), the linear sharded."""
     found = {}
@@ -143,7 +143,7 @@ def _child(name: str) -> str:
     return name.split(".")[0]  # a wrapped linear's wrapper, the block's own child
 
 
-def _split_by_reading(
+def split_by_reading(
     block: nn.Module, readers: frozenset[str] | None = None, unwrap: bool = False
 ) -> tuple[dict[str, nn.Linear], dict[str, nn.Linear]] | None:
     """The block's linears that read its input (``readers``: as its caller shows them), and the
@@ -151,17 +151,17 @@ def _split_by_reading(
     readers = read_input_readers(type(block)) if readers is None else readers
     if readers is None:
         return None
-    linears = _linears(block, unwrap)
+    linears = child_linears(block, unwrap)
     reading = {n: m for n, m in linears.items() if _child(n) in readers}
     return reading, {n: m for n, m in linears.items() if _child(n) not in readers}
 
 
-def _unexpected_children(block: nn.Module, known: set[str]) -> list[str]:
+def unexpected_children(block: nn.Module, known: set[str]) -> list[str]:
     children = {_child(n) for n in known}
     return [describe(n, c) for n, c in block.named_children() if n not in children and has_parameters(c)]
 
 
-def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | None:
+def packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | None:
     """One input projection as wide as q, k and v together: the parts would need strided shards."""
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
     if len(reading) != 1:
@@ -176,7 +176,7 @@ def _packed_qkv(reading: dict[str, nn.Linear], dims: ModelDims) -> KeptBlock | N
     )
 
 
-def _attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple[list[str], list[str]]:
+def attention_norms(block: nn.Module, skip: set[str], dims: ModelDims) -> tuple[list[str], list[str]]:
     """Norms inside attention: one head wide (shardable with the heads), or as wide as a projection (not)."""
     d, n, k = dims.head_dim, dims.heads, dims.kv_heads or dims.heads
     per_head, whole = [], []
@@ -201,7 +201,7 @@ def recognize_attention(
     heads (q, k, v, an output gate: :mod:`plangen.plans.recognize_gated`). Row-parallel: the one projection from all heads back to the
     hidden size. None when the block does not look like attention at all.
     """
-    split = _split_by_reading(block, readers, unwrap=True) if dims.heads and dims.head_dim else None
+    split = split_by_reading(block, readers, unwrap=True) if dims.heads and dims.head_dim else None
     if split is None:
         return None
     reading, others = split
@@ -209,7 +209,7 @@ def recognize_attention(
     outputs = [name for name, m in others.items() if m.in_features == n * d and m.out_features == h]
     if len(outputs) != 1:
         return None
-    packed = _packed_qkv(reading, dims)
+    packed = packed_qkv(reading, dims)
     if packed is not None:
         return packed  # plangen.plans.recognize_packed reads how its forward splits it
     # A layer that reuses an earlier layer's keys and values (Gemma 3n's and Gemma 4's KV-shared
@@ -239,7 +239,7 @@ def recognize_attention(
     if own and not paired and (n == d or any(shape != (n,) for shape in own.values())):
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
-    per_head, whole = _attention_norms(block, {*reading, *outputs}, dims)
+    per_head, whole = attention_norms(block, {*reading, *outputs}, dims)
     # A norm over all heads' output, read straight by the row-parallel projection (BitNet's attn_sub_norm).
     sub = read_fed_by(type(block), outputs[0]) if n * d == others[outputs[0]].in_features else None
     for norm in whole:
@@ -262,7 +262,7 @@ def recognize_attention(
         and (m.in_features, m.out_features) == (k * d, k)
         and read_fed_from(type(block), name, frozenset(reading))
     )
-    unknown = _unexpected_children(block, {*reading, *outputs, *per_head, *whole, *head_gates})
+    unknown = unexpected_children(block, {*reading, *outputs, *per_head, *whole, *head_gates})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     shapes = read_shape_sizes(type(block))
@@ -339,7 +339,7 @@ def head_count_attributes(block: nn.Module, shapes: ShapeSizes, dims: ModelDims)
 
 def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
     """A dense MLP (up [and gate] → elementwise → down): shard the intermediate width, or say why not."""
-    split = _split_by_reading(block, sequential_readers(block))
+    split = split_by_reading(block, sequential_readers(block))
     if split is None:
         return None
     reading, others = split
@@ -380,7 +380,7 @@ def recognize_mlp(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock
         and has_parameters(child)
         and all(p.numel() == 1 for p in child.parameters())
     )
-    unknown = _unexpected_children(block, set(reading) | {down, *scalars, *norms})
+    unknown = unexpected_children(block, set(reading) | {down, *scalars, *norms})
     if unknown:
         return KeptBlock("mlp", f"unrecognised submodule {unknown[0]} would see only a slice of the intermediate width")
     return ShardedBlock(
@@ -402,7 +402,7 @@ def recognize_layer_mlp(layer: nn.Module, dims: ModelDims) -> tuple[tuple[str, s
     source says; ``up`` reads the hidden size, and no other child reads its output.
     """
     chains = read_argument_chains(type(layer))
-    linears = _linears(layer)
+    linears = child_linears(layer)
 
     def producer(name: str) -> str | None:
         # The first child with parameters (or the lost track) that the argument came through.

@@ -19,9 +19,9 @@ from functools import lru_cache
 from torch import nn
 
 from plangen.plans.dims import ModelDims, has_parameters, is_linear, own_parameters
-from plangen.plans.forward_source import _forward_tree, read_input_readers
+from plangen.plans.forward_source import forward_tree, read_input_readers
 from plangen.plans.shape_source import read_shape_sizes
-from plangen.plans.split_source import _forward_and_helpers
+from plangen.plans.split_source import forward_and_helpers
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def read_bucket_major_view(block_cls: type, child: str) -> tuple[str, str] | Non
     None unless every view of such an ``x`` by a shape ending in two attributes says the same (later
     reshapes of the permuted values, ``reshape(shape + (-1,))``, are not views of the projection's layout)."""
     found: set[tuple[str, str]] = set()
-    for tree in _forward_and_helpers(block_cls):
+    for tree in forward_and_helpers(block_cls):
         outputs = {
             n.targets[0].id
             for n in ast.walk(tree)
@@ -87,7 +87,7 @@ def read_transposed_projection_helper(block_cls: type, child: str, heads: str) -
     """``(method, dim)``: the helper of ``block_cls.forward`` that calls ``self.<child>`` on its first
     argument transposed (``hidden_states = hidden_states.transpose(1, 2)``, ProphetNet's predict
     stream), and the position of ``self.<heads>`` in the ``view`` of the value it returns."""
-    for tree in _forward_and_helpers(block_cls)[1:]:
+    for tree in forward_and_helpers(block_cls)[1:]:
         params = [a.arg for a in tree.args.args[1:]]
         if not params:
             continue
@@ -170,7 +170,7 @@ def recognize_bucketed_attention(block: nn.Module, dims: ModelDims) -> BucketedA
         layout[1],
         *(a for a in shapes.attributes if getattr(block, a, None) in (n, width) and a not in shapes.last),
     }  # type: ignore[index]
-    tree = _forward_tree(type(block))
+    tree = forward_tree(type(block))
     masks = tuple(a.arg for a in (*tree.args.args, *tree.args.kwonlyargs) if a.arg.endswith("mask")) if tree else ()
     helper = read_transposed_projection_helper(type(block), rest[0], layout[1])  # type: ignore[index]
     # The head count the helper's view reads first: the style makes the first head attribute global for it.

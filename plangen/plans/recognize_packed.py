@@ -14,10 +14,10 @@ from plangen.plans.recognize import (
     KeptBlock,
     ModelDims,
     ShardedBlock,
-    _attention_norms,
-    _packed_qkv,
-    _split_by_reading,
-    _unexpected_children,
+    attention_norms,
+    packed_qkv,
+    split_by_reading,
+    unexpected_children,
     has_parameters,
     own_parameters,
     recognize_attention,
@@ -32,7 +32,7 @@ def recognize_packed_attention(block: nn.Module, dims: ModelDims) -> ShardedBloc
     it as multi-query (q of the config's heads, one k and one v head), else only a reason to keep it
     whole is taken from the forward. None when it is not such an attention or the forward cannot be read.
     """
-    split = _split_by_reading(block) if dims.heads and dims.head_dim else None
+    split = split_by_reading(block) if dims.heads and dims.head_dim else None
     if split is None:
         return None
     reading, others = split
@@ -43,7 +43,7 @@ def recognize_packed_attention(block: nn.Module, dims: ModelDims) -> ShardedBloc
     found = packed_attention(block, reading, outputs[0], dims)
     # Multi-query as its forward splits it: q of the config's heads, one k and one v head.
     multi_query = isinstance(found, ShardedBlock) and found.shared_parts
-    if _packed_qkv(reading, dims) is not None or isinstance(found, KeptBlock) or multi_query:
+    if packed_qkv(reading, dims) is not None or isinstance(found, KeptBlock) or multi_query:
         return found
     return None
 
@@ -74,10 +74,10 @@ def packed_attention(
     if len(tables) != len(own):
         names = ", ".join(f"{p} {s}" for p, s in own.items())
         return KeptBlock("attention", f"own parameters ({names}) cannot follow the split by heads")
-    per_head, whole = _attention_norms(block, {name, output}, dims)
+    per_head, whole = attention_norms(block, {name, output}, dims)
     if whole:
         return KeptBlock("attention", f"norm {whole[0]} spans a whole part of the packed projection {name}")
-    unknown = _unexpected_children(block, {name, output, *per_head})
+    unknown = unexpected_children(block, {name, output, *per_head})
     if unknown:
         return KeptBlock("attention", f"unrecognised submodule {unknown[0]} would see only this rank's heads")
     fused: tuple[tuple[str, tuple[int, ...]], ...] = ()

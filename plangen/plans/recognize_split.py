@@ -14,7 +14,7 @@ from plangen.plans.forward_source import read_input_readers
 from plangen.plans.recognize import (
     ModelDims,
     ShardedBlock,
-    _linears,
+    child_linears,
     has_parameters,
     is_linear,
     is_per_feature,
@@ -70,7 +70,7 @@ def _column_half(
     if readers is None or own_parameters(inner):
         return None
     readers |= read_choice_readers(type(inner))
-    linears = _linears(inner)
+    linears = child_linears(inner)
     others = [n for n, c in inner.named_children() if n not in linears and has_parameters(c)]
     norm = others[0] if len(others) == 1 and is_per_feature(getattr(inner, others[0]), dims.hidden) else None
     if len(others) > (norm is not None) or not linears or any(m.in_features != dims.hidden for m in linears.values()):
@@ -119,7 +119,7 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
             SplitBlock(
                 kind,
                 inner_name,
-                tuple(_linears(inner)),
+                tuple(child_linears(inner)),
                 outer_name,
                 rowwise,
                 norm,

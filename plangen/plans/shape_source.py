@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 
-from plangen.plans.forward_source import _first_parameter, _forward_tree
+from plangen.plans.forward_source import first_parameter, forward_tree
 
 __all__ = ["ShapeSizes", "read_shape_sizes"]
 
@@ -54,8 +54,8 @@ class ShapeSizes:
 @lru_cache(maxsize=None)
 def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
     """What ``block_cls.forward`` shapes its tensors by; None when its source cannot be read."""
-    tree = _forward_tree(block_cls)
-    first = _first_parameter(block_cls)
+    tree = forward_tree(block_cls)
+    first = first_parameter(block_cls)
     if tree is None or first is None:
         return None
     tuples: dict[str, list[ast.expr]] = {}

@@ -18,12 +18,12 @@ from functools import lru_cache
 
 from plangen.plans.forward_source import (
     BlockCall,
-    _assigns,
-    _first_parameter,
-    _forward_tree,
-    _self_call_name,
-    _self_calls,
-    _unpacked_outputs,
+    statement_assigns,
+    first_parameter,
+    forward_tree,
+    self_call_name,
+    self_calls,
+    unpacked_outputs,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -33,10 +33,10 @@ from plangen.plans.forward_source import (
 
 
 @lru_cache(maxsize=None)
-def _forward_and_helpers(cls: type) -> tuple[ast.FunctionDef, ...]:
+def forward_and_helpers(cls: type) -> tuple[ast.FunctionDef, ...]:
     """``cls.forward`` and the methods of ``cls`` it names as ``self.<method>`` (BERT's layer hands
     ``self.feed_forward_chunk`` to ``apply_chunking_to_forward``), each parsed on its own."""
-    tree = _forward_tree(cls)
+    tree = forward_tree(cls)
     if tree is None:
         return ()
     trees = [tree]
@@ -59,7 +59,7 @@ def _calls_in(function: ast.FunctionDef) -> dict[str, list[tuple[ast.Call, ast.A
     calls: dict[str, list[tuple[ast.Call, ast.AST | None]]] = {}
     for parent in ast.walk(function):
         for node in ast.iter_child_nodes(parent):
-            name = _self_call_name(node)
+            name = self_call_name(node)
             if name is not None:
                 calls.setdefault(name, []).append((node, parent))  # type: ignore[arg-type]
     return calls
@@ -68,18 +68,18 @@ def _calls_in(function: ast.FunctionDef) -> dict[str, list[tuple[ast.Call, ast.A
 def read_helper_block_call(parent_cls: type, child_name: str, child_cls: type) -> BlockCall | None:
     """:func:`read_block_call` over ``forward`` and the helper methods it names; None when ``self.<child>``
     is called other than exactly once there, or in a way that cannot be told for sure."""
-    calls = [c for tree in _forward_and_helpers(parent_cls) for c in _calls_in(tree).get(child_name, [])]
+    calls = [c for tree in forward_and_helpers(parent_cls) for c in _calls_in(tree).get(child_name, [])]
     if len(calls) != 1:
         return None
     call, parent = calls[0]
     if any(isinstance(a, ast.Starred) for a in call.args):
         return None
     if call.args:
-        return BlockCall(len(call.args), None, _unpacked_outputs(call, parent))
-    first = _first_parameter(child_cls)
+        return BlockCall(len(call.args), None, unpacked_outputs(call, parent))
+    first = first_parameter(child_cls)
     if first is None or first not in {k.arg for k in call.keywords}:
         return None
-    return BlockCall(0, first, _unpacked_outputs(call, parent))
+    return BlockCall(0, first, unpacked_outputs(call, parent))
 
 
 def _position(node: ast.AST) -> tuple[int, int]:
@@ -132,13 +132,13 @@ def _chunked_child(cls: type, node: ast.AST) -> str | None:
         return None
     returned = body[0].value
     if (
-        _self_call_name(returned) is None
+        self_call_name(returned) is None
         or returned.keywords
         or len(returned.args) != 1  # type: ignore[union-attr]
         or not (isinstance(returned.args[0], ast.Name) and returned.args[0].id == params[0])
     ):  # type: ignore[union-attr]
         return None
-    return _self_call_name(returned)
+    return self_call_name(returned)
 
 
 def _either_or_calls(function: ast.FunctionDef) -> dict[int, ast.If]:
@@ -153,7 +153,7 @@ def _either_or_calls(function: ast.FunctionDef) -> dict[int, ast.If]:
         ends = [statement.body[-1], statement.orelse[-1]]
         if not all(isinstance(e, ast.Assign) and len(e.targets) == 1 for e in ends):
             continue
-        names = {_self_call_name(e.value) for e in ends}  # type: ignore[attr-defined]
+        names = {self_call_name(e.value) for e in ends}  # type: ignore[attr-defined]
         if len(names) == 1 and None not in names and ast.dump(ends[0].targets[0]) == ast.dump(ends[1].targets[0]):  # type: ignore[attr-defined]
             found.update({id(e.value): statement for e in ends})  # type: ignore[attr-defined]
     return found
@@ -171,7 +171,7 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None =
     if not isinstance(name_node, ast.Name):
         return None
     name = name_node.id
-    assigns = sorted((n for n in ast.walk(function) if _assigns(n, name)), key=_position)
+    assigns = sorted((n for n in ast.walk(function) if statement_assigns(n, name)), key=_position)
     before = [a for a in assigns if _position(a) < _position(call) and call not in ast.walk(a)]
     either_or = (
         _either_or_calls(function).get(id(before[-1].value)) if before and isinstance(before[-1], ast.Assign) else None
@@ -190,7 +190,7 @@ def _bound_once_to(function: ast.FunctionDef, call: ast.Call, cls: type | None =
     target = producing.targets[0] if len(producing.targets) == 1 else None
     if isinstance(target, (ast.Tuple, ast.List)) and target.elts and not first_of:
         target = target.elts[0]
-    source = _self_call_name(producing.value)
+    source = self_call_name(producing.value)
     if cls is not None and source is None:
         source = _chunked_child(cls, producing.value)
     if source is None or not (isinstance(target, ast.Name) and target.id == name):
@@ -221,7 +221,7 @@ def read_fed_by(parent_cls: type) -> dict[str, str]:
     (``out, w = self.self(h, ...)`` then ``self.output(out, h)``)."""
     found: dict[str, str] = {}
     counts: dict[str, int] = {}
-    for tree in _forward_and_helpers(parent_cls):
+    for tree in forward_and_helpers(parent_cls):
         either_or = _either_or_calls(tree)
         for name, calls in _calls_in(tree).items():
             # Both branches' calls of an either-or are one call site (one runs).
@@ -237,11 +237,11 @@ def read_fed_by(parent_cls: type) -> dict[str, str]:
 def read_sole_reader(block_cls: type) -> str | None:
     """The child that alone reads ``block_cls.forward``'s first argument (``self.dense(hidden_states)``),
     before that argument is reassigned by a plain statement of the body; None otherwise."""
-    tree = _forward_tree(block_cls)
-    first = _first_parameter(block_cls)
+    tree = forward_tree(block_cls)
+    first = first_parameter(block_cls)
     if tree is None or first is None:
         return None
-    assigns = sorted((n for n in ast.walk(tree) if _assigns(n, first)), key=_position)
+    assigns = sorted((n for n in ast.walk(tree) if statement_assigns(n, first)), key=_position)
     reassigned = assigns[0] if assigns else None
     if reassigned is not None and reassigned not in tree.body:
         return None
@@ -257,7 +257,7 @@ def read_sole_reader(block_cls: type) -> str | None:
     if len(uses) != 1:
         return None
     for node in ast.walk(tree):
-        name = _self_call_name(node)
+        name = self_call_name(node)
         if name is not None and node.args and node.args[0] is uses[0] and len(node.args) == 1:  # type: ignore[attr-defined]
             return name
     return None
@@ -268,8 +268,8 @@ def read_choice_readers(block_cls: type) -> frozenset[str]:
     """Children ``block_cls.forward`` calls on ``x = <other argument> if <cond> else <first argument>``
     (BERT's ``current_states``: the encoder's states for cross-attention, else the block input), ``x``
     assigned once, by a plain statement of the body. Either way they read an input of the block."""
-    tree = _forward_tree(block_cls)
-    first = _first_parameter(block_cls)
+    tree = forward_tree(block_cls)
+    first = first_parameter(block_cls)
     if tree is None or first is None:
         return frozenset()
     arguments = {a.arg for a in (*tree.args.posonlyargs, *tree.args.args, *tree.args.kwonlyargs)}
@@ -285,11 +285,11 @@ def read_choice_readers(block_cls: type) -> frozenset[str]:
         branches = {b.id for b in (statement.value.body, statement.value.orelse) if isinstance(b, ast.Name)}
         alias = statement.targets[0].id
         if first in branches and len(branches) == 2 and branches <= arguments and alias not in arguments:
-            if sum(_assigns(n, alias) for n in ast.walk(tree)) == 1:
+            if sum(statement_assigns(n, alias) for n in ast.walk(tree)) == 1:
                 aliases.add(alias)
     readers = set()
     for node in ast.walk(tree):
-        name = _self_call_name(node)
+        name = self_call_name(node)
         args = getattr(node, "args", None)
         if name is not None and args and isinstance(args[0], ast.Name) and args[0].id in aliases:
             readers.add(name)
@@ -301,7 +301,7 @@ def read_reshape_attributes(block_cls: type) -> frozenset[str]:
     """Attributes ``self.X`` that ``block_cls.forward`` passes to ``.view(...)`` / ``.reshape(...)``:
     sizes fixed when the module was built (``context.view(..., self.all_head_size)``), which a split
     by heads would leave at the unsharded value."""
-    tree = _forward_tree(block_cls)
+    tree = forward_tree(block_cls)
     if tree is None:
         return frozenset()
     sizes: list[ast.AST] = []
@@ -314,7 +314,11 @@ def read_reshape_attributes(block_cls: type) -> frozenset[str]:
             sizes += node.args
     # A shape built beforehand (``shape = x.size()[:-2] + (self.all_head_size,)``): what it was built from.
     names = {n.id for arg in sizes for n in ast.walk(arg) if isinstance(n, ast.Name)}
-    sizes += [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(_assigns(n, name) for name in names)]
+    sizes += [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any(statement_assigns(n, name) for name in names)
+    ]
     return frozenset(
         n.attr
         for arg in sizes
@@ -329,8 +333,8 @@ def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> fr
     variable as the first (CTRL: ``self.multi_head_attention(normed, normed, normed, ...)`` into
     ``forward(self, v, k, q, ...)``, then ``self.Wq(q)``, ``self.Wk(k)``, ``self.Wv(v)``): they all
     read the block's input. Only parameters the forward never reassigns; empty when unsure."""
-    calls = _self_calls(parent_cls).get(child_name, [])
-    tree = _forward_tree(child_cls)
+    calls = self_calls(parent_cls).get(child_name, [])
+    tree = forward_tree(child_cls)
     if len(calls) != 1 or tree is None:
         return frozenset()
     args = calls[0][0].args
@@ -341,11 +345,11 @@ def read_alike_readers(parent_cls: type, child_name: str, child_cls: type) -> fr
     except (TypeError, ValueError):
         return frozenset()
     alike = {params[i] for i, a in enumerate(args[: len(params)]) if isinstance(a, ast.Name) and a.id == args[0].id}
-    alike = {p for p in alike if not any(_assigns(n, p) for n in ast.walk(tree))}
+    alike = {p for p in alike if not any(statement_assigns(n, p) for n in ast.walk(tree))}
     return frozenset(
         name
         for node in ast.walk(tree)
-        if (name := _self_call_name(node)) is not None
+        if (name := self_call_name(node)) is not None
         and node.args
         and isinstance(node.args[0], ast.Name)
         and node.args[0].id in alike  # type: ignore[attr-defined]
@@ -357,10 +361,10 @@ def read_fed_from(block_cls: type, child: str, sources: frozenset[str]) -> bool:
     """True when ``block_cls.forward`` calls ``self.<child>`` exactly once, on an expression of
     variables each assigned from a call of one of ``sources`` (Doge's ``dt_proj(value_states
     .transpose(1, 2).reshape(...))``, ``value_states = self.v_proj(...)...``), and of nothing else."""
-    tree = _forward_tree(block_cls)
+    tree = forward_tree(block_cls)
     if tree is None:
         return False
-    calls = [n for n in ast.walk(tree) if _self_call_name(n) == child]
+    calls = [n for n in ast.walk(tree) if self_call_name(n) == child]
     if len(calls) != 1 or len(calls[0].args) != 1 or calls[0].keywords:  # type: ignore[attr-defined]
         return False
     names = {n.id for n in ast.walk(calls[0].args[0]) if isinstance(n, ast.Name)}  # type: ignore[attr-defined]
@@ -368,7 +372,7 @@ def read_fed_from(block_cls: type, child: str, sources: frozenset[str]) -> bool:
         return False
     fed = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(_self_call_name(n) in sources for n in ast.walk(node.value)):
+        if isinstance(node, ast.Assign) and any(self_call_name(n) in sources for n in ast.walk(node.value)):
             fed |= {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
     return names <= fed
 

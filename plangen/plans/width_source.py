@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from functools import lru_cache
 
-from plangen.plans.forward_source import _first_parameter, _forward_tree, _self_call_name
+from plangen.plans.forward_source import first_parameter, forward_tree, self_call_name
 
 
 def _is_size_of(node: ast.AST, name: str) -> bool:
@@ -34,8 +34,8 @@ def _is_size_of(node: ast.AST, name: str) -> bool:
 def read_input_only_sized_and_projected(block_cls: type, projections: frozenset[str]) -> bool:
     """True when ``block_cls.forward``'s first argument is only unpacked by size and passed alone to
     ``projections`` (see the module docstring), and the width it unpacks is only a reshape size."""
-    tree = _forward_tree(block_cls)
-    first = _first_parameter(block_cls)
+    tree = forward_tree(block_cls)
+    first = first_parameter(block_cls)
     if tree is None or first is None:
         return False
     names = {first}
@@ -65,7 +65,7 @@ def read_input_only_sized_and_projected(block_cls: type, projections: frozenset[
     # An assert only passes or raises (ProphetNet checks the input's size against the unpacked one).
     allowed.update(id(n) for node in ast.walk(tree) if isinstance(node, ast.Assert) for n in ast.walk(node))
     for node in ast.walk(tree):
-        call = _self_call_name(node)
+        call = self_call_name(node)
         if (
             call in projections
             and len(node.args) == 1

@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from plangen.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_index: imported from here too
     LAYOUT_ATTRIBUTE,
     HuggingFaceLayoutTensor,
-    _relaid_dim,
+    relaid_dim,
     hugging_face_value,
     interleave_index,
     keep_unwrap_last,
@@ -322,7 +322,7 @@ def padded_layout(module: nn.Module, param_name: str, tensor: torch.Tensor) -> t
     if layout is None:
         return tensor
     part_sizes, tp_size, dims = layout
-    dim = _relaid_dim(module, param_name, dims)
+    dim = relaid_dim(module, param_name, dims)
     if dim is None:
         return tensor
     index = interleave_index(tensor.shape[dim], part_sizes, tp_size).to(tensor.device)
@@ -348,7 +348,7 @@ def install_layout_hooks(
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
-            if value is None or _relaid_dim(mod, param_name, dims) is None:
+            if value is None or relaid_dim(mod, param_name, dims) is None:
                 continue
             state_dict[key] = (
                 hugging_face_value(mod, param_name, value)
@@ -360,7 +360,7 @@ def install_layout_hooks(
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)
-            dim = _relaid_dim(mod, param_name, dims)
+            dim = relaid_dim(mod, param_name, dims)
             if isinstance(value, HuggingFaceLayoutTensor):
                 continue  # this model's own entry, the parameter's storage: keep_unwrap_last's hook takes it
             if value is None or dim is None or tuple(value.shape) != tuple(param.shape):

@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 
 from plangen import compat
 from plangen.styles.fused import FusedColwiseParallel, gather_shared_rows
-from plangen.styles.norms import _SumOverTP
+from plangen.styles.norms import SumOverTP
 from plangen.style_facts import HEADS, NORM, REPLICATE, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
@@ -319,7 +319,7 @@ def _gated_norm(
         sums = h.pow(2).sum(-1, keepdim=True)
         if groups > 1:  # every group's sum in one all-reduce: this rank adds to its own group's only
             sums = sums * nn.functional.one_hot(torch.tensor(rank_group, device=h.device), groups).to(h.dtype)
-        total = _SumOverTP.apply(sums, mesh)
+        total = SumOverTP.apply(sums, mesh)
         if groups > 1:
             total = total.narrow(-1, rank_group, 1)
         h = h * torch.rsqrt(total / group + eps)

@@ -57,7 +57,7 @@ class NormMath:
     eps: float
 
 
-class _SumOverTP(torch.autograd.Function):
+class SumOverTP(torch.autograd.Function):
     """All-reduce (sum) over the TP mesh; the gradient is all-reduced too (every rank used the sum)."""
 
     @staticmethod
@@ -72,7 +72,7 @@ class _SumOverTP(torch.autograd.Function):
 
 def sum_over_tp(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """``local`` summed over the TP mesh, its gradient summed too (every rank used the sum)."""
-    return _SumOverTP.apply(local, mesh)
+    return SumOverTP.apply(local, mesh)
 
 
 def _all_reduce(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
@@ -95,7 +95,7 @@ def normalize(
         sums.insert(0, x32.sum(-1, keepdim=True))
     stats = torch.cat(sums, dim=-1) if len(sums) > 1 else sums[0]
     if mesh is not None:
-        stats = _SumOverTP.apply(stats, mesh)
+        stats = SumOverTP.apply(stats, mesh)
     if math.kind == "layer":
         mean = stats[..., :1] / width
         var = (stats[..., 1:] / width - mean.pow(2)).clamp_min(0)

@@ -1,7 +1,7 @@
 """Level-1 rules about the placements in style arguments (PG108-PG111): placements written
 right, no private ones, no redistribution to Partial, and layouts paired with desired ones.
 
-As in :mod:`plangen.check.rules_styles`, a value the source cannot judge passes, and each rule
+As in :mod:`plangen.check.rules.static.styles`, a value the source cannot judge passes, and each rule
 carries its story beside its check.
 """
 
@@ -24,7 +24,7 @@ from plangen.check.plan_file import (
     suggest,
 )
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.check.rules_styles import UNJUDGED
+from plangen.check.rules.static.styles import UNJUDGED
 
 
 class InvalidPlacementRule(StaticRule):
@@ -428,11 +428,3 @@ class LayoutCountRule(StaticRule):
                     problem = f"{have} {source} but {want} {desired}"
                     node = args[desired] if desired_given else keywords[source]
                     yield node, self.message.format(problem=problem, style=spec.name)
-
-
-PLACEMENT_RULES: tuple[StaticRule, ...] = (
-    InvalidPlacementRule(),
-    PrivatePlacementRule(),
-    PartialTargetRule(),
-    LayoutCountRule(),
-)

@@ -2,7 +2,7 @@
 norms, tied embeddings (and both ends of a tied pair), Linears left unsharded, packed projections
 under FSDP2, per-head parameters.
 
-As in :mod:`plangen.check.rules_model`, each rule is a class carrying its code's story beside its
+As in :mod:`plangen.check.rules.model.shapes`, each rule is a class carrying its code's story beside its
 ``check``, and asks the runtime's own functions where the runtime decides.
 """
 
@@ -553,14 +553,3 @@ class WholeHeadParametersRule(ModelRule):
                         f"{suggest_key(generalize(block), 'AttentionSinksParallel()')} (from plangen.styles)",
                         plan.covering.get(block) or key,
                     )
-
-
-REGION_RULES: tuple[ModelRule, ...] = (
-    SequenceParallelRule(),
-    PerHeadNormsRule(),
-    TiedEmbeddingsRule(),
-    HalfTiedPairRule(),
-    UnshardedLinearsRule(),
-    PackedWithFsdpRule(),
-    WholeHeadParametersRule(),
-)

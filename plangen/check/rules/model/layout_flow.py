@@ -19,6 +19,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 
 class LayoutFlowRule(ModelRule):
     code = "PG214"
+    runs_on_shrunk_model = True
     title = "layouts do not meet"
     explanation = (
         "Level 2 follows the layouts through one forward of the shrunk model: what each style takes and"
@@ -64,6 +65,7 @@ class LayoutFlowRule(ModelRule):
 
 class FakeRunRule(ModelRule):
     code = "PG215"
+    runs_on_shrunk_model = True
     title = "fails on a fake process group"
     explanation = (
         "Where every other level-2 rule passes, the plan is applied by the runtime"
@@ -108,6 +110,3 @@ class FakeRunRule(ModelRule):
             f" {failure.error}",
             failure.key,
         )
-
-
-FLOW_RULES: tuple[ModelRule, ...] = (LayoutFlowRule(), FakeRunRule())

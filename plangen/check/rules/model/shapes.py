@@ -5,7 +5,7 @@ Each rule is a class carrying its code's story beside its ``check``, which reads
 or changes the model. Where the runtime already decides something (key matching, head counts, tied
 embeddings, packed projections under FSDP2), the rule calls the runtime's own function instead of
 restating it, so ``verify`` and ``parallelize_model`` cannot disagree. The rules about regions, ties
-and coverage (PG206-PG210) are in :mod:`plangen.check.rules_model_regions`; what a style needs of a
+and coverage (PG206-PG210) are in :mod:`plangen.check.rules.model.regions`; what a style needs of a
 module (its fit, the dims that must divide), which they share, in :mod:`plangen.check.style_needs`.
 """
 
@@ -358,6 +358,3 @@ def _row_problem(plan: ModelPlan, name: str) -> str | None:
         " column-parallel to produce one: shard the projection that feeds it with ColwiseParallel, or take a whole"
         " input (input_layouts=Replicate())"
     )
-
-
-SHAPE_RULES: tuple[ModelRule, ...] = (KeysMatchRule(), StyleFitsRule(), DivisibilityRule(), ColumnRowPairsRule())

@@ -1,7 +1,7 @@
 """Level-2 rule PG213: a norm over a whole q/k projection (OLMo-2's, OLMoE's ``q_norm``/``k_norm``)
 is sharded with that projection's heads.
 
-As in :mod:`plangen.check.rules_model`, the rule is a class carrying its code's story beside its
+As in :mod:`plangen.check.rules.model.shapes`, the rule is a class carrying its code's story beside its
 ``check``.
 """
 

@@ -5,7 +5,7 @@ argument values of the types the style's parameters take.
 Styles and placements are known from :mod:`plangen.check.known_styles`; a value the source cannot
 judge (a variable, a helper's result) passes: only what is certain is reported. Each rule carries
 its story (title, explanation, wrong and right files) beside its check. The placements written in
-the arguments are judged in :mod:`plangen.check.rules_placements`.
+the arguments are judged in :mod:`plangen.check.rules.static.placements`.
 """
 
 from __future__ import annotations
@@ -469,15 +469,3 @@ class HalfTiedPairRule(StaticRule):
                 partner = tied_partner(resolved.name) if resolved is not None else None
                 if partner is not None and plan.classify(value).category == "style" and partner not in named:
                     yield value, self.message.format(name=resolved.name, partner=partner)
-
-
-STYLE_RULES: tuple[StaticRule, ...] = (
-    UnknownStyleRule(),
-    UndefinedNameRule(),
-    NotAStyleRule(),
-    UnknownKeywordRule(),
-    PositionalArgumentRule(),
-    MissingKeywordRule(),
-    WrongArgumentTypeRule(),
-    HalfTiedPairRule(),
-)

@@ -170,6 +170,3 @@ class TargetRetiesNothingRule(ModelRule):
             " (plangen.styles) at the two ends",
             head_key,
         )
-
-
-TARGET_RULES: tuple[ModelRule, ...] = (TargetHeadsRule(), TargetOwnMoeCodeRule(), TargetRetiesNothingRule())

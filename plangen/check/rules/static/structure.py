@@ -398,15 +398,3 @@ class LoraPartKeyRule(StaticRule):
                 if part in LORA_PARTS and i:
                     yield entry.key, self.message.format(key=key, part=part, wrapped=".".join(parts[:i]))
                     break
-
-
-STRUCTURE_RULES: tuple[StaticRule, ...] = (
-    SyntaxErrorRule(),
-    MissingPlanRule(),
-    PlanFunctionArgumentsRule(),
-    PlanNotADictRule(),
-    KeyNotAStringRule(),
-    DuplicateKeyRule(),
-    PlanConstantRule(),
-    LoraPartKeyRule(),
-)

@@ -14,6 +14,8 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 class FailsAtTpSizeRule(ModelRule):
     """The shapes stage: the plan on a shrunk model, a fake process group of its TP size."""
 
+    level = "run"
+
     code = "PG301"
     title = "fails at its TP size"
     explanation = (
@@ -48,6 +50,8 @@ class FailsAtTpSizeRule(ModelRule):
 class DiffersFromUnshardedRule(ModelRule):
     """The parity stage: TP=2 over gloo against the unsharded model."""
 
+    level = "run"
+
     code = "PG302"
     title = "differs from the unsharded model"
     explanation = (
@@ -72,6 +76,8 @@ class DiffersFromUnshardedRule(ModelRule):
 class RunFailedRule(ModelRule):
     """Either stage: the launch itself failed, or a rank raised while loading or applying the plan."""
 
+    level = "run"
+
     code = "PG303"
     title = "distributed run failed"
     explanation = (
@@ -90,6 +96,3 @@ class RunFailedRule(ModelRule):
         'PLANGEN_MODEL = "llama"\n'
         'custom_parallel_plan = {"lm_head": ColwiseParallel(output_layouts=Replicate())}'
     )
-
-
-RUN_RULES: tuple[type[ModelRule], ...] = (FailsAtTpSizeRule, DiffersFromUnshardedRule, RunFailedRule)
