@@ -29,7 +29,8 @@ from plangen.style_facts import (
     LINEAR,
     SEQUENCE_HOOKS,
 )
-from plangen.styles.base import facts_of, module_kind
+from plangen.styles.base import facts_of
+from plangen.styles.kinds import module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
