@@ -40,7 +40,6 @@ from plangen.style_facts import (
     MIXER,
     SHARED_EXPERTS,
     SHORT_CONV,
-    layout_defaults,
 )
 from plangen.style_table import STYLE_FACTS
 
@@ -228,7 +227,8 @@ def complete_kwargs(style: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     cls = STYLE_CLASSES.get(style)
     if cls is None:
         raise RenderError(f"style {style!r} is neither torch's nor plangen's (plangen.styles); cannot write it")
-    effective = layout_defaults(style)
+    facts = STYLE_FACTS.get(style)
+    effective = {} if facts is None else facts.default_placements()
     parameters = [
         p
         for p in inspect.signature(cls.__init__).parameters.values()
@@ -277,7 +277,7 @@ def _weight_shape(module: "nn.Module", kind: str | None) -> tuple[int, ...] | No
 
 
 def _module_kind(module: "nn.Module", by_heads: bool) -> str | None:
-    from plangen.styles.base import module_kind  # torch: imported when a model is described
+    from plangen.styles.kinds import module_kind  # torch: imported when a model is described
 
     return module_kind(module, by_heads)
 

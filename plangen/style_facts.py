@@ -1,4 +1,4 @@
-"""The words plangen's styles are described in, and the questions about a style by its name, torch-free.
+"""The words plangen's styles are described in, torch-free.
 
 A style class carries its facts (:class:`StyleFacts`: which weight dim it splits for each kind of
 module, whether it keeps the weights whole instead, what torch fills in for a layout argument left
@@ -6,8 +6,7 @@ module, whether it keeps the weights whole instead, what torch fills in for a la
 (:mod:`plangen.styles`). The table of every style's facts and keyword parameters that ``plangen
 verify --static`` and ``plangen init`` read without torch (:mod:`plangen.style_table`) is generated
 from those classes; this module holds the vocabulary that table is written in (:class:`StyleFacts`,
-:class:`StyleParam`, the module kinds, the value kinds) and the questions asked of it by name
-(:func:`tied_partner`, :func:`layout_defaults`).
+:class:`StyleParam`, the module kinds, the value kinds).
 
 Placements are written as plan files write them (``"Shard(-1)"``, ``"Replicate()"``), except
 ``"Partial(sum)"``, the reduce op being what the static checks compare.
@@ -102,6 +101,10 @@ class StyleFacts:
             return f"_StridedShard({dim})" if self.strided else f"Shard({dim})"
         return "Replicate()" if self.replicate_dtensor else "plain"
 
+    def default_placements(self) -> dict[str, "Placement"]:
+        """What torch uses for the layout arguments given as None, as placements (imports torch)."""
+        return {arg: placement_from_text(text) for arg, text in self.layout_defaults.items()}
+
 
 # --- the keyword parameters of a style, as far as a literal in a plan file can show them ----------
 
@@ -180,7 +183,7 @@ class StyleParam:
         return self.default is REQUIRED
 
 
-# --- questions by a style's name ------------------------------------------------------------------
+# --- placements, as the facts write them ------------------------------------------------------------
 
 
 def placement_from_text(text: str) -> "Placement":
@@ -196,19 +199,3 @@ def placement_from_text(text: str) -> "Placement":
     if partial is not None:
         return Partial(partial.group(1))
     raise ValueError(f"not a placement: {text!r}")
-
-
-def tied_partner(name: str) -> str | None:
-    """The style the other end of a tied pair must have when one end has style ``name``; else None."""
-    from plangen.style_table import STYLE_FACTS
-
-    facts = STYLE_FACTS.get(name)
-    return None if facts is None else facts.tied_partner
-
-
-def layout_defaults(name: str) -> dict[str, "Placement"]:
-    """What torch uses for style ``name``'s layout arguments given as None, as placements."""
-    from plangen.style_table import STYLE_FACTS
-
-    facts = STYLE_FACTS.get(name)
-    return {} if facts is None else {arg: placement_from_text(t) for arg, t in facts.layout_defaults.items()}

@@ -1558,7 +1558,8 @@ def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
 def test_style_facts_of_objects_follow_the_nearest_registered_class():
     from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
-    from plangen.styles.base import facts_of, is_sharding, style_kind, weight_layout
+    from plangen.styles.base import facts_of, is_sharding, style_kind
+    from plangen.styles.kinds import weight_layout
 
     class MyColwise(ColwiseParallel):
         pass

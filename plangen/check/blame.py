@@ -163,24 +163,24 @@ def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
 def _odd_one(candidates: list[Observed], styles: Mapping[str, "ParallelStyle"]) -> str | None:
     """The entry whose output stands out from the others that meet: one layout against several
     alike; between two, the one whose style's layouts differ from torch's defaults."""
-    from plangen.style_facts import layout_defaults
-
     patterns = Counter((o.dtensor, o.split) for o in candidates)
     if len(patterns) < 2 or any(o.split == () for o in candidates):
         return None
     (top, count), *rest = patterns.most_common()
     odd = [o for o in candidates if (o.dtensor, o.split) != top]
     if rest and rest[0][1] == count:  # a tie: the entry written against the defaults
-        odd = [o for o in candidates if _differs_from_defaults(styles[o.key], layout_defaults)]
+        odd = [o for o in candidates if _differs_from_defaults(styles[o.key])]
     keys = list(dict.fromkeys(o.key for o in odd))
     return keys[0] if len(keys) == 1 else None
 
 
-def _differs_from_defaults(style: "ParallelStyle", layout_defaults) -> bool:
-    from plangen.check.flow import first_tagged
+def _differs_from_defaults(style: "ParallelStyle") -> bool:
+    from plangen.style_table import STYLE_FACTS
+    from plangen.styles.base import first_layout
 
-    defaults = layout_defaults(type(style).__name__)
-    return any(first_tagged(getattr(style, arg, None)) not in (None, want) for arg, want in defaults.items())
+    facts = STYLE_FACTS.get(type(style).__name__)
+    defaults = {} if facts is None else facts.default_placements()
+    return any(first_layout(getattr(style, arg, None)) not in (None, want) for arg, want in defaults.items())
 
 
 def attribute_failure(recorder: RunRecorder, styles: Mapping[str, "ParallelStyle"]) -> tuple[str | None, str | None]:

@@ -148,7 +148,7 @@ def _routed_by_values(model: "nn.Module", name: str) -> bool:
     whose fake group leaves outputs uninitialised) follows those values. Whether they get a gradient
     is level 3's to check, with real values."""
     from plangen.style_facts import EXPERTS, FLAT_EXPERTS
-    from plangen.styles.base import module_kind
+    from plangen.styles.kinds import module_kind
 
     return module_kind(model.get_submodule(name.rpartition(".")[0])) in (EXPERTS, FLAT_EXPERTS)
 

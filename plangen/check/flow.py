@@ -29,7 +29,8 @@ from plangen.style_facts import (
     LINEAR,
     SEQUENCE_HOOKS,
 )
-from plangen.styles.base import facts_of, module_kind
+from plangen.styles.base import facts_of, first_layout
+from plangen.styles.kinds import module_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -115,10 +116,6 @@ def _seen_on(layout: Layout, shape: tuple[int, ...]) -> Layout:
     if dim >= len(shape) or source[:dim] != shape[:dim] or dim not in (len(source) - 1, len(shape) - 1):
         return layout
     return dataclasses.replace(layout, placement=f"Shard({dim - len(shape)})", shape=shape)
-
-
-def first_tagged(layouts: Any) -> Any:
-    return layouts[0] if isinstance(layouts, tuple) and layouts else layouts
 
 
 # --- the tracer --------------------------------------------------------------------------------
@@ -223,10 +220,10 @@ class LayoutTracer:
         style = self.styles[key]
         name = type(style).__name__
         if hooks == MODULE_HOOKS:
-            self._module_hooks(path, module, key, name, first_tagged(style.input_layouts), first_tagged(style.output_layouts),
+            self._module_hooks(path, module, key, name, first_layout(style.input_layouts), first_layout(style.output_layouts),
                                bool(style.use_local_output))  # fmt: skip
         elif hooks == SEQUENCE_HOOKS:
-            placement = first_tagged(style.sequence_sharding)
+            placement = first_layout(style.sequence_sharding)
             if style.use_local_output:
                 self._local_sequence_hooks(path, module, key, name, placement)
             else:

@@ -5,6 +5,7 @@ and torch's too. Where each mechanism lives:
 
 - :mod:`~plangen.styles.base`: what a style is (:class:`PlangenStyle`: its facts and its needs of a
   module), the registry (:data:`STYLE_CLASSES`, :func:`build_style`) and the questions about a style;
+- :mod:`~plangen.styles.kinds`: what kind of module a style splits, and the layout it gives its weight;
 - :mod:`~plangen.styles.local_tensors`: running a module on its parameters' local tensors (the swap
   written once, for every style whose module computes on local shards);
 - :mod:`~plangen.styles.linear`: torch's column-wise, row-wise, sequence-parallel and module-preparing

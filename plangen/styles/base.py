@@ -24,16 +24,9 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from plangen.style_facts import (
-    CONV1D,
     EMBEDDING,
-    EXPERTS,
-    FLAT_EXPERTS,
-    HEADS,
     LINEAR,
-    NORM,
     PLANGEN_STYLES,
-    SHARED_EXPERTS,
-    SHORT_CONV,
     StyleFacts,
 )
 
@@ -115,51 +108,6 @@ def style_kind(style: ParallelStyle) -> str:
     return facts.role if facts is not None else "other"
 
 
-def module_kind(module: nn.Module, by_heads: bool = False) -> str | None:
-    """The kind of module a style splits (:data:`LINEAR`, :data:`EMBEDDING`, :data:`CONV1D`,
-    :data:`EXPERTS`, :data:`FLAT_EXPERTS`, :data:`NORM`, ...), None for any other. ``by_heads``: the
-    style splits a block's own per-head parameters (gpt-oss attention's sinks), so such a block is of
-    kind :data:`HEADS`."""
-    # Imported here: each kind is recognised by the module of the styles that split it.
-    from plangen.module_facts import is_conv1d
-    from plangen.styles.attention import head_parameters, short_conv_only
-    from plangen.styles.experts import expert_count
-    from plangen.styles.flat_experts import flat_expert_shape
-    from plangen.styles.shared_experts import packed_shared_shape
-
-    if isinstance(module, nn.Embedding):
-        return EMBEDDING
-    if isinstance(module, nn.Linear):
-        return LINEAR
-    if is_conv1d(module):
-        return CONV1D
-    if expert_count(module):
-        return EXPERTS
-    if flat_expert_shape(module):
-        return FLAT_EXPERTS
-    if packed_shared_shape(module):
-        return SHARED_EXPERTS
-    if short_conv_only(module) is not None:
-        return SHORT_CONV
-    if by_heads and head_parameters(module):
-        return HEADS
-    own = [p for _, p in module.named_parameters(recurse=False)]
-    if own and all(p.dim() == 1 for p in own) and not any(True for c in module.children() for _ in c.parameters()):
-        return NORM
-    return None
-
-
-def weight_layout(style: ParallelStyle | None, module: nn.Module) -> str | None:
-    """The layout a style gives ``module.weight`` ("plain" for an ordinary tensor); None if unknown."""
-    if style is None:
-        return "plain"
-    facts = facts_of(style)
-    if facts is None:
-        return None
-    kind = module_kind(module)
-    return facts.weight_layout(kind if kind in (EMBEDDING, NORM, CONV1D) else LINEAR)
-
-
 # --- layouts, in the few words the rules need ---------------------------------------------------
 
 
@@ -174,19 +122,15 @@ def placement_text(placement: object) -> str:
 
 
 def leaves_local_shard(style: ParallelStyle) -> bool:
-    """The style hands on a plain local shard of its output (no DTensor that knows the global shape)."""
-    from plangen.styles.packed import PackedColwiseParallel
-
-    if isinstance(style, PackedColwiseParallel):
-        return bool(style.use_local_output)
+    """The style hands on a plain local shard of its output (no DTensor that knows the global shape).
+    A packed column-wise style's output layout is always torch's ``Shard(-1)``: the same rule."""
     return isinstance(first_layout(style.output_layouts), Shard) and bool(style.use_local_output)  # type: ignore[attr-defined]
 
 
 def takes_local_shard(style: ParallelStyle) -> bool:
-    """The style reads a plain input as this rank's shard (``DTensor.from_local`` assumes even shards)."""
-    from plangen.styles.packed import PackedRowwiseParallel
-
-    return isinstance(style, PackedRowwiseParallel) or isinstance(first_layout(style.input_layouts), Shard)  # type: ignore[attr-defined]
+    """The style reads a plain input as this rank's shard (``DTensor.from_local`` assumes even shards).
+    A packed row-wise style's input layout is always torch's ``Shard(-1)``: the same rule."""
+    return isinstance(first_layout(style.input_layouts), Shard)  # type: ignore[attr-defined]
 
 
 # --- the needs of torch's column- and row-wise styles, every style's default ---------------------

@@ -24,7 +24,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.style_needs import first_layout, is_sequence_split, leaves_local_shard, suggest_key
 from plangen.module_tree import generalize
-from plangen.styles.base import weight_layout
+from plangen.styles.kinds import weight_layout
 from plangen.styles import (
     AllReduceParamGrads,
     AttentionSinksParallel,

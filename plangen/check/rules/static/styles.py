@@ -458,7 +458,7 @@ class HalfTiedPairRule(StaticRule):
     )
 
     def check(self, plan: PlanFile) -> Iterator[Finding]:
-        from plangen.style_facts import tied_partner
+        from plangen.style_table import STYLE_FACTS
 
         for plan_dict in plan.dicts:
             calls = [
@@ -466,6 +466,7 @@ class HalfTiedPairRule(StaticRule):
             ]
             named = {r.name for value, r in calls if r is not None and plan.classify(value).category == "style"}
             for value, resolved in calls:
-                partner = tied_partner(resolved.name) if resolved is not None else None
+                facts = STYLE_FACTS.get(resolved.name) if resolved is not None else None
+                partner = facts.tied_partner if facts is not None else None
                 if partner is not None and plan.classify(value).category == "style" and partner not in named:
                     yield value, self.message.format(name=resolved.name, partner=partner)
