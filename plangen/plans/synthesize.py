@@ -10,12 +10,15 @@ recognises, by structure and shapes (:mod:`plangen.plans.recognize`):
   gradient is reduced once per block, as in :mod:`plangen.plans.dense`;
 * per-feature modules on the residual stream (norms): ``SequenceParallel`` under SP.
 
-Norms over a whole q or k projection, applied straight to its output (OLMo-2, OLMoE), are sharded
-with its heads (``ShardedNormParallel``: statistics summed over TP). Everything else stays
-replicated, with the reason: packed q|k|v or gate|up projections (their parts would need
-``_StridedShard``, which FSDP2 cannot lay out), mixture-of-experts blocks, state-space /
-linear-attention mixers other than Mamba2 (which are split by heads: :mod:`plangen.styles.mamba2`),
-anything unrecognised. Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
+Beyond those, the families the recognizers know are sharded too, each with the styles of its
+mechanism (:mod:`plangen.styles`): norms over a whole q or k projection with its heads
+(``ShardedNormParallel``: statistics summed over TP); packed q|k|v and gate|up projections re-laid
+out by part (``FusedColwiseParallel``); multi-query attention by query heads; mixtures of experts
+(experts over TP on the expert dim or inside each expert, shared experts, one reduction per block);
+latent attention by heads; Mamba1 and Mamba2 mixers, gated delta nets and RG-LRUs by channels or
+heads; towers outside the decoder, TP only. What stays replicated says why (``Replicated.why``): a
+block the recognizers cannot read, or one whose call by its layer the forward reader cannot follow.
+Replicated blocks are correct under plain TP (every rank computes them whole on the same input).
 Under sequence parallelism a replicated block of a layer is handed the whole sequence and keeps its
 shard of the output (``PrepareModuleInputOutput``: one all-gather each way); anything else on the
 residual stream that cannot take a sequence shard makes SP unavailable for the class, with the reason.
