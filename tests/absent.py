@@ -44,8 +44,18 @@ def _one(exc: BaseException) -> str | None:
     found = _OWN_DEFAULT.search(str(exc))
     if found and not builds_default_config(found.group(1)):
         return f"{version} cannot build its own default {found.group(1)} config"
+    found = _LAYER_KINDS.search(str(exc))
+    if found:
+        allowed = set(re.findall(r"'(\w+)'", found.group(1)))
+        rejected = sorted(set(re.findall(r"'(\w+)'", found.group(2))) - allowed)
+        if rejected:
+            return f"{version} has no layers of kind {', '.join(rejected)} (its config validation rejects them)"
     return None
 
+
+# A hybrid config's validation of its layer kinds (5.5.x's NemotronH has no MLP layers: only mamba,
+# attention and moe), with the kinds it allows and the ones it was given.
+_LAYER_KINDS = re.compile(r"`layer_types` entries must be in \(([^)]*)\) but got \[([^\]]*)\]")
 
 # plangen.models' one line where transformers' own config class fails on its own defaults (5.8.1's
 # MusicgenConfig: a None sub-config its strict dataclass refuses).

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import re
 import resource
@@ -288,6 +289,10 @@ def stack_cannot_run(case_id: str) -> str | None:
 
     if not FLATTENS_SHARDED_DIM and FLATTEN_NEEDED.search(case_id):
         return FLATTEN_REASON
+    # A test config's or a generated file's NemotronH has MLP layers; the bare model type is the
+    # installed default config, which has none where the installed NemotronH cannot have them.
+    if "nemotron_h" in case_id.lower() and case_id != "nemotron_h" and (why := nemotron_h_lacks_mlp_layers()):
+        return why
     if "dbrx" in case_id.lower() and not _dbrx_runs():
         import transformers
 
@@ -295,6 +300,23 @@ def stack_cannot_run(case_id: str) -> str | None:
             f"transformers {transformers.__version__}'s DBRX does not run: DbrxConfig cannot be rebuilt from its "
             "own to_dict (unknown kwargs) and DbrxRouter takes ffn_hidden_size inputs"
         )
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def nemotron_h_lacks_mlp_layers() -> str | None:
+    """Why the installed NemotronH cannot have the MLP layers of the tests' configs and of the default
+    config the generated files were made for (5.24.0's), else None: 5.5.x's has only mamba,
+    attention and moe layers (its config refuses the kind, its modeling has no MLP mixer)."""
+    import transformers
+    from transformers import NemotronHConfig
+
+    from plangen.transformers_compat import installed_layer_kinds
+
+    try:
+        NemotronHConfig(layers_block_type=installed_layer_kinds(NemotronHConfig, ["mlp", "full_attention"]))
+    except Exception:  # noqa: BLE001 - a strict dataclass's validation error wraps the ValueError
+        return f"transformers {transformers.__version__}'s NemotronH has no MLP layers (its config refuses the kind)"
     return None
 
 

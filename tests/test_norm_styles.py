@@ -264,13 +264,13 @@ def _bitnet_block_diffs(mesh: Any, rank: int, world: int) -> dict[str, float]:
             key = "grad_norm" if pname == f"{norm}.weight" else f"grad_{pname}"
             diffs[f"bitnet_{name}/{key}"] = _relative(g, param.grad)
         # The control: each rank's statistics' gradient left unsummed.
-        backward = norm_styles._SumOverTP.backward
-        norm_styles._SumOverTP.backward = staticmethod(lambda ctx, g: (g, None))
+        backward = norm_styles.SumOverTP.backward
+        norm_styles.SumOverTP.backward = staticmethod(lambda ctx, g: (g, None))
         try:
             sharded.zero_grad()
             _, grad = run(sharded)
         finally:
-            norm_styles._SumOverTP.backward = backward
+            norm_styles.SumOverTP.backward = backward
         # Off in the input's gradient and the projections' before it (the norm's own weight gradient,
         # y times the output gradient, does not go through the statistics).
         before = [_relative(got[f"{n}.weight"].grad.full_tensor(), getattr(reference, n).weight.grad) for n in colwise]

@@ -191,6 +191,41 @@ def test_a_failure_over_what_the_installed_transformers_lacks_is_a_skip_with_the
     except AttributeError as error:
         assert absent_from_transformers(error) is not None
     assert absent_from_transformers(AssertionError("unknown model spec 'llama'")) is None
+    # 5.5.x's NemotronH validation: the kinds it allows, then the ones given; the reason names the rejected ones.
+    rejected = ValueError(
+        "The `layer_types` entries must be in ('full_attention', 'mamba', 'attention', 'moe') but got "
+        "['mamba', 'moe', 'attention', 'mlp']"
+    )
+    try:
+        raise RuntimeError("Class validation error for validator 'validate_layer_type'") from rejected
+    except RuntimeError as error:
+        assert absent_from_transformers(error).endswith(
+            "has no layers of kind mlp (its config validation rejects them)"
+        )
+    allowed = ValueError("The `layer_types` entries must be in ('mamba', 'moe') but got ['mamba', 'moe']")
+    assert absent_from_transformers(allowed) is None
+
+
+def test_only_the_installed_nemotron_h_without_mlp_layers_skips_the_cases_that_have_them():
+    """The tests' NemotronH configs and the generated files (5.24.0's default) have MLP layers;
+    5.5.x's NemotronH has none: those cases are skipped there by that reason, the bare model type
+    (the installed default) never is, and on a release with MLP layers nothing is skipped."""
+    from conftest import nemotron_h_lacks_mlp_layers, stack_cannot_run
+
+    import transformers
+
+    reason = nemotron_h_lacks_mlp_layers()
+    kinds = transformers_compat.installed_layer_kinds(transformers.NemotronHConfig, ["mlp", "full_attention"])
+    try:
+        transformers.NemotronHConfig(layers_block_type=kinds)
+    except Exception:  # noqa: BLE001 - the strict dataclass's validation error
+        builds = False
+    else:
+        builds = True
+    assert (reason is None) == builds
+    assert stack_cannot_run("nemotron_h") is None
+    for case in ("dp2tp2/nemotron_h-1g", "generated/nemotron_h_sp_plan.py"):
+        assert stack_cannot_run(case) == reason
 
 
 class _ClampingExperts(nn.Module):
