@@ -1940,6 +1940,7 @@ def test_gemma3n_kv_shared_layers_and_sparse_gates_are_sharded():
     from plangen.shrink import build_tiny_model
 
     model = build_tiny_model(resolve_model("gemma3n_text"))
+    skip_unless_pinned_model_code(model)  # 5.5.x's KV-shared layers keep their (unused) k/v projections
     shared = [i for i, layer in enumerate(model.model.layers) if layer.self_attn.is_kv_shared_layer]
     assert shared and not hasattr(model.model.layers[shared[0]].self_attn, "k_proj")
     plan = build_synthesized_plan(model, False)
