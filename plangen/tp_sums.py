@@ -12,6 +12,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 
+from plangen import compat
+
 
 class SumGradOverMesh(torch.autograd.Function):
     """Identity forward; backward, the gradient summed over the mesh's group by one c10d all-reduce.
@@ -159,7 +161,30 @@ def replicated_local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+class SumOverTP(torch.autograd.Function):
+    """All-reduce (sum) over the TP mesh; the gradient is all-reduced too (every rank used the sum)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        ctx.mesh = mesh
+        return _all_reduce(local, mesh)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_reduce(grad.contiguous(), ctx.mesh), None
+
+
+def sum_over_tp(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """``local`` summed over the TP mesh, its gradient summed too (every rank used the sum)."""
+    return SumOverTP.apply(local, mesh)
+
+
+def _all_reduce(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    return compat.all_reduce(tensor, mesh)
+
+
 __all__ = [
+    "SumOverTP",
     "GradOnceOverMesh",
     "ShareOverMesh",
     "SumGradOverMesh",
@@ -169,4 +194,5 @@ __all__ = [
     "grad_once",
     "grad_once_pre_hook",
     "replicated_local",
+    "sum_over_tp",
 ]

@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 
 from plangen import compat
 from plangen.styles.fused import FusedColwiseParallel, gather_shared_rows
-from plangen.styles.norms import SumOverTP
+from plangen.tp_sums import SumOverTP
 from plangen.style_facts import HEADS, NORM, REPLICATE, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle

@@ -43,6 +43,7 @@ from plangen import compat
 from plangen.styles.replicated import AllReduceParamGrads
 from plangen.style_facts import NORM, StyleFacts
 from plangen.styles.base import PlangenStyle
+from plangen.tp_sums import SumOverTP
 
 _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 
@@ -55,28 +56,6 @@ class NormMath:
     kind: str
     offset: bool
     eps: float
-
-
-class SumOverTP(torch.autograd.Function):
-    """All-reduce (sum) over the TP mesh; the gradient is all-reduced too (every rank used the sum)."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return _all_reduce(local, mesh)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _all_reduce(grad.contiguous(), ctx.mesh), None
-
-
-def sum_over_tp(local: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """``local`` summed over the TP mesh, its gradient summed too (every rank used the sum)."""
-    return SumOverTP.apply(local, mesh)
-
-
-def _all_reduce(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    return compat.all_reduce(tensor, mesh)
 
 
 def normalize(
