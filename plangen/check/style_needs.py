@@ -13,15 +13,7 @@ import inspect
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput, PrepareModuleInputOutput
 
-from plangen.styles.base import (  # noqa: F401 - the layout words: the rules import them from here
-    PlangenStyle,
-    first_layout,
-    leaves_local_shard,
-    linear_required_dims,
-    placement_text,
-    sharding_fit_problem,
-    takes_local_shard,
-)
+from plangen.styles.base import PlangenStyle, linear_required_dims, sharding_fit_problem
 
 
 def is_sequence_split(placement: object) -> bool:

@@ -14,7 +14,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import TP_IMPORT
-from plangen.check.style_needs import leaves_local_shard, suggest_key
+from plangen.check.style_needs import suggest_key
+from plangen.styles.base import leaves_local_shard
 from plangen.module_tree import generalize
 from plangen.styles import MultiHeadNormParallel, ShardedNormParallel
 

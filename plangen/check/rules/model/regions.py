@@ -22,7 +22,8 @@ from torch.distributed.tensor.parallel import (
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.check.style_needs import first_layout, is_sequence_split, leaves_local_shard, suggest_key
+from plangen.check.style_needs import is_sequence_split, suggest_key
+from plangen.styles.base import first_layout, leaves_local_shard
 from plangen.module_tree import generalize
 from plangen.styles.kinds import weight_layout
 from plangen.styles import (

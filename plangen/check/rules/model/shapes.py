@@ -20,7 +20,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_path
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.check.style_needs import first_layout, fit_problem, is_sequence_split, required_dims, takes_local_shard
+from plangen.check.style_needs import fit_problem, is_sequence_split, required_dims
+from plangen.styles.base import first_layout, takes_local_shard
 from plangen.styles.flat_experts import FlatExpertsParallel, flat_expert_problem
 from plangen.module_tree import generalize
 from plangen.styles.experts import expert_layout_problem
