@@ -44,10 +44,42 @@ def fake_process_group(world_size: int, error: type[Exception] = FakeGroupError)
             )
         if dist.get_world_size() < world_size:
             raise error(f"the running fake process group has {dist.get_world_size()} ranks, TP needs {world_size}")
+        scatter_gives_each_rank_its_chunk()
         yield
         return
     dist.init_process_group("fake", rank=0, world_size=max(world_size, FAKE_WORLD_SIZE))
+    scatter_gives_each_rank_its_chunk()
     yield
+
+
+def scatter_gives_each_rank_its_chunk() -> None:
+    """Where the installed torch's fake group leaves a scatter's output unwritten (torch 2.11; 2.13
+    on copy this rank's chunk), ``distribute_tensor`` of a sharded placement reads garbage there:
+    weights sharded on the fake group would not be the unsharded module's slices (the GPU check's
+    bf16 and compile sections met NaN). DTensor's scatter is made to copy this rank's chunk on fake
+    groups, as 2.13's fake group does; other groups are untouched. Once per process."""
+    from torch.distributed.tensor import placement_types
+
+    global _SCATTER_CHECKED
+    if _SCATTER_CHECKED:
+        return
+    _SCATTER_CHECKED = True
+    probe = torch.full((1,), -1.0)
+    dist.scatter(probe, [torch.zeros(1)] * dist.get_world_size(), src=0)
+    if probe.item() == 0.0:
+        return
+    scatter = placement_types.mesh_scatter
+
+    def scatter_this_ranks_chunk(output, scatter_list, mesh, mesh_dim=0, async_op=False, **kwargs):
+        if output.is_meta or dist.get_backend(mesh.get_group(mesh_dim)) != "fake":
+            return scatter(output, scatter_list, mesh, mesh_dim, async_op, **kwargs)
+        output.copy_(scatter_list[mesh.get_local_rank(mesh_dim)])
+        return None
+
+    placement_types.mesh_scatter = scatter_this_ranks_chunk
+
+
+_SCATTER_CHECKED = False
 
 
 def tp_mesh(tp_size: int):

@@ -29,39 +29,14 @@ def fake_pg():
     """A single-process fake process group: TP at any size for shapes and collective counts."""
     import torch.distributed as dist
 
-    from plangen.fake_group import FAKE_WORLD_SIZE
+    from plangen.fake_group import FAKE_WORLD_SIZE, scatter_gives_each_rank_its_chunk
 
-    # The same group the code under test makes and leaves running (plangen.cost.measure).
+    # The same group the code under test makes and leaves running (plangen.fake_group), with its
+    # scatter giving each rank its chunk on every torch (the gloo parity cases check the real thing).
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
-    with pytest.MonkeyPatch.context() as patch:
-        _fake_scatter_gives_each_rank_its_chunk(patch)
-        yield
-
-
-def _fake_scatter_gives_each_rank_its_chunk(patch: pytest.MonkeyPatch) -> None:
-    """Where the installed torch's fake group leaves a scatter's output uninitialised (torch 2.11;
-    2.13 on copy this rank's chunk), ``distribute_tensor`` of a sharded placement does the same:
-    the tests' numerics on the fake group would read garbage. Such tests compare a style's local
-    weights and outputs with the unsharded module's, which 2.13's fake group gives them; DTensor's
-    scatter is made to give them on every torch (the gloo parity cases check the real thing)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import placement_types
-
-    probe = torch.full((1,), -1.0)
-    dist.scatter(probe, [torch.zeros(1)] * dist.get_world_size(), src=0)
-    if probe.item() == 0.0:
-        return
-    scatter = placement_types.mesh_scatter
-
-    def scatter_this_ranks_chunk(output, scatter_list, mesh, mesh_dim=0, async_op=False, **kwargs):
-        if output.is_meta or dist.get_backend(mesh.get_group(mesh_dim)) != "fake":
-            return scatter(output, scatter_list, mesh, mesh_dim, async_op, **kwargs)
-        output.copy_(scatter_list[mesh.get_local_rank(mesh_dim)])
-        return None
-
-    patch.setattr(placement_types, "mesh_scatter", scatter_this_ranks_chunk)
+    scatter_gives_each_rank_its_chunk()
+    yield
 
 
 def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> dict[str, list[dict]]:
