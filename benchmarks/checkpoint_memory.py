@@ -3,13 +3,13 @@
 The model is built on the meta device from a shared config and tensor-parallelized by the plan
 plangen picks, on a single-process fake process group (what ``plangen cost`` does); every number is
 read off the parallelized parameters (each rank's local shape, the re-laid-out ones'
-:func:`plangen.hf_layout.row_map`), in the master dtype (fp32), at DP 1 (FSDP2 divides the shard by DP):
+:func:`plangen.styles.hf_layout.row_map`), in the master dtype (fp32), at DP 1 (FSDP2 divides the shard by DP):
 
 - shard: this rank's parameters;
 - ``state_dict()`` / ``dcp.save``, before: the shard plus every re-laid-out (fused, padded) parameter
   gathered whole by its state-dict hook, all held at once; after: the shard (the entries are views);
 - export, before (a loop of ``full_tensor()`` over ``state_dict()``): that state dict plus the largest
-  parameter; after (``plangen.export.iter_hf_weights``): the shard and the parameter being gathered,
+  parameter; after (``plangen.runtime.export.iter_hf_weights``): the shard and the parameter being gathered,
   with one rank's shard of it where it is sharded on another dim than 0 (a gather's buffer: the
   shard does not land whole in the output), at the largest such sum.
 
@@ -30,12 +30,12 @@ def measure(config_path: str, tp_size: int) -> dict[str, float]:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    from plangen.fake_group import fake_process_group, quiet_partial_matches
-    from plangen.hf_layout import row_map
-    from plangen.models import build_meta_model, resolve_model
-    from plangen.lora import resolve_plan_model
+    from plangen.distributed.fake_group import fake_process_group, quiet_partial_matches
+    from plangen.styles.hf_layout import row_map
+    from plangen.model.resolve import build_meta_model, resolve_model
+    from plangen.runtime.lora import resolve_plan_model
     from plangen.plans.choice import choose_plan
-    from plangen.tensor_parallel import apply_tp
+    from plangen.runtime.tensor_parallel import apply_tp
 
     resolved = resolve_model(config_path)
     with fake_process_group(tp_size):

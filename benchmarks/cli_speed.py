@@ -2,7 +2,7 @@
 
 * init: ``init_speed.py``'s floor (import torch and transformers, build Llama 3.1 405B on the meta
   device) and command (``python -m plangen init <405B config> -o ... --force``);
-* verify: ``verify_speed.py``'s floor (the same, through ``plangen.models``) and command (levels 1
+* verify: ``verify_speed.py``'s floor (the same, through ``plangen.model.resolve``) and command (levels 1
   and 2 of ``generated/llama_plan.py`` against the 405B config at TP 8).
 
 Each command and its floor run as fresh processes, interleaved, several times; the best of each is

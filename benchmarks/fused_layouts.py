@@ -107,7 +107,7 @@ def worker(payload: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     per_rank = run_distributed(f"{Path(__file__).resolve()}:worker", 4, None, timeout=300)
     print(

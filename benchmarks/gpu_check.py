@@ -451,7 +451,7 @@ def measure_peak_case(
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
     from plangen.cost.peak import measure_peak
     from plangen.cost.validate import run_peak_case
 
@@ -552,7 +552,7 @@ def run_kernel_case(kind: str, tiny: str, sp: bool, plan: str, tp: int, device: 
     import torch
 
     from plangen.cost.measure import step_loss
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
     from plangen.parallelize import parallelize_model
 
     with fake_process_group(tp):
@@ -602,7 +602,7 @@ def custom_plan(plan: str, model: Any, sp: bool) -> Any:
     """None: the plan the runtime picks; "synthesized": plangen's synthesized plan for ``model``."""
     if plan == "default":
         return None
-    from plangen.plan import build_parallel_styles
+    from plangen.styles import build_parallel_styles
     from plangen.plans.synthesize import build_synthesized_plan
 
     return build_parallel_styles(build_synthesized_plan(model, sp))
@@ -620,7 +620,7 @@ def meshes(device: str, dp: int, tp: int):
 def batch(model: Any, rows: int, seq: int, device: str):
     import torch
 
-    from plangen.models import text_config
+    from plangen.model.resolve import text_config
 
     torch.manual_seed(0)
     ids = torch.randint(0, text_config(model.config).vocab_size, (rows, seq), device=device)
@@ -628,7 +628,7 @@ def batch(model: Any, rows: int, seq: int, device: str):
 
 
 def finite(tensor: Any) -> bool:
-    from plangen.compat import local_tensor
+    from plangen.stack.torch_compat import local_tensor
 
     return bool(local_tensor(tensor).float().isfinite().all())
 
@@ -703,9 +703,9 @@ def drift_setup(device: str, folder: Path) -> Iterator[dict[str, Any]]:
 
     from plangen.check.drift import WORLD_SIZE
     from plangen.check.shrunk import sample_batch
-    from plangen.init import init_plan
-    from plangen.models import resolve_model
-    from plangen.shrink import build_tiny_model
+    from plangen.commands.init import init_plan
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import build_tiny_model
 
     dist.init_process_group("fake", rank=0, world_size=WORLD_SIZE)
     base = build_tiny_model(resolve_model("llama"), tp_size=WORLD_SIZE, seed=0)
@@ -727,8 +727,8 @@ def measure_drift_case(variant: str, tp: int, dtype: str, setup: dict[str, Any],
 
     from plangen.check.drift import _differences
     from plangen.check.run import full_tensor
-    from plangen.plan_source import load_custom_plan
-    from plangen.tensor_parallel import apply_tp
+    from plangen.plan.source import load_custom_plan
+    from plangen.runtime.tensor_parallel import apply_tp
 
     world, ids = setup["world"], setup["ids"]
     model = copy.deepcopy(setup["model"]).to(getattr(torch, dtype))
@@ -772,7 +772,7 @@ def run_compile(section: Section, device: str, tiny: bool) -> None:
 
 
 def measure_compile_case(source: str, model_name: str, options: dict[str, Any], device: str) -> dict[str, Any]:
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
 
     with (
         fake_process_group(options["tp"] * options["dp"]),
@@ -831,7 +831,7 @@ def build_compile_model(source: str, name: str, device: str) -> Any:
         model = tiny_model(name).to(device)
     else:
         from plangen.cost.validate import build_config
-        from plangen.models import resolve_model_class
+        from plangen.model.resolve import resolve_model_class
 
         config = build_config({**read_config(name), "num_hidden_layers": PEAK_LAYERS})
         torch.manual_seed(0)

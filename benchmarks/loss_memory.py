@@ -184,7 +184,7 @@ def available_bytes() -> int:
 
 def run_loss_benchmark(quick: bool = False) -> Section:
     """``quick``: the memory of each variant on fake tensors only (exact bytes, no time)."""
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
 
     with fake_process_group(TP):
         return _run(quick)

@@ -26,7 +26,7 @@ PHASES = ("forward", "backward", "optimizer")
 
 
 def run_peak_benchmark(quick: bool = False) -> Section:
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
     from plangen.cost.validate import CASES, DP_SIZE, TP_SIZE, measure_cases, predict_cases
 
     cases = [c for c in CASES if not (c["sp"] or c["ac"])][:1] if quick else CASES

@@ -97,7 +97,7 @@ def describe_model(kind: str) -> str:
 
 
 def run_variant(variant: str, weights: str, options: dict) -> list[dict]:
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     payload = {"variant": variant, "weights": weights, **{k: options[k] for k in ("batch", "seq", "warmup", "steps")}}
     return run_distributed(WORKER, 4, payload, timeout=300)

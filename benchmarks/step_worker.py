@@ -1,6 +1,6 @@
 """One rank of benchmark 2/3: train steps of a small Llama under plangen or under transformers' own TP + FSDP2.
 
-Run by :func:`plangen.launch.run_distributed` (4 gloo ranks, DP 2 x TP 2, TP the inner dimension in
+Run by :func:`plangen.distributed.launch.run_distributed` (4 gloo ranks, DP 2 x TP 2, TP the inner dimension in
 both layouts). Both variants load the same saved weights and see the same batch; they differ only
 in who parallelizes the model:
 

@@ -27,7 +27,7 @@ FLOOR = [
     sys.executable,
     "-c",
     "import torch, transformers\n"
-    "from plangen.models import build_meta_model, resolve_model\n"
+    "from plangen.model.resolve import build_meta_model, resolve_model\n"
     f"build_meta_model(resolve_model({CONFIG!r}))\n",
 ]
 VERIFY = [sys.executable, "-m", "plangen", "verify", PLAN, "--model", CONFIG, "--tp-size", str(TP_SIZE)]

@@ -1,5 +1,5 @@
-"""``python -m plangen``: the command line (:mod:`plangen.cli`)."""
+"""``python -m plangen``: the command line (:mod:`plangen.commands.cli`)."""
 
-from plangen.cli import main
+from plangen.commands.cli import main
 
 main()

@@ -8,16 +8,16 @@ bad input fails before any collective with the numbers.
 Order of work in :func:`parallelize_model`:
   1. choose the plan (custom > hand-written for the class > synthesized and proven > Hugging Face:
      :func:`plangen.plans.choice.choose_plan`; for a peft model, the wrapped model's), pure, logged;
-  2-3. apply TP (:func:`plangen.tensor_parallel.apply_tp`): complete tied embeddings, check the plan
+  2-3. apply TP (:func:`plangen.runtime.tensor_parallel.apply_tp`): complete tied embeddings, check the plan
      against the model (keys that match nothing, head counts vs TP size) before anything is sharded,
      ``parallelize_module``, then re-tie what TP split apart; on a peft LoRA model the plan's keys
-     are first translated onto the LoRA layers' base layers and adapters (:mod:`plangen.lora`);
+     are first translated onto the LoRA layers' base layers and adapters (:mod:`plangen.runtime.lora`);
   4. activation checkpointing of the decoder layers;
   4b. with ``compile=True``, ``torch.compile`` of each decoder layer (``fullgraph=True``), torchtitan's
-     order: after TP and checkpointing, before FSDP2 (:mod:`plangen.compile`, ``docs/compile.md``);
+     order: after TP and checkpointing, before FSDP2 (:mod:`plangen.runtime.compile`, ``docs/compile.md``);
   5. FSDP2: each decoder layer, then the root without resharding after forward; each parameter
      sharded on dim 0 over DP, or on another dim where padding its TP-local dim 0 to a multiple of
-     DP would add more than 1 % (:mod:`plangen.fsdp_shard`).
+     DP would add more than 1 % (:mod:`plangen.runtime.fsdp_shard`).
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.compile import apply_compile
-from plangen.fsdp_inputs import apply_dtensor_input_grads, keep_filled_inputs
-from plangen.fsdp_shard import build_shard_placement_fn, dp_shard_size
-from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
-from plangen.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
-from plangen.hf_plan import get_hf_tp_plan
-from plangen.lora import find_lora_base, resolve_plan_model
-from plangen.module_tree import find_matching_modules, find_separable_units, find_unmatched_keys  # noqa: F401 - public here too
-from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; importable here as before
+from plangen.runtime.compile import apply_compile
+from plangen.runtime.fsdp_inputs import apply_dtensor_input_grads, keep_filled_inputs
+from plangen.runtime.fsdp_shard import build_shard_placement_fn, dp_shard_size
+from plangen.runtime.grad_norm import clip_grad_by_total_norm_, get_grad_norm, to_local_if_dtensor
+from plangen.model.heads import largest_legal_tp_size, tp_size_problem  # noqa: F401 - public here too
+from plangen.plans.hf_plan import get_hf_tp_plan
+from plangen.runtime.lora import find_lora_base, resolve_plan_model
+from plangen.model.module_tree import find_matching_modules, find_separable_units, find_unmatched_keys  # noqa: F401 - public here too
+from plangen.plans.checks import (  # noqa: F401 - shared with plangen verify; importable here as before
     PlanError,
     check_heads_divisible,
     check_packed_without_fsdp,
@@ -47,11 +47,11 @@ from plangen.plan_checks import (  # noqa: F401 - shared with plangen verify; im
     find_transformer_layers,
     resolve_tied_styles,
 )
-from plangen.plan_source import PlanLike
+from plangen.plan.source import PlanLike
 from plangen.plans import CHECKPOINT_FILTERS
 from plangen.plans.choice import ChosenPlan, NoPlanError, choose_plan
 from plangen.plans.variants import check_variant
-from plangen.nemo_compat import (  # noqa: F401 - NeMo RL's names, answered by plangen's plans
+from plangen.runtime.nemo_compat import (  # noqa: F401 - NeMo RL's names, answered by plangen's plans
     SequenceParallelAllGatherActivation,
     _parallelize_gemma3,
     _parallelize_llama,
@@ -59,7 +59,7 @@ from plangen.nemo_compat import (  # noqa: F401 - NeMo RL's names, answered by p
     get_logprobs_from_vocab_parallel_logits,
 )
 from plangen.styles import ColwiseParallelWithGather, RotaryEmbedParallel, translate_parallel_style
-from plangen.tensor_parallel import apply_retie, apply_tp  # noqa: F401 - the runtime's step 3
+from plangen.runtime.tensor_parallel import apply_retie, apply_tp  # noqa: F401 - the runtime's step 3
 
 logger = logging.getLogger("plangen")
 
@@ -76,7 +76,7 @@ resolve_parallel_plan = choose_plan
 
 def _styles_from_registry(class_name: str) -> PlanFunction:
     def plan_function(model: nn.Module, sequence_parallel: bool = False) -> dict[str, ParallelStyle]:
-        from plangen.plan import build_parallel_styles
+        from plangen.styles import build_parallel_styles
         from plangen.plans import HAND_WRITTEN
 
         return build_parallel_styles(HAND_WRITTEN[class_name](model, sequence_parallel))
@@ -113,7 +113,7 @@ def __getattr__(name: str):
 # 1. Choose the plan: plangen.plans.choice.choose_plan (custom > hand-written > proven synthesized
 #    > Hugging Face), pure, logged by the orchestrator.
 # 2-3. Check it against the model and apply TP, keeping tied embeddings one parameter:
-#    plangen.tensor_parallel.apply_tp (the checks are plangen.plan_checks', shared with verify).
+#    plangen.runtime.tensor_parallel.apply_tp (the checks are plangen.plans.checks', shared with verify).
 
 
 def apply_sequence_length_check(model: nn.Module, tp_size: int) -> None:
@@ -142,7 +142,7 @@ KV_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 
 def apply_activation_checkpointing(layers: list[nn.Module]) -> None:
-    from plangen.compat import composable_checkpoint as checkpoint
+    from plangen.stack.torch_compat import composable_checkpoint as checkpoint
 
     # The composable API keeps parameter names unchanged (a wrapper module would rename them).
     for layer in layers:
@@ -184,7 +184,7 @@ def apply_fsdp(
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=wide, output_dtype=wide)
     offload_policy: OffloadPolicy = CPUOffloadPolicy(pin_memory=False) if cpu_offload else OffloadPolicy()
     # Dim 0, except where a TP-local dim 0 pads more than 1 % to a multiple of DP (one expert per TP
-    # rank, 7 experts over DP 2): padding would fill ranks there (plangen.fsdp_shard).
+    # rank, 7 experts over DP 2): padding would fill ranks there (plangen.runtime.fsdp_shard).
     placement = build_shard_placement_fn(dp_shard_size(dp_mesh))
     # A 2-D dp_mesh (replicate, shard) makes fully_shard do HSDP.
     for layer in find_separable_units(model, layers):
@@ -226,7 +226,7 @@ def parallelize_model(
     ``plan_variant``: ``"stable"`` applies the plan without cross-rank sums in the forward
     (:mod:`plangen.plans.variants`, NeMo RL's numerically stable plan); not with a custom plan.
     ``compile``: compile each decoder layer with ``torch.compile(fullgraph=True)`` before FSDP2
-    (:func:`plangen.compile.apply_compile`; what it leaves eager is logged; with activation
+    (:func:`plangen.runtime.compile.apply_compile`; what it leaves eager is logged; with activation
     checkpointing each checkpointed layer's forward compiles, the checkpoint's hooks eager around it)."""
     check_variant(plan_variant)  # a typo fails at once, at any TP size
     tp_size = tp_mesh.size()
@@ -264,7 +264,7 @@ def _parallelize_nm5_h(
 ) -> FSDPModule:
     """NeMo RL's NemotronH entry point: :func:`parallelize_model`, which gives NemotronH its
     hand-written plan (MLP and attention TP, Mamba mixers replicated), with sequence parallel and a
-    custom plan allowed (NeMo RL's asserts both off). Here, not in plangen.nemo_compat: it runs the
+    custom plan allowed (NeMo RL's asserts both off). Here, not in plangen.runtime.nemo_compat: it runs the
     runtime, which lower modules never import."""
     if type(model).__name__ != "NemotronHForCausalLM":
         raise TypeError(

@@ -32,13 +32,20 @@ Where to add a plan, a style, a block family or a diagnostic, step by step: `doc
 # subpackage, then the tooling around it.
 _SECTIONS = (
     "plangen",
+    "plangen/output",
+    "plangen/stack",
+    "plangen/model",
+    "plangen/plan",
+    "plangen/distributed",
     "plangen/styles",
     "plangen/plans",
+    "plangen/runtime",
     "plangen/check",
     "plangen/check/rules",
     "plangen/check/rules/static",
     "plangen/check/rules/model",
     "plangen/cost",
+    "plangen/commands",
     "scripts",
     "benchmarks",
 )

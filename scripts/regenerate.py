@@ -40,7 +40,9 @@ def spec_for_class(class_name: str) -> str:
     """The model_type that resolves to ``class_name`` (``llama`` for LlamaForCausalLM), else the class name."""
     import transformers
 
-    from plangen.init import InitError, resolve
+    from plangen.commands.init import resolve
+
+    from plangen.output.errors import InitError
 
     model_type = getattr(getattr(getattr(transformers, class_name), "config_class", None), "model_type", None)
     if model_type:
@@ -54,7 +56,7 @@ def spec_for_class(class_name: str) -> str:
 
 def targets() -> list[Target]:
     """What generated/ must hold, from the registry of hand-written plans (sorted by file name)."""
-    from plangen.init import default_output, load_model
+    from plangen.commands.init import default_output, load_model
     from plangen.plans import HAND_WRITTEN
 
     found: list[Target] = []
@@ -75,7 +77,7 @@ def recorded_versions(text: str) -> dict[str, str] | None:
 
 
 def render(target: Target, versions: dict[str, str] | None = None, cache: dict | None = None) -> str:
-    from plangen.init import load_model, render_plan_module
+    from plangen.commands.init import load_model, render_plan_module
 
     cache = {} if cache is None else cache
     if target.spec not in cache:
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale files; exit 1 if any")
     args = parser.parse_args(argv)
     os.chdir(ROOT)
-    from plangen.files import write_plan_file
+    from plangen.output.files import write_plan_file
 
     wanted = targets()
     cache: dict = {}

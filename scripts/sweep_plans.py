@@ -47,7 +47,7 @@ COMMAND = ".venv/bin/python scripts/sweep_plans.py"
 @dataclass
 class Target:
     class_name: str
-    spec: str  # what plangen.models.resolve_model builds the class from
+    spec: str  # what plangen.model.resolve.resolve_model builds the class from
     plan: str  # "hand-written" | "synthesized" | "hf"
     sequence_parallel: bool
     result: dict[str, Any] = field(default_factory=dict)
@@ -67,9 +67,9 @@ def build_fingerprints(model: Any, sequence_parallel: bool) -> dict[str, str]:
 
 def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
     """The plan to check for each class, and why the classes without one have none."""
-    from plangen.catalog import build_catalog_model, list_architectures
-    from plangen.hf_plan import build_hf_plan
-    from plangen.models import resolve_model
+    from plangen.commands.catalog import build_catalog_model, list_architectures
+    from plangen.plans.hf_plan import build_hf_plan
+    from plangen.model.resolve import resolve_model
     from plangen.plans import HAND_WRITTEN
     from plangen.plans.analysis import analyze_model
     from plangen.plans.proven import code_digest
@@ -141,7 +141,7 @@ def run_batch(cases: list[dict[str, Any]], timeout: float, meshes: tuple[str, ..
     """Case name -> None (passed on every rank and mesh) or the most telling problem."""
     from cases import case_problem
 
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     per_rank = run_distributed(TARGET, 4, {mesh: cases for mesh in meshes}, timeout=timeout)
     verdicts: dict[str, str | None] = {}
@@ -159,7 +159,7 @@ def run_batch(cases: list[dict[str, Any]], timeout: float, meshes: tuple[str, ..
 def run_alone(cases: list[dict[str, Any]], timeout: float) -> dict[str, str | None]:
     """Each case on each mesh in a launch of its own: a rank-local failure then ends the launch
     (its peers see the connection close) instead of leaving the peers waiting in a collective."""
-    from plangen.launch import DistributedRunError
+    from plangen.distributed.launch import DistributedRunError
 
     verdicts: dict[str, str | None] = {}
     for case in cases:
@@ -183,7 +183,7 @@ def run_targets(
     A case that fails on some ranks only leaves the others waiting in a collective until the
     launch's deadline: keep batches small so that costs little, and retry with half of it.
     """
-    from plangen.launch import DistributedRunError
+    from plangen.distributed.launch import DistributedRunError
 
     verdicts: dict[str, dict[str, str | None]] = {}
     for start in range(0, len(targets), batch):
@@ -240,8 +240,8 @@ def sweep(only: set[str] | None, batch: int, timeout: float) -> dict[str, tuple[
 
 
 def _has_hf_plan(target: Target) -> bool:
-    from plangen.catalog import Architecture, build_catalog_model
-    from plangen.hf_plan import build_hf_plan
+    from plangen.commands.catalog import Architecture, build_catalog_model
+    from plangen.plans.hf_plan import build_hf_plan
 
     try:
         build_hf_plan(build_catalog_model(Architecture(target.class_name, target.spec)))
@@ -277,7 +277,7 @@ def write_docs(seconds: float | None) -> None:
     import torch
     import transformers
 
-    from plangen.catalog import (
+    from plangen.commands.catalog import (
         FRACTION_TP_SIZE,
         WELL_SHARDED,
         WHOLE_PARTS_LISTED,

@@ -57,7 +57,7 @@ def _one(exc: BaseException) -> str | None:
 # attention and moe), with the kinds it allows and the ones it was given.
 _LAYER_KINDS = re.compile(r"`layer_types` entries must be in \(([^)]*)\) but got \[([^\]]*)\]")
 
-# plangen.models' one line where transformers' own config class fails on its own defaults (5.8.1's
+# plangen.model.resolve' one line where transformers' own config class fails on its own defaults (5.8.1's
 # MusicgenConfig: a None sub-config its strict dataclass refuses).
 _OWN_DEFAULT = re.compile(r"transformers cannot build the default (\w+) config")
 

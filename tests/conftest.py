@@ -29,9 +29,9 @@ def fake_pg():
     """A single-process fake process group: TP at any size for shapes and collective counts."""
     import torch.distributed as dist
 
-    from plangen.fake_group import FAKE_WORLD_SIZE, scatter_gives_each_rank_its_chunk
+    from plangen.distributed.fake_group import FAKE_WORLD_SIZE, scatter_gives_each_rank_its_chunk
 
-    # The same group the code under test makes and leaves running (plangen.fake_group), with its
+    # The same group the code under test makes and leaves running (plangen.distributed.fake_group), with its
     # scatter giving each rank its chunk on every torch (the gloo parity cases check the real thing).
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
@@ -63,7 +63,7 @@ def cases_read_by(items, module, cases: dict[str, list[dict]], needs=None) -> di
 # idle for as long (or, run from a test, block this one). A module that defines ``LAUNCH(items)``
 # has its run started when collection ends, and runs last (its tests wait for it): the runs and the
 # other tests share the two cores instead of taking turns. ``LAUNCH`` returns the arguments of
-# ``plangen.launch.start_distributed`` (target, world_size, payload, timeout), a list of them (the
+# ``plangen.distributed.launch.start_distributed`` (target, world_size, payload, timeout), a list of them (the
 # module's ``launched`` is then the list of their results), or a callable taking ``nice`` that starts
 # any other run and returns what has ``result()`` and ``kill()`` (``BackgroundCommand``).
 _STARTED: dict = {}  # module name -> what _start returned
@@ -81,7 +81,7 @@ def _xdist_worker() -> bool:
 def pytest_configure(config):
     # Two workers on two cores: torch's intra-op pool of two threads in each would spin against the
     # other's (measured: test_comm_counts 135 CPU-s alone, 261 beside test_cost). Launched ranks
-    # set their own (plangen.launch); one thread each here.
+    # set their own (plangen.distributed.launch); one thread each here.
     if _xdist_worker():
         import torch
 
@@ -107,7 +107,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def _start(spec):
-    from plangen.launch import start_distributed
+    from plangen.distributed.launch import start_distributed
 
     if isinstance(spec, list):
         return [_start(one) for one in spec]
@@ -191,7 +191,7 @@ class BackgroundCommand:
         import tempfile
         import time
 
-        from plangen.launch import lower_priority
+        from plangen.distributed.launch import lower_priority
 
         self.argv, self._deadline = argv, time.monotonic() + timeout
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
@@ -238,13 +238,13 @@ def slow_unless(ids, default) -> list:
 # Cases the installed stack cannot run, whatever the plan, each with its reason (checked against the
 # installed torch or transformers itself, so the pinned pair skips none of them):
 # - model code that flattens a sequence-sharded DTensor ([B, S, H] viewed as [B·S, H]: Gemma 4 and
-#   Llama 4 and OPT under SP), which torch before 2.13 refuses (plangen.compat.FLATTENS_SHARDED_DIM);
+#   Llama 4 and OPT under SP), which torch before 2.13 refuses (plangen.stack.torch_compat.FLATTENS_SHARDED_DIM);
 # - DBRX where transformers' own DBRX does not run (5.8: its config cannot be rebuilt from its own
 #   to_dict, "Found unknown kwargs", and its router takes ffn_hidden_size inputs).
 FLATTEN_NEEDED = re.compile(r"(gemma4|llama4|^opt|/opt).*(-sp|_sp)", re.IGNORECASE)
 FLATTEN_REASON = (
     "torch < 2.13 refuses to flatten a sequence-sharded DTensor, which this model's own code does "
-    "under SP (plangen.compat.FLATTENS_SHARDED_DIM)"
+    "under SP (plangen.stack.torch_compat.FLATTENS_SHARDED_DIM)"
 )
 
 
@@ -260,7 +260,7 @@ def _dbrx_runs() -> bool:
 
 def stack_cannot_run(case_id: str) -> str | None:
     """Why the installed torch or transformers cannot run case ``case_id`` (an id or a file name), else None."""
-    from plangen.compat import FLATTENS_SHARDED_DIM
+    from plangen.stack.torch_compat import FLATTENS_SHARDED_DIM
 
     if not FLATTENS_SHARDED_DIM and FLATTEN_NEEDED.search(case_id):
         return FLATTEN_REASON
@@ -286,7 +286,7 @@ def nemotron_h_lacks_mlp_layers() -> str | None:
     import transformers
     from transformers import NemotronHConfig
 
-    from plangen.transformers_compat import installed_layer_kinds
+    from plangen.stack.transformers_compat import installed_layer_kinds
 
     try:
         NemotronHConfig(layers_block_type=installed_layer_kinds(NemotronHConfig, ["mlp", "full_attention"]))
@@ -335,9 +335,9 @@ def skip_unless_pinned_model_code(model: "object") -> None:
 
 
 def skip_unless_pinned_model_type(model_type: str) -> None:
-    """:func:`skip_unless_pinned_model_code` for the class ``plangen.models`` builds for ``model_type``
+    """:func:`skip_unless_pinned_model_code` for the class ``plangen.model.resolve`` builds for ``model_type``
     (on the meta device: no memory), where the test builds its model from a config of its own."""
-    from plangen.models import build_meta_model, resolve_model
+    from plangen.model.resolve import build_meta_model, resolve_model
 
     resolved = resolve_model(model_type)
     skip_unless_pinned_model_code(build_meta_model(resolved.config, resolved.model_class))
@@ -405,5 +405,5 @@ def falcon_attention_left_whole(model=None) -> str | None:
     return (
         f"transformers {transformers.__version__}'s Falcon attention (its packed query_key_value split by a view of "
         "a shape held in a local) is not read by plangen's synthesizer: its plan keeps that attention whole "
-        "(plangen/transformers_compat.py)"
+        "(plangen/stack/transformers_compat.py)"
     )

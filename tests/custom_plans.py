@@ -45,10 +45,10 @@ def opt_plan_with_global_head_counts():
     cause of OPT's silently wrong logits (tests/test_synthesized_distributed.py)."""
     from dataclasses import replace
 
-    from plangen.models import build_meta_model, resolve_model
-    from plangen.plan import build_parallel_styles
+    from plangen.model.resolve import build_meta_model, resolve_model
+    from plangen.styles import build_parallel_styles
     from plangen.plans.synthesize import build_synthesized_plan
-    from plangen.shrink import shrink_config
+    from plangen.model.shrink import shrink_config
 
     resolved = resolve_model("opt")
     model = build_meta_model(shrink_config(resolved.config, 2), resolved.model_class)
@@ -67,10 +67,10 @@ def falcon_plan_without_pad_mask():
     """The synthesized plan of the 5-head multi-query Falcon (tests/tiny_configs.py) with the output
     projection's pad mask removed: the forward is still exact, but the pad columns get gradients and
     the steps make them non-zero. Must fail the parity check: it pins why the mask is there
-    (plangen.padded_heads; tests/test_synthesized_distributed.py)."""
+    (plangen.styles.padded_heads; tests/test_synthesized_distributed.py)."""
     from plangen.styles.kv_heads import PrepareAttentionInput
-    from plangen.padded_heads import PAD_MASK
-    from plangen.plan import build_parallel_styles
+    from plangen.styles.padded_heads import PAD_MASK
+    from plangen.styles import build_parallel_styles
     from plangen.plans.synthesize import build_synthesized_plan
     from tiny_configs import build_tiny
 
@@ -98,11 +98,12 @@ def bloom_plan_with_plain_alibi_slice():
     keeps this rank's heads' rows (tests/test_synthesized_distributed.py)."""
     from dataclasses import replace
 
-    from plangen.models import build_meta_model, resolve_model
-    from plangen.plan import PlanEntry, build_parallel_styles
+    from plangen.model.resolve import build_meta_model, resolve_model
+    from plangen.plan import PlanEntry
+    from plangen.styles import build_parallel_styles
     from plangen.plans.per_head_inputs import PerHeadInput, per_head_input_entry
     from plangen.plans.synthesize import build_synthesized_plan
-    from plangen.shrink import shrink_config
+    from plangen.model.shrink import shrink_config
 
     resolved = resolve_model("bloom")
     config = shrink_config(resolved.config, 2, attn_implementation="eager")  # Bloom has no sdpa

@@ -32,10 +32,10 @@ from test_targets import MODELS, REFUSED_AT_TP2
 from typer.testing import CliRunner
 
 from plangen.check import VerifyOptions, verify_plan_files
-from plangen.cli import app
-from plangen.launch import run_distributed
+from plangen.commands.cli import app
+from plangen.distributed.launch import run_distributed
 
-AUTOMODEL = "0.7.0"  # the release plangen/targets.py's nemo-rl-v2 row is read from
+AUTOMODEL = "0.7.0"  # the release plangen/plan/targets.py's nemo-rl-v2 row is read from
 # What it needs beyond this test environment (torch, transformers, accelerate come from it, unchanged):
 # torchao, which `from nemo_automodel import NeMoAutoModelForCausalLM` imports.
 INSTALL = [f"nemo-automodel=={AUTOMODEL}", "torchao==0.18.0"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from plangen.cli import EXIT_USAGE, app
-from plangen.plan_source import PlanLoadError, load_custom_plan
+from plangen.commands.cli import EXIT_USAGE, app
+from plangen.plan.source import PlanLoadError, load_custom_plan
 
 CONFIGS = {
     "hidden_not_int": (
@@ -205,7 +205,8 @@ def test_init_refuses_an_existing_file_before_importing_transformers(tmp_path):
     existing.write_text(GENERATED_LLAMA)
     code = (
         "import sys\n"
-        "from plangen.init import InitError, init_plan\n"
+        "from plangen.commands.init import init_plan\n"
+        "from plangen.output.errors import InitError\n"
         "try:\n"
         f"    init_plan('qwen3', {str(existing)!r})\n"
         "except InitError as error:\n"
@@ -242,8 +243,8 @@ def test_a_config_path_is_recorded_relative_to_the_plan_so_verify_runs_from_anyw
 
 def test_head_counts_of_a_config_whose_heads_vary_by_layer():
     # dots3_note's config refuses to answer num_attention_heads globally (128 on some layers, 64 on others).
-    from plangen.heads import head_counts, tp_size_problem
-    from plangen.models import config_for_class, resolve_model
+    from plangen.model.heads import head_counts, tp_size_problem
+    from plangen.model.resolve import config_for_class, resolve_model
 
     resolved = resolve_model("dots3_note")
     config = config_for_class(resolved.config, resolved.model_class)

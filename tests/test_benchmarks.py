@@ -133,7 +133,7 @@ def test_cli_speed_benchmark_compares_each_command_with_its_floor(bench):
         key = (
             ("verify" if "verify" in text else "init")
             if "-m plangen" in text
-            else ("verify_floor" if "plangen.models" in text else "init_floor")
+            else ("verify_floor" if "plangen.model.resolve" in text else "init_floor")
         )
         return seconds[key], seconds[key] + 0.5
 

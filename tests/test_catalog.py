@@ -11,7 +11,7 @@ import pytest
 from conftest import pinned_release_only
 from typer.testing import CliRunner
 
-from plangen.cli import app
+from plangen.commands.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def test_every_hand_written_class_is_listed_as_such(listing):
 
 @pinned_release_only
 def test_rows_follow_the_plan_priority(listing):
-    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.commands.catalog import Architecture, build_catalog_model
     from plangen.plans.proven import code_digest, is_proven
 
     rows = rows_by_class(listing)
@@ -97,7 +97,7 @@ def test_no_synthesized_proof_is_stale(listing):
 def test_a_changed_synthesized_plan_is_stale_until_swept_again():
     from dataclasses import replace
 
-    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.commands.catalog import Architecture, build_catalog_model
     from plangen.plans.proven import plan_fingerprint, proof_is_stale
     from plangen.plans.synthesize import build_synthesized_plan
 
@@ -125,7 +125,7 @@ def test_a_changed_synthesized_plan_is_stale_until_swept_again():
 @pytest.mark.slow
 def test_no_sequence_parallel_proof_is_stale():
     """As plangen list checks the TP plans: the SP plans (twice the synthesis: out of the default run)."""
-    from plangen.catalog import build_catalog_model, list_architectures
+    from plangen.commands.catalog import build_catalog_model, list_architectures
     from plangen.plans.proven import SWEEP_COMMAND, code_digest, proof_for, proof_is_stale
     from plangen.plans.synthesize import build_synthesized_plan
 
@@ -249,7 +249,7 @@ def classes_newer_than_the_table(rows) -> list[str]:
 
 def test_a_class_below_the_target_says_what_stays_whole(fake_pg, monkeypatch):
     # MiniCPM3 (95.9 %) held to 99 %: the note names its latent attention's down-projection, shared by every head.
-    import plangen.catalog as catalog
+    import plangen.commands.catalog as catalog
 
     monkeypatch.setattr(catalog, "WELL_SHARDED", 0.99)
     arch = catalog.Architecture("MiniCPM3ForCausalLM", "minicpm3")
@@ -276,7 +276,7 @@ def test_every_row_says_what_its_plan_leaves_whole_and_why(listing):
 
 
 def test_falcon_7b_pads_its_odd_query_heads_and_shards_its_attention(listing):
-    # Falcon-7B's 71 multi-query heads, padded with a zero head at TP 2 (plangen.padded_heads): 80.6 %
+    # Falcon-7B's 71 multi-query heads, padded with a zero head at TP 2 (plangen.styles.padded_heads): 80.6 %
     # TP-sharded while its attention stayed whole.
     from conftest import falcon_attention_left_whole
 
@@ -298,11 +298,11 @@ def test_prophetnet_and_big_bird_shard_their_attention(listing):
 
 def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):
     """Qwen3-MoE's hand-written plan without its experts styles: the experts stay on every rank."""
-    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_fraction
-    from plangen.fake_group import quiet_partial_matches, tp_mesh
+    from plangen.commands.catalog import Architecture, build_full_size_model, measure_sharded_fraction
+    from plangen.distributed.fake_group import quiet_partial_matches, tp_mesh
     from plangen.cost.memory import sharded_fraction
     from plangen.plans.choice import choose_plan
-    from plangen.tensor_parallel import apply_tp
+    from plangen.runtime.tensor_parallel import apply_tp
 
     model = build_full_size_model(Architecture("Qwen3MoeForCausalLM", "qwen3_moe"))
     styles = {k: v for k, v in choose_plan(model, False).build_styles().items() if "expert" not in k}
@@ -316,11 +316,16 @@ def test_a_plan_with_experts_replicated_shards_a_few_percent(fake_pg):
 
 def test_one_layer_of_each_kind_gives_the_fraction_of_every_layer(fake_pg):
     """DeepSeek-V3: three dense layers then MoE layers; the sample keeps one of each, counted 3 and 58 times."""
-    from plangen.catalog import Architecture, apply_layer_sample, build_full_size_model, measure_sharded_fraction
-    from plangen.fake_group import quiet_partial_matches, tp_mesh
+    from plangen.commands.catalog import (
+        Architecture,
+        apply_layer_sample,
+        build_full_size_model,
+        measure_sharded_fraction,
+    )
+    from plangen.distributed.fake_group import quiet_partial_matches, tp_mesh
     from plangen.cost.memory import sharded_fraction
     from plangen.plans.choice import choose_plan
-    from plangen.tensor_parallel import apply_tp
+    from plangen.runtime.tensor_parallel import apply_tp
 
     arch = Architecture("DeepseekV3ForCausalLM", "deepseek_v3")
     sample = build_full_size_model(arch)
@@ -364,7 +369,7 @@ def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
     MiniCPM3 its latent attention's shared down-projection (Falcon-7B's multi-query attention of 71 query
     heads, OLMo-Hybrid's gated delta nets, LFM-3's short convolutions, xLSTM's mLSTM layers and Youtu's
     query latent, once named here, are sharded)."""
-    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
+    from plangen.commands.catalog import Architecture, build_full_size_model, measure_sharded_share, render_left_whole
 
     fraction, left = measure_sharded_share(
         lambda: build_full_size_model(Architecture("MiniCPM3ForCausalLM", "minicpm3"))
@@ -380,7 +385,7 @@ def test_what_stays_whole_is_listed_with_the_plans_reason(fake_pg):
 def test_recurrent_gemma_shards_its_recurrent_blocks_at_full_size(fake_pg):
     """RecurrentGemma-2B at TP 2: its recurrent blocks (81.1 % sharded while they stayed whole) are
     split by their RG-LRU heads; what stays whole is the norms only."""
-    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share
+    from plangen.commands.catalog import Architecture, build_full_size_model, measure_sharded_share
 
     fraction, left = measure_sharded_share(
         lambda: build_full_size_model(Architecture("RecurrentGemmaForCausalLM", "recurrent_gemma"))
@@ -392,7 +397,7 @@ def test_recurrent_gemma_shards_its_recurrent_blocks_at_full_size(fake_pg):
 def test_xlstm_shards_its_mlstm_layers_at_full_size(fake_pg):
     """xLSTM-7B at TP 2: its mLSTM layers (68.6 % sharded while they stayed whole) are split by heads;
     what stays whole is the norms only."""
-    from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share
+    from plangen.commands.catalog import Architecture, build_full_size_model, measure_sharded_share
 
     fraction, left = measure_sharded_share(lambda: build_full_size_model(Architecture("xLSTMForCausalLM", "xlstm")))
     assert fraction >= 0.99
@@ -405,8 +410,8 @@ def test_bloom_shards_its_attention_at_bloom_7b1_size(fake_pg):
     what stays whole is the norms only. The default BloomConfig (hidden 64) hides it behind its vocabulary."""
     from transformers import BloomConfig, BloomForCausalLM
 
-    from plangen.catalog import measure_sharded_share
-    from plangen.models import build_meta_model
+    from plangen.commands.catalog import measure_sharded_share
+    from plangen.model.resolve import build_meta_model
 
     config = BloomConfig(hidden_size=4096, n_head=32, n_layer=30, vocab_size=250880)
     fraction, left = measure_sharded_share(lambda: build_meta_model(config, BloomForCausalLM))

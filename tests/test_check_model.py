@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from conftest import skip_unless_pinned_model_type, stack_can_run
 from plangen.check import VerifyOptions, VerifyUsageError, verify_plan_files
-from plangen.compat import COMPUTES_ON_STRIDED_SHARD
+from plangen.stack.torch_compat import COMPUTES_ON_STRIDED_SHARD
 from plangen.check.codes import CODES
 from plangen.check.model import MODEL_RULES
 from plangen.check.static import read_plan_metadata
-from plangen.cli import app
+from plangen.commands.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = sorted((ROOT / "generated").glob("*_plan.py"))
@@ -462,7 +462,7 @@ def test_pre_commit_hook_runs_verify_on_plan_files():
 
     [hook] = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "plangen-verify" and hook["entry"] == "plangen verify" and hook["language"] == "python"
-    assert re.search(hook["files"], "generated/llama_plan.py") and not re.search(hook["files"], "plangen/plan.py")
+    assert re.search(hook["files"], "generated/llama_plan.py") and not re.search(hook["files"], "plangen/plan/__init__.py")
 
 
 def test_docs_ci_snippet_is_valid_and_uses_real_options():
@@ -602,7 +602,7 @@ def test_the_fake_process_group_run_blames_the_entry_not_the_crashed_module(tmp_
     from plangen.check.fake_run import run_on_fake_group
     from plangen.check.model import load_meta_model
     from plangen.check.shrunk import build_shrunk_model
-    from plangen.plan_source import load_custom_plan
+    from plangen.plan.source import load_custom_plan
 
     path = tmp_path / "llama_plan.py"
     path.write_text(BROKEN_EDITS[name][0])
@@ -616,7 +616,7 @@ def test_level_3s_shapes_stage_blames_the_entry_too(tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
 
     from plangen.check.run import _quietly, run_case
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
 
     path = tmp_path / "llama_plan.py"
     path.write_text(BROKEN_EDITS["q_proj_rowwise"][0])
@@ -653,7 +653,7 @@ def test_experts_the_tp_size_does_not_divide_get_the_intermediate_split_and_veri
     """HunYuan-MoE-V1's one expert at TP 2: clean (each expert's intermediate split), and the file
     init writes says so on the experts' entry. Mixtral's 8 experts at TP 3, whose 14336-wide
     intermediate does not divide either: PG204 names both layouts."""
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     path = init_plan("hunyuan_v1_moe", tmp_path / "hunyuan_plan.py").path
     source = path.read_text()
@@ -695,7 +695,7 @@ def test_recurrent_gemma_plan_is_clean_and_its_rg_lru_style_fits_rg_lrus_with_he
     """The file init writes for RecurrentGemma is clean at TP 2; at TP 4 its 10 RG-LRU heads do not
     divide (PG204 on the RG-LRU's entry, naming TP 2); on the conv it does not fit (PG203)."""
     from conftest import skip_unless_pinned_model_type
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     skip_unless_pinned_model_type("recurrent_gemma")  # the lines and widths of the plan for this code
 
@@ -715,7 +715,7 @@ def test_xlstm_plan_is_clean_and_its_head_counts_must_divide(tmp_path):
     """The file init writes for xLSTM is clean at TP 2 (its multi-head norm, as wide as v, is not taken
     for a whole-projection norm: no PG213); at TP 16 its 8 heads do not divide (PG204 on the
     multi-head norm's entry and on the block's); on the block's input norm the style does not fit (PG203)."""
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     source = init_plan("xlstm", tmp_path / "xlstm_plan.py").path.read_text()
     norm = _line_of(source, '"backbone.blocks.*.mlstm_layer.multihead_norm"')
@@ -740,7 +740,7 @@ def test_norm_handed_the_sequence_whole_by_its_layer_is_not_on_the_residual_stre
     from transformers import AutoConfig
 
     from conftest import skip_unless_pinned_model_type
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
     from tiny_configs import TINY
 
     kwargs = dict(TINY["gemma4-moe"])
@@ -760,7 +760,7 @@ def test_norm_handed_the_sequence_whole_by_its_layer_is_not_on_the_residual_stre
     assert found and "pre_feedforward_layernorm_2" in found[0].message
 
 
-# --- Falcon-7B's multi-query attention, its 71 query heads padded with zero heads (plangen.padded_heads) ---
+# --- Falcon-7B's multi-query attention, its 71 query heads padded with zero heads (plangen.styles.padded_heads) ---
 
 
 @pytest.mark.parametrize("tp_size", [2, 4, 8])
@@ -768,7 +768,7 @@ def test_falcon_plan_with_padded_heads_is_clean_at_even_tp_sizes(tp_size, tmp_pa
     """71 query heads, which no even TP size splits: the plan init writes pads them, and verify (the
     rules and the fake run of the shrunk model, whose head count stays odd) finds nothing."""
     from conftest import falcon_attention_left_whole
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     source = init_plan("falcon", tmp_path / "falcon_plan.py", tp_size=tp_size).path.read_text()
     # Where the synthesizer keeps the attention whole (transformers 5.25.0) nothing is padded, and the

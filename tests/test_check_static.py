@@ -41,7 +41,7 @@ from plangen.check.static import (
     read_plan_metadata,
     read_plan_metadata_source,
 )
-from plangen.cli import app
+from plangen.commands.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC_CODES = sorted(code for code in CODES if code < "PG200")
@@ -278,7 +278,7 @@ def test_registry_wrong_example_fails_under_torch(code):
 
 def test_partial_targets_fail_under_torch_and_partial_inputs_do_not(fake_pg):
     """PG110's claim, on a fake process group: a redistribution to Partial is refused (2.15 allows
-    Shard to Partial("sum") alone: ``plangen.compat.SHARD_TO_PARTIAL_SUM``)."""
+    Shard to Partial("sum") alone: ``plangen.stack.torch_compat.SHARD_TO_PARTIAL_SUM``)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
@@ -298,7 +298,7 @@ def test_partial_targets_fail_under_torch_and_partial_inputs_do_not(fake_pg):
         parallelize_module(model, mesh, {"0": style})
         return model(torch.ones(2, local_features))
 
-    from plangen.compat import SHARD_TO_PARTIAL_SUM
+    from plangen.stack.torch_compat import SHARD_TO_PARTIAL_SUM
 
     shard_to_sum = (ColwiseParallel(output_layouts=Partial()), 2 * size)
     for refused, features in (
@@ -369,7 +369,7 @@ def test_known_placements_match_torch():
         assert importlib.import_module(alias).Shard is importlib.import_module(target).Shard
     for name in known.PRIVATE_PLACEMENTS:
         assert hasattr(placement_types, name)
-    from plangen.compat import PARTIAL_REDUCE_OPS  # torch's Partial.ALL_REDUCE_OPS where it has one (2.13 on)
+    from plangen.stack.torch_compat import PARTIAL_REDUCE_OPS  # torch's Partial.ALL_REDUCE_OPS where it has one (2.13 on)
 
     assert known.PARTIAL_REDUCE_OPS == PARTIAL_REDUCE_OPS
     # The constructor facts PG108 relies on.
@@ -516,7 +516,7 @@ def test_ignore_comment_silences_the_listed_codes_on_its_line():
 def test_a_blanket_ignore_never_hides_that_nothing_could_be_checked(tmp_path):
     from typer.testing import CliRunner
 
-    from plangen.cli import app
+    from plangen.commands.cli import app
 
     plan = tmp_path / "broken_plan.py"
     plan.write_text(
@@ -644,7 +644,7 @@ def test_cli_static_level_does_not_import_torch(plan_files):
     clean, broken = plan_files
     probe = (
         "import sys\n"
-        "from plangen.cli import app\n"
+        "from plangen.commands.cli import app\n"
         "try:\n"
         f"    app(['verify', '--static', {str(clean)!r}, {str(broken)!r}, '--format', 'json'])\n"
         "except SystemExit as exit:\n"

@@ -2,7 +2,7 @@
 
 One launch of four gloo processes (tests/distributed/checkpoint_cases.py) takes every selected case at
 DP 2 x TP 2: the bytes of weights a rank allocates beyond its shard during ``state_dict()``,
-``get_model_state_dict``, ``dcp.save`` and ``plangen.export.iter_hf_weights`` (a live-storage
+``get_model_state_dict``, ``dcp.save`` and ``plangen.runtime.export.iter_hf_weights`` (a live-storage
 tracker, floating-point storages: DCP's pickled save plans, uint8, grow with the chunk count, not
 the weights), held to one parameter (plus the shard of one parameter a gather buffers, plus the bucket);
 the streamed weights against the unsharded model's; the checkpoint resumed exactly at DP 1 x TP 4,
@@ -35,7 +35,7 @@ CASES = {
         {"name": "qwen3_5", "model_type": "qwen3_5", "plan_kind": "synthesized"},  # gated delta nets
         {"name": "llama-tied", "model": "llama-tied"},  # dense, tied
     ],
-    # The optimizer's state saved at DP 2 x TP 2 (plangen.state_dict), resumed at other layouts.
+    # The optimizer's state saved at DP 2 x TP 2 (plangen.runtime.state_dict), resumed at other layouts.
     "optimizer": [
         {"name": "phi3-8h", "model": "phi3-8h"},  # fused rows re-laid out per rank: the order differs per TP size
         {"name": "falcon-mqa-5h", "model": "falcon-mqa-5h", "plan_kind": "synthesized"},  # pad heads too
@@ -114,7 +114,7 @@ def test_checkpoint_and_export_at_sharded_memory(results, case_id):
 @pytest.mark.distributed
 @pytest.mark.parametrize("case_id", slow_unless(OPTIMIZER_IDS, OPTIMIZER_DEFAULT))
 def test_optimizer_state_resumes_at_another_layout(results, case_id):
-    """AdamW after two steps at DP 2 x TP 2, saved with plangen.state_dict's functions and resumed at DP 1 x
+    """AdamW after two steps at DP 2 x TP 2, saved with plangen.runtime.state_dict's functions and resumed at DP 1 x
     TP 4, DP 4 x TP 1 and in the plain model (from DCP, and from the whole flattened state dict): the moments come back bit for bit (read whole in Hugging
     Face's layout), they are the unsharded optimizer's, and a third step lands on the unsharded model's
     third step. torch's own functions hold re-laid-out parameters' moments in plangen's row order: at
@@ -147,7 +147,7 @@ def test_optimizer_state_resumes_at_another_layout(results, case_id):
 _KILLED_SAVE = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
-import plangen.export as export
+import plangen.runtime.export as export
 from tiny_configs import build_tiny
 
 written = []
@@ -168,7 +168,7 @@ def test_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from plangen.export import save_hf_checkpoint
+    from plangen.runtime.export import save_hf_checkpoint
     from tiny_configs import build_tiny
 
     previous = build_tiny("llama", seed=0).eval()

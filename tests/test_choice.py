@@ -15,8 +15,8 @@ from plangen.plans.choice import NO_PLAN, SOURCES, ChosenPlan, NoPlanError, choo
 
 
 def meta(spec: str):
-    from plangen.catalog import Architecture, build_catalog_model
-    from plangen.models import resolve_model
+    from plangen.commands.catalog import Architecture, build_catalog_model
+    from plangen.model.resolve import resolve_model
 
     resolved = resolve_model(spec)
     return build_catalog_model(Architecture(resolved.model_class.__name__, spec))
@@ -100,10 +100,11 @@ def test_a_hand_written_plan_without_sp_variant_is_final(monkeypatch):
 @pytest.mark.parametrize("spec", ["llama", "olmo", "phi3", "gpt2", "ctrl", "xlm"])
 def test_runtime_init_cost_and_list_agree(spec, monkeypatch):
     """The four users of the plan choice name the same source for the same class."""
-    from plangen.catalog import Architecture, build_row
+    from plangen.commands.catalog import Architecture, build_row
     from plangen.cost.choices import resolve_plan_choice
     from plangen.cost.settings import CostError
-    from plangen.init import InitError, build_seed_plan
+    from plangen.commands.init import build_seed_plan
+    from plangen.output.errors import InitError
     from plangen.plans.proven import load_proven
 
     model = meta(spec)
@@ -157,7 +158,7 @@ def test_a_hugging_face_plan_that_failed_the_sweep_is_refused_with_the_reason_an
         choose_plan(model, False)
     message = str(info.value)
     assert failing in message and "is not used unproven" in message
-    assert "custom_parallel_plan=plangen.hf_plan.get_hf_tp_plan(model)" in message and "plangen init" in message
+    assert "custom_parallel_plan=plangen.plans.hf_plan.get_hf_tp_plan(model)" in message and "plangen init" in message
     assert "\n" not in message
     # plangen init may still start from it, saying it is unproven.
     seed = choose_plan(model, False, allow_unproven=True)

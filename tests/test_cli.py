@@ -20,7 +20,7 @@ def run(*args: str) -> tuple[subprocess.CompletedProcess, float]:
 @pytest.mark.parametrize("flag", ["--help", "--version"])
 def test_help_and_version_answer_in_well_under_a_second_without_torch(flag):
     floor = min(run("-c", "pass")[1] for _ in range(3))
-    code = f"import sys; sys.argv = ['plangen', '{flag}']\ntry:\n    import plangen.cli as c; c.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
+    code = f"import sys; sys.argv = ['plangen', '{flag}']\ntry:\n    import plangen.commands.cli as c; c.main()\nexcept SystemExit: pass\nprint('torch' in sys.modules)"
     proc, elapsed = min((run("-c", code) for _ in range(3)), key=lambda r: r[1])
     assert proc.stdout.strip().endswith("False"), "torch imported for " + flag
     assert elapsed - floor < 0.5, f"plangen {flag} took {elapsed - floor:.2f} s beyond interpreter start"

@@ -15,11 +15,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, Zamba2Config
 
 from conftest import skip_unless_pinned_model_code, stack_cannot_run
-from plangen.comm import CollectiveCounter, merge_c10d_counts
+from plangen.distributed.comm import CollectiveCounter, merge_c10d_counts
 from plangen.loss import vocab_parallel_cross_entropy
 from plangen.plans.choice import choose_plan
-from plangen.tensor_parallel import apply_tp
-from plangen.transformers_compat import installed_layer_kinds
+from plangen.runtime.tensor_parallel import apply_tp
+from plangen.stack.transformers_compat import installed_layer_kinds
 from tiny_configs import TINY
 
 BATCH, SEQ = 2, 8
@@ -608,7 +608,7 @@ def _linear_attention_step(layers: int, sequence_parallel: bool, variant: str = 
 
 def _tp2_step_counts(model, plan) -> tuple[dict[str, int], dict[str, int]]:
     """``plan`` applied to ``model`` at TP 2: the collectives of one forward and of its backward."""
-    from plangen.plan import build_parallel_styles
+    from plangen.styles import build_parallel_styles
 
     apply_tp(model, DeviceMesh("cpu", torch.arange(2)), build_parallel_styles(plan))
     ids = torch.randint(0, model.config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
@@ -805,9 +805,9 @@ def test_stable_variant_of_a_mamba2_mixer_only_gathers_forward(fake_pg, n_groups
 
 def _short_conv_step(layers: int, sequence_parallel: bool):
     """LFM3 with short-conv layers only, under its synthesized plan (built on this all-conv model)."""
-    from plangen.models import resolve_model
+    from plangen.model.resolve import resolve_model
     from plangen.plans.synthesize import build_synthesized_plan
-    from plangen.shrink import shrink_config
+    from plangen.model.shrink import shrink_config
 
     config = shrink_config(resolve_model("lfm3").config, 2)
     config.num_hidden_layers, config.layer_types = layers, ["conv"] * layers

@@ -19,7 +19,7 @@ import torch
 
 from conftest import cases_read_by, launched, slow_unless
 
-# transformers records router logits with hooks dynamo cannot trace (plangen.compile.RECORDED_OUTPUTS):
+# transformers records router logits with hooks dynamo cannot trace (plangen.runtime.compile.RECORDED_OUTPUTS):
 # the MoE cases train without them, as a compiled run must.
 NO_ROUTER_LOGITS = {"config": {"output_router_logits": False}}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -104,7 +104,7 @@ def test_compiled_blocks_match_eager_with_the_same_collectives(results, case_id)
 def test_waiting_for_an_async_collective_keeps_the_gradient():
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
-    from plangen.compile import wait_async
+    from plangen.runtime.compile import wait_async
 
     class Pending(torch.autograd.Function):  # as DTensor's to_local hands on an async result: a view of it
         @staticmethod
@@ -130,7 +130,7 @@ def test_waiting_for_an_async_collective_keeps_the_gradient():
 def test_recorded_router_logits_leave_the_layers_eager():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from plangen.compile import apply_compile, find_compile_blocker
+    from plangen.runtime.compile import apply_compile, find_compile_blocker
     from tiny_configs import TINY
 
     kwargs = dict(TINY["qwen3_moe"])
@@ -148,7 +148,7 @@ def test_a_block_class_holding_different_mixers_compiles_its_children():
     and inductor fails (docs/compile.md); its children compile instead. Other layers compile whole."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from plangen.compile import apply_compile, compile_units, eager_modules, mixed_children
+    from plangen.runtime.compile import apply_compile, compile_units, eager_modules, mixed_children
     from tiny_configs import TINY
 
     def build(name):
@@ -185,8 +185,8 @@ def test_a_checkpointed_layer_compiles_its_forward_and_recomputes_it():
 
     from torch import nn
 
-    from plangen.compat import composable_checkpoint
-    from plangen.compile import apply_compile
+    from plangen.stack.torch_compat import composable_checkpoint
+    from plangen.runtime.compile import apply_compile
 
     class Layer(nn.Module):
         def __init__(self):
@@ -213,7 +213,7 @@ def test_a_checkpointed_layer_compiles_its_forward_and_recomputes_it():
 def test_verify_compile_without_run_is_a_one_line_usage_error(tmp_path):
     from typer.testing import CliRunner
 
-    from plangen.cli import app
+    from plangen.commands.cli import app
 
     plan = tmp_path / "plan.py"
     plan.write_text("custom_parallel_plan = {}\n")

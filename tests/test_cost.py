@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 from conftest import DATA
 from conftest import skip_unless_pinned_model_type, stack_cannot_run
-from plangen.cli import app
-from plangen.transformers_compat import plan_composes_head_and_embedding
+from plangen.commands.cli import app
+from plangen.stack.transformers_compat import plan_composes_head_and_embedding
 from plangen.cost import CostError, build_cost_report, build_cost_settings
 from plangen.cost.choices import DEFAULT
 from plangen.cost.data import MemoryCost
@@ -111,7 +111,7 @@ def test_memory_per_rank_is_exact_by_hand(hand_report):
 
     assert whole == 106816 and expected(norms).local_parameters == 26784
     # All three shard every projection, the embedding and the head; the Hugging Face plan of 5.5.x-5.8.x
-    # leaves the embedding and the head whole (plangen.transformers_compat.plan_composes_head_and_embedding).
+    # leaves the embedding and the head whole (plangen.stack.transformers_compat.plan_composes_head_and_embedding).
     hf_whole = 0 if plan_composes_head_and_embedding() else 2 * 256 * 64
     for plan in hand_report.plans:
         assert plan.memory == expected(norms + (hf_whole if plan.name == "hf" else 0)), plan.name
@@ -127,7 +127,7 @@ def test_fsdp_pads_dim_zero_to_the_dp_size():
 
 
 def test_fsdp_splits_another_dim_where_dim_zero_would_pad_more_than_a_percent():
-    from plangen.fsdp_shard import fsdp_shard_dim
+    from plangen.runtime.fsdp_shard import fsdp_shard_dim
 
     # One expert per TP rank (Mixtral-8x7B at TP 8): dim 1 over DP 2, not a pad of a whole expert.
     expert = ParameterShard("experts.gate_up_proj", 8 * 28672 * 4096, (1, 28672, 4096), tp_sharded=True)
@@ -170,9 +170,9 @@ def _parallelized_model(values: dict, runtime: str = "plangen"):
         return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=True)
     from torch.distributed.fsdp import fully_shard
 
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.plans.checks import find_transformer_layers
     from plangen.plans.choice import choose_plan
-    from plangen.tensor_parallel import apply_tp
+    from plangen.runtime.tensor_parallel import apply_tp
 
     apply_tp(model, mesh["tp"], choose_plan(model, True, None).build_styles(), dp_size=2)
     for layer in find_transformer_layers(model):
@@ -295,7 +295,7 @@ def _direct_tp_measurement(config_path: str, plan: str, sequence_parallel: bool)
     """The plan's TP collectives measured on the model of ``config_path`` itself, at its size."""
     from plangen.cost.choices import resolve_plan_choice
     from plangen.cost.measure import run_step
-    from plangen.models import build_meta_model, config_for_class, resolve_model
+    from plangen.model.resolve import build_meta_model, config_for_class, resolve_model
 
     resolved = resolve_model(config_path)
     choice = resolve_plan_choice(plan, build_meta_model(resolved), sequence_parallel)
@@ -339,8 +339,8 @@ def test_scaled_tp_collectives_equal_a_direct_measurement_at_a_second_size(fake_
 
 def _hybrid_config(directory, model: str, kinds: list[str]) -> str:
     """``model``'s shrunk config with the layers of ``kinds`` (its layer_types), as a config file."""
-    from plangen.models import resolve_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import shrink_config
 
     values = shrink_config(resolve_model(model).config, 2).to_dict()
     values.update(num_hidden_layers=len(kinds), layer_types=kinds)
@@ -546,7 +546,7 @@ def test_cli_json_schema(fake_pg, configs, hand_report):
 
 
 def test_cli_plan_file_from_init_costs_what_the_optimized_plan_costs(fake_pg, configs, hand_report, tmp_path):
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     plan_file = tmp_path / "hand_plan.py"
     init_plan(configs["hand"], str(plan_file), tp_size=2, sequence_parallel=True)
@@ -685,8 +685,8 @@ def test_latent_attention_base_sizes_keep_its_reductions_apart(tp_size):
     routing weights fp32): equal sizes that scale differently cannot be told apart (TP 8 once had the
     rope key's 4 x 2 bytes equal to the routing weights' 2 x 4)."""
     from plangen.cost.probe_configs import config_with_base_sizes
-    from plangen.models import resolve_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import shrink_config
 
     real = resolve_model("tests/data/model-configs/deepseek-v3.json").config
     c = config_with_base_sizes(shrink_config(real, tp_size=tp_size), tp_size)
@@ -889,7 +889,7 @@ def test_replicated_kv_weights_are_counted_per_rank(fake_pg):
     from plangen.cost.memory import build_memory_cost, read_parameter_shards
     from plangen.cost.report import apply_plan
     from plangen.cost.settings import CostSettings
-    from plangen.models import build_meta_model, resolve_model
+    from plangen.model.resolve import build_meta_model, resolve_model
 
     settings = CostSettings(tp_size=2, dp_size=2)
     meta = build_meta_model(resolve_model(str(DATA / "model-configs" / "gemma-3-1b.json")))
@@ -1077,7 +1077,7 @@ def test_probed_dbrx_configs_build_the_widths_they_state():
     from transformers import DbrxConfig, DbrxForCausalLM
 
     from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
-    from plangen.shrink import shrink_config
+    from plangen.model.shrink import shrink_config
 
     base = config_with_base_sizes(shrink_config(DbrxConfig(**DBRX_MID), 2), 2)
     for factors in ({}, {"heads": 2}, {"head_dim": 3}):
@@ -1185,8 +1185,8 @@ def test_derived_head_size_and_prompt_tokens_are_scaled_exactly(fake_pg, tmp_pat
 def test_tower_layers_are_no_decoder_layers(fake_pg, tmp_path):
     """Phi-4-multimodal's vision and audio encoder layers do not grow with num_hidden_layers: taken
     for decoder layers, their kinds' extra-layer run indexed past the decoder's (IndexError)."""
-    from plangen.models import resolve_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import shrink_config
 
     values = shrink_config(resolve_model("Phi4MultimodalForCausalLM").config, 2).to_dict()
     values.update(num_hidden_layers=3, architectures=["Phi4MultimodalForCausalLM"])
@@ -1233,7 +1233,7 @@ def test_probed_xlm_configs_build_the_head_size_they_state():
     from transformers import XLMConfig, XLMWithLMHeadModel
 
     from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
-    from plangen.shrink import shrink_config
+    from plangen.model.shrink import shrink_config
 
     base = config_with_base_sizes(shrink_config(XLMConfig(**SECOND_SIZE["xlm"]), 2), 2)
     for factors in ({}, {"heads": 2}, {"head_dim": 3}):
@@ -1411,8 +1411,8 @@ def test_base_head_size_is_never_the_hidden_size_nor_a_head_count(model):
     norms' (H) were two all-reduces of one size that scale apart (the cost refused). Flint's 16 heads
     of 16: its attention sinks (one per head) were ambiguous and the shrunk model's attention whole."""
     from plangen.cost.probe_configs import config_value, config_with_base_sizes, layer_values
-    from plangen.models import resolve_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import shrink_config
 
     base = config_with_base_sizes(shrink_config(resolve_model(model).config, 2), 2)
     sizes = {config_value(base, "head_dim"), *(v["head_dim"] for v in layer_values(base))}
@@ -1425,8 +1425,8 @@ def test_probed_configs_keep_the_widths_their_classes_read_together():
     and so does GPT-NeoX's hidden_size // heads (its shrunk model's attention was left whole, half its
     TP traffic uncounted: 4.22 GiB at TP 2 x DP 2, 8.34 now)."""
     from plangen.cost.probe_configs import config_with_base_sizes, scaled_config
-    from plangen.models import resolve_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import shrink_config
 
     def base(model):
         return config_with_base_sizes(shrink_config(resolve_model(model).config, 2), 2)
@@ -1469,7 +1469,7 @@ def test_top_k_is_probed_with_the_experts_so_every_token_still_has_its_experts()
     from plangen.cost.measure import fits_experts
     from plangen.cost.probe_configs import scaled_config
     from plangen.cost.scaling import PROBE_GROUPS
-    from plangen.shrink import shrink_config
+    from plangen.model.shrink import shrink_config
 
     tiny = shrink_config(
         Gemma4TextConfig(**{k: v for k, v in GEMMA4_MOE.items() if k not in ("architectures", "model_type")})

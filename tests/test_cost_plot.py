@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from plangen.cli import app
+from plangen.commands.cli import app
 from plangen.cost.peak import where_in_step
 from plangen.cost.units import format_bytes, format_margin
 from plangen.cost.validate import BATCH, LLAMA, SEQ

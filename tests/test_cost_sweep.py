@@ -27,8 +27,8 @@ MEMORY_OVER_IDEAL, SHARDED_SHARE = 1.10, 0.98
 def expected_refusal(config, tp_size: int) -> str | None:
     """The largest legal TP size the refusal must name, from the heads (KV heads may be replicated),
     as a message fragment; None where the heads allow ``tp_size``."""
-    from plangen.heads import head_counts, largest_legal_tp_size, legal_tp_size
-    from plangen.models import config_for_class, resolve_model
+    from plangen.model.heads import head_counts, largest_legal_tp_size, legal_tp_size
+    from plangen.model.resolve import config_for_class, resolve_model
 
     resolved = resolve_model(str(config))
     heads, kv_heads = head_counts(config_for_class(resolved.config, resolved.model_class))

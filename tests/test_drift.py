@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from plangen.check.drift import DRIFT_DTYPES, DRIFT_TP_SIZES, check_drift, render_drift_json, render_drift_text
-from plangen.cli import app
-from plangen.init import init_plan
+from plangen.commands.cli import app
+from plangen.commands.init import init_plan
 
 
 @pytest.fixture(scope="module")

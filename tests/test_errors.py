@@ -1,4 +1,4 @@
-"""One-line error messages (plangen.errors.one_line), the one helper every command reports with."""
+"""One-line error messages (plangen.output.errors.one_line), the one helper every command reports with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from plangen.errors import one_line
+from plangen.output.errors import one_line
 
 MULTI = ValueError("  cannot build the config:\n\n   hidden_size   must divide\n  by num_heads (got 7)  \n")
 
@@ -78,5 +78,5 @@ def test_the_copies_it_replaced_agree_with_it():
 
 
 def test_importing_it_does_not_import_torch():
-    code = "import sys, plangen.errors; assert 'torch' not in sys.modules"
+    code = "import sys, plangen.output.errors; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

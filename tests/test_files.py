@@ -1,4 +1,4 @@
-"""plangen.files: a plan file is written whole or not at all, and a replaced one is kept as .bak."""
+"""plangen.output.files: a plan file is written whole or not at all, and a replaced one is kept as .bak."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from plangen.files import backup_path, write_plan_file
-from plangen.render import InitError
+from plangen.output.files import backup_path, write_plan_file
+from plangen.output.errors import InitError
 
 
 def _names(directory) -> list[str]:

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from plangen.styles.flat_experts import FlatExpertsParallel, flat_expert_shape
 from plangen.plans.choice import choose_plan
-from plangen.tensor_parallel import apply_tp
+from plangen.runtime.tensor_parallel import apply_tp
 from conftest import stack_cannot_run
 from tiny_configs import TINY
 

@@ -20,7 +20,7 @@ from plangen.styles.fused import (
     hugging_face_layout,
     interleave_index,
 )
-from plangen.module_facts import ConfigView
+from plangen.model.module_facts import ConfigView
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +180,8 @@ def test_conv1d_styles_split_the_transposed_weight(tp_mesh):
 
 
 def test_padded_layout_keeps_a_real_head_on_every_rank():
-    # Falcon-7B's 71 query heads (plangen.pad_layout): 72 at TP 2, 4 and 8, one zero head on the last rank.
-    from plangen.pad_layout import (
+    # Falcon-7B's 71 query heads (plangen.model.pad_layout): 72 at TP 2, 4 and 8, one zero head on the last rank.
+    from plangen.model.pad_layout import (
         largest_padded_tp_size,
         legal_padded_tp_size,
         local_pad_features,
@@ -202,8 +202,8 @@ def test_padded_layout_keeps_a_real_head_on_every_rank():
 
 
 def test_falcon_tp_sizes_are_checked_against_the_padded_layout():
-    from plangen.heads import any_layout_tp_size_problem, tp_size_problem
-    from plangen.models import resolve_model
+    from plangen.model.heads import any_layout_tp_size_problem, tp_size_problem
+    from plangen.model.resolve import resolve_model
 
     config = resolve_model("falcon").config
     for tp in (2, 4, 8):
@@ -221,7 +221,7 @@ def test_fused_state_dict_entry_is_this_ranks_rows_at_hugging_face_offsets_witho
     rows; a cast or a clone keeps that layout, other ops are refused."""
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from plangen.hf_layout import HuggingFaceLayoutTensor
+    from plangen.styles.hf_layout import HuggingFaceLayoutTensor
 
     linear = nn.Linear(8, 16)
     weight = linear.weight.detach().clone()
@@ -245,14 +245,14 @@ def test_fused_state_dict_entry_is_this_ranks_rows_at_hugging_face_offsets_witho
 
 
 def test_optimizer_state_entry_is_the_live_state_in_hugging_face_layout(tp_mesh):
-    """plangen.state_dict: a re-laid-out parameter's per-element optimizer state is shown like its weight
+    """plangen.runtime.state_dict: a re-laid-out parameter's per-element optimizer state is shown like its weight
     (a view of the live state at Hugging Face's offsets, the optimizer's own dicts untouched) and goes
     back as the state's own storage; a state of another shape cannot follow the rows and is refused."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
     from torch.distributed.tensor import DTensor
 
-    from plangen.hf_layout import HuggingFaceLayoutTensor
-    from plangen.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from plangen.styles.hf_layout import HuggingFaceLayoutTensor
+    from plangen.runtime.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     holder = _apply(nn.Linear(8, 16), FusedColwiseParallel(part_sizes=(2, 1, 1)), tp_mesh)
     optimizer = torch.optim.SGD(holder.parameters(), lr=0.1, momentum=0.9)

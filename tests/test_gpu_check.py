@@ -105,7 +105,7 @@ def test_the_tracker_on_real_tensors_holds_what_cost_peak_predicts(run):
         "Llama (small)",
         "Qwen3-MoE (small) SP",
     ]
-    from plangen.transformers_compat import experts_take_sentinels
+    from plangen.stack.transformers_compat import experts_take_sentinels
 
     for row in cases:
         assert set(row["phases"]) == {"forward", "backward", "optimizer"}

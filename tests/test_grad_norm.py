@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from plangen.grad_norm import clip_grad_by_total_norm_, get_grad_norm
+from plangen.runtime.grad_norm import clip_grad_by_total_norm_, get_grad_norm
 
 N = 65_536
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -57,7 +57,7 @@ def test_grad_norm_of_no_gradients_is_zero_without_a_process_group():
 
 @pytest.mark.parametrize("slice_elements", [1 << 22, 100, 1])
 def test_grad_norm_handles_non_contiguous_empty_and_scalar_gradients(monkeypatch, slice_elements):
-    import plangen.grad_norm as grad_norm
+    import plangen.runtime.grad_norm as grad_norm
 
     # Small slices exercise the sliced float64 upcast (a slice smaller than one row still takes a row).
     monkeypatch.setattr(grad_norm, "_UPCAST_ELEMENTS", slice_elements)

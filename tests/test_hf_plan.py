@@ -11,9 +11,9 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 from transformers import AutoConfig
 
-from plangen.hf_plan import build_hf_plan, collect_hf_tp_plan, compose_hf_tp_plan, get_hf_tp_plan, guess_group
+from plangen.plans.hf_plan import build_hf_plan, collect_hf_tp_plan, compose_hf_tp_plan, get_hf_tp_plan, guess_group
 from plangen.styles import AllReduceParamGrads, UnsupportedStyleError
-from plangen.transformers_compat import hf_parallel_utils, plan_composes_head_and_embedding
+from plangen.stack.transformers_compat import hf_parallel_utils, plan_composes_head_and_embedding
 
 SMALL = dict(
     vocab_size=64,

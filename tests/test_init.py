@@ -15,11 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import DATA, pinned_release_only
-from plangen.cli import app
-from plangen.files import write_plan_file
-from plangen.init import InitError, init_plan, load_model, render_plan_module
-from plangen.plan_source import load_custom_plan
-from plangen.render import (
+from plangen.commands.cli import app
+from plangen.output.files import write_plan_file
+from plangen.commands.init import init_plan, load_model, render_plan_module
+from plangen.output.errors import InitError
+from plangen.plan.source import load_custom_plan
+from plangen.commands.render import (
     ENTRY_WIDTH,
     LINE_WIDTH,
     complete_kwargs,
@@ -137,7 +138,8 @@ def _style_state(style) -> tuple:
 )
 def test_rendered_file_loads_as_the_seed_plan(spec, sequence_parallel, models, tmp_path, monkeypatch):
     """Round trip: the file's styles equal, key by key, the seed plan's styles (listed group by group)."""
-    from plangen.plan import GROUPS, build_parallel_styles
+    from plangen.plan import GROUPS
+    from plangen.styles import build_parallel_styles
 
     if spec == "olmo":  # nothing proven: the seed is its Hugging Face plan
         from conftest import set_proofs
@@ -458,7 +460,7 @@ def test_init_speed_benchmark():
 
 @pytest.mark.distributed
 def test_example_trains_llama_with_the_generated_plan():
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     results = run_distributed(f"{ROOT / 'examples' / 'train_llama.py'}:train", 4, {"steps": 6}, timeout=240)
     losses = results[0]["losses"]

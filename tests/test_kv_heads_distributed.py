@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from conftest import cases_read_by, slow_unless
-from plangen.launch import run_distributed
+from plangen.distributed.launch import run_distributed
 
 TOL = 1e-5
 CASES = {

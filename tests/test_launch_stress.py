@@ -2,12 +2,12 @@
 
 A heap corruption in a rank shows up rarely (a rank of that launch killed by SIGABRT, "malloc():
 unaligned tcache chunk detected", or SIGSEGV inside gloo's worker thread; about one launch in
-fourteen under load on two cores, before plangen.launch gave each gloo group one worker thread:
-torch's two race on the group's status string, plangen.launch.gloo_worker_threads), so one launch
+fourteen under load on two cores, before plangen.distributed.launch gave each gloo group one worker thread:
+torch's two race on the group's status string, plangen.distributed.launch.gloo_worker_threads), so one launch
 proves nothing: this runs the default run's case
 list (the same payload tests/test_synthesized_distributed.py launches) ``PLANGEN_STRESS_LAUNCHES``
 times, one after the other, and fails on the first rank killed by a signal, quoting its Python
-stacks (plangen.launch's fault report). Slow (about 3 minutes a launch here), so it runs only when
+stacks (plangen.distributed.launch's fault report). Slow (about 3 minutes a launch here), so it runs only when
 asked for, even with ``-m "slow or not slow"``:
 
     PLANGEN_STRESS_LAUNCHES=50 .venv/bin/pytest -q -n 0 -m slow tests/test_launch_stress.py
@@ -39,7 +39,7 @@ def default_payload() -> dict[str, list[dict]]:
 @pytest.mark.distributed
 @pytest.mark.skipif(not LAUNCHES, reason="set PLANGEN_STRESS_LAUNCHES=50 (hours: a launch takes minutes)")
 def test_the_synthesized_plans_launch_never_loses_a_rank_to_a_signal():
-    from plangen.launch import DistributedRunError, run_distributed
+    from plangen.distributed.launch import DistributedRunError, run_distributed
 
     payload = default_payload()
     target, world_size = "tests/distributed/cases.py:run_cases", 4
@@ -60,7 +60,7 @@ def test_the_synthesized_plans_launch_never_loses_a_rank_to_a_signal():
 def test_torch_alone_async_functional_collectives_on_gloo_never_lose_a_rank():
     """The same corruption without plangen (tests/distributed/funcol_stress.py), launched as
     plangen launches (one gloo worker thread a group): torch alone, on gloo, loses no rank either."""
-    from plangen.launch import DistributedRunError, run_distributed
+    from plangen.distributed.launch import DistributedRunError, run_distributed
 
     for launch in range(LAUNCHES):
         try:
@@ -83,7 +83,7 @@ def _sanitized_launches(monkeypatch, tmp_path, gloo_threads: int, launches: int)
     the reports of the first launch that has any. Uninstrumented torch is checked where its bytes
     pass libc (memcpy, read...) and freed memory waits in quarantine: a write into freed memory by
     memcpy is reported at the write, with who freed it, long before glibc would notice."""
-    from plangen.launch import DistributedRunError, run_distributed
+    from plangen.distributed.launch import DistributedRunError, run_distributed
 
     monkeypatch.setenv("LD_PRELOAD", _address_sanitizer())
     for launch in range(launches):
@@ -111,7 +111,7 @@ def test_torchs_two_gloo_workers_write_a_status_string_one_of_them_freed(monkeyp
     frees the group's status string while the other copies a collective's name into it, in
     ProcessGroupGloo::runLoop. Measured at 5 000 iterations a launch: 3 launches in 9 on 2.13, 1 in 5
     on 2.15; on 2.11, 0 in 5 with this mix, 2 in 6 with all_reduce_coalesced's long name in it too.
-    When a torch fixes it, this fails: plangen.launch's one worker thread a group can then go."""
+    When a torch fixes it, this fails: plangen.distributed.launch's one worker thread a group can then go."""
     reports = _sanitized_launches(monkeypatch, tmp_path, gloo_threads=2, launches=LAUNCHES)
     assert reports, f"no AddressSanitizer report in {LAUNCHES} launches with two gloo workers a group"
     report = reports[0]
@@ -129,7 +129,7 @@ def test_torchs_two_gloo_workers_write_a_status_string_one_of_them_freed(monkeyp
 @pytest.mark.skipif(not LAUNCHES, reason="set PLANGEN_STRESS_LAUNCHES=6 (2 to 4 minutes each, sanitized)")
 @pytest.mark.skipif(not _address_sanitizer(), reason="no libasan to preload")
 def test_one_gloo_worker_a_group_leaves_nothing_for_the_sanitizer_to_report(monkeypatch, tmp_path):
-    """The same launches as plangen launches (plangen.launch: one gloo worker thread a group): no
+    """The same launches as plangen launches (plangen.distributed.launch: one gloo worker thread a group): no
     AddressSanitizer report at all."""
     reports = _sanitized_launches(monkeypatch, tmp_path, gloo_threads=1, launches=LAUNCHES)
     assert not reports, reports[0][:3000]

@@ -1,4 +1,4 @@
-"""Plans on peft LoRA models (plangen.lora): keys translated once, adapters placed to match the base.
+"""Plans on peft LoRA models (plangen.runtime.lora): keys translated once, adapters placed to match the base.
 
 Single process: the translation is pure, and a fake process group runs TP=2 for the exact
 collectives the adapters add. Numerics against the unsharded LoRA model: test_lora_distributed.py.
@@ -14,12 +14,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
-from plangen.comm import CollectiveCounter
-from plangen.lora import ReplicatedAdapter, find_lora_base, resolve_lora_styles, resolve_plan_model
+from plangen.distributed.comm import CollectiveCounter
+from plangen.runtime.lora import ReplicatedAdapter, find_lora_base, resolve_lora_styles, resolve_plan_model
 from plangen.loss import vocab_parallel_cross_entropy
-from plangen.plan_checks import PlanError
+from plangen.plans.checks import PlanError
 from plangen.plans.choice import choose_plan
-from plangen.tensor_parallel import apply_tp
+from plangen.runtime.tensor_parallel import apply_tp
 from tiny_configs import build_tiny
 
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -1,6 +1,6 @@
 """parallelize_model on peft LoRA models against the unsharded LoRA model: gloo, DP=2 x TP=2, one launch.
 
-Each case: the runtime's plan for the class, translated onto the LoRA layers (plangen.lora); logits,
+Each case: the runtime's plan for the class, translated onto the LoRA layers (plangen.runtime.lora); logits,
 every adapter gradient (lora_B drawn non-zero, so lora_A's are not zero), the gradient norm and
 three AdamW steps within 1e-5 of the single-process reference in fp32; the frozen base weights get
 no gradient, and FSDP2 reduce-scatters exactly the adapters' gradient bytes (none of the base's).
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import cases_read_by, slow_unless
-from plangen.launch import run_distributed
+from plangen.distributed.launch import run_distributed
 
 pytest.importorskip("peft")
 

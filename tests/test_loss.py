@@ -158,7 +158,7 @@ def test_vocab_sharded_over_two_gloo_ranks_matches_float64_with_two_all_reduces(
     one chunk and chunks of 2 tokens, a 1-D mesh and the TP dimension of a 2-D one. Communication is
     today's cross-entropy's, whatever the chunks: two all-reduces of at most two values per token in
     the forward (max; then the sums and the target logit, stacked), none in the backward."""
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     results = run_distributed(f"{__file__}:gloo_tp2_worker", 2, timeout=240)
     tokens = 2 * 6

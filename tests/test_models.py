@@ -1,4 +1,4 @@
-"""Model specs, meta builds (plangen.models) and tiny models (plangen.shrink). Fast: no processes, no network."""
+"""Model specs, meta builds (plangen.model.resolve) and tiny models (plangen.model.shrink). Fast: no processes, no network."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import transformers
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
-from plangen.models import ModelSpecError, ResolvedModel, build_meta_model, resolve_model, text_config
-from plangen.shrink import SPECIAL_TOKEN_SPAN, build_tiny_model, shrink_config
+from plangen.model.resolve import ModelSpecError, ResolvedModel, build_meta_model, resolve_model, text_config
+from plangen.model.shrink import SPECIAL_TOKEN_SPAN, build_tiny_model, shrink_config
 
 CONFIGS = Path(__file__).parent / "data" / "model-configs"
 REAL_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.json"))
@@ -258,7 +258,7 @@ def test_importing_models_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, plangen.models; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    code = "import sys, plangen.model.resolve; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -525,8 +525,8 @@ def test_every_causal_lm_type_builds_tiny_and_runs(model_type):
     ],
 )
 def test_default_configs_get_what_their_class_reads_and_build(spec, field, value):
-    from plangen.models import build_meta_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import build_meta_model
+    from plangen.model.shrink import shrink_config
 
     resolved = resolve_model(spec)
     got = getattr(resolved.config, field)
@@ -549,8 +549,8 @@ def test_per_layer_head_counts_shrink_with_the_head_count():
     with the tiny width, the tiny attention's q_proj had 4x the heads its config said, the
     synthesizer did not recognise it, and the sweep proved a plan that kept the attention whole
     while the real model's plan shards it."""
-    from plangen.models import resolve_model, text_config
-    from plangen.shrink import build_tiny_model, shrink_config
+    from plangen.model.resolve import resolve_model, text_config
+    from plangen.model.shrink import build_tiny_model, shrink_config
 
     resolved = resolve_model("LagunaForCausalLM")
     tiny = text_config(shrink_config(resolved.config, 2))

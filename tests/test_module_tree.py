@@ -1,4 +1,4 @@
-"""Questions about the module tree (plangen.module_tree): key matching, patterns, layers, ties."""
+"""Questions about the module tree (plangen.model.module_tree): key matching, patterns, layers, ties."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 from torch import nn
 
-from plangen.module_tree import (
+from plangen.model.module_tree import (
     ModuleIndex,
     find_matching_modules,
     find_transformer_layers,
@@ -111,7 +111,7 @@ def test_generalize_turns_every_index_segment_into_a_star(path, expected):
 
 
 def test_generalize_agrees_with_transformers_wildcards_on_the_paths_models_have():
-    from plangen.transformers_compat import hf_parallel_utils
+    from plangen.stack.transformers_compat import hf_parallel_utils
 
     replace_layer_number_by_wildcard = hf_parallel_utils().replace_layer_number_by_wildcard
 
@@ -152,5 +152,5 @@ def test_tied_embeddings_are_named_by_module_path():
 
 
 def test_importing_it_does_not_import_torch():
-    code = "import sys, plangen.module_tree; assert 'torch' not in sys.modules"
+    code = "import sys, plangen.model.module_tree; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

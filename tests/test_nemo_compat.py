@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import plangen.parallelize as P
 from conftest import DATA
-from plangen.module_tree import find_unmatched_keys
+from plangen.model.module_tree import find_unmatched_keys
 
 _EMPTY = inspect.Parameter.empty
 _LAYERS = ("model", "dp_mesh", "tp_mesh", "param_dtype")
@@ -117,7 +117,7 @@ def test_nm5_h_runs_plangens_runtime_with_nemotron_hs_hand_written_plan(fake_pg,
     assert isinstance(result, FSDPModule)
     assert "using the hand-written plan" in caplog.text
     # After FSDP2 over DP, TP-sharded weights span the (dp, tp) mesh, the Mamba2 mixer's (split by heads) too.
-    from plangen.transformers_compat import layer_kind
+    from plangen.stack.transformers_compat import layer_kind
 
     mixers = {layer_kind(layer.block_type): layer.mixer for layer in model.model.layers}  # 5.5/5.8: "mamba"
     assert isinstance(mixers["mlp"].up_proj.weight, DTensor) and mixers["mlp"].up_proj.weight.device_mesh.ndim == 2
@@ -224,8 +224,8 @@ def test_per_head_norms_get_their_gradient_summed_with_sp_on_or_off(built, name,
 
 @pytest.mark.parametrize("name", ["gemma-3-1b", "qwen3-0.6b", "llama-3.2-1b"])
 def test_tied_embedding_and_head_are_both_sharded_on_the_vocabulary(built, name):
-    from plangen.module_tree import tied_embeddings
-    from plangen.plan_checks import covering_style
+    from plangen.model.module_tree import tied_embeddings
+    from plangen.plans.checks import covering_style
 
     model = built[name]
     emb, head = tied_embeddings(model)
@@ -351,7 +351,7 @@ def resolve_v1_import_class_from_path(custom_parallel_plan):
 
 def resolve_plangen(custom_parallel_plan):
     """plangen's `_parallelize_model` (plangen.plans.choice.choose_plan -> plan_source.load_custom_plan)."""
-    from plangen.plan_source import load_custom_plan
+    from plangen.plan.source import load_custom_plan
 
     return load_custom_plan(custom_parallel_plan)
 
@@ -382,7 +382,7 @@ def generated_package(tmp_path_factory):
     module with the same plan behind a zero-argument function."""
     from typer.testing import CliRunner
 
-    from plangen.cli import app
+    from plangen.commands.cli import app
 
     root = tmp_path_factory.mktemp("trainer")
     (root / "generated").mkdir()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from plangen.launch import run_distributed
+from plangen.distributed.launch import run_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_32_1B = REPO / "tests/data/model-configs/llama-3.2-1b.json"
@@ -27,7 +27,7 @@ TOL = 1e-5
 @pytest.fixture(scope="module")
 def plan_files(tmp_path_factory) -> dict[str, str]:
     """The plan modules under test: Llama 3.2 1B's written by plangen init, Gemma 3's committed."""
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     written = tmp_path_factory.mktemp("plans")
     files = {

@@ -94,7 +94,7 @@ def test_gathered_norm_gathers_the_slices_once_and_sums_nothing_forward(fake_pg)
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.comm import CollectiveCounter
+    from plangen.distributed.comm import CollectiveCounter
 
     holder = nn.Module()
     holder.m = _norms()["olmo2_rms"]()
@@ -117,7 +117,7 @@ def test_one_small_all_reduce_each_way(fake_pg, name):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.comm import CollectiveCounter
+    from plangen.distributed.comm import CollectiveCounter
 
     holder = nn.Module()
     holder.m = _norms()[name]()
@@ -135,7 +135,7 @@ def test_one_small_all_reduce_each_way(fake_pg, name):
 
 @pytest.mark.distributed
 def test_matches_the_unsharded_norm_over_gloo():
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     results = run_distributed(f"{__file__}:gloo_worker", 2, timeout=120)
     for rank, diffs in enumerate(results):

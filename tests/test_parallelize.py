@@ -15,8 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import plangen.parallelize as P
 from conftest import DATA, set_proofs
-from plangen.plan_source import PlanLoadError, load_custom_plan
-from plangen.transformers_compat import layer_kind
+from plangen.plan.source import PlanLoadError, load_custom_plan
+from plangen.stack.transformers_compat import layer_kind
 from tiny_configs import TINY
 
 
@@ -116,7 +116,7 @@ def test_optimized_plan_wins_over_hf():
 
 def test_hf_plan_without_optimized_plan_refuses_sequence_parallel(monkeypatch):
     # OLMo recorded with only its Hugging Face plan proven (no class of this transformers is).
-    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.commands.catalog import Architecture, build_catalog_model
 
     set_proofs(monkeypatch, {"OlmoForCausalLM": {"plan": "hf", "tp": True, "sp": None, "error": None}})
     model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
@@ -377,7 +377,7 @@ def test_checkpointed_layers_leave_the_kv_cache_alone_in_training():
     the uncheckpointed model's; without gradients (generation in train mode) the cache fills."""
     from transformers import DynamicCache
 
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.plans.checks import find_transformer_layers
     from tiny_configs import build_tiny
 
     plain, checkpointed = build_tiny("llama").train(), build_tiny("llama").train()
@@ -404,7 +404,7 @@ def test_a_dict_the_layers_fill_for_each_other_reaches_them_whole_under_fsdp2(fa
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from plangen.fsdp_inputs import keep_filled_inputs
+    from plangen.runtime.fsdp_inputs import keep_filled_inputs
 
     class Filler(torch.nn.Module):
         def __init__(self, index):

@@ -75,7 +75,7 @@ def _cases():
             {"name": f"{m}-bf16-sp", "model": m, "sp": True, "dtype": "bfloat16", "steps": 0}
             for m in ("llama", "gemma3", "olmo2")
         ),
-        # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.fsdp_shard).
+        # One expert per TP rank: FSDP2 splits each expert on dim 1 over DP (plangen.runtime.fsdp_shard).
         {"name": "mixtral-2-experts-state-dict", "model": "mixtral-2-experts", "state_dict": True},
         {"name": "mixtral-2-experts-sp", "model": "mixtral-2-experts", "sp": True},
         # Experts the TP size does not divide: each expert's intermediate split, the state dict
@@ -160,7 +160,7 @@ def _cases():
     cases += moe
     # Zamba2: Mamba2 mixers one level down in hybrid layers, the shared transformer (one module for both
     # hybrid layers, per-layer adapters) split by heads and features; under SP it gathers its input and
-    # the token embeddings, which the Mamba layers are handed but ignore (plangen.fsdp_inputs).
+    # the token embeddings, which the Mamba layers are handed but ignore (plangen.runtime.fsdp_inputs).
     extra += [
         {"name": "zamba2", "model": "zamba2"},
         {"name": "zamba2-sp-state-dict", "model": "zamba2", "sp": True, "state_dict": True},
@@ -358,7 +358,7 @@ def test_matches_unsharded_model(results, case_id):
             assert r["aux_loss"] < TOL, f"rank {rank}: auxiliary loss differs by {r['aux_loss']}"
 
 
-# Phi-4-multimodal's towers, run by the checks' image and audio (plangen.tower_inputs) and sharded by
+# Phi-4-multimodal's towers, run by the checks' image and audio (plangen.model.tower_inputs) and sharded by
 # its hand-written plan: every parameter of their sharded layers gets a gradient, so each is compared.
 # The image encoder's last layer is the exception, here as in the real model: the model reads the
 # second-to-last layer's output (vision feature_layer -2), so no loss reaches the last one.

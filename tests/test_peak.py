@@ -16,7 +16,7 @@ from plangen.cost.peak import Breakdown, PeakReport, PhasePeak, parse_memory
 from plangen.cost.settings import CostError, CostSettings
 
 from plangen.cost.validate import BATCH, CASES, SEQ
-from plangen.transformers_compat import experts_take_sentinels
+from plangen.stack.transformers_compat import experts_take_sentinels
 
 # Its gloo launch measures each rank's memory byte for byte against the trace: on a busy machine a
 # rank's next all-gather can land early (two activations above the trace), so it runs after the
@@ -175,11 +175,11 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
 
 
 # Where the installed transformers' experts mishandle another rank's sentinel routes, ExpertsParallel
-# runs its experts on this rank's routes alone (plangen.transformers_compat): memory then follows the
+# runs its experts on this rank's routes alone (plangen.stack.transformers_compat): memory then follows the
 # routing, and the trace assumes each rank's experts take their even share.
 ROUTING_SETS_MEMORY = not experts_take_sentinels()
 ROUTING_REASON = (
-    "on this transformers the experts compute this rank's routes only (plangen.transformers_compat): "
+    "on this transformers the experts compute this rank's routes only (plangen.stack.transformers_compat): "
     "their memory follows the routing, which the trace takes as even"
 )
 
@@ -213,7 +213,7 @@ def test_moe_memory_does_not_depend_on_the_routing(predicted, measured):
 def test_cli_peak_verdict_and_one_line_errors(config_files, predicted):
     from typer.testing import CliRunner
 
-    from plangen.cli import app
+    from plangen.commands.cli import app
 
     runner = CliRunner()
     args = [
@@ -360,7 +360,7 @@ def test_layers_alike_only_where_no_layer_differs(fake_pg):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from plangen.cost.depth import layers_alike
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.plans.checks import find_transformer_layers
     from tiny_configs import TINY
 
     def why(name: str, **overrides):
@@ -415,7 +415,7 @@ def test_extrapolated_peak_is_byte_for_byte_the_traced_one(config_files, fake_pg
     # The CLI's --every-layer is the same full trace.
     from typer.testing import CliRunner
 
-    from plangen.cli import app
+    from plangen.commands.cli import app
 
     args = [
         "cost",

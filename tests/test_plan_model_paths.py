@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from plangen.cli import app
-from plangen.models import record_model_spec, resolve_model, resolve_recorded_spec
+from plangen.commands.cli import app
+from plangen.model.resolve import record_model_spec, resolve_model, resolve_recorded_spec
 
 LLAMA_CONFIG = Path(__file__).parent / "data" / "model-configs" / "llama-3.2-1b.json"
 QWEN3_CONFIG = Path(__file__).parent / "data" / "model-configs" / "qwen3-0.6b.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from plangen.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, app
+from plangen.commands.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, app
 from plangen.stack import PINNED, SUPPORTED, release
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_prove_refuses_what_names_no_model_in_one_line(tmp_path, monkeypatch):
 def test_prove_records_the_sweeps_verdict_for_the_installed_code(tmp_path, monkeypatch):
     """OLMo's synthesized plan, proven here at TP=2 and DP=2 x TP=2 with SP off and on: the same code
     digest and plan fingerprints as the shipped sweep's record, written to the user's file."""
-    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.commands.catalog import Architecture, build_catalog_model
     from plangen.plans.proven import code_digest, load_shipped_proofs
 
     proofs = tmp_path / "cache" / "proofs.json"

@@ -114,7 +114,7 @@ def test_the_file_init_writes_is_clean_and_verify_names_the_largest_tp_size_and_
     shared experts' shard shape; at TP 2048 the shared experts' intermediate (3072) does not divide
     (PG204, naming TP 8, which the full-attention layers' 8 KV heads allow); the style on the router is PG203."""
     from plangen.check import VerifyOptions, verify_plan_files
-    from plangen.init import init_plan
+    from plangen.commands.init import init_plan
 
     path = init_plan("inkling_text", tmp_path / "inkling_plan.py").path
     source = path.read_text()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from plangen.cli import app
+from plangen.commands.cli import app
 
 pytestmark = pytest.mark.window
 

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
-from plangen.comm import merge_c10d_counts
-from plangen.compat import COMPUTES_ON_STRIDED_SHARD, TORCH_VERSION
+from plangen.distributed.comm import merge_c10d_counts
+from plangen.stack.torch_compat import COMPUTES_ON_STRIDED_SHARD, TORCH_VERSION
 from plangen.styles import (
     HF_STYLE_SPECS,
     HF_UNSUPPORTED_STYLES,
@@ -57,7 +57,7 @@ def transformers_style_names() -> list[str]:
             importlib.import_module(f"{distributed.__name__}.{info.name}")
         except ImportError:
             pass
-    from plangen.transformers_compat import hf_parallel_utils
+    from plangen.stack.transformers_compat import hf_parallel_utils
 
     return sorted(hf_parallel_utils().ALL_PARALLEL_STYLES.keys())
 
@@ -384,7 +384,7 @@ def test_attention_sinks_are_split_with_the_heads_and_their_gradient_is_exact(tp
 
 
 def _synthesizer_pairs_diffllama_heads() -> bool:
-    from plangen.models import build_meta_model, resolve_model
+    from plangen.model.resolve import build_meta_model, resolve_model
     from plangen.plans.synthesize import build_synthesized_plan
 
     resolved = resolve_model("diffllama")
@@ -407,8 +407,8 @@ def test_paired_heads_attention_holds_whole_pairs_and_sums_its_lambdas_gradient(
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.models import resolve_model
-    from plangen.shrink import build_tiny_model
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import build_tiny_model
     from plangen.styles import FusedColwiseParallel, PairedHeadsAttentionInput
 
     model = build_tiny_model(resolve_model("diffllama"), seed=0, attn_implementation="eager")
@@ -455,8 +455,8 @@ def test_paired_heads_attention_holds_whole_pairs_and_sums_its_lambdas_gradient(
 def test_paired_heads_attention_refuses_halves_the_tp_size_does_not_split(tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.models import resolve_model
-    from plangen.shrink import build_tiny_model
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import build_tiny_model
     from plangen.styles import PairedHeadsAttentionInput
 
     model = build_tiny_model(resolve_model("diffllama"), seed=0, tp_size=1)  # 2 heads: one pair
@@ -852,7 +852,7 @@ def test_rg_lru_style_refuses_what_it_cannot_split(tp_mesh):
 
 @pytest.mark.distributed
 def test_styles_match_transformers_and_unsharded_at_tp2():
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     results = run_distributed(f"{__file__}:gloo_parity_worker", 2, timeout=120)
     for rank, diffs in enumerate(results):
@@ -1193,7 +1193,7 @@ def test_mla_attention_with_a_sharded_query_latent_reduces_the_input_gradient_on
 
 
 # --------------------------------------------------------------------------------------------
-# Style facts (plangen.style_facts): the torch-free table agrees with the real styles
+# Style facts (plangen.plan.style_facts): the torch-free table agrees with the real styles
 # --------------------------------------------------------------------------------------------
 
 # Arguments a style cannot be built without.
@@ -1317,7 +1317,7 @@ def _with_child(module: nn.Module, name: str, child: nn.Module) -> nn.Module:
 
 
 def _built(name: str):
-    from plangen.style_facts import placement_from_text
+    from plangen.plan.style_facts import placement_from_text
     from plangen.styles import build_style
 
     kwargs = {
@@ -1343,8 +1343,8 @@ def _weight_text(param) -> str:
 
 
 def test_style_facts_cover_exactly_the_registered_styles_and_say_where_they_live():
-    from plangen.style_facts import PLANGEN_STYLES, TORCH_STYLES
-    from plangen.style_table import STYLE_FACTS
+    from plangen.plan.style_facts import PLANGEN_STYLES, TORCH_STYLES
+    from plangen.plan.style_table import STYLE_FACTS
 
     assert sorted(STYLE_FACTS) == sorted(STYLE_CLASSES)
     for name, facts in STYLE_FACTS.items():
@@ -1356,8 +1356,8 @@ def test_style_facts_cover_exactly_the_registered_styles_and_say_where_they_live
 
 @pytest.mark.parametrize("name", sorted(STYLE_CLASSES))
 def test_style_facts_layout_defaults_are_what_torch_fills_in(name):
-    from plangen.style_facts import placement_from_text
-    from plangen.style_table import STYLE_FACTS
+    from plangen.plan.style_facts import placement_from_text
+    from plangen.plan.style_table import STYLE_FACTS
 
     style = _built(name)
     for argument, text in STYLE_FACTS[name].layout_defaults.items():
@@ -1511,8 +1511,8 @@ _OWN_MODULE = {
 def test_style_facts_weight_layout_is_what_torch_does(name, tp_mesh):
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, MIXER, NORM
-    from plangen.style_table import STYLE_FACTS
+    from plangen.plan.style_facts import CONV1D, EMBEDDING, EXPERTS, HEADS, LINEAR, MIXER, NORM
+    from plangen.plan.style_table import STYLE_FACTS
 
     facts = STYLE_FACTS[name]
     if name in _OWN_MODULE:
@@ -1599,7 +1599,7 @@ def test_every_registered_style_has_facts_found_from_its_object():
 
 
 def test_the_static_table_is_generated_from_the_style_classes():
-    """plangen/style_table.py is what ``python -m plangen.styles.table`` writes now: a style added,
+    """plangen/plan/style_table.py is what ``python -m plangen.styles.table`` writes now: a style added,
     changed or given another signature without regenerating it fails here."""
     from plangen.styles.table import TABLE_PATH, render_table
 
@@ -1607,7 +1607,7 @@ def test_the_static_table_is_generated_from_the_style_classes():
 
 
 def test_defining_a_style_with_facts_registers_it_and_a_second_of_that_name_is_refused():
-    from plangen.style_facts import StyleFacts
+    from plangen.plan.style_facts import StyleFacts
     from plangen.styles import base
 
     before = dict(base.STYLE_CLASSES), dict(base.STYLE_FACTS)
@@ -1659,7 +1659,7 @@ def test_a_style_signature_the_static_checks_cannot_describe_is_refused_by_the_g
 def test_placement_from_text_round_trips_and_refuses_other_text():
     from torch.distributed.tensor import Partial, Replicate, Shard
 
-    from plangen.style_facts import placement_from_text
+    from plangen.plan.style_facts import placement_from_text
 
     assert placement_from_text("Shard(-1)") == Shard(-1)
     assert placement_from_text("Replicate()") == Replicate()
@@ -1672,7 +1672,7 @@ def test_style_facts_and_static_tables_import_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, plangen.style_facts, plangen.style_table, plangen.check.known_styles; print('torch' in sys.modules)"
+    code = "import sys, plangen.plan.style_facts, plangen.plan.style_table, plangen.check.known_styles; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
@@ -1866,7 +1866,7 @@ def test_embedding_row_reads_take_the_whole_row_with_one_all_reduce_and_only_row
     ids = torch.tensor([[0, 1, 2, 3]])
     with CommDebugMode() as comm:
         out = model(ids)
-    # the lookup: a DTensor all-reduce; each row: one c10d all-reduce (plangen.tp_sums.SumOverMesh)
+    # the lookup: a DTensor all-reduce; each row: one c10d all-reduce (plangen.styles.tp_sums.SumOverMesh)
     assert {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()} == {"all_reduce": 1, "allreduce_": 2}
     torch.testing.assert_close(out, full[ids] * (full[2] * 2).view(1, 1, -1))  # row 7's share here: zeros
     out.sum().backward()

@@ -17,9 +17,9 @@ from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
 from conftest import differs_from_pinned_model_code, skip_unless_pinned_model_code
-from plangen.models import build_meta_model, resolve_model
-from plangen.shrink import shrink_config
-from plangen.plan import build_parallel_styles
+from plangen.model.resolve import build_meta_model, resolve_model
+from plangen.model.shrink import shrink_config
+from plangen.styles import build_parallel_styles
 from plangen.plans import HAND_WRITTEN
 from plangen.plans.choice import NoPlanError, choose_plan
 from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
@@ -343,7 +343,7 @@ def test_a_shared_expert_as_wide_as_the_expert_count_is_a_shared_expert_not_a_ro
     # expert count, 512: its gate_proj [512, hidden] looked like a router, so it was kept whole while
     # the block reduced it with the experts' partial sums, once per rank (the parity case
     # qwen3_next-shared-as-wide-as-experts: logits off by 5.7e-3 at TP 2).
-    from plangen.catalog import build_full_size_model, list_architectures
+    from plangen.commands.catalog import build_full_size_model, list_architectures
 
     arch = next((a for a in list_architectures() if a.class_name == class_name), None)
     if arch is None:
@@ -374,7 +374,7 @@ def test_a_matrix_with_as_many_rows_as_experts_does_not_make_a_block_a_mixture_o
 
 
 def test_qwen4_exp_and_dots3_note_from_completed_default_configs_get_their_experts_split():
-    # Both build only from completed defaults (Qwen4-Exp's indexer, plangen.default_configs) or a
+    # Both build only from completed defaults (Qwen4-Exp's indexer, plangen.model.default_configs) or a
     # consistent shrink (Dots3-Note's per-layer MLA sizes); their attention with a sparse indexer stays whole.
     qwen4 = styles_of(build_synthesized_plan(meta("qwen4_exp"), False))
     assert qwen4["model.layers.*.mlp.experts"] == "ExpertsParallel"
@@ -546,7 +546,7 @@ def test_projections_that_wrap_one_linear_are_sharded_through_it(sequence_parall
     assert styles[attention] == "PrepareModuleInput"
     assert {styles[f"{attention}.{p}.linear"] for p in ("q_proj", "k_proj", "v_proj")} == {"ColwiseParallel"}
     assert styles[f"{attention}.o_proj.linear"] == "RowwiseParallel"
-    from plangen.module_tree import find_unmatched_keys
+    from plangen.model.module_tree import find_unmatched_keys
 
     assert find_unmatched_keys(model, styles) == []
 
@@ -576,7 +576,7 @@ def test_heterogeneous_layers_get_per_layer_patterns():
     assert styles["model.layers.*.mamba"] == "Mamba1MixerParallel"  # every layer that holds one
     assert styles["model.layers.1.feed_forward"] == "MoeBlockParallel"
     assert styles["model.layers.*.feed_forward.experts"] == "ExpertsParallel"  # only layer 1 holds experts
-    from plangen.module_tree import find_unmatched_keys
+    from plangen.model.module_tree import find_unmatched_keys
 
     assert find_unmatched_keys(model, styles) == []
 
@@ -764,7 +764,7 @@ def test_a_synthesized_plan_proven_on_other_code_points_to_plangen_prove(monkeyp
     )
     with pytest.raises(NoPlanError, match=message):
         choose_plan(model, False)
-    from plangen.prove import record_user_proof
+    from plangen.commands.prove import record_user_proof
 
     record_user_proof("MptForCausalLM", code, {"plan": "synthesized", "tp": True, "sp": None, "error": None})
     assert choose_plan(model, False).source == "synthesized"
@@ -815,7 +815,7 @@ AG, RS, AR = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"
 def count_step(model_type: str, layers: int, sequence_parallel: bool):
     from torch.distributed.device_mesh import DeviceMesh
 
-    from plangen.comm import CollectiveCounter, merge_c10d_counts
+    from plangen.distributed.comm import CollectiveCounter, merge_c10d_counts
     from plangen.loss import vocab_parallel_cross_entropy
     from plangen.parallelize import apply_tp, resolve_tied_styles
 
@@ -924,9 +924,9 @@ LATENT_DOWN_SHARES = {
 
 def longcat_experts_hold_no_identity_rows() -> bool:
     """transformers 5.25.0's LongCat-Flash experts hold the real experts only (the block computes the
-    identity ones: plangen.transformers_compat.block_identity_experts); 5.24.0's gate_up_proj also has
+    identity ones: plangen.stack.transformers_compat.block_identity_experts); 5.24.0's gate_up_proj also has
     rows for the identity experts."""
-    from plangen.transformers_compat import block_identity_experts
+    from plangen.stack.transformers_compat import block_identity_experts
 
     return bool(block_identity_experts(meta("longcat_flash").model.layers[0].mlp))
 
@@ -1065,9 +1065,9 @@ def test_multi_query_packed_qkv_shards_the_query_heads_and_shares_the_kv_head():
 
 def test_multi_query_attention_with_an_odd_head_count_is_padded():
     # Falcon-7B's 71 query heads, which no even TP size divides: padded with zero heads when applied
-    # (plangen.padded_heads), at full size and shrunk (5 heads: plangen.shrink keeps the count odd).
+    # (plangen.styles.padded_heads), at full size and shrunk (5 heads: plangen.model.shrink keeps the count odd).
     from conftest import falcon_attention_left_whole
-    from plangen.catalog import build_full_size_model, list_architectures
+    from plangen.commands.catalog import build_full_size_model, list_architectures
 
     if (why := falcon_attention_left_whole(meta("falcon"))) is not None:
         pytest.skip(why)
@@ -1092,7 +1092,7 @@ def test_multi_query_attention_with_an_odd_head_count_is_padded():
 def test_shrinking_an_odd_head_count_no_padded_layout_fits_is_a_one_line_error():
     # Falcon-7B's 71 heads shrink to an odd count that still pads at the TP size (31 at TP 16); at
     # TP 128 every rank would hold a pad head only: refused with the largest legal size, not StopIteration.
-    from plangen.heads import head_counts
+    from plangen.model.heads import head_counts
 
     resolved = resolve_model("falcon")
     if head_counts(resolved.config) != (71, 71):
@@ -1527,7 +1527,7 @@ def test_bert_blocks_split_over_sibling_modules_are_sharded_megatron_style(model
     # The post-norms after the residual add see the whole hidden state; the tied head is vocabulary-parallel.
     assert not any(p.endswith("LayerNorm") for p in styles)
     assert styles[next(p for p in styles if p.endswith("word_embeddings"))] == "TiedEmbeddingParallel"
-    from plangen.module_tree import find_unmatched_keys
+    from plangen.model.module_tree import find_unmatched_keys
 
     assert find_unmatched_keys(meta(model_type), styles) == []
 
@@ -1655,7 +1655,7 @@ def test_shared_parameters_stay_one_after_tp_and_in_one_fsdp_unit(fake_pg):
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import DTensor
 
-    from plangen.module_tree import find_separable_units, find_transformer_layers
+    from plangen.model.module_tree import find_separable_units, find_transformer_layers
     from plangen.parallelize import apply_tp, resolve_tied_styles
 
     resolved = resolve_model("bert")
@@ -1712,7 +1712,7 @@ def test_verify_pairs_the_halves_of_a_split_block_across_sibling_modules(tmp_pat
     # BERT it is in the sibling the parent feeds (intermediate -> output).
     from typer.testing import CliRunner
 
-    from plangen.cli import app
+    from plangen.commands.cli import app
 
     runner, plan = CliRunner(), tmp_path / "bert_plan.py"
     assert runner.invoke(app, ["init", "bert", "-o", str(plan)]).exit_code == 0
@@ -1737,7 +1737,7 @@ def test_gemma4_attention_is_sharded_in_every_layer_kind_and_its_per_layer_table
     head_dim; its global head_dim raises): each layer is recognised with its own sizes, also in a
     sample of the layers that renumbers them (plangen list's). Its per-layer embedding table (40 %
     of the parameters) is vocabulary-parallel, reduced to the whole output the model reshapes."""
-    from plangen.catalog import apply_layer_sample
+    from plangen.commands.catalog import apply_layer_sample
     from plangen.plans.recognize import layer_dims, read_dims
 
     model = meta("gemma4_text")
@@ -1936,8 +1936,8 @@ def test_gemma3n_kv_shared_layers_and_sparse_gates_are_sharded():
     MLPs keep the gate's Gaussian top-k, taken over TP by ActivationSparsityParallel. Before, the
     KV-shared layers stayed whole and met sharded keys (a shape error), and the sparse gates took
     their statistics over one rank's slice (logits off by 0.12)."""
-    from plangen.models import resolve_model
-    from plangen.shrink import build_tiny_model
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import build_tiny_model
 
     model = build_tiny_model(resolve_model("gemma3n_text"))
     skip_unless_pinned_model_code(model)  # 5.5.x's KV-shared layers keep their (unused) k/v projections

@@ -15,10 +15,10 @@ from conftest import pinned_release_only, skip_unless_pinned_model_code
 import torch
 from torch import nn
 
-from plangen.models import build_meta_model, resolve_model
+from plangen.model.resolve import build_meta_model, resolve_model
 from plangen.plans.recognize import KeptBlock, ShardedBlock, read_dims, recognize_attention, recognize_block
 from plangen.plans.synthesize import build_synthesized_plan
-from plangen.shrink import shrink_config
+from plangen.model.shrink import shrink_config
 
 
 def meta(model_type: str) -> nn.Module:
@@ -53,7 +53,7 @@ def test_query_and_gate_per_head_is_sharded_with_its_heads(model_type, sequence_
 def test_qwen3_next_attention_is_no_longer_taken_for_a_mixture_of_experts():
     # Its k_proj (512 rows at the default size) matched the expert count: the block was kept whole
     # as "mixture of experts".
-    from plangen.catalog import build_full_size_model, list_architectures
+    from plangen.commands.catalog import build_full_size_model, list_architectures
 
     arch = next(a for a in list_architectures() if a.class_name == "Qwen3NextForCausalLM")
     model = build_full_size_model(arch)
@@ -162,7 +162,12 @@ def test_a_conv_mixer_of_other_parts_is_not_a_short_conv():
 @pinned_release_only
 @pytest.mark.parametrize("class_name", ["Qwen3_5ForCausalLM", "Lfm3ForCausalLM"])  # 94.7 % and 80.6 % before
 def test_the_default_size_shards_at_least_95_percent(fake_pg, class_name):
-    from plangen.catalog import WELL_SHARDED, build_full_size_model, list_architectures, measure_sharded_fraction
+    from plangen.commands.catalog import (
+        WELL_SHARDED,
+        build_full_size_model,
+        list_architectures,
+        measure_sharded_fraction,
+    )
 
     arch = next(a for a in list_architectures() if a.class_name == class_name)
     assert measure_sharded_fraction(lambda: build_full_size_model(arch)) >= WELL_SHARDED

@@ -57,7 +57,7 @@ CLASSES = {
     # this rank's heads), its A split with the heads; the layer's residual scales stay whole (SP:
     # Replicate DTensors against the sequence-sharded residual, gradient summed over TP).
     "doge": ("DogeForCausalLM", False),
-    # Built from a completed default config (plangen.default_configs): shared experts, dense first layer.
+    # Built from a completed default config (plangen.model.default_configs): shared experts, dense first layer.
     "dots1": ("Dots1ForCausalLM", False),
     # Dots3-Note: its sliding layers' own MLA sizes shrunk consistently (head_dim = nope + rope), shared
     # experts, a dense first layer; its attention (latent, a sparse indexer on some layers) whole.
@@ -141,7 +141,7 @@ CLASSES = {
     # multi-head norm's weight with its heads, config.num_heads/qk_dim/v_dim made local.
     "xlstm": ("xLSTMForCausalLM", False),
     # Layer stacks outside the text decoder (plangen.plans.towers), TP only, run by their inputs
-    # (plangen.tower_inputs): Git's CLIP-style image encoder (pixel values; the patches precede the
+    # (plangen.model.tower_inputs): Git's CLIP-style image encoder (pixel values; the patches precede the
     # text in the logits), Moss's Whisper-style audio tower (mel features, one audio token per row),
     # whose attention views by self.num_heads in a helper method (made this rank's).
     "git": ("GitForCausalLM", False),
@@ -180,7 +180,7 @@ TINY_CASES = {
     "falcon-gqa": True,  # Falcon-40B's q|k|v grouped per KV head: whole groups, num_heads and num_kv_heads local
     "falcon_h1-mup": False,  # FalconH1's MuP multipliers per in_proj part: its mup_vector cut to each rank's features
     "falcon-mqa": True,  # Falcon-7B's multi-query view(b, s, num_heads + 2, d): query heads by rank, one KV head whole
-    # Falcon-7B's odd query head count in small (5): padded with a zero head (plangen.padded_heads), the pad
+    # Falcon-7B's odd query head count in small (5): padded with a zero head (plangen.styles.padded_heads), the pad
     # exactly 0 after the steps (case_problem), its full state dict Hugging Face's.
     "falcon-mqa-5h": True,
     # xLSTM with 4 heads, for its full state dict at DP 2 x TP 2: the shrunk model's 2 heads leave one
@@ -494,7 +494,7 @@ def test_packed_state_dict_is_the_hugging_face_one_at_dp2(results, model_type):
 
 @pytest.mark.parametrize("model_type", CLASSES)
 def test_committed_sweep_agrees(model_type):
-    from plangen.catalog import Architecture, build_catalog_model
+    from plangen.commands.catalog import Architecture, build_catalog_model
     from plangen.plans.proven import code_digest, is_proven
 
     class_name = CLASSES[model_type][0]
@@ -538,7 +538,7 @@ def test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model(resu
     vocab-parallel embedding's exact all-reduce."""
     from distributed.cases import case_problem
 
-    from plangen.comm import merge_c10d_counts
+    from plangen.distributed.comm import merge_c10d_counts
 
     for rank, per_case in enumerate(results):
         result = per_case[f"dp2tp2/{GDN_STABLE['name']}"]
@@ -550,7 +550,7 @@ def test_stable_variant_of_the_gated_delta_net_plan_matches_unsharded_model(resu
 @pytest.mark.distributed
 @pytest.mark.parametrize("mesh", slow_unless(MESHES, ["dp2tp2"]))
 def test_pad_heads_without_the_mask_get_gradients_and_drift(results, mesh):
-    """The negative control of the padded heads (plangen.padded_heads): without the output projection's
+    """The negative control of the padded heads (plangen.styles.padded_heads): without the output projection's
     input mask the forward is still exact, but its pad columns get the pad heads' outputs' gradients and
     the AdamW steps make them non-zero: the check fails on the pad."""
     from conftest import falcon_attention_left_whole

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from plangen.check import VerifyOptions, verify_plan_files
 from plangen.check.static import read_plan_metadata
-from plangen.cli import app
-from plangen.targets import TARGETS
+from plangen.commands.cli import app
+from plangen.plan.targets import TARGETS
 
 CONFIGS = Path(__file__).parent / "data" / "model-configs"
 # The models: dense, tied (Gemma-3-1B: one key/value head), fused, MoE both ways, MLA.
@@ -130,10 +130,10 @@ def test_bad_target_values_are_one_line_usage_errors_or_pg007(tmp_path):
 
 
 def test_the_docs_table_of_targets_is_the_table_of_the_code():
-    from plangen.targets import render_targets_table
+    from plangen.plan.targets import render_targets_table
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "nemo-rl.md").read_text()
-    start = doc.index("<!-- targets table: plangen.targets.render_targets_table() -->\n")
+    start = doc.index("<!-- targets table: plangen.plan.targets.render_targets_table() -->\n")
     end = doc.index("<!-- end of targets table -->")
     assert doc[start:end].split("\n", 1)[1] == render_targets_table()
 

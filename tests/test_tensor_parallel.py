@@ -1,4 +1,4 @@
-"""The one "apply a plan with TP" step (plangen.tensor_parallel.apply_tp): tie, check, shard, re-tie."""
+"""The one "apply a plan with TP" step (plangen.runtime.tensor_parallel.apply_tp): tie, check, shard, re-tie."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel
 
-from plangen.plan_checks import PlanError
+from plangen.plans.checks import PlanError
 from plangen.styles import PackedColwiseParallel
-from plangen.tensor_parallel import apply_tp
+from plangen.runtime.tensor_parallel import apply_tp
 from tiny_configs import build_tiny
 
 
@@ -79,7 +79,7 @@ def test_kv_heads_are_replicated_where_o_proj_is_as_wide_as_a_kv_projection(mesh
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from plangen.styles.kv_heads import kv_projections
-    from plangen.plan import build_parallel_styles
+    from plangen.styles import build_parallel_styles
     from plangen.plans.choice import choose_plan
 
     config = Qwen3Config(hidden_size=16, intermediate_size=16, num_attention_heads=2, num_key_value_heads=1,

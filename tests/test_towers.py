@@ -1,7 +1,7 @@
 """Layer stacks outside the text decoder (plangen.plans.towers): vision and audio towers, a second
 decoder stack. Their attention is sharded by heads and their MLPs by the intermediate, TP only; a
 tower the check cannot run stays whole, saying why. Their parity with the unsharded model, towers
-run (Git's pixel values, Moss's audio features: plangen.tower_inputs), is in
+run (Git's pixel values, Moss's audio features: plangen.model.tower_inputs), is in
 tests/test_synthesized_distributed.py and the sweep."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plangen.catalog import Architecture, build_full_size_model, measure_sharded_share
-from plangen.models import resolve_model
+from plangen.commands.catalog import Architecture, build_full_size_model, measure_sharded_share
+from plangen.model.resolve import resolve_model
 from plangen.plans.synthesize import build_synthesized_plan
-from plangen.shrink import build_tiny_model
+from plangen.model.shrink import build_tiny_model
 
 
 def _tiny(model_type: str):
@@ -98,7 +98,7 @@ def test_got_ocr2_tiny_encoder_keeps_a_global_and_a_windowed_layer_on_few_patche
     ],
 )
 def test_a_tower_the_check_cannot_run_stays_whole_with_the_reason(monkeypatch, model_type, owner, towers):
-    from plangen.tower_inputs import TOWER_INPUTS
+    from plangen.model.tower_inputs import TOWER_INPUTS
 
     model = _tiny(model_type)
     monkeypatch.delitem(TOWER_INPUTS, type(model).__name__)  # as before its inputs were built
@@ -106,11 +106,11 @@ def test_a_tower_the_check_cannot_run_stays_whole_with_the_reason(monkeypatch, m
     assert not [e.pattern for e in plan.entries if e.pattern.startswith(owner + ".")]
     why = {r.pattern: r.why for r in plan.replicated}[owner]
     assert why.startswith(f"{type(model.get_submodule(owner)).__name__} holds towers ({'; '.join(towers)})")
-    assert "that the numerical check cannot run (no inputs built for them in plangen.tower_inputs)" in why
+    assert "that the numerical check cannot run (no inputs built for them in plangen.model.tower_inputs)" in why
 
 
 def test_tower_inputs_run_the_towers_and_the_text_logits_are_the_last_positions():
-    from plangen.tower_inputs import build_tower_inputs, text_logits
+    from plangen.model.tower_inputs import build_tower_inputs, text_logits
 
     for model_type, tower in (
         ("git", "git.image_encoder"),
@@ -134,7 +134,7 @@ def test_tower_inputs_run_the_towers_and_the_text_logits_are_the_last_positions(
 def test_the_tower_inputs_reach_the_text_logits(model_type):
     """A changed pixel (or feature) of one row changes that row's text logits, and only that row's:
     the tower's output is merged into its own row's text stream."""
-    from plangen.tower_inputs import build_tower_inputs, text_logits
+    from plangen.model.tower_inputs import build_tower_inputs, text_logits
 
     model = _tiny(model_type)
     ids, inputs = build_tower_inputs(model, torch.randint(0, 200, (2, 8), generator=torch.Generator().manual_seed(0)))

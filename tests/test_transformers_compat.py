@@ -1,4 +1,4 @@
-"""What differs between transformers releases (plangen/transformers_compat.py), each difference
+"""What differs between transformers releases (plangen/stack/transformers_compat.py), each difference
 reproduced on the pinned release by a tiny stand-in of the other release's module shape."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial
 
-from plangen import transformers_compat
+from plangen.stack import transformers_compat
 from plangen.styles import experts as moe_styles
 from plangen.styles.experts import ExpertsParallel
 
@@ -274,7 +274,7 @@ def test_mamba2_mixers_conv1d_states_this_ranks_channels(fake_pg):
     """NemotronH's mixer before 5.24 calls its ``conv1d`` (5.24 reads its weight): with the whole
     channel count left in ``groups`` the forward failed (PG215 on 5.8.x, "Given groups=160")."""
     from plangen.plans.choice import choose_plan
-    from plangen.tensor_parallel import apply_tp
+    from plangen.runtime.tensor_parallel import apply_tp
     from tiny_configs import build_tiny
 
     model = build_tiny("nemotron_h")
@@ -294,8 +294,8 @@ def test_a_router_read_by_its_weight_has_its_input_counted_once(monkeypatch):
     import torch.nn.functional as F
     from torch import nn
 
-    import plangen.tp_sums as tp_sums
-    from plangen.transformers_compat import reads_child_weight
+    import plangen.styles.tp_sums as tp_sums
+    from plangen.stack.transformers_compat import reads_child_weight
 
     class Block(nn.Module):
         def __init__(self):
@@ -401,7 +401,7 @@ def test_moe_layers_compile_on_the_installed_release(monkeypatch):
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from plangen.compile import apply_compile, compile_units
+    from plangen.runtime.compile import apply_compile, compile_units
     from tiny_configs import TINY
 
     kwargs = dict(TINY["qwen3_moe"], output_router_logits=False)  # a dense layer and a MoE layer

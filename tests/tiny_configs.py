@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, NemotronHConfig, Zamba2Config
 
-from plangen.transformers_compat import installed_layer_kinds
+from plangen.stack.transformers_compat import installed_layer_kinds
 
 COMMON = dict(
     vocab_size=128,
@@ -121,7 +121,7 @@ TINY["falcon-mqa"] = dict(
     use_cache=False,
 )
 
-# Falcon-7B's odd query head count (71) in small: 5 heads, padded with a zero head at TP 2 (plangen.padded_heads).
+# Falcon-7B's odd query head count (71) in small: 5 heads, padded with a zero head at TP 2 (plangen.styles.padded_heads).
 TINY["falcon-mqa-5h"] = {**TINY["falcon-mqa"], "hidden_size": 40, "num_attention_heads": 5}
 
 

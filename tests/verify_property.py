@@ -5,7 +5,7 @@ a small config of a hand-written family (Llama, Qwen3, Gemma 3: heads, KV heads,
 intermediate, vocabulary, layers, tied or not), the plan ``plangen init`` seeds for it at TP 2, and
 one edit of that plan (a style swapped, a placement changed, ``use_local_output`` flipped, an entry
 removed or added, ``PLANGEN_TP_SIZE`` changed, or none). Each case is written as ``plangen init``
-writes a plan file (:func:`plangen.render.render_plan_text`), next to its ``config.json``.
+writes a plan file (:func:`plangen.commands.render.render_plan_text`), next to its ``config.json``.
 
 Two verdicts per case: ``plangen verify`` levels 1+2 in this process
 (:func:`plangen.check.verify_plan_files`, no ``--run``), and the truth: the file applied by the runtime
@@ -150,7 +150,7 @@ def _style_params(style: str) -> list[str]:
 
 def _candidate_modules(model, plan) -> list[str]:
     """Generalized paths of the modules no entry names (where an added entry goes)."""
-    from plangen.module_tree import generalize
+    from plangen.model.module_tree import generalize
 
     named = set(plan.patterns())
     paths = dict.fromkeys(generalize(name) for name, _ in model.named_modules() if name)
@@ -220,8 +220,8 @@ def write_case(case: dict[str, Any], folder: Path) -> Path:
     """``folder/config.json`` and ``folder/<id>.py``: the plan init writes for it, edited; the plan path.
 
     Records in ``case`` the TP size the file is for (``tp_size``) and the edit in words (``what``)."""
-    from plangen.init import build_seed_plan, load_model, regenerate_command
-    from plangen.render import render_plan_text
+    from plangen.commands.init import build_seed_plan, load_model, regenerate_command
+    from plangen.commands.render import render_plan_text
 
     folder.mkdir(parents=True, exist_ok=True)
     config_path = folder / "config.json"
@@ -298,7 +298,7 @@ def judge_prepared(cases: list[dict[str, Any]], truth: dict[str, str | None]) ->
 
 def judge_cases(cases: list[dict[str, Any]], folder: Path, timeout: float = 600.0) -> list[dict[str, Any]]:
     """:func:`judge_prepared` with the files written and the runs launched here, one after the other."""
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     prepare_cases(cases, folder)
     launches = truth_launches(cases, timeout)

@@ -75,7 +75,7 @@ def plan_settings(path: str | Path, options: VerifyOptions) -> PlanSettings:
     metadata = read_plan_metadata(path)
     recorded = _typed(metadata.get("PLANGEN_MODEL"), str)
     if recorded is not None and not options.model:
-        from plangen.models import resolve_recorded_spec
+        from plangen.model.resolve import resolve_recorded_spec
 
         recorded = resolve_recorded_spec(recorded, path)
     model = options.model or recorded
@@ -83,7 +83,7 @@ def plan_settings(path: str | Path, options: VerifyOptions) -> PlanSettings:
     sequence_parallel = options.sequence_parallel
     if sequence_parallel is None:
         sequence_parallel = _typed(metadata.get("PLANGEN_SEQUENCE_PARALLEL"), bool)
-    from plangen.targets import DEFAULT_TARGET, TARGETS
+    from plangen.plan.targets import DEFAULT_TARGET, TARGETS
 
     recorded_target = _typed(metadata.get("PLANGEN_TARGET"), str)
     target = options.target or (recorded_target if recorded_target in TARGETS else DEFAULT_TARGET)
@@ -136,7 +136,7 @@ def _check_model(
     """Level 2 for one file; queues it for level 3 when asked and clean."""
     from plangen.check.import_probe import IMPORT_TIMEOUT, check_import
     from plangen.check.model import check_import_only, check_model
-    from plangen.models import ModelSpecError
+    from plangen.model.resolve import ModelSpecError
 
     settings = plan_settings(path, options)
     probe = partial(check_import, timeout=min(options.timeout, IMPORT_TIMEOUT))

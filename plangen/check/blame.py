@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from plangen.check.autograd_graph import nearest_tags
 from plangen.check.model_plan import parent_path
-from plangen.module_tree import generalize
+from plangen.model.module_tree import generalize
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -145,7 +145,7 @@ def record_shapes(model: "nn.Module", ids: "torch.Tensor") -> dict[str, list[tup
 
 def key_for_module(styles: Mapping[str, Any], path: str) -> str | None:
     """The plan key that governs ``path``: its own, else its nearest ancestor's, else a descendant's."""
-    from plangen.module_tree import key_matches
+    from plangen.model.module_tree import key_matches
 
     probe = path
     while probe:
@@ -175,7 +175,7 @@ def _odd_one(candidates: list[Observed], styles: Mapping[str, "ParallelStyle"]) 
 
 
 def _differs_from_defaults(style: "ParallelStyle") -> bool:
-    from plangen.style_table import STYLE_FACTS
+    from plangen.plan.style_table import STYLE_FACTS
     from plangen.styles.base import first_layout
 
     facts = STYLE_FACTS.get(type(style).__name__)

@@ -60,10 +60,10 @@ def measure_drift(case: Mapping[str, Any]) -> list[dict[str, Any]]:
     from torch.distributed.device_mesh import init_device_mesh
 
     from plangen.check.run import full_tensor, sample_batch
-    from plangen.models import resolve_model
-    from plangen.plan_source import load_custom_plan
-    from plangen.shrink import build_tiny_model
-    from plangen.tensor_parallel import apply_tp
+    from plangen.model.resolve import resolve_model
+    from plangen.plan.source import load_custom_plan
+    from plangen.model.shrink import build_tiny_model
+    from plangen.runtime.tensor_parallel import apply_tp
 
     base = build_tiny_model(resolve_model(case["model"]), tp_size=WORLD_SIZE, seed=0)
     ids = sample_batch(base, WORLD_SIZE)
@@ -118,7 +118,7 @@ def drift_cases(paths: Sequence[str], options: Any) -> list[dict[str, str]]:
 def check_drift(cases: Sequence[Mapping[str, str]], timeout: float = 600.0) -> list[DriftRow]:
     """``cases``: ``{"path": plan file, "model": its model spec}``; the rows of rank 0 (every rank
     compares the same full logits)."""
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     per_rank = run_distributed(DRIFT_TARGET, WORLD_SIZE, {"cases": list(cases)}, timeout=timeout)
     return [DriftRow(**row) for row in per_rank[0]]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from plangen.check.blame import RunRecorder, attribute_failure, batch_split, key_for_module, record_shapes
-from plangen.errors import one_line
-from plangen.module_tree import ModuleIndex, generalize
+from plangen.output.errors import one_line
+from plangen.model.module_tree import ModuleIndex, generalize
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -40,7 +40,7 @@ def _first_failing_key(model: "nn.Module", styles: Mapping[str, "ParallelStyle"]
     """Apply the plan key by key to a fresh copy: the first key that raises is the culprit."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.plan_checks import resolve_tied_styles
+    from plangen.plans.checks import resolve_tied_styles
 
     fresh = copy.deepcopy(model)
     for key, style in resolve_tied_styles(fresh, styles).items():
@@ -83,7 +83,7 @@ def _run_on_fake_group(
     from torch.distributed.device_mesh import init_device_mesh
 
     from plangen.check.run import next_token_loss, sample_batch
-    from plangen.fake_group import fake_process_group, quiet_fake_tensor_log
+    from plangen.distributed.fake_group import fake_process_group, quiet_fake_tensor_log
     from plangen.parallelize import parallelize_model
 
     reference, model = copy.deepcopy(model), copy.deepcopy(model)
@@ -147,7 +147,7 @@ def _routed_by_values(model: "nn.Module", name: str) -> bool:
     experts run (any, where a router also has zero-compute experts: LongCat-Flash, on torch 2.11,
     whose fake group leaves outputs uninitialised) follows those values. Whether they get a gradient
     is level 3's to check, with real values."""
-    from plangen.style_facts import EXPERTS, FLAT_EXPERTS
+    from plangen.plan.style_facts import EXPERTS, FLAT_EXPERTS
     from plangen.styles.kinds import module_kind
 
     return module_kind(model.get_submodule(name.rpartition(".")[0])) in (EXPERTS, FLAT_EXPERTS)
@@ -158,7 +158,7 @@ def _gradient_shapes(
 ) -> tuple[list[str], dict[str, tuple[list[int], list[int]]]]:
     """The parameters that lost their gradient, and those whose gradient has another (global) shape
     than the unsharded model's: a DTensor knows its global shape, so nothing is gathered."""
-    from plangen.padded_heads import hugging_face_shape
+    from plangen.styles.padded_heads import hugging_face_shape
 
     grads = {name: p.grad for name, p in sharded.named_parameters() if p.grad is not None}
     missing, shapes = [], {}
@@ -168,7 +168,7 @@ def _gradient_shapes(
         if name not in grads:
             missing.append(name)
             continue
-        # Zero heads padding the query heads (plangen.padded_heads) are not Hugging Face's: their shape without.
+        # Zero heads padding the query heads (plangen.styles.padded_heads) are not Hugging Face's: their shape without.
         got = hugging_face_shape(sharded, name, tuple(grads[name].shape))
         if got != tuple(param.grad.shape):
             shapes[name] = (list(got), list(param.grad.shape))
@@ -181,7 +181,7 @@ def _quiet_torch_logs():
     emulates: what a fake run does by design, not news for the plan's author."""
     import logging
 
-    from plangen.compat import TORCH_LOGGERS
+    from plangen.stack.torch_compat import TORCH_LOGGERS
 
     loggers = [logging.getLogger(name) for name in TORCH_LOGGERS]
     levels = [logger.level for logger in loggers]

@@ -1,8 +1,8 @@
 """Follow a plan's layouts through a model: what each style takes and leaves, where they meet.
 
-Level 2 runs one forward of the shrunk, unsharded model (:func:`plangen.shrink.build_tiny_model`)
+Level 2 runs one forward of the shrunk, unsharded model (:func:`plangen.model.shrink.build_tiny_model`)
 with hooks that play each planned style's part symbolically, from its facts
-(:attr:`plangen.style_facts.StyleFacts.hooks`): the output a style leaves (plain local tensor or
+(:attr:`plangen.plan.style_facts.StyleFacts.hooks`): the output a style leaves (plain local tensor or
 DTensor, with its placement) is tagged on the autograd node that produced it, and where a module
 reads a tensor, the tags nearest above it in the autograd graph are the layouts the plan hands it,
 whatever ops (reshapes, attention, the activation, residual adds) lie between. Each such meeting
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from plangen.check.autograd_graph import nearest_tags
-from plangen.module_tree import ModuleIndex, generalize
-from plangen.style_facts import (
+from plangen.model.module_tree import ModuleIndex, generalize
+from plangen.plan.style_facts import (
     MODULE_HOOKS,
     PREPARE_INPUT,
     PREPARE_INPUT_OUTPUT,

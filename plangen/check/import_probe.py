@@ -82,7 +82,7 @@ def _read_until(fd: int, deadline: float) -> tuple[bytes, bool]:
 
 def _import_reply(path: str) -> dict:
     from plangen.check.model import PlanLoadFailure, load_plan_styles, position_in_file
-    from plangen.errors import one_line
+    from plangen.output.errors import one_line
 
     try:
         load_plan_styles(path)

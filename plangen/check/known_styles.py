@@ -1,7 +1,7 @@
 """What the static checks know about parallel styles and placements, written down without torch.
 
 Level 1 must not import torch (it is slow and plan files are checked before anything runs). Each
-style's keyword parameters and where a plan imports it from come from :mod:`plangen.style_table`,
+style's keyword parameters and where a plan imports it from come from :mod:`plangen.plan.style_table`,
 generated from the style classes themselves (a test keeps it current); the placements, torch's
 modules and transformers' style strings are written down here, and tests compare them with torch
 and with :mod:`plangen.styles`.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plangen.style_facts import PLACEMENT, TORCH_STYLES, StyleParam, ValueKind  # noqa: F401 - PLACEMENT, ValueKind: the rules read them here
-from plangen.style_table import STYLE_FACTS, STYLE_PARAMS
+from plangen.plan.style_facts import PLACEMENT, TORCH_STYLES, StyleParam, ValueKind  # noqa: F401 - PLACEMENT, ValueKind: the rules read them here
+from plangen.plan.style_table import STYLE_FACTS, STYLE_PARAMS
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ PLACEMENT_MODULES: dict[str, tuple[str, ...]] = {
 PRIVATE_PLACEMENTS = ("_StridedShard", "_MaskPartial", "_Partial")
 # ``torch.distributed._tensor`` is the deprecated alias of ``torch.distributed.tensor``.
 PLACEMENT_MODULE_ALIASES = {"torch.distributed._tensor": "torch.distributed.tensor"}
-# ``Partial.ALL_REDUCE_OPS`` in torch 2.13 on (``plangen.compat.PARTIAL_REDUCE_OPS``, which a test compares).
+# ``Partial.ALL_REDUCE_OPS`` in torch 2.13 on (``plangen.stack.torch_compat.PARTIAL_REDUCE_OPS``, which a test compares).
 PARTIAL_REDUCE_OPS = ("sum", "avg", "min", "max", "product")
 
 # Modules whose contents are fully known here: a name from one of them that is not in the tables

@@ -1,6 +1,6 @@
 """Level 2 of ``plangen verify``: a plan file checked against the model it is for, on the meta device.
 
-The plan file is imported with the runtime's own loader (:func:`plangen.plan_source.load_custom_plan`),
+The plan file is imported with the runtime's own loader (:func:`plangen.plan.source.load_custom_plan`),
 so level 2 sees exactly the styles training will get, including plans built by helper functions.
 Importing runs the file's top level: that is the user's plan code, which the runtime runs anyway.
 Its prints go to stderr (``--format json`` stays parseable) and anything it raises, ``SystemExit``
@@ -32,13 +32,13 @@ from plangen.check.plan_file import PlanFile, find_comments, string_value
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.rules import discover
 from plangen.check.static import decode_source
-from plangen.errors import one_line
+from plangen.output.errors import one_line
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from plangen.models import ResolvedModel
+    from plangen.model.resolve import ResolvedModel
 
 # A plan file's import in a child process first: None, or why it failed and where in the file.
 Probe = Callable[[str], "tuple[str, tuple[int, int] | None] | None"]
@@ -104,9 +104,9 @@ _MODELS: dict[str, tuple["ResolvedModel", "nn.Module"]] = {}
 
 def load_meta_model(spec: str) -> tuple["ResolvedModel", "nn.Module"]:
     """The resolved spec and its meta-device model, built once per spec in this process (rules
-    never change the model). Raises :class:`plangen.models.ModelSpecError` for a bad spec."""
+    never change the model). Raises :class:`plangen.model.resolve.ModelSpecError` for a bad spec."""
     if spec not in _MODELS:
-        from plangen.models import build_meta_model, resolve_model
+        from plangen.model.resolve import build_meta_model, resolve_model
 
         resolved = resolve_model(spec)
         _MODELS[spec] = (resolved, build_meta_model(resolved))
@@ -156,7 +156,7 @@ class PlanLoadFailureRule(ModelRule):
     code = "PG201"
     title = "plan file cannot be loaded"
     explanation = (
-        "Level 2 imports the plan file as the runtime will (`plangen.plan_source.load_custom_plan`)."
+        "Level 2 imports the plan file as the runtime will (`plangen.plan.source.load_custom_plan`)."
         " Importing it raised: a module the file imports is missing where verify (and training) runs, its"
         " top level raises, or `custom_parallel_plan()` does. The finding sits on the line that raised."
         " verify first imports each file in a child process, within `--timeout` (at most 60 s): a file"
@@ -179,7 +179,7 @@ class PlanLoadFailureRule(ModelRule):
 
 def load_plan_styles(path: str | Path) -> dict[str, "ParallelStyle"]:
     """Import the plan file with the runtime's loader; raises :class:`PlanLoadFailure`."""
-    from plangen.plan_source import PlanLoadError, load_custom_plan
+    from plangen.plan.source import PlanLoadError, load_custom_plan
 
     try:
         # The plan's own prints must not mix with the findings on stdout.
@@ -217,7 +217,7 @@ def check_model(
 
     ``probe`` imports the file first where a failure cannot hurt (verify passes
     :func:`plangen.check.import_probe.check_import`, a child process with a time bound) and returns
-    why it failed and where: such a file is a PG201 finding and is never imported here. Raises :class:`plangen.models.ModelSpecError` when
+    why it failed and where: such a file is a PG201 finding and is never imported here. Raises :class:`plangen.model.resolve.ModelSpecError` when
     the spec names no model, OSError when the file cannot be read.
     """
     source = decode_source(Path(path).read_bytes())
@@ -267,7 +267,7 @@ def build_model_plan(
     source: "ResolvedModel | None" = None,
     target: str = "plangen",
 ) -> ModelPlan:
-    from plangen.plan_checks import resolve_tied_styles
+    from plangen.plans.checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, written)  # what the runtime will apply
     return ModelPlan(

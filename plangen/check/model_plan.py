@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal, Mapping
 
 from plangen.check.rule import Rule, Severity
-from plangen.module_tree import ModuleIndex
+from plangen.model.module_tree import ModuleIndex
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -70,8 +70,8 @@ class ModelPlan:
     written: Mapping[str, "ParallelStyle"]
     styles: Mapping[str, "ParallelStyle"]
     replicated_on_purpose: list[str] = field(default_factory=list)
-    source: Any = None  # the resolved model spec (plangen.models.ResolvedModel); None: no shrunk model
-    target: str = "plangen"  # the runtime the plan is handed to (plangen.targets)
+    source: Any = None  # the resolved model spec (plangen.model.resolve.ResolvedModel); None: no shrunk model
+    target: str = "plangen"  # the runtime the plan is handed to (plangen.plan.targets)
 
     @cached_property
     def shrunk(self) -> "ShrunkModel | None":
@@ -109,7 +109,7 @@ class ModelPlan:
     @cached_property
     def laid_out_by_parent(self) -> dict[str, str]:
         """Path of a child that its parent's style lays out itself → the role it plays there
-        (:attr:`plangen.style_facts.StyleFacts.lays_out_children`: a Mamba mixer's projections)."""
+        (:attr:`plangen.plan.style_facts.StyleFacts.lays_out_children`: a Mamba mixer's projections)."""
         from plangen.styles.base import facts_of
 
         found: dict[str, str] = {}

@@ -8,9 +8,9 @@
    and every parameter gradient against the unsharded model, within :data:`TOLERANCE`; the first
    parameter (in the model's order) that differs is named.
 
-Both stages run a shrunk model of the same architecture (:func:`plangen.shrink.build_tiny_model`)
+Both stages run a shrunk model of the same architecture (:func:`plangen.model.shrink.build_tiny_model`)
 through the runtime itself (:func:`plangen.parallelize.parallelize_model`), each in one launch of
-:func:`plangen.launch.run_distributed` for every plan file: bounded in time, a failing or hung
+:func:`plangen.distributed.launch.run_distributed` for every plan file: bounded in time, a failing or hung
 rank ends the run with a finding, never a hung CI job. Progress is reported through a callback as
 each case starts, read from a file the workers append to.
 
@@ -34,7 +34,7 @@ from plangen.check.blame import key_for_module
 from plangen.check.model_plan import ModelFinding
 from plangen.check.rules.run import DiffersFromUnshardedRule, FailsAtTpSizeRule, RunFailedRule
 from plangen.check.shrunk import matching_styles
-from plangen.errors import one_line
+from plangen.output.errors import one_line
 from plangen.check.shrunk import sample_batch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -124,9 +124,9 @@ def compare_gradients(reference: "nn.Module", sharded: "nn.Module") -> dict[str,
 
 
 def _build_case(case: Mapping[str, Any], tp_size: int):
-    from plangen.models import resolve_model
-    from plangen.shrink import build_tiny_model
-    from plangen.plan_source import load_custom_plan
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import build_tiny_model
+    from plangen.plan.source import load_custom_plan
 
     model = build_tiny_model(resolve_model(case["model"]), tp_size=tp_size, seed=0)
     styles = matching_styles(model, load_custom_plan(case["path"]))
@@ -137,7 +137,7 @@ def _first_failing_key(case: Mapping[str, Any], tp_size: int, mesh) -> str | Non
     """Apply the plan key by key to a fresh model: the first key that raises is the culprit."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.plan_checks import resolve_tied_styles
+    from plangen.plans.checks import resolve_tied_styles
 
     model, styles = _build_case(case, tp_size)
     for key, style in resolve_tied_styles(model, styles).items():
@@ -168,7 +168,7 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     import torch
 
     from plangen.parallelize import parallelize_model
-    from plangen.plan_checks import plan_heads_problem
+    from plangen.plans.checks import plan_heads_problem
 
     try:
         model, styles = _build_case(case, tp_size)
@@ -180,7 +180,7 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     dtype = torch.float64 if type(model).__name__ in FLOAT64_CHECKS else torch.float32
     model = model.to(dtype)
     from plangen.check.blame import RunRecorder, attribute_failure, record_shapes
-    from plangen.module_tree import ModuleIndex
+    from plangen.model.module_tree import ModuleIndex
 
     # Compiled at the gloo stage only: the fake group's stage has checked the plan eagerly, with the
     # recorder's hooks on every module (hooks that would be compiled into the layers).
@@ -236,7 +236,7 @@ def run_case(case: Mapping[str, Any], tp_size: int, mesh, compare: bool) -> dict
     return result
 
 
-# --- the workers (run by plangen.launch, after it made a gloo group) -------------------------------
+# --- the workers (run by plangen.distributed.launch, after it made a gloo group) -------------------------------
 
 
 def _report(progress_dir: str | None, record: dict[str, Any]) -> None:
@@ -415,7 +415,7 @@ def _launch_once(
     progress: Progress | None,
 ) -> tuple[dict[int, dict[str, Any]], str | None, int | None]:
     """One launch for ``cases``: (results by case, the launch's error, the case it ended in)."""
-    from plangen.launch import DistributedRunError, run_distributed
+    from plangen.distributed.launch import DistributedRunError, run_distributed
 
     with tempfile.TemporaryDirectory(prefix="plangen-verify-") as tmp:
         reader = _ProgressReader(Path(tmp), stage, targets, cases, progress)
@@ -439,7 +439,7 @@ def _launch_once(
 
 
 def _launch_error(text: str, world_size: int) -> str:
-    """One line from :class:`plangen.launch.DistributedRunError`'s text: which rank, and why."""
+    """One line from :class:`plangen.distributed.launch.DistributedRunError`'s text: which rank, and why."""
     if "still running after" in text or "no result after" in text:
         # A hang and a slow run look the same from here: say both, and what to do about the second.
         return (

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclass(frozen=True)
 class ShrunkModel:
-    """A shrunk model (:func:`plangen.shrink.build_tiny_model`), a batch for it, and the plan on it:
+    """A shrunk model (:func:`plangen.model.shrink.build_tiny_model`), a batch for it, and the plan on it:
     ``written`` as the file wrote it (what the runtime takes), ``styles`` after the runtime's
     tied-embedding resolution (what it applies). Never changed by the checks that read it."""
 
@@ -49,8 +49,8 @@ def build_shrunk_model(source: Any, tp_size: int, written: Mapping[str, "Paralle
     ``written`` that select one of its modules (a shrunk model has fewer layers)."""
     import warnings
 
-    from plangen.plan_checks import resolve_tied_styles
-    from plangen.shrink import build_tiny_model
+    from plangen.plans.checks import resolve_tied_styles
+    from plangen.model.shrink import build_tiny_model
 
     cache = (id(source), tp_size)
     if cache not in _SHRUNK:
@@ -71,7 +71,7 @@ def build_shrunk_model(source: Any, tp_size: int, written: Mapping[str, "Paralle
 def matching_styles(model: "nn.Module", styles: Mapping[str, Any]) -> dict[str, Any]:
     """The keys that select a module of this model: a shrunk model has fewer layers, so a key
     naming layer 31 selects nothing in it (level 2 checked every key against the real model)."""
-    from plangen.module_tree import find_unmatched_keys
+    from plangen.model.module_tree import find_unmatched_keys
 
     unmatched = set(find_unmatched_keys(model, styles))
     return {key: style for key, style in styles.items() if key not in unmatched}
@@ -85,8 +85,8 @@ def sample_batch(model: "nn.Module", tp_size: int, seed: int = 1) -> "torch.Tens
     every TP size divides (sequence parallel needs it); the same on every process."""
     import torch
 
-    from plangen.models import text_config
-    from plangen.shrink import SPECIAL_TOKEN_SPAN
+    from plangen.model.resolve import text_config
+    from plangen.model.shrink import SPECIAL_TOKEN_SPAN
 
     vocab = text_config(model.config).vocab_size
     seq = tp_size * max(1, -(-8 // tp_size))

@@ -69,7 +69,7 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
             raise CostError(f"{cls} has no hand-written plan: compare hf, nemo or a plan file")
 
         def build_hand_written(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
-            from plangen.plan import build_parallel_styles
+            from plangen.styles import build_parallel_styles
 
             return build_parallel_styles(HAND_WRITTEN[cls](m, sequence_parallel))
 
@@ -80,7 +80,7 @@ def resolve_plan_choice(name: str, model: "nn.Module", sequence_parallel: bool) 
     if name == "hf":
 
         def build_hf(m: "nn.Module") -> Mapping[str, "ParallelStyle"]:
-            from plangen.hf_plan import get_hf_tp_plan
+            from plangen.plans.hf_plan import get_hf_tp_plan
 
             try:
                 return get_hf_tp_plan(m)
@@ -129,7 +129,7 @@ def resolve_runtime_choice(model: "nn.Module", sequence_parallel: bool, variant:
 
 
 def load_plan_file_choice(path: str) -> PlanChoice:
-    from plangen.plan_source import PlanLoadError, load_custom_plan
+    from plangen.plan.source import PlanLoadError, load_custom_plan
 
     try:
         styles = load_custom_plan(path)

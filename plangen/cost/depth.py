@@ -39,8 +39,8 @@ AFTER_LAYERS = -1
 def layers_alike(layers: list[Any], config: Any) -> str | None:
     """None where every decoder layer has the same modules and parameter shapes and the config states
     no per-layer kinds; else why not (the caller then traces every layer)."""
-    from plangen.models import text_config
-    from plangen.config_keys import sets_layer_kinds
+    from plangen.model.resolve import text_config
+    from plangen.model.config_keys import sets_layer_kinds
 
     def signature(layer: Any) -> tuple:
         modules = tuple((name, type(m).__name__) for name, m in layer.named_modules())
@@ -62,7 +62,7 @@ def config_at_depth(config: Any, depth: int) -> Any:
     """A copy of ``config`` with ``depth`` layers (per-layer lists, all alike, cut to it)."""
     import copy
 
-    from plangen.models import text_config
+    from plangen.model.resolve import text_config
 
     from plangen.cost.widths import apply_width_relations
 

@@ -58,7 +58,7 @@ def candidate_layouts(world_size: int, seq_len: int) -> list[tuple[int, int, boo
 def search_layouts(target: str, world_size: int, gpu_bytes: int, *, seq_len: int = 4096, **settings: Any) -> FitSearch:
     """Trace every candidate layout of ``world_size`` ranks; ``settings``: micro_batch, dtype,
     master_dtype, model (as :func:`~plangen.cost.peak.measure_peak` takes them)."""
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
     from plangen.cost.peak import measure_peak
     from plangen.cost.report import build_cost_report
 

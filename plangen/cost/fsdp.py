@@ -8,7 +8,7 @@ head) one more, with the root kept unsharded after forward. Per step of one micr
   then one reduce-scatter per unit of its gradients in ``reduce_dtype`` (float32).
 
 Each all-gather produces the unit's TP-local parameters with each one's shard dim (dim 0, or the
-runtime's other choice where dim 0 would pad more than 1 %: :mod:`plangen.fsdp_shard`) padded to a
+runtime's other choice where dim 0 would pad more than 1 %: :mod:`plangen.runtime.fsdp_shard`) padded to a
 multiple of the DP size; each reduce-scatter reduces a tensor of that size. With DP size 1 there is nothing to
 gather or reduce.
 """
@@ -25,7 +25,7 @@ from plangen.cost.settings import CostSettings
 
 def read_unit_numels(model: nn.Module, dp_size: int) -> tuple[list[int], int]:
     """Padded TP-local elements of each layer unit, and of the root unit (everything else)."""
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.plans.checks import find_transformer_layers
 
     layers = find_transformer_layers(model)
     in_layers: set[str] = set()

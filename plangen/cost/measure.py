@@ -1,7 +1,7 @@
 """Run one training step of a shrunk model under a plan and record its TP collectives.
 
 A single-process fake process group (``init_process_group("fake")``) runs TP at any size without
-workers; torch's ``CommDebugMode`` (:class:`plangen.comm.CollectiveCounter`) sees every collective
+workers; torch's ``CommDebugMode`` (:class:`plangen.distributed.comm.CollectiveCounter`) sees every collective
 that DTensor, the plan's styles and the loss issue, with the size of its result. The step is what
 training runs: forward, loss (vocabulary-parallel when the logits are sharded on the vocabulary,
 otherwise cross-entropy on whole logits), backward; in the compute dtype, so each collective
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from plangen.comm import CollectiveCounter
+from plangen.distributed.comm import CollectiveCounter
 from plangen.cost.probe_configs import (
     DIMENSION_KEYS,
     config_value,
@@ -37,10 +37,10 @@ from plangen.cost.probe_configs import (
 from plangen.cost.scaling import PROBE_GROUPS, Probe, Sample
 from plangen.cost.settings import CostError
 from plangen.cost.widths import derived_width_keys
-from plangen.fake_group import quiet_fake_tensor_log, quiet_partial_matches, tp_mesh
-from plangen.models import text_config
-from plangen.pad_layout import pads_query_heads
-from plangen.transformers_compat import guard_routing_index
+from plangen.distributed.fake_group import quiet_fake_tensor_log, quiet_partial_matches, tp_mesh
+from plangen.model.resolve import text_config
+from plangen.model.pad_layout import pads_query_heads
+from plangen.stack.transformers_compat import guard_routing_index
 
 StylesBuilder = Callable[[nn.Module], Mapping[str, Any]]
 
@@ -165,11 +165,11 @@ def run_step(
     seq: int,
 ) -> StepRun:
     """Forward, loss and backward of a model built from ``config`` under the plan; its collectives."""
-    from plangen.compat import mod_tracker
+    from plangen.stack.torch_compat import mod_tracker
 
     from plangen.cost.depth import running_layer
-    from plangen.plan_checks import PlanError, find_transformer_layers
-    from plangen.tensor_parallel import apply_tp
+    from plangen.plans.checks import PlanError, find_transformer_layers
+    from plangen.runtime.tensor_parallel import apply_tp
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -286,16 +286,16 @@ def measure_tp_collectives(
     if _replicates_kv_heads(text, tp_size):
         # More TP ranks than KV heads (plangen.styles.kv_heads): scaled heads would divide by the TP size and
         # leave that layout. Nothing is lost: the shrunk model keeps the real head counts there
-        # (plangen.shrink keeps a KV count below the TP size), so the heads need no scaling.
+        # (plangen.model.shrink keeps a KV count below the TP size), so the heads need no scaling.
         probeable.discard("heads")
     heads = config_value(text, "num_attention_heads")
     if is_int(heads) and pads_query_heads(heads) and heads % tp_size:
-        # Falcon-7B's odd query heads, padded with zero heads (plangen.padded_heads): doubled, they would
+        # Falcon-7B's odd query heads, padded with zero heads (plangen.styles.padded_heads): doubled, they would
         # divide by the TP size and leave the padded layout. Measured at the shrunk model's count.
         probeable.discard("heads")
     if "topk" in probeable and not fits_experts(text):
         # k x its prime above the expert count x theirs: only where the shrunk model routes each token
-        # to nearly every expert (E < 1.4 k). plangen.shrink caps k at 2 and E at no less than 4, so k is
+        # to nearly every expert (E < 1.4 k). plangen.model.shrink caps k at 2 and E at no less than 4, so k is
         # the real model's there (E = k <= 2, or DBRX's ffn_config.moe_top_k, which it keeps): nothing to scale.
         probeable.discard("topk")
     base = run(tiny_config)

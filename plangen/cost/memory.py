@@ -2,7 +2,7 @@
 
 After TP each parameter is a DTensor (or a plain tensor the plan left whole); its local shard is
 what one TP rank holds. FSDP2 then shards every parameter over DP on the dim the runtime gives it
-(:func:`plangen.fsdp_shard.fsdp_shard_dim`: dim 0, padded to a multiple of the DP size, unless that
+(:func:`plangen.runtime.fsdp_shard.fsdp_shard_dim`: dim 0, padded to a multiple of the DP size, unless that
 pads more than 1 % of it, as with one expert per TP rank or 7 experts over DP 2, where another dim
 splits evenly), so one rank holds ``ceil(size[d] / dp) x rest`` elements of each. Gradients
 have the parameters' layout; AdamW keeps two states of the same layout (exp_avg, exp_avg_sq). The
@@ -19,8 +19,8 @@ from torch import nn
 
 from plangen.cost.data import MemoryCost
 from plangen.cost.settings import CostSettings
-from plangen.fsdp_shard import fsdp_shard_dim
-from plangen.module_tree import key_matches
+from plangen.runtime.fsdp_shard import fsdp_shard_dim
+from plangen.model.module_tree import key_matches
 from plangen.plan import Replicated
 
 ADAMW_STATES = 2
@@ -50,7 +50,7 @@ def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
     """Every parameter of ``module`` once (tied ones once), with its TP-local shape."""
     from torch.distributed.tensor import DTensor
 
-    from plangen.padded_heads import hugging_face_shape
+    from plangen.styles.padded_heads import hugging_face_shape
 
     shards = []
     for name, param in module.named_parameters():
@@ -59,7 +59,7 @@ def read_parameter_shards(module: nn.Module) -> list[ParameterShard]:
             sharded = any(p.is_shard() for p in param.placements)
         else:
             local, sharded = tuple(param.shape), False
-        # The model's own elements: zero heads padding the query heads (plangen.padded_heads) are held
+        # The model's own elements: zero heads padding the query heads (plangen.styles.padded_heads) are held
         # (the local shape) but are not the model's, so the ideal does not count them.
         whole = math.prod(hugging_face_shape(module, name, tuple(param.shape)))
         shards.append(ParameterShard(name, whole, local, sharded))
@@ -71,7 +71,7 @@ def sharded_fraction(model: nn.Module, repeats: Mapping[str, int] | None = None)
 
     By element count, over every parameter once (tied ones once); 0 for a model without parameters.
     ``repeats``: submodule name -> how many identical submodules it stands for, when the copies were
-    left out of the model to save time (:func:`plangen.catalog.build_sharded_fraction`).
+    left out of the model to save time (:func:`plangen.commands.catalog.build_sharded_fraction`).
     """
     repeats = repeats or {}
 

@@ -196,7 +196,7 @@ def _collective_holds(func: Any, args: Any, out: Any) -> tuple[int, ...]:
         return ()
     import torch
 
-    from plangen.compat import tree_leaves
+    from plangen.stack.torch_compat import tree_leaves
 
     def distinct(values: Any) -> dict[int, int]:
         # By storage (fake tensors have no data pointer): a view and its base are held once.
@@ -215,7 +215,7 @@ def _make_tracker(model: Any, optimizer: Any, layer_names: dict[str, int]):
     """An ``FSDPMemTracker`` that skips DTensor's shape propagation and records the peak of each
     phase in each decoder layer (``layer_names``: their names, as the model names them, by index),
     and the bytes each collective's work held, by phase (``held``: :func:`_collective_holds`)."""
-    from plangen.compat import peak_tracker_class
+    from plangen.stack.torch_compat import peak_tracker_class
 
     class StepTracker(peak_tracker_class()):
         def __init__(self) -> None:
@@ -279,7 +279,7 @@ def _innermost(parents: set[str], layer: int | None = None, layer_names: dict[st
 
 @contextmanager
 def _skip_shape_propagation(tracker: Any) -> Iterator[None]:
-    from plangen.compat import counting_shape_propagation
+    from plangen.stack.torch_compat import counting_shape_propagation
 
     with counting_shape_propagation(tracker, "propagating"):
         yield
@@ -329,8 +329,8 @@ def track_layer_peaks(
     import torch
 
     from plangen.cost.measure import step_loss
-    from plangen.fake_group import quiet_fake_tensor_log
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.distributed.fake_group import quiet_fake_tensor_log
+    from plangen.plans.checks import find_transformer_layers
 
     # AdamW runs on the parameters' local shards (the same storages, so the same memory): on
     # DTensors each foreach op pays for a sharding propagation over every parameter (Llama-3.1-70B,
@@ -376,7 +376,7 @@ def track_layer_peaks(
 
 def _local(tensor: Any) -> Any:
     # A DTensor's local shard: the same storage, so the tracker files it as the DTensor's.
-    from plangen.compat import local_tensor
+    from plangen.stack.torch_compat import local_tensor
 
     return local_tensor(tensor)
 
@@ -391,11 +391,11 @@ def parallelize_for_trace(
     """TP by ``choice``, activation checkpointing, FSDP2: :func:`plangen.parallelize.parallelize_model`'s
     steps, for any plan the cost report names."""
     from plangen.cost.measure import TORCH_DTYPES
-    from plangen.fake_group import quiet_partial_matches
+    from plangen.distributed.fake_group import quiet_partial_matches
     from plangen.parallelize import apply_activation_checkpointing, apply_fsdp
-    from plangen.plan_checks import PlanError, find_transformer_layers
+    from plangen.plans.checks import PlanError, find_transformer_layers
     from plangen.plans import CHECKPOINT_FILTERS
-    from plangen.tensor_parallel import apply_tp
+    from plangen.runtime.tensor_parallel import apply_tp
 
     layers = find_transformer_layers(model)
     if settings.tp_size > 1:
@@ -426,8 +426,8 @@ def trace_peak(
     from plangen.cost.measure import TORCH_DTYPES
     from plangen.cost.probe_configs import count_layers
     from plangen.cost.training import training_config
-    from plangen.models import build_meta_model
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.model.resolve import build_meta_model
+    from plangen.plans.checks import find_transformer_layers
 
     config = training_config(config)
     layers = count_layers(config)
@@ -487,13 +487,13 @@ def _trace_at(resolved: Any, config: Any, plan: str, settings: CostSettings, act
     """(plan choice, the peak of each phase in each layer) for rank 0 of a model built from
     ``config``, traced with fake tensors."""
     import torch
-    from plangen.compat import fake_tensor_mode_class
+    from plangen.stack.torch_compat import fake_tensor_mode_class
     from torch.distributed.device_mesh import DeviceMesh
 
     from plangen.cost.choices import resolve_plan_choice
     from plangen.cost.measure import TORCH_DTYPES
-    from plangen.fake_group import fake_process_group
-    from plangen.models import build_meta_model, text_config
+    from plangen.distributed.fake_group import fake_process_group
+    from plangen.model.resolve import build_meta_model, text_config
 
     world = settings.dp_size * settings.tp_size
     with fake_process_group(world, error=CostError):
@@ -546,7 +546,7 @@ def measure_peak(
     """
     from plangen.cost.probe_configs import count_layers
     from plangen.cost.report import recorded_tp_size, read_target, resolve_cost_model
-    from plangen.models import config_for_class
+    from plangen.model.resolve import config_for_class
 
     started = time.perf_counter()
     subject, spec, metadata = read_target(target, model)

@@ -352,7 +352,7 @@ def _matplotlib() -> Any:
 
 def _write(path: str | Path, draw: Any, documents: Sequence[dict[str, Any]], title: str) -> None:
     """Draw with ``draw(Figure)`` and write ``path`` in its suffix's format, carrying ``documents``."""
-    from plangen.files import replace_file
+    from plangen.output.files import replace_file
 
     matplotlib = _matplotlib()
     from matplotlib.figure import Figure

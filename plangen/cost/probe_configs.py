@@ -11,7 +11,7 @@ import copy
 from fractions import Fraction
 from typing import Any, Mapping
 
-from plangen.config_keys import (
+from plangen.model.config_keys import (
     EXPERTS_PER_TOKEN_KEYS,
     LEADING_LAYER_KEYS,
     STATE_SIZE_KEYS,
@@ -22,7 +22,7 @@ from plangen.config_keys import (
 )
 from plangen.cost.settings import CostError
 from plangen.cost.widths import apply_width_relations, width_relations
-from plangen.models import text_config
+from plangen.model.resolve import text_config
 
 # Base widths of the measured model, in units of the TP size: odd multiples, so that a logits
 # gather (B·S·V) and an MLP gather (B·S·I) cannot have the same size by accident, as the powers of
@@ -205,7 +205,7 @@ def is_int(value: Any) -> bool:
 
 def state_space_heads(text: Any) -> tuple[str, str, str] | None:
     """The (heads, head size, expansion) keys of a Mamba-2-style mixer whose heads x head size is
-    expansion x hidden, or None (plangen.config_keys' table of them)."""
+    expansion x hidden, or None (plangen.model.config_keys' table of them)."""
     hidden = config_value(text, "hidden_size")
     for keys in STATE_SPACE_HEADS:
         heads, dim, expand = (config_value(text, k) for k in keys)
@@ -238,7 +238,7 @@ def scaled_config(config: Any, factors: Mapping[str, int]) -> Any:
 def config_with_extra_layer(config: Any, index: int) -> Any | None:
     """A copy with one more layer like layer ``index``, appended; None where the layers' kinds are
     not per-layer lists alone (index lists, leading, trailing or periodic layer counts would move)."""
-    from plangen.shrink import is_layer_index_list
+    from plangen.model.shrink import is_layer_index_list
 
     text = text_config(config)
     layers = count_layers(config)
@@ -262,7 +262,7 @@ def config_with_more_layers(config: Any, factor: int = 2) -> Any:
     lists of layer indices (Llama-4's ``moe_layers``: ``[0, 1]`` becomes ``[0, 1, 2, 3]``, not the
     per-layer repeat ``[0, 1, 0, 1]``, which left the added layers dense and their collectives uncounted),
     and a count of leading layers of another kind (DeepSeek's dense first layers) grows with them."""
-    from plangen.shrink import is_layer_index_list
+    from plangen.model.shrink import is_layer_index_list
 
     config = copy.deepcopy(config)
     text = text_config(config)

@@ -53,7 +53,7 @@ def read_target(target: str, model: str | None) -> tuple[str, str, dict[str, Any
         if not isinstance(spec, str) or not spec:
             raise CostError(f"{target} names no model (no PLANGEN_MODEL = ...): pass --model")
         if model is None:
-            from plangen.models import resolve_recorded_spec
+            from plangen.model.resolve import resolve_recorded_spec
 
             spec = resolve_recorded_spec(spec, target)
         return target, spec, metadata
@@ -94,7 +94,7 @@ def build_cost_report(
         else sequence_parallel,
     )
     resolved = resolve_cost_model(spec, settings)
-    from plangen.fake_group import fake_process_group
+    from plangen.distributed.fake_group import fake_process_group
 
     with fake_process_group(settings.tp_size, error=CostError):
         plans = tuple(build_plan_cost(resolved, name, settings) for name in names)
@@ -109,8 +109,8 @@ def recorded_tp_size(metadata: dict[str, Any]) -> int:
 
 
 def resolve_cost_model(spec: str, settings: CostSettings):
-    from plangen.heads import any_layout_tp_size_problem
-    from plangen.models import ModelSpecError, config_for_class, resolve_model
+    from plangen.model.heads import any_layout_tp_size_problem
+    from plangen.model.resolve import ModelSpecError, config_for_class, resolve_model
 
     try:
         resolved = resolve_model(spec)
@@ -129,7 +129,7 @@ def build_plan_cost(resolved: Any, name: str, settings: CostSettings) -> PlanCos
     from plangen.cost.fsdp import build_fsdp_collectives, read_unit_numels
     from plangen.cost.memory import build_memory_cost, read_parameter_shards
     from plangen.cost.scaling import sort_collectives
-    from plangen.models import build_meta_model
+    from plangen.model.resolve import build_meta_model
 
     try:
         meta = build_meta_model(resolved)
@@ -157,16 +157,16 @@ def has_experts(model: Any) -> bool:
 
 def _count_layer_kinds(model: Any) -> Counter[str]:
     from plangen.cost.measure import layer_kind
-    from plangen.plan_checks import find_transformer_layers
+    from plangen.plans.checks import find_transformer_layers
 
     return Counter(layer_kind(layer) for layer in find_transformer_layers(model))
 
 
 def apply_plan(model: Any, choice: PlanChoice, settings: CostSettings) -> None:
     """Apply the plan's TP to ``model`` with the runtime's own checks, as errors of the cost."""
-    from plangen.fake_group import quiet_partial_matches, tp_mesh
-    from plangen.plan_checks import PlanError
-    from plangen.tensor_parallel import apply_tp
+    from plangen.distributed.fake_group import quiet_partial_matches, tp_mesh
+    from plangen.plans.checks import PlanError
+    from plangen.runtime.tensor_parallel import apply_tp
 
     # Read before applying: a style that refuses leaves the model half sharded, its head counts this rank's.
     problem = divisibility_problem(model, choice, settings.tp_size)
@@ -185,7 +185,7 @@ def divisibility_problem(model: Any, choice: PlanChoice, tp_size: int) -> str | 
     intermediate no TP size above 1: the style's own error named no legal size."""
     from plangen.check.model_plan import ModelPlan
     from plangen.check.rules.model.shapes import DivisibilityRule
-    from plangen.plan_checks import resolve_tied_styles
+    from plangen.plans.checks import resolve_tied_styles
 
     styles = resolve_tied_styles(model, choice.build(model))
     findings = DivisibilityRule().check(ModelPlan(model, tp_size, None, styles, styles))
@@ -198,8 +198,8 @@ def build_tp_collectives(resolved: Any, choice: PlanChoice, settings: CostSettin
     from plangen.cost.measure import measure_tp_collectives
     from plangen.cost.probe_configs import config_with_real_widths, read_dimensions
     from plangen.cost.scaling import derive_terms, scale_terms
-    from plangen.models import config_for_class
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import config_for_class
+    from plangen.model.shrink import shrink_config
 
     config = config_for_class(resolved.config, resolved.model_class)
     tiny = config_with_real_widths(shrink_config(config, settings.tp_size), config, settings.tp_size)
@@ -233,7 +233,7 @@ def missing_dimension_problem(spec: str, config: Any, name: str, terms: Sequence
     """Why the real model's collectives cannot be sized: its config leaves dimension ``name`` unset (one line)."""
     from plangen.cost.probe_configs import DIMENSION_KEYS, config_value
     from plangen.cost.scaling import tensor_formula
-    from plangen.models import text_config
+    from plangen.model.resolve import text_config
 
     keys, unset = DIMENSION_KEYS.get(name, (name,)), object()
     stated = [k for k in keys if config_value(text_config(config), k, unset) is not unset] or list(keys[:1])

@@ -1,7 +1,7 @@
 """The config settings a training step runs with where a class's defaults are generation's.
 
 ``--peak`` (:mod:`plangen.cost.peak`) traces one training step of the real config; shrunk configs
-(:mod:`plangen.shrink`) already set ``use_cache=False``. What a training run sets that the
+(:mod:`plangen.model.shrink`) already set ``use_cache=False``. What a training run sets that the
 defaults do not is here, once, by model type.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from plangen.models import text_config
+from plangen.model.resolve import text_config
 
 # By model_type. xLSTM: mode "inference" runs chunkwise kernels that fail in bf16 on a chunk of tokens or
 # more (in transformers itself: "expected m1 and m2 to have the same dtype"), "train" is what training

@@ -105,7 +105,7 @@ def write_configs(folder: Path) -> dict[str, Path]:
 def predict_cases(cases: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
     """Each case's :class:`plangen.cost.peak.PeakReport`, traced with fake tensors (rank 0), by name.
 
-    Needs the process's fake group (:func:`plangen.fake_group.fake_process_group`) or none."""
+    Needs the process's fake group (:func:`plangen.distributed.fake_group.fake_process_group`) or none."""
     from plangen.cost.peak import measure_peak
 
     paths = write_configs(folder)
@@ -128,7 +128,7 @@ def predict_cases(cases: list[dict[str, Any]], folder: Path) -> dict[str, Any]:
 def measure_cases(cases: list[dict[str, Any]], timeout: float = 300.0) -> list[dict[str, Any]]:
     """Every case run for real on DP 2 x TP 2 gloo processes (one launch): per rank, per case, each
     phase's peak by kind (or ``error`` and ``trace``)."""
-    from plangen.launch import run_distributed
+    from plangen.distributed.launch import run_distributed
 
     return run_distributed("plangen.cost.validate:run_peak_cases", TP_SIZE * DP_SIZE, cases, timeout=timeout)
 
@@ -252,7 +252,7 @@ def run_peak_case(
     from plangen.cost.choices import resolve_plan_choice
     from plangen.cost.peak import parallelize_for_trace, track_step
     from plangen.cost.settings import build_cost_settings
-    from plangen.models import resolve_model_class
+    from plangen.model.resolve import resolve_model_class
 
     config = build_config(case["config"])
     settings = build_cost_settings(
@@ -328,7 +328,7 @@ def _is_router(module: Any) -> bool:
 
 def _route_counter(routes: list[int], per_rank: int):
     def count(module: Any, args: Any, output: Any) -> None:
-        from plangen.compat import no_dispatch_modes
+        from plangen.stack.torch_compat import no_dispatch_modes
 
         # Outside the memory tracker (a dispatch mode): the count allocates, the measured step must not.
         with no_dispatch_modes():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from plangen.models import text_config
+from plangen.model.resolve import text_config
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def apply_width_relations(config: Any) -> Any:
 
 def rederived_config(config: Any) -> Any:
     """``config`` built again from its fields, so that its ``__post_init__`` derives its widths anew."""
-    from plangen.shrink import config_from_values
+    from plangen.model.shrink import config_from_values
 
     if text_config(config) is not config:
         raise ValueError(f"{type(config).__name__}: re-deriving the widths of a nested text config is not supported")

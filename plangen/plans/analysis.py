@@ -133,7 +133,7 @@ def find_decoder_stack(model: nn.Module, near: str) -> tuple[str, nn.ModuleList]
     Lists of the blocks transformers declares (``_no_split_modules``) are preferred; among them the
     one sharing the longest path prefix with the token embedding, then the shallowest.
     """
-    from plangen.module_tree import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
 
     declared = {id(m) for m in find_transformer_layers(model)}
     lists = [

@@ -16,15 +16,15 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from plangen.plan import Plan, PlanSource, build_parallel_styles
-from plangen.plan_checks import PlanError
+from plangen.plan import Plan, PlanSource
+from plangen.plans.checks import PlanError
 from plangen.plans.variants import DEFAULT_VARIANT, VariantError, build_plan_variant, check_variant
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from plangen.plan_source import PlanLike
+    from plangen.plan.source import PlanLike
 
 # Every plan source, in the order of priority; "none" is what a class without any plan shows.
 SOURCES: tuple[str, ...] = ("custom", "hand-written", "synthesized", "hf")
@@ -58,6 +58,8 @@ class ChosenPlan:
         if self.custom_styles is not None:
             return dict(self.custom_styles)
         assert self.plan is not None
+        from plangen.styles import build_parallel_styles
+
         return build_parallel_styles(self.plan)
 
     @property
@@ -138,7 +140,7 @@ def _choose_plan(
 
     cls = type(model).__name__
     if custom_parallel_plan is not None:
-        from plangen.plan_source import load_custom_plan
+        from plangen.plan.source import load_custom_plan
 
         styles = load_custom_plan(custom_parallel_plan)
         what = custom_parallel_plan if isinstance(custom_parallel_plan, str) else type(custom_parallel_plan).__name__
@@ -186,7 +188,7 @@ def _choose_plan(
     if sequence_parallel:
         hf_error = "Hugging Face plans have no sequence parallel"
     else:
-        from plangen.hf_plan import build_hf_plan
+        from plangen.plans.hf_plan import build_hf_plan
 
         try:
             hf = build_hf_plan(model)
@@ -252,7 +254,9 @@ def _no_plan_message(cls: str, sequence_parallel: bool, seeding: bool, hf_error:
         )
     unproven_hf = "is not used unproven" in hf_error
     opt_in = (
-        "; to use it anyway, pass custom_parallel_plan=plangen.hf_plan.get_hf_tp_plan(model)" if unproven_hf else ""
+        "; to use it anyway, pass custom_parallel_plan=plangen.plans.hf_plan.get_hf_tp_plan(model)"
+        if unproven_hf
+        else ""
     )
     return (
         f"no plan for {cls} at TP>1: write a custom plan with `plangen init {cls}` and pass "

@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
-from plangen.heads import head_counts
+from plangen.model.heads import head_counts
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.layouts import SEQ, row_parallel_output

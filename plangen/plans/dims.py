@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from plangen.models import text_config
+from plangen.model.resolve import text_config
 
 
 @dataclass(frozen=True)

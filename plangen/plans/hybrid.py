@@ -19,7 +19,7 @@ from plangen.styles.experts import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
-from plangen.transformers_compat import layer_kind, layer_kinds
+from plangen.stack.transformers_compat import layer_kind, layer_kinds
 
 
 def checkpoint_nemotron_h_block(block: nn.Module) -> bool:

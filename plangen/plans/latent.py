@@ -74,7 +74,7 @@ def shards_query_latent(config: Any) -> bool:
 def latent_down_share(model_type: str) -> float:
     """The share of the parameters of ``model_type``'s class at its default size (meta device) held by
     MLA's down-projections and their norms; 0.0 where its default config does not build."""
-    from plangen.models import build_full_size_meta_model, resolve_model
+    from plangen.model.resolve import build_full_size_meta_model, resolve_model
 
     try:
         model = build_full_size_meta_model(resolve_model(model_type))

@@ -17,7 +17,7 @@ from dataclasses import replace
 from torch import nn
 from torch.distributed.tensor import Partial, Replicate, Shard
 
-from plangen.models import text_config
+from plangen.model.resolve import text_config
 from plangen.styles.experts import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY, expert_count
 from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan

@@ -42,7 +42,7 @@ from plangen.plans.recognize_latent import LatentBlock, recognize_latent_attenti
 from plangen.plans.recognize_linear_attention import recognize_gated_delta_net
 from plangen.plans.recognize_mamba1 import Mamba1Block, recognize_mamba1_mixer
 from plangen.plans.recognize_mamba2 import Mamba2Block, recognize_mamba2
-from plangen.transformers_compat import experts_split_over_ranks
+from plangen.stack.transformers_compat import experts_split_over_ranks
 from plangen.styles.attention import short_conv_only
 from plangen.plans.recognize_moe_parts import is_router, packed_shared_children, router_rows, takes_routing
 from plangen.plans.recognize_recurrent import recognize_recurrent_block
@@ -114,7 +114,7 @@ class ShardedBlock:
     # relative positions): replicated, their gradient summed over TP by the block's input style.
     shared_tables: tuple[str, ...] = ()
     # Multi-query attention whose query head count no even TP size divides (Falcon-7B's 71): padded
-    # with zero heads to a multiple of the TP size when the plan is applied (plangen.padded_heads).
+    # with zero heads to a multiple of the TP size when the plan is applied (plangen.styles.padded_heads).
     padded_heads: bool = False
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from plangen.pad_layout import pads_query_heads
+from plangen.model.pad_layout import pads_query_heads
 from plangen.plans.forward_source import read_input_readers
 from plangen.plans.recognize import (
     KeptBlock,
@@ -87,7 +87,7 @@ def packed_attention(
     if split.kind == "parts":
         shared = _multi_query_parts(split.parts, dims)
         # Falcon-7B's 71 query heads split over no even TP size: padded with zero heads to a multiple of
-        # it when the plan is applied (plangen.padded_heads). Only there: a count that divides needs no pad.
+        # it when the plan is applied (plangen.styles.padded_heads). Only there: a count that divides needs no pad.
         padded = bool(shared) and pads_query_heads(dims.heads)
         if shared:
             # The shared head's width stays whole (its num_key_value_groups, which the attention

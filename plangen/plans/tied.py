@@ -2,12 +2,12 @@
 
 A plan that shards a tied embedding with ``RowwiseParallel`` and its head with ``ColwiseParallel``
 is right under plangen's runtime, which re-ties the two parameters ``parallelize_module`` makes
-(:func:`plangen.tensor_parallel.apply_retie`), and wrong under any runtime that does not (NeMo RL's
+(:func:`plangen.runtime.tensor_parallel.apply_retie`), and wrong under any runtime that does not (NeMo RL's
 ``_parallelize_model``): :func:`tie_plan_entries` turns the two entries into the pair
 :class:`~plangen.styles.tied.TiedEmbeddingParallel` / :class:`~plangen.styles.tied.TiedHeadParallel`
 (same arguments, same layouts), which keeps one parameter by itself. Pure: plan data in, plan data
 out. Hand-written plans (:func:`plangen.plans.registry.register_plan`), synthesized plans and
-``plangen init`` (:mod:`plangen.render`) all pass their plans through it.
+``plangen init`` (:mod:`plangen.commands.render`) all pass their plans through it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from plangen.module_tree import key_matches, tied_embeddings
+from plangen.model.module_tree import key_matches, tied_embeddings
 from plangen.plan import Plan
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -7,7 +7,7 @@ all-reduced. They stay tensor-parallel only: under sequence parallelism their se
 audio frames) is not the decoder's, so their blocks take and return whole activations.
 
 A tower with a config of its own (vision, audio) is sharded only for the classes whose check feeds
-it inputs (:data:`plangen.tower_inputs.TOWER_INPUTS`): the sweep proves a plan by running it, and
+it inputs (:data:`plangen.model.tower_inputs.TOWER_INPUTS`): the sweep proves a plan by running it, and
 text alone never reaches such a tower. The others keep it whole, saying so.
 
 What a tower holds outside its layers (patch and position embeddings, convolutions, its norms)
@@ -29,7 +29,7 @@ from plangen.plans.dims import ModelDims, dims_of_config, has_parameters
 from plangen.plans.findings import BlockPart, Findings
 from plangen.plans.recognize import ShardedBlock
 from plangen.plans.recognize_split import SplitBlock
-from plangen.tower_inputs import TOWER_INPUTS
+from plangen.model.tower_inputs import TOWER_INPUTS
 
 __all__ = ["Towers", "analyze_towers", "tower_kept_reason"]
 
@@ -115,7 +115,7 @@ def analyze_towers(model: nn.Module, decoder_path: str, text: ModelDims, walk: L
             unrun.setdefault(owner, []).append(f"{type(layers[0]).__name__} layers at {path}")
             towers.reasons[owner] = (
                 "{cls} holds towers (" + "; ".join(unrun[owner]) + ") that the numerical check cannot run (no "
-                "inputs built for them in plangen.tower_inputs): sharded, they would be unproven"
+                "inputs built for them in plangen.model.tower_inputs): sharded, they would be unproven"
             )
             continue
         towers.stacks.append(TowerStack(path, owner, dims, modal))

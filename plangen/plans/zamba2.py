@@ -3,7 +3,7 @@
 A Zamba2 layer is a Mamba2 decoder layer (``layers.N.mamba``: norm, mixer) or a hybrid layer that
 holds one too, one level down (``layers.N.mamba_decoder.mamba``), beside a transformer block
 (``shared_transformer``: attention, then an MLP) whose weights several hybrid layers share
-(``num_mem_blocks``; the runtime keeps them one parameter: :func:`plangen.tensor_parallel.apply_shared_retie`),
+(``num_mem_blocks``; the runtime keeps them one parameter: :func:`plangen.runtime.tensor_parallel.apply_shared_retie`),
 and a ``linear`` (hidden -> hidden) that maps the block's output into the Mamba layer's input.
 Every Mamba2 mixer is split by heads as NemotronH's are (:mod:`plangen.plans.mamba2`).
 
@@ -31,7 +31,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import register_plan
 from plangen.plans.layouts import SEQ
-from plangen.transformers_compat import layer_kinds
+from plangen.stack.transformers_compat import layer_kinds
 
 SHARED = "model.layers.*.shared_transformer"
 MIXERS = ("model.layers.*.mamba", "model.layers.*.mamba_decoder.mamba")

@@ -27,7 +27,7 @@ and torch's too. Where each mechanism lives:
   :mod:`~plangen.styles.linear_attention` (gated delta nets), :mod:`~plangen.styles.recurrent`
   (RG-LRU, per-head norms), :mod:`~plangen.styles.rwkv`;
 - :mod:`~plangen.styles.hf_strings`: transformers' ``tp_plan`` strings translated to these styles;
-- :mod:`~plangen.styles.table`: the torch-free table of every style (:mod:`plangen.style_table`),
+- :mod:`~plangen.styles.table`: the torch-free table of every style (:mod:`plangen.plan.style_table`),
   generated from the classes.
 
 A new style is a class in the module of its mechanism, with ``facts`` and (where torch's column- and
@@ -47,7 +47,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from plangen.styles.base import STYLE_CLASSES, STYLE_FACTS, PlangenStyle, build_style
+from plangen.styles.base import STYLE_CLASSES, STYLE_FACTS, PlangenStyle, build_parallel_styles, build_style
 from plangen.styles.linear import ColwiseParallelOwnOutput, ColwiseParallelWithGather, RowwiseParallelOwnOutput
 from plangen.styles.packed import PackedColwiseParallel, PackedRowwiseParallel
 from plangen.styles.fused import (
@@ -114,6 +114,7 @@ __all__ = [
     "STYLE_CLASSES",
     "STYLE_FACTS",
     "PlangenStyle",
+    "build_parallel_styles",
     "build_style",
     # placements, for plan files
     "Partial",

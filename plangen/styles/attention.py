@@ -28,8 +28,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
-from plangen.style_facts import HEADS, HEAD_TABLE, PREPARE_INPUT, PREPARE_INPUT_OUTPUT, SHORT_CONV, StyleFacts
-from plangen.module_facts import attention_head_counts
+from plangen.plan.style_facts import HEADS, HEAD_TABLE, PREPARE_INPUT, PREPARE_INPUT_OUTPUT, SHORT_CONV, StyleFacts
+from plangen.model.module_facts import attention_head_counts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle, head_count_dims
 
@@ -137,7 +137,7 @@ class PairedHeadsAttentionInput(PrepareModuleInput, PlangenStyle):
         return [("attention heads", counts[0], 2), ("key/value heads", counts[1], 2)]  # each half's, whole pairs
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        from plangen.module_facts import attention_head_counts
+        from plangen.model.module_facts import attention_head_counts
         from plangen.styles.replicated import sum_own_grads_over
 
         tp = device_mesh.size()

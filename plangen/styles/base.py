@@ -4,26 +4,29 @@ Plans name their styles (``"FusedColwiseParallel"``) so that a plan can be data,
 checked without torch. Every plangen style subclasses :class:`PlangenStyle` beside the torch style
 it extends, and carries its own truth:
 
-- ``facts`` (a :class:`plangen.style_facts.StyleFacts`): what it shards, what it takes and leaves;
+- ``facts`` (a :class:`plangen.plan.style_facts.StyleFacts`): what it shards, what it takes and leaves;
 - :meth:`PlangenStyle.fit_problem`: why it cannot be applied to a module (PG203), None when it fits;
 - :meth:`PlangenStyle.required_dims`: the sizes it cuts into local shards of plain tensors (PG204).
 
 Defining a subclass with ``facts`` of its own registers it in :data:`STYLE_CLASSES`; torch's own
 styles are registered with their facts by :mod:`plangen.styles.linear`. The torch-free table that
-``plangen verify --static`` and ``plangen init`` read (:mod:`plangen.style_table`) is generated from
+``plangen verify --static`` and ``plangen init`` read (:mod:`plangen.plan.style_table`) is generated from
 this registry by :mod:`plangen.styles.table`, and a test keeps it current.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from torch import nn
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from plangen.style_facts import (
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plan import Plan
+
+from plangen.plan.style_facts import (
     EMBEDDING,
     LINEAR,
     PLANGEN_STYLES,
@@ -82,6 +85,11 @@ def build_style(name: str, kwargs: Mapping[str, Any] | None = None) -> ParallelS
         known = ", ".join(sorted(STYLE_CLASSES))
         raise ValueError(f"unknown parallel style {name!r}; known styles: {known}") from None
     return cls(**dict(kwargs or {}))
+
+
+def build_parallel_styles(plan: Plan) -> dict[str, ParallelStyle]:
+    """Turn plan data into the ``{pattern: ParallelStyle}`` dict that ``parallelize_module`` takes."""
+    return {e.pattern: build_style(e.style, e.kwargs) for e in plan.entries}
 
 
 # --- questions about a style object ------------------------------------------------------------
@@ -173,7 +181,7 @@ def own_parameters_problem(style: ParallelStyle, module: nn.Module) -> str | Non
 
 def head_count_dims(module: nn.Module, attributes: tuple[str, ...]) -> list[tuple[str, int, int]]:
     """The head counts a block reshapes by (count / TP): each must divide."""
-    from plangen.module_facts import head_count_owner
+    from plangen.model.module_facts import head_count_owner
 
     values = [(a, getattr(*head_count_owner(module, a), None)) for a in attributes]
     return [(a, v, 1) for a, v in values if isinstance(v, int) and not isinstance(v, bool)]
@@ -183,7 +191,7 @@ def linear_required_dims(style: ParallelStyle, module: nn.Module) -> list[tuple[
     """A column-parallel style leaving a plain local shard needs its output features to divide, a
     row-parallel one reading one its input features (each packed part's where ``split_factor``); a
     column-parallel embedding handing on plain shards its embedding dim."""
-    from plangen.module_facts import is_conv1d
+    from plangen.model.module_facts import is_conv1d
 
     split = getattr(style, "split_factor", 1)
     if isinstance(module, nn.Linear) or is_conv1d(module):

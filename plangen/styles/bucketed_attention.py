@@ -22,9 +22,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Placement
 
-from plangen import compat
+from plangen.stack import torch_compat as compat
 from plangen.styles.attention import PrepareAttentionInputOutput
-from plangen.style_facts import PREPARE_INPUT_OUTPUT, StyleFacts
+from plangen.plan.style_facts import PREPARE_INPUT_OUTPUT, StyleFacts
 
 
 class BucketedAttentionInputOutput(PrepareAttentionInputOutput):

@@ -40,10 +40,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
-from plangen import compat
-from plangen.transformers_compat import experts_take_sentinels
-from plangen.style_facts import EXPERTS, PARTIAL_SUM, REPLICATE, StyleFacts
+from plangen.styles.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.stack import torch_compat as compat
+from plangen.stack.transformers_compat import experts_take_sentinels
+from plangen.plan.style_facts import EXPERTS, PARTIAL_SUM, REPLICATE, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 

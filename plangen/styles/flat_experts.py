@@ -43,8 +43,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
 from plangen.styles.experts import choose_expert_layout
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
-from plangen.style_facts import FLAT_EXPERTS, PARTIAL_SUM, StyleFacts
+from plangen.styles.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.plan.style_facts import FLAT_EXPERTS, PARTIAL_SUM, StyleFacts
 from plangen.styles.base import PlangenStyle
 
 # DBRX's names: the child holding the flat weights, and the weights (gate, up, down).

@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
-from plangen.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_index: imported from here too
+from plangen.styles.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_index: imported from here too
     LAYOUT_ATTRIBUTE,
     HuggingFaceLayoutTensor,
     relaid_dim,
@@ -37,8 +37,8 @@ from plangen.hf_layout import (  # noqa: F401 - LAYOUT_ATTRIBUTE, interleave_ind
     interleave_index,
     keep_unwrap_last,
 )
-from plangen.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
-from plangen.style_facts import CONV1D, LINEAR, MODULE_HOOKS, PARTIAL_SUM, REPLICATE, SHARD_LAST, StyleFacts
+from plangen.model.module_facts import apply_head_counts, head_count_owner, is_conv1d, output_dim
+from plangen.plan.style_facts import CONV1D, LINEAR, MODULE_HOOKS, PARTIAL_SUM, REPLICATE, SHARD_LAST, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle, head_count_dims
 
@@ -224,7 +224,7 @@ class MultiQueryColwiseParallel(FusedColwiseParallel):
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         from copy import copy
 
-        from plangen.padded_heads import PADDED_HEADS, apply_padded_packed_rows, install_pad_save_hook
+        from plangen.styles.padded_heads import PADDED_HEADS, apply_padded_packed_rows, install_pad_save_hook
 
         _check_projection(self, module)
         # Query heads padded by the block's PrepareAttentionInput(padded_heads=True): the layout's parts
@@ -308,7 +308,7 @@ def hugging_face_layout(model: nn.Module, name: str, tensor: torch.Tensor) -> to
     parameter or of its gradient); parameters of modules :class:`FusedColwiseParallel` did not
     re-lay out come back unchanged.
     """
-    from plangen.padded_heads import drop_pad
+    from plangen.styles.padded_heads import drop_pad
 
     path, _, param_name = name.rpartition(".")
     module = model.get_submodule(path)
@@ -317,7 +317,7 @@ def hugging_face_layout(model: nn.Module, name: str, tensor: torch.Tensor) -> to
 
 def padded_layout(module: nn.Module, param_name: str, tensor: torch.Tensor) -> torch.Tensor:
     """The whole parameter (or gradient) in Hugging Face's row order, with any pad heads still in
-    (:mod:`plangen.padded_heads`); unchanged where the module was not re-laid out."""
+    (:mod:`plangen.styles.padded_heads`); unchanged where the module was not re-laid out."""
     layout = getattr(module, LAYOUT_ATTRIBUTE, None)
     if layout is None:
         return tensor
@@ -344,7 +344,7 @@ def install_layout_hooks(
 
     def to_hugging_face(mod: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> None:
         # A DTensor becomes a view in Hugging Face's layout over this rank's rows, pad left out: nothing
-        # gathered (plangen.hf_layout); a plain tensor is re-ordered.
+        # gathered (plangen.styles.hf_layout); a plain tensor is re-ordered.
         for param_name, param in mod.named_parameters(recurse=False):
             key = prefix + param_name
             value = state_dict.get(key)

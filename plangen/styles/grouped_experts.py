@@ -15,8 +15,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ParallelStyle
 
 from plangen.styles.experts import expert_count
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, grad_once, replicated_local
-from plangen.style_facts import EXPERTS, StyleFacts
+from plangen.styles.tp_sums import SumOverMesh, all_reduce_grad, grad_once, replicated_local
+from plangen.plan.style_facts import EXPERTS, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 

@@ -2,7 +2,7 @@
 
 Each kind is recognised by the module of the styles that split it (packed experts by
 :mod:`plangen.styles.experts`, DBRX's flat experts by :mod:`plangen.styles.flat_experts`, ...), so
-this sits above them all; the kinds themselves are words of :mod:`plangen.style_facts`.
+this sits above them all; the kinds themselves are words of :mod:`plangen.plan.style_facts`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
-from plangen.module_facts import is_conv1d
-from plangen.style_facts import (
+from plangen.model.module_facts import is_conv1d
+from plangen.plan.style_facts import (
     CONV1D,
     EMBEDDING,
     EXPERTS,

@@ -40,8 +40,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput
 
-from plangen.module_facts import attention_head_counts
-from plangen.style_facts import LINEAR, MODULE_HOOKS, PREPARE_INPUT, REPLICATE, SHARD_LAST, StyleFacts
+from plangen.model.module_facts import attention_head_counts
+from plangen.plan.style_facts import LINEAR, MODULE_HOOKS, PREPARE_INPUT, REPLICATE, SHARD_LAST, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle, head_count_dims
 
@@ -133,7 +133,7 @@ class PrepareAttentionInput(PrepareModuleInput, PlangenStyle):
     ``shared_tables`` names the block's own parameters that every local head reads alike (GOT-OCR2's
     relative-position tables): replicated, each rank's gradient (its heads' share) summed over TP.
     ``padded_heads``: multi-query attention whose query heads the TP size does not divide (Falcon-7B's
-    71) gets zero pad heads up to the next multiple (:mod:`plangen.padded_heads`); ``head_attributes``
+    71) gets zero pad heads up to the next multiple (:mod:`plangen.styles.padded_heads`); ``head_attributes``
     then become this rank's padded share, and its one KV head stays whole in the packed projection.
     ``batch_head_inputs`` names arguments that stack every batch row's heads on dimension 0, built
     for all heads outside the block (Bloom's ALiBi ``alibi``, ``[batch x heads, 1, seq]``): the block
@@ -180,7 +180,7 @@ class PrepareAttentionInput(PrepareModuleInput, PlangenStyle):
         if self.batch_head_inputs:
             _slice_batch_head_rows(self, module, device_mesh)
         if self.padded_heads:
-            from plangen.padded_heads import apply_padded_heads
+            from plangen.styles.padded_heads import apply_padded_heads
 
             # Multi-query: the one KV head is computed whole by the packed projection's style.
             apply_padded_heads(module, device_mesh, self.head_attributes)
@@ -204,7 +204,7 @@ def _slice_batch_head_rows(style: PrepareAttentionInput, module: nn.Module, devi
     from functools import partial
 
     from plangen.styles.attention import slice_batch_head_rows
-    from plangen.module_facts import head_count_owner
+    from plangen.model.module_facts import head_count_owner
 
     if not style.head_attributes or style.padded_heads:
         raise ValueError(

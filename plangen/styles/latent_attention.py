@@ -43,9 +43,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
-from plangen import compat
-from plangen.tp_sums import all_reduce_grad, grad_once_pre_hook
-from plangen.style_facts import PREPARE_INPUT, StyleFacts
+from plangen.stack import torch_compat as compat
+from plangen.styles.tp_sums import all_reduce_grad, grad_once_pre_hook
+from plangen.plan.style_facts import PREPARE_INPUT, StyleFacts
 from plangen.styles.base import PlangenStyle, linear_only_problem
 
 # transformers' names of MLA's latent projections (every MLA class in transformers 5.x).

@@ -16,7 +16,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import Placement
 
-from plangen.style_facts import (
+from plangen.plan.style_facts import (
     EMBEDDING,
     LINEAR,
     MODULE_HOOKS,

@@ -33,7 +33,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import PrepareModuleInput
-from plangen.style_facts import HEADS, PREPARE_INPUT, StyleFacts
+from plangen.plan.style_facts import HEADS, PREPARE_INPUT, StyleFacts
 from plangen.styles.base import PlangenStyle
 
 # The padding mask a gated delta net multiplies its input by (apply_mask_to_padding_states).

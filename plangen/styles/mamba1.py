@@ -51,8 +51,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
 from plangen.styles.fused import FusedColwiseParallel
-from plangen.tp_sums import SumOverMesh, all_reduce_grad
-from plangen.style_facts import MIXER, StyleFacts
+from plangen.styles.tp_sums import SumOverMesh, all_reduce_grad
+from plangen.plan.style_facts import MIXER, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 

@@ -44,10 +44,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 
-from plangen import compat
+from plangen.stack import torch_compat as compat
 from plangen.styles.fused import FusedColwiseParallel, gather_shared_rows
-from plangen.tp_sums import SumOverTP
-from plangen.style_facts import HEADS, NORM, REPLICATE, StyleFacts
+from plangen.styles.tp_sums import SumOverTP
+from plangen.plan.style_facts import HEADS, NORM, REPLICATE, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 

@@ -23,17 +23,17 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput
 
-from plangen import compat
+from plangen.stack import torch_compat as compat
 from plangen.styles.experts import expert_count
-from plangen.tp_sums import (
+from plangen.styles.tp_sums import (
     ShareOverMesh,
     all_reduce_grad,
     count_once_where_weight_is_read,
     grad_once_pre_hook,
     replicated_local,
 )
-from plangen.transformers_compat import block_identity_experts, reads_child_weight
-from plangen.style_facts import PREPARE_INPUT, StyleFacts
+from plangen.stack.transformers_compat import block_identity_experts, reads_child_weight
+from plangen.plan.style_facts import PREPARE_INPUT, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 
@@ -185,7 +185,7 @@ def _share_identity_routes(block: nn.Module, router: nn.Module, tp: int) -> None
     """A block that computes its zero-compute experts itself (5.25.0's LongCat-Flash:
     ``transformers_compat.block_identity_experts``) adds their output, whole on every rank, to the
     experts' partial sum, which this style reduces over TP: the router's weights of those routes are
-    handed on as each rank's 1/tp share (:class:`~plangen.tp_sums.ShareOverMesh`), so the reduced sum
+    handed on as each rank's 1/tp share (:class:`~plangen.styles.tp_sums.ShareOverMesh`), so the reduced sum
     holds the identity output once. Their gradient is whole on every rank, as the replicated router's
     must be; the hidden state's from those routes is this rank's share, summed with the branches'."""
     routed = block.num_routed_experts

@@ -39,11 +39,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from plangen import compat
+from plangen.stack import torch_compat as compat
 from plangen.styles.replicated import AllReduceParamGrads
-from plangen.style_facts import NORM, StyleFacts
+from plangen.plan.style_facts import NORM, StyleFacts
 from plangen.styles.base import PlangenStyle
-from plangen.tp_sums import SumOverTP
+from plangen.styles.tp_sums import SumOverTP
 
 _EPS_NAMES = ("variance_epsilon", "eps", "epsilon")
 

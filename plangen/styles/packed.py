@@ -16,9 +16,9 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_module, dist
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.distributed.tensor.placement_types import Placement
 
-from plangen import compat
+from plangen.stack import torch_compat as compat
 from plangen.styles.base import PlangenStyle, linear_only_problem
-from plangen.style_facts import LINEAR, PARTIAL_SUM, REPLICATE, StyleFacts
+from plangen.plan.style_facts import LINEAR, PARTIAL_SUM, REPLICATE, StyleFacts
 
 
 def _strided_shard(dim: int, split_factor: int) -> Placement:

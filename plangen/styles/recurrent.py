@@ -38,7 +38,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.device_mesh import DeviceMesh
-from plangen.style_facts import HEADS, NORM, StyleFacts
+from plangen.plan.style_facts import HEADS, NORM, StyleFacts
 from plangen.styles.base import PlangenStyle
 
 # transformers' names: the RG-LRU's own parameters, block-diagonal gates first.

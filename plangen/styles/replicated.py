@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import SequenceParallel
-from plangen.style_facts import SEQUENCE_HOOKS, StyleFacts
+from plangen.plan.style_facts import SEQUENCE_HOOKS, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle, own_parameters_problem
 

@@ -45,9 +45,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Shard, distribute_tensor
 
-from plangen import compat
-from plangen.tp_sums import all_reduce_grad
-from plangen.style_facts import StyleFacts
+from plangen.stack import torch_compat as compat
+from plangen.styles.tp_sums import all_reduce_grad
+from plangen.plan.style_facts import StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 

@@ -31,8 +31,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Partial, Placement, Replicate, Shard, distribute_tensor
 
-from plangen.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
-from plangen.style_facts import PARTIAL_SUM, REPLICATE, SHARED_EXPERTS, StyleFacts
+from plangen.styles.tp_sums import SumOverMesh, all_reduce_grad, replicated_local
+from plangen.plan.style_facts import PARTIAL_SUM, REPLICATE, SHARED_EXPERTS, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 

@@ -12,9 +12,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
-from plangen import compat
-from plangen.tp_sums import grad_once
-from plangen.style_facts import StyleFacts
+from plangen.stack import torch_compat as compat
+from plangen.styles.tp_sums import grad_once
+from plangen.plan.style_facts import StyleFacts
 from plangen.styles.local_tensors import local_views_during_forward
 from plangen.styles.base import PlangenStyle
 

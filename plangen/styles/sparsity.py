@@ -21,8 +21,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import PrepareModuleInput
 
-from plangen.tp_sums import sum_over_tp
-from plangen.style_facts import PREPARE_INPUT, StyleFacts
+from plangen.styles.tp_sums import sum_over_tp
+from plangen.plan.style_facts import PREPARE_INPUT, StyleFacts
 from plangen.styles.base import PlangenStyle
 
 

@@ -1,4 +1,4 @@
-"""Writes :mod:`plangen.style_table`, the torch-free table of every registered style, from the classes.
+"""Writes :mod:`plangen.plan.style_table`, the torch-free table of every registered style, from the classes.
 
 ``plangen verify --static`` and ``plangen init`` must not import torch, so what they need to know
 of each style (its facts, where a plan file imports it from, its keyword parameters as far as a
@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-from plangen.style_facts import REQUIRED, VALUE_KINDS, StyleFacts
+from plangen.plan.style_facts import REQUIRED, VALUE_KINDS, StyleFacts
 from plangen.styles import STYLE_CLASSES, STYLE_FACTS
 
-TABLE_PATH = Path(__file__).resolve().parent.parent / "style_table.py"
+TABLE_PATH = Path(__file__).resolve().parent.parent / "plan" / "style_table.py"
 
 _HEADER = '''"""Every registered parallel style's facts and keyword parameters, as data that needs no torch.
 
@@ -33,7 +33,7 @@ not edit; ``tests/test_styles.py`` compares it with a fresh rendering.
 
 from __future__ import annotations
 
-from plangen.style_facts import (
+from plangen.plan.style_facts import (
 {kinds}
     REQUIRED,
     StyleFacts,
@@ -107,7 +107,7 @@ def _facts_literal(facts: StyleFacts) -> str:
 
 
 def render_table() -> str:
-    """The text of :mod:`plangen.style_table` for the styles registered now, sorted by name."""
+    """The text of :mod:`plangen.plan.style_table` for the styles registered now, sorted by name."""
     names = sorted(STYLE_CLASSES)
     params = {name: style_params(STYLE_CLASSES[name]) for name in names}
     kinds = sorted({kind for rows in params.values() for _, kind, _ in rows})
@@ -135,7 +135,7 @@ def write_table(path: Path = TABLE_PATH) -> bool:
     text = render_table()
     if path.exists() and path.read_text() == text:
         return False
-    # Not plangen.files: that imports plan rendering, which reads the table being written.
+    # Not plangen.output.files: that imports plan rendering, which reads the table being written.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as file:

@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 from torch.overrides import TorchFunctionMode
-from plangen.style_facts import EMBEDDING, LINEAR, MODULE_HOOKS, PARTIAL_SUM, REPLICATE, SHARD_LAST, StyleFacts
+from plangen.plan.style_facts import EMBEDDING, LINEAR, MODULE_HOOKS, PARTIAL_SUM, REPLICATE, SHARD_LAST, StyleFacts
 from plangen.styles.local_tensors import LocalParameters, run_on_local_tensors
 from plangen.styles.base import PlangenStyle
 
@@ -309,7 +309,7 @@ class _RowReads(TorchFunctionMode):
         # A zero row that takes part in autograd too: every rank then runs the same backward, and a
         # collective in it (the row meeting a sequence-sharded DTensor under SP) is issued by all.
         part = local[row - start] if held else local.new_zeros(local.shape[1:]).requires_grad_(local.requires_grad)
-        from plangen.tp_sums import SumOverMesh  # one all-reduce forward, the gradient as it is back
+        from plangen.styles.tp_sums import SumOverMesh  # one all-reduce forward, the gradient as it is back
 
         whole = SumOverMesh.apply(part, self.mesh.get_group())
         return whole[key[1:]] if len(key) > 1 else whole

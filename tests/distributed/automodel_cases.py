@@ -50,8 +50,8 @@ def build_model(case: dict[str, Any]) -> tuple[torch.nn.Module, bool]:
     from nemo_automodel import NeMoAutoModelForCausalLM
     from nemo_automodel._transformers.model_init import _init_model
 
-    from plangen.models import resolve_model
-    from plangen.shrink import shrink_config
+    from plangen.model.resolve import resolve_model
+    from plangen.model.shrink import shrink_config
 
     resolved = resolve_model(case["spec"])
     tiny = shrink_config(resolved.config, TP)

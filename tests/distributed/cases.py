@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ for dotte
 from tiny_configs import build_tiny  # noqa: E402
 
 from plangen.check.run import full_parameter, full_tensor as full, next_token_loss  # noqa: E402,F401 - the harness core, shared with verify --run
-from plangen.comm import CollectiveCounter  # noqa: E402
-from plangen.models import text_config  # noqa: E402
+from plangen.distributed.comm import CollectiveCounter  # noqa: E402
+from plangen.model.resolve import text_config  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
-from plangen.tower_inputs import build_tower_inputs, text_logits  # noqa: E402
+from plangen.model.tower_inputs import build_tower_inputs, text_logits  # noqa: E402
 
 BATCH, SEQ = 4, 8
 
@@ -53,13 +53,13 @@ _TINY_BY_TYPE: dict[tuple[str, str], torch.nn.Module] = {}
 
 
 def build_case_model(case: dict[str, Any]):
-    """``model``: a name in tests/tiny_configs.py; ``class``: any class, shrunk by plangen.shrink;
-    ``model_type``: any registered type, shrunk by plangen.shrink (built once per worker and copied:
+    """``model``: a name in tests/tiny_configs.py; ``class``: any class, shrunk by plangen.model.shrink;
+    ``model_type``: any registered type, shrunk by plangen.model.shrink (built once per worker and copied:
     a sweep runs several cases of one type)."""
     attn = case.get("attn", "sdpa")
     if "model_type" in case:
-        from plangen.models import resolve_model
-        from plangen.shrink import build_tiny_model
+        from plangen.model.resolve import resolve_model
+        from plangen.model.shrink import build_tiny_model
 
         key = (case["model_type"], attn)
         if key not in _TINY_BY_TYPE:
@@ -67,8 +67,8 @@ def build_case_model(case: dict[str, Any]):
             _TINY_BY_TYPE[key] = build_tiny_model(resolved, seed=0, attn_implementation=attn)
         return copy.deepcopy(_TINY_BY_TYPE[key])
     if "class" in case:
-        from plangen.models import resolve_model
-        from plangen.shrink import build_tiny_model
+        from plangen.model.resolve import resolve_model
+        from plangen.model.shrink import build_tiny_model
 
         return build_tiny_model(resolve_model(case["class"]), seed=0, attn_implementation=attn)
     return build_tiny(case["model"], seed=0, attn_implementation=attn)
@@ -80,14 +80,14 @@ def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
     kind = case.get("plan_kind")
     if kind is None:
         return case.get("plan")
-    from plangen.plan import build_parallel_styles
+    from plangen.styles import build_parallel_styles
 
     if kind == "synthesized":
         from plangen.plans.synthesize import build_synthesized_plan
 
         return build_parallel_styles(build_synthesized_plan(model, case.get("sp", False)))
     if kind == "hf":
-        from plangen.hf_plan import get_hf_tp_plan
+        from plangen.plans.hf_plan import get_hf_tp_plan
 
         return get_hf_tp_plan(model)
     raise ValueError(f"unknown plan_kind {kind!r}")
@@ -133,7 +133,7 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     reference = copy.deepcopy(model)
     id_bound = text_config(model.config).vocab_size
     if "model_type" in case:
-        from plangen.shrink import SPECIAL_TOKEN_SPAN
+        from plangen.model.shrink import SPECIAL_TOKEN_SPAN
 
         id_bound -= SPECIAL_TOKEN_SPAN  # a shrunk vocabulary keeps special (image) tokens in its top ids
     ids = torch.randint(0, id_bound, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
@@ -235,10 +235,10 @@ def run_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
 
 
 def read_pad_after_steps(sharded: torch.nn.Module) -> float | None:
-    """The largest pad entry of the parameters padded with zero heads (plangen.padded_heads), after the
+    """The largest pad entry of the parameters padded with zero heads (plangen.styles.padded_heads), after the
     training steps: exactly 0 where the pad gets no gradient; None where nothing is padded."""
     from plangen.styles.fused import padded_layout
-    from plangen.padded_heads import read_pad
+    from plangen.styles.padded_heads import read_pad
 
     largest = None
     for name, param in sharded.named_parameters():
@@ -258,7 +258,7 @@ def parallelize_bare(model: torch.nn.Module, dp_mesh, tp_mesh, sequence_parallel
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from plangen.module_tree import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
     from plangen.parallelize import PARALLELIZE_FUNCTIONS
 
     parallelize_module(model, tp_mesh, PARALLELIZE_FUNCTIONS[type(model)](model, sequence_parallel))
@@ -430,7 +430,7 @@ def case_problem(result: dict[str, Any]) -> str | None:
         return f"full state dict differs from the Hugging Face weights: {sd}"
     if result["missing_grads"] or result["extra_grads"]:
         return f"gradients missing {result['missing_grads'][:3]} or extra {result['extra_grads'][:3]}"
-    if result.get("pad"):  # zero heads padding the query heads (plangen.padded_heads) must stay exactly 0
+    if result.get("pad"):  # zero heads padding the query heads (plangen.styles.padded_heads) must stay exactly 0
         return f"pad heads' parameters are not zero after the steps: {result['pad']:.1e}"
     for key in ("logits", "loss", "grad", "grad_norm", "grad_norm_inf", "param_drift", "aux_loss"):
         if result.get(key) is not None and not result[key] < TOL:

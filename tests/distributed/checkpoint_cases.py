@@ -98,7 +98,7 @@ def shard_bytes(model: torch.nn.Module) -> int:
 
 def largest_piece(model: torch.nn.Module) -> int:
     """The largest shard of one parameter any rank holds (bytes): what a gather buffers beside its output."""
-    from plangen.hf_layout import rank_boxes
+    from plangen.styles.hf_layout import rank_boxes
 
     pieces = [0]
     for param in model.parameters():
@@ -160,7 +160,7 @@ def run_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-    from plangen.export import iter_hf_weights, save_hf_checkpoint
+    from plangen.runtime.export import iter_hf_weights, save_hf_checkpoint
 
     model = build_case_model(case)
     reference = copy.deepcopy(model).eval()
@@ -178,13 +178,13 @@ def run_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     checkpoint = directory / f"{case['name']}-dcp"
     hold("dcp_save", lambda: dcp.save(get_model_state_dict(sharded), checkpoint_id=str(checkpoint)))
 
-    def by_hand():  # what users wrote before plangen.export: each entry gathered in turn, dropped
+    def by_hand():  # what users wrote before plangen.runtime.export: each entry gathered in turn, dropped
         for value in sharded.state_dict().values():
             whole = value.full_tensor() if isinstance(value, DTensor) else value
             del whole
 
     hold("by_hand", by_hand)
-    if case.get("before"):  # the code before this change (no plangen.export): the memory only
+    if case.get("before"):  # the code before this change (no plangen.runtime.export): the memory only
         return result
 
     def stream(bucket_bytes=None):
@@ -271,7 +271,7 @@ def _differs(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> flo
 
 
 def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
-    """AdamW's state saved at DP 2 x TP 2 after two steps (``plangen.state_dict``), resumed at DP 1 x TP 4,
+    """AdamW's state saved at DP 2 x TP 2 after two steps (``plangen.runtime.state_dict``), resumed at DP 1 x TP 4,
     DP 4 x TP 1 and in the plain model, then one step more: the resumed moments against the saved ones
     (read back whole in Hugging Face's layout: exact), the saved ones against the unsharded model's
     optimizer, and the weights after the third step against the unsharded model trained three steps.
@@ -284,7 +284,7 @@ def run_optimizer_case(case: dict[str, Any], directory: Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-    from plangen import state_dict as plangen_functions
+    from plangen.runtime import state_dict as plangen_functions
 
     ids = torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(5))
     model = build_case_model(case)

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import BATCH, SEQ, build_case_model, build_case_plan, build_meshes, result_or_error, share_copies  # noqa: E402
 
-from plangen.compile import eager_modules  # noqa: E402
+from plangen.runtime.compile import eager_modules  # noqa: E402
 from plangen.check.run import full_parameter, full_tensor, next_token_loss  # noqa: E402
-from plangen.comm import CollectiveCounter, merge_c10d_counts  # noqa: E402,F401 - eager counts, for the profiler's check
-from plangen.models import text_config  # noqa: E402
+from plangen.distributed.comm import CollectiveCounter, merge_c10d_counts  # noqa: E402,F401 - eager counts, for the profiler's check
+from plangen.model.resolve import text_config  # noqa: E402
 from plangen.parallelize import parallelize_model  # noqa: E402
 
 
@@ -106,7 +106,7 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     dp = dp_mesh.size()
     rows = slice(dist.get_rank(dp_group) * BATCH // dp, (dist.get_rank(dp_group) + 1) * BATCH // dp)
     runs: dict[str, Any] = {}
-    # Layers compiled around eager experts (transformers 5.5/5.8: plangen.compile.eager_modules).
+    # Layers compiled around eager experts (transformers 5.5/5.8: plangen.runtime.compile.eager_modules).
     eager_experts = eager_modules(list(model.model.layers))
     layers_in_pieces = sum(any(m in eager_experts for m in layer.modules()) for layer in model.model.layers)
     # With activation checkpointing, a compiled layer's forward is one autograd node: backward's

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from verify_property import ATOL, BATCH, RTOL, SEED, SEQ  # noqa: E402
 
 from plangen.check.run import full_parameter, full_tensor, next_token_loss  # noqa: E402
-from plangen.errors import one_line  # noqa: E402
+from plangen.output.errors import one_line  # noqa: E402
 
 
 def build_model(config_path: str) -> torch.nn.Module:
-    from plangen.models import resolve_model
+    from plangen.model.resolve import resolve_model
 
     resolved = resolve_model(config_path)
     config = copy.deepcopy(resolved.config)

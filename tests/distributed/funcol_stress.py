@@ -5,7 +5,7 @@ under load) lost rank 3 to a SIGSEGV while its main thread was in ``funcol.reduc
 as the synthesized-plans launch lost a rank inside gloo's worker thread: the heap corruption needs
 nothing of plangen.
 
-The cause (plangen.launch.gloo_worker_threads): the group's two gloo worker threads both write its
+The cause (plangen.distributed.launch.gloo_worker_threads): the group's two gloo worker threads both write its
 status string after each collective, unlocked; ``all_gather_tensor``'s op name
 (``ALLGATHER_COALESCED``) is long enough to live on the heap, so one thread frees the buffer the
 other writes "ALLREDUCE" into. Under AddressSanitizer (LD_PRELOAD) 3 launches of 5 000 iterations

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cases import BATCH, SEQ, build_meshes, full, next_token_loss, result_or_error, train_steps  # noqa: E402
 from tiny_configs import build_tiny  # noqa: E402
 
-from plangen.comm import CollectiveCounter  # noqa: E402
+from plangen.distributed.comm import CollectiveCounter  # noqa: E402
 from plangen.parallelize import get_grad_norm, parallelize_model  # noqa: E402
 
 

@@ -55,8 +55,8 @@ def untied_control(plan: dict) -> dict:
 
 def build_model(case: dict[str, Any]) -> torch.nn.Module:
     if "config" in case:  # a real config, shrunk (same architecture, rope scaling and tie)
-        from plangen.models import resolve_model
-        from plangen.shrink import build_tiny_model
+        from plangen.model.resolve import resolve_model
+        from plangen.model.shrink import build_tiny_model
 
         return build_tiny_model(resolve_model(case["config"]), seed=0)
     return build_tiny(case["model"], seed=0)

@@ -16,7 +16,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import TP_IMPORT
 from plangen.check.style_needs import suggest_key
 from plangen.styles.base import leaves_local_shard
-from plangen.module_tree import generalize
+from plangen.model.module_tree import generalize
 from plangen.styles import MultiHeadNormParallel, ShardedNormParallel
 
 # Styles of a norm that each TP rank applies to its slice of a column-parallel projection: over the
@@ -49,7 +49,7 @@ def _whole_projection_norms(plan: ModelPlan, block: str) -> Iterator[tuple[str, 
 
 def _one_head(plan: ModelPlan, width: int, projection_widths: list[int]) -> bool:
     """Some projection beside the norm gives several heads of ``width`` (as many as the config has)."""
-    from plangen.heads import head_counts
+    from plangen.model.heads import head_counts
 
     counts = head_counts(plan.config) if plan.config is not None else None
     return counts is not None and any(w % width == 0 and 1 < w // width in counts for w in projection_widths)

@@ -24,7 +24,7 @@ from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule, parent_
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.style_needs import is_sequence_split, suggest_key
 from plangen.styles.base import first_layout, leaves_local_shard
-from plangen.module_tree import generalize
+from plangen.model.module_tree import generalize
 from plangen.styles.kinds import weight_layout
 from plangen.styles import (
     AllReduceParamGrads,
@@ -186,7 +186,7 @@ class SequenceParallelRule(ModelRule):
 
 def _norms_outside_sequence_parallel(plan: ModelPlan) -> Iterator[ModelFinding]:
     """With the residual split on the sequence, every norm on it must take a sequence shard."""
-    from plangen.module_tree import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
 
     names = {id(module): name for name, module in plan.modules.items()}
     owners: set[str] = set()  # the decoder blocks the plan touches, and the modules holding them
@@ -279,7 +279,7 @@ class PerHeadNormsRule(ModelRule):
 
 def _one_head_wide(plan: ModelPlan, width: int, out_features: int) -> bool:
     """The projection's output is a whole number of heads of ``width`` (as many as the config has)."""
-    from plangen.heads import head_counts
+    from plangen.model.heads import head_counts
 
     if out_features % width:
         return False
@@ -321,7 +321,7 @@ class TiedEmbeddingsRule(ModelRule):
     )
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.module_tree import tied_embeddings  # the runtime's own notion of "tied"
+        from plangen.model.module_tree import tied_embeddings  # the runtime's own notion of "tied"
 
         tied = tied_embeddings(plan.model)
         if tied is None:
@@ -371,7 +371,7 @@ class HalfTiedPairRule(ModelRule):
     )
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.module_tree import tied_embeddings
+        from plangen.model.module_tree import tied_embeddings
         from plangen.styles.base import facts_of
 
         tied = tied_embeddings(plan.model)
@@ -429,7 +429,7 @@ class UnshardedLinearsRule(ModelRule):
         head while the input embedding is sharded. Regions the plan never shards (a vision tower, Mamba
         mixers) are taken as deliberate, and so are keys commented out in the plan dict.
         """
-        from plangen.module_tree import key_matches
+        from plangen.model.module_tree import key_matches
 
         def kind_of_parent(path: str) -> tuple[str, str]:
             parent = parent_path(path)
@@ -485,7 +485,7 @@ class PackedWithFsdpRule(ModelRule):
     severity = "warning"
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.plan_checks import PlanError, check_packed_without_fsdp
+        from plangen.plans.checks import PlanError, check_packed_without_fsdp
 
         for key, style in plan.styles.items():
             if not plan.matches.get(key):
@@ -528,7 +528,7 @@ class WholeHeadParametersRule(ModelRule):
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         from plangen.styles.attention import head_parameters
-        from plangen.heads import head_counts
+        from plangen.model.heads import head_counts
 
         heads = head_counts(plan.config) if plan.config is not None else None
         reported: set[str] = set()

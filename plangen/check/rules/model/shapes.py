@@ -23,7 +23,7 @@ from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
 from plangen.check.style_needs import fit_problem, is_sequence_split, required_dims
 from plangen.styles.base import first_layout, takes_local_shard
 from plangen.styles.flat_experts import FlatExpertsParallel, flat_expert_problem
-from plangen.module_tree import generalize
+from plangen.model.module_tree import generalize
 from plangen.styles.experts import expert_layout_problem
 from plangen.styles.base import style_kind
 from plangen.styles import (
@@ -55,7 +55,7 @@ class KeysMatchRule(ModelRule):
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
         import difflib
 
-        from plangen.module_tree import find_unmatched_keys
+        from plangen.model.module_tree import find_unmatched_keys
 
         candidates: dict[int, list[str]] = {}
         for name in plan.modules:
@@ -128,7 +128,7 @@ class DivisibilityRule(ModelRule):
         " projections are `KVHeadsColwiseParallel` (plangen.styles.kv_heads) may also take a TP size that is a"
         " multiple of the key/value heads (each rank computes the one its query heads use); the message"
         " names the largest legal TP size without and with that replication. A plan whose attention block"
-        " is `PrepareAttentionInput(padded_heads=True)` (plangen.padded_heads: multi-query attention with"
+        " is `PrepareAttentionInput(padded_heads=True)` (plangen.styles.padded_heads: multi-query attention with"
         " an odd query head count, Falcon-7B's 71) takes any TP size that leaves every rank a real head"
         " once the heads are padded with zero heads to a multiple of it (at most the head count: 71)."
     )
@@ -148,10 +148,10 @@ class DivisibilityRule(ModelRule):
     )
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.heads import head_counts, legal_tp_size, tp_size_problem
-        from plangen.pad_layout import legal_padded_tp_size
+        from plangen.model.heads import head_counts, legal_tp_size, tp_size_problem
+        from plangen.model.pad_layout import legal_padded_tp_size
         from plangen.styles.kv_heads import KVHeadsColwiseParallel
-        from plangen.plan_checks import pads_heads, replicates_kv_heads, shards_attention  # the runtime's own checks
+        from plangen.plans.checks import pads_heads, replicates_kv_heads, shards_attention  # the runtime's own checks
 
         tp = plan.tp_size
         replicate_kv = replicates_kv_heads(plan.model, plan.styles)

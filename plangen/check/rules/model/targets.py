@@ -1,7 +1,7 @@
 """Level-2 rules of the runtime a plan is handed to (``--target``, ``PLANGEN_TARGET``): PG216-PG218.
 
 plangen's own runtime takes what the other rules pass; other runtimes have rules of their own
-(:mod:`plangen.targets` says which, read from each runtime's code). Each rule here finds, at the
+(:mod:`plangen.plan.targets` says which, read from each runtime's code). Each rule here finds, at the
 entry it concerns, what that runtime would refuse or do wrong, with the way out. Under the default
 target (``plangen``) none of them finds anything.
 """
@@ -12,7 +12,7 @@ from typing import Iterator
 
 from plangen.check.model_plan import ModelFinding, ModelPlan, ModelRule
 from plangen.check.rule import DTENSOR_IMPORT, TP_IMPORT
-from plangen.targets import TARGETS, refused_heads, refuses_moe_key
+from plangen.plan.targets import TARGETS, refused_heads, refuses_moe_key
 
 _TIED_IMPORT = "from plangen.styles import TiedEmbeddingParallel, TiedHeadParallel"
 
@@ -21,7 +21,7 @@ def _attention_key(plan: ModelPlan, kv: bool) -> str | None:
     """The written key of the first attention's key/value projection (``kv``) or query projection:
     the first of its children whose output is that many heads wide, else its first child with a
     written key (a packed projection), else None (the finding goes on the plan)."""
-    from plangen.module_facts import attention_head_counts
+    from plangen.model.module_facts import attention_head_counts
 
     for name, module in plan.modules.items():
         counts = attention_head_counts(module)
@@ -148,7 +148,7 @@ class TargetRetiesNothingRule(ModelRule):
     )
 
     def check(self, plan: ModelPlan) -> Iterator[ModelFinding]:
-        from plangen.module_tree import tied_embeddings
+        from plangen.model.module_tree import tied_embeddings
         from plangen.styles.tied import TiedEmbeddingParallel, TiedHeadParallel
 
         target = TARGETS[plan.target]

@@ -21,8 +21,8 @@ from plangen.check.plan_file import (
     string_value,
 )
 from plangen.check.rule import TP_IMPORT
-from plangen.module_tree import LORA_PARTS
-from plangen.targets import DEFAULT_TARGET, TARGETS  # torch-free
+from plangen.model.module_tree import LORA_PARTS
+from plangen.plan.targets import DEFAULT_TARGET, TARGETS  # torch-free
 
 _NOT_A_DICT_NODES = (
     cst.Integer,

@@ -458,7 +458,7 @@ class HalfTiedPairRule(StaticRule):
     )
 
     def check(self, plan: PlanFile) -> Iterator[Finding]:
-        from plangen.style_table import STYLE_FACTS
+        from plangen.plan.style_table import STYLE_FACTS
 
         for plan_dict in plan.dicts:
             calls = [
