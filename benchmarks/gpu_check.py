@@ -603,7 +603,7 @@ def custom_plan(plan: str, model: Any, sp: bool) -> Any:
     if plan == "default":
         return None
     from plangen.styles import build_parallel_styles
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     return build_parallel_styles(build_synthesized_plan(model, sp))
 

@@ -44,13 +44,13 @@ from plangen.plans.checks import (  # noqa: F401 - shared with plangen verify; i
     check_heads_divisible,
     check_packed_without_fsdp,
     check_plan_fits,
-    find_transformer_layers,
     resolve_tied_styles,
 )
+from plangen.model.module_tree import find_transformer_layers  # noqa: F401 - importable here as before
 from plangen.plan.source import PlanLike
 from plangen.plans import CHECKPOINT_FILTERS
 from plangen.plans.choice import ChosenPlan, NoPlanError, choose_plan
-from plangen.plans.variants import check_variant
+from plangen.plan import check_variant
 from plangen.runtime.nemo_compat import (  # noqa: F401 - NeMo RL's names, answered by plangen's plans
     SequenceParallelAllGatherActivation,
     _parallelize_gemma3,

@@ -59,7 +59,7 @@ class Target:
 
 def build_fingerprints(model: Any, sequence_parallel: bool) -> dict[str, str]:
     from plangen.plans.proven import plan_fingerprint
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     kinds = {"tp": False, "sp": True} if sequence_parallel else {"tp": False}
     return {key: plan_fingerprint(build_synthesized_plan(model, sp)) for key, sp in kinds.items()}
@@ -71,7 +71,7 @@ def find_targets(only: set[str] | None) -> tuple[list[Target], dict[str, str]]:
     from plangen.plans.hf_plan import build_hf_plan
     from plangen.model.resolve import resolve_model
     from plangen.plans import HAND_WRITTEN
-    from plangen.plans.analysis import analyze_model
+    from plangen.plans.synthesis.analysis import analyze_model
     from plangen.plans.proven import code_digest
 
     targets: list[Target] = []
@@ -303,7 +303,7 @@ def write_docs(seconds: float | None) -> None:
         "",
         "The plan each causal-LM class gets at TP > 1 without a custom plan (`plangen list` prints the same",
         "table for the installed transformers): `hand-written` (plangen/plans/dense.py, hybrid.py),",
-        "`synthesized` from the module tree (plangen/plans/synthesize.py) where the numerical check proved it,",
+        "`synthesized` from the module tree (plangen/plans/synthesis/synthesize.py) where the numerical check proved it,",
         "else `hf` (the model's own Hugging Face plan, translated), else `none` (TP > 1 is an error that",
         "points to `plangen init`). *SP*: sequence parallelism available. *Check*: the numerical check of",
         "that plan: a tiny random model at TP=2 and DP=2 x TP=2 (SP off and on) against the unsharded model,",

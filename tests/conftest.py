@@ -390,9 +390,9 @@ def falcon_attention_left_whole(model=None) -> str | None:
     """Why the installed Falcon's attention is left whole by the synthesized plan, else None (read off
     the plan for ``model``, default the tiny multi-query Falcon). transformers 5.25.0 rewrote it: its
     packed ``query_key_value`` is split by a ``view`` of a shape held in a local, then ``split`` /
-    ``unflatten`` on the head dim, which plangen.plans.packed_source does not read (5.24.0's is read:
+    ``unflatten`` on the head dim, which plangen.plans.source.packed does not read (5.24.0's is read:
     Falcon's heads split, Falcon-7B's 71 padded). Tests of that split hold where it is read."""
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     if model is None:
         from tiny_configs import build_tiny

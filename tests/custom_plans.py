@@ -47,7 +47,7 @@ def opt_plan_with_global_head_counts():
 
     from plangen.model.resolve import build_meta_model, resolve_model
     from plangen.styles import build_parallel_styles
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
     from plangen.model.shrink import shrink_config
 
     resolved = resolve_model("opt")
@@ -71,7 +71,7 @@ def falcon_plan_without_pad_mask():
     from plangen.styles.kv_heads import PrepareAttentionInput
     from plangen.styles.padded_heads import PAD_MASK
     from plangen.styles import build_parallel_styles
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
     from tiny_configs import build_tiny
 
     class WithoutPadMask(PrepareAttentionInput):
@@ -101,8 +101,8 @@ def bloom_plan_with_plain_alibi_slice():
     from plangen.model.resolve import build_meta_model, resolve_model
     from plangen.plan import PlanEntry
     from plangen.styles import build_parallel_styles
-    from plangen.plans.per_head_inputs import PerHeadInput, per_head_input_entry
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.per_head_inputs import PerHeadInput, per_head_input_entry
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
     from plangen.model.shrink import shrink_config
 
     resolved = resolve_model("bloom")

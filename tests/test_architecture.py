@@ -193,3 +193,21 @@ def test_the_wheel_lists_every_package():
     listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     packages = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")}
     assert packages | {"plangen.templates"} == listed
+
+
+# Inside plans: reading a block's source, then the families that recognize and plan blocks, then the
+# synthesizer that asks them; the choice above all three.
+PLANS_ORDER = ("plangen.plans.source", "plangen.plans.families", "plangen.plans.synthesis")
+
+
+def test_inside_plans_the_source_readers_families_and_synthesizer_are_layered():
+    def level(module: str) -> int | None:
+        return next((i for i, p in enumerate(PLANS_ORDER) if module == p or module.startswith(p + ".")), None)
+
+    upward = sorted(
+        f"{m} -> {t}"
+        for m, targets in _graph().items()
+        for t in targets
+        if level(m) is not None and level(t) is not None and level(t) > level(m)
+    )
+    assert not upward, "; ".join(upward)

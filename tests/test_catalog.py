@@ -99,7 +99,7 @@ def test_a_changed_synthesized_plan_is_stale_until_swept_again():
 
     from plangen.commands.catalog import Architecture, build_catalog_model
     from plangen.plans.proven import plan_fingerprint, proof_is_stale
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     model = build_catalog_model(Architecture("OlmoForCausalLM", "olmo"))
     tp, sp = build_synthesized_plan(model, False), build_synthesized_plan(model, True)
@@ -127,7 +127,7 @@ def test_no_sequence_parallel_proof_is_stale():
     """As plangen list checks the TP plans: the SP plans (twice the synthesis: out of the default run)."""
     from plangen.commands.catalog import build_catalog_model, list_architectures
     from plangen.plans.proven import SWEEP_COMMAND, code_digest, proof_for, proof_is_stale
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     stale = []
     for arch in list_architectures():

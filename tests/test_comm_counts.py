@@ -443,7 +443,7 @@ def test_latent_attention_under_sequence_parallel_gathers_once_per_block(fake_pg
 
 # --- Youtu: latent attention with its query latent split over TP ----------------------------------
 # q_a_proj column-parallel, q_a_layernorm's statistics summed over TP, the latent all-gathered into
-# q_b_proj (plangen.plans.latent.shards_query_latent); the KV latent and the rope key whole as above.
+# q_b_proj (plangen.plans.families.latent.shards_query_latent); the KV latent and the rope key whole as above.
 
 
 def _sizes_by_kind(counter) -> Counter:
@@ -510,7 +510,7 @@ def test_whole_projection_norms_add_two_all_reduces_of_one_value_per_token_per_l
 
 def test_xlm_blocks_called_by_index_cost_the_megatron_minimum(fake_pg):
     """XLM's layer i is attentions[i], ffns[i] and their norms, called by index from the model's loop
-    (plangen.plans.block_stacks): each block entered where the loop calls it, so its q/k/v (lin1) share
+    (plangen.plans.synthesis.block_stacks): each block entered where the loop calls it, so its q/k/v (lin1) share
     one input-gradient reduction; per layer two all-reduces each way, as Llama's."""
     forward, backward, total_forward, total_backward = per_layer("xlm", False, source="synthesized")
     assert forward == {AR: 2} and backward == {AR: 2}
@@ -574,7 +574,8 @@ def test_stable_variant_keeps_experts_whole_so_a_moe_layer_sums_nothing(fake_pg,
 
 def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
     from plangen.plan import Plan, PlanEntry
-    from plangen.plans.variants import VariantError, build_stable_plan
+    from plangen.plans.variants import build_stable_plan
+    from plangen.plan import VariantError
 
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["llama"]))
     packed = Plan((PlanEntry("layers.*.mlp.down_proj", "PackedRowwiseParallel", {}, "mlp", ""),), "custom", (), False)
@@ -595,7 +596,7 @@ def test_stable_variant_refuses_what_it_cannot_make_sum_free(fake_pg):
 def _linear_attention_step(layers: int, sequence_parallel: bool, variant: str = "optimized"):
     """Qwen3.5 with gated-delta-net layers only, under its synthesized plan (as the runtime picks it
     for the class; built here on this all-linear-attention model)."""
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
     from plangen.plans.variants import build_plan_variant
 
     kwargs = dict(TINY["qwen3_5-linear"], num_hidden_layers=layers, layer_types=["linear_attention"] * layers)
@@ -800,13 +801,13 @@ def test_stable_variant_of_a_mamba2_mixer_only_gathers_forward(fake_pg, n_groups
     assert backward == {AR: 1, RS: 1 + shared}  # the input gradient; out_proj's and the gathers' reduce-scatters
 
 
-# --- LFM's short-conv mixers split by channels (plangen.plans.recognize_short_conv) ---------------
+# --- LFM's short-conv mixers split by channels (plangen.plans.families.short_conv) ---------------
 
 
 def _short_conv_step(layers: int, sequence_parallel: bool):
     """LFM3 with short-conv layers only, under its synthesized plan (built on this all-conv model)."""
     from plangen.model.resolve import resolve_model
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
     from plangen.model.shrink import shrink_config
 
     config = shrink_config(resolve_model("lfm3").config, 2)
@@ -846,7 +847,7 @@ def test_recurrent_block_costs_what_a_dense_attention_block_does(fake_pg):
     assert forward == {AG: 2, RS: 2} and backward == {AG: 2, RS: 2}
 
 
-# xLSTM's mLSTM layers split by heads (plangen.plans.recurrent).
+# xLSTM's mLSTM layers split by heads (plangen.plans.families.recurrent).
 def test_mlstm_layer_costs_what_a_dense_attention_block_does(fake_pg):
     """Six column-parallel projections that share one input-gradient reduction, the per-head norm
     without communication, out_proj row-parallel: a dense layer's two all-reduces each way; under

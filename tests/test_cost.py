@@ -170,7 +170,7 @@ def _parallelized_model(values: dict, runtime: str = "plangen"):
         return parallelize_model(model, mesh["dp"], mesh["tp"], torch.float32, sequence_parallel=True)
     from torch.distributed.fsdp import fully_shard
 
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
     from plangen.plans.choice import choose_plan
     from plangen.runtime.tensor_parallel import apply_tp
 

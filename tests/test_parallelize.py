@@ -377,7 +377,7 @@ def test_checkpointed_layers_leave_the_kv_cache_alone_in_training():
     the uncheckpointed model's; without gradients (generation in train mode) the cache fills."""
     from transformers import DynamicCache
 
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
     from tiny_configs import build_tiny
 
     plain, checkpointed = build_tiny("llama").train(), build_tiny("llama").train()

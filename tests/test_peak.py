@@ -360,7 +360,7 @@ def test_layers_alike_only_where_no_layer_differs(fake_pg):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from plangen.cost.depth import layers_alike
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
     from tiny_configs import TINY
 
     def why(name: str, **overrides):

@@ -84,7 +84,7 @@ def test_the_router_over_routed_and_shared_experts_is_recognised_and_stays_whole
     block's router (whole on every rank), the routed experts split by ExpertsParallel and the shared
     ones by SharedExpertsParallel, both leaving partial sums the block reduces once, and their input
     gradients too (MoeBlockParallel: one all-reduce for both, the router's share counted once)."""
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     model = build_tiny("inkling")
     assert tuple(model.model.layers[1].mlp.gate.weight.shape) == (10, 32)
@@ -100,7 +100,7 @@ def test_the_router_over_routed_and_shared_experts_is_recognised_and_stays_whole
 
 
 def test_a_router_with_more_rows_than_the_experts_and_the_shared_ones_is_not_one():
-    from plangen.plans.recognize_moe_parts import is_router, packed_shared_children, router_rows
+    from plangen.plans.families.moe_parts import is_router, packed_shared_children, router_rows
 
     block = _moe_block()
     shared = packed_shared_children(block, 32)

@@ -385,7 +385,7 @@ def test_attention_sinks_are_split_with_the_heads_and_their_gradient_is_exact(tp
 
 def _synthesizer_pairs_diffllama_heads() -> bool:
     from plangen.model.resolve import build_meta_model, resolve_model
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     resolved = resolve_model("diffllama")
     plan = build_synthesized_plan(build_meta_model(resolved.config, resolved.model_class), False)

@@ -22,8 +22,8 @@ from plangen.model.shrink import shrink_config
 from plangen.styles import build_parallel_styles
 from plangen.plans import HAND_WRITTEN
 from plangen.plans.choice import NoPlanError, choose_plan
-from plangen.plans.forward_source import BlockCall, read_block_call, read_input_readers
-from plangen.plans.synthesize import analyze_model, build_synthesized_plan
+from plangen.plans.source.forward import BlockCall, read_block_call, read_input_readers
+from plangen.plans.synthesis.synthesize import analyze_model, build_synthesized_plan
 
 
 HAND_WRITTEN_CLASS = {"llama4": resolve_model("llama4").model_class}
@@ -210,7 +210,8 @@ class _IntermediateNormMLP(nn.Module):
 
 
 def test_a_whole_norm_not_read_straight_by_the_row_parallel_projection_keeps_the_block_replicated():
-    from plangen.plans.recognize import KeptBlock, ModelDims, ShardedBlock, recognize_attention, recognize_mlp
+    from plangen.plans.families.core import KeptBlock, ShardedBlock, recognize_attention, recognize_mlp
+    from plangen.plans.families.dims import ModelDims
 
     dims = ModelDims(hidden=32, heads=4, kv_heads=4, head_dim=8, vocab=None, experts=None)
     straight = recognize_attention(_OutputNormStraight(), dims)
@@ -222,8 +223,8 @@ def test_a_whole_norm_not_read_straight_by_the_row_parallel_projection_keeps_the
 
 
 def test_xlms_lists_of_blocks_are_sharded_where_its_loop_calls_them_by_index():
-    """XLM's layers are attentions[i], layer_norm1[i], ffns[i], layer_norm2[i] (plangen.plans.block_stacks)."""
-    from plangen.plans.block_stacks import read_indexed_call
+    """XLM's layers are attentions[i], layer_norm1[i], ffns[i], layer_norm2[i] (plangen.plans.synthesis.block_stacks)."""
+    from plangen.plans.synthesis.block_stacks import read_indexed_call
     from transformers.models.xlm.modeling_xlm import MultiHeadAttention, TransformerFFN, XLMModel
 
     model = meta("xlm")
@@ -299,8 +300,8 @@ def test_routing_parameters_beside_the_experts_stay_whole_and_the_experts_are_sp
 def test_an_mlp_with_its_own_single_value_stays_whole_saying_where_the_value_may_act():
     # Inkling's dense MLP scales its reduced output by global_scale: summing that gradient over TP (as
     # for a scale of the intermediate's slice) would be wrong, and the reader does not tell the two apart.
-    from plangen.plans.dims import ModelDims
-    from plangen.plans.recognize import recognize_mlp
+    from plangen.plans.families.dims import ModelDims
+    from plangen.plans.families.core import recognize_mlp
 
     class ScaledMlp(nn.Module):
         def __init__(self, shape):
@@ -323,7 +324,7 @@ def test_an_mlp_with_its_own_single_value_stays_whole_saying_where_the_value_may
 def test_a_router_mlp_scoring_a_skip_expert_is_a_router_and_its_experts_are_split():
     # Zaya: down_proj to a router state, an MLP, out_proj to experts + 1 classes (a skip expert); the
     # router is whole on every rank, its convolutional attention too (the reason given), the experts split.
-    from plangen.plans.recognize_moe_parts import is_router
+    from plangen.plans.families.moe_parts import is_router
 
     router = meta("zaya").model.layers[1].mlp.gate
     rows, widths = {router.num_experts}, {router.hidden_size}
@@ -440,7 +441,7 @@ def test_a_norm_on_the_summed_branches_takes_the_partial_sums(sequence_parallel)
 
 
 def test_a_norm_inside_a_moe_block_not_on_its_output_keeps_it_replicated():
-    from plangen.plans.forward_source import read_returned_child
+    from plangen.plans.source.forward import read_returned_child
 
     model = meta("axk1")
     assert read_returned_child(type(model.model.layers[1].mlp)) == "post_mlp_layernorm"
@@ -462,7 +463,8 @@ def test_attention_sinks_are_split_with_their_heads_by_the_blocks_own_style(mode
 
 
 def test_attention_parameters_not_one_per_head_keep_the_block_replicated():
-    from plangen.plans.recognize import KeptBlock, read_dims, recognize_attention
+    from plangen.plans.families.core import KeptBlock, recognize_attention
+    from plangen.plans.families.dims import read_dims
 
     model = meta("granitemoe_swa")
     attention = model.model.layers[0].self_attn
@@ -512,8 +514,9 @@ def test_differential_attention_is_split_by_whole_head_pairs(sequence_parallel):
 
 def test_own_head_width_parameters_without_paired_heads_keep_the_block_replicated():
     # The same [head_dim] parameters in attention that neither halves its heads nor sums them away.
-    from plangen.plans.paired_source import read_paired_heads
-    from plangen.plans.recognize import KeptBlock, read_dims, recognize_attention
+    from plangen.plans.source.paired import read_paired_heads
+    from plangen.plans.families.core import KeptBlock, recognize_attention
+    from plangen.plans.families.dims import read_dims
 
     model = meta("diffllama")
     attention = model.model.layers[0].self_attn
@@ -552,7 +555,7 @@ def test_projections_that_wrap_one_linear_are_sharded_through_it(sequence_parall
 
 
 def test_a_wrapper_with_more_than_one_linear_is_not_a_projection():
-    from plangen.plans.dims import wrapped_linear
+    from plangen.plans.families.dims import wrapped_linear
 
     model = meta("moshi")
     wrapper = model.model.layers[0].self_attn.q_proj
@@ -607,7 +610,8 @@ def test_mamba1_mixers_are_split_by_channels(model_type, mixer, grad_reduced, se
 
 
 def test_mamba1_mixer_with_an_unpaired_norm_stays_whole_and_says_why():
-    from plangen.plans.recognize import read_dims, recognize_block
+    from plangen.plans.families.registry import recognize_block
+    from plangen.plans.families.dims import read_dims
 
     model = meta("jamba")
     block = model.model.layers[0].mamba
@@ -622,7 +626,8 @@ def test_recurrent_gemma_recurrent_blocks_are_split_by_their_rg_lru_heads(sequen
     recogniser would keep whole for its conv): linear_x/linear_y column-parallel, the conv's channels
     and the RG-LRU's heads split by the block's and the RG-LRU's own styles, linear_out row-parallel;
     nothing of it left whole."""
-    from plangen.plans.recognize import KeptBlock, read_dims, recognize_mlp
+    from plangen.plans.families.core import KeptBlock, recognize_mlp
+    from plangen.plans.families.dims import read_dims
 
     model = meta("recurrent_gemma")
     skip_unless_pinned_model_code(model)
@@ -650,8 +655,8 @@ def test_recurrent_gemma_recurrent_blocks_are_split_by_their_rg_lru_heads(sequen
 
 
 def test_recurrent_block_with_another_child_is_not_taken_for_one():
-    from plangen.plans.recognize import read_dims
-    from plangen.plans.recognize_recurrent import recognize_recurrent_block
+    from plangen.plans.families.dims import read_dims
+    from plangen.plans.families.recurrent import recognize_recurrent_block
 
     model = meta("recurrent_gemma")
     block = model.model.layers[0].temporal_block
@@ -684,8 +689,8 @@ def test_xlstm_mlstm_layers_are_split_by_heads(sequence_parallel):
 
 
 def test_mlstm_layer_whose_norm_is_not_per_head_is_not_taken_for_one():
-    from plangen.plans.recognize import read_dims
-    from plangen.plans.recognize_recurrent import recognize_mlstm_layer
+    from plangen.plans.families.dims import read_dims
+    from plangen.plans.families.recurrent import recognize_mlstm_layer
 
     model = meta("xlstm")
     layer, dims = model.backbone.blocks[0].mlstm_layer, read_dims(model)
@@ -932,10 +937,10 @@ def longcat_experts_hold_no_identity_rows() -> bool:
 
 
 def test_the_query_latent_is_split_where_the_down_projections_miss_the_goal_alone():
-    """The rule (plangen.plans.latent.shards_query_latent): Youtu's latent down-projections hold 7.1 % of
+    """The rule (plangen.plans.families.latent.shards_query_latent): Youtu's latent down-projections hold 7.1 % of
     it, more than the 5 % issue 11's goal leaves whole, so its query latent is split; MiniCPM3 (4.1 %)
     and every MoE MLA class keep theirs whole."""
-    from plangen.plans.latent import LEFT_WHOLE_ALLOWANCE, latent_down_share, shards_query_latent
+    from plangen.plans.families.latent import LEFT_WHOLE_ALLOWANCE, latent_down_share, shards_query_latent
 
     from absent import has_model
 
@@ -989,7 +994,7 @@ def test_latent_attention_with_a_sparse_indexer_stays_whole():
     assert "not recognised" in why_of(plan, "model.layers.*.self_attn")
 
 
-# --- packed q|k|v projections: split as the forward splits them (plangen.plans.packed_source) -----
+# --- packed q|k|v projections: split as the forward splits them (plangen.plans.source.packed) -----
 
 
 def _entry(plan, pattern: str):
@@ -1025,8 +1030,8 @@ def test_packed_qkv_viewed_by_head_counts_makes_them_local():
 
 
 def test_packed_qkv_chunked_into_parts_is_re_laid_out():
-    from plangen.plans.recognize import read_dims
-    from plangen.plans.recognize_packed import recognize_packed_attention
+    from plangen.plans.families.dims import read_dims
+    from plangen.plans.families.packed import recognize_packed_attention
 
     model = meta("mpt")  # Wqkv(x).chunk(3, dim=2): [q; k; v] one after another
     block = recognize_packed_attention(model.transformer.blocks[0].attn, read_dims(model))
@@ -1182,7 +1187,7 @@ class _Biased(nn.Module):
 
 
 def test_a_bias_builder_taking_the_mask_is_read_off_a_probe_mask():
-    from plangen.plans.per_head_inputs import PerHeadInput, read_per_head_arguments
+    from plangen.plans.synthesis.per_head_inputs import PerHeadInput, read_per_head_arguments
 
     found = read_per_head_arguments(_Biased(head_major=False), {4})
     assert found == PerHeadInput("bias", 0, "self.build_bias(self.num_heads, ...)", batch_major=True)
@@ -1225,7 +1230,7 @@ class _Packed(nn.Module):
 
 
 def test_packed_reader_follows_the_forward_not_the_names():
-    from plangen.plans.packed_source import PackedSplit, Refused, read_packed_split
+    from plangen.plans.source.packed import PackedSplit, Refused, read_packed_split
 
     mqa = read_packed_split(_Packed(), "mix", 96, {4, 1}, 16)  # one k and one v head after every q head
     assert mqa == PackedSplit("parts", parts=(64, 16, 16), head_attributes=("heads",))
@@ -1236,7 +1241,7 @@ def test_packed_reader_follows_the_forward_not_the_names():
 
 
 def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
-    from plangen.plans.forward_source import read_modified_in_place
+    from plangen.plans.source.forward import read_modified_in_place
 
     model = meta("falcon")  # parallel attention: mlp_output += attention_output
     assert read_modified_in_place(type(model.transformer.h[0])) == {"mlp"}
@@ -1255,7 +1260,7 @@ def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
 def test_an_embedding_output_the_model_modifies_in_place_gets_a_copy(model_type, embedding, owner):
     """CTRL scales its token embedding in place (inputs_embeds *= sqrt(d)), Git adds the positions
     into it (embeddings += position_embeddings): torch's row-parallel output is to_local's view."""
-    from plangen.plans.forward_source import read_modified_in_place
+    from plangen.plans.source.forward import read_modified_in_place
 
     model = meta(model_type)
     assert embedding.rpartition(".")[2] in read_modified_in_place(type(model.get_submodule(owner)))
@@ -1356,8 +1361,9 @@ class _PlainLayer(_GatedLayer):
 
 
 def test_argument_chains_pair_fc1_and_fc2_only_through_parameter_free_steps():
-    from plangen.plans.forward_source import read_argument_chains
-    from plangen.plans.recognize import ModelDims, recognize_layer_mlp
+    from plangen.plans.source.forward import read_argument_chains
+    from plangen.plans.families.core import recognize_layer_mlp
+    from plangen.plans.families.dims import ModelDims
 
     dims = ModelDims(hidden=4, heads=None, kv_heads=None, head_dim=None, vocab=None, experts=None)
     assert read_argument_chains(_GatedLayer)["fc2"] == ("?",)
@@ -1441,9 +1447,9 @@ def test_attention_reading_its_input_otherwise_too_is_not_handed_a_slice():
     from transformers.models.prophetnet import modeling_prophetnet
     from transformers.models.trocr import modeling_trocr
 
-    from plangen.plans.recognize import recognize_attention
-    from plangen.plans.dims import ModelDims
-    from plangen.plans.width_source import read_input_only_sized_and_projected
+    from plangen.plans.families.core import recognize_attention
+    from plangen.plans.families.dims import ModelDims
+    from plangen.plans.source.width import read_input_only_sized_and_projected
 
     qkv = frozenset({"q_proj", "k_proj", "v_proj"})
     assert read_input_only_sized_and_projected(modeling_trocr.TrOCRAttention, qkv)
@@ -1631,7 +1637,7 @@ class _Chunked(_Split):
 
 
 def test_forward_source_reader_pairs_split_halves():
-    from plangen.plans.split_source import read_choice_readers, read_fed_by, read_helper_block_call, read_sole_reader
+    from plangen.plans.source.split import read_choice_readers, read_fed_by, read_helper_block_call, read_sole_reader
 
     assert read_fed_by(_Split) == read_fed_by(_SplitByIndex) == read_fed_by(_Chunked) == {"outer": "inner"}
     assert read_fed_by(_Leaky) == {}
@@ -1642,8 +1648,8 @@ def test_forward_source_reader_pairs_split_halves():
 
 @pytest.mark.parametrize("parent, found", [(_Split, True), (_Chunked, True), (_Leaky, False)])
 def test_split_blocks_are_recognised_only_where_the_data_flow_allows(parent, found):
-    from plangen.plans.recognize import ModelDims
-    from plangen.plans.recognize_split import SplitBlock, recognize_split_blocks
+    from plangen.plans.families.dims import ModelDims
+    from plangen.plans.families.split import SplitBlock, recognize_split_blocks
 
     dims = ModelDims(hidden=4, heads=2, kv_heads=2, head_dim=2, vocab=None, experts=None)
     blocks = recognize_split_blocks(parent(), dims)
@@ -1702,7 +1708,7 @@ class _CallsAlike(nn.Module):
 
 
 def test_forward_source_reader_follows_one_variable_into_several_parameters():
-    from plangen.plans.split_source import read_alike_readers
+    from plangen.plans.source.split import read_alike_readers
 
     assert read_alike_readers(_CallsAlike, "block", _ThreeInputs) == {"a", "c"}  # y gets another value
 
@@ -1738,7 +1744,7 @@ def test_gemma4_attention_is_sharded_in_every_layer_kind_and_its_per_layer_table
     sample of the layers that renumbers them (plangen list's). Its per-layer embedding table (40 %
     of the parameters) is vocabulary-parallel, reduced to the whole output the model reshapes."""
     from plangen.commands.catalog import apply_layer_sample
-    from plangen.plans.recognize import layer_dims, read_dims
+    from plangen.plans.families.dims import layer_dims, read_dims
 
     model = meta("gemma4_text")
     skip_unless_pinned_model_code(model)
@@ -1794,7 +1800,7 @@ def test_an_embedding_whose_rows_the_model_reads_itself_is_vocab_parallel_with_t
     EmbeddingRowReadParallel (the row read whole), and SP is refused for it. A forward reading the
     weight otherwise (a matmul, a slice) keeps the embedding and its tied head whole, with the
     reason; its dtype or shape is no read."""
-    from plangen.plans.forward_source import read_weight_reads, read_weight_row_reads
+    from plangen.plans.source.forward import read_weight_reads, read_weight_row_reads
 
     class ReadsDtype(nn.Module):
         def forward(self, x):
@@ -1838,7 +1844,7 @@ def test_experts_the_layer_calls_itself_are_split_and_reduced_at_their_own_outpu
     on the layer), and the experts' sum is left a Partial
     DTensor that the norm on it (SequenceParallel, as every norm) reduce-scatters. Their input's
     gradient is left partial (sum_input_grad=False) for the gather's backward to reduce-scatter."""
-    from plangen.plans.layer_experts import read_experts_norms
+    from plangen.plans.families.layer_experts import read_experts_norms
     from tiny_configs import build_tiny
 
     model = build_tiny("gemma4-moe")
@@ -1871,7 +1877,7 @@ def test_experts_whose_output_no_norm_takes_are_refused_under_sequence_parallel(
     """The reader follows the experts' input and output through names and reshapes only: a layer
     adding their output straight to the residual has no norm to reduce-scatter it (and an input
     normed inline is not read), so the analysis finds no SP layout for the layer."""
-    from plangen.plans.layer_experts import read_experts_norms
+    from plangen.plans.families.layer_experts import read_experts_norms
 
     class Unnormed(nn.Module):
         def forward(self, hidden_states):
@@ -1883,7 +1889,7 @@ def test_experts_whose_output_no_norm_takes_are_refused_under_sequence_parallel(
     assert read_experts_norms(Unnormed, "experts") == (None, None)  # self.norm(...) inline, no norm after
 
 
-# --- gated-delta-net linear attention (plangen.plans.recognize_linear_attention) -------------------
+# --- gated-delta-net linear attention (plangen.plans.families.linear_attention) -------------------
 
 
 @pytest.mark.parametrize(
@@ -1901,7 +1907,7 @@ def test_experts_whose_output_no_norm_takes_are_refused_under_sequence_parallel(
 )
 @pytest.mark.parametrize("sequence_parallel", [False, True])
 def test_gated_delta_nets_are_sharded_by_heads(model_type, colwise, packed, sequence_parallel):
-    from plangen.plans.recognize_linear_attention import GatedDeltaNetBlock
+    from plangen.plans.families.linear_attention import GatedDeltaNetBlock
 
     model = meta(model_type)
     skip_unless_pinned_model_code(model)
@@ -1921,7 +1927,9 @@ def test_gated_delta_nets_are_sharded_by_heads(model_type, colwise, packed, sequ
 
 
 def test_a_mixer_that_is_not_a_gated_delta_net_stays_replicated_with_the_reason():
-    from plangen.plans.recognize import KeptBlock, read_dims, recognize_block
+    from plangen.plans.families.core import KeptBlock
+    from plangen.plans.families.registry import recognize_block
+    from plangen.plans.families.dims import read_dims
 
     model = meta("qwen3_5")
     mixer = model.model.layers[0].linear_attn
@@ -1984,7 +1992,7 @@ def test_big_bird_attention_called_on_either_branch_is_split_and_its_rebuilt_chi
     # key blocks from numpy's seeded stream, is refused in training.
     from transformers.models.big_bird import modeling_big_bird as big_bird
 
-    from plangen.plans.split_source import read_draws_numpy_random, read_fed_by, read_rebuilt_child_classes
+    from plangen.plans.source.split import read_draws_numpy_random, read_fed_by, read_rebuilt_child_classes
 
     assert read_fed_by(big_bird.BigBirdAttention) == {"output": "self"}
     assert set(read_rebuilt_child_classes(big_bird.BigBirdAttention, "self")) == {
@@ -2018,7 +2026,7 @@ def test_prophetnet_ngram_attention_is_sharded_by_heads_with_its_bucket_major_pr
     # projects its input transposed (rows in another order than the heads' index): run for all heads.
     from transformers.models.prophetnet import modeling_prophetnet as prophetnet
 
-    from plangen.plans.recognize_bucketed import read_bucket_major_view, read_transposed_projection_helper
+    from plangen.plans.families.bucketed_attention import read_bucket_major_view, read_transposed_projection_helper
 
     attention = prophetnet.ProphetNetNgramSelfAttention
     assert read_bucket_major_view(attention, "relative_pos_embeddings") == ("num_buckets", "num_attn_heads")
@@ -2061,7 +2069,7 @@ def test_xmod_mlp_halves_through_a_chunked_helper_and_its_language_adapters_are_
     # then self.output(that, residual, lang_ids); output's adapters are MLPs run after the reduction.
     from transformers.models.xmod import modeling_xmod
 
-    from plangen.plans.split_source import read_fed_by
+    from plangen.plans.source.split import read_fed_by
 
     assert read_fed_by(modeling_xmod.XmodLayer) == {"output": "intermediate"}
     model = meta("xmod")
@@ -2076,9 +2084,9 @@ def test_xmod_mlp_halves_through_a_chunked_helper_and_its_language_adapters_are_
 
 
 def test_an_adapter_container_with_a_member_that_is_no_mlp_stays_whole():
-    from plangen.plans.analysis_split import _analyze_adapters
-    from plangen.plans.dims import read_dims
-    from plangen.plans.findings import Findings
+    from plangen.plans.synthesis.analysis_split import _analyze_adapters
+    from plangen.plans.families.dims import read_dims
+    from plangen.plans.synthesis.findings import Findings
 
     model = meta("xmod")
     dims = read_dims(model)
@@ -2092,7 +2100,7 @@ def test_doge_dynamic_mask_projection_is_row_parallel_onto_this_ranks_heads():
     # dt_proj: (kv_heads x head_dim) -> kv_heads from value_states; A: one value per head.
     from transformers.models.doge import modeling_doge
 
-    from plangen.plans.split_source import read_fed_from
+    from plangen.plans.source.split import read_fed_from
 
     plan = build_synthesized_plan(meta("doge"), False)
     gate = next(e for e in plan.entries if e.pattern == "model.layers.*.self_attn.dt_proj")

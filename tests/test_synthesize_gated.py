@@ -2,8 +2,8 @@
 
 Qwen3.5 / Qwen3.5-MoE / Qwen3-Next (a ``q_proj`` of query and gate per head), LFM3 (a ``g_proj`` of
 one value per head) and LFM2-MoE / LFM3's ``ShortConv`` (packed ``[B; C; x]``, a depthwise conv):
-each recognised from shapes and the forward source (``plangen.plans.recognize_gated``,
-``plangen.plans.recognize_short_conv``). Their numerics against the unsharded model, and their state
+each recognised from shapes and the forward source (``plangen.plans.families.gated``,
+``plangen.plans.families.short_conv``). Their numerics against the unsharded model, and their state
 dicts at DP 2 x TP 2, are in tests/test_synthesized_distributed.py.
 """
 
@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from plangen.model.resolve import build_meta_model, resolve_model
-from plangen.plans.recognize import KeptBlock, ShardedBlock, read_dims, recognize_attention, recognize_block
-from plangen.plans.synthesize import build_synthesized_plan
+from plangen.plans.families.core import KeptBlock, ShardedBlock, recognize_attention
+from plangen.plans.families.registry import recognize_block
+from plangen.plans.families.dims import read_dims
+from plangen.plans.synthesis.synthesize import build_synthesized_plan
 from plangen.model.shrink import shrink_config
 
 
@@ -62,7 +64,7 @@ def test_qwen3_next_attention_is_no_longer_taken_for_a_mixture_of_experts():
 
 
 def test_the_packed_reader_follows_torch_chunk_called_as_a_function():
-    from plangen.plans.packed_source import PackedSplit, read_packed_split
+    from plangen.plans.source.packed import PackedSplit, read_packed_split
 
     model = meta("qwen3_5")
     attention = next(m for n, m in model.named_modules() if n.endswith("self_attn"))
@@ -110,7 +112,7 @@ class _Wide(_Interleaved):
 
 
 def _dims():
-    from plangen.plans.dims import ModelDims
+    from plangen.plans.families.dims import ModelDims
 
     return ModelDims(hidden=64, heads=4, kv_heads=2, head_dim=16, vocab=None, experts=None)
 
@@ -147,7 +149,7 @@ def test_lfm3_per_head_gate_and_short_conv_are_sharded(sequence_parallel):
 
 
 def test_a_conv_mixer_of_other_parts_is_not_a_short_conv():
-    from plangen.plans.recognize_short_conv import recognize_short_conv
+    from plangen.plans.families.short_conv import recognize_short_conv
 
     model = meta("lfm2_moe")
     skip_unless_pinned_model_code(model)

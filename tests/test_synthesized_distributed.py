@@ -79,7 +79,7 @@ CLASSES = {
     # parameters outside any module).
     "zaya": ("ZayaForCausalLM", True),
     "axk1": ("AXK1ForCausalLM", False),  # MLA + MoE whose output norm takes the branches' partial sums
-    # Dense MLA whose query latent is split over TP (a large share of the class: plangen.plans.latent):
+    # Dense MLA whose query latent is split over TP (a large share of the class: plangen.plans.families.latent):
     # q_a_proj column-parallel, q_a_layernorm's statistics summed over TP, the latent all-gathered into
     # q_b_proj; the KV latent and the shared rope key whole. Its full state dict at DP 2 x TP 2.
     "youtu": ("YoutuForCausalLM", True),
@@ -99,7 +99,7 @@ CLASSES = {
     # X-MOD: the MLP halves paired through apply_chunking_to_forward's helper; the language adapters
     # after the row-parallel reduction are their own column/row-parallel MLPs.
     "xmod": ("XmodForCausalLM", True),
-    # Packed q|k|v split as the forward splits it (plangen.plans.packed_source), state dict round trip at DP>1:
+    # Packed q|k|v split as the forward splits it (plangen.plans.source.packed), state dict round trip at DP>1:
     "gpt_neox": ("GPTNeoXForCausalLM", False),  # viewed per head: whole heads per rank, plain Shard(0)
     "persimmon": ("PersimmonForCausalLM", False),  # view(b, s, num_heads, 3, d): head counts made local, q/k norms
     "codegen": ("CodeGenForCausalLM", False),  # mp_num blocks of [q; v; k]: whole blocks per rank
@@ -140,7 +140,7 @@ CLASSES = {
     # xLSTM's mLSTM layers by heads: q/k/v/ogate and the per-head igate/fgate column-parallel, the
     # multi-head norm's weight with its heads, config.num_heads/qk_dim/v_dim made local.
     "xlstm": ("xLSTMForCausalLM", False),
-    # Layer stacks outside the text decoder (plangen.plans.towers), TP only, run by their inputs
+    # Layer stacks outside the text decoder (plangen.plans.synthesis.towers), TP only, run by their inputs
     # (plangen.model.tower_inputs): Git's CLIP-style image encoder (pixel values; the patches precede the
     # text in the logits), Moss's Whisper-style audio tower (mel features, one audio token per row),
     # whose attention views by self.num_heads in a helper method (made this rank's).

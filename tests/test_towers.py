@@ -1,4 +1,4 @@
-"""Layer stacks outside the text decoder (plangen.plans.towers): vision and audio towers, a second
+"""Layer stacks outside the text decoder (plangen.plans.synthesis.towers): vision and audio towers, a second
 decoder stack. Their attention is sharded by heads and their MLPs by the intermediate, TP only; a
 tower the check cannot run stays whole, saying why. Their parity with the unsharded model, towers
 run (Git's pixel values, Moss's audio features: plangen.model.tower_inputs), is in
@@ -11,7 +11,7 @@ import torch
 
 from plangen.commands.catalog import Architecture, build_full_size_model, measure_sharded_share
 from plangen.model.resolve import resolve_model
-from plangen.plans.synthesize import build_synthesized_plan
+from plangen.plans.synthesis.synthesize import build_synthesized_plan
 from plangen.model.shrink import build_tiny_model
 
 
@@ -47,7 +47,7 @@ def test_moss_audio_attention_views_by_a_helper_get_their_head_count_made_local(
     """Moss's audio attention views q/k/v in ``self._shape`` by ``self.num_heads``: read from the helper,
     the block's style makes the count this rank's (without it the view folds the missing heads into the
     sequence and raises, or at another size silently mixes them)."""
-    from plangen.plans.shape_source import read_shape_sizes
+    from plangen.plans.source.shape import read_shape_sizes
 
     model = _tiny("moss_transcribe_diarize")
     attention = model.model.audio_tower.layers[0].self_attn
@@ -69,7 +69,7 @@ def test_a_second_decoder_stack_is_sharded_like_the_first():
 
 def test_got_ocr2_packed_qkv_is_re_laid_out_by_heads_and_its_relative_positions_summed():
     """GOT-OCR2's SAM-style attention views its packed qkv as (b, s, 3, num_attention_heads, -1): [q; k; v]
-    one after another (plangen.plans.packed_source), re-laid out per rank; its rel_pos_h/rel_pos_w
+    one after another (plangen.plans.source.packed), re-laid out per rank; its rel_pos_h/rel_pos_w
     (one row per head feature, no heads axis) are read by every head: replicated, gradient summed."""
     styles = {e.pattern: e for e in build_synthesized_plan(_tiny("got_ocr2"), sequence_parallel=False).entries}
     layers = "model.vision_tower.layers.*"

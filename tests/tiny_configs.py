@@ -373,7 +373,7 @@ TINY["deepseek_v2"] = dict(
     **dict(COMMON, head_dim=4, num_key_value_heads=4),
 )
 
-# Youtu: dense MLA whose query latent is sharded over TP (plangen.plans.latent.shards_query_latent); its
+# Youtu: dense MLA whose query latent is sharded over TP (plangen.plans.families.latent.shards_query_latent); its
 # query and KV latents of distinct widths, so their collectives tell apart by size; tied embeddings.
 TINY["youtu"] = dict(
     model_type="youtu",

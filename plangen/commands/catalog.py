@@ -208,7 +208,7 @@ def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | N
     if chosen.source == "hand-written":
         return _hand_written_row(arch, model, record)
     if chosen.source == "synthesized":
-        from plangen.plans.analysis import analyze_model
+        from plangen.plans.synthesis.analysis import analyze_model
 
         from plangen.plans.proven import SWEEP_COMMAND, proof_is_stale
 
@@ -233,7 +233,7 @@ def _plan_row(arch: Architecture, model: "nn.Module", record: dict[str, Any] | N
 
 def _synthesis_note(model: "nn.Module", record: dict[str, Any] | None) -> str:
     """Why a class without a hand-written plan did not get its synthesized one."""
-    from plangen.plans.analysis import analyze_model
+    from plangen.plans.synthesis.analysis import analyze_model
 
     analysis = analyze_model(model)
     synthesized = record if record and record.get("plan") == "synthesized" else None

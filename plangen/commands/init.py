@@ -120,7 +120,7 @@ def build_seed_plan(model: "nn.Module", sequence_parallel: bool, variant: str = 
     unproven synthesized plan), as ``variant`` (:mod:`plangen.plans.variants`), and a short
     description of where it came from."""
     from plangen.plans.choice import choose_plan
-    from plangen.plans.variants import VariantError
+    from plangen.plan import VariantError
 
     try:
         chosen = choose_plan(model, sequence_parallel, allow_unproven=True, variant=variant)

@@ -105,7 +105,7 @@ def prove_class(spec: str, timeout: float = 600.0, progress: Callable[[str], Non
         "error": "; ".join(findings[False] + findings.get(True, []))[:500] or None,
     }
     if chosen.source == "synthesized":
-        from plangen.plans.synthesize import build_synthesized_plan
+        from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
         sps = (False, True) if with_sp else (False,)
         record["fingerprint"] = {

@@ -25,7 +25,7 @@ from plangen.cost.settings import CostSettings
 
 def read_unit_numels(model: nn.Module, dp_size: int) -> tuple[list[int], int]:
     """Padded TP-local elements of each layer unit, and of the root unit (everything else)."""
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
 
     layers = find_transformer_layers(model)
     in_layers: set[str] = set()

@@ -168,7 +168,8 @@ def run_step(
     from plangen.stack.torch_compat import mod_tracker
 
     from plangen.cost.depth import running_layer
-    from plangen.plans.checks import PlanError, find_transformer_layers
+    from plangen.plans.checks import PlanError
+    from plangen.model.module_tree import find_transformer_layers
     from plangen.runtime.tensor_parallel import apply_tp
 
     with torch.random.fork_rng(devices=[]):

@@ -330,7 +330,7 @@ def track_layer_peaks(
 
     from plangen.cost.measure import step_loss
     from plangen.distributed.fake_group import quiet_fake_tensor_log
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
 
     # AdamW runs on the parameters' local shards (the same storages, so the same memory): on
     # DTensors each foreach op pays for a sharding propagation over every parameter (Llama-3.1-70B,
@@ -393,7 +393,8 @@ def parallelize_for_trace(
     from plangen.cost.measure import TORCH_DTYPES
     from plangen.distributed.fake_group import quiet_partial_matches
     from plangen.parallelize import apply_activation_checkpointing, apply_fsdp
-    from plangen.plans.checks import PlanError, find_transformer_layers
+    from plangen.plans.checks import PlanError
+    from plangen.model.module_tree import find_transformer_layers
     from plangen.plans import CHECKPOINT_FILTERS
     from plangen.runtime.tensor_parallel import apply_tp
 
@@ -427,7 +428,7 @@ def trace_peak(
     from plangen.cost.probe_configs import count_layers
     from plangen.cost.training import training_config
     from plangen.model.resolve import build_meta_model
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
 
     config = training_config(config)
     layers = count_layers(config)

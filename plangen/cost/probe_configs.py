@@ -72,7 +72,7 @@ PROMPT_KEYS = ("prompt_length",)
 ALTERNATIVE_KEYS = frozenset({"experts", "topk"})
 # Base ranks of latent attention: distinct, so the query and KV latents' gradients (and nothing else)
 # have the sizes they have, the query's an odd multiple of the TP size (a plan may split it:
-# plangen.plans.latent.shards_query_latent); and an odd multiple of its head sizes, so the rope key's
+# plangen.plans.families.latent.shards_query_latent); and an odd multiple of its head sizes, so the rope key's
 # gradient (B·S·rope in bf16) does not meet the routing weights' (B·S·k in fp32) at rope = 2k.
 BASE_Q_LATENT_PER_RANK, BASE_KV_LATENT = 37, 29
 # The head size's factor at the base, where heads x head size is the hidden size or a head size meets

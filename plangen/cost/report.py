@@ -157,7 +157,7 @@ def has_experts(model: Any) -> bool:
 
 def _count_layer_kinds(model: Any) -> Counter[str]:
     from plangen.cost.measure import layer_kind
-    from plangen.plans.checks import find_transformer_layers
+    from plangen.model.module_tree import find_transformer_layers
 
     return Counter(layer_kind(layer) for layer in find_transformer_layers(model))
 

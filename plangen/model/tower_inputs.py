@@ -5,7 +5,7 @@ A tower that only text reaches is never run, so its sharding would go unproven (
 no gradient on either side). The parity cases (tests/distributed/cases.py, which the sweep runs)
 give the classes listed here one image or one audio chunk per row, so their towers' outputs and
 gradients are compared too; the synthesizer shards a tower with its own config only for these
-classes (:mod:`plangen.plans.towers`). Keyed by class name; every tensor has one row per row of
+classes (:mod:`plangen.plans.synthesis.towers`). Keyed by class name; every tensor has one row per row of
 ``ids``, so a DP rank takes its rows of each.
 """
 

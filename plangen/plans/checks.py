@@ -16,9 +16,8 @@ from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 
 from plangen.model.heads import tp_size_problem
-from plangen.model.module_tree import (  # noqa: F401 - tied_embeddings, find_transformer_layers: importable here as before
+from plangen.model.module_tree import (
     find_matching_modules,
-    find_transformer_layers,
     find_unmatched_keys,
     key_matches,
     tied_embeddings,

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from plangen.plan import Plan, PlanSource
 from plangen.plans.checks import PlanError
-from plangen.plans.variants import DEFAULT_VARIANT, VariantError, build_plan_variant, check_variant
+from plangen.plans.variants import DEFAULT_VARIANT, build_plan_variant
+from plangen.plan import VariantError, check_variant
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -227,7 +228,7 @@ def hand_written_failure(record: dict | None, sequence_parallel: bool) -> str | 
 
 
 def _synthesize(model: "nn.Module", sequence_parallel: bool) -> tuple[Optional[Plan], str]:
-    from plangen.plans.synthesize import build_synthesized_plan
+    from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     try:
         return build_synthesized_plan(model, sequence_parallel), ""

@@ -153,7 +153,7 @@ _PHI4_AUDIO = "model.embed_tokens_extend.audio_embed.encoder"
 def plan_phi4_multimodal(model: nn.Module, sequence_parallel: bool) -> Plan:
     """Phi-4-multimodal's text decoder is Phi-3's (the same fused qkv_proj sliced by the config's head
     counts, the same gate_up_proj): Phi-3's plan. Its towers (embed_tokens_extend), run by the checks'
-    images and audio (plangen.model.tower_inputs), are sharded TP only as plangen.plans.towers shards towers:
+    images and audio (plangen.model.tower_inputs), are sharded TP only as plangen.plans.synthesis.towers shards towers:
     the SigLIP image encoder's and the conformer's attention by heads, their MLPs by the intermediate."""
     if sequence_parallel:
         raise ValueError(

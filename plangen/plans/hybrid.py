@@ -17,7 +17,7 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from plangen.styles.experts import EXPERTS_PARALLEL_WHY
 from plangen.plan import Plan, PlanEntry, Replicated
-from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
+from plangen.plans.families.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import CHECKPOINT_FILTERS, register_plan
 from plangen.stack.transformers_compat import layer_kind, layer_kinds
 

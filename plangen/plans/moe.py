@@ -23,7 +23,7 @@ from plangen.plan import Plan, PlanEntry, Replicated
 from plangen.plans.registry import register_plan
 from plangen.plans.dense import LLAMA_NORMS, SEQ, text_prefix, build_dense_decoder_plan, grouped_query
 from plangen.plans.fused import build_fused_decoder_plan
-from plangen.plans.latent import has_query_latent, latent_attention_entries, shards_query_latent
+from plangen.plans.families.latent import has_query_latent, latent_attention_entries, shards_query_latent
 
 # Names transformers gives the parts of a MoE block.
 SHARED_EXPERTS = ("shared_experts", "shared_expert")

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from plangen.plan import Plan, PlanEntry, VariantError, check_variant  # noqa: F401 - re-exported
+from plangen.plan import Plan, PlanEntry, VariantError, check_variant
 
 DEFAULT_VARIANT = "optimized"
 

@@ -5,7 +5,7 @@ holds one too, one level down (``layers.N.mamba_decoder.mamba``), beside a trans
 (``shared_transformer``: attention, then an MLP) whose weights several hybrid layers share
 (``num_mem_blocks``; the runtime keeps them one parameter: :func:`plangen.runtime.tensor_parallel.apply_shared_retie`),
 and a ``linear`` (hidden -> hidden) that maps the block's output into the Mamba layer's input.
-Every Mamba2 mixer is split by heads as NemotronH's are (:mod:`plangen.plans.mamba2`).
+Every Mamba2 mixer is split by heads as NemotronH's are (:mod:`plangen.plans.families.mamba2`).
 
 The shared block reads ``cat([hidden_states, original_hidden_states], -1)``: the layer's input
 beside the token embeddings, both residual-stream tensors (2 x hidden wide into its norm, q, k and
@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import Plan, PlanEntry, Replicated
-from plangen.plans.mamba2 import mamba2_children_entries, mamba2_mixer_entry
+from plangen.plans.families.mamba2 import mamba2_children_entries, mamba2_mixer_entry
 from plangen.plans.registry import register_plan
 from plangen.plans.layouts import SEQ
 from plangen.stack.transformers_compat import layer_kinds

@@ -20,13 +20,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from plangen.runtime.lora import resolve_lora_styles
-from plangen.plans.checks import (
-    PlanError,
-    check_packed_without_fsdp,
-    check_plan_fits,
-    resolve_tied_styles,
-    tied_embeddings,
-)
+from plangen.plans.checks import PlanError, check_packed_without_fsdp, check_plan_fits, resolve_tied_styles
+from plangen.model.module_tree import tied_embeddings
 
 
 def apply_tp(

@@ -89,7 +89,7 @@ from a version number alone, and is written down per release as found in each on
 
 Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
 shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
-:mod:`plangen.plans.packed_source`, so its synthesized plan keeps that attention whole (Falcon-7B's
+:mod:`plangen.plans.source.packed`, so its synthesized plan keeps that attention whole (Falcon-7B's
 padded heads need it).
 """
 

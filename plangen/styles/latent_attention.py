@@ -14,7 +14,7 @@ without one, so each rank's gradient of it covers its own heads only and must be
 :class:`MlaKvAProjParallel` does that on ``kv_a_proj_with_mqa``'s output, given the rope width.
 
 Where the query latent is a large share of the model (Youtu: 5.1 %, the rule in
-:func:`plangen.plans.latent.shards_query_latent`), it is sharded too: ``q_a_proj`` column-parallel
+:func:`plangen.plans.families.latent.shards_query_latent`), it is sharded too: ``q_a_proj`` column-parallel
 (each rank computes its slice of the latent), ``q_a_layernorm`` over the whole latent with its
 statistics summed over TP (:class:`~plangen.styles.norms.ShardedNormParallel`), the latent
 all-gathered into a column-parallel ``q_b_proj`` (its gradient reduce-scattered back). ``q_a_proj``'s

@@ -24,7 +24,7 @@ The forward reads its parameters directly next to the local channels the block's
 so they are swapped for their local views during its forward (``to_local``'s backward hands each
 gradient back to the ``Shard(0)`` DTensor: each rank's heads' gradient, exact, with no communication).
 The block around it is :class:`~plangen.styles.linear_attention.GatedDeltaNetParallel` (input
-prepared, ``conv_1d`` split, ``lru_width`` made local); see :mod:`plangen.plans.recognize_recurrent`.
+prepared, ``conv_1d`` split, ``lru_width`` made local); see :mod:`plangen.plans.families.recurrent`.
 
 xLSTM's mLSTM layer normalises each head's output on its own (``xLSTMMultiHeadLayerNorm``: the
 statistics over one head's ``head_dim``, then one weight per feature of all heads, head-major), so a

@@ -83,7 +83,7 @@ def build_case_plan(case: dict[str, Any], model: torch.nn.Module):
     from plangen.styles import build_parallel_styles
 
     if kind == "synthesized":
-        from plangen.plans.synthesize import build_synthesized_plan
+        from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
         return build_parallel_styles(build_synthesized_plan(model, case.get("sp", False)))
     if kind == "hf":

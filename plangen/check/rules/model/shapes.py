@@ -331,9 +331,9 @@ def _parallel_projections(plan: ModelPlan, block: str) -> bool:
 
 def _split_partner(plan: ModelPlan, block: str) -> str | None:
     """The sibling holding the other half when ``block`` is one half of a block split over two modules
-    (BERT's ``attention.self`` / ``attention.output``: see :class:`plangen.plans.recognize_split.SplitBlock`)."""
-    from plangen.plans.recognize import read_dims
-    from plangen.plans.recognize_split import recognize_split_blocks
+    (BERT's ``attention.self`` / ``attention.output``: see :class:`plangen.plans.families.split.SplitBlock`)."""
+    from plangen.plans.families.dims import read_dims
+    from plangen.plans.families.split import recognize_split_blocks
 
     parent, _, child = block.rpartition(".")
     dims = read_dims(plan.model)
