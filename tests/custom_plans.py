@@ -101,7 +101,7 @@ def bloom_plan_with_plain_alibi_slice():
     from plangen.model.resolve import build_meta_model, resolve_model
     from plangen.plan import PlanEntry
     from plangen.styles import build_parallel_styles
-    from plangen.plans.synthesis.per_head_inputs import PerHeadInput, per_head_input_entry
+    from plangen.plans.families.per_head_inputs import PerHeadInput, per_head_input_entry
     from plangen.plans.synthesis.synthesize import build_synthesized_plan
     from plangen.model.shrink import shrink_config
 

@@ -1187,7 +1187,7 @@ class _Biased(nn.Module):
 
 
 def test_a_bias_builder_taking_the_mask_is_read_off_a_probe_mask():
-    from plangen.plans.synthesis.per_head_inputs import PerHeadInput, read_per_head_arguments
+    from plangen.plans.families.per_head_inputs import PerHeadInput, read_per_head_arguments
 
     found = read_per_head_arguments(_Biased(head_major=False), {4})
     assert found == PerHeadInput("bias", 0, "self.build_bias(self.num_heads, ...)", batch_major=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 import ast
 
 from torch import nn
@@ -29,10 +29,15 @@ from plangen.plans.layouts import SEQ
 from plangen.plans.source.forward import BlockCall, forward_tree, read_input_readers
 from plangen.plans.source.shape import read_shape_sizes
 from plangen.plans.source.split import forward_and_helpers
+from plangen.plans.layouts import hidden_state_layouts
+from plangen.plans.families.block import FamilyBlock, UNREAD_CALL, Unplaced
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 @dataclass(frozen=True)
-class BucketedAttentionBlock:
+class BucketedAttentionBlock(FamilyBlock):
     """Attention sharded by heads whose ``bucketed`` projection packs ``buckets`` parts of all heads."""
 
     colwise: tuple[str, ...]  # q, k, v: read the block input
@@ -47,6 +52,16 @@ class BucketedAttentionBlock:
     # run for all heads, with the dimension of its result that counts them (plangen.styles.bucketed_attention).
     all_heads_helper: tuple[str, int] | None = None
     kind: str = "attention"
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        assert part.call is not None
+        desired = hidden_state_layouts(part.call, sp, desired=Shard(-1))
+        return bucketed_attention_entries(part.path, self, part.call, desired, sp)
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        # Its style takes its input: it must know the call.
+        return Unplaced(f"attention shaped by its input's width {UNREAD_CALL}", "attention") if call is None else None
 
 
 def _self_attribute(node: ast.AST) -> str | None:

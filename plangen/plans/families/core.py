@@ -9,6 +9,8 @@ because it maps heads (or the intermediate width) back to the hidden size. Names
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from dataclasses import dataclass
 
 from torch import nn
@@ -41,6 +43,17 @@ from plangen.styles.attention import short_conv_only
 from plangen.plans.families.moe_parts import is_router, packed_shared_children, router_rows, takes_routing
 from plangen.plans.source.split import read_fed_from
 from plangen.plans.source.width import read_input_only_sized_and_projected
+from torch.distributed.tensor import Partial, Replicate, Shard
+from plangen.plan import PlanEntry, Replicated
+from plangen.plans.families.layer_experts import layer_experts_entries
+from plangen.plans.families.per_head_inputs import batch_head_rows_why
+from plangen.plans.layouts import SEQ, hidden_state_layouts, row_parallel_output
+from plangen.styles.experts import EXPERTS_PARALLEL_WHY, INPUT_GRAD_LEFT_WHY
+from plangen.plans.families.block import FamilyBlock, UNREAD_CALL, Unplaced
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.source.forward import BlockCall
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,7 +61,7 @@ from plangen.plans.source.width import read_input_only_sized_and_projected
 
 
 @dataclass(frozen=True)
-class ShardedBlock:
+class ShardedBlock(FamilyBlock):
     """A block sharded Megatron-style: column-parallel projections in, one row-parallel out.
 
     ``per_head_norms`` are norms of one head's width applied after the column-parallel projections:
@@ -108,6 +121,18 @@ class ShardedBlock:
     # Multi-query attention whose query head count no even TP size divides (Falcon-7B's 71): padded
     # with zero heads to a multiple of the TP size when the plan is applied (plangen.styles.padded_heads).
     padded_heads: bool = False
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        return sharded_block_entries(part, sp)
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        if call is None and (self.head_parameters or self.shared_parameters or self.input_sharded):
+            # Its per-head parameters or its input's slice come from the block's own input style.
+            own = self.head_parameters or self.shared_parameters
+            what = "per-head parameters" if own else "a forward shaped by its input's width"
+            return Unplaced(f"attention with {what} {UNREAD_CALL}", "attention")
+        return None
 
 
 @dataclass(frozen=True)
@@ -432,7 +457,7 @@ def _is_mixture_of_experts(block: nn.Module, dims: ModelDims) -> bool:
 
 
 @dataclass(frozen=True)
-class MoeBlock:
+class MoeBlock(FamilyBlock):
     """A mixture-of-experts block: the packed experts split over TP on the expert dimension, the
     routers replicated, shared-expert MLPs column/row-parallel, and replicated gates that scale a
     shared expert's output; every branch leaves a partial sum, reduced once by the block."""
@@ -450,9 +475,23 @@ class MoeBlock:
     # Shared experts packed as 3-D weights (Inkling's): each expert's intermediate split, partial sum out.
     packed_shared: tuple[str, ...] = ()
 
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        return moe_block_entries(part, sp)
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        if call is None or call.outputs is None:
+            # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
+            return Unplaced(f"mixture of experts {UNREAD_CALL}", "mlp")
+        return None
+
+    def kept_beside(self, path: str) -> list[Replicated]:
+        why = "the router sees every token on every rank: routing stays exact"
+        return [Replicated(f"{path}.{router}", why, "mlp") for router in self.routers]
+
 
 @dataclass(frozen=True)
-class LayerExpertsBlock:
+class LayerExpertsBlock(FamilyBlock):
     """Packed experts that the decoder layer calls itself, their router a sibling in the layer and no
     MoE block around them (Gemma 4's 26B-A4B: ``self.experts(x, top_k_index, top_k_weights)`` beside
     a dense MLP, then a norm on their output): split over TP by ``ExpertsParallel``, which sums their
@@ -462,6 +501,10 @@ class LayerExpertsBlock:
     routers: tuple[str, ...]
     kind: str = "moe"
     input_norm: str | None = None  # the norm the layer applies before them (under SP it takes the whole sequence)
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        return layer_experts_entries(part.path, self.routers, self.input_norm, sp)
 
 
 def recognize_layer_experts(layer: nn.Module, name: str, dims: ModelDims) -> LayerExpertsBlock | KeptBlock | None:
@@ -603,3 +646,317 @@ def unrecognized(name: str, block: nn.Module, dims: ModelDims) -> KeptBlock:
     linear_only = all(is_linear(m) for m in block.children() if has_parameters(m))
     note = "" if linear_only else "; torch's styles shard nn.Linear"
     return KeptBlock("other", f"not recognised as attention or MLP ({type(block).__name__}: {', '.join(parts)}{note})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan entries
+
+
+def colwise_entry(pattern: str, block: ShardedBlock, name: str, input_layout: Any, group: str, why: str) -> PlanEntry:
+    """Column-parallel; a packed projection re-laid out so each rank holds its slice of every part."""
+    parts = dict(block.fused).get(name)
+    if parts is not None and block.shared_parts:
+        return PlanEntry(
+            pattern,
+            "MultiQueryColwiseParallel",
+            dict(part_sizes=parts, shared_parts=block.shared_parts, input_layouts=input_layout),
+            group,
+            f"{why}; multi-query: this rank's query heads, the one key/value head gathered whole "
+            "(its gradient summed over TP)",
+        )
+    if parts is None:
+        return PlanEntry(
+            pattern,
+            "ColwiseParallel",
+            dict(input_layouts=input_layout, output_layouts=Shard(-1), use_local_output=True),
+            group,
+            why,
+        )
+    if block.shared_parameters:  # differential attention: its heads' two halves, not packed parts
+        why = f"{why}; the heads' two halves (pairs i, i + H/2) re-laid out so each rank holds whole pairs"
+    else:
+        why = f"{why}; packed parts {parts} re-laid out so each rank holds its slice of every part"
+    return PlanEntry(
+        pattern,
+        "FusedColwiseParallel",
+        dict(part_sizes=parts, input_layouts=input_layout, use_local_output=True),
+        group,
+        why,
+    )
+
+
+def sharded_block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """Attention or an MLP sharded by heads or by its intermediate: entered through its own input
+    where the layer's call was read (one Replicate DTensor, its gradient reduced once), column-parallel
+    projections, the output projection row-parallel."""
+    block, group = part.block, part.block.kind
+    entries: list[PlanEntry] = []
+    call = part.call
+    # Grouped-query attention entered through its own input: KV heads replicated where the TP size
+    # exceeds them (plangen.styles.kv_heads; the styles read the head counts when applied).
+    kv = block.kv_projections if call is not None else ()
+    heads = block.head_attributes
+    if call is not None:
+        gathered = "one all-gather of the sequence per block" if sp else "no communication"
+        prepared = dict(**hidden_state_layouts(call, sp), use_local_output=False)
+        style = (
+            "PrepareAttentionInput"
+            if kv
+            or heads
+            or block.reads_shared_kv
+            or block.shared_tables
+            or block.padded_heads
+            or part.batch_head_inputs
+            else "PrepareModuleInput"
+        )
+        why = f"{gathered}; one gradient reduction per block in backward"
+        if block.gate_statistics:
+            style, why = (
+                "ActivationSparsityParallel",
+                f"{why}; its gate's top-k statistics summed over TP (2 x B·S values)",
+            )
+        if block.input_sharded:  # its forward reshapes by the input's own width: hand it this rank's
+            prepared = dict(**hidden_state_layouts(call, sp, desired=Shard(-1)), use_local_output=True)
+            why = (
+                ("an all-to-all to " if sp else "")
+                + "this rank's slice of the hidden dimension, the width its forward "
+                "unpacks; each column-parallel projection all-gathers it (a reduce-scatter back in backward)"
+            )
+        if heads:
+            prepared["head_attributes"] = heads
+            why += f"; its forward shapes by {', '.join(heads)}: made this rank's"
+        if part.batch_head_inputs:
+            prepared["batch_head_inputs"] = part.batch_head_inputs
+            why += batch_head_rows_why(part.batch_head_inputs)
+        if block.padded_heads:
+            prepared["padded_heads"] = True
+            why += "; its query heads, a count no even TP size divides, padded with zero heads to a multiple of the TP size"
+        if block.shared_tables:
+            prepared["shared_tables"] = block.shared_tables
+            why += f"; its {', '.join(block.shared_tables)} (no heads axis) replicated, their gradient summed over TP"
+        if block.head_parameters:  # as gpt-oss's hand-written plan: the block's own style splits them
+            style, why = (
+                "AttentionSinksParallel",
+                f"{why}; its per-head {', '.join(block.head_parameters)} split with the heads",
+            )
+        if block.shared_parameters:
+            style, why = (
+                "PairedHeadsAttentionInput",
+                (
+                    f"{why}; heads paired i, i + H/2 (whole pairs per rank); its {', '.join(block.shared_parameters)}, "
+                    "shared by every head, replicated with their gradient summed over TP"
+                ),
+            )
+        entries.append(PlanEntry(part.path, style, prepared, group, why))
+        colwise_input = Shard(-1) if block.input_sharded else Replicate()
+        colwise_why = "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice")
+    else:
+        if heads:
+            entries.append(
+                PlanEntry(
+                    part.path,
+                    "LocalHeadCounts",
+                    dict(attributes=heads),
+                    group,
+                    f"its forward shapes by {', '.join(heads)}: made this rank's",
+                )
+            )
+        colwise_input = SEQ if sp else Replicate()
+        colwise_why = (
+            "column-parallel, taking its own input: one gradient reduction, as its only input projection"
+            if len(block.colwise) == 1
+            else "column-parallel, taking its own input (the layer's call of the block could not be read)"
+        )
+    for name in block.colwise:
+        if name in kv:
+            why = "column-parallel over KV heads; replicated where TP exceeds them"
+            colwise = dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True)
+            entries.append(PlanEntry(f"{part.path}.{name}", "KVHeadsColwiseParallel", colwise, group, why))
+        else:
+            entries.append(colwise_entry(f"{part.path}.{name}", block, name, colwise_input, group, colwise_why))
+    for name in block.head_gates:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "RowwiseParallel",
+                dict(input_layouts=Shard(-1), output_layouts=Shard(-1), use_local_output=True),
+                group,
+                "reads every KV head's values, one output per KV head: row-parallel on this rank's heads, "
+                "the partial sums reduce-scattered to this rank's heads' outputs",
+            )
+        )
+    for name in block.per_head_norms:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "ReplicatedWithGradAllReduce",
+                dict(sequence_dim=2, use_local_output=True),
+                group,
+                "per-head norm sees only local heads: its weight gradient is summed over TP",
+            )
+        )
+    for name in block.scalar_children:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "AllReduceParamGrads",
+                {},
+                group,
+                "single-valued parameters applied to this rank's slice only: their gradient is summed over TP",
+            )
+        )
+    for name in block.conv_children:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "ConvChannelsParallel",
+                {},
+                group,
+                "short conv over a projection's heads: its channels split with them, no communication",
+            )
+        )
+    for name in block.shared_children:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "AllReduceParamGrads",
+                {},
+                group,
+                "read by every local head: replicated, its gradient summed over TP",
+            )
+        )
+    for name in block.projection_norms:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "ShardedNormParallel",
+                {},
+                group,
+                "norm over the whole projection, sharded with its heads: one all-reduce of B·S values each way",
+            )
+        )
+    rowwise, reduced = row_parallel_output(sp)
+    style, why = "RowwiseParallel", f"row-parallel: {reduced}"
+    if part.modified_in_place and not sp:  # under SP the output stays a DTensor: no view is handed out
+        style, why = "RowwiseParallelOwnOutput", f"{why}; its output is a copy, which the layer modifies in place"
+    entries.append(PlanEntry(f"{part.path}.{block.rowwise}", style, rowwise, group, why))
+    return entries
+
+
+def moe_block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """The experts split on the expert dim; shared experts column/row-parallel; every branch a partial
+    sum that the block reduces once (all-reduce, or reduce-scatter under SP), as in plans/moe.py."""
+    block, call = part.block, part.call
+    assert isinstance(block, MoeBlock) and call is not None
+    others = (call.outputs or 1) - 1  # e.g. router scores the layer unpacks and drops: passed through
+    reduced = "one all-gather of the sequence in, one reduce-scatter out" if sp else "one all-reduce"
+    if block.output_norm is not None:
+        reduced = ("one all-gather of the sequence in; " if sp else "") + f"the sum reduced into {block.output_norm}"
+    # The block reduces its branches' input gradients once (MoeBlockParallel, as plans/moe.py): each
+    # branch leaves its own partial, the router's and gates' count once. It needs the block's input
+    # positional (its hook reads args[0]), every shared MLP's call read (so PartialGradInput can take
+    # its input) and one router; a norm on the summed branches keeps the per-branch reductions.
+    once = (
+        len(block.routers) == 1
+        and call.keyword is None
+        and block.output_norm is None
+        and all(shared_call is not None for _, _, shared_call in block.shared)
+    )
+    entries = [
+        PlanEntry(
+            part.path,
+            "MoeBlockParallel" if once else "PrepareModuleInputOutput",
+            dict(
+                **(dict(router=block.routers[0], gates=tuple(sorted(block.gates))) if once else {}),
+                **hidden_state_layouts(call, sp),
+                use_local_input=True,
+                # Reduced already where a norm on the summed branches is what the block returns.
+                output_layouts=(Partial() if block.output_norm is None else Replicate(), *(None,) * others),
+                desired_output_layouts=(SEQ if sp else Replicate(), *(Replicate(),) * others),
+                use_local_output=not sp,
+            ),
+            "mlp",
+            f"mixture of experts: {reduced} of the summed partial outputs of its branches",
+        ),
+        PlanEntry(
+            f"{part.path}.{block.experts}",
+            "ExpertsParallel",
+            dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})),
+            "mlp",
+            EXPERTS_PARALLEL_WHY + (f"; {INPUT_GRAD_LEFT_WHY}" if once else ""),
+        ),
+    ]
+    for name, mlp, shared_call in block.shared:
+        if shared_call is not None:
+            entries.append(
+                PlanEntry(
+                    f"{part.path}.{name}",
+                    "PartialGradInput" if once else "PrepareModuleInput",
+                    dict(**hidden_state_layouts(shared_call, False), use_local_output=False),
+                    "mlp",
+                    "shared experts: one Replicate DTensor input, so gate and up "
+                    + (
+                        f"add their partial input gradients on it; {INPUT_GRAD_LEFT_WHY}"
+                        if once
+                        else "reduce their input gradient once"
+                    ),
+                )
+            )
+        for proj in mlp.colwise:
+            entries.append(
+                colwise_entry(
+                    f"{part.path}.{name}.{proj}", mlp, proj, Replicate(), "mlp", "shared experts: column-parallel"
+                )
+            )
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}.{mlp.rowwise}",
+                "RowwiseParallel",
+                dict(input_layouts=Shard(-1), output_layouts=Partial(), use_local_output=True),
+                "mlp",
+                "shared experts: row-parallel, partial sum out (reduced by the block)",
+            )
+        )
+    if block.output_norm is not None:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{block.output_norm}",
+                "PrepareModuleInput",
+                dict(
+                    input_layouts=(Partial(),),
+                    desired_input_layouts=(Replicate(),),
+                    input_kwarg_layouts=None,
+                    desired_input_kwarg_layouts=None,
+                    use_local_output=True,
+                ),
+                "mlp",
+                "norm on the summed branches: their partial sums are all-reduced into it (one all-reduce of B·S·H)",
+            )
+        )
+    for name in block.packed_shared:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{name}",
+                "SharedExpertsParallel",
+                dict(output_layouts=Partial(), **(dict(sum_input_grad=False) if once else {})),
+                "mlp",
+                "shared experts of 3-D weights: a slice of each one's intermediate per rank, partial sum out (reduced "
+                "by the block); "
+                + (
+                    "their per-token scales' gradient summed over TP, their input's left to the block's one reduction"
+                    if once
+                    else "their input's and per-token scales' gradients summed over TP"
+                ),
+            )
+        )
+    for gate in block.gates:
+        entries.append(
+            PlanEntry(
+                f"{part.path}.{gate}",
+                "AllReduceOutputGrad",
+                {},
+                "mlp",
+                "replicated gate scaling the shared experts' partial output: its output gradient is summed over TP",
+            )
+        )
+    return entries

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
@@ -45,10 +45,16 @@ from plangen.plan import PlanEntry, Replicated, WELL_SHARDED
 from plangen.plans.families.dims import has_parameters, is_linear, ModelDims, own_parameters
 from plangen.plans.layouts import row_parallel_output, SEQ
 from plangen.styles.latent_attention import KV_UP_PROJ, LATENT_KV_PROJ, QUERY_DOWN_PROJ
+from plangen.plans.layouts import hidden_state_layouts
+from plangen.plans.families.block import FamilyBlock, UNREAD_CALL, Unplaced
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.source.forward import BlockCall
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 @dataclass(frozen=True)
-class LatentBlock:
+class LatentBlock(FamilyBlock):
     """Multi-head latent attention (DeepSeek-V2/V3's layout, copied by MiniCPM3, GLM-4-MoE-Lite...):
     sharded by heads as :func:`plangen.plans.families.latent.latent_attention_entries` says."""
 
@@ -57,6 +63,23 @@ class LatentBlock:
         False  # plangen.plans.families.latent.shards_query_latent: the query latent split over TP
     )
     kind: str = "attention"
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        return latent_block_entries(part, sp)
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        # Its style hands the replicated down-projections a local input: it must be where the layer calls it.
+        return Unplaced(f"latent attention {UNREAD_CALL}", "attention") if call is None else None
+
+    def kept_beside(self, path: str) -> list[Replicated]:
+        _, kept = latent_attention_entries(
+            path,
+            sequence_parallel=False,
+            query_latent=self.query_latent,
+            shard_query_latent=self.shard_query_latent,
+        )
+        return list(kept)
 
 
 # transformers' names of the latent attention's modules: MlaAttentionParallel hooks them by name.
@@ -234,3 +257,17 @@ def latent_attention_entries(
         Replicated(f"{attention}.kv_a_layernorm", why, "attention"),
     ]
     return entries, kept
+
+
+def latent_block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """Multi-head latent attention as the hand-written DeepSeek plans shard it, its input where the layer passes it."""
+    assert isinstance(part.block, LatentBlock) and part.call is not None
+    entries, _ = latent_attention_entries(
+        part.path,
+        sequence_parallel=sp,
+        query_latent=part.block.query_latent,
+        shard_query_latent=part.block.shard_query_latent,
+    )
+    first = entries[0]
+    prepared = {**first.kwargs, **hidden_state_layouts(part.call, sp)}  # where the layer passes the hidden state
+    return [PlanEntry(first.pattern, first.style, prepared, first.group, first.why), *entries[1:]]

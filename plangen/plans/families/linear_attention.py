@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import gcd
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
@@ -28,6 +28,12 @@ from plangen.plan import PlanEntry
 from plangen.plans.families.dims import has_parameters, is_linear, is_per_feature, ModelDims, own_parameters
 from plangen.plans.layouts import row_parallel_output
 from plangen.plans.source.forward import read_input_name_readers
+from plangen.plans.layouts import hidden_state_layouts
+from plangen.plans.families.block import FamilyBlock, UNREAD_CALL, Unplaced
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.source.forward import BlockCall
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 # The attributes the forward shapes by that count all heads (divided by the TP size when applied);
@@ -36,7 +42,7 @@ HEAD_ATTRIBUTES = ("num_k_heads", "num_v_heads", "key_dim", "value_dim", "conv_d
 
 
 @dataclass(frozen=True)
-class GatedDeltaNetBlock:
+class GatedDeltaNetBlock(FamilyBlock):
     """A gated delta net's parts, by child name, as :func:`gated_delta_net_entries` shards them."""
 
     colwise: tuple[str, ...]  # input projections by head groups (a packed [q; k; v] among them: ``packed``)
@@ -49,6 +55,15 @@ class GatedDeltaNetBlock:
     packed_parts: tuple[int, ...] = ()  # ``packed``'s parts where they are not the conv's (a short conv's [B; C; x])
     lru: str | None = None  # an RG-LRU child split with the conv's channels (plangen.plans.families.recurrent)
     kind: str = "attention"
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        assert part.call is not None
+        return gated_delta_net_entries(part.path, self, hidden_state_layouts(part.call, sp), sp)
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        # Its style splits its own heads and prepares its input: it must be where the layer calls it.
+        return Unplaced(f"recurrent mixer {UNREAD_CALL}", "attention") if call is None else None
 
 
 def _int_attribute(block: nn.Module, name: str) -> int | None:

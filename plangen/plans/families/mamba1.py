@@ -14,6 +14,8 @@ row-parallel as attention's output projection is.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 from torch import nn
@@ -21,15 +23,23 @@ from torch.distributed.tensor import Replicate, Shard
 
 from plangen.plan import PlanEntry
 from plangen.plans.layouts import SEQ
+from plangen.plans.families.block import FamilyBlock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 @dataclass(frozen=True)
-class Mamba1Block:
+class Mamba1Block(FamilyBlock):
     """A Mamba1 mixer split over TP by its intermediate channels (``plangen.plans.families.mamba1``)."""
 
     # The children whose outputs enter the per-channel part: their gradient is summed over TP there.
     grad_reduced: tuple[str, ...]
     kind: str = "mixer"
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        return mamba1_entries(part.path, self, sp)
 
 
 def _has_parameters(module: nn.Module) -> bool:

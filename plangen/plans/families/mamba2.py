@@ -17,6 +17,8 @@ heads, ``out_proj`` is row-parallel back to the residual stream.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 from torch import nn
@@ -25,15 +27,35 @@ from torch.distributed.tensor import Replicate, Shard
 from plangen.plan import PlanEntry
 from plangen.plans.layouts import row_parallel_output
 from plangen.styles.mamba2 import resolve_gated_norm, resolve_mamba2_layout
+from plangen.plans.families.block import FamilyBlock, Unplaced
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.source.forward import BlockCall
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 @dataclass(frozen=True)
-class Mamba2Block:
+class Mamba2Block(FamilyBlock):
     """A Mamba2 mixer split by heads: its own style, its gated ``norm``, its row-parallel ``out_proj``."""
 
     norm: str | None = "norm"  # None: the mixer has no norm with parameters (FalconH1's Identity)
     out_proj: str = "out_proj"
     kind: str = "mixer"
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        # plangen.styles.mamba2: split by heads
+        return [
+            mamba2_mixer_entry(part.path, sp),
+            *mamba2_children_entries(part.path, sp, norm=self.norm, out_proj=self.out_proj),
+        ]
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        # Its style takes the hidden state itself (the first positional argument or hidden_states=),
+        # as a column-parallel projection does, so it needs no reading of the call.
+        if call is None or call.keyword in (None, "hidden_states"):
+            return None
+        return Unplaced(f"Mamba2 mixer handed the hidden state as {call.keyword}=", "other", gathered=True)
 
 
 def _has_parameters(module: nn.Module) -> bool:

@@ -22,6 +22,7 @@ from plangen.plans.families.core import (
     recognize_attention,
 )
 from plangen.plans.families.dims import ModelDims, has_parameters, own_parameters
+from plangen.plans.families.block import FamilyBlock
 
 
 def recognize_packed_attention(block: nn.Module, dims: ModelDims) -> ShardedBlock | KeptBlock | None:
@@ -128,7 +129,7 @@ def _multi_query_parts(parts: tuple[int, ...], dims: ModelDims) -> tuple[int, ..
 
 
 @dataclass(frozen=True)
-class WrappedBlock:
+class WrappedBlock(FamilyBlock):
     """An attention module inside a thin wrapper: sharded where the wrapper calls it (``inner``)."""
 
     inner: str

@@ -31,7 +31,7 @@ backward one all-reduce of the layer input's gradient. The multi-head norm commu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard
@@ -41,6 +41,12 @@ from plangen.plans.families.dims import has_parameters, is_linear, ModelDims
 from plangen.plans.families.linear_attention import GatedDeltaNetBlock
 from plangen.plans.layouts import row_parallel_output
 from plangen.plans.source.forward import read_input_name_readers
+from plangen.plans.layouts import hidden_state_layouts
+from plangen.plans.families.block import FamilyBlock, UNREAD_CALL, Unplaced
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.source.forward import BlockCall
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 # transformers' names of the block's widths its forward and cache shape by, read as numbers and
@@ -49,7 +55,7 @@ WIDTH_ATTRIBUTES = ("lru_width", "hidden_size")
 
 
 @dataclass(frozen=True)
-class MultiHeadMixerBlock:
+class MultiHeadMixerBlock(FamilyBlock):
     """An mLSTM layer's parts, by child name, as :func:`plangen.plans.families.recurrent.mlstm_entries` shards them."""
 
     colwise: tuple[str, ...]  # input projections, whole heads each (q, k, v, the gates)
@@ -57,6 +63,15 @@ class MultiHeadMixerBlock:
     norm: str  # the multi-head norm, one head at a time
     head_attributes: tuple[str, ...]  # what the forward reshapes by, made this rank's
     kind: str = "attention"
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        assert part.call is not None
+        return mlstm_entries(part.path, self, hidden_state_layouts(part.call, sp), sp)
+
+    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+        # Its style splits its own heads and prepares its input: it must be where the layer calls it.
+        return Unplaced(f"recurrent mixer {UNREAD_CALL}", "attention") if call is None else None
 
 
 # transformers' names of the counts an mLSTM layer reshapes by (its config's head count, its widths).

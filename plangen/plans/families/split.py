@@ -6,6 +6,8 @@ shapes and forward source; names only label), for layouts it does not see inside
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 from torch import nn
@@ -22,10 +24,17 @@ from plangen.plans.source.split import (
     read_reshape_attributes,
     read_sole_reader,
 )
+from torch.distributed.tensor import Replicate, Shard
+from plangen.plan import PlanEntry
+from plangen.plans.layouts import SEQ, hidden_state_layouts, row_parallel_output
+from plangen.plans.families.block import FamilyBlock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plangen.plans.synthesis.findings import BlockPart
 
 
 @dataclass(frozen=True)
-class SplitBlock:
+class SplitBlock(FamilyBlock):
     """Attention or an MLP whose projections sit in two sibling modules of one parent (the BERT
     family: ``attention.self`` then ``attention.output``, ``intermediate`` then ``output``).
 
@@ -50,6 +59,10 @@ class SplitBlock:
     # and the classes that draw per-head random numbers are refused in training.
     rebuilt: bool = False
     refused_in_training: tuple[str, ...] = ()
+
+    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
+        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+        return split_block_entries(part, sp)
 
 
 def _column_half(
@@ -121,3 +134,95 @@ def recognize_split_blocks(parent: nn.Module, dims: ModelDims) -> list[SplitBloc
             )
         )
     return found
+
+
+def split_block_entries(part: BlockPart, sp: bool) -> list[PlanEntry]:
+    """A block split over two sibling modules (BERT): the inner one entered as one Replicate DTensor,
+    its projections column-parallel, the outer one's projection row-parallel."""
+    block = part.block
+    assert isinstance(block, SplitBlock)
+    inner, group = f"{part.path}.{block.inner}", block.kind
+    entries: list[PlanEntry] = []
+    if block.rebuilt:  # its parent rebuilds it (BigBird): the parent's pre-hook makes the counts local
+        refused = block.refused_in_training
+        entries.append(
+            PlanEntry(
+                part.path,
+                "RebuiltChildHeadCounts",
+                dict(child=block.inner, attributes=block.head_attributes, refused_in_training=refused),
+                group,
+                f"rebuilds its {block.inner} (another attention class) between forwards: its head counts made this rank's "
+                "before each forward"
+                + (
+                    f"; {', '.join(refused)} refused in training (random key blocks drawn per head "
+                    "from one seeded stream)"
+                    if refused
+                    else ""
+                ),
+            )
+        )
+        colwise_input, why = (
+            SEQ if sp else Replicate(),
+            "column-parallel: each rank computes its own heads, from its own input",
+        )
+    elif block.head_attributes:
+        # One style per module: the head counts made local instead of one prepared input (each
+        # projection then takes, and reduces the gradient of, its own input).
+        entries.append(
+            PlanEntry(
+                inner,
+                "LocalHeadCounts",
+                dict(attributes=block.head_attributes),
+                group,
+                "reshapes its heads with its built-in width: make it this rank's",
+            )
+        )
+        colwise_input, why = (
+            SEQ if sp else Replicate(),
+            "column-parallel: each rank computes its own heads, from its own input",
+        )
+    elif part.call is not None:
+        gathered = "one all-gather of the sequence per block" if sp else "no communication"
+        if block.inner_norm is None:
+            prepared, how = False, f"{gathered}; one gradient reduction per block in backward"
+        else:  # the norm inside takes a plain tensor: each projection then reduces its own input gradient
+            prepared, how = True, f"{gathered}; the norm inside computes on the whole input"
+        entries.append(
+            PlanEntry(
+                inner,
+                "PrepareModuleInput",
+                dict(**hidden_state_layouts(part.call, sp), use_local_output=prepared),
+                group,
+                how,
+            )
+        )
+        colwise_input, why = (
+            Replicate(),
+            "column-parallel: each rank computes its own " + ("heads" if group == "attention" else "slice"),
+        )
+    else:
+        colwise_input, why = (
+            SEQ if sp else Replicate(),
+            "column-parallel, taking its own input (the call of its module could not be read)",
+        )
+    for name in block.colwise:
+        entries.append(
+            PlanEntry(
+                f"{inner}.{name}",
+                "ColwiseParallel",
+                dict(input_layouts=colwise_input, output_layouts=Shard(-1), use_local_output=True),
+                group,
+                why,
+            )
+        )
+    rowwise, reduced = row_parallel_output(sp)
+    entries.append(
+        PlanEntry(
+            f"{part.path}.{block.outer}.{block.rowwise}",
+            "RowwiseParallel",
+            rowwise,
+            group,
+            f"row-parallel, in the module its column-parallel half feeds: {reduced}",
+        )
+    )
+    return entries

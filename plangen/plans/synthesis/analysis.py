@@ -21,6 +21,7 @@ from torch import nn
 
 from plangen.plan import Replicated
 from plangen.plans.source.forward import (
+    BlockCall,
     read_added_buffer_reads,
     read_added_children,
     read_block_call,
@@ -32,19 +33,17 @@ from plangen.plans.source.forward import (
 from plangen.plans.synthesis.block_stacks import analyze_block_stacks, find_block_stacks
 from plangen.plans.synthesis.analysis_split import analyze_parent_of_split, analyze_split, split_blocks_by_child
 from plangen.plans.synthesis.findings import BlockPart, Findings, KeptPart
-from plangen.plans.families.latent import latent_attention_entries
 from plangen.plans.families.layer_experts import read_experts_norms
-from plangen.plans.synthesis.per_head_inputs import PerHeadInput, read_head_input_rows, read_layers_head_input
+from plangen.plans.families.per_head_inputs import PerHeadInput, read_head_input_rows, read_layers_head_input
 from plangen.plans.synthesis.per_layer_inputs import PerLayerInputs, find_per_layer_inputs
 from plangen.plans.families.core import (
+    KeptBlock,
     LayerExpertsBlock,
-    MoeBlock,
     ShardedBlock,
     unrecognized,
     recognize_layer_experts,
     recognize_layer_mlp,
 )
-from plangen.plans.families.latent import LatentBlock
 from plangen.plans.families.dims import (
     ModelDims,
     has_parameters,
@@ -54,11 +53,6 @@ from plangen.plans.families.dims import (
     layer_dims,
     read_dims,
 )
-from plangen.plans.families.bucketed_attention import BucketedAttentionBlock
-from plangen.plans.families.linear_attention import GatedDeltaNetBlock
-from plangen.plans.families.mamba1 import Mamba1Block
-from plangen.plans.families.mamba2 import Mamba2Block
-from plangen.plans.families.recurrent import MultiHeadMixerBlock
 from plangen.plans.families.split import recognize_attention_called_alike
 from plangen.plans.families.packed import WrappedBlock
 from plangen.plans.families.registry import recognize_block
@@ -329,66 +323,11 @@ def _analyze_layer(
             continue
         if isinstance(recognized, WrappedBlock):  # a per-head input is not handed through a wrapper
             recognized = unrecognized(name, child, dims)
+        if isinstance(recognized, KeptBlock):
+            _place_kept(layer, path, name, child, recognized, call, dims, found)
+            continue
         head_rows = read_head_input_rows(type(layer), name, recognized, call, per_head_input)
-        if isinstance(recognized, MoeBlock) and (call is None or call.outputs is None):
-            # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
-            found.keep(
-                child_path,
-                "mixture of experts whose call by the layer the reader cannot follow",
-                "mlp",
-                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
-            )
-        elif isinstance(recognized, MoeBlock):
-            found.blocks.append(BlockPart(child_path, recognized, call))
-            for router in recognized.routers:
-                found.keep(
-                    f"{child_path}.{router}", "the router sees every token on every rank: routing stays exact", "mlp"
-                )
-        elif isinstance(recognized, LatentBlock) and call is not None:
-            # Its style hands the replicated down-projections a local input: it must be where the layer calls it.
-            found.blocks.append(BlockPart(child_path, recognized, call))
-            _, kept = latent_attention_entries(
-                child_path,
-                sequence_parallel=False,
-                query_latent=recognized.query_latent,
-                shard_query_latent=recognized.shard_query_latent,
-            )
-            found.kept += kept
-        elif (
-            isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock, BucketedAttentionBlock))
-            and call is not None
-        ):
-            # Its style splits its own heads and prepares its input: it must be where the layer calls it.
-            found.blocks.append(BlockPart(child_path, recognized, call))
-        elif isinstance(recognized, BucketedAttentionBlock):  # its style takes its input: it must know the call
-            found.keep(
-                child_path,
-                "attention shaped by its input's width whose call by the layer the reader cannot follow",
-                "attention",
-                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
-            )
-        elif isinstance(recognized, (GatedDeltaNetBlock, MultiHeadMixerBlock)):
-            found.keep(
-                child_path,
-                "recurrent mixer whose call by the layer the reader cannot follow",
-                "attention",
-                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
-            )
-        elif isinstance(recognized, Mamba2Block) and (call is None or call.keyword in (None, "hidden_states")):
-            # Its style takes the hidden state itself (the first positional argument or hidden_states=),
-            # as a column-parallel projection does, so it needs no reading of the call.
-            found.blocks.append(BlockPart(child_path, recognized, call))
-        elif isinstance(recognized, Mamba2Block):
-            found.keep(child_path, f"Mamba2 mixer handed the hidden state as {call.keyword}=", "other")
-            found.gathered.append(KeptPart(child_path, call))
-        elif isinstance(recognized, LatentBlock):
-            found.keep(
-                child_path,
-                "latent attention whose call by the layer the reader cannot follow",
-                "attention",
-                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
-            )
-        elif isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(head_rows, tuple):
+        if isinstance(recognized, ShardedBlock) and recognized.kind == "attention" and isinstance(head_rows, tuple):
             found.blocks.append(
                 BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer)), head_rows)
             )
@@ -409,40 +348,47 @@ def _analyze_layer(
             else:
                 found.keep(child_path, why, "attention")
                 found.gathered.append(KeptPart(child_path, call))
-        elif (
-            isinstance(recognized, ShardedBlock)
-            and (recognized.head_parameters or recognized.shared_parameters or recognized.input_sharded)
-            and call is None
-        ):
-            # Its per-head parameters or its input's slice come from the block's own input style: it
-            # must be where the layer calls it.
-            own = recognized.head_parameters or recognized.shared_parameters
-            what = "per-head parameters" if own else "a forward shaped by its input's width"
-            found.keep(
-                child_path,
-                f"attention with {what} whose call by the layer the reader cannot follow",
-                "attention",
-                f"{child_path} is replicated and the reader cannot follow how its layer calls it",
-            )
+        elif (unplaced := recognized.call_problem(call)) is not None:
+            # Its style needs the block where the layer calls it, and that call could not be read.
+            sp_problem = f"{child_path} is replicated and the reader cannot follow how its layer calls it"
+            found.keep(child_path, unplaced.why, unplaced.group, None if unplaced.gathered else sp_problem)
+            if unplaced.gathered:
+                found.gathered.append(KeptPart(child_path, call))
         elif isinstance(recognized, ShardedBlock):
             found.blocks.append(BlockPart(child_path, recognized, call, name in read_modified_in_place(type(layer))))
-        elif isinstance(recognized, Mamba1Block):  # its style takes the hidden state however the layer passes it
-            found.blocks.append(BlockPart(child_path, recognized, call))
-        elif analyze_parent_of_split(child, child_path, dims, found):
-            continue
-        elif (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
-            found.blocks.append(BlockPart(child_path, alike, call))
-        elif call is None or call.outputs is None:
-            found.keep(
-                child_path,
-                recognized.why,
-                _group_of(recognized.kind),
-                f"{child_path} is replicated ({recognized.why}) and the reader cannot follow how its layer "
-                "calls it, so it cannot be given the whole sequence under sequence parallel",
-            )
         else:
-            found.keep(child_path, recognized.why, _group_of(recognized.kind))
-            found.gathered.append(KeptPart(child_path, call, read_returned_parameters(child)))
+            found.blocks.append(BlockPart(child_path, recognized, call))
+            found.kept += recognized.kept_beside(child_path)
+
+
+def _place_kept(
+    layer: nn.Module,
+    path: str,
+    name: str,
+    child: nn.Module,
+    kept: KeptBlock,
+    call: BlockCall | None,
+    dims: ModelDims,
+    found: Findings,
+) -> None:
+    """A child no family shards: half of a block split across children, attention called as a sibling
+    is, or kept whole (under SP given the whole sequence where its call could be read)."""
+    child_path = f"{path}.{name}"
+    if analyze_parent_of_split(child, child_path, dims, found):
+        return
+    if (alike := recognize_attention_called_alike(layer, name, dims)) is not None:
+        found.blocks.append(BlockPart(child_path, alike, call))
+    elif call is None or call.outputs is None:
+        found.keep(
+            child_path,
+            kept.why,
+            _group_of(kept.kind),
+            f"{child_path} is replicated ({kept.why}) and the reader cannot follow how its layer "
+            "calls it, so it cannot be given the whole sequence under sequence parallel",
+        )
+    else:
+        found.keep(child_path, kept.why, _group_of(kept.kind))
+        found.gathered.append(KeptPart(child_path, call, read_returned_parameters(child)))
 
 
 def _analyze_outside(

@@ -10,15 +10,8 @@ from dataclasses import dataclass, field
 
 from plangen.plan import Replicated
 from plangen.plans.source.forward import BlockCall
-from plangen.plans.synthesis.per_head_inputs import PerHeadInput
-from plangen.plans.families.core import MoeBlock, ShardedBlock
-from plangen.plans.families.latent import LatentBlock
-from plangen.plans.families.bucketed_attention import BucketedAttentionBlock
-from plangen.plans.families.linear_attention import GatedDeltaNetBlock
-from plangen.plans.families.recurrent import MultiHeadMixerBlock
-from plangen.plans.families.mamba1 import Mamba1Block
-from plangen.plans.families.mamba2 import Mamba2Block
-from plangen.plans.families.split import SplitBlock
+from plangen.plans.families.block import FamilyBlock
+from plangen.plans.families.per_head_inputs import PerHeadInput
 
 
 @dataclass(frozen=True)
@@ -26,17 +19,7 @@ class BlockPart:
     """A sharded block at a concrete module path, and how its layer calls it (None: unknown)."""
 
     path: str  # for a SplitBlock: the parent of its two halves
-    block: (
-        ShardedBlock
-        | MoeBlock
-        | LatentBlock
-        | SplitBlock
-        | GatedDeltaNetBlock
-        | MultiHeadMixerBlock
-        | Mamba1Block
-        | Mamba2Block
-        | BucketedAttentionBlock
-    )
+    block: FamilyBlock  # a family's recognized block (plangen.plans.families), which writes its own entries
     call: BlockCall | None  # for a SplitBlock: how the parent calls its inner half
     # The layer modifies the block's output in place (Falcon: mlp_output += attention_output).
     modified_in_place: bool = False
