@@ -1,7 +1,10 @@
-"""Recognise the parts of a decoder by structure and shapes: attention, MLP, norms, MoE, mixers.
+"""The families most decoder layers are made of: attention, MLPs and mixtures of experts, recognized
+by structure and shapes, with their plan entries; and what a recognized block is (``ShardedBlock``,
+``KeptBlock``).
 
 Each recognizer looks at one module and the model's dimensions (from its config) and answers what
-the module is and how it may be sharded, or why it may not. Names are never the evidence: a
+the module is and how it may be sharded, or why it may not (the order families are asked in is
+:mod:`plangen.plans.families.registry`'s). Names are never the evidence: a
 projection is column-parallel because it reads the block's input (its forward source says so, see
 :mod:`plangen.plans.source.forward`) and its output is a whole number of heads; row-parallel
 because it maps heads (or the intermediate width) back to the hidden size. Names only label.

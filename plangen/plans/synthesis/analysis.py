@@ -2,8 +2,9 @@
 
 :func:`analyze_model` finds the vocabulary embedding and the output head, the list of decoder
 layers (the one nearest the embedding: multimodal models hold vision blocks too), and per layer
-child: per-feature modules on the residual stream (norms), blocks the recognizers can shard
-(:mod:`plangen.plans.families.core`), and blocks that stay replicated, with the reason. Everything
+child: per-feature modules on the residual stream (norms), blocks a family can shard
+(asked in :mod:`plangen.plans.families.registry`'s order; each block says where it can be placed),
+and blocks that stay replicated, with the reason. Everything
 with parameters outside the layers that is not the embedding, the head or a norm stays replicated.
 
 It also collects why sequence parallelism would not be safe: every module on the residual stream

@@ -1,7 +1,7 @@
 """Derive a Megatron-style plan from the module tree, for classes with no hand-written plan.
 
 :func:`~plangen.plans.synthesis.analysis.analyze_model` walks a model (a meta-device build is enough) and
-recognises, by structure and shapes (:mod:`plangen.plans.families.core`):
+recognises, by structure and shapes (the block families, :mod:`plangen.plans.families`):
 
 * the vocabulary embedding and the output head (tied or not): vocabulary-parallel;
 * per decoder layer, attention blocks (q/k/v column-parallel, o row-parallel, per-head norms with
@@ -10,7 +10,8 @@ recognises, by structure and shapes (:mod:`plangen.plans.families.core`):
   gradient is reduced once per block, as in :mod:`plangen.plans.dense`;
 * per-feature modules on the residual stream (norms): ``SequenceParallel`` under SP.
 
-Beyond those, the families the recognizers know are sharded too, each with the styles of its
+Beyond those, the families the recognizers know are sharded too (each recognized block writes its
+own entries: :class:`plangen.plans.families.block.FamilyBlock`), each with the styles of its
 mechanism (:mod:`plangen.styles`): norms over a whole q or k projection with its heads
 (``ShardedNormParallel``: statistics summed over TP); packed q|k|v and gate|up projections re-laid
 out by part (``FusedColwiseParallel``); multi-query attention by query heads; mixtures of experts
