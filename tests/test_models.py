@@ -196,9 +196,14 @@ def test_non_generation_model_type_is_refused():
 def test_meta_build_of_405b_is_fast_and_full_size():
     resolved = resolve_model(str(CONFIGS / "llama-3.1-405b.json"))
     build_meta_model(resolve_model("llama"))  # warm-up: imports the modeling module
-    started = time.process_time()  # CPU time: other work on the machine does not stretch it
-    model = build_meta_model(resolved)
-    elapsed = time.process_time() - started
+    # CPU time, the best of three builds: other work on the machine does not stretch CPU time, but a
+    # build can still be charged for a stall it did not cause (once 1.19 s, in a fresh-clone run beside
+    # other launches on 2 cores, of a build that takes 0.07 s there when the machine is quiet or busy).
+    elapsed = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        model = build_meta_model(resolved)
+        elapsed = min(elapsed, time.process_time() - started)
     assert elapsed < 1.0, f"405B meta build took {elapsed:.2f}s"
     params = list(model.parameters())
     assert all(p.device.type == "meta" for p in params)
