@@ -22,7 +22,7 @@ def row_parallel_output(sequence_parallel: bool) -> tuple[dict[str, Any], str]:
     return layouts, "reduce-scatter back to the sequence-sharded residual" if sp else "one all-reduce"
 
 
-def hidden_state_layouts(call: "BlockCall", sp: bool, desired: Placement = Replicate()) -> dict[str, Any]:
+def hidden_state_layouts(call: BlockCall, sp: bool, desired: Placement = Replicate()) -> dict[str, Any]:
     """PrepareModuleInput's layouts for the hidden state, where the layer passes it: the block sees it
     whole (or as ``desired``)."""
     if call.keyword is not None:

@@ -53,13 +53,12 @@ class BucketedAttentionBlock(FamilyBlock):
     all_heads_helper: tuple[str, int] | None = None
     kind: str = "attention"
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         assert part.call is not None
         desired = hidden_state_layouts(part.call, sp, desired=Shard(-1))
         return bucketed_attention_entries(part.path, self, part.call, desired, sp)
 
-    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+    def call_problem(self, call: BlockCall | None) -> Unplaced | None:
         # Its style takes its input: it must know the call.
         return Unplaced(f"attention shaped by its input's width {UNREAD_CALL}", "attention") if call is None else None
 

@@ -125,11 +125,10 @@ class ShardedBlock(FamilyBlock):
     # with zero heads to a multiple of the TP size when the plan is applied (plangen.styles.padded_heads).
     padded_heads: bool = False
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         return sharded_block_entries(part, sp)
 
-    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+    def call_problem(self, call: BlockCall | None) -> Unplaced | None:
         if call is None and (self.head_parameters or self.shared_parameters or self.input_sharded):
             # Its per-head parameters or its input's slice come from the block's own input style.
             own = self.head_parameters or self.shared_parameters
@@ -478,11 +477,10 @@ class MoeBlock(FamilyBlock):
     # Shared experts packed as 3-D weights (Inkling's): each expert's intermediate split, partial sum out.
     packed_shared: tuple[str, ...] = ()
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         return moe_block_entries(part, sp)
 
-    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+    def call_problem(self, call: BlockCall | None) -> Unplaced | None:
         if call is None or call.outputs is None:
             # The block reduces its branches' partial sums itself: it must be wrapped where the layer calls it.
             return Unplaced(f"mixture of experts {UNREAD_CALL}", "mlp")
@@ -505,8 +503,7 @@ class LayerExpertsBlock(FamilyBlock):
     kind: str = "moe"
     input_norm: str | None = None  # the norm the layer applies before them (under SP it takes the whole sequence)
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         return layer_experts_entries(part.path, self.routers, self.input_norm, sp)
 
 

@@ -64,11 +64,10 @@ class LatentBlock(FamilyBlock):
     )
     kind: str = "attention"
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         return latent_block_entries(part, sp)
 
-    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+    def call_problem(self, call: BlockCall | None) -> Unplaced | None:
         # Its style hands the replicated down-projections a local input: it must be where the layer calls it.
         return Unplaced(f"latent attention {UNREAD_CALL}", "attention") if call is None else None
 

@@ -24,6 +24,8 @@ from torch.distributed.tensor import Replicate, Shard
 from plangen.plan import PlanEntry
 from plangen.plans.layouts import SEQ
 from plangen.plans.families.block import FamilyBlock
+from plangen.plans.families.core import KeptBlock
+from plangen.plans.families.dims import ModelDims, has_parameters
 
 if TYPE_CHECKING:  # pragma: no cover
     from plangen.plans.synthesis.findings import BlockPart
@@ -37,47 +39,39 @@ class Mamba1Block(FamilyBlock):
     grad_reduced: tuple[str, ...]
     kind: str = "mixer"
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         return mamba1_entries(part.path, self, sp)
 
 
-def _has_parameters(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
-
-
-def recognize_mamba1_mixer(block: nn.Module, hidden: int) -> Mamba1Block | str | None:
-    """A Mamba1 mixer reading and writing ``hidden`` features, and where its ``dt``/``B``/``C``
-    gradients are summed; why it cannot be split (one line); None for anything else.
-
-    (plangen.plans.families.core, which imports this module, wraps the why in its KeptBlock.)
-    """
+def recognize_mamba1_mixer(block: nn.Module, dims: ModelDims) -> Mamba1Block | KeptBlock | None:
+    """A Mamba1 mixer reading and writing the hidden size, and where its ``dt``/``B``/``C`` gradients
+    are summed; one that cannot be split kept whole, with why; None for anything else."""
     from plangen.styles.mamba1 import CONV, DT_PROJ, IN_PROJ, OUT_PROJ, X_PROJ, mamba1_parts_problem
 
     if mamba1_parts_problem(block) is not None:
         return None
     in_proj, out_proj = getattr(block, IN_PROJ), getattr(block, OUT_PROJ)
-    if in_proj.in_features != hidden or out_proj.out_features != hidden:
+    if in_proj.in_features != dims.hidden or out_proj.out_features != dims.hidden:
         return None
     rank, state = getattr(block, DT_PROJ).in_features, block.A_log.shape[1]
     if getattr(block, X_PROJ).out_features != rank + 2 * state:
         return None
     parts = {IN_PROJ, CONV, X_PROJ, DT_PROJ, OUT_PROJ}
-    norms = [(n, c) for n, c in block.named_children() if n not in parts and _has_parameters(c)]
+    norms = [(n, c) for n, c in block.named_children() if n not in parts and has_parameters(c)]
     if not norms:
         return Mamba1Block((X_PROJ,))
     # One weighted norm per piece of x_proj's output (dt, B, C), or the gradient sums would miss a piece.
     widths = sorted(_norm_width(c) or 0 for _, c in norms)
     if len(norms) != 3 or widths != sorted((rank, state, state)):
         names = ", ".join(f"{n} ({type(c).__name__})" for n, c in norms)
-        return f"Mamba1 mixer with {names} beside its parts: not one norm each on dt, B and C"
+        return KeptBlock("mixer", f"Mamba1 mixer with {names} beside its parts: not one norm each on dt, B and C")
     return Mamba1Block(tuple(n for n, _ in norms))
 
 
 def _norm_width(module: nn.Module) -> int | None:
     """The width of a leaf whose every parameter is one value per feature (a norm), else None."""
     shapes = {tuple(p.shape) for p in module.parameters()}
-    if any(_has_parameters(c) for c in module.children()) or len(shapes) != 1:
+    if any(has_parameters(c) for c in module.children()) or len(shapes) != 1:
         return None
     (shape,) = shapes
     return shape[0] if len(shape) == 1 else None

@@ -28,6 +28,8 @@ from plangen.plan import PlanEntry
 from plangen.plans.layouts import row_parallel_output
 from plangen.styles.mamba2 import resolve_gated_norm, resolve_mamba2_layout
 from plangen.plans.families.block import FamilyBlock, Unplaced
+from plangen.plans.families.core import KeptBlock
+from plangen.plans.families.dims import ModelDims, has_parameters
 
 if TYPE_CHECKING:  # pragma: no cover
     from plangen.plans.source.forward import BlockCall
@@ -42,15 +44,14 @@ class Mamba2Block(FamilyBlock):
     out_proj: str = "out_proj"
     kind: str = "mixer"
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         # plangen.styles.mamba2: split by heads
         return [
             mamba2_mixer_entry(part.path, sp),
             *mamba2_children_entries(part.path, sp, norm=self.norm, out_proj=self.out_proj),
         ]
 
-    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+    def call_problem(self, call: BlockCall | None) -> Unplaced | None:
         # Its style takes the hidden state itself (the first positional argument or hidden_states=),
         # as a column-parallel projection does, so it needs no reading of the call.
         if call is None or call.keyword in (None, "hidden_states"):
@@ -58,13 +59,9 @@ class Mamba2Block(FamilyBlock):
         return Unplaced(f"Mamba2 mixer handed the hidden state as {call.keyword}=", "other", gathered=True)
 
 
-def _has_parameters(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
-
-
-def recognize_mamba2(block: nn.Module, hidden: int) -> Mamba2Block | str | None:
-    """A Mamba2 mixer split by heads (``hidden``: the model's hidden size); where one is found that
-    cannot be, why it stays whole; None for any other block."""
+def recognize_mamba2(block: nn.Module, dims: ModelDims) -> Mamba2Block | KeptBlock | None:
+    """A Mamba2 mixer split by heads; one that cannot be kept whole, with why; None for any other block."""
+    hidden = dims.hidden
     try:
         layout = resolve_mamba2_layout(block)
     except ValueError:
@@ -75,22 +72,20 @@ def recognize_mamba2(block: nn.Module, hidden: int) -> Mamba2Block | str | None:
         or out_proj.in_features != layout.intermediate
         or out_proj.out_features != hidden
     ):
-        return f"Mamba2 mixer without an out_proj of {layout.intermediate} -> {hidden} features"
+        return KeptBlock("mixer", f"Mamba2 mixer without an out_proj of {layout.intermediate} -> {hidden} features")
     if not isinstance(norm, nn.Module):
-        return "Mamba2 mixer without a gated norm"
-    if _has_parameters(norm):
+        return KeptBlock("mixer", "Mamba2 mixer without a gated norm")
+    if has_parameters(norm):
         try:
             resolve_gated_norm(norm)
         except ValueError as err:
-            return f"Mamba2 mixer whose norm cannot follow the split by heads: {err}"
+            return KeptBlock("mixer", f"Mamba2 mixer whose norm cannot follow the split by heads: {err}")
     unknown = [
-        n
-        for n, c in block.named_children()
-        if n not in ("in_proj", "conv1d", "norm", "out_proj") and _has_parameters(c)
+        n for n, c in block.named_children() if n not in ("in_proj", "conv1d", "norm", "out_proj") and has_parameters(c)
     ]
     if unknown:
-        return f"Mamba2 mixer with submodule {unknown[0]}, which would see only this rank's heads"
-    return Mamba2Block(norm="norm" if _has_parameters(norm) else None)
+        return KeptBlock("mixer", f"Mamba2 mixer with submodule {unknown[0]}, which would see only this rank's heads")
+    return Mamba2Block(norm="norm" if has_parameters(norm) else None)
 
 
 MIXER_WHY = (

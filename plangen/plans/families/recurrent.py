@@ -64,12 +64,11 @@ class MultiHeadMixerBlock(FamilyBlock):
     head_attributes: tuple[str, ...]  # what the forward reshapes by, made this rank's
     kind: str = "attention"
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         assert part.call is not None
         return mlstm_entries(part.path, self, hidden_state_layouts(part.call, sp), sp)
 
-    def call_problem(self, call: "BlockCall | None") -> Unplaced | None:
+    def call_problem(self, call: BlockCall | None) -> Unplaced | None:
         # Its style splits its own heads and prepares its input: it must be where the layer calls it.
         return Unplaced(f"recurrent mixer {UNREAD_CALL}", "attention") if call is None else None
 

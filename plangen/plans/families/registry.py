@@ -21,7 +21,6 @@ from torch import nn
 from plangen.plans.families.bucketed_attention import recognize_bucketed_attention
 from plangen.plans.families.conv_attention import recognize_conv_attention
 from plangen.plans.families.core import (
-    KeptBlock,
     ModelDims,
     keep_mixture_of_experts,
     keep_recurrent_mixer,
@@ -45,16 +44,6 @@ class Family(NamedTuple):
     recognize: Callable[[nn.Module, ModelDims], Any]  # a block, a KeptBlock, or None
 
 
-def _mamba1(block: nn.Module, dims: ModelDims) -> Any:
-    found = recognize_mamba1_mixer(block, dims.hidden)
-    return KeptBlock("mixer", found) if isinstance(found, str) else found
-
-
-def _mamba2(block: nn.Module, dims: ModelDims) -> Any:
-    found = recognize_mamba2(block, dims.hidden)
-    return KeptBlock("mixer", found) if isinstance(found, str) else found
-
-
 FAMILIES: tuple[Family, ...] = (
     Family("latent attention", recognize_latent_attention),
     # Attention whose projections are packed, bucketed or convolutions: attention's own recognizer
@@ -70,8 +59,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("gated delta net", recognize_gated_delta_net),
     Family("short convolution mixer", recognize_short_conv),
     Family("experts kept whole", keep_mixture_of_experts),
-    Family("Mamba1 mixer", _mamba1),
-    Family("Mamba2 mixer", _mamba2),
+    Family("Mamba1 mixer", recognize_mamba1_mixer),
+    Family("Mamba2 mixer", recognize_mamba2),
     Family("short convolution kept whole", keep_short_convolution),
     Family("state-space mixer kept whole", keep_recurrent_mixer),
     # A thin wrapper holds one attention module: asked only where no family took the wrapper itself.

@@ -60,8 +60,7 @@ class SplitBlock(FamilyBlock):
     rebuilt: bool = False
     refused_in_training: tuple[str, ...] = ()
 
-    def entries(self, part: "BlockPart", sp: bool) -> list[PlanEntry]:
-        """This block's plan entries at ``part.path`` (its layer's call in ``part.call``), SP or not."""
+    def entries(self, part: BlockPart, sp: bool) -> list[PlanEntry]:
         return split_block_entries(part, sp)
 
 
