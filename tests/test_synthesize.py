@@ -2142,3 +2142,48 @@ def test_a_model_of_several_stacks_names_them_as_its_reason():
     assert analyze_model(nn.Sequential(nn.Linear(2, 2))).problem == "its config states no hidden size"
     with pytest.raises(ValueError, match="no hidden size"):
         build_synthesized_plan(nn.Sequential(nn.Linear(2, 2)), False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The families' registry
+
+
+@pytest.mark.parametrize(
+    "model_type, path, owner, broader",
+    [
+        # Bloom's packed [q; k; v]: attention's own recognizer keeps it whole, the packed family shards it.
+        ("bloom", "transformer.h.0.self_attention", "packed attention", "attention"),
+        # FalconMamba's mixer: a Mamba1 mixer before the generic state-space mixer kept whole.
+        ("falcon_mamba", "backbone.layers.0.mixer", "Mamba1 mixer", "state-space mixer kept whole"),
+    ],
+)
+def test_the_first_family_in_the_registry_owns_a_block_another_would_keep_whole(model_type, path, owner, broader):
+    from plangen.plans.families.core import KeptBlock
+    from plangen.plans.families.dims import read_dims
+    from plangen.plans.families.registry import FAMILIES, recognize_block
+
+    model = meta(model_type)
+    dims, block = read_dims(model), model.get_submodule(path)
+    answers = {family.name: family.recognize(block, dims) for family in FAMILIES}
+    names = [family.name for family in FAMILIES]
+    assert names.index(owner) < names.index(broader)
+    assert isinstance(answers[broader], KeptBlock) and not isinstance(answers[owner], KeptBlock)
+    assert recognize_block(path.rsplit(".", 1)[1], block, dims) == answers[owner]
+
+
+def test_every_block_a_family_shards_writes_its_own_entries():
+    """A block the synthesizer places (FamilyBlock) answers ``entries`` itself: a new family that
+    forgets to would fail only when a model with its block is synthesized."""
+    import plangen.plans.families.registry  # noqa: F401 - imports every family
+    import plangen.plans.families.split  # noqa: F401 - blocks split across children
+    from plangen.plans.families.block import FamilyBlock
+    from plangen.plans.families.packed import WrappedBlock
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    blocks = set(subclasses(FamilyBlock)) - {WrappedBlock}  # a wrapper is unwrapped before its entries
+    assert len(blocks) >= 10, blocks
+    assert not [b.__name__ for b in blocks if b.entries is FamilyBlock.entries]
