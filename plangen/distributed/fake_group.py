@@ -17,6 +17,8 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from plangen.stack.torch_compat import fake_group_scatters_this_ranks_chunk
+
 # Ranks of the process's one fake group (TP x DP of any layout plangen measures fits in it).
 FAKE_WORLD_SIZE = 64
 
@@ -58,25 +60,14 @@ def scatter_gives_each_rank_its_chunk() -> None:
     weights sharded on the fake group would not be the unsharded module's slices (the GPU check's
     bf16 and compile sections met NaN). DTensor's scatter is made to copy this rank's chunk on fake
     groups, as 2.13's fake group does; other groups are untouched. Once per process."""
-    from torch.distributed.tensor import placement_types
-
     global _SCATTER_CHECKED
     if _SCATTER_CHECKED:
         return
     _SCATTER_CHECKED = True
     probe = torch.full((1,), -1.0)
     dist.scatter(probe, [torch.zeros(1)] * dist.get_world_size(), src=0)
-    if probe.item() == 0.0:
-        return
-    scatter = placement_types.mesh_scatter
-
-    def scatter_this_ranks_chunk(output, scatter_list, mesh, mesh_dim=0, async_op=False, **kwargs):
-        if output.is_meta or dist.get_backend(mesh.get_group(mesh_dim)) != "fake":
-            return scatter(output, scatter_list, mesh, mesh_dim, async_op, **kwargs)
-        output.copy_(scatter_list[mesh.get_local_rank(mesh_dim)])
-        return None
-
-    placement_types.mesh_scatter = scatter_this_ranks_chunk
+    if probe.item() != 0.0:
+        fake_group_scatters_this_ranks_chunk()
 
 
 _SCATTER_CHECKED = False

@@ -395,3 +395,20 @@ def counting_shape_propagation(holder: Any, attr: str = "propagating") -> Iterat
         yield
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = original
+
+
+def fake_group_scatters_this_ranks_chunk() -> None:
+    """DTensor's scatter (``placement_types.mesh_scatter``, what ``distribute_tensor`` of a sharded
+    placement calls) made to copy this rank's chunk on fake groups, where torch 2.11's fake backend
+    leaves the output unwritten; other groups go through torch's own."""
+    from torch.distributed.tensor import placement_types
+
+    scatter = placement_types.mesh_scatter
+
+    def scatter_this_ranks_chunk(output, scatter_list, mesh, mesh_dim=0, async_op=False, **kwargs):
+        if output.is_meta or dist.get_backend(mesh.get_group(mesh_dim)) != "fake":
+            return scatter(output, scatter_list, mesh, mesh_dim, async_op, **kwargs)
+        output.copy_(scatter_list[mesh.get_local_rank(mesh_dim)])
+        return None
+
+    placement_types.mesh_scatter = scatter_this_ranks_chunk
