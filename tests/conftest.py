@@ -29,13 +29,13 @@ def fake_pg():
     """A single-process fake process group: TP at any size for shapes and collective counts."""
     import torch.distributed as dist
 
-    from plangen.distributed.fake_group import FAKE_WORLD_SIZE, scatter_gives_each_rank_its_chunk
+    from plangen.distributed.fake_group import FAKE_WORLD_SIZE, scatters_give_each_rank_its_chunk
 
     # The same group the code under test makes and leaves running (plangen.distributed.fake_group), with its
-    # scatter giving each rank its chunk on every torch (the gloo parity cases check the real thing).
+    # scatters giving each rank its chunk on every torch (the gloo parity cases check the real thing).
     if not dist.is_initialized():
         dist.init_process_group("fake", rank=0, world_size=FAKE_WORLD_SIZE)
-    scatter_gives_each_rank_its_chunk()
+    scatters_give_each_rank_its_chunk()
     yield
 
 

@@ -17,7 +17,10 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from plangen.stack.torch_compat import fake_group_scatters_this_ranks_chunk
+from plangen.stack.torch_compat import (
+    fake_group_reduce_scatters_this_ranks_chunk,
+    fake_group_scatters_this_ranks_chunk,
+)
 
 # Ranks of the process's one fake group (TP x DP of any layout plangen measures fits in it).
 FAKE_WORLD_SIZE = 64
@@ -46,31 +49,37 @@ def fake_process_group(world_size: int, error: type[Exception] = FakeGroupError)
             )
         if dist.get_world_size() < world_size:
             raise error(f"the running fake process group has {dist.get_world_size()} ranks, TP needs {world_size}")
-        scatter_gives_each_rank_its_chunk()
+        scatters_give_each_rank_its_chunk()
         yield
         return
     dist.init_process_group("fake", rank=0, world_size=max(world_size, FAKE_WORLD_SIZE))
-    scatter_gives_each_rank_its_chunk()
+    scatters_give_each_rank_its_chunk()
     yield
 
 
-def scatter_gives_each_rank_its_chunk() -> None:
-    """Where the installed torch's fake group leaves a scatter's output unwritten (torch 2.11; 2.13
-    on copy this rank's chunk), ``distribute_tensor`` of a sharded placement reads garbage there:
-    weights sharded on the fake group would not be the unsharded module's slices (the GPU check's
-    bf16 and compile sections met NaN). DTensor's scatter is made to copy this rank's chunk on fake
-    groups, as 2.13's fake group does; other groups are untouched. Once per process."""
-    global _SCATTER_CHECKED
-    if _SCATTER_CHECKED:
+def scatters_give_each_rank_its_chunk() -> None:
+    """Where the installed torch's fake group leaves a scatter's or a reduce-scatter's output
+    unwritten (torch 2.11; 2.13 on copy this rank's chunk), a value computed on the fake group reads
+    garbage: ``distribute_tensor`` of a sharded placement would not give the unsharded module's
+    slices, and a gradient reduce-scattered (a sharded norm's under SP, FSDP2's) would be memory never
+    written (the GPU check's bf16 and compile sections met NaN). Both are made to give this rank its
+    chunk on fake groups, as 2.13's fake group does; other groups are untouched. Once per process."""
+    global _SCATTERS_CHECKED
+    if _SCATTERS_CHECKED:
         return
-    _SCATTER_CHECKED = True
+    _SCATTERS_CHECKED = True
+    world = dist.get_world_size()
     probe = torch.full((1,), -1.0)
-    dist.scatter(probe, [torch.zeros(1)] * dist.get_world_size(), src=0)
+    dist.scatter(probe, [torch.zeros(1)] * world, src=0)
     if probe.item() != 0.0:
         fake_group_scatters_this_ranks_chunk()
+    probe = torch.full((1,), -1.0)
+    dist.reduce_scatter_tensor(probe, torch.zeros(world))
+    if probe.item() != 0.0:
+        fake_group_reduce_scatters_this_ranks_chunk()
 
 
-_SCATTER_CHECKED = False
+_SCATTERS_CHECKED = False
 
 
 def tp_mesh(tp_size: int):
