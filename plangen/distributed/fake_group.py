@@ -20,6 +20,7 @@ import torch.distributed as dist
 from plangen.stack.torch_compat import (
     fake_group_reduce_scatters_this_ranks_chunk,
     fake_group_scatters_this_ranks_chunk,
+    reduce_scatter,
 )
 
 # Ranks of the process's one fake group (TP x DP of any layout plangen measures fits in it).
@@ -74,7 +75,7 @@ def scatters_give_each_rank_its_chunk() -> None:
     if probe.item() != 0.0:
         fake_group_scatters_this_ranks_chunk()
     probe = torch.full((1,), -1.0)
-    dist.reduce_scatter_tensor(probe, torch.zeros(world))
+    reduce_scatter(probe, torch.zeros(world))
     if probe.item() != 0.0:
         fake_group_reduce_scatters_this_ranks_chunk()
 
