@@ -2187,3 +2187,48 @@ def test_every_block_a_family_shards_writes_its_own_entries():
     blocks = set(subclasses(FamilyBlock)) - {WrappedBlock}  # a wrapper is unwrapped before its entries
     assert len(blocks) >= 10, blocks
     assert not [b.__name__ for b in blocks if b.entries is FamilyBlock.entries]
+
+
+class _HelperShapedAttention(nn.Module):
+    """transformers 5.5-5.8's GPT-J attention, its shaping alone: the helpers view by the head count
+    ``forward`` passes them (a parameter, not ``self.num_attention_heads``)."""
+
+    def __init__(self, hidden: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.num_attention_heads, self.head_dim = heads, hidden // heads
+
+    def _split_heads(self, tensor, num_attention_heads, attn_head_size):
+        new_shape = tensor.size()[:-1] + (num_attention_heads, attn_head_size)
+        return tensor.view(new_shape)
+
+    def _merge_heads(self, tensor, num_attention_heads, attn_head_size):
+        new_shape = tensor.size()[:-2] + (num_attention_heads * attn_head_size,)
+        return tensor.view(new_shape)
+
+    def forward(self, hidden_states):
+        query = self._split_heads(hidden_states, self.num_attention_heads, attn_head_size=self.head_dim)
+        return self._merge_heads(query, self.num_attention_heads, self.head_dim)
+
+
+def test_a_helper_that_views_by_the_head_count_forward_passes_it_reads_that_count():
+    """The count reaches the view as the helper's parameter (by position; the width by keyword), and
+    through ``x.size()[:-1] + (heads, width)``: read, so the plan makes it this rank's (unread, GPT-J's
+    synthesized plan failed its parity check on 5.8.1: ``shape '[4, 8, 2, 32]' is invalid``)."""
+    from plangen.plans.source.shape import read_shape_sizes
+
+    shapes = read_shape_sizes(_HelperShapedAttention)
+    assert shapes.attributes == {"num_attention_heads", "head_dim"}
+    assert shapes.last == {"head_dim"}  # the per-head width, never divided
+    assert not shapes.input_width
+
+
+def test_gptj_attention_of_5_5_to_5_8_gets_its_head_count_made_local():
+    from transformers.models.gptj import modeling_gptj
+
+    if not hasattr(modeling_gptj.GPTJAttention, "_split_heads"):
+        pytest.skip("this transformers' GPT-J attention views by -1 (no helper reads the head count)")
+    from plangen.model.shrink import build_tiny_model
+
+    plan = build_synthesized_plan(build_tiny_model(resolve_model("gptj"), seed=0), sequence_parallel=False)
+    entry = next(e for e in plan.entries if e.pattern == "transformer.h.*.attn")
+    assert (entry.style, entry.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("num_attention_heads",))

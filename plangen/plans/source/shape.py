@@ -18,26 +18,63 @@ from plangen.plans.source.forward import first_parameter, forward_tree
 __all__ = ["ShapeSizes", "read_shape_sizes"]
 
 
-def _helper_trees(cls: type, tree: ast.AST) -> list[ast.AST]:
-    """The parsed sources of ``cls``'s own methods that ``forward`` calls as ``self.name(...)``."""
-    names = {
-        node.func.attr
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == "self"
-    }
+def _helper_trees(cls: type, tree: ast.AST) -> list[tuple[ast.AST, dict[str, list[ast.expr]]]]:
+    """The parsed sources of ``cls``'s own methods that ``forward`` calls as ``self.name(...)``, each
+    with what ``forward`` passes its parameters (by position or keyword, every call's): GPT-J's
+    ``self._split_heads(query, self.num_attention_heads, self.head_dim)`` (transformers 5.5-5.8)
+    views by its parameter ``num_attention_heads``, which is ``self.num_attention_heads``."""
+    calls: dict[str, list[ast.Call]] = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "self"
+        ):
+            calls.setdefault(node.func.attr, []).append(node)
     trees = []
-    for name in sorted(names):
+    for name in sorted(calls):
         method = inspect.getattr_static(cls, name, None)
         if not inspect.isfunction(method) or name == "forward":
             continue  # a submodule, a property, a builtin: not a helper whose source we read
         try:
-            trees.append(ast.parse(textwrap.dedent(inspect.getsource(method))))
+            helper = ast.parse(textwrap.dedent(inspect.getsource(method)))
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
+        trees.append((helper, _passed(helper, calls[name])))
     return trees
+
+
+def _passed(helper: ast.AST, calls: list[ast.Call]) -> dict[str, list[ast.expr]]:
+    """Each of ``helper``'s parameters (``self`` left out) and the expressions ``calls`` pass it."""
+    function = helper.body[0] if isinstance(helper, ast.Module) and helper.body else None
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
+    parameters = [a.arg for a in (*function.args.posonlyargs, *function.args.args)][1:]
+    passed: dict[str, list[ast.expr]] = {}
+    for call in calls:
+        for parameter, arg in zip(parameters, call.args):
+            if not isinstance(arg, ast.Starred):
+                passed.setdefault(parameter, []).append(arg)
+        for keyword in call.keywords:
+            if keyword.arg is not None:
+                passed.setdefault(keyword.arg, []).append(keyword.value)
+    return passed
+
+
+def _shape_tuples(tree: ast.AST) -> dict[str, list[ast.expr]]:
+    """Names assigned a shape in ``tree``: ``shape = (b, s, self.num_heads, -1)``, or the sizes added
+    to another shape's (``new_shape = x.size()[:-1] + (heads, width)``: its last sizes)."""
+    tuples: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        value = node.value
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add) and isinstance(value.right, ast.Tuple):
+            value = value.right
+        if isinstance(value, ast.Tuple):
+            tuples[node.targets[0].id] = list(value.elts)
+    return tuples
 
 
 @dataclass(frozen=True)
@@ -58,14 +95,11 @@ def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
     first = first_parameter(block_cls)
     if tree is None or first is None:
         return None
-    tuples: dict[str, list[ast.expr]] = {}
     widths: set[str] = set()
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
             continue
         target, value = node.targets[0], node.value
-        if isinstance(target, ast.Name) and isinstance(value, ast.Tuple):
-            tuples[target.id] = list(value.elts)
         # a, b, width = x.size() / x.shape: the last name is the input's width
         source = value.func if isinstance(value, ast.Call) and not value.args else value
         if (
@@ -81,28 +115,46 @@ def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
     attributes: set[str] = set()
     last: set[str] = set()
     input_width = False
-    for node in (n for t in (tree, *_helper_trees(block_cls, tree)) for n in ast.walk(t)):
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("view", "reshape")
-        ):
-            continue
-        sizes: list[ast.expr] = []
-        for arg in node.args:
-            named = arg.value if isinstance(arg, ast.Starred) else arg
-            if isinstance(named, ast.Name) and named.id in tuples:  # view(*shape), view(shape)
-                sizes += tuples[named.id]
-            elif isinstance(arg, ast.Tuple):
-                sizes += list(arg.elts)
-            else:
-                sizes.append(arg)
-        for index, size in enumerate(sizes):
-            for part in ast.walk(size):
-                if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == "self":
-                    attributes.add(part.attr)
-                    if index == len(sizes) - 1 and part is size:
-                        last.add(part.attr)
-                elif isinstance(part, ast.Name) and part.id in widths:
-                    input_width = True
+    for body, passed in ((tree, {}), *_helper_trees(block_cls, tree)):
+        tuples = _shape_tuples(body)
+        for node in ast.walk(body):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("view", "reshape")
+            ):
+                continue
+            sizes: list[ast.expr] = []
+            for arg in node.args:
+                named = arg.value if isinstance(arg, ast.Starred) else arg
+                if isinstance(named, ast.Name) and named.id in tuples:  # view(*shape), view(shape)
+                    sizes += tuples[named.id]
+                elif isinstance(arg, ast.Tuple):
+                    sizes += list(arg.elts)
+                else:
+                    sizes.append(arg)
+            for index, size in enumerate(sizes):
+                # A helper's parameter stands for what forward passes it.
+                bound = passed.get(size.id, [size]) if isinstance(size, ast.Name) else [size]
+                for whole in bound:
+                    for part in ast.walk(whole):
+                        if (
+                            isinstance(part, ast.Attribute)
+                            and isinstance(part.value, ast.Name)
+                            and part.value.id == "self"
+                        ):
+                            attributes.add(part.attr)
+                            if index == len(sizes) - 1 and part is whole:
+                                last.add(part.attr)
+                        elif isinstance(part, ast.Name) and part.id in widths:
+                            input_width = True
+                        elif isinstance(part, ast.Name) and part.id in passed and part is not whole:
+                            for expression in passed[part.id]:  # heads * width, each passed in
+                                attributes |= {
+                                    a.attr
+                                    for a in ast.walk(expression)
+                                    if isinstance(a, ast.Attribute)
+                                    and isinstance(a.value, ast.Name)
+                                    and a.value.id == "self"
+                                }
     return ShapeSizes(frozenset(attributes), frozenset(last), input_width)
