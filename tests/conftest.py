@@ -388,10 +388,9 @@ def pytest_runtest_makereport(item, call):
 
 def falcon_attention_left_whole(model=None) -> str | None:
     """Why the installed Falcon's attention is left whole by the synthesized plan, else None (read off
-    the plan for ``model``, default the tiny multi-query Falcon). transformers 5.25.0 rewrote it: its
-    packed ``query_key_value`` is split by a ``view`` of a shape held in a local, then ``split`` /
-    ``unflatten`` on the head dim, which plangen.plans.source.packed does not read (5.24.0's is read:
-    Falcon's heads split, Falcon-7B's 71 padded). Tests of that split hold where it is read."""
+    the plan for ``model``, default the tiny multi-query Falcon). Every release of the window has its
+    multi-query and grouped forms read (5.25.0 rewrote them: plangen.stack.transformers_compat), so
+    this answers None there; it stays the guard of the tests of that split, which hold where it is read."""
     from plangen.plans.synthesis.synthesize import build_synthesized_plan
 
     if model is None:
@@ -403,7 +402,6 @@ def falcon_attention_left_whole(model=None) -> str | None:
     import transformers
 
     return (
-        f"transformers {transformers.__version__}'s Falcon attention (its packed query_key_value split by a view of "
-        "a shape held in a local) is not read by plangen's synthesizer: its plan keeps that attention whole "
-        "(plangen/stack/transformers_compat.py)"
+        f"transformers {transformers.__version__}'s Falcon attention is not read by plangen's synthesizer: its plan "
+        "keeps that attention whole (plangen/stack/transformers_compat.py)"
     )

@@ -285,3 +285,21 @@ def test_optimizer_state_entry_is_the_live_state_in_hugging_face_layout(tp_mesh)
     factored.step()
     with pytest.raises(NotImplementedError, match=r"^m\.weight: the optimizer's state 'row_factor' has shape \(16,\)"):
         get_optimizer_state_dict(holder, factored)
+
+
+def test_padded_multi_query_heads_make_the_kv_group_size_this_ranks_too(fake_pg):
+    """One KV head: the group size the attention repeats it by (transformers 5.25's Falcon reads
+    ``num_key_value_groups`` in ``repeat_kv``) is the query count, so it becomes this rank's padded
+    share with the heads (5 heads padded to 6 at TP 2: 3 a rank); left as it was, the repeated KV
+    would have 5 heads against the rank's 3 queries."""
+
+    from plangen.distributed.fake_group import tp_mesh
+    from plangen.styles.padded_heads import apply_padded_heads
+
+    attention = nn.Module()
+    attention.config = SimpleNamespace(num_attention_heads=5)
+    attention.head_dim, attention.num_heads, attention.num_key_value_groups = 8, 5, 5
+    attention.query_key_value = nn.Linear(40, (5 + 2) * 8)
+    attention.dense = nn.Linear(40, 40)
+    apply_padded_heads(attention, tp_mesh(2), ("num_heads",))
+    assert (attention.num_heads, attention.num_key_value_groups) == (3, 3)

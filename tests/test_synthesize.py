@@ -1240,6 +1240,41 @@ def test_packed_reader_follows_the_forward_not_the_names():
     assert mha == PackedSplit("groups", groups=4, head_attributes=("heads",))
 
 
+class _PackedByHeadsThenSplit(nn.Module):
+    """transformers 5.25's Falcon attention under other names: the packed output viewed as heads by a
+    shape held in a local, then split on the heads dim (multi-query) or viewed again as KV groups."""
+
+    def __init__(self, hidden=64, heads=4, kv=1, head_dim=16, grouped=False):
+        super().__init__()
+        self.heads, self.kv, self.head_dim, self.grouped = heads, kv, head_dim, grouped
+        self.mix = nn.Linear(hidden, (heads + 2 * kv) * head_dim)
+        self.back = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        input_shape = x.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        packed = self.mix(x).view(hidden_shape)
+        if self.grouped:
+            groups = packed.view(*input_shape, self.kv, -1, self.head_dim)
+            q, k, v = groups[..., :-2, :].flatten(-3, -2), groups[..., -2, :], groups[..., -1, :]
+        else:
+            q, k, v = packed.split([self.heads, 1, 1], dim=-2)
+        scores = torch.softmax(q.transpose(1, 2) @ k.transpose(1, 2).transpose(-1, -2), -1)
+        return self.back((scores @ v.transpose(1, 2)).transpose(1, 2).reshape(*input_shape, -1))
+
+
+def test_packed_reader_follows_a_split_on_the_heads_dim_and_a_second_view():
+    """Multi-query: the query heads, then one key and one value head, split on the heads dim; GQA:
+    viewed again as KV groups, its -1 what the features leave (3 heads of a group: 1 query, k, v).
+    The KV count read in the GQA branch is no shape of the multi-query block, whose branch is dead."""
+    from plangen.plans.source.packed import PackedSplit, read_packed_split
+
+    mqa = read_packed_split(_PackedByHeadsThenSplit(), "mix", 96, {4, 1}, 16)
+    assert mqa == PackedSplit("parts", parts=(64, 16, 16), head_attributes=("heads",))
+    gqa = read_packed_split(_PackedByHeadsThenSplit(kv=2, grouped=True), "mix", 128, {4, 2}, 16)
+    assert gqa == PackedSplit("groups", groups=2, head_attributes=("kv",))
+
+
 def test_a_block_output_the_layer_modifies_in_place_gets_a_copy():
     from plangen.plans.source.forward import read_modified_in_place
 

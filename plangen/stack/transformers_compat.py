@@ -87,10 +87,13 @@ from a version number alone, and is written down per release as found in each on
   :func:`plangen.runtime.compile.compile_units` then leaves those experts eager and compiles the rest of the
   layer around them.
 
-Not handled yet: 5.25.0's Falcon attention (its packed ``query_key_value`` split by ``view`` of a
-shape held in a local, ``split``/``unflatten`` on the head dim) is not read by
-:mod:`plangen.plans.source.packed`, so its synthesized plan keeps that attention whole (Falcon-7B's
-padded heads need it).
+5.25.0's Falcon attention views its packed ``query_key_value`` as heads by a shape held in a local,
+then splits it on the head dim (multi-query: ``split([num_heads, 1, 1], dim=-2)``) or views it
+again as KV groups (``new_decoder_architecture``: ``view(*shape, num_kv_heads, -1, head_dim)``):
+:mod:`plangen.plans.source.packed` reads both as it reads 5.24.0's one view (Falcon-7B's 71 heads
+padded, its KV group size made the rank's share with them: :mod:`plangen.styles.padded_heads`).
+Not read: its multi-head form (``multi_query=False``, ``unflatten(-2, (num_heads, 3)).unbind(-2)``,
+Falcon-RW's), kept whole.
 """
 
 from __future__ import annotations

@@ -61,7 +61,12 @@ def apply_padded_heads(attention: nn.Module, device_mesh: DeviceMesh, head_attri
             raise ValueError(
                 f"padded heads: {type(attention).__name__}.{attribute}={value!r} is not the query head count {heads}"
             )
-    apply_head_counts(attention, {attribute: padded // tp for attribute in head_attributes})
+    local = {attribute: padded // tp for attribute in head_attributes}
+    # One KV head: every query head is in its group, so the group size its attention repeats the KV
+    # head by (transformers' repeat_kv, Falcon's on 5.25) is the query count, this rank's padded share.
+    if getattr(attention, "num_key_value_groups", None) == heads and "num_key_value_groups" not in local:
+        local["num_key_value_groups"] = padded // tp
+    apply_head_counts(attention, local)
     if padded == heads:
         return  # the TP size divides the heads: nothing to pad
     setattr(packed, PADDED_HEADS, (heads, padded, head_dim))

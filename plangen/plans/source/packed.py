@@ -397,8 +397,8 @@ def _shape_heads(reader: SourceReader, counts: set[int], widths: set[str], cls: 
     """Head-count attributes the function (and the methods it calls on self) uses in shapes."""
     found: set[str] = set()
     for node in ast.walk(reader.tree):
-        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
-            continue
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) or not reader.live(node):
+            continue  # a branch this module never takes (Falcon's new_decoder_architecture when multi-query)
         is_self_method = (
             isinstance(node.func.value, ast.Name)
             and node.func.value.id == "self"
@@ -456,6 +456,15 @@ def _read_groups(
     if len(trailing) < 2:
         return None
     values = [reader.int_value(e) for e in trailing]
+    if values[0] != -1 and values[1:].count(-1) == 1:
+        # Falcon's GQA on 5.25: view(*shape, self.num_kv_heads, -1, self.head_dim): the -1 is what
+        # the features leave, the queries of one group and its key and value.
+        known = 1
+        for v in values:
+            known *= v if v != -1 else 1  # type: ignore[operator]
+        if known <= 0 or out_features % known:
+            return None
+        values = [v if v != -1 else out_features // known for v in values]
     parts = _parts_view(reader, trailing, values, out_features, counts, head_size)
     if parts:  # GOT-OCR2's reshape(b, s, 3, self.num_attention_heads, -1): [q; k; v], each by heads
         heads = _shape_heads(SourceReader(reader.module, function_node(cls, "forward")), counts, set(), cls, set())  # type: ignore[arg-type]
@@ -475,6 +484,10 @@ def _read_groups(
         return Refused(f"its output is viewed as {groups} groups of {unit} features, a count that is not a head count")
     rank = len(shape) if None not in shape else None
     after = _follow(reader, view, cls)
+    if after is not None and after.method in ("view", "reshape") and not after.moved and not after.rank_added:
+        # Viewed again before it is split (Falcon on 5.25: as heads, then as KV groups): the
+        # features are still in their order, so the later view is the one that says the layout.
+        return _read_groups(after, out_features, counts, cls, head_size)
     if after is None or after.method not in ("chunk", "split", "subscript"):
         return None
     axis = _split_axis(after, rank)
@@ -540,7 +553,10 @@ def _shared_heads(
     head_size: int | None,
 ) -> int:
     """How many single heads follow the query heads in a view of ``heads + c`` groups of one head
-    each, split across the groups with the query heads taken first (``[..., :-c, :]``); else 0."""
+    each, split across the groups with the query heads taken first (``[..., :-c, :]``, or
+    ``split([heads, 1, ..., 1], dim=<the groups' axis>)``); else 0."""
+    if after.method == "split":
+        return _shared_heads_split(reader, trailing, after, axis, counts, unit, head_size)
     count = trailing[0]
     if (
         after.method != "subscript"
@@ -564,6 +580,38 @@ def _shared_heads(
         and picked.upper is not None
         and reader.int_value(picked.upper) == -shared
     ):
+        return 0
+    return shared
+
+
+def _shared_heads_split(
+    reader: SourceReader,
+    trailing: list[ast.expr],
+    after: _Op,
+    axis: int | None,
+    counts: set[int],
+    unit: int,
+    head_size: int | None,
+) -> int:
+    """Falcon-7B on transformers 5.25: ``view(*shape, -1, head_dim)`` then
+    ``split([self.num_heads, 1, 1], dim=-2)``: the query heads, then one key and one value head."""
+    call = after.node
+    assert isinstance(call, ast.Call)
+    sizes = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "split_size"), None)
+    if (
+        after.moved
+        or unit != head_size
+        or axis != -len(trailing)
+        or not isinstance(sizes, (ast.List, ast.Tuple))
+        or len(sizes.elts) < 2
+        or not reader.head_attributes(sizes.elts[0], counts, set())
+        or any(reader.int_value(e) != 1 for e in sizes.elts[1:])
+    ):
+        return 0
+    groups = reader.int_value(trailing[0])
+    heads = reader.int_value(sizes.elts[0])
+    shared = len(sizes.elts) - 1
+    if heads is None or groups not in (-1, heads + shared):
         return 0
     return shared
 
