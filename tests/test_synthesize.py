@@ -1050,7 +1050,8 @@ def test_multi_query_packed_qkv_shards_the_query_heads_and_shares_the_kv_head():
         (1, 2),
     )
     attn = _entry(plan, "transformer.h.*.attn")
-    assert (attn.style, attn.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("embed_dim", "num_heads"))
+    # num_heads is read only in the multi-head branch, which a multi-query block never takes: not divided.
+    assert (attn.style, attn.kwargs["head_attributes"]) == ("PrepareAttentionInput", ("embed_dim",))
     assert _entry(plan, "transformer.h.*.attn.c_proj").style == "RowwiseParallel"
     # Falcon's multi-query view(b, s, num_heads + 2, head_dim), then [..., :-2, :]: query heads first.
     from conftest import falcon_attention_left_whole
