@@ -166,12 +166,28 @@ def test_prediction_is_what_the_same_step_holds_on_real_tensors(predicted, measu
             got = real["phases"][phase.phase]
             if phase.phase != "optimizer":
                 assert abs(got["total"] - want["total"]) <= 0.10 * got["total"], (rank, phase.phase)
+            if routed and fewer_routes_peak_elsewhere(real, rank, got, want):
+                continue  # compared by its total, above
             differing = differing_kinds(got, want)
             if routed:  # the even share the trace assumes against the model's random router's routes
                 differing = {
                     k: (g, w) for k, (g, w) in differing.items() if k != "activations" or abs(g - w) > 0.05 * g
                 }
             assert not differing, (rank, phase.phase, differing, got["held"])
+
+
+def fewer_routes_peak_elsewhere(real: dict, rank: int, got: dict, want: dict) -> bool:
+    """Where the experts' memory follows the routing: a rank whose experts took fewer routes than the
+    even share the trace assumes holds fewer activations while a checkpointed MoE layer is
+    recomputed, so its step peaks at another moment (measured on transformers 5.5.4, Qwen3-MoE with
+    checkpointing, backward: TP rank 0 held 735,240 B of activations and 1,051,236 B of temporaries
+    at its peak, the trace 1,625,128 and 196,964; TP rank 1, above its share, matched the trace's
+    moment; totals within 0.7 %). Such a rank's phase is compared by its total only."""
+    share = real.get("route_share")
+    if not share:
+        return False
+    tp_rank = rank % len(share)
+    return share[tp_rank] < 1 / len(share) and got["activations"] < want["activations"]
 
 
 # Where the installed transformers' experts mishandle another rank's sentinel routes, ExpertsParallel
