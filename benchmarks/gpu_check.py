@@ -124,7 +124,7 @@ KERNEL_CASES = (
     ("experts whole", "qwen3_moe", False, "default"),
     ("experts split", "mixtral-3-experts", False, "default"),
     ("MLA", "deepseek_v3", False, "default"),
-    ("Mamba2", "nemotron_h", False, "default"),
+    ("Mamba2", "nemotron_h-no-mlp", False, "default"),  # no MLP layer: 5.5.x has none
     ("gated delta net", "qwen3_5-linear-4h", False, "synthesized"),
 )
 # Kinds run below the largest TP size, and why.
