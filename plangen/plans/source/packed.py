@@ -553,24 +553,26 @@ def _shared_heads(
     head_size: int | None,
 ) -> int:
     """How many single heads follow the query heads in a view of ``heads + c`` groups of one head
-    each, split across the groups with the query heads taken first (``[..., :-c, :]``, or
-    ``split([heads, 1, ..., 1], dim=<the groups' axis>)``); else 0."""
+    each, split across the groups with the query heads taken first; else 0."""
+    if after.moved or unit != head_size or axis is None or axis != -len(trailing):
+        return 0
+    if after.method == "subscript":
+        return _single_heads_sliced_off(reader, trailing[0], after.node, axis, counts)  # type: ignore[arg-type]
     if after.method == "split":
-        return _shared_heads_split(reader, trailing, after, axis, counts, unit, head_size)
-    count = trailing[0]
-    if (
-        after.method != "subscript"
-        or after.moved
-        or unit != head_size
-        or axis != -len(trailing)
-        or not isinstance(count, ast.BinOp)
-        or not isinstance(count.op, ast.Add)
-    ):
+        return _single_heads_split_off(reader, trailing[0], after.node, counts)  # type: ignore[arg-type]
+    return 0
+
+
+def _single_heads_sliced_off(
+    reader: SourceReader, count: ast.expr, subscript: ast.Subscript, axis: int, counts: set[int]
+) -> int:
+    """Falcon-7B on 5.24: ``view(b, s, self.num_heads + 2, head_dim)``, then ``[..., :-2, :]``."""
+    if not (isinstance(count, ast.BinOp) and isinstance(count.op, ast.Add)):
         return 0
     shared = reader.int_value(count.right)
     if not shared or not reader.head_attributes(count.left, counts, set()):
         return 0
-    index = after.node.slice  # type: ignore[attr-defined]
+    index = subscript.slice
     items = list(index.elts) if isinstance(index, ast.Tuple) else [index]
     picked = items[len(items) + axis] if len(items) >= -axis else None
     if not (
@@ -584,33 +586,17 @@ def _shared_heads(
     return shared
 
 
-def _shared_heads_split(
-    reader: SourceReader,
-    trailing: list[ast.expr],
-    after: _Op,
-    axis: int | None,
-    counts: set[int],
-    unit: int,
-    head_size: int | None,
-) -> int:
-    """Falcon-7B on transformers 5.25: ``view(*shape, -1, head_dim)`` then
-    ``split([self.num_heads, 1, 1], dim=-2)``: the query heads, then one key and one value head."""
-    call = after.node
-    assert isinstance(call, ast.Call)
+def _single_heads_split_off(reader: SourceReader, count: ast.expr, call: ast.Call, counts: set[int]) -> int:
+    """Falcon-7B on 5.25: ``view(*shape, -1, head_dim)``, then ``split([self.num_heads, 1, 1], dim=-2)``."""
     sizes = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "split_size"), None)
     if (
-        after.moved
-        or unit != head_size
-        or axis != -len(trailing)
-        or not isinstance(sizes, (ast.List, ast.Tuple))
+        not isinstance(sizes, (ast.List, ast.Tuple))
         or len(sizes.elts) < 2
         or not reader.head_attributes(sizes.elts[0], counts, set())
         or any(reader.int_value(e) != 1 for e in sizes.elts[1:])
     ):
         return 0
-    groups = reader.int_value(trailing[0])
-    heads = reader.int_value(sizes.elts[0])
-    shared = len(sizes.elts) - 1
+    groups, heads, shared = reader.int_value(count), reader.int_value(sizes.elts[0]), len(sizes.elts) - 1
     if heads is None or groups not in (-1, heads + shared):
         return 0
     return shared
