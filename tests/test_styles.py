@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
 from plangen.distributed.comm import merge_c10d_counts
-from plangen.stack.torch_compat import COMPUTES_ON_STRIDED_SHARD, TORCH_VERSION
+from plangen.stack.torch_compat import COMPUTES_ON_STRIDED_SHARD
 from plangen.styles import (
     HF_STYLE_SPECS,
     HF_UNSUPPORTED_STYLES,
@@ -230,13 +230,6 @@ def test_embedding_colwise_layouts(tp_mesh):
     assert collectives(lambda: m(ids)) == {"all_gather_into_tensor": 1}
 
 
-# A test reading a collective's output on the fake group (this rank's data left in place, as torch
-# 2.13 on leave it) cannot run where the fake group leaves outputs uninitialised (torch 2.11).
-FAKE_GROUP_KEEPS_DATA = TORCH_VERSION >= (2, 13)
-FAKE_GROUP_REASON = (
-    "torch < 2.13's fake process group leaves a reduce-scatter's output uninitialised: the test reads "
-    "it (the gloo cases check the style for real)"
-)
 PACKED_NEEDS = pytest.mark.skipif(
     not COMPUTES_ON_STRIDED_SHARD, reason="torch < 2.13 cannot compute on a packed layout: the styles refuse there"
 )
@@ -1813,7 +1806,6 @@ class _ScaledEmbedding(nn.Embedding):
         return super().forward(input_ids) * 3.0
 
 
-@pytest.mark.skipif(not FAKE_GROUP_KEEPS_DATA, reason=FAKE_GROUP_REASON)
 def test_local_lookup_scales_this_ranks_partial_lookup_and_reduces_it_once(tp_mesh):
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.debug import CommDebugMode

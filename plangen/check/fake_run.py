@@ -143,9 +143,9 @@ def _run_on_fake_group(
 
 def _routed_by_values(model: "nn.Module", name: str) -> bool:
     """Whether parameter ``name`` belongs to routed experts (packed or flat, however split): on a fake
-    group a collective's output holds no values, the router picks from whatever it holds, and which
-    experts run (any, where a router also has zero-compute experts: LongCat-Flash, on torch 2.11,
-    whose fake group leaves outputs uninitialised) follows those values. Whether they get a gradient
+    group a collective's output holds this rank's values only, never the sum or the gather, the router
+    picks from those, and which experts run (any, where a router also has zero-compute experts:
+    LongCat-Flash) follows them. Whether they get a gradient
     is level 3's to check, with real values."""
     from plangen.plan.style_facts import EXPERTS, FLAT_EXPERTS
     from plangen.styles.kinds import module_kind
