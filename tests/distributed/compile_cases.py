@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cases import BATCH, SEQ, build_case_model, build_case_plan, build_meshes, result_or_error, share_copies  # noqa: E402
 
+from plangen.model.module_tree import find_transformer_layers  # noqa: E402
 from plangen.runtime.compile import eager_modules  # noqa: E402
 from plangen.check.run import full_parameter, full_tensor, next_token_loss  # noqa: E402
 from plangen.distributed.comm import CollectiveCounter, merge_c10d_counts  # noqa: E402,F401 - eager counts, for the profiler's check
@@ -107,8 +108,9 @@ def run_compile_case(case: dict[str, Any], dp_mesh, tp_mesh) -> dict[str, Any]:
     rows = slice(dist.get_rank(dp_group) * BATCH // dp, (dist.get_rank(dp_group) + 1) * BATCH // dp)
     runs: dict[str, Any] = {}
     # Layers compiled around eager experts (transformers 5.5/5.8: plangen.runtime.compile.eager_modules).
-    eager_experts = eager_modules(list(model.model.layers))
-    layers_in_pieces = sum(any(m in eager_experts for m in layer.modules()) for layer in model.model.layers)
+    layers = find_transformer_layers(model)  # model.model.layers; Mamba's backbone.layers
+    eager_experts = eager_modules(layers)
+    layers_in_pieces = sum(any(m in eager_experts for m in layer.modules()) for layer in layers)
     # With activation checkpointing, a compiled layer's forward is one autograd node: backward's
     # recomputation reruns all of it, where eager's stops after the last tensor backward needs
     # (non-reentrant checkpoint's early stop), before the layer's last collective. "eager-whole"
