@@ -77,6 +77,29 @@ def _shape_tuples(tree: ast.AST) -> dict[str, list[ast.expr]]:
     return tuples
 
 
+def _view_sizes(call: ast.Call, tuples: dict[str, list[ast.expr]]) -> list[ast.expr]:
+    """The sizes ``call`` (a ``view``/``reshape``) gives, a shape held in a name read through ``tuples``."""
+    sizes: list[ast.expr] = []
+    for arg in call.args:
+        named = arg.value if isinstance(arg, ast.Starred) else arg
+        if isinstance(named, ast.Name) and named.id in tuples:  # view(*shape), view(shape)
+            sizes += tuples[named.id]
+        elif isinstance(arg, ast.Tuple):
+            sizes += list(arg.elts)
+        else:
+            sizes.append(arg)
+    return sizes
+
+
+def _is_self_attribute(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+
+def _self_attributes(node: ast.AST) -> set[str]:
+    """The ``self.X`` names read in ``node``."""
+    return {part.attr for part in ast.walk(node) if _is_self_attribute(part)}  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class ShapeSizes:
     """The sizes a forward gives ``.view``/``.reshape``: ``self`` attributes (``self.num_heads``),
@@ -118,43 +141,22 @@ def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
     for body, passed in ((tree, {}), *_helper_trees(block_cls, tree)):
         tuples = _shape_tuples(body)
         for node in ast.walk(body):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("view", "reshape")
-            ):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
-            sizes: list[ast.expr] = []
-            for arg in node.args:
-                named = arg.value if isinstance(arg, ast.Starred) else arg
-                if isinstance(named, ast.Name) and named.id in tuples:  # view(*shape), view(shape)
-                    sizes += tuples[named.id]
-                elif isinstance(arg, ast.Tuple):
-                    sizes += list(arg.elts)
-                else:
-                    sizes.append(arg)
+            if node.func.attr not in ("view", "reshape"):
+                continue
+            sizes = _view_sizes(node, tuples)
             for index, size in enumerate(sizes):
                 # A helper's parameter stands for what forward passes it.
                 bound = passed.get(size.id, [size]) if isinstance(size, ast.Name) else [size]
                 for whole in bound:
+                    attributes |= _self_attributes(whole)
+                    if index == len(sizes) - 1 and _is_self_attribute(whole):
+                        last.add(whole.attr)  # type: ignore[attr-defined] - the last size is self.X itself
                     for part in ast.walk(whole):
-                        if (
-                            isinstance(part, ast.Attribute)
-                            and isinstance(part.value, ast.Name)
-                            and part.value.id == "self"
-                        ):
-                            attributes.add(part.attr)
-                            if index == len(sizes) - 1 and part is whole:
-                                last.add(part.attr)
-                        elif isinstance(part, ast.Name) and part.id in widths:
+                        if isinstance(part, ast.Name) and part.id in widths:
                             input_width = True
                         elif isinstance(part, ast.Name) and part.id in passed and part is not whole:
                             for expression in passed[part.id]:  # heads * width, each passed in
-                                attributes |= {
-                                    a.attr
-                                    for a in ast.walk(expression)
-                                    if isinstance(a, ast.Attribute)
-                                    and isinstance(a.value, ast.Name)
-                                    and a.value.id == "self"
-                                }
+                                attributes |= _self_attributes(expression)
     return ShapeSizes(frozenset(attributes), frozenset(last), input_width)
