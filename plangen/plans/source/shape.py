@@ -13,27 +13,18 @@ import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 
-from plangen.plans.source.forward import first_parameter, forward_tree
+from plangen.plans.source.forward import first_parameter, forward_tree, self_calls
 
 __all__ = ["ShapeSizes", "read_shape_sizes"]
 
 
-def _helper_trees(cls: type, tree: ast.AST) -> list[tuple[ast.AST, dict[str, list[ast.expr]]]]:
+def _helper_trees(cls: type) -> list[tuple[ast.AST, dict[str, list[ast.expr]]]]:
     """The parsed sources of ``cls``'s own methods that ``forward`` calls as ``self.name(...)``, each
     with what ``forward`` passes its parameters (by position or keyword, every call's): GPT-J's
     ``self._split_heads(query, self.num_attention_heads, self.head_dim)`` (transformers 5.5-5.8)
     views by its parameter ``num_attention_heads``, which is ``self.num_attention_heads``."""
-    calls: dict[str, list[ast.Call]] = {}
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id == "self"
-        ):
-            calls.setdefault(node.func.attr, []).append(node)
     trees = []
-    for name in sorted(calls):
+    for name, calls in sorted(self_calls(cls).items()):
         method = inspect.getattr_static(cls, name, None)
         if not inspect.isfunction(method) or name == "forward":
             continue  # a submodule, a property, a builtin: not a helper whose source we read
@@ -41,7 +32,7 @@ def _helper_trees(cls: type, tree: ast.AST) -> list[tuple[ast.AST, dict[str, lis
             helper = ast.parse(textwrap.dedent(inspect.getsource(method)))
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
-        trees.append((helper, _passed(helper, calls[name])))
+        trees.append((helper, _passed(helper, [call for call, _ in calls])))
     return trees
 
 
@@ -138,7 +129,7 @@ def read_shape_sizes(block_cls: type) -> ShapeSizes | None:
     attributes: set[str] = set()
     last: set[str] = set()
     input_width = False
-    for body, passed in ((tree, {}), *_helper_trees(block_cls, tree)):
+    for body, passed in ((tree, {}), *_helper_trees(block_cls)):
         tuples = _shape_tuples(body)
         for node in ast.walk(body):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
