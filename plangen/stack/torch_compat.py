@@ -414,18 +414,16 @@ def fake_group_scatters_this_ranks_chunk() -> None:
     placement_types.mesh_scatter = scatter_this_ranks_chunk
 
 
-# The reduce-scatter kernels torch 2.11's fake backend leaves unwritten: c10d's (``dist``'s
-# ``reduce_scatter_tensor``, FSDP2's gradient reduce-scatter) and the functional one (DTensor's
-# ``Partial -> Shard``, the backward of funcol's all-gather).
-_REDUCE_SCATTER_KERNELS = (("c10d", "_reduce_scatter_base_"), ("_c10d_functional", "reduce_scatter_tensor"))
 _FAKE_REDUCE_SCATTER_LIBRARIES: list = []
 
 
 def fake_group_reduce_scatters_this_ranks_chunk() -> None:
     """The reduce-scatter kernels (CPU and CUDA) made to hand each rank its chunk of the input on fake
     groups, as 2.13's fake backend does, where torch 2.11's leaves the output unwritten (a sharded
-    norm's weight gradient under SP read garbage: the GPU check's bf16 run met non-finite values).
-    Other groups go through the kernel torch registered. Once per process."""
+    norm's weight gradient under SP read garbage: the GPU check's bf16 run met non-finite values):
+    c10d's (``dist``'s ``reduce_scatter_tensor``, FSDP2's gradient reduce-scatter) and the functional
+    one (DTensor's ``Partial -> Shard``, the backward of funcol's all-gather). Other groups go through
+    the kernel torch registered. Once per process."""
     if _FAKE_REDUCE_SCATTER_LIBRARIES:
         return
     from torch.distributed.distributed_c10d import _resolve_process_group
@@ -433,31 +431,33 @@ def fake_group_reduce_scatters_this_ranks_chunk() -> None:
     def chunk_of(input: torch.Tensor, group: Any) -> torch.Tensor:
         return input.chunk(group.size())[group.rank()]
 
-    for namespace, name in _REDUCE_SCATTER_KERNELS:
+    def c10d_kernel(torch_kernel: Any) -> Any:
+        def kernel(keys, output, input, process_group, reduce_op, async_op=True, timeout=-1):
+            group = dist.ProcessGroup.unbox(process_group)
+            if dist.get_backend(group) == "fake":
+                output.copy_(chunk_of(input, group))
+            return torch_kernel.call_boxed(keys, output, input, process_group, reduce_op, async_op, timeout)
+
+        return kernel
+
+    def functional_kernel(torch_kernel: Any) -> Any:
+        def kernel(keys, input, reduce_op, group_size, group_name):
+            group = _resolve_process_group(group_name)
+            if dist.get_backend(group) == "fake":
+                return chunk_of(input, group).clone()
+            return torch_kernel.call_boxed(keys, input, reduce_op, group_size, group_name)
+
+        return kernel
+
+    for namespace, name, wrap in (
+        ("c10d", "_reduce_scatter_base_", c10d_kernel),
+        ("_c10d_functional", "reduce_scatter_tensor", functional_kernel),
+    ):
         library = torch.library.Library(namespace, "IMPL")
         _FAKE_REDUCE_SCATTER_LIBRARIES.append(library)
         op = getattr(getattr(torch.ops, namespace), name).default
         for key in ("CPU", "CUDA"):
-            torch_kernel = torch.library.get_kernel(op, key)
-            if name == "_reduce_scatter_base_":
-
-                def kernel(
-                    keys, output, input, process_group, reduce_op, async_op=True, timeout=-1, _torch=torch_kernel
-                ):
-                    group = dist.ProcessGroup.unbox(process_group)
-                    if dist.get_backend(group) == "fake":
-                        output.copy_(chunk_of(input, group))
-                    return _torch.call_boxed(keys, output, input, process_group, reduce_op, async_op, timeout)
-
-            else:
-
-                def kernel(keys, input, reduce_op, group_size, group_name, _torch=torch_kernel):
-                    group = _resolve_process_group(group_name)
-                    if dist.get_backend(group) == "fake":
-                        return chunk_of(input, group).clone()
-                    return _torch.call_boxed(keys, input, reduce_op, group_size, group_name)
-
             with warnings.catch_warnings():
                 # "Overriding a previously registered kernel": the point, for these two ops alone.
                 warnings.simplefilter("ignore", UserWarning)
-                library.impl(name, kernel, key, with_keyset=True)
+                library.impl(name, wrap(torch.library.get_kernel(op, key)), key, with_keyset=True)
