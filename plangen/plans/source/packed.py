@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
@@ -459,9 +460,7 @@ def _read_groups(
     if values[0] != -1 and values[1:].count(-1) == 1:
         # Falcon's GQA on 5.25: view(*shape, self.num_kv_heads, -1, self.head_dim): the -1 is what
         # the features leave, the queries of one group and its key and value.
-        known = 1
-        for v in values:
-            known *= v if v != -1 else 1  # type: ignore[operator]
+        known = math.prod(v for v in values if v != -1)  # type: ignore[misc]
         if known <= 0 or out_features % known:
             return None
         values = [v if v != -1 else out_features // known for v in values]
@@ -554,7 +553,7 @@ def _shared_heads(
 ) -> int:
     """How many single heads follow the query heads in a view of ``heads + c`` groups of one head
     each, split across the groups with the query heads taken first; else 0."""
-    if after.moved or unit != head_size or axis is None or axis != -len(trailing):
+    if after.moved or unit != head_size or axis != -len(trailing):
         return 0
     if after.method == "subscript":
         return _single_heads_sliced_off(reader, trailing[0], after.node, axis, counts)  # type: ignore[arg-type]
