@@ -12,6 +12,11 @@ then uses.
     .venv/bin/python scripts/sweep_plans.py --only olmo,phi   # some model types or classes; the other records stay
     .venv/bin/python scripts/sweep_plans.py --docs-only       # rewrite docs/plans.md from proven.json
 
+docs/plans.md describes the pinned pair (plangen.stack.PINNED, the test extra's torch and
+transformers): in another stack the sweep adds its records to proven.json and leaves the docs alone
+(what a class gets, its note and its TP-sharded share are read from the installed model code), and
+``--docs-only`` there is an error.
+
 Records are kept per model code (plangen/plans/proven.py's code digest, with the transformers and
 torch releases they ran on): a sweep in another stack (a venv with another transformers) adds that
 code's records and keeps every other's; code that did not change shares one record.
@@ -348,6 +353,17 @@ def write_docs(seconds: float | None) -> None:
     DOCS.write_text("\n".join(lines) + "\n")
 
 
+def docs_stack_mismatch() -> str | None:
+    """Why docs/plans.md must not be written from the installed stack; None on the pinned pair."""
+    from plangen.stack import PINNED, recorded_stack
+
+    installed = recorded_stack()
+    if all(installed[package] == version for package, version in PINNED.items()):
+        return None
+    pinned, here = (", ".join(f"{package} {stack[package]}" for package in PINNED) for stack in (PINNED, installed))
+    return f"{DOCS.relative_to(ROOT)} describes the pinned pair ({pinned}), not {here}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated model types or class names (other records are kept)")
@@ -355,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per launch (default 150)")
     parser.add_argument("--docs-only", action="store_true", help="only rewrite docs/plans.md from proven.json")
     args = parser.parse_args(argv)
+    mismatch = docs_stack_mismatch()
+    if args.docs_only and mismatch:
+        print(f"plangen sweep: error: {mismatch}: run --docs-only in the pinned pair's venv", file=sys.stderr)
+        return 2
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -369,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"plangen sweep: {passed}/{len(records)} classes passed in {time.monotonic() - began:.0f} s; wrote {PROVEN.relative_to(ROOT)}"
         )
+    if mismatch:
+        print(f"plangen sweep: left {DOCS.relative_to(ROOT)} alone: {mismatch}")
+        return 0
     write_docs(seconds)
     print(f"plangen sweep: wrote {DOCS.relative_to(ROOT)}")
     return 0

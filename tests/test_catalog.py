@@ -434,3 +434,58 @@ def test_a_hand_written_plan_that_failed_on_this_code_is_listed_failed(monkeypat
     assert result.exit_code == 0, result.output
     (row,) = [r for r in json.loads(result.stdout)["architectures"] if r["class_name"] == "LlamaForCausalLM"]
     assert (row["plan"], row["check"]) == ("hand-written", "failed"), row
+
+
+def _sweep_script(monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("sweep_plans", ROOT / "scripts" / "sweep_plans.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "sweep_plans", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("where", ["pinned", "other"])
+def test_the_sweep_writes_docs_plans_md_only_on_the_pinned_pair(where, tmp_path, monkeypatch, capsys):
+    """docs/plans.md describes the pinned pair: a sweep in a compat venv (NeMo RL's 5.5.4, say) adds its
+    proofs to proven.json and leaves the docs alone, and ``--docs-only`` there is a one-line error
+    (exit 2), the file untouched. Once, such a sweep rewrote the table from 5.5.4's view."""
+    import plangen.stack
+    from plangen.stack import PINNED
+
+    sweep = _sweep_script(monkeypatch)
+    stack = dict(PINNED) if where == "pinned" else {"torch": "2.11.0", "transformers": "5.5.4"}
+    monkeypatch.setattr(plangen.stack, "recorded_stack", lambda: stack)
+    docs = sweep.ROOT / "docs" / "plans-under-test.md"  # ROOT-relative: the messages name it so
+    monkeypatch.setattr(sweep, "DOCS", docs)
+    written: list[float | None] = []
+    monkeypatch.setattr(sweep, "write_docs", lambda seconds: written.append(seconds))
+    monkeypatch.setattr(sweep, "sweep", lambda only, batch, timeout: {"LlamaForCausalLM": ("code", {"tp": True})})
+    monkeypatch.setattr(sweep, "write_proven", lambda records: written.append("proven"))
+
+    code = sweep.main(["--docs-only"])
+    out, err = capsys.readouterr()
+    if where == "pinned":
+        assert (code, written, err) == (0, [None], "")
+    else:
+        assert (code, written, out) == (2, [], "")
+        assert err == (
+            "plangen sweep: error: docs/plans-under-test.md describes the pinned pair "
+            f"(torch {PINNED['torch']}, transformers {PINNED['transformers']}), not torch 2.11.0, "
+            "transformers 5.5.4: run --docs-only in the pinned pair's venv\n"
+        )
+
+    written.clear()
+    assert sweep.main(["--only", "llama"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("plangen sweep: 1/1 classes passed")
+    if where == "pinned":
+        assert written == ["proven", None] and out[1] == "plangen sweep: wrote docs/plans-under-test.md"
+    else:
+        assert written == ["proven"]  # the proofs kept, the docs left alone
+        assert out[1].startswith(
+            "plangen sweep: left docs/plans-under-test.md alone: docs/plans-under-test.md describes"
+        )
+    assert not docs.exists()
