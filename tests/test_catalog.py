@@ -448,7 +448,7 @@ def _sweep_script(monkeypatch):
 
 
 @pytest.mark.parametrize("where", ["pinned", "other"])
-def test_the_sweep_writes_docs_plans_md_only_on_the_pinned_pair(where, tmp_path, monkeypatch, capsys):
+def test_the_sweep_writes_docs_plans_md_only_on_the_pinned_pair(where, monkeypatch, capsys):
     """docs/plans.md describes the pinned pair: a sweep in a compat venv (NeMo RL's 5.5.4, say) adds its
     proofs to proven.json and leaves the docs alone, and ``--docs-only`` there is a one-line error
     (exit 2), the file untouched. Once, such a sweep rewrote the table from 5.5.4's view."""
@@ -458,9 +458,9 @@ def test_the_sweep_writes_docs_plans_md_only_on_the_pinned_pair(where, tmp_path,
     sweep = _sweep_script(monkeypatch)
     stack = dict(PINNED) if where == "pinned" else {"torch": "2.11.0", "transformers": "5.5.4"}
     monkeypatch.setattr(plangen.stack, "recorded_stack", lambda: stack)
-    docs = sweep.ROOT / "docs" / "plans-under-test.md"  # ROOT-relative: the messages name it so
-    monkeypatch.setattr(sweep, "DOCS", docs)
-    written: list[float | None] = []
+    # ROOT-relative, as the messages name it; never written (write_docs records its calls instead).
+    monkeypatch.setattr(sweep, "DOCS", sweep.ROOT / "docs" / "plans-under-test.md")
+    written: list[object] = []  # write_proven's "proven", write_docs' seconds, in call order
     monkeypatch.setattr(sweep, "write_docs", lambda seconds: written.append(seconds))
     monkeypatch.setattr(sweep, "sweep", lambda only, batch, timeout: {"LlamaForCausalLM": ("code", {"tp": True})})
     monkeypatch.setattr(sweep, "write_proven", lambda records: written.append("proven"))
@@ -488,4 +488,3 @@ def test_the_sweep_writes_docs_plans_md_only_on_the_pinned_pair(where, tmp_path,
         assert out[1].startswith(
             "plangen sweep: left docs/plans-under-test.md alone: docs/plans-under-test.md describes"
         )
-    assert not docs.exists()
